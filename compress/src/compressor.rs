@@ -1,0 +1,389 @@
+//! The `Compressor` seam, the payload container and the framing shared by every method.
+//!
+//! A compressor sees one **segment** (one layer's tensor) at a time; the framing in
+//! [`compress`] / [`decompress_add`] splits a bucket into the segments the caller names,
+//! writes the header and the segment table, and checks everything on the way back in.
+//! Per-tensor statistics (norms, scalers, thresholds) are therefore per segment by
+//! construction, which is what the papers specify (ALGORITHMS.md §0.2).
+//!
+//! ## Wire layout (version 1, little-endian)
+//! ```text
+//! offset size field
+//! 0      1    magic 0xD7
+//! 1      1    version (1)
+//! 2      1    method id (see [`MethodId`])
+//! 3      1    reserved, 0
+//! 4      4    n: u32, elements in the whole buffer
+//! 8      4    s: u32, number of segments (0 iff n == 0)
+//! 12     4·s  segment lengths (only when s > 1)
+//! ...         one body per segment, in order, each of the method's own format
+//! ```
+//! The fixed header costs [`HEADER_BITS`] = 96 bits per payload (plus 32 bits per segment
+//! when there is more than one); bits-per-element formulas in ALGORITHMS.md count the
+//! bodies only, and [`Compressor::segment_bits`] is tested against the encoded length.
+
+use std::ops::Range;
+
+use crate::error::{CompressError, WireError};
+use crate::rng::Rng;
+use crate::wire::{Reader, Writer};
+
+/// First byte of every payload.
+pub const MAGIC: u8 = 0xD7;
+/// Wire-format version written by this crate.
+pub const VERSION: u8 = 1;
+/// Size of the fixed payload header in bits.
+pub const HEADER_BITS: u64 = 96;
+/// Largest buffer a payload can describe (indices are `u32`; sign-tagged words use 31 bits).
+pub const MAX_ELEMS: usize = u32::MAX as usize;
+
+/// How the payloads of P workers are combined (ALGORITHMS.md §0.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Aggregation {
+    /// Decode locally, then sum the dense f32 buffers with an all-reduce (pattern A).
+    Dense,
+    /// The payloads of all workers share their layout and their value lanes can be summed
+    /// element-wise with an all-reduce (pattern C), e.g. shared-seed random-k.
+    Summable,
+    /// All-gather every worker's payload; each receiver decodes and sums (pattern B).
+    Gather,
+}
+
+/// Stable one-byte identifiers of the methods, written into every payload header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+#[allow(missing_docs)]
+pub enum MethodId {
+    None = 1,
+    Fp16 = 2,
+    TopK = 3,
+    RandomK = 4,
+    Threshold = 5,
+    AdaptiveThreshold = 6,
+    GradientDropping = 7,
+    Qsgd = 8,
+    TernGrad = 9,
+    OneBit = 10,
+    RangeFloat = 11,
+    Fft = 12,
+    Dgc = 13,
+    ScaleCom = 14,
+}
+
+/// Per-call context: where this buffer sits in the training run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ctx<'a> {
+    /// Global step (iteration) number.
+    pub step: u64,
+    /// This worker's rank.
+    pub rank: u32,
+    /// Stable id of the bucket (used for per-bucket state and RNG streams).
+    pub bucket: u64,
+    /// Layer boundaries inside the buffer; empty means one segment covering everything.
+    /// Segments must be non-empty, contiguous, in order and cover the whole buffer.
+    pub segments: &'a [Range<usize>],
+}
+
+/// A compressed buffer: exactly the bytes that go on the wire.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Payload {
+    bytes: Vec<u8>,
+}
+
+impl Payload {
+    /// An empty payload whose buffer can be reused across steps.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The encoded bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Encoded length in bytes (what the transport sends).
+    pub fn encoded_len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Takes the bytes out.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+
+    /// Wraps received bytes after checking the fixed header (magic, version, lengths).
+    /// Method-specific bodies are validated by [`decompress_add`].
+    pub fn decode(bytes: Vec<u8>) -> Result<Self, WireError> {
+        Header::parse(&mut Reader::new(&bytes))?;
+        Ok(Payload { bytes })
+    }
+
+    /// The header fields.
+    pub fn header(&self) -> Result<Header, WireError> {
+        Header::parse(&mut Reader::new(&self.bytes))
+    }
+
+    /// Mutable access to the bytes (used by summable aggregation).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+}
+
+/// The fixed part of a payload header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Method id byte.
+    pub method: u8,
+    /// Elements in the buffer.
+    pub n: usize,
+    /// Number of segments.
+    pub segments: usize,
+}
+
+impl Header {
+    fn parse(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let magic = r.u8("magic")?;
+        if magic != MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        let version = r.u8("version")?;
+        if version != VERSION {
+            return Err(WireError::UnsupportedVersion(version));
+        }
+        let method = r.u8("method id")?;
+        let reserved = r.u8("reserved")?;
+        if reserved != 0 {
+            return Err(WireError::Invalid("reserved header byte is not zero"));
+        }
+        let n = r.u32("element count")? as usize;
+        let segments = r.u32("segment count")? as usize;
+        if (n == 0) != (segments == 0) {
+            return Err(WireError::BadSegments("segment count must be 0 iff n is 0"));
+        }
+        if segments > n {
+            return Err(WireError::BadSegments("more segments than elements"));
+        }
+        Ok(Header {
+            method,
+            n,
+            segments,
+        })
+    }
+}
+
+/// A gradient compressor working on one segment (tensor) at a time.
+///
+/// # Why this shape
+/// * Compressors see `&[f32]`, never framework tensors, so they build and test in seconds
+///   and can be reused outside dtrain.
+/// * Randomness is an explicit argument ([`Rng`]) so every run is reproducible and tests can
+///   average over seeds.
+/// * Error feedback is *not* in here: it is the [`crate::memory::Memory`] seam, applied by
+///   the caller around `compress`. Methods whose papers build EF in (1-bit SGD, Strom,
+///   Dryden) are plain deterministic quantizers here and are configured with residual
+///   memory by default.
+/// * Compressors may keep state across steps (`&mut self`), keyed by the bucket id in
+///   [`Ctx`]; that state must be reported by [`Compressor::state`] for checkpoints.
+pub trait Compressor: Send {
+    /// The method's id byte.
+    fn method(&self) -> MethodId;
+
+    /// How payloads of several workers combine.
+    fn aggregation(&self) -> Aggregation;
+
+    /// Whether `E[D(C(g))] == g` (given the method's own documented conditions).
+    fn unbiased(&self) -> bool {
+        false
+    }
+
+    /// Called once per buffer before its segments are encoded; lets a method compute a
+    /// statistic over the whole buffer (e.g. a global threshold). Default: nothing.
+    fn begin(&mut self, _grad: &[f32], _ctx: &Ctx<'_>) {}
+
+    /// Encodes one segment's body. `x` is finite (the framing checks that first).
+    fn encode_segment(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>);
+
+    /// Decodes one segment's body from `r` and **adds** it into `out` (`out.len()` is the
+    /// segment length). Must validate everything it reads; must not panic on any input.
+    fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError>;
+
+    /// Exact encoded size in bits of one segment body of `n` elements, when it depends only
+    /// on `n` and the configuration; `None` for data-dependent sizes (thresholds).
+    fn segment_bits(&self, n: usize) -> Option<u64>;
+}
+
+/// Validates `segments` against a buffer of length `n` and returns the effective list.
+pub fn effective_segments(
+    n: usize,
+    segments: &[Range<usize>],
+) -> Result<Vec<Range<usize>>, CompressError> {
+    if n == 0 {
+        if segments.iter().any(|s| !s.is_empty()) {
+            return Err(CompressError::BadSegments(
+                "segments on an empty buffer".into(),
+            ));
+        }
+        return Ok(Vec::new());
+    }
+    if segments.is_empty() {
+        return Ok(vec![0..n]);
+    }
+    let mut at = 0;
+    for s in segments {
+        if s.start != at || s.end <= s.start {
+            return Err(CompressError::BadSegments(format!(
+                "segment {s:?} does not start at {at} or is empty"
+            )));
+        }
+        at = s.end;
+    }
+    if at != n {
+        return Err(CompressError::BadSegments(format!(
+            "segments cover {at} of {n} elements"
+        )));
+    }
+    Ok(segments.to_vec())
+}
+
+/// Index and value of the first non-finite element, if any.
+pub fn first_non_finite(x: &[f32]) -> Option<(usize, f32)> {
+    // Branch-free OR-reduction over 64-element blocks vectorises; only a hit is rescanned.
+    const EXP: u32 = 0x7F80_0000;
+    for (bi, block) in x.chunks(64).enumerate() {
+        let mut bad = false;
+        for v in block {
+            bad |= (v.to_bits() & EXP) == EXP;
+        }
+        if bad {
+            let j = block.iter().position(|v| !v.is_finite()).unwrap_or(0);
+            return Some((bi * 64 + j, block[j]));
+        }
+    }
+    None
+}
+
+/// Compresses `grad` into `out` (cleared first; its allocation is reused).
+///
+/// Fails on non-finite input, on buffers over [`MAX_ELEMS`], and on segment lists that do
+/// not tile the buffer.
+pub fn compress(
+    c: &mut dyn Compressor,
+    grad: &[f32],
+    ctx: &Ctx<'_>,
+    rng: &mut Rng,
+    out: &mut Payload,
+) -> Result<(), CompressError> {
+    let n = grad.len();
+    if n > MAX_ELEMS {
+        return Err(CompressError::TooLarge(n));
+    }
+    if let Some((index, value)) = first_non_finite(grad) {
+        return Err(CompressError::NonFinite { index, value });
+    }
+    let segs = effective_segments(n, ctx.segments)?;
+    c.begin(grad, ctx);
+    out.bytes.clear();
+    let mut w = Writer::new(&mut out.bytes);
+    w.u8(MAGIC);
+    w.u8(VERSION);
+    w.u8(c.method() as u8);
+    w.u8(0);
+    w.u32(n as u32);
+    w.u32(segs.len() as u32);
+    if segs.len() > 1 {
+        for s in &segs {
+            w.u32(s.len() as u32);
+        }
+    }
+    for s in &segs {
+        c.encode_segment(&grad[s.clone()], rng, &mut w);
+    }
+    Ok(())
+}
+
+/// Convenience: compress into a fresh payload.
+pub fn compress_new(
+    c: &mut dyn Compressor,
+    grad: &[f32],
+    ctx: &Ctx<'_>,
+    rng: &mut Rng,
+) -> Result<Payload, CompressError> {
+    let mut p = Payload::new();
+    compress(c, grad, ctx, rng, &mut p)?;
+    Ok(p)
+}
+
+/// Decodes `bytes` (as produced by [`compress`] with the same configuration) and adds the
+/// reconstruction into `out`. Never panics; any malformed input is a [`WireError`], and
+/// `out` may then hold a partial sum.
+pub fn decompress_add(c: &dyn Compressor, bytes: &[u8], out: &mut [f32]) -> Result<(), WireError> {
+    let mut r = Reader::new(bytes);
+    let h = Header::parse(&mut r)?;
+    if h.method != c.method() as u8 {
+        return Err(WireError::WrongMethod {
+            expected: c.method() as u8,
+            found: h.method,
+        });
+    }
+    if h.n != out.len() {
+        return Err(WireError::LengthMismatch {
+            payload: h.n,
+            buffer: out.len(),
+        });
+    }
+    if h.segments <= 1 {
+        if h.n > 0 {
+            c.decode_segment_add(&mut r, out)?;
+        }
+    } else {
+        let table = r.take_items(h.segments, 4, "segment table")?;
+        let mut at = 0usize;
+        for i in 0..h.segments {
+            let len = crate::wire::u32_at(table, i) as usize;
+            if len == 0 {
+                return Err(WireError::BadSegments("empty segment"));
+            }
+            let end = at
+                .checked_add(len)
+                .filter(|&e| e <= h.n)
+                .ok_or(WireError::BadSegments("segments exceed n"))?;
+            at = end;
+        }
+        if at != h.n {
+            return Err(WireError::BadSegments("segments do not cover n"));
+        }
+        let mut at = 0usize;
+        for i in 0..h.segments {
+            let len = crate::wire::u32_at(table, i) as usize;
+            c.decode_segment_add(&mut r, &mut out[at..at + len])?;
+            at += len;
+        }
+    }
+    if r.remaining() != 0 {
+        return Err(WireError::TrailingBytes(r.remaining()));
+    }
+    Ok(())
+}
+
+/// Decodes into `out`, overwriting it.
+pub fn decompress(c: &dyn Compressor, bytes: &[u8], out: &mut [f32]) -> Result<(), WireError> {
+    out.fill(0.0);
+    decompress_add(c, bytes, out)
+}
+
+/// Exact payload size in bits for a buffer with the given segment lengths, when the method's
+/// size is data-independent.
+pub fn payload_bits(c: &dyn Compressor, segment_lens: &[usize]) -> Option<u64> {
+    let table = if segment_lens.len() > 1 {
+        32 * segment_lens.len() as u64
+    } else {
+        0
+    };
+    let mut bits = HEADER_BITS + table;
+    for &l in segment_lens {
+        // Each body is byte-aligned.
+        bits += c.segment_bits(l)?.div_ceil(8) * 8;
+    }
+    Some(bits)
+}

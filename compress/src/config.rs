@@ -1,0 +1,143 @@
+//! The registry: one serde enum naming every method, tagged by `kind`.
+//!
+//! A TOML `[compress]` table such as
+//! ```toml
+//! kind = "topk"
+//! ratio = 0.001
+//! ```
+//! deserialises into [`CompressorConfig::TopK`]; [`CompressorConfig::build`] makes the
+//! compressor. Unknown fields are rejected.
+
+use serde::{Deserialize, Serialize};
+
+use crate::compressor::Compressor;
+use crate::error::ConfigError;
+use crate::fp16::Fp16Config;
+use crate::memory::MemoryConfig;
+use crate::none::NoneConfig;
+use crate::randomk::RandomKConfig;
+use crate::topk::TopKConfig;
+
+/// Every compression method, by name. Each variant holds that method's own config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", deny_unknown_fields)]
+pub enum CompressorConfig {
+    /// Uncompressed fp32.
+    #[serde(rename = "none")]
+    None(NoneConfig),
+    /// IEEE half precision.
+    #[serde(rename = "fp16")]
+    Fp16(Fp16Config),
+    /// Exact Top-k.
+    #[serde(rename = "topk")]
+    TopK(TopKConfig),
+    /// Seeded Random-k.
+    #[serde(rename = "randomk")]
+    RandomK(RandomKConfig),
+}
+
+/// One registry entry: the `kind` name, a one-line description, and its default config.
+pub struct MethodInfo {
+    /// The `kind` string used in configs and on the command line.
+    pub name: &'static str,
+    /// One line for `dtrain list`.
+    pub about: &'static str,
+    /// The method's config with every parameter at its default.
+    pub default: fn() -> CompressorConfig,
+}
+
+/// The static list of methods (what `dtrain list compressors` prints).
+pub const METHODS: &[MethodInfo] = &[
+    MethodInfo {
+        name: "none",
+        about: "uncompressed fp32 (32 bits/element)",
+        default: || CompressorConfig::None(NoneConfig::default()),
+    },
+    MethodInfo {
+        name: "fp16",
+        about: "IEEE half precision (16 bits/element)",
+        default: || CompressorConfig::Fp16(Fp16Config::default()),
+    },
+    MethodInfo {
+        name: "topk",
+        about: "exact Top-k sparsification, index list or bitmap (ratio = density)",
+        default: || CompressorConfig::TopK(TopKConfig::default()),
+    },
+    MethodInfo {
+        name: "randomk",
+        about: "seeded unbiased Random-k; indices regenerated from the seed, not sent",
+        default: || CompressorConfig::RandomK(RandomKConfig::default()),
+    },
+];
+
+impl CompressorConfig {
+    /// The config of method `name` with default parameters.
+    pub fn default_for(name: &str) -> Option<Self> {
+        METHODS
+            .iter()
+            .find(|m| m.name == name)
+            .map(|m| (m.default)())
+    }
+
+    /// The method's `kind` name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            CompressorConfig::None(_) => "none",
+            CompressorConfig::Fp16(_) => "fp16",
+            CompressorConfig::TopK(_) => "topk",
+            CompressorConfig::RandomK(_) => "randomk",
+        }
+    }
+
+    /// Builds the compressor, validating the parameters.
+    pub fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(match self {
+            CompressorConfig::None(c) => Box::new(c.init()),
+            CompressorConfig::Fp16(c) => Box::new(c.init()),
+            CompressorConfig::TopK(c) => Box::new(c.init()?),
+            CompressorConfig::RandomK(c) => Box::new(c.init()?),
+        })
+    }
+
+    /// The error-feedback memory this method should use unless the user says otherwise:
+    /// residual for biased methods, none for unbiased and near-lossless ones.
+    pub fn default_memory(&self) -> MemoryConfig {
+        match self {
+            CompressorConfig::None(_)
+            | CompressorConfig::Fp16(_)
+            | CompressorConfig::RandomK(_) => MemoryConfig::None,
+            CompressorConfig::TopK(_) => MemoryConfig::RESIDUAL,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_registered_method_builds_and_round_trips_through_toml() {
+        for m in METHODS {
+            let cfg = (m.default)();
+            assert_eq!(cfg.name(), m.name);
+            let c = cfg.build().unwrap_or_else(|e| panic!("{}: {e}", m.name));
+            let _ = c.aggregation();
+            let text = toml::to_string(&cfg).unwrap();
+            let back: CompressorConfig = toml::from_str(&text).unwrap();
+            assert_eq!(back, cfg, "{}", m.name);
+            let minimal: CompressorConfig =
+                toml::from_str(&format!("kind = \"{}\"", m.name)).unwrap();
+            assert_eq!(minimal, cfg, "defaults of {}", m.name);
+        }
+    }
+
+    #[test]
+    fn unknown_fields_and_kinds_are_rejected() {
+        let e = toml::from_str::<CompressorConfig>("kind = \"topk\"\nratoi = 0.1").unwrap_err();
+        assert!(e.to_string().contains("ratoi"), "{e}");
+        assert!(toml::from_str::<CompressorConfig>("kind = \"nope\"").is_err());
+        let bad: CompressorConfig = toml::from_str("kind = \"topk\"\nratio = 1.5").unwrap();
+        let err = bad.build().err().unwrap();
+        assert_eq!(err.field, "ratio");
+    }
+}

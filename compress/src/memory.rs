@@ -1,0 +1,165 @@
+//! The error-feedback seam (ALGORITHMS.md §0.3).
+//!
+//! ```text
+//! p   = β·e + γ·g          compensate
+//! msg = C(p)               (the compressor)
+//! e   = p − D(msg)         update: keep what was not transmitted
+//! ```
+//! Memory is its own seam, not part of the compressors, so any biased compressor can be
+//! paired with any memory. State is keyed by a stable bucket id and can be exported for
+//! checkpoints ([`Memory::export`] / [`Memory::import`]).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConfigError;
+
+/// An error-feedback memory.
+pub trait Memory: Send {
+    /// Writes the compensated gradient `p` for bucket `key` into `out` (same length as `grad`).
+    fn compensate(&mut self, key: u64, grad: &[f32], out: &mut [f32]);
+
+    /// Records what was transmitted: `transmitted` is `D(C(p))` for the `compensated` buffer
+    /// returned by [`Memory::compensate`].
+    fn update(&mut self, key: u64, compensated: &[f32], transmitted: &[f32]);
+
+    /// Whether this memory does anything (lets callers skip the decode of their own payload).
+    fn is_active(&self) -> bool {
+        true
+    }
+
+    /// The state for a checkpoint: one named buffer per bucket key.
+    fn export(&self) -> BTreeMap<u64, Vec<f32>>;
+
+    /// Restores state written by [`Memory::export`].
+    fn import(&mut self, state: BTreeMap<u64, Vec<f32>>);
+}
+
+/// No memory: `p = g`, nothing is remembered.
+#[derive(Debug, Default, Clone)]
+pub struct NoMemory;
+
+impl Memory for NoMemory {
+    fn compensate(&mut self, _key: u64, grad: &[f32], out: &mut [f32]) {
+        out.copy_from_slice(grad);
+    }
+    fn update(&mut self, _key: u64, _compensated: &[f32], _transmitted: &[f32]) {}
+    fn is_active(&self) -> bool {
+        false
+    }
+    fn export(&self) -> BTreeMap<u64, Vec<f32>> {
+        BTreeMap::new()
+    }
+    fn import(&mut self, _state: BTreeMap<u64, Vec<f32>>) {}
+}
+
+/// Residual memory with decay `β` and gradient gain `γ` (GRACE's `ResidualMemory`).
+#[derive(Debug, Clone)]
+pub struct Residual {
+    beta: f32,
+    gamma: f32,
+    residuals: BTreeMap<u64, Vec<f32>>,
+}
+
+impl Residual {
+    /// A residual memory; `β = γ = 1` is classic error feedback.
+    pub fn new(beta: f32, gamma: f32) -> Self {
+        Residual {
+            beta,
+            gamma,
+            residuals: BTreeMap::new(),
+        }
+    }
+
+    /// The current residual of bucket `key`, if any.
+    pub fn residual(&self, key: u64) -> Option<&[f32]> {
+        self.residuals.get(&key).map(|v| v.as_slice())
+    }
+}
+
+impl Memory for Residual {
+    fn compensate(&mut self, key: u64, grad: &[f32], out: &mut [f32]) {
+        let (beta, gamma) = (self.beta, self.gamma);
+        match self.residuals.get(&key) {
+            Some(e) if e.len() == grad.len() => {
+                for ((o, &g), &e) in out.iter_mut().zip(grad).zip(e) {
+                    *o = beta * e + gamma * g;
+                }
+            }
+            _ => {
+                for (o, &g) in out.iter_mut().zip(grad) {
+                    *o = gamma * g;
+                }
+            }
+        }
+    }
+
+    fn update(&mut self, key: u64, compensated: &[f32], transmitted: &[f32]) {
+        let e = self.residuals.entry(key).or_default();
+        e.resize(compensated.len(), 0.0);
+        for ((e, &p), &t) in e.iter_mut().zip(compensated).zip(transmitted) {
+            *e = p - t;
+        }
+    }
+
+    fn export(&self) -> BTreeMap<u64, Vec<f32>> {
+        self.residuals.clone()
+    }
+
+    fn import(&mut self, state: BTreeMap<u64, Vec<f32>>) {
+        self.residuals = state;
+    }
+}
+
+/// Memory configuration, tagged by `kind` in TOML (`kind = "residual"`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum MemoryConfig {
+    /// No error feedback.
+    #[default]
+    None,
+    /// Residual error feedback `p = β·e + γ·g`.
+    Residual {
+        /// Decay of the stored residual (default 1).
+        #[serde(default = "one")]
+        beta: f32,
+        /// Gain on the fresh gradient (default 1).
+        #[serde(default = "one")]
+        gamma: f32,
+    },
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+impl MemoryConfig {
+    /// Classic error feedback (β = γ = 1).
+    pub const RESIDUAL: MemoryConfig = MemoryConfig::Residual {
+        beta: 1.0,
+        gamma: 1.0,
+    };
+
+    /// Builds the memory.
+    pub fn build(&self) -> Result<Box<dyn Memory>, ConfigError> {
+        match *self {
+            MemoryConfig::None => Ok(Box::new(NoMemory)),
+            MemoryConfig::Residual { beta, gamma } => {
+                if !(beta.is_finite() && (0.0..=1.0).contains(&beta)) {
+                    return Err(ConfigError::new(
+                        "memory.beta",
+                        format!("must be in [0, 1], got {beta}"),
+                    ));
+                }
+                if !(gamma.is_finite() && gamma > 0.0) {
+                    return Err(ConfigError::new(
+                        "memory.gamma",
+                        format!("must be > 0, got {gamma}"),
+                    ));
+                }
+                Ok(Box::new(Residual::new(beta, gamma)))
+            }
+        }
+    }
+}

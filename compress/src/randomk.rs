@@ -1,0 +1,192 @@
+//! `randomk`: keep `k = ⌈ρ·n⌉` uniformly chosen entries, scaled by `n/k` (ALGORITHMS.md §9).
+//!
+//! Unbiased, with variance `(n/k − 1)·‖v‖²`. The indices are **not sent**: they are
+//! regenerated from a 64-bit seed carried in the body (Floyd's sampling, k draws).
+//!
+//! With `shared = true` (default) the seed depends on `(seed, step, bucket, segment)` but not
+//! on the rank, so every worker keeps the same index set and the value lanes can be summed
+//! by an all-reduce (aggregation `Summable`, as GRACE does). With `shared = false` each rank
+//! draws its own set and payloads are all-gathered.
+//!
+//! Body, per segment: `u64 seed, u32 k, k × f32 value`. Bits per segment: `96 + 32k`.
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+use crate::compressor::{Aggregation, Compressor, Ctx, MethodId};
+use crate::error::{ConfigError, WireError};
+use crate::rng::{derive_seed, Rng};
+use crate::topk::{check_ratio, k_for};
+use crate::wire::{f32_at, Reader, Writer};
+
+/// Configuration of [`RandomK`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RandomKConfig {
+    /// Density ρ in (0, 1]. Default 0.01.
+    #[serde(default = "default_ratio")]
+    pub ratio: f64,
+    /// Same index set on every rank (summable). Default true.
+    #[serde(default = "yes")]
+    pub shared: bool,
+    /// Seed of the index streams (combined with step, bucket and segment). Default 0.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn default_ratio() -> f64 {
+    0.01
+}
+fn yes() -> bool {
+    true
+}
+
+impl Default for RandomKConfig {
+    fn default() -> Self {
+        RandomKConfig {
+            ratio: default_ratio(),
+            shared: true,
+            seed: 0,
+        }
+    }
+}
+
+impl RandomKConfig {
+    /// Checks the parameters and builds the compressor.
+    pub fn init(&self) -> Result<RandomK, ConfigError> {
+        check_ratio("ratio", self.ratio)?;
+        Ok(RandomK {
+            cfg: self.clone(),
+            base: 0,
+            segment: 0,
+            idx: Vec::new(),
+        })
+    }
+}
+
+/// Seeded Random-k sparsifier.
+#[derive(Debug, Clone)]
+pub struct RandomK {
+    cfg: RandomKConfig,
+    base: u64,
+    segment: u64,
+    idx: Vec<u32>,
+}
+
+/// Fills `out` with `k` distinct indices of `0..n` drawn by Floyd's algorithm from `seed`.
+/// `seen` is scratch of at least `⌈n/64⌉` words.
+pub fn sample_indices(n: usize, k: usize, seed: u64, seen: &mut Vec<u64>, out: &mut Vec<u32>) {
+    out.clear();
+    seen.clear();
+    seen.resize(n.div_ceil(64), 0);
+    let mut rng = Rng::seed_from_u64(seed);
+    for j in (n - k)..n {
+        let t = rng.below(j as u64 + 1) as usize;
+        let pick = if seen[t >> 6] & (1 << (t & 63)) != 0 {
+            j
+        } else {
+            t
+        };
+        seen[pick >> 6] |= 1 << (pick & 63);
+        out.push(pick as u32);
+    }
+}
+
+impl RandomK {
+    fn body_len(k: usize) -> usize {
+        8 + 4 + 4 * k
+    }
+}
+
+impl Compressor for RandomK {
+    fn method(&self) -> MethodId {
+        MethodId::RandomK
+    }
+    fn aggregation(&self) -> Aggregation {
+        if self.cfg.shared {
+            Aggregation::Summable
+        } else {
+            Aggregation::Gather
+        }
+    }
+    fn unbiased(&self) -> bool {
+        true
+    }
+    fn begin(&mut self, _grad: &[f32], ctx: &Ctx<'_>) {
+        let rank = if self.cfg.shared {
+            0
+        } else {
+            ctx.rank as u64 + 1
+        };
+        self.base = derive_seed(self.cfg.seed, ctx.step, rank, ctx.bucket);
+        self.segment = 0;
+    }
+    fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
+        let n = x.len();
+        let k = k_for(n, self.cfg.ratio);
+        let seed = derive_seed(self.base, self.segment, 0, 0);
+        self.segment += 1;
+        let mut seen = Vec::new();
+        sample_indices(n, k, seed, &mut seen, &mut self.idx);
+        let scale = n as f32 / k as f32;
+        w.u64(seed);
+        w.u32(k as u32);
+        let vals = w.zeroed(4 * k);
+        for (o, &i) in vals.chunks_exact_mut(4).zip(&self.idx) {
+            o.copy_from_slice(&(x[i as usize] * scale).to_le_bytes());
+        }
+    }
+    fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
+        let n = out.len();
+        let seed = r.u64("random-k seed")?;
+        let k = r.u32("random-k count")? as usize;
+        if k > n {
+            return Err(WireError::Invalid("more random-k entries than elements"));
+        }
+        let vals = r.take_items(k, 4, "random-k values")?;
+        let mut seen = Vec::new();
+        let mut idx = Vec::with_capacity(k);
+        sample_indices(n, k, seed, &mut seen, &mut idx);
+        for (j, &i) in idx.iter().enumerate() {
+            let v = f32_at(vals, j);
+            if !v.is_finite() {
+                return Err(WireError::Invalid("non-finite random-k value"));
+            }
+            out[i as usize] += v;
+        }
+        Ok(())
+    }
+    fn segment_bits(&self, n: usize) -> Option<u64> {
+        Some(8 * Self::body_len(k_for(n, self.cfg.ratio)) as u64)
+    }
+}
+
+impl RandomK {
+    /// Byte ranges of the summable `f32` value lanes in a payload from this compressor, one
+    /// per segment; identical on every rank when `shared = true`.
+    pub fn value_lanes(&self, payload: &[u8]) -> Result<Vec<Range<usize>>, WireError> {
+        let h = crate::compressor::Payload::decode(payload.to_vec())?.header()?;
+        let mut r = Reader::new(payload);
+        r.take(12, "header")?;
+        let lens: Vec<usize> = if h.segments > 1 {
+            let t = r.take_items(h.segments, 4, "segment table")?;
+            (0..h.segments)
+                .map(|i| crate::wire::u32_at(t, i) as usize)
+                .collect()
+        } else if h.n > 0 {
+            vec![h.n]
+        } else {
+            vec![]
+        };
+        let mut lanes = Vec::with_capacity(lens.len());
+        for _ in lens {
+            r.u64("random-k seed")?;
+            let k = r.u32("random-k count")? as usize;
+            let start = r.position();
+            r.take_items(k, 4, "random-k values")?;
+            lanes.push(start..r.position());
+        }
+        Ok(lanes)
+    }
+}

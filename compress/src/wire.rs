@@ -1,0 +1,430 @@
+//! Byte and bit codecs shared by every payload format.
+//!
+//! All multi-byte fields are little-endian. Bit streams are packed LSB-first into bytes: the
+//! first code occupies the lowest bits of the first byte. A [`Reader`] checks every length
+//! against the bytes actually present before it slices or allocates, so a hostile length
+//! field yields [`WireError::Truncated`] instead of a huge allocation.
+
+use crate::error::WireError;
+
+/// Appends fields to a payload buffer.
+#[derive(Debug, Default)]
+pub struct Writer<'a> {
+    buf: Option<&'a mut Vec<u8>>,
+}
+
+impl<'a> Writer<'a> {
+    /// A writer appending to `buf`.
+    pub fn new(buf: &'a mut Vec<u8>) -> Self {
+        Writer { buf: Some(buf) }
+    }
+
+    #[inline]
+    fn b(&mut self) -> &mut Vec<u8> {
+        self.buf.as_mut().expect("writer has a buffer")
+    }
+
+    /// Bytes written so far (including what the buffer held before).
+    pub fn len(&self) -> usize {
+        self.buf.as_ref().map_or(0, |b| b.len())
+    }
+
+    /// Whether nothing has been written.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reserve room for `n` more bytes.
+    pub fn reserve(&mut self, n: usize) {
+        self.b().reserve(n);
+    }
+
+    /// One byte.
+    #[inline]
+    pub fn u8(&mut self, v: u8) {
+        self.b().push(v);
+    }
+
+    /// A little-endian `u32`.
+    #[inline]
+    pub fn u32(&mut self, v: u32) {
+        self.b().extend_from_slice(&v.to_le_bytes());
+    }
+
+    /// A little-endian `u64`.
+    #[inline]
+    pub fn u64(&mut self, v: u64) {
+        self.b().extend_from_slice(&v.to_le_bytes());
+    }
+
+    /// A little-endian `f32`.
+    #[inline]
+    pub fn f32(&mut self, v: f32) {
+        self.b().extend_from_slice(&v.to_le_bytes());
+    }
+
+    /// Raw bytes.
+    pub fn bytes(&mut self, v: &[u8]) {
+        self.b().extend_from_slice(v);
+    }
+
+    /// A slice of `f32` as consecutive little-endian words.
+    pub fn f32_slice(&mut self, v: &[f32]) {
+        let b = self.b();
+        b.reserve(v.len() * 4);
+        for x in v {
+            b.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+
+    /// A slice of `u32` as consecutive little-endian words.
+    pub fn u32_slice(&mut self, v: &[u32]) {
+        let b = self.b();
+        b.reserve(v.len() * 4);
+        for x in v {
+            b.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+
+    /// Appends `nbytes` zero bytes and returns them for in-place filling (bit packing).
+    pub fn zeroed(&mut self, nbytes: usize) -> &mut [u8] {
+        let b = self.b();
+        let start = b.len();
+        b.resize(start + nbytes, 0);
+        &mut b[start..]
+    }
+}
+
+/// Reads fields from a payload with bounds checks on every access.
+#[derive(Debug, Clone)]
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// A reader over `buf`, positioned at its start.
+    pub fn new(buf: &'a [u8]) -> Self {
+        Reader { buf, pos: 0 }
+    }
+
+    /// Bytes not yet read.
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    /// Bytes read so far.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// The next `n` bytes, or `Truncated` naming `what`.
+    #[inline]
+    pub fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], WireError> {
+        if n > self.remaining() {
+            return Err(WireError::Truncated {
+                what,
+                needed: n,
+                available: self.remaining(),
+            });
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    /// `count` items of `size` bytes each, with overflow-safe length checking.
+    #[inline]
+    pub fn take_items(
+        &mut self,
+        count: usize,
+        size: usize,
+        what: &'static str,
+    ) -> Result<&'a [u8], WireError> {
+        let n = count.checked_mul(size).ok_or(WireError::Truncated {
+            what,
+            needed: usize::MAX,
+            available: self.remaining(),
+        })?;
+        self.take(n, what)
+    }
+
+    /// One byte.
+    #[inline]
+    pub fn u8(&mut self, what: &'static str) -> Result<u8, WireError> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    /// A little-endian `u32`.
+    #[inline]
+    pub fn u32(&mut self, what: &'static str) -> Result<u32, WireError> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// A little-endian `u64`.
+    #[inline]
+    pub fn u64(&mut self, what: &'static str) -> Result<u64, WireError> {
+        let b = self.take(8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    /// A little-endian `f32`.
+    #[inline]
+    pub fn f32(&mut self, what: &'static str) -> Result<f32, WireError> {
+        Ok(f32::from_bits(self.u32(what)?))
+    }
+
+    /// A finite little-endian `f32` (`Invalid(what)` otherwise).
+    #[inline]
+    pub fn finite_f32(&mut self, what: &'static str) -> Result<f32, WireError> {
+        let v = self.f32(what)?;
+        if v.is_finite() {
+            Ok(v)
+        } else {
+            Err(WireError::Invalid(what))
+        }
+    }
+}
+
+/// Reads the `i`-th little-endian `f32` of a byte slice holding packed `f32`s.
+#[inline(always)]
+pub fn f32_at(bytes: &[u8], i: usize) -> f32 {
+    let b = &bytes[4 * i..4 * i + 4];
+    f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// Reads the `i`-th little-endian `u32` of a byte slice holding packed `u32`s.
+#[inline(always)]
+pub fn u32_at(bytes: &[u8], i: usize) -> u32 {
+    let b = &bytes[4 * i..4 * i + 4];
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// Number of bytes that hold `bits` bits.
+#[inline]
+pub const fn bytes_for_bits(bits: u64) -> usize {
+    bits.div_ceil(8) as usize
+}
+
+/// Packs `codes` (each `< 2^width`, `1 <= width <= 32`) LSB-first into `out`, which must hold
+/// `bytes_for_bits(codes.len() * width)` zeroed bytes.
+pub fn pack_bits(codes: impl IntoIterator<Item = u32>, width: u32, out: &mut [u8]) {
+    let mut w = BitWriter::new(out);
+    for c in codes {
+        w.put(c, width);
+    }
+    w.finish();
+}
+
+/// Streaming LSB-first bit packer into a fixed byte slice.
+pub struct BitWriter<'a> {
+    out: &'a mut [u8],
+    acc: u64,
+    nacc: u32,
+    pos: usize,
+}
+
+impl<'a> BitWriter<'a> {
+    /// A packer writing into `out` (which should be zeroed and large enough).
+    pub fn new(out: &'a mut [u8]) -> Self {
+        BitWriter {
+            out,
+            acc: 0,
+            nacc: 0,
+            pos: 0,
+        }
+    }
+
+    /// Appends the low `width` bits of `code` (`width <= 32`).
+    #[inline(always)]
+    pub fn put(&mut self, code: u32, width: u32) {
+        debug_assert!(width <= 32);
+        self.acc |= (code as u64) << self.nacc;
+        self.nacc += width;
+        if self.nacc >= 32 {
+            let w = (self.acc as u32).to_le_bytes();
+            self.out[self.pos..self.pos + 4].copy_from_slice(&w);
+            self.pos += 4;
+            self.acc >>= 32;
+            self.nacc -= 32;
+        }
+    }
+
+    /// Flushes the partial last word (only the bytes that hold bits).
+    pub fn finish(mut self) {
+        while self.nacc > 0 {
+            self.out[self.pos] = self.acc as u8;
+            self.pos += 1;
+            self.acc >>= 8;
+            self.nacc = self.nacc.saturating_sub(8);
+        }
+    }
+}
+
+/// Streaming LSB-first bit reader over a byte slice. Reads past the end yield zero bits;
+/// callers validate the slice length against the expected bit count first.
+pub struct BitReader<'a> {
+    buf: &'a [u8],
+    acc: u64,
+    nacc: u32,
+    pos: usize,
+    consumed: u64,
+}
+
+impl<'a> BitReader<'a> {
+    /// A reader at the start of `buf`.
+    pub fn new(buf: &'a [u8]) -> Self {
+        BitReader {
+            buf,
+            acc: 0,
+            nacc: 0,
+            pos: 0,
+            consumed: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn refill(&mut self) {
+        if self.pos + 4 <= self.buf.len() {
+            let b = &self.buf[self.pos..self.pos + 4];
+            let w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64;
+            self.acc |= w << self.nacc;
+            self.nacc += 32;
+            self.pos += 4;
+        } else {
+            while self.nacc <= 56 && self.pos < self.buf.len() {
+                self.acc |= (self.buf[self.pos] as u64) << self.nacc;
+                self.nacc += 8;
+                self.pos += 1;
+            }
+            if self.pos >= self.buf.len() && self.nacc < 32 {
+                // Past the end: pad with zeros so reads stay defined.
+                self.nacc = 64;
+            }
+        }
+    }
+
+    /// The next `width` bits (`width <= 32`).
+    #[inline(always)]
+    pub fn get(&mut self, width: u32) -> u32 {
+        debug_assert!(width <= 32);
+        if self.nacc < width {
+            self.refill();
+        }
+        let v = (self.acc & ((1u64 << width) - 1)) as u32;
+        self.acc >>= width;
+        self.nacc -= width;
+        self.consumed += width as u64;
+        v
+    }
+
+    /// One bit.
+    #[inline(always)]
+    pub fn bit(&mut self) -> bool {
+        self.get(1) != 0
+    }
+
+    /// Total bits consumed so far (reads past the end count too, so a caller can compare
+    /// this with the bits actually present to detect an overrun).
+    pub fn bits_read(&self) -> u64 {
+        self.consumed
+    }
+}
+
+/// Elias-gamma code of `v >= 1`: `floor(log2 v)` zeros, then `v`'s bits from the top.
+#[inline]
+pub fn elias_gamma_put(w: &mut BitWriter<'_>, v: u32) {
+    debug_assert!(v >= 1);
+    let nb = 32 - v.leading_zeros(); // bits in v
+                                     // (nb-1) zeros
+    let mut z = nb - 1;
+    while z > 0 {
+        let c = z.min(32);
+        w.put(0, c);
+        z -= c;
+    }
+    // v's bits MSB-first: write bit by bit reversed into LSB-first stream
+    let rev = v.reverse_bits() >> (32 - nb);
+    w.put(rev, nb);
+}
+
+/// Length in bits of the Elias-gamma code of `v >= 1`.
+#[inline]
+pub fn elias_gamma_len(v: u32) -> u64 {
+    let nb = 32 - v.leading_zeros();
+    (2 * nb - 1) as u64
+}
+
+/// Reads one Elias-gamma code; `None` if it is malformed (more than 31 leading zeros).
+#[inline]
+pub fn elias_gamma_get(r: &mut BitReader<'_>) -> Option<u32> {
+    let mut zeros = 0;
+    while !r.bit() {
+        zeros += 1;
+        if zeros > 31 {
+            return None;
+        }
+    }
+    let rest = if zeros == 0 { 0 } else { r.get(zeros) };
+    // rest holds the remaining bits MSB-first reversed (LSB-first stream)
+    let rest_msb = if zeros == 0 {
+        0
+    } else {
+        rest.reverse_bits() >> (32 - zeros)
+    };
+    Some((1u32 << zeros) | rest_msb)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bits_round_trip_all_widths() {
+        for width in 1..=32u32 {
+            let mask = if width == 32 {
+                u32::MAX
+            } else {
+                (1 << width) - 1
+            };
+            let codes: Vec<u32> = (0..97u32)
+                .map(|i| i.wrapping_mul(2_654_435_761) & mask)
+                .collect();
+            let mut out = vec![0u8; bytes_for_bits(codes.len() as u64 * width as u64)];
+            pack_bits(codes.iter().copied(), width, &mut out);
+            let mut r = BitReader::new(&out);
+            for &c in &codes {
+                assert_eq!(r.get(width), c, "width {width}");
+            }
+        }
+    }
+
+    #[test]
+    fn elias_gamma_round_trip() {
+        let vals: Vec<u32> = (1..2000).chain([u32::MAX, 1 << 31, 65535]).collect();
+        let bits: u64 = vals.iter().map(|&v| elias_gamma_len(v)).sum();
+        let mut out = vec![0u8; bytes_for_bits(bits)];
+        let mut w = BitWriter::new(&mut out);
+        for &v in &vals {
+            elias_gamma_put(&mut w, v);
+        }
+        w.finish();
+        let mut r = BitReader::new(&out);
+        for &v in &vals {
+            assert_eq!(elias_gamma_get(&mut r), Some(v));
+        }
+        assert_eq!(r.bits_read().div_ceil(8) as usize, out.len());
+    }
+
+    #[test]
+    fn reader_refuses_huge_lengths() {
+        let buf = [1u8, 2, 3];
+        let mut r = Reader::new(&buf);
+        assert!(r.take_items(usize::MAX / 2, 4, "x").is_err());
+        assert!(r.u32("x").is_err());
+        assert_eq!(r.u8("x").unwrap(), 1);
+    }
+}
