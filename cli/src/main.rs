@@ -1,1 +1,130 @@
-fn main() {}
+//! `dtrain`: the command-line front end. Thin by design: it parses arguments, calls
+//! `dtrain-framework`, and prints.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use dtrain_framework::bench::{self, gradient::Shape};
+
+/// Communication-efficient data-parallel training.
+#[derive(Parser, Debug)]
+#[command(name = "dtrain", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        what: BenchCommand,
+    },
+    /// Lists the registered compressors.
+    List,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Compression throughput, bits per element and relative error of every method.
+    Compress(CompressArgs),
+}
+
+#[derive(Args, Debug)]
+struct CompressArgs {
+    /// Elements in the synthetic input vector.
+    #[arg(long, default_value_t = 4 << 20)]
+    elems: usize,
+    /// Methods to run (comma-separated, or repeated): `name` or `name:key=value;key=value`.
+    /// Default: every registered method with default parameters.
+    #[arg(long, value_delimiter = ' ', num_args = 1..)]
+    methods: Vec<String>,
+    /// Synthetic input: layered (realistic gradient-like), smooth, gaussian.
+    #[arg(long, default_value = "layered")]
+    input: Shape,
+    /// Read the input from a raw little-endian f32 file instead (e.g. a dumped layer gradient).
+    #[arg(long)]
+    from: Option<PathBuf>,
+    /// Use per-layer segments of the layered input (per-tensor statistics).
+    #[arg(long)]
+    per_layer: bool,
+    /// Timed repetitions per phase; the best is reported.
+    #[arg(long, default_value_t = 5)]
+    repeat: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn bench_compress(a: CompressArgs) -> Result<()> {
+    let methods: Vec<String> = a.methods.iter().flat_map(|m| split_methods(m)).collect();
+    let opts = bench::compress::Options {
+        methods,
+        repeat: a.repeat,
+        per_layer: a.per_layer,
+    };
+    let (input, source) = match &a.from {
+        Some(p) => (
+            bench::gradient::read_f32_file(p).map_err(anyhow::Error::msg)?,
+            p.display().to_string(),
+        ),
+        None => (
+            bench::gradient::synthesize(a.input, a.elems, 42),
+            format!("{:?}", a.input).to_lowercase(),
+        ),
+    };
+    let rows = bench::compress::run(&input, &opts).map_err(anyhow::Error::msg)?;
+    if a.json {
+        let doc = serde_json::json!({
+            "input": source,
+            "elements": input.len(),
+            "threads": 1,
+            "results": rows,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        println!(
+            "dtrain bench compress: {} elements ({source}), single thread, best of {}",
+            input.len(),
+            a.repeat.max(1)
+        );
+        print!("{}", bench::compress::table(&rows));
+    }
+    Ok(())
+}
+
+/// Splits `a,b:x=1;y=2,c` into methods; inside a method, `;` separates parameters.
+fn split_methods(s: &str) -> Vec<String> {
+    s.split(',')
+        .filter(|m| !m.trim().is_empty())
+        .map(|m| m.trim().replace(';', ","))
+        .collect()
+}
+
+fn run() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Bench { what } => match what {
+            BenchCommand::Compress(a) => bench_compress(a).context("bench compress"),
+        },
+        Command::List => {
+            for m in dtrain_compress::METHODS {
+                println!("{:<20} {}", m.name, m.about);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dtrain: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -82,3 +82,26 @@ impl Compressor for Fp16 {
         Some(16 * n as u64)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compressor::{compress_new, decompress, Ctx};
+
+    #[test]
+    fn relative_error_and_saturation() {
+        let x = [1.0f32, -0.333, 1e-3, 65504.0, 1e6, -1e6, 1e-9, 0.0];
+        let mut c = Fp16Config::default().init();
+        let p = compress_new(&mut c, &x, &Ctx::default(), &mut Rng::seed_from_u64(0)).unwrap();
+        let mut out = [0f32; 8];
+        decompress(&c, p.as_bytes(), &mut out).unwrap();
+        for i in 0..3 {
+            assert!((out[i] - x[i]).abs() <= x[i].abs() * 2f32.powi(-11));
+        }
+        assert_eq!(out[3], 65504.0);
+        assert_eq!(out[4], 65504.0, "saturates instead of inf");
+        assert_eq!(out[5], -65504.0);
+        assert_eq!(out[6], 0.0, "below the smallest subnormal flushes to zero");
+        assert_eq!(out[7], 0.0);
+    }
+}

@@ -190,3 +190,107 @@ impl RandomK {
         Ok(lanes)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compressor::{compress_new, decompress, Ctx};
+
+    #[test]
+    fn floyd_draws_k_distinct_indices() {
+        let mut seen = Vec::new();
+        let mut out = Vec::new();
+        for (n, k) in [(1usize, 1usize), (10, 10), (1000, 7), (1000, 999)] {
+            sample_indices(n, k, 42, &mut seen, &mut out);
+            let mut s = out.clone();
+            s.sort();
+            s.dedup();
+            assert_eq!(s.len(), k);
+            assert!(s.iter().all(|&i| (i as usize) < n));
+        }
+    }
+
+    #[test]
+    fn unbiased_by_monte_carlo() {
+        let n = 40;
+        let x: Vec<f32> = (0..n).map(|i| (i as f32 - 17.0) / 5.0).collect();
+        let mut c = RandomKConfig {
+            ratio: 0.1,
+            shared: false,
+            seed: 1,
+        }
+        .init()
+        .unwrap();
+        let t = 20_000;
+        let mut mean = vec![0f64; n];
+        let mut out = vec![0f32; n];
+        for step in 0..t {
+            let ctx = Ctx {
+                step,
+                ..Ctx::default()
+            };
+            let p = compress_new(&mut c, &x, &ctx, &mut Rng::seed_from_u64(0)).unwrap();
+            decompress(&c, p.as_bytes(), &mut out).unwrap();
+            for i in 0..n {
+                mean[i] += out[i] as f64 / t as f64;
+            }
+        }
+        // Var of one coordinate = x²(n/k − 1); standard error = |x|·sqrt((n/k−1)/T).
+        let k = k_for(n, 0.1) as f64;
+        for i in 0..n {
+            let se = (x[i] as f64).abs() * ((n as f64 / k - 1.0) / t as f64).sqrt();
+            assert!(
+                (mean[i] - x[i] as f64).abs() <= 5.0 * se + 1e-9,
+                "coord {i}: {} vs {}",
+                mean[i],
+                x[i]
+            );
+        }
+    }
+
+    #[test]
+    fn shared_indices_agree_across_ranks_and_sum_in_place() {
+        let x: Vec<f32> = (0..500).map(|i| i as f32).collect();
+        let y: Vec<f32> = (0..500).map(|i| -(i as f32) * 0.5).collect();
+        let mut c = RandomKConfig::default().init().unwrap();
+        let cx = Ctx {
+            step: 4,
+            rank: 0,
+            bucket: 2,
+            segments: &[],
+        };
+        let cy = Ctx { rank: 3, ..cx };
+        let px = compress_new(&mut c, &x, &cx, &mut Rng::seed_from_u64(0)).unwrap();
+        let py = compress_new(&mut c, &y, &cy, &mut Rng::seed_from_u64(9)).unwrap();
+        let lx = c.value_lanes(px.as_bytes()).unwrap();
+        let ly = c.value_lanes(py.as_bytes()).unwrap();
+        assert_eq!(lx, ly);
+        // Sum the value lanes as an all-reduce would, then decode once.
+        let mut summed = px.as_bytes().to_vec();
+        for lane in &lx {
+            for off in (lane.start..lane.end).step_by(4) {
+                let a = f32::from_le_bytes(summed[off..off + 4].try_into().unwrap());
+                let b = f32::from_le_bytes(py.as_bytes()[off..off + 4].try_into().unwrap());
+                summed[off..off + 4].copy_from_slice(&(a + b).to_le_bytes());
+            }
+        }
+        let mut d_sum = vec![0f32; 500];
+        decompress(&c, &summed, &mut d_sum).unwrap();
+        let mut d_sep = vec![0f32; 500];
+        crate::compressor::decompress_add(&c, px.as_bytes(), &mut d_sep).unwrap();
+        crate::compressor::decompress_add(&c, py.as_bytes(), &mut d_sep).unwrap();
+        for i in 0..500 {
+            assert!((d_sum[i] - d_sep[i]).abs() <= 1e-3 * d_sep[i].abs().max(1.0));
+        }
+        // Unshared: ranks draw different sets.
+        let mut u = RandomKConfig {
+            shared: false,
+            ..RandomKConfig::default()
+        }
+        .init()
+        .unwrap();
+        let a = compress_new(&mut u, &x, &cx, &mut Rng::seed_from_u64(0)).unwrap();
+        let b = compress_new(&mut u, &x, &cy, &mut Rng::seed_from_u64(0)).unwrap();
+        assert_ne!(a, b);
+    }
+}

@@ -108,3 +108,80 @@ impl Compressor for TopK {
         Some(sparse::indexed_bits(n, k_for(n, self.ratio)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compressor::{compress_new, decompress, Ctx};
+
+    fn run(c: &mut TopK, x: &[f32]) -> (Vec<f32>, usize) {
+        let p = compress_new(c, x, &Ctx::default(), &mut Rng::seed_from_u64(0)).unwrap();
+        let mut out = vec![0f32; x.len()];
+        decompress(c, p.as_bytes(), &mut out).unwrap();
+        (out, p.encoded_len())
+    }
+
+    #[test]
+    fn keeps_exactly_k_largest_and_contracts() {
+        let mut rng = Rng::seed_from_u64(11);
+        for &(n, ratio) in &[
+            (1000usize, 0.01),
+            (1000, 0.1),
+            (1000, 0.5),
+            (37, 0.2),
+            (100_000, 0.001),
+        ] {
+            let x: Vec<f32> = (0..n).map(|_| rng.next_f32() * 2.0 - 1.0).collect();
+            let mut c = TopKConfig { ratio }.init().unwrap();
+            let (out, _) = run(&mut c, &x);
+            let k = k_for(n, ratio);
+            let kept: Vec<usize> = (0..n).filter(|&i| out[i] != 0.0).collect();
+            assert_eq!(kept.len(), k, "n {n} ratio {ratio}");
+            let min_kept = kept
+                .iter()
+                .map(|&i| x[i].abs())
+                .fold(f32::INFINITY, f32::min);
+            let max_dropped = (0..n)
+                .filter(|i| out[*i] == 0.0)
+                .map(|i| x[i].abs())
+                .fold(0.0, f32::max);
+            assert!(min_kept >= max_dropped);
+            for &i in &kept {
+                assert_eq!(out[i], x[i], "values are sent exactly");
+            }
+            let err: f64 = (0..n).map(|i| ((x[i] - out[i]) as f64).powi(2)).sum();
+            let norm: f64 = x.iter().map(|&v| (v as f64).powi(2)).sum();
+            assert!(err <= (1.0 - k as f64 / n as f64) * norm + 1e-9);
+        }
+    }
+
+    #[test]
+    fn ties_go_to_the_smaller_index_and_zero_vectors_are_fine() {
+        let x = [1.0f32, -1.0, 1.0, 1.0, 0.5];
+        let mut c = TopKConfig { ratio: 0.4 }.init().unwrap();
+        let (out, _) = run(&mut c, &x);
+        assert_eq!(out, [1.0, -1.0, 0.0, 0.0, 0.0]);
+        let z = [0.0f32; 10];
+        let (out, _) = run(&mut c, &z);
+        assert_eq!(out, z);
+    }
+
+    #[test]
+    fn layout_switches_to_bitmap_above_one_in_32() {
+        let x: Vec<f32> = (0..1024).map(|i| i as f32).collect();
+        let mut sparse = TopKConfig { ratio: 0.01 }.init().unwrap();
+        let mut dense = TopKConfig { ratio: 0.25 }.init().unwrap();
+        let (_, l1) = run(&mut sparse, &x);
+        let (_, l2) = run(&mut dense, &x);
+        // header 12 bytes; list: 5 + 8k; bitmap: 5 + 128 + 4k
+        assert_eq!(l1, 12 + 5 + 8 * 11);
+        assert_eq!(l2, 12 + 5 + 128 + 4 * 256);
+    }
+
+    #[test]
+    fn config_rejects_bad_ratio() {
+        for r in [0.0, -0.1, 1.01, f64::NAN] {
+            assert!(TopKConfig { ratio: r }.init().is_err());
+        }
+    }
+}

@@ -1,1 +1,14 @@
-//! Placeholder
+//! # dtrain-framework
+//!
+//! The data-parallel trainer and the tools around it. This crate is the only one that sees
+//! every other dtrain crate (`compress`, `comms`, `models`, `datasets`); the `dtrain` binary
+//! is a thin shell over it.
+//!
+//! ## Layout
+//! * [`bench`]: the benchmarks behind `dtrain bench …` (compression throughput, error and
+//!   bits per element).
+//!
+//! The trainer itself (bucketing, the compress → collective → decompress pipeline,
+//! optimizers, checkpoints, metrics) lands with issue #6.
+
+pub mod bench;

@@ -1,0 +1,327 @@
+//! The property suite every registered compressor must pass (ALGORITHMS.md §0, issue #2).
+//!
+//! Methods are taken from `METHODS`, so a newly registered compressor is covered without
+//! editing this file.
+
+use std::ops::Range;
+
+use dtrain_compress::memory::{Memory, Residual};
+use dtrain_compress::{
+    compress_new, decompress, decompress_add, payload_bits, CompressError, Compressor, Ctx,
+    Payload, Pipeline, Rng, WireError, HEADER_BITS, METHODS,
+};
+use proptest::prelude::*;
+
+fn all() -> Vec<(&'static str, Box<dyn Compressor>)> {
+    METHODS
+        .iter()
+        .map(|m| (m.name, (m.default)().build().expect(m.name)))
+        .collect()
+}
+
+/// A gradient-like vector: layer scales spanning decades, heavy tails, some exact zeros.
+fn gradient(n: usize, seed: u64) -> Vec<f32> {
+    let mut r = Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|i| {
+            let layer_scale = 10f32.powi(-(((i / 97) % 4) as i32));
+            let u = r.next_f32().max(1e-7);
+            let lap = -u.ln() * if r.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
+            if r.next_u64() % 17 == 0 {
+                0.0
+            } else {
+                layer_scale * lap
+            }
+        })
+        .collect()
+}
+
+fn segments(lens: &[usize]) -> Vec<Range<usize>> {
+    let mut at = 0;
+    lens.iter()
+        .map(|&l| {
+            let r = at..at + l;
+            at += l;
+            r
+        })
+        .collect()
+}
+
+fn ctx(segs: &[Range<usize>]) -> Ctx<'_> {
+    Ctx {
+        step: 3,
+        rank: 1,
+        bucket: 7,
+        segments: segs,
+    }
+}
+
+#[test]
+fn round_trip_restores_length_and_is_finite() {
+    for (name, mut c) in all() {
+        for (n, lens) in [
+            (1usize, vec![]),
+            (2, vec![]),
+            (5, vec![2, 3]),
+            (1000, vec![]),
+            (4099, vec![1, 2048, 2050]),
+        ] {
+            let g = gradient(n, 1);
+            let segs = segments(&lens);
+            let p = compress_new(c.as_mut(), &g, &ctx(&segs), &mut Rng::seed_from_u64(2))
+                .unwrap_or_else(|e| panic!("{name} n={n}: {e}"));
+            let mut out = vec![0f32; n];
+            decompress(c.as_ref(), p.as_bytes(), &mut out)
+                .unwrap_or_else(|e| panic!("{name} n={n}: {e}"));
+            assert!(
+                out.iter().all(|v| v.is_finite()),
+                "{name}: non-finite output"
+            );
+            // Wrong output length is a typed error.
+            let mut short = vec![0f32; n + 1];
+            assert!(
+                matches!(
+                    decompress(c.as_ref(), p.as_bytes(), &mut short),
+                    Err(WireError::LengthMismatch { .. })
+                ),
+                "{name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn empty_input_round_trips() {
+    for (name, mut c) in all() {
+        let p = compress_new(c.as_mut(), &[], &Ctx::default(), &mut Rng::seed_from_u64(0))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(p.encoded_len() as u64 * 8, HEADER_BITS, "{name}");
+        let mut out: Vec<f32> = vec![];
+        decompress(c.as_ref(), p.as_bytes(), &mut out).unwrap();
+    }
+}
+
+#[test]
+fn length_one_input() {
+    for (name, mut c) in all() {
+        for v in [0.0f32, 1.5, -2.25, 1e-30, -3e30] {
+            let p = compress_new(
+                c.as_mut(),
+                &[v],
+                &Ctx::default(),
+                &mut Rng::seed_from_u64(0),
+            )
+            .unwrap();
+            let mut out = [0f32];
+            decompress(c.as_ref(), p.as_bytes(), &mut out).unwrap();
+            assert!(out[0].is_finite(), "{name}");
+            if v != 0.0 && out[0] != 0.0 {
+                assert_eq!(
+                    out[0].signum(),
+                    v.signum(),
+                    "{name}: sign of {v} -> {}",
+                    out[0]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn non_finite_input_is_an_error_naming_the_element() {
+    for (name, mut c) in all() {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut g = gradient(300, 4);
+            g[123] = bad;
+            let e = compress_new(c.as_mut(), &g, &Ctx::default(), &mut Rng::seed_from_u64(0))
+                .unwrap_err();
+            assert!(
+                matches!(e, CompressError::NonFinite { index: 123, .. }),
+                "{name}: {e:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_segments_are_rejected() {
+    for (name, mut c) in all() {
+        let g = gradient(10, 4);
+        for segs in [vec![0..4, 5..10], vec![0..4, 4..4, 4..10], vec![0..4, 4..9]] {
+            let e = compress_new(c.as_mut(), &g, &ctx(&segs), &mut Rng::seed_from_u64(0));
+            assert!(matches!(e, Err(CompressError::BadSegments(_))), "{name}");
+        }
+    }
+}
+
+#[test]
+fn deterministic_under_a_seed() {
+    for (name, mut c) in all() {
+        let g = gradient(5000, 5);
+        let segs = segments(&[1000, 4000]);
+        let a = compress_new(c.as_mut(), &g, &ctx(&segs), &mut Rng::for_step(9, 3, 1, 7)).unwrap();
+        let b = compress_new(c.as_mut(), &g, &ctx(&segs), &mut Rng::for_step(9, 3, 1, 7)).unwrap();
+        assert_eq!(a, b, "{name}: same seed, different payload");
+    }
+}
+
+#[test]
+fn encoded_length_equals_the_formula() {
+    for (name, mut c) in all() {
+        for lens in [
+            vec![1usize],
+            vec![7],
+            vec![100],
+            vec![4096],
+            vec![33, 1000, 5],
+        ] {
+            let n: usize = lens.iter().sum();
+            let g = gradient(n, 6);
+            let segs = segments(&lens);
+            let p = compress_new(c.as_mut(), &g, &ctx(&segs), &mut Rng::seed_from_u64(3)).unwrap();
+            if let Some(bits) = payload_bits(c.as_ref(), &lens) {
+                assert_eq!(p.encoded_len() as u64 * 8, bits, "{name} {lens:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn error_feedback_invariant() {
+    // D(msg) + e_new == g + e_old, for every method under residual memory.
+    for m in METHODS {
+        let cfg = (m.default)();
+        let mut pipe = Pipeline::new(cfg.build().unwrap(), Box::new(Residual::new(1.0, 1.0)));
+        let n = 3000;
+        let mut payload = Payload::new();
+        let segs = segments(&[1000, 2000]);
+        let mut e_old = vec![0f32; n];
+        for step in 0..4u64 {
+            let g = gradient(n, 10 + step);
+            let c = Ctx {
+                step,
+                rank: 0,
+                bucket: 1,
+                segments: &segs,
+            };
+            pipe.compress(&g, &c, &mut Rng::for_step(1, step, 0, 1), &mut payload)
+                .unwrap();
+            let mut d = vec![0f32; n];
+            pipe.decompress_add(payload.as_bytes(), &mut d).unwrap();
+            let e_new = pipe.memory().export().remove(&1).unwrap();
+            let mut worst = 0f64;
+            for i in 0..n {
+                let lhs = d[i] as f64 + e_new[i] as f64;
+                let rhs = g[i] as f64 + e_old[i] as f64;
+                let tol = 1e-6 * (1.0 + rhs.abs().max(d[i].abs() as f64));
+                worst = worst.max((lhs - rhs).abs() / tol);
+            }
+            assert!(
+                worst <= 1.0,
+                "{}: EF invariant off by {worst} tolerances",
+                m.name
+            );
+            e_old = e_new;
+        }
+    }
+}
+
+#[test]
+fn payload_from_another_method_is_refused() {
+    let mut methods = all();
+    let (_, first) = &mut methods[0];
+    let p = compress_new(
+        first.as_mut(),
+        &[1.0, 2.0],
+        &Ctx::default(),
+        &mut Rng::seed_from_u64(0),
+    )
+    .unwrap();
+    for (name, c) in methods.iter().skip(1) {
+        let mut out = [0f32; 2];
+        assert!(
+            matches!(
+                decompress_add(c.as_ref(), p.as_bytes(), &mut out),
+                Err(WireError::WrongMethod { .. })
+            ),
+            "{name}"
+        );
+    }
+}
+
+fn valid_payloads() -> Vec<(usize, Vec<u8>, usize)> {
+    // (method index, payload, n)
+    let mut v = Vec::new();
+    for (mi, (_, mut c)) in all().into_iter().enumerate() {
+        for lens in [vec![1usize], vec![64], vec![300], vec![10, 90]] {
+            let n: usize = lens.iter().sum();
+            let g = gradient(n, 20);
+            let segs = segments(&lens);
+            let p = compress_new(c.as_mut(), &g, &ctx(&segs), &mut Rng::seed_from_u64(1)).unwrap();
+            v.push((mi, p.into_bytes(), n));
+        }
+    }
+    v
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    /// Random bytes never panic any decoder (with or without a valid-looking header).
+    #[test]
+    fn decoders_survive_arbitrary_bytes(body in proptest::collection::vec(any::<u8>(), 0..600),
+                                        n in 0usize..400, method in 0u8..32, with_header in any::<bool>()) {
+        let cs = all();
+        for (_, c) in &cs {
+            let mut bytes = body.clone();
+            if with_header {
+                let mut h = vec![0xD7, 1, method, 0];
+                h.extend_from_slice(&(n as u32).to_le_bytes());
+                h.extend_from_slice(&(u32::from(n > 0)).to_le_bytes());
+                h.extend_from_slice(&bytes);
+                bytes = h;
+            }
+            let mut out = vec![0f32; n];
+            let _ = decompress_add(c.as_ref(), &bytes, &mut out);
+            let _ = Payload::decode(bytes);
+        }
+    }
+
+    /// Mutated valid payloads (bit flips, truncation, extension) never panic; when they
+    /// decode, the output is finite.
+    #[test]
+    fn decoders_survive_mutated_payloads(which in any::<prop::sample::Index>(),
+                                         flips in proptest::collection::vec((any::<prop::sample::Index>(), 0u8..8), 0..6),
+                                         cut in any::<prop::sample::Index>(), truncate in any::<bool>(),
+                                         extra in proptest::collection::vec(any::<u8>(), 0..4)) {
+        let cs = all();
+        let payloads = valid_payloads();
+        let (mi, mut bytes, n) = payloads[which.index(payloads.len())].clone();
+        for (pos, bit) in flips {
+            let i = pos.index(bytes.len());
+            bytes[i] ^= 1 << bit;
+        }
+        if truncate {
+            let c = cut.index(bytes.len() + 1);
+            bytes.truncate(c);
+        }
+        bytes.extend_from_slice(&extra);
+        let mut out = vec![0f32; n];
+        if decompress_add(cs[mi].1.as_ref(), &bytes, &mut out).is_ok() {
+            prop_assert!(out.iter().all(|v| v.is_finite()));
+        }
+    }
+}
+
+#[test]
+fn memory_state_round_trips_for_checkpoints() {
+    let mut m = Residual::new(1.0, 1.0);
+    let mut p = vec![0f32; 3];
+    m.compensate(5, &[1.0, 2.0, 3.0], &mut p);
+    m.update(5, &p, &[1.0, 0.0, 0.0]);
+    let state = m.export();
+    let mut m2 = Residual::new(1.0, 1.0);
+    m2.import(state.clone());
+    assert_eq!(m2.export(), state);
+    assert_eq!(state[&5], vec![0.0, 2.0, 3.0]);
+}

@@ -1,0 +1,4 @@
+//! Benchmarks behind `dtrain bench …`.
+
+pub mod compress;
+pub mod gradient;
