@@ -211,6 +211,14 @@ pub trait Compressor: Send {
     /// Exact encoded size in bits of one segment body of `n` elements, when it depends only
     /// on `n` and the configuration; `None` for data-dependent sizes (thresholds).
     fn segment_bits(&self, n: usize) -> Option<u64>;
+
+    /// For [`Aggregation::Summable`] methods: skips one segment body of `len` elements and
+    /// returns the byte range (relative to the reader's buffer) of its little-endian `f32`
+    /// value lane, the part an all-reduce sums element-wise. Other methods keep the default,
+    /// which refuses.
+    fn segment_lane(&self, _r: &mut Reader<'_>, _len: usize) -> Result<Range<usize>, WireError> {
+        Err(WireError::Invalid("method has no summable value lane"))
+    }
 }
 
 /// Validates `segments` against a buffer of length `n` and returns the effective list.
@@ -362,6 +370,64 @@ pub fn decompress_add(c: &dyn Compressor, bytes: &[u8], out: &mut [f32]) -> Resu
     }
     if r.remaining() != 0 {
         return Err(WireError::TrailingBytes(r.remaining()));
+    }
+    Ok(())
+}
+
+/// The `f32` value lanes of a payload from a [`Aggregation::Summable`] method, one byte
+/// range per segment. Payloads of all ranks have identical lanes (that is what summable
+/// means), so an all-reduce can sum these ranges in place and any rank can then decode the
+/// summed payload once.
+pub fn summable_lanes(c: &dyn Compressor, bytes: &[u8]) -> Result<Vec<Range<usize>>, WireError> {
+    let mut r = Reader::new(bytes);
+    let h = Header::parse(&mut r)?;
+    if h.method != c.method() as u8 {
+        return Err(WireError::WrongMethod {
+            expected: c.method() as u8,
+            found: h.method,
+        });
+    }
+    let lens: Vec<usize> = if h.segments > 1 {
+        let t = r.take_items(h.segments, 4, "segment table")?;
+        (0..h.segments)
+            .map(|i| crate::wire::u32_at(t, i) as usize)
+            .collect()
+    } else if h.n > 0 {
+        vec![h.n]
+    } else {
+        Vec::new()
+    };
+    if lens.iter().try_fold(0usize, |a, &l| a.checked_add(l)) != Some(h.n) {
+        return Err(WireError::BadSegments("segments do not cover n"));
+    }
+    let mut lanes = Vec::with_capacity(lens.len());
+    for len in lens {
+        let lane = c.segment_lane(&mut r, len)?;
+        if lane.len() % 4 != 0 {
+            return Err(WireError::Invalid("lane is not whole f32 values"));
+        }
+        lanes.push(lane);
+    }
+    if r.remaining() != 0 {
+        return Err(WireError::TrailingBytes(r.remaining()));
+    }
+    Ok(lanes)
+}
+
+/// Adds the value lanes of `other` into those of `acc` (both from the same summable method
+/// with identical lanes), as one all-reduce step would.
+pub fn sum_lanes(c: &dyn Compressor, acc: &mut [u8], other: &[u8]) -> Result<(), WireError> {
+    let la = summable_lanes(c, acc)?;
+    let lb = summable_lanes(c, other)?;
+    if la != lb {
+        return Err(WireError::Invalid("payloads have different summable lanes"));
+    }
+    for lane in la {
+        for off in lane.step_by(4) {
+            let a = crate::wire::f32_at(&acc[off..off + 4], 0);
+            let b = crate::wire::f32_at(&other[off..off + 4], 0);
+            acc[off..off + 4].copy_from_slice(&(a + b).to_le_bytes());
+        }
     }
     Ok(())
 }

@@ -60,8 +60,8 @@ pub mod topk;
 pub mod wire;
 
 pub use compressor::{
-    compress, compress_new, decompress, decompress_add, payload_bits, Aggregation, Compressor, Ctx,
-    MethodId, Payload, HEADER_BITS,
+    compress, compress_new, decompress, decompress_add, payload_bits, sum_lanes, summable_lanes,
+    Aggregation, Compressor, Ctx, MethodId, Payload, HEADER_BITS,
 };
 pub use config::{CompressorConfig, METHODS};
 pub use error::{CompressError, ConfigError, WireError};

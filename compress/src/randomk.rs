@@ -160,34 +160,20 @@ impl Compressor for RandomK {
     fn segment_bits(&self, n: usize) -> Option<u64> {
         Some(8 * Self::body_len(k_for(n, self.cfg.ratio)) as u64)
     }
-}
-
-impl RandomK {
-    /// Byte ranges of the summable `f32` value lanes in a payload from this compressor, one
-    /// per segment; identical on every rank when `shared = true`.
-    pub fn value_lanes(&self, payload: &[u8]) -> Result<Vec<Range<usize>>, WireError> {
-        let h = crate::compressor::Payload::decode(payload.to_vec())?.header()?;
-        let mut r = Reader::new(payload);
-        r.take(12, "header")?;
-        let lens: Vec<usize> = if h.segments > 1 {
-            let t = r.take_items(h.segments, 4, "segment table")?;
-            (0..h.segments)
-                .map(|i| crate::wire::u32_at(t, i) as usize)
-                .collect()
-        } else if h.n > 0 {
-            vec![h.n]
-        } else {
-            vec![]
-        };
-        let mut lanes = Vec::with_capacity(lens.len());
-        for _ in lens {
-            r.u64("random-k seed")?;
-            let k = r.u32("random-k count")? as usize;
-            let start = r.position();
-            r.take_items(k, 4, "random-k values")?;
-            lanes.push(start..r.position());
+    fn segment_lane(&self, r: &mut Reader<'_>, len: usize) -> Result<Range<usize>, WireError> {
+        if !self.cfg.shared {
+            return Err(WireError::Invalid(
+                "random-k without shared indices is not summable",
+            ));
         }
-        Ok(lanes)
+        r.u64("random-k seed")?;
+        let k = r.u32("random-k count")? as usize;
+        if k > len {
+            return Err(WireError::Invalid("more random-k entries than elements"));
+        }
+        let start = r.position();
+        r.take_items(k, 4, "random-k values")?;
+        Ok(start..r.position())
     }
 }
 
@@ -262,18 +248,13 @@ mod tests {
         let cy = Ctx { rank: 3, ..cx };
         let px = compress_new(&mut c, &x, &cx, &mut Rng::seed_from_u64(0)).unwrap();
         let py = compress_new(&mut c, &y, &cy, &mut Rng::seed_from_u64(9)).unwrap();
-        let lx = c.value_lanes(px.as_bytes()).unwrap();
-        let ly = c.value_lanes(py.as_bytes()).unwrap();
+        let lx = crate::compressor::summable_lanes(&c, px.as_bytes()).unwrap();
+        let ly = crate::compressor::summable_lanes(&c, py.as_bytes()).unwrap();
         assert_eq!(lx, ly);
+        assert_eq!(lx.len(), 1);
         // Sum the value lanes as an all-reduce would, then decode once.
         let mut summed = px.as_bytes().to_vec();
-        for lane in &lx {
-            for off in (lane.start..lane.end).step_by(4) {
-                let a = f32::from_le_bytes(summed[off..off + 4].try_into().unwrap());
-                let b = f32::from_le_bytes(py.as_bytes()[off..off + 4].try_into().unwrap());
-                summed[off..off + 4].copy_from_slice(&(a + b).to_le_bytes());
-            }
-        }
+        crate::compressor::sum_lanes(&c, &mut summed, py.as_bytes()).unwrap();
         let mut d_sum = vec![0f32; 500];
         decompress(&c, &summed, &mut d_sum).unwrap();
         let mut d_sep = vec![0f32; 500];

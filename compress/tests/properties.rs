@@ -325,3 +325,42 @@ fn memory_state_round_trips_for_checkpoints() {
     assert_eq!(m2.export(), state);
     assert_eq!(state[&5], vec![0.0, 2.0, 3.0]);
 }
+
+#[test]
+fn summable_methods_sum_in_compressed_form() {
+    use dtrain_compress::{sum_lanes, summable_lanes, Aggregation};
+    for (name, mut c) in all() {
+        if c.aggregation() != Aggregation::Summable {
+            continue;
+        }
+        let n = 2000;
+        let segs = segments(&[500, 1500]);
+        let mut payloads = Vec::new();
+        let mut separate = vec![0f32; n];
+        for rank in 0..3u32 {
+            let g = gradient(n, 30 + rank as u64);
+            let cx = Ctx {
+                step: 5,
+                rank,
+                bucket: 2,
+                segments: &segs,
+            };
+            let p = compress_new(c.as_mut(), &g, &cx, &mut Rng::for_step(1, 5, rank as u64, 2))
+                .unwrap();
+            decompress_add(c.as_ref(), p.as_bytes(), &mut separate).unwrap();
+            payloads.push(p.into_bytes());
+        }
+        let lanes = summable_lanes(c.as_ref(), &payloads[0]).unwrap();
+        let mut acc = payloads[0].clone();
+        for p in &payloads[1..] {
+            assert_eq!(summable_lanes(c.as_ref(), p).unwrap(), lanes, "{name}");
+            sum_lanes(c.as_ref(), &mut acc, p).unwrap();
+        }
+        let mut summed = vec![0f32; n];
+        decompress(c.as_ref(), &acc, &mut summed).unwrap();
+        for i in 0..n {
+            let tol = 1e-5 * (1.0 + separate[i].abs());
+            assert!((summed[i] - separate[i]).abs() <= tol, "{name}: element {i}");
+        }
+    }
+}
