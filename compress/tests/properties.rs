@@ -345,8 +345,13 @@ fn summable_methods_sum_in_compressed_form() {
                 bucket: 2,
                 segments: &segs,
             };
-            let p = compress_new(c.as_mut(), &g, &cx, &mut Rng::for_step(1, 5, rank as u64, 2))
-                .unwrap();
+            let p = compress_new(
+                c.as_mut(),
+                &g,
+                &cx,
+                &mut Rng::for_step(1, 5, rank as u64, 2),
+            )
+            .unwrap();
             decompress_add(c.as_ref(), p.as_bytes(), &mut separate).unwrap();
             payloads.push(p.into_bytes());
         }
@@ -360,7 +365,10 @@ fn summable_methods_sum_in_compressed_form() {
         decompress(c.as_ref(), &acc, &mut summed).unwrap();
         for i in 0..n {
             let tol = 1e-5 * (1.0 + separate[i].abs());
-            assert!((summed[i] - separate[i]).abs() <= tol, "{name}: element {i}");
+            assert!(
+                (summed[i] - separate[i]).abs() <= tol,
+                "{name}: element {i}"
+            );
         }
     }
 }

@@ -7,8 +7,12 @@
 //! ## Layout
 //! * [`bench`]: the benchmarks behind `dtrain bench …` (compression throughput, error and
 //!   bits per element).
+//! * [`optim`]: SGD / momentum / Nesterov / Adam / AdamW on flat buffers (PyTorch semantics).
+//! * [`lr`]: learning-rate schedules (step, cosine, gradual warm-up, linear scaling rule).
 //!
 //! The trainer itself (bucketing, the compress → collective → decompress pipeline,
 //! optimizers, checkpoints, metrics) lands with issue #6.
 
 pub mod bench;
+pub mod lr;
+pub mod optim;
