@@ -7,6 +7,8 @@
 //! ## Layout
 //! * [`bench`]: the benchmarks behind `dtrain bench …` (compression throughput, error and
 //!   bits per element).
+//! * [`bucket`]: layer-aligned gradient buckets and the dense bypass for small tensors.
+//! * [`checkpoint`]: checksummed checkpoint container, atomic writes.
 //! * [`optim`]: SGD / momentum / Nesterov / Adam / AdamW on flat buffers (PyTorch semantics).
 //! * [`lr`]: learning-rate schedules (step, cosine, gradual warm-up, linear scaling rule).
 //!
@@ -14,5 +16,7 @@
 //! optimizers, checkpoints, metrics) lands with issue #6.
 
 pub mod bench;
+pub mod bucket;
+pub mod checkpoint;
 pub mod lr;
 pub mod optim;
