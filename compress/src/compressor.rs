@@ -227,7 +227,7 @@ pub fn effective_segments(
         return Ok(Vec::new());
     }
     if segments.is_empty() {
-        return Ok(vec![0..n]);
+        return Ok(std::iter::once(0..n).collect());
     }
     let mut at = 0;
     for s in segments {
