@@ -18,6 +18,8 @@ use crate::none::NoneConfig;
 use crate::randomk::RandomKConfig;
 use crate::topk::TopKConfig;
 
+use crate::qsgd::QsgdConfig;
+
 /// Every compression method, by name. Each variant holds that method's own config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", deny_unknown_fields)]
@@ -34,6 +36,9 @@ pub enum CompressorConfig {
     /// Seeded Random-k.
     #[serde(rename = "randomk")]
     RandomK(RandomKConfig),
+    /// QSGD stochastic multi-level quantization.
+    #[serde(rename = "qsgd")]
+    Qsgd(QsgdConfig),
 }
 
 /// One registry entry: the `kind` name, a one-line description, and its default config.
@@ -68,6 +73,11 @@ pub const METHODS: &[MethodInfo] = &[
         about: "seeded unbiased Random-k; indices regenerated from the seed, not sent",
         default: || CompressorConfig::RandomK(RandomKConfig::default()),
     },
+    MethodInfo {
+        name: "qsgd",
+        about: "QSGD unbiased stochastic quantization, s levels per bucket norm (fixed or Elias)",
+        default: || CompressorConfig::Qsgd(QsgdConfig::default()),
+    },
 ];
 
 impl CompressorConfig {
@@ -86,6 +96,7 @@ impl CompressorConfig {
             CompressorConfig::Fp16(_) => "fp16",
             CompressorConfig::TopK(_) => "topk",
             CompressorConfig::RandomK(_) => "randomk",
+            CompressorConfig::Qsgd(_) => "qsgd",
         }
     }
 
@@ -96,6 +107,7 @@ impl CompressorConfig {
             CompressorConfig::Fp16(c) => Box::new(c.init()),
             CompressorConfig::TopK(c) => Box::new(c.init()?),
             CompressorConfig::RandomK(c) => Box::new(c.init()?),
+            CompressorConfig::Qsgd(c) => Box::new(c.init()?),
         })
     }
 
@@ -107,6 +119,7 @@ impl CompressorConfig {
             | CompressorConfig::Fp16(_)
             | CompressorConfig::RandomK(_) => MemoryConfig::None,
             CompressorConfig::TopK(_) => MemoryConfig::RESIDUAL,
+            CompressorConfig::Qsgd(_) => MemoryConfig::None,
         }
     }
 }

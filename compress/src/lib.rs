@@ -59,6 +59,10 @@ pub mod sparse;
 pub mod topk;
 pub mod wire;
 
+pub mod qsgd;
+#[cfg(test)]
+mod test_util;
+
 pub use compressor::{
     compress, compress_new, decompress, decompress_add, payload_bits, Aggregation, Compressor, Ctx,
     MethodId, Payload, HEADER_BITS,
