@@ -19,6 +19,7 @@ use crate::randomk::RandomKConfig;
 use crate::topk::TopKConfig;
 
 use crate::qsgd::QsgdConfig;
+use crate::terngrad::TernGradConfig;
 
 /// Every compression method, by name. Each variant holds that method's own config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -39,6 +40,9 @@ pub enum CompressorConfig {
     /// QSGD stochastic multi-level quantization.
     #[serde(rename = "qsgd")]
     Qsgd(QsgdConfig),
+    /// TernGrad stochastic ternarization.
+    #[serde(rename = "terngrad")]
+    TernGrad(TernGradConfig),
 }
 
 /// One registry entry: the `kind` name, a one-line description, and its default config.
@@ -78,6 +82,11 @@ pub const METHODS: &[MethodInfo] = &[
         about: "QSGD unbiased stochastic quantization, s levels per bucket norm (fixed or Elias)",
         default: || CompressorConfig::Qsgd(QsgdConfig::default()),
     },
+    MethodInfo {
+        name: "terngrad",
+        about: "TernGrad: per-layer scaler, clip to ±cσ, stochastic {-1,0,1} (2 bits/element)",
+        default: || CompressorConfig::TernGrad(TernGradConfig::default()),
+    },
 ];
 
 impl CompressorConfig {
@@ -97,6 +106,7 @@ impl CompressorConfig {
             CompressorConfig::TopK(_) => "topk",
             CompressorConfig::RandomK(_) => "randomk",
             CompressorConfig::Qsgd(_) => "qsgd",
+            CompressorConfig::TernGrad(_) => "terngrad",
         }
     }
 
@@ -108,6 +118,7 @@ impl CompressorConfig {
             CompressorConfig::TopK(c) => Box::new(c.init()?),
             CompressorConfig::RandomK(c) => Box::new(c.init()?),
             CompressorConfig::Qsgd(c) => Box::new(c.init()?),
+            CompressorConfig::TernGrad(c) => Box::new(c.init()?),
         })
     }
 
@@ -120,6 +131,7 @@ impl CompressorConfig {
             | CompressorConfig::RandomK(_) => MemoryConfig::None,
             CompressorConfig::TopK(_) => MemoryConfig::RESIDUAL,
             CompressorConfig::Qsgd(_) => MemoryConfig::None,
+            CompressorConfig::TernGrad(_) => MemoryConfig::None,
         }
     }
 }

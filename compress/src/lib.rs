@@ -60,6 +60,7 @@ pub mod topk;
 pub mod wire;
 
 pub mod qsgd;
+pub mod terngrad;
 #[cfg(test)]
 mod test_util;
 
