@@ -18,6 +18,7 @@ use crate::none::NoneConfig;
 use crate::randomk::RandomKConfig;
 use crate::topk::TopKConfig;
 
+use crate::onebit::OneBitConfig;
 use crate::qsgd::QsgdConfig;
 use crate::terngrad::TernGradConfig;
 
@@ -43,6 +44,9 @@ pub enum CompressorConfig {
     /// TernGrad stochastic ternarization.
     #[serde(rename = "terngrad")]
     TernGrad(TernGradConfig),
+    /// 1-bit quantization with per-column means (use with error feedback).
+    #[serde(rename = "onebit")]
+    OneBit(OneBitConfig),
 }
 
 /// One registry entry: the `kind` name, a one-line description, and its default config.
@@ -87,6 +91,11 @@ pub const METHODS: &[MethodInfo] = &[
         about: "TernGrad: per-layer scaler, clip to ±cσ, stochastic {-1,0,1} (2 bits/element)",
         default: || CompressorConfig::TernGrad(TernGradConfig::default()),
     },
+    MethodInfo {
+        name: "onebit",
+        about: "1-bit SGD: sign bit + per-column means (1 + 64/c bits/element), error feedback",
+        default: || CompressorConfig::OneBit(OneBitConfig::default()),
+    },
 ];
 
 impl CompressorConfig {
@@ -107,6 +116,7 @@ impl CompressorConfig {
             CompressorConfig::RandomK(_) => "randomk",
             CompressorConfig::Qsgd(_) => "qsgd",
             CompressorConfig::TernGrad(_) => "terngrad",
+            CompressorConfig::OneBit(_) => "onebit",
         }
     }
 
@@ -119,6 +129,7 @@ impl CompressorConfig {
             CompressorConfig::RandomK(c) => Box::new(c.init()?),
             CompressorConfig::Qsgd(c) => Box::new(c.init()?),
             CompressorConfig::TernGrad(c) => Box::new(c.init()?),
+            CompressorConfig::OneBit(c) => Box::new(c.init()?),
         })
     }
 
@@ -132,6 +143,7 @@ impl CompressorConfig {
             CompressorConfig::TopK(_) => MemoryConfig::RESIDUAL,
             CompressorConfig::Qsgd(_) => MemoryConfig::None,
             CompressorConfig::TernGrad(_) => MemoryConfig::None,
+            CompressorConfig::OneBit(_) => MemoryConfig::RESIDUAL,
         }
     }
 }

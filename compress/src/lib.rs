@@ -59,6 +59,7 @@ pub mod sparse;
 pub mod topk;
 pub mod wire;
 
+pub mod onebit;
 pub mod qsgd;
 pub mod terngrad;
 #[cfg(test)]
