@@ -230,7 +230,7 @@ fn read_segment<'a>(r: &mut Reader<'a>, n: usize) -> Result<(f32, &'a [u8]), Wir
     }
     let bytes = r.take(n.div_ceil(4), "terngrad symbols")?;
     let tail = n % 4;
-    let last = bytes[bytes.len() - 1];
+    let last = bytes.last().copied().unwrap_or(0);
     if tail != 0 && last >> (2 * tail) != 0 {
         return Err(WireError::Invalid("terngrad padding bits are not zero"));
     }
@@ -302,6 +302,7 @@ impl Compressor for TernGrad {
         }
         let rest = it.into_remainder();
         if !rest.is_empty() {
+            // A partial group exists only when n % 4 ≠ 0, so the last byte is there.
             let b = bytes[bytes.len() - 1];
             for (k, o) in rest.iter_mut().enumerate() {
                 *o += vals[((b >> (2 * k)) & 3) as usize];

@@ -2,6 +2,7 @@
 
 use crate::compressor::{decompress_add, Compressor};
 use crate::rng::Rng;
+use crate::wire::Reader;
 
 /// Feeds a decoder random bytes, random bodies behind a valid header, and mutations of
 /// the `valid` payloads (each decoding into a buffer of the paired length). Every call must
@@ -13,6 +14,10 @@ pub(crate) fn fuzz_decoder(
     seed: u64,
 ) {
     let mut rng = Rng::seed_from_u64(seed);
+    // The framing never passes an empty segment, but a direct call must not panic either.
+    for bytes in [&[][..], &[0u8; 4][..], &[0u8; 16][..], &[0xFFu8; 16][..]] {
+        let _ = c.decode_segment_add(&mut Reader::new(bytes), &mut []);
+    }
     for case in 0..cases {
         let (base, n) = &valid[case % valid.len()];
         let mut bytes = base.clone();
