@@ -25,6 +25,11 @@
 //!   gap = index − previous index (the first gap is index + 1); zero-padded.
 //!                                                     bits: data-dependent
 //! ```
+//! Arithmetic: `r` is formed in `f32` as `|v|·(s/N)` (an element equal to `N` gets exactly
+//! `r = s`), so the rounding is unbiased up to `f32` resolution (about `N·2⁻²⁴` per element);
+//! buckets with a subnormal norm, or `s ≥ 2²³`, use the same rule in `f64`. A 2-norm too
+//! large for `f32` is sent as `f32::MAX` (still ≥ every |v_j|, so still unbiased).
+//!
 //! A zero-norm bucket carries only zero levels. With s = 7, d = 512 (the defaults) the fixed
 //! code costs 4 + 32/512 = 4.0625 bits per element. Aggregation: all-gather (each worker has
 //! its own norms).
