@@ -18,6 +18,10 @@ use crate::none::NoneConfig;
 use crate::randomk::RandomKConfig;
 use crate::topk::TopKConfig;
 
+use crate::onebit::OneBitConfig;
+use crate::qsgd::QsgdConfig;
+use crate::terngrad::TernGradConfig;
+
 /// Every compression method, by name. Each variant holds that method's own config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", deny_unknown_fields)]
@@ -34,6 +38,15 @@ pub enum CompressorConfig {
     /// Seeded Random-k.
     #[serde(rename = "randomk")]
     RandomK(RandomKConfig),
+    /// QSGD stochastic multi-level quantization.
+    #[serde(rename = "qsgd")]
+    Qsgd(QsgdConfig),
+    /// TernGrad stochastic ternarization.
+    #[serde(rename = "terngrad")]
+    TernGrad(TernGradConfig),
+    /// 1-bit quantization with per-column means (use with error feedback).
+    #[serde(rename = "onebit")]
+    OneBit(OneBitConfig),
 }
 
 /// One registry entry: the `kind` name, a one-line description, and its default config.
@@ -68,6 +81,21 @@ pub const METHODS: &[MethodInfo] = &[
         about: "seeded unbiased Random-k; indices regenerated from the seed, not sent",
         default: || CompressorConfig::RandomK(RandomKConfig::default()),
     },
+    MethodInfo {
+        name: "qsgd",
+        about: "QSGD unbiased stochastic quantization, s levels per bucket norm (fixed or Elias)",
+        default: || CompressorConfig::Qsgd(QsgdConfig::default()),
+    },
+    MethodInfo {
+        name: "terngrad",
+        about: "TernGrad: per-layer scaler, clip to ±cσ, stochastic {-1,0,1} (2 bits/element)",
+        default: || CompressorConfig::TernGrad(TernGradConfig::default()),
+    },
+    MethodInfo {
+        name: "onebit",
+        about: "1-bit SGD: sign bit + per-column means (1 + 64/c bits/element), error feedback",
+        default: || CompressorConfig::OneBit(OneBitConfig::default()),
+    },
 ];
 
 impl CompressorConfig {
@@ -86,6 +114,9 @@ impl CompressorConfig {
             CompressorConfig::Fp16(_) => "fp16",
             CompressorConfig::TopK(_) => "topk",
             CompressorConfig::RandomK(_) => "randomk",
+            CompressorConfig::Qsgd(_) => "qsgd",
+            CompressorConfig::TernGrad(_) => "terngrad",
+            CompressorConfig::OneBit(_) => "onebit",
         }
     }
 
@@ -96,6 +127,9 @@ impl CompressorConfig {
             CompressorConfig::Fp16(c) => Box::new(c.init()),
             CompressorConfig::TopK(c) => Box::new(c.init()?),
             CompressorConfig::RandomK(c) => Box::new(c.init()?),
+            CompressorConfig::Qsgd(c) => Box::new(c.init()?),
+            CompressorConfig::TernGrad(c) => Box::new(c.init()?),
+            CompressorConfig::OneBit(c) => Box::new(c.init()?),
         })
     }
 
@@ -107,6 +141,9 @@ impl CompressorConfig {
             | CompressorConfig::Fp16(_)
             | CompressorConfig::RandomK(_) => MemoryConfig::None,
             CompressorConfig::TopK(_) => MemoryConfig::RESIDUAL,
+            CompressorConfig::Qsgd(_) => MemoryConfig::None,
+            CompressorConfig::TernGrad(_) => MemoryConfig::None,
+            CompressorConfig::OneBit(_) => MemoryConfig::RESIDUAL,
         }
     }
 }

@@ -59,6 +59,12 @@ pub mod sparse;
 pub mod topk;
 pub mod wire;
 
+pub mod onebit;
+pub mod qsgd;
+pub mod terngrad;
+#[cfg(test)]
+mod test_util;
+
 pub use compressor::{
     compress, compress_new, decompress, decompress_add, payload_bits, sum_lanes, summable_lanes,
     Aggregation, Compressor, Ctx, MethodId, Payload, HEADER_BITS,

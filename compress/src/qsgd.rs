@@ -1,0 +1,1129 @@
+//! `qsgd`: stochastic multi-level quantization of Alistarh et al. (ALGORITHMS.md §4).
+//!
+//! Each segment is cut into buckets of `d` elements (the last one may be shorter). For a
+//! bucket `v` with norm `N` (max-norm or 2-norm, accumulated in `f64`, sent as `f32`):
+//! ```text
+//! r_j = s·|v_j| / N,  l_j = ⌊r_j⌋,  τ_j = r_j − l_j
+//! level_j = l_j + 1 with probability τ_j, else l_j          (level ∈ 0..=s)
+//! Q(v)_j  = sign(v_j) · N · level_j / s
+//! ```
+//! The rounding draws come from the [`Rng`] passed to the encoder (two 24-bit uniforms per
+//! 64-bit draw), so the same seed gives the same bytes. `E[Q(v)] = v` (unbiased) and
+//! `E‖Q(v) − v‖² = (N/s)²·Σ τ_j(1−τ_j)`.
+//!
+//! ## Body, per segment of `n` elements, `m = ⌈n/d⌉` buckets
+//! ```text
+//! coding = "fixed":
+//!   m × f32 bucket norm N
+//!   n codes of w = 1 + ⌈log2(s+1)⌉ bits, packed LSB-first over the whole segment;
+//!   code = level << 1 | sign (sign = 1 for negative; always 0 when level = 0);
+//!   the last byte is zero-padded.                     bits: 32·m + n·w
+//! coding = "elias":
+//!   m × f32 bucket norm N
+//!   u32 K (non-zero levels), u32 L (stream bytes), L bytes of bit stream holding, for each
+//!   non-zero in index order: γ(gap), sign bit, γ(level), where γ is Elias-gamma and
+//!   gap = index − previous index (the first gap is index + 1); zero-padded.
+//!                                                     bits: data-dependent
+//! ```
+//! Arithmetic: `r` is formed in `f32` as `|v|·(s/N)` (an element equal to `N` gets exactly
+//! `r = s`), so the rounding is unbiased up to `f32` resolution (about `N·2⁻²⁴` per element);
+//! buckets with a subnormal norm, or `s ≥ 2²³`, use the same rule in `f64`. A 2-norm too
+//! large for `f32` is sent as `f32::MAX` (still ≥ every |v_j|, so still unbiased).
+//!
+//! A zero-norm bucket carries only zero levels. With s = 7, d = 512 (the defaults) the fixed
+//! code costs 4 + 32/512 = 4.0625 bits per element. Aggregation: all-gather (each worker has
+//! its own norms).
+
+use serde::{Deserialize, Serialize};
+
+use crate::compressor::{Aggregation, Compressor, MethodId};
+use crate::error::{ConfigError, WireError};
+use crate::rng::Rng;
+use crate::wire::{
+    bytes_for_bits, elias_gamma_get, elias_gamma_len, elias_gamma_put, f32_at, BitReader,
+    BitWriter, Reader, Writer,
+};
+
+/// Largest accepted number of levels `s` (levels are computed in `f32`, exact up to 2²⁴).
+pub const MAX_LEVELS: u32 = 1 << 24;
+
+/// Which norm scales a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QsgdNorm {
+    /// `N = max_j |v_j|` (the practical variant; per-coordinate variance ≤ N²/(4s²)).
+    #[default]
+    Max,
+    /// `N = ‖v‖₂` (the paper's theory; variance ≤ min(d/s², √d/s)·‖v‖²).
+    L2,
+}
+
+/// How the signs and levels are coded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QsgdCoding {
+    /// Fixed width `1 + ⌈log2(s+1)⌉` bits per element; size depends only on `n`.
+    #[default]
+    Fixed,
+    /// Elias-gamma coded gaps and levels of the non-zeros only; data-dependent size.
+    Elias,
+}
+
+/// Configuration of [`Qsgd`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QsgdConfig {
+    /// Number of levels `s` in `1..=2²⁴`. Default 7 (4 bits per element with the sign).
+    #[serde(default = "default_levels")]
+    pub levels: u32,
+    /// Bucket length `d` (elements sharing one norm), ≥ 1. Default 512.
+    #[serde(default = "default_bucket")]
+    pub bucket: usize,
+    /// Bucket norm, `"max"` (default) or `"l2"`.
+    #[serde(default)]
+    pub norm: QsgdNorm,
+    /// Coding, `"fixed"` (default) or `"elias"`.
+    #[serde(default)]
+    pub coding: QsgdCoding,
+}
+
+fn default_levels() -> u32 {
+    7
+}
+fn default_bucket() -> usize {
+    512
+}
+
+impl Default for QsgdConfig {
+    fn default() -> Self {
+        QsgdConfig {
+            levels: default_levels(),
+            bucket: default_bucket(),
+            norm: QsgdNorm::default(),
+            coding: QsgdCoding::default(),
+        }
+    }
+}
+
+/// Code width in bits for `s` levels: one sign bit plus `⌈log2(s+1)⌉`.
+pub fn code_width(s: u32) -> u32 {
+    1 + (32 - s.leading_zeros())
+}
+
+/// Widths up to this use a per-bucket lookup table in the decoder.
+const TABLE_MAX_WIDTH: u32 = 9;
+
+impl QsgdConfig {
+    /// Checks the parameters and builds the compressor.
+    pub fn init(&self) -> Result<Qsgd, ConfigError> {
+        if !(1..=MAX_LEVELS).contains(&self.levels) {
+            return Err(ConfigError::new(
+                "levels",
+                format!("must be in 1..={MAX_LEVELS}, got {}", self.levels),
+            ));
+        }
+        if self.bucket == 0 || self.bucket > u32::MAX as usize {
+            return Err(ConfigError::new(
+                "bucket",
+                format!("must be in 1..=2^32-1, got {}", self.bucket),
+            ));
+        }
+        let width = code_width(self.levels);
+        let valid_codes = if width <= TABLE_MAX_WIDTH {
+            (0..1u32 << width)
+                .map(|c| code_is_valid(c, self.levels))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut bad_byte = [false; 256];
+        if matches!(width, 2 | 4 | 8) {
+            let mask = (1u32 << width) - 1;
+            for (byte, bad) in bad_byte.iter_mut().enumerate() {
+                *bad = (0..8 / width)
+                    .any(|j| !code_is_valid((byte as u32 >> (j * width)) & mask, self.levels));
+            }
+        }
+        Ok(Qsgd {
+            bad_byte,
+            s: self.levels,
+            d: self.bucket,
+            norm: self.norm,
+            coding: self.coding,
+            width,
+            valid_codes,
+            codes: Vec::new(),
+            codes8: Vec::new(),
+            norms: Vec::new(),
+        })
+    }
+}
+
+#[inline(always)]
+fn code_is_valid(code: u32, s: u32) -> bool {
+    let level = code >> 1;
+    level <= s && !(level == 0 && code & 1 == 1)
+}
+
+/// QSGD quantizer.
+#[derive(Debug, Clone)]
+pub struct Qsgd {
+    s: u32,
+    d: usize,
+    norm: QsgdNorm,
+    coding: QsgdCoding,
+    width: u32,
+    /// `valid_codes[c]` for every `c < 2^width` (only when `width <= TABLE_MAX_WIDTH`).
+    valid_codes: Vec<bool>,
+    /// For widths 2, 4 and 8: whether a byte holds an invalid code.
+    bad_byte: [bool; 256],
+    /// Elias scratch: one code per element of the segment.
+    codes: Vec<u32>,
+    /// Fixed-width scratch: one byte code per element (when `width <= 8`).
+    codes8: Vec<u8>,
+    /// Elias scratch: the segment's bucket norms.
+    norms: Vec<f32>,
+}
+
+/// `f32` max-norm of `x` (exact).
+fn max_norm(x: &[f32]) -> f32 {
+    let mut m = [0f32; 8];
+    let mut it = x.chunks_exact(8);
+    for c in &mut it {
+        for k in 0..8 {
+            let a = c[k].abs();
+            m[k] = if a > m[k] { a } else { m[k] };
+        }
+    }
+    let mut r = it.remainder().iter().fold(0f32, |m, v| m.max(v.abs()));
+    for v in m {
+        r = r.max(v);
+    }
+    r
+}
+
+/// 2-norm of `x` accumulated in `f64`, rounded to `f32` (saturating at `f32::MAX`).
+fn l2_norm(x: &[f32]) -> f32 {
+    let mut acc = [0f64; 8];
+    let mut it = x.chunks_exact(8);
+    for c in &mut it {
+        for k in 0..8 {
+            let v = c[k] as f64;
+            acc[k] += v * v;
+        }
+    }
+    let mut s: f64 = it
+        .remainder()
+        .iter()
+        .map(|&v| (v as f64) * (v as f64))
+        .sum();
+    s += acc.iter().sum::<f64>();
+    let n = s.sqrt() as f32;
+    if n.is_finite() {
+        n
+    } else {
+        f32::MAX
+    }
+}
+
+/// The decoded magnitude of `level` in a bucket of norm `nrm`: `N·level/s` (computed in
+/// `f64`, so both codings and every decoder path agree bit for bit).
+#[inline(always)]
+fn level_value(nrm: f32, level: u32, s: u32) -> f32 {
+    (nrm as f64 * level as f64 / s as f64) as f32
+}
+
+const U24: f32 = 1.0 / (1u32 << 24) as f32;
+
+/// `2²³`: adding it to an `f32` in `[0, 2²³)` leaves the rounded integer in the mantissa.
+const MAGIC: f32 = 8_388_608.0;
+
+/// Whether the `f32` fast path applies to a bucket: `s/N` is finite and `r ≤ s < 2²³`.
+#[inline(always)]
+fn fast_ok(scale: f32, s: u32) -> bool {
+    scale.is_finite() && s < (1 << 23)
+}
+
+/// The code of one element: the rounding rule in `f32` arithmetic (requires
+/// [`fast_ok`]). `⌊r⌋` is taken with the 2²³ trick instead of a float→int conversion, so
+/// the block loop in [`quantize_bucket_u8`] vectorises; every coding goes through this one
+/// function, so all of them produce identical levels.
+#[inline(always)]
+fn fast_code(v: f32, bits: u32, nrm: f32, scale: f32, sf: f32, s: i32) -> u32 {
+    let a = v.abs();
+    let r = if a >= nrm { sf } else { a * scale };
+    // Round to nearest, then step down if that went up: ⌊r⌋ exactly, for 0 ≤ r < 2²³.
+    let m = r + MAGIC;
+    let t = m - MAGIC;
+    let down = (t > r) as i32;
+    let l = (m.to_bits() & 0x7F_FFFF) as i32 - down;
+    let tau = r - (t - down as f32);
+    let u = ((bits >> 8) as i32) as f32 * U24;
+    let level = (l + (u < tau) as i32).min(s);
+    let sign = (v.to_bits() >> 31) & (level != 0) as u32;
+    ((level as u32) << 1) | sign
+}
+
+/// The code of one element when [`fast_ok`] fails (`s/N` overflows `f32` for a subnormal
+/// norm, or `s ≥ 2²³`): the same rule evaluated in `f64`.
+#[inline(always)]
+fn slow_code(v: f32, bits: u32, nrm: f32, s: u32) -> u32 {
+    let (sd, nd) = (s as f64, nrm as f64);
+    let r = (v.abs() as f64 * sd / nd).min(sd);
+    let l = r.floor();
+    let tau = r - l;
+    let up = ((((bits >> 8) as i32) as f32 * U24) as f64) < tau;
+    let level = (l as u32 + up as u32).min(s);
+    let sign = (v.to_bits() >> 31) & (level != 0) as u32;
+    (level << 1) | sign
+}
+
+/// Stochastically rounds one bucket, calling `emit(code)` for each element in order.
+///
+/// Randomness: one 64-bit draw per pair of elements (low half first); an odd last element
+/// takes the low half of a fresh draw. Zero-norm buckets draw nothing.
+#[inline(always)]
+fn quantize_bucket(x: &[f32], nrm: f32, s: u32, rng: &mut Rng, mut emit: impl FnMut(u32)) {
+    if nrm == 0.0 {
+        for _ in x {
+            emit(0);
+        }
+        return;
+    }
+    let sf = s as f32;
+    let scale = sf / nrm;
+    let fast = fast_ok(scale, s);
+    let code = |v: f32, bits: u32| {
+        if fast {
+            fast_code(v, bits, nrm, scale, sf, s as i32)
+        } else {
+            slow_code(v, bits, nrm, s)
+        }
+    };
+    let mut it = x.chunks_exact(2);
+    for p in &mut it {
+        let u = rng.next_u64();
+        emit(code(p[0], u as u32));
+        emit(code(p[1], (u >> 32) as u32));
+    }
+    if let [v] = it.remainder() {
+        let u = rng.next_u64();
+        emit(code(*v, u as u32));
+    }
+}
+
+/// Elements per block of random draws in [`quantize_bucket_u8`] (even, so pairs line up).
+const BLOCK: usize = 256;
+
+/// [`quantize_bucket`] for codes that fit a byte, written into `codes` (`x.len()` long):
+/// the draws of a block are made first, then one vectorisable loop computes the codes.
+/// Consumes the generator exactly as [`quantize_bucket`] does and yields the same codes.
+fn quantize_bucket_u8(x: &[f32], nrm: f32, s: u32, rng: &mut Rng, codes: &mut [u8]) {
+    if nrm == 0.0 {
+        codes.fill(0);
+        return;
+    }
+    let sf = s as f32;
+    let scale = sf / nrm;
+    if !fast_ok(scale, s) {
+        let mut at = 0;
+        quantize_bucket(x, nrm, s, rng, |c| {
+            codes[at] = c as u8;
+            at += 1;
+        });
+        return;
+    }
+    let mut rnd = [0u32; BLOCK];
+    for (xb, cb) in x.chunks(BLOCK).zip(codes.chunks_mut(BLOCK)) {
+        let m = xb.len();
+        for pair in rnd[..m.div_ceil(2) * 2].chunks_exact_mut(2) {
+            let u = rng.next_u64();
+            pair[0] = u as u32;
+            pair[1] = (u >> 32) as u32;
+        }
+        for ((c, &v), &b) in cb.iter_mut().zip(xb).zip(&rnd[..m]) {
+            *c = fast_code(v, b, nrm, scale, sf, s as i32) as u8;
+        }
+    }
+}
+
+/// Packs byte codes of `width` bits LSB-first into the zeroed `out`.
+fn pack_codes(codes: &[u8], width: u32, out: &mut [u8]) {
+    match width {
+        8 => out.copy_from_slice(codes),
+        4 => {
+            let mut it = codes.chunks_exact(2);
+            for (o, c) in out.iter_mut().zip(&mut it) {
+                *o = c[0] | (c[1] << 4);
+            }
+            if let [c] = it.remainder() {
+                out[codes.len() / 2] = *c;
+            }
+        }
+        2 => {
+            let mut it = codes.chunks_exact(4);
+            for (o, c) in out.iter_mut().zip(&mut it) {
+                *o = c[0] | (c[1] << 2) | (c[2] << 4) | (c[3] << 6);
+            }
+            let mut last = 0u8;
+            for (k, &c) in it.remainder().iter().enumerate() {
+                last |= c << (2 * k);
+            }
+            if !it.remainder().is_empty() {
+                out[codes.len() / 4] = last;
+            }
+        }
+        _ => {
+            let mut bw = BitWriter::new(out);
+            for &c in codes {
+                bw.put(c as u32, width);
+            }
+            bw.finish();
+        }
+    }
+}
+
+fn check_norm(nrm: f32) -> Result<(), WireError> {
+    if nrm.is_finite() && nrm.is_sign_positive() {
+        Ok(())
+    } else {
+        Err(WireError::Invalid(
+            "qsgd bucket norm is negative or not finite",
+        ))
+    }
+}
+
+impl Qsgd {
+    fn bucket_norm(&self, x: &[f32]) -> f32 {
+        match self.norm {
+            QsgdNorm::Max => max_norm(x),
+            QsgdNorm::L2 => l2_norm(x),
+        }
+    }
+
+    fn encode_fixed(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>) {
+        let n = x.len();
+        let nb = n.div_ceil(self.d);
+        let width = self.width;
+        let body = w.zeroed(4 * nb + bytes_for_bits(n as u64 * width as u64));
+        let (norm_bytes, code_bytes) = body.split_at_mut(4 * nb);
+        if width <= 8 {
+            let mut codes = std::mem::take(&mut self.codes8);
+            codes.resize(n, 0);
+            for (b, (chunk, cb)) in x.chunks(self.d).zip(codes.chunks_mut(self.d)).enumerate() {
+                let nrm = self.bucket_norm(chunk);
+                norm_bytes[4 * b..4 * b + 4].copy_from_slice(&nrm.to_le_bytes());
+                quantize_bucket_u8(chunk, nrm, self.s, rng, cb);
+            }
+            pack_codes(&codes, width, code_bytes);
+            self.codes8 = codes;
+        } else {
+            let mut bw = BitWriter::new(code_bytes);
+            for (b, chunk) in x.chunks(self.d).enumerate() {
+                let nrm = self.bucket_norm(chunk);
+                norm_bytes[4 * b..4 * b + 4].copy_from_slice(&nrm.to_le_bytes());
+                quantize_bucket(chunk, nrm, self.s, rng, |c| bw.put(c, width));
+            }
+            bw.finish();
+        }
+    }
+
+    fn encode_elias(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>) {
+        let n = x.len();
+        let mut codes = std::mem::take(&mut self.codes);
+        let mut norms = std::mem::take(&mut self.norms);
+        codes.clear();
+        norms.clear();
+        for chunk in x.chunks(self.d) {
+            let nrm = self.bucket_norm(chunk);
+            norms.push(nrm);
+            quantize_bucket(chunk, nrm, self.s, rng, |c| codes.push(c));
+        }
+        debug_assert_eq!(codes.len(), n);
+        let mut k = 0u32;
+        let mut bits = 0u64;
+        let mut prev = 0usize; // one past the previous non-zero
+        for (i, &c) in codes.iter().enumerate() {
+            if c >> 1 != 0 {
+                k += 1;
+                bits += elias_gamma_len((i + 1 - prev) as u32) + 1 + elias_gamma_len(c >> 1);
+                prev = i + 1;
+            }
+        }
+        let len = bytes_for_bits(bits);
+        w.reserve(4 * norms.len() + 8 + len);
+        w.f32_slice(&norms);
+        w.u32(k);
+        w.u32(u32::try_from(len).expect("a qsgd Elias stream is under 4 GiB"));
+        let mut bw = BitWriter::new(w.zeroed(len));
+        let mut prev = 0usize;
+        for (i, &c) in codes.iter().enumerate() {
+            if c >> 1 != 0 {
+                elias_gamma_put(&mut bw, (i + 1 - prev) as u32);
+                bw.put(c & 1, 1);
+                elias_gamma_put(&mut bw, c >> 1);
+                prev = i + 1;
+            }
+        }
+        bw.finish();
+        self.codes = codes;
+        self.norms = norms;
+    }
+
+    fn decode_fixed(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
+        let n = out.len();
+        let nb = n.div_ceil(self.d);
+        let width = self.width;
+        let norms = r.take_items(nb, 4, "qsgd norms")?;
+        let nbits = n as u64 * width as u64;
+        let codes = r.take(bytes_for_bits(nbits), "qsgd codes")?;
+        if nbits % 8 != 0 && codes[codes.len() - 1] >> (nbits % 8) != 0 {
+            return Err(WireError::Invalid("qsgd padding bits are not zero"));
+        }
+        if (self.d as u64 * width as u64) % 8 == 0 {
+            match width {
+                2 => return self.decode_bytes::<2>(norms, codes, out),
+                4 => return self.decode_bytes::<4>(norms, codes, out),
+                8 => return self.decode_bytes::<8>(norms, codes, out),
+                _ => {}
+            }
+        }
+        let mut br = BitReader::new(codes);
+        let s = self.s;
+        let mut table = [0f32; 1 << TABLE_MAX_WIDTH];
+        for (b, o) in out.chunks_mut(self.d).enumerate() {
+            let nrm = f32_at(norms, b);
+            check_norm(nrm)?;
+            let mut bad = false;
+            if nrm == 0.0 {
+                for _ in o.iter() {
+                    bad |= br.get(width) != 0;
+                }
+            } else if width <= TABLE_MAX_WIDTH {
+                let valid = &self.valid_codes[..1 << width];
+                let table = &mut table[..1 << width];
+                for (c, t) in table.iter_mut().enumerate() {
+                    let level = (c as u32 >> 1).min(s);
+                    let v = level_value(nrm, level, s);
+                    *t = if c & 1 == 1 { -v } else { v };
+                }
+                for o in o.iter_mut() {
+                    let c = br.get(width) as usize;
+                    bad |= !valid[c];
+                    *o += table[c];
+                }
+            } else {
+                for o in o.iter_mut() {
+                    let c = br.get(width);
+                    let level = c >> 1;
+                    bad |= !code_is_valid(c, s);
+                    let v = level_value(nrm, level.min(s), s);
+                    *o += if c & 1 == 1 { -v } else { v };
+                }
+            }
+            if bad {
+                return Err(WireError::Invalid(
+                    "qsgd code out of range (level > s, signed zero, or non-zero in a zero bucket)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The fixed-width decoder for widths dividing 8 when every bucket starts on a byte:
+    /// whole bytes at a time, one value table per bucket, one validity table per byte.
+    fn decode_bytes<const W: u32>(
+        &self,
+        norms: &[u8],
+        codes: &[u8],
+        out: &mut [f32],
+    ) -> Result<(), WireError> {
+        let per = (8 / W) as usize;
+        let mask = ((1u32 << W) - 1) as u8;
+        let bucket_bytes = self.d / per;
+        let mut table = [0f32; 256];
+        for (b, o) in out.chunks_mut(self.d).enumerate() {
+            let nrm = f32_at(norms, b);
+            check_norm(nrm)?;
+            let start = b * bucket_bytes;
+            let cb = &codes[start..start + o.len().div_ceil(per)];
+            if nrm == 0.0 {
+                if cb.iter().any(|&c| c != 0) {
+                    return Err(WireError::Invalid("qsgd non-zero in a zero-norm bucket"));
+                }
+                continue;
+            }
+            for (c, t) in table[..1 << W].iter_mut().enumerate() {
+                let level = (c as u32 >> 1).min(self.s);
+                let v = level_value(nrm, level, self.s);
+                *t = if c & 1 == 1 { -v } else { v };
+            }
+            let mut bad = false;
+            let mut it = o.chunks_exact_mut(per);
+            for (oc, &byte) in (&mut it).zip(cb) {
+                bad |= self.bad_byte[byte as usize];
+                for (j, o) in oc.iter_mut().enumerate() {
+                    *o += table[((byte >> (j as u32 * W)) & mask) as usize];
+                }
+            }
+            let rest = it.into_remainder();
+            if !rest.is_empty() {
+                let byte = cb[cb.len() - 1];
+                bad |= self.bad_byte[byte as usize];
+                for (j, o) in rest.iter_mut().enumerate() {
+                    *o += table[((byte >> (j as u32 * W)) & mask) as usize];
+                }
+            }
+            if bad {
+                return Err(WireError::Invalid(
+                    "qsgd code out of range (level > s or signed zero)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn decode_elias(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
+        let n = out.len();
+        let nb = n.div_ceil(self.d);
+        let norms = r.take_items(nb, 4, "qsgd norms")?;
+        for b in 0..nb {
+            check_norm(f32_at(norms, b))?;
+        }
+        let k = r.u32("qsgd non-zero count")? as usize;
+        let len = r.u32("qsgd stream length")? as usize;
+        let stream = r.take(len, "qsgd stream")?;
+        if k > n {
+            return Err(WireError::Invalid("more qsgd non-zeros than elements"));
+        }
+        let avail = 8 * len as u64;
+        // Each entry takes at least 3 bits; this also bounds the loop by the stream length.
+        if 3 * k as u64 > avail {
+            return Err(WireError::Invalid("qsgd stream too short for its count"));
+        }
+        let mut br = BitReader::new(stream);
+        let mut next = 0usize;
+        for _ in 0..k {
+            let gap = elias_gamma_get(&mut br).ok_or(WireError::Invalid("bad qsgd gap code"))?;
+            let idx = next + gap as usize - 1;
+            if idx >= n {
+                return Err(WireError::IndexOutOfRange {
+                    index: idx as u64,
+                    len: n,
+                });
+            }
+            let neg = br.bit();
+            let level =
+                elias_gamma_get(&mut br).ok_or(WireError::Invalid("bad qsgd level code"))?;
+            if br.bits_read() > avail {
+                return Err(WireError::Truncated {
+                    what: "qsgd stream",
+                    needed: bytes_for_bits(br.bits_read()),
+                    available: len,
+                });
+            }
+            if level > self.s {
+                return Err(WireError::Invalid("qsgd level exceeds s"));
+            }
+            let nrm = f32_at(norms, idx / self.d);
+            if nrm == 0.0 {
+                return Err(WireError::Invalid("qsgd non-zero in a zero-norm bucket"));
+            }
+            let v = level_value(nrm, level, self.s);
+            out[idx] += if neg { -v } else { v };
+            next = idx + 1;
+        }
+        let used = br.bits_read();
+        if bytes_for_bits(used) != len {
+            return Err(WireError::Invalid(
+                "qsgd stream length disagrees with its content",
+            ));
+        }
+        if used % 8 != 0 && stream[len - 1] >> (used % 8) != 0 {
+            return Err(WireError::Invalid("qsgd padding bits are not zero"));
+        }
+        Ok(())
+    }
+}
+
+impl Compressor for Qsgd {
+    fn method(&self) -> MethodId {
+        MethodId::Qsgd
+    }
+    fn aggregation(&self) -> Aggregation {
+        Aggregation::Gather
+    }
+    fn unbiased(&self) -> bool {
+        true
+    }
+    fn encode_segment(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>) {
+        match self.coding {
+            QsgdCoding::Fixed => self.encode_fixed(x, rng, w),
+            QsgdCoding::Elias => self.encode_elias(x, rng, w),
+        }
+    }
+    fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
+        match self.coding {
+            QsgdCoding::Fixed => self.decode_fixed(r, out),
+            QsgdCoding::Elias => self.decode_elias(r, out),
+        }
+    }
+    fn segment_bits(&self, n: usize) -> Option<u64> {
+        match self.coding {
+            QsgdCoding::Fixed => {
+                Some(32 * n.div_ceil(self.d) as u64 + n as u64 * self.width as u64)
+            }
+            QsgdCoding::Elias => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compressor::{compress, compress_new, decompress, payload_bits, Ctx, Payload};
+    use crate::test_util::{fuzz_decoder, test_vector};
+
+    fn qsgd(levels: u32, bucket: usize, norm: QsgdNorm, coding: QsgdCoding) -> Qsgd {
+        QsgdConfig {
+            levels,
+            bucket,
+            norm,
+            coding,
+        }
+        .init()
+        .unwrap()
+    }
+
+    /// Exact per-coordinate quantities of the rule for a bucketed vector:
+    /// (N of the coordinate's bucket, τ_j, l_j), in f64 from the f32 norm the encoder sends.
+    fn exact(v: &[f32], d: usize, s: u32, norm: QsgdNorm) -> Vec<(f64, f64, f64)> {
+        let mut out = Vec::new();
+        for b in v.chunks(d) {
+            let nrm = match norm {
+                QsgdNorm::Max => max_norm(b),
+                QsgdNorm::L2 => l2_norm(b),
+            } as f64;
+            for &x in b {
+                let r = if nrm == 0.0 {
+                    0.0
+                } else {
+                    (s as f64 * (x as f64).abs() / nrm).min(s as f64)
+                };
+                out.push((nrm, r - r.floor(), r.floor()));
+            }
+        }
+        out
+    }
+
+    /// `T` decoded draws of Q(v) through the full framing.
+    fn draws(c: &mut Qsgd, v: &[f32], t: usize, seed: u64, mut f: impl FnMut(&[f32])) {
+        let mut rng = Rng::seed_from_u64(seed);
+        let mut p = Payload::new();
+        let mut out = vec![0f32; v.len()];
+        for _ in 0..t {
+            compress(c, v, &Ctx::default(), &mut rng, &mut p).unwrap();
+            decompress(c, p.as_bytes(), &mut out).unwrap();
+            f(&out);
+        }
+    }
+
+    #[test]
+    fn qsgd_monte_carlo_mean_is_v() {
+        let t = 10_000;
+        for (norm, s, d) in [(QsgdNorm::Max, 4, 64), (QsgdNorm::L2, 2, 100)] {
+            let v = test_vector(256, 1.5, 11);
+            let mut c = qsgd(s, d, norm, QsgdCoding::Fixed);
+            let mut sum = vec![0f64; v.len()];
+            draws(&mut c, &v, t, 5, |q| {
+                for (a, &x) in sum.iter_mut().zip(q) {
+                    *a += x as f64;
+                }
+            });
+            for (j, ((&x, &a), &(nrm, tau, _))) in
+                v.iter().zip(&sum).zip(&exact(&v, d, s, norm)).enumerate()
+            {
+                let mean = a / t as f64;
+                let se = (nrm / s as f64) * (tau * (1.0 - tau) / t as f64).sqrt();
+                let tol = 5.0 * se + 1e-6 * nrm;
+                assert!(
+                    (mean - x as f64).abs() <= tol,
+                    "{norm:?} coord {j}: mean {mean} vs {x} (tol {tol})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn qsgd_monte_carlo_variance_matches_exact_formula() {
+        let t = 10_000;
+        for (norm, s, d) in [(QsgdNorm::L2, 4, 300), (QsgdNorm::Max, 3, 50)] {
+            let v = test_vector(300, 0.7, 21);
+            let ex = exact(&v, d, s, norm);
+            // E‖Q−v‖² = Σ (N/s)² τ(1−τ); Var of one draw's ‖Q−v‖² is Σ Var(e_j²).
+            let mut want = 0.0;
+            let mut var_of_err = 0.0;
+            for &(nrm, tau, _) in &ex {
+                let q2 = (nrm / s as f64).powi(2);
+                want += q2 * tau * (1.0 - tau);
+                let m2 = q2 * (tau * (1.0 - tau).powi(2) + (1.0 - tau) * tau * tau);
+                let m4 = q2 * q2 * (tau * (1.0 - tau).powi(4) + (1.0 - tau) * tau.powi(4));
+                var_of_err += m4 - m2 * m2;
+            }
+            let mut acc = 0.0f64;
+            draws(&mut qsgd(s, d, norm, QsgdCoding::Fixed), &v, t, 9, |q| {
+                acc += q
+                    .iter()
+                    .zip(&v)
+                    .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
+                    .sum::<f64>();
+            });
+            let got = acc / t as f64;
+            let tol = 5.0 * (var_of_err / t as f64).sqrt() + 1e-9 * want;
+            assert!(
+                (got - want).abs() <= tol,
+                "{norm:?}: MC variance {got} vs exact {want} (tol {tol})"
+            );
+        }
+    }
+
+    #[test]
+    fn qsgd_l2_variance_is_below_the_lemma_bound() {
+        // d = n recovers the paper's setting. Checked on the exact formula for many vectors
+        // and levels, and by Monte Carlo for one of them.
+        for seed in 0..20u64 {
+            for s in [1u32, 2, 4, 8, 31] {
+                let n = 50 + 37 * seed as usize;
+                let v = test_vector(n, 2.0, 100 + seed);
+                let sq: f64 = v.iter().map(|&x| (x as f64).powi(2)).sum();
+                let bound =
+                    ((n as f64) / (s as f64).powi(2)).min((n as f64).sqrt() / s as f64) * sq;
+                let var: f64 = exact(&v, n, s, QsgdNorm::L2)
+                    .iter()
+                    .map(|&(nrm, tau, _)| (nrm / s as f64).powi(2) * tau * (1.0 - tau))
+                    .sum();
+                assert!(var <= bound, "n {n} s {s}: {var} > {bound}");
+            }
+        }
+        let n = 400;
+        let s = 2;
+        let v = test_vector(n, 1.0, 77);
+        let sq: f64 = v.iter().map(|&x| (x as f64).powi(2)).sum();
+        let bound = ((n as f64) / 4.0).min((n as f64).sqrt() / 2.0) * sq;
+        let t = 2_000;
+        let mut acc = 0.0;
+        draws(
+            &mut qsgd(s, n, QsgdNorm::L2, QsgdCoding::Fixed),
+            &v,
+            t,
+            3,
+            |q| {
+                acc += q
+                    .iter()
+                    .zip(&v)
+                    .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
+                    .sum::<f64>();
+            },
+        );
+        assert!(
+            acc / t as f64 <= bound,
+            "MC {} > bound {bound}",
+            acc / t as f64
+        );
+    }
+
+    #[test]
+    fn qsgd_expected_nonzeros_within_bound() {
+        let t = 10_000;
+        for (n, s) in [(1000usize, 2u32), (400, 4), (900, 1)] {
+            let v = test_vector(n, 1.0, n as u64);
+            let mut nnz = 0u64;
+            draws(
+                &mut qsgd(s, n, QsgdNorm::L2, QsgdCoding::Fixed),
+                &v,
+                t,
+                4,
+                |q| {
+                    nnz += q.iter().filter(|&&x| x != 0.0).count() as u64;
+                },
+            );
+            let mean = nnz as f64 / t as f64;
+            // Exact expectation: a coordinate is non-zero iff l ≥ 1, or l = 0 and it rounds up.
+            let ex = exact(&v, n, s, QsgdNorm::L2);
+            let want: f64 = ex
+                .iter()
+                .map(|&(_, tau, l)| if l >= 1.0 { 1.0 } else { tau })
+                .sum();
+            let sd: f64 = ex
+                .iter()
+                .map(|&(_, tau, l)| if l >= 1.0 { 0.0 } else { tau * (1.0 - tau) })
+                .sum::<f64>()
+                .sqrt();
+            assert!(
+                (mean - want).abs() <= 5.0 * sd / (t as f64).sqrt() + 1e-9,
+                "n {n} s {s}: mean nnz {mean} vs {want}"
+            );
+            let bound = s as f64 * (s as f64 + (n as f64).sqrt());
+            assert!(mean <= bound, "n {n} s {s}: E nnz {mean} > {bound}");
+        }
+    }
+
+    #[test]
+    fn qsgd_decoded_values_are_on_the_grid_with_input_signs() {
+        for (norm, s, d) in [
+            (QsgdNorm::Max, 7, 512),
+            (QsgdNorm::L2, 5, 33),
+            (QsgdNorm::Max, 1, 10),
+        ] {
+            let v = test_vector(1000, 3.0, s as u64);
+            let ex = exact(&v, d, s, norm);
+            let mut c = qsgd(s, d, norm, QsgdCoding::Fixed);
+            draws(&mut c, &v, 50, 8, |q| {
+                for ((&qj, &vj), &(nrm, _, l)) in q.iter().zip(&v).zip(&ex) {
+                    let level = (qj.abs() as f64 * s as f64 / nrm).round();
+                    assert!(level <= s as f64, "level {level} > {s}");
+                    assert_eq!(qj.abs(), level_value(nrm as f32, level as u32, s));
+                    assert!(
+                        level == l || level == l + 1.0,
+                        "level {level} from floor {l}"
+                    );
+                    if qj != 0.0 {
+                        assert_eq!(qj.is_sign_negative(), vj.is_sign_negative());
+                    }
+                }
+            });
+        }
+    }
+
+    #[test]
+    fn qsgd_large_s_approaches_identity() {
+        let v = test_vector(500, 1.0, 5);
+        let s = 1 << 22;
+        let mut c = qsgd(s, 64, QsgdNorm::Max, QsgdCoding::Fixed);
+        let ex = exact(&v, 64, s, QsgdNorm::Max);
+        draws(&mut c, &v, 3, 1, |q| {
+            for ((&a, &b), &(nrm, _, _)) in q.iter().zip(&v).zip(&ex) {
+                // One level step plus the f32 rounding of the decoded value.
+                let tol = nrm / s as f64 + f32::EPSILON as f64 * (b as f64).abs();
+                assert!((a as f64 - b as f64).abs() <= tol, "{a} vs {b}");
+            }
+        });
+        // The error shrinks with s: compare max errors at s = 4 and s = 2^22.
+        let max_err = |s: u32| {
+            let mut c = qsgd(s, 64, QsgdNorm::Max, QsgdCoding::Fixed);
+            let p = compress_new(&mut c, &v, &Ctx::default(), &mut Rng::seed_from_u64(2)).unwrap();
+            let mut q = vec![0f32; v.len()];
+            decompress(&c, p.as_bytes(), &mut q).unwrap();
+            q.iter()
+                .zip(&v)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max)
+        };
+        assert!(max_err(1 << 22) < 1e-5 * max_err(4));
+    }
+
+    #[test]
+    fn qsgd_same_seed_same_bytes() {
+        let v = test_vector(3000, 1.0, 3);
+        for coding in [QsgdCoding::Fixed, QsgdCoding::Elias] {
+            let mut c = qsgd(7, 512, QsgdNorm::Max, coding);
+            let ctx = Ctx::default();
+            let a = compress_new(&mut c, &v, &ctx, &mut Rng::for_step(1, 2, 3, 4)).unwrap();
+            let b = compress_new(&mut c, &v, &ctx, &mut Rng::for_step(1, 2, 3, 4)).unwrap();
+            let other = compress_new(&mut c, &v, &ctx, &mut Rng::for_step(1, 2, 4, 4)).unwrap();
+            assert_eq!(a, b);
+            assert_ne!(a, other);
+        }
+    }
+
+    #[test]
+    fn qsgd_encoded_length_matches_formula() {
+        for (s, d) in [(7u32, 512usize), (1, 1), (3, 7), (127, 8192), (1000, 100)] {
+            let mut c = qsgd(s, d, QsgdNorm::Max, QsgdCoding::Fixed);
+            for n in [1usize, 2, 7, 511, 512, 513, 1000, 4099] {
+                let v = test_vector(n, 1.0, n as u64);
+                let p =
+                    compress_new(&mut c, &v, &Ctx::default(), &mut Rng::seed_from_u64(0)).unwrap();
+                let w = code_width(s) as u64;
+                let want = 32 * n.div_ceil(d) as u64 + n as u64 * w;
+                assert_eq!(c.segment_bits(n), Some(want));
+                assert_eq!(8 * p.encoded_len() as u64, 96 + want.div_ceil(8) * 8);
+                assert_eq!(payload_bits(&c, &[n]), Some(8 * p.encoded_len() as u64));
+                if n > 3 {
+                    let segs = [0..1, 1..3, 3..n];
+                    let ctx = Ctx {
+                        segments: &segs,
+                        ..Ctx::default()
+                    };
+                    let p = compress_new(&mut c, &v, &ctx, &mut Rng::seed_from_u64(0)).unwrap();
+                    assert_eq!(
+                        payload_bits(&c, &[1, 2, n - 3]),
+                        Some(8 * p.encoded_len() as u64)
+                    );
+                }
+            }
+        }
+        assert_eq!(code_width(7), 4);
+        assert_eq!(code_width(8), 5);
+        assert_eq!(code_width(1), 2);
+        assert_eq!(code_width(127), 8);
+    }
+
+    #[test]
+    fn qsgd_elias_decodes_identically_to_fixed() {
+        for (s, d, norm, n) in [
+            (7u32, 512usize, QsgdNorm::Max, 3000usize),
+            (2, 1000, QsgdNorm::L2, 1000),
+            (1, 50, QsgdNorm::L2, 777),
+            (300, 64, QsgdNorm::Max, 129),
+            // Byte-aligned fast decoders (widths 2, 8) and an unaligned width-4 layout.
+            (1, 64, QsgdNorm::Max, 1001),
+            (127, 100, QsgdNorm::L2, 1001),
+            (5, 7, QsgdNorm::Max, 1001),
+        ] {
+            let mut v = test_vector(n, 1.0, s as u64 + n as u64);
+            v[n / 2..n / 2 + 64.min(n / 2)].fill(0.0); // a zero bucket or two
+            let segs = [0..n / 3, n / 3..n];
+            let ctx = Ctx {
+                segments: &segs,
+                ..Ctx::default()
+            };
+            let mut f = qsgd(s, d, norm, QsgdCoding::Fixed);
+            let mut e = qsgd(s, d, norm, QsgdCoding::Elias);
+            for seed in 0..5 {
+                let pf = compress_new(&mut f, &v, &ctx, &mut Rng::seed_from_u64(seed)).unwrap();
+                let pe = compress_new(&mut e, &v, &ctx, &mut Rng::seed_from_u64(seed)).unwrap();
+                let mut qf = vec![0f32; n];
+                let mut qe = vec![0f32; n];
+                decompress(&f, pf.as_bytes(), &mut qf).unwrap();
+                decompress(&e, pe.as_bytes(), &mut qe).unwrap();
+                let bits = |q: &[f32]| q.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&qf), bits(&qe), "s {s} d {d} n {n}");
+                if s == 1 && norm == QsgdNorm::L2 {
+                    // Sparse regime (E nnz ≤ s(s+√d) = 8 of 50): Elias is shorter.
+                    assert!(pe.encoded_len() < pf.encoded_len());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn qsgd_decoders_reject_malformed_bodies() {
+        let v = test_vector(10, 1.0, 1);
+        // s = 5: width 4, levels 6 and 7 are representable but invalid.
+        let mut c = qsgd(5, 4, QsgdNorm::Max, QsgdCoding::Fixed);
+        let p = compress_new(&mut c, &v, &Ctx::default(), &mut Rng::seed_from_u64(0)).unwrap();
+        let base = p.into_bytes();
+        let codes_at = 12 + 4 * 3;
+        let mut out = vec![0f32; 10];
+        assert!(decompress(&c, &base, &mut out).is_ok());
+        let mut bad = base.clone();
+        bad[codes_at] = (bad[codes_at] & 0xF0) | (6 << 1); // level 6 > s
+        assert!(decompress(&c, &bad, &mut out).is_err());
+        let mut bad = base.clone();
+        bad[codes_at] &= 0xF0;
+        bad[codes_at] |= 1; // signed zero
+        assert!(decompress(&c, &bad, &mut out).is_err());
+        let mut bad = base.clone();
+        bad[12..16].copy_from_slice(&f32::NAN.to_le_bytes());
+        assert!(decompress(&c, &bad, &mut out).is_err());
+        let mut bad = base.clone();
+        bad[12..16].copy_from_slice(&(-1.0f32).to_le_bytes());
+        assert!(decompress(&c, &bad, &mut out).is_err());
+        // 10 codes × 4 bits = 40 bits: no padding; use 9 elements for padding checks.
+        let v9 = &v[..9];
+        let p = compress_new(&mut c, v9, &Ctx::default(), &mut Rng::seed_from_u64(0)).unwrap();
+        let mut bad = p.into_bytes();
+        *bad.last_mut().unwrap() |= 0x80;
+        assert!(decompress(&c, &bad, &mut out[..9]).is_err());
+        // Elias: a count larger than the stream can hold, a trailing byte, a level > s.
+        let mut e = qsgd(5, 4, QsgdNorm::Max, QsgdCoding::Elias);
+        let p = compress_new(&mut e, &v, &Ctx::default(), &mut Rng::seed_from_u64(0)).unwrap();
+        let base = p.into_bytes();
+        assert!(decompress(&e, &base, &mut out).is_ok());
+        let k_at = 12 + 4 * 3;
+        let mut bad = base.clone();
+        bad[k_at..k_at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decompress(&e, &bad, &mut out).is_err());
+        let mut bad = base.clone();
+        let len = u32::from_le_bytes(bad[k_at + 4..k_at + 8].try_into().unwrap());
+        bad[k_at + 4..k_at + 8].copy_from_slice(&(len + 1).to_le_bytes());
+        bad.push(0);
+        assert!(decompress(&e, &bad, &mut out).is_err());
+        // Hand-made stream: one entry, gap 1 (bit 1), sign 0, level γ(6) = 00110.
+        let mut bad = base[..k_at].to_vec();
+        bad.extend_from_slice(&1u32.to_le_bytes());
+        bad.extend_from_slice(&1u32.to_le_bytes());
+        // bits LSB-first: 1, 0, 0,0,1,1,0 → 0b0011_0001
+        bad.push(0b0011_0001);
+        assert!(matches!(
+            decompress(&e, &bad, &mut out),
+            Err(WireError::Invalid("qsgd level exceeds s"))
+        ));
+        // The same with level γ(5) = 00101 is accepted.
+        *bad.last_mut().unwrap() = 0b0101_0001;
+        assert!(
+            decompress(&e, &bad, &mut out).is_ok(),
+            "{:?}",
+            decompress(&e, &bad, &mut out)
+        );
+    }
+
+    #[test]
+    fn qsgd_decoders_never_panic() {
+        for coding in [QsgdCoding::Fixed, QsgdCoding::Elias] {
+            for (s, d) in [
+                (7u32, 16usize),
+                (5, 3),
+                (1000, 8),
+                (127, 5),
+                (1, 12),
+                (2, 9),
+            ] {
+                let mut c = qsgd(s, d, QsgdNorm::Max, coding);
+                let mut valid = Vec::new();
+                for n in [1usize, 5, 40, 130] {
+                    let mut v = test_vector(n, 1.0, n as u64);
+                    if n > 20 {
+                        v[..16].fill(0.0);
+                    }
+                    let segs = [0..n / 2, n / 2..n];
+                    let ctx = Ctx {
+                        segments: if n > 1 { &segs } else { &[] },
+                        ..Ctx::default()
+                    };
+                    let p =
+                        compress_new(&mut c, &v, &ctx, &mut Rng::seed_from_u64(n as u64)).unwrap();
+                    valid.push((p.into_bytes(), n));
+                }
+                fuzz_decoder(&c, &valid, 3000, s as u64);
+            }
+        }
+    }
+
+    #[test]
+    fn qsgd_config_parses_and_validates() {
+        let cfg: crate::CompressorConfig = toml::from_str(
+            "kind = \"qsgd\"\nlevels = 127\nbucket = 8192\nnorm = \"l2\"\ncoding = \"elias\"",
+        )
+        .unwrap();
+        assert_eq!(
+            cfg,
+            crate::CompressorConfig::Qsgd(QsgdConfig {
+                levels: 127,
+                bucket: 8192,
+                norm: QsgdNorm::L2,
+                coding: QsgdCoding::Elias
+            })
+        );
+        assert!(cfg.build().unwrap().segment_bits(10).is_none());
+        for bad in ["levels = 0", "bucket = 0", "levels = 16777217"] {
+            let cfg: crate::CompressorConfig =
+                toml::from_str(&format!("kind = \"qsgd\"\n{bad}")).unwrap();
+            assert!(cfg.build().is_err(), "{bad}");
+        }
+        assert!(
+            toml::from_str::<crate::CompressorConfig>("kind = \"qsgd\"\nnorm = \"l1\"").is_err()
+        );
+    }
+}

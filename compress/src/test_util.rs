@@ -1,0 +1,86 @@
+//! Helpers shared by the methods' unit tests (compiled for tests only).
+
+use crate::compressor::{decompress_add, Compressor};
+use crate::rng::Rng;
+use crate::wire::Reader;
+
+/// Feeds a decoder random bytes, random bodies behind a valid header, and mutations of
+/// the `valid` payloads (each decoding into a buffer of the paired length). Every call must
+/// return without panicking, and a payload that is accepted must decode to finite values.
+pub(crate) fn fuzz_decoder(
+    c: &dyn Compressor,
+    valid: &[(Vec<u8>, usize)],
+    cases: usize,
+    seed: u64,
+) {
+    let mut rng = Rng::seed_from_u64(seed);
+    // The framing never passes an empty segment, but a direct call must not panic either.
+    for bytes in [&[][..], &[0u8; 4][..], &[0u8; 16][..], &[0xFFu8; 16][..]] {
+        let _ = c.decode_segment_add(&mut Reader::new(bytes), &mut []);
+    }
+    for case in 0..cases {
+        let (base, n) = &valid[case % valid.len()];
+        let mut bytes = base.clone();
+        match rng.below(6) {
+            0 => {
+                // Pure noise.
+                let len = rng.below(64) as usize;
+                bytes = (0..len).map(|_| rng.next_u64() as u8).collect();
+            }
+            1 => {
+                // Valid header, random body of random length.
+                let keep = bytes.len().min(12);
+                bytes.truncate(keep);
+                let len = rng.below(2 * base.len() as u64 + 8) as usize;
+                bytes.extend((0..len).map(|_| rng.next_u64() as u8));
+            }
+            2 => {
+                // Truncate or extend.
+                if rng.below(2) == 0 {
+                    let len = rng.below(bytes.len() as u64 + 1) as usize;
+                    bytes.truncate(len);
+                } else {
+                    let extra = 1 + rng.below(8) as usize;
+                    bytes.extend((0..extra).map(|_| rng.next_u64() as u8));
+                }
+            }
+            _ => {
+                // Flip a few bits / overwrite a few bytes (mostly in the body).
+                let edits = 1 + rng.below(3);
+                for _ in 0..edits {
+                    if bytes.is_empty() {
+                        break;
+                    }
+                    let at = rng.below(bytes.len() as u64) as usize;
+                    if rng.below(2) == 0 {
+                        bytes[at] ^= 1 << rng.below(8);
+                    } else {
+                        bytes[at] = rng.next_u64() as u8;
+                    }
+                }
+            }
+        }
+        let mut out = vec![0f32; *n];
+        if decompress_add(c, &bytes, &mut out).is_ok() {
+            assert!(
+                out.iter().all(|v| v.is_finite()),
+                "accepted payload decoded to non-finite values"
+            );
+        }
+    }
+}
+
+/// Normal-ish random vector (sum of uniforms), scaled, with a few exact zeros.
+pub(crate) fn test_vector(n: usize, scale: f32, seed: u64) -> Vec<f32> {
+    let mut rng = Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|i| {
+            if i % 17 == 3 {
+                0.0
+            } else {
+                let u: f32 = (0..4).map(|_| rng.next_f32()).sum::<f32>() - 2.0;
+                scale * u
+            }
+        })
+        .collect()
+}
