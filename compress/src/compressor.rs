@@ -184,7 +184,7 @@ impl Header {
 ///   Dryden) are plain deterministic quantizers here and are configured with residual
 ///   memory by default.
 /// * Compressors may keep state across steps (`&mut self`), keyed by the bucket id in
-///   [`Ctx`]; that state must be reported by [`Compressor::state`] for checkpoints.
+///   [`Ctx`]; that state must be exportable for checkpoints.
 pub trait Compressor: Send {
     /// The method's id byte.
     fn method(&self) -> MethodId;
