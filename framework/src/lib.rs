@@ -5,7 +5,7 @@
 //! is a thin shell over it.
 //!
 //! ## Layout
-//! * [`bench`]: the benchmarks behind `dtrain bench …` (compression throughput, error and
+//! * [`bench`](mod@bench): the benchmarks behind `dtrain bench …` (compression throughput, error and
 //!   bits per element).
 //! * [`bucket`]: layer-aligned gradient buckets and the dense bypass for small tensors.
 //! * [`checkpoint`]: checksummed checkpoint container, atomic writes.
