@@ -411,13 +411,20 @@ pub fn check_stalled_peer<M: Mesh>(mesh: &M, world: usize) {
         ..test_config()
     };
     let start = Instant::now();
+    let finished = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let out = run_ranks(mesh.make(world), cfg, move |c| {
+        use std::sync::atomic::Ordering::SeqCst;
         if c.rank() == victim {
-            thread::sleep(Duration::from_millis(1500));
+            // Stay connected but silent until every survivor has given up (at most 5 s).
+            while finished.load(SeqCst) < world - 1 && start.elapsed() < Duration::from_secs(5) {
+                thread::sleep(Duration::from_millis(10));
+            }
             return None;
         }
         let mut v = vec![1.0f32; 1000];
-        Some(c.all_reduce_sum(&mut v).unwrap_err())
+        let e = c.all_reduce_sum(&mut v).unwrap_err();
+        finished.fetch_add(1, SeqCst);
+        Some(e)
     });
     assert!(
         start.elapsed() < Duration::from_secs(5),
@@ -466,4 +473,54 @@ pub fn check_mismatch<M: Mesh>(mesh: &M, world: usize) {
         "took {:?}",
         start.elapsed()
     );
+}
+
+/// TCP meshes over 127.0.0.1 (ephemeral ports), set up concurrently from one thread per rank.
+#[cfg(feature = "tcp")]
+pub mod tcp {
+    use std::net::{SocketAddr, TcpListener};
+    use std::thread;
+    use std::time::Duration;
+
+    use dtrain_comms::{TcpConfig, TcpTransport, TransportError};
+
+    pub const TOKEN: &[u8] = b"test-run-token";
+
+    pub fn config(token: &[u8]) -> TcpConfig {
+        TcpConfig {
+            connect_timeout: Duration::from_secs(10),
+            ..TcpConfig::new(token.to_vec())
+        }
+    }
+
+    /// Binds `world` listeners and returns them with their addresses.
+    pub fn listeners(world: usize) -> (Vec<TcpListener>, Vec<SocketAddr>) {
+        let ls: Vec<TcpListener> = (0..world)
+            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let addrs = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+        (ls, addrs)
+    }
+
+    /// Connects every rank with its own config; returns each rank's result.
+    pub fn try_mesh(cfgs: Vec<TcpConfig>) -> Vec<Result<TcpTransport, TransportError>> {
+        let (ls, addrs) = listeners(cfgs.len());
+        let hs: Vec<_> = ls
+            .into_iter()
+            .zip(cfgs)
+            .enumerate()
+            .map(|(r, (l, cfg))| {
+                let addrs = addrs.clone();
+                thread::spawn(move || TcpTransport::connect(r, &addrs, l, cfg))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    pub fn mesh(world: usize) -> Vec<TcpTransport> {
+        try_mesh(vec![config(TOKEN); world])
+            .into_iter()
+            .map(|t| t.expect("mesh set-up"))
+            .collect()
+    }
 }

@@ -1,0 +1,166 @@
+//! Conformance suite over the TCP driver on 127.0.0.1, N = 1..=4, plus authentication.
+
+#![cfg(feature = "tcp")]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::tcp::{config, listeners, mesh, try_mesh, TOKEN};
+use common::*;
+use dtrain_comms::frame::Hello;
+use dtrain_comms::{TcpTransport, Transport, TransportError};
+
+struct Tcp;
+
+impl Mesh for Tcp {
+    type T = TcpTransport;
+    fn make(&self, world: usize) -> Vec<TcpTransport> {
+        mesh(world)
+    }
+}
+
+const WORLDS: std::ops::RangeInclusive<usize> = 1..=4;
+
+#[test]
+fn all_reduce_matches_reference_bit_for_bit() {
+    for w in WORLDS {
+        check_all_reduce(&Tcp, w);
+    }
+}
+
+#[test]
+fn all_gather_variable_sizes() {
+    for w in WORLDS {
+        check_all_gather(&Tcp, w);
+    }
+}
+
+#[test]
+fn broadcast_from_every_root() {
+    for w in WORLDS {
+        check_broadcast(&Tcp, w);
+    }
+}
+
+#[test]
+fn reduce_scatter_matches_reference() {
+    for w in WORLDS {
+        check_reduce_scatter(&Tcp, w);
+    }
+}
+
+#[test]
+fn barrier_waits_for_everyone() {
+    for w in WORLDS {
+        check_barrier(&Tcp, w);
+    }
+}
+
+#[test]
+fn mixed_sequence_and_byte_counts() {
+    for w in WORLDS {
+        check_sequence_and_bytes(&Tcp, w);
+    }
+}
+
+#[test]
+fn dead_peer_is_named_by_every_survivor() {
+    for w in 2..=4 {
+        check_dead_peer(&Tcp, w);
+    }
+}
+
+#[test]
+fn stalled_peer_is_named_by_every_survivor() {
+    for w in [2, 4] {
+        check_stalled_peer(&Tcp, w);
+    }
+}
+
+#[test]
+fn mismatched_collectives_are_reported() {
+    for w in 2..=4 {
+        check_mismatch(&Tcp, w);
+    }
+}
+
+#[test]
+fn rank_with_wrong_token_is_refused() {
+    let mut bad = config(b"not-the-token");
+    bad.connect_timeout = Duration::from_millis(800);
+    let mut good = config(TOKEN);
+    good.connect_timeout = Duration::from_millis(800);
+    let r = try_mesh(vec![good, bad]);
+    // Rank 1 dials rank 0 with the wrong token: rank 0 closes the connection.
+    match &r[1] {
+        Err(TransportError::Handshake { detail, .. }) => {
+            assert!(detail.contains("refused"), "{detail}")
+        }
+        other => panic!("rank 1: expected a refused handshake, got {other:?}"),
+    }
+    // Rank 0 never gets an authenticated rank 1 and gives up naming it.
+    match &r[0] {
+        Err(TransportError::Handshake { peer, .. }) => assert!(peer.contains("[1]"), "{peer}"),
+        other => panic!("rank 0: expected a handshake timeout, got {other:?}"),
+    }
+}
+
+#[test]
+fn intruders_are_refused_while_the_mesh_forms() {
+    let (ls, addrs) = listeners(2);
+    let a0 = addrs[0];
+    let mut it = ls.into_iter();
+    let (l0, l1) = (it.next().unwrap(), it.next().unwrap());
+    let addrs0 = addrs.clone();
+    let h0 = thread::spawn(move || TcpTransport::connect(0, &addrs0, l0, config(TOKEN)));
+    // An intruder with the wrong token, and one sending garbage: both get closed without
+    // an answer, and the real rank 1 still connects.
+    let mut wrong = TcpStream::connect(a0).unwrap();
+    let hello = Hello {
+        rank: 1,
+        world: 2,
+        token: b"guess".to_vec(),
+    };
+    wrong.write_all(&hello.encode()).unwrap();
+    let mut garbage = TcpStream::connect(a0).unwrap();
+    garbage.write_all(&[0xff; 64]).unwrap();
+    for s in [&mut wrong, &mut garbage] {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 16];
+        let n = s.read(&mut buf).unwrap_or(0);
+        assert_eq!(n, 0, "an unauthenticated connection got an answer");
+    }
+    let t1 = TcpTransport::connect(1, &addrs, l1, config(TOKEN)).unwrap();
+    let mut t0 = h0.join().unwrap().unwrap();
+    let mut t1 = t1;
+    t1.send(0, b"hi".to_vec()).unwrap();
+    let (from, msg) = t0.recv(Instant::now() + Duration::from_secs(5)).unwrap();
+    assert_eq!((from, msg.as_slice()), (1, &b"hi"[..]));
+}
+
+#[test]
+fn oversized_message_is_rejected_at_send() {
+    let mut cfgs = vec![config(TOKEN); 2];
+    for c in &mut cfgs {
+        c.max_frame = 1024;
+    }
+    let mut ts: Vec<TcpTransport> = try_mesh(cfgs).into_iter().map(|t| t.unwrap()).collect();
+    assert!(matches!(
+        ts[0].send(1, vec![0; 1024]),
+        Err(TransportError::TooLarge {
+            len: 1025,
+            max: 1024
+        })
+    ));
+    ts[0].send(1, vec![7; 1023]).unwrap();
+    let got = ts[1]
+        .recv_from(0, Instant::now() + Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(got, vec![7; 1023]);
+    assert_eq!(ts[0].bytes().sent, 1023 + 5);
+    assert_eq!(ts[1].bytes().received, 1023 + 5);
+}
