@@ -24,7 +24,8 @@ pub const MAX_HELLO_FRAME: usize = FRAME_HEADER_LEN + 4 + 1 + 4 + 4 + 2 + MAX_TO
 const MAGIC: &[u8; 4] = b"DTRN";
 const VERSION: u8 = 1;
 const TAG_HELLO: u8 = 1;
-const TAG_DATA: u8 = 2;
+/// Tag byte of a data frame.
+pub const TAG_DATA: u8 = 2;
 
 /// Errors parsing a frame.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]

@@ -205,8 +205,10 @@ impl Message {
     /// A message whose payload is `vals` as little-endian f32.
     pub fn from_f32(header: Header, vals: &[f32]) -> Self {
         Self::build(header, vals.len() * 4, |out| {
-            for v in vals {
-                out.extend_from_slice(&v.to_le_bytes());
+            let start = out.len();
+            out.resize(start + vals.len() * 4, 0);
+            for (d, v) in out[start..].chunks_exact_mut(4).zip(vals) {
+                d.copy_from_slice(&v.to_le_bytes());
             }
         })
     }

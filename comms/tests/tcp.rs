@@ -164,3 +164,25 @@ fn oversized_message_is_rejected_at_send() {
     assert_eq!(ts[0].bytes().sent, 1023 + 5);
     assert_eq!(ts[1].bytes().received, 1023 + 5);
 }
+
+#[test]
+fn large_frames_take_the_direct_read_path_and_stay_exact() {
+    use dtrain_comms::{CommConfig, ReduceOp};
+    // 2.4 MB per rank: ring frames of ~800 KB (read straight into their own buffers),
+    // followed by small frames on the same connections.
+    let world = 3;
+    let n = 600_000;
+    let inputs: Vec<Vec<f32>> = (0..world).map(|r| Rng(77 + r as u64).f32s(n)).collect();
+    let want = ring_reference(&inputs, ReduceOp::Sum);
+    let ins = inputs.clone();
+    let out = run_ranks(mesh(world), CommConfig::default(), move |c| {
+        let mut v = ins[c.rank()].clone();
+        c.all_reduce_sum(&mut v).unwrap();
+        let g = c.all_gather(&[c.rank() as u8; 3]).unwrap();
+        (v, g)
+    });
+    for (v, g) in &out {
+        assert_eq!(bits(v), bits(&want));
+        assert_eq!(g, &vec![vec![0u8; 3], vec![1; 3], vec![2; 3]]);
+    }
+}

@@ -232,8 +232,10 @@ impl Machine for Ring<'_> {
                 let own = &self.buf[range.clone()];
                 let h = self.header(RS, step + 1, off);
                 let fwd = Message::build(h, range.len() * 4, |o| {
-                    for (v, x) in vals.zip(own) {
-                        o.extend_from_slice(&op.apply(v, *x).to_le_bytes());
+                    let start = o.len();
+                    o.resize(start + own.len() * 4, 0);
+                    for ((d, v), x) in o[start..].chunks_exact_mut(4).zip(vals).zip(own) {
+                        d.copy_from_slice(&op.apply(v, *x).to_le_bytes());
                     }
                 });
                 self.out.push_back((self.right(), fwd));

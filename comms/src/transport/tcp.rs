@@ -406,6 +406,10 @@ async fn dial(
     }
 }
 
+/// Data frames at least this large are read straight into their own, exactly sized
+/// buffer (saves a copy); smaller ones go through the shared read buffer.
+const DIRECT_READ: usize = 64 << 10;
+
 async fn reader(
     peer: usize,
     mut rd: OwnedReadHalf,
@@ -413,23 +417,49 @@ async fn reader(
     tx: mpsc::Sender<Event>,
     max: usize,
 ) {
-    loop {
-        match read_frame(&mut rd, &mut buf, max).await {
-            Ok(Some(Frame::Data(b))) => {
-                if tx.send(Event::Msg(peer, b)).is_err() {
-                    return;
+    let r: Result<(), TransportError> = async {
+        loop {
+            match frame::parse(&buf, max) {
+                Ok((Frame::Data(b), used)) => {
+                    buf.advance(used);
+                    if tx.send(Event::Msg(peer, b)).is_err() {
+                        return Ok(());
+                    }
                 }
-            }
-            Ok(Some(Frame::Hello(_))) => {
-                warn!("rank {peer} sent a second hello; closing the connection");
-                break;
-            }
-            Ok(None) => break,
-            Err(e) => {
-                warn!("connection to rank {peer} failed: {e}");
-                break;
+                Ok((Frame::Hello(_), _)) => {
+                    return Err(FrameError::Malformed("second hello on a connection").into())
+                }
+                Err(FrameError::Incomplete { needed })
+                    if needed >= DIRECT_READ
+                        && buf.len() >= FRAME_HEADER_LEN
+                        && buf[4] == frame::TAG_DATA =>
+                {
+                    // `needed` passed the size check in `parse`, so this is bounded by `max`.
+                    let mut body = vec![0u8; needed - FRAME_HEADER_LEN];
+                    let have = buf.len() - FRAME_HEADER_LEN;
+                    body[..have].copy_from_slice(&buf[FRAME_HEADER_LEN..]);
+                    buf.clear();
+                    rd.read_exact(&mut body[have..]).await?;
+                    if tx.send(Event::Msg(peer, body)).is_err() {
+                        return Ok(());
+                    }
+                }
+                Err(FrameError::Incomplete { needed }) => {
+                    buf.reserve(needed.saturating_sub(buf.len()).max(8 << 10));
+                    if rd.read_buf(&mut buf).await? == 0 {
+                        if buf.is_empty() {
+                            return Ok(());
+                        }
+                        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+                    }
+                }
+                Err(e) => return Err(e.into()),
             }
         }
+    }
+    .await;
+    if let Err(e) = r {
+        warn!("connection to rank {peer} failed: {e}");
     }
     let _ = tx.send(Event::Closed(peer));
 }
