@@ -99,7 +99,9 @@ impl CommError {
 
 /// Tuning and limits of a [`Communicator`]. All ranks of a run must use the same values
 /// for `small_all_reduce_bytes` (it selects the algorithm, and a disagreement is reported
-/// as a mismatch).
+/// as a mismatch). One message carries at most `max(chunk_bytes, small_all_reduce_bytes)`
+/// payload bytes plus the 36-byte header; that must fit the transport's frame limit
+/// (64 MiB by default for TCP), or the call fails with [`TransportError::TooLarge`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommConfig {
     /// Inactivity timeout of a collective. Default 30 s.
