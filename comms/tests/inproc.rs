@@ -67,9 +67,7 @@ fn dead_peer_is_named_by_every_survivor() {
 
 #[test]
 fn stalled_peer_is_named_by_every_survivor() {
-    for w in [2, 3, 5, 8] {
-        check_stalled_peer(&Channels, w);
-    }
+    for_worlds_concurrently(Channels, &[2, 3, 5, 8], check_stalled_peer);
 }
 
 #[test]

@@ -76,9 +76,7 @@ fn dead_peer_is_named_by_every_survivor() {
 
 #[test]
 fn stalled_peer_is_named_by_every_survivor() {
-    for w in [2, 4] {
-        check_stalled_peer(&Tcp, w);
-    }
+    for_worlds_concurrently(Tcp, &[2, 4], check_stalled_peer);
 }
 
 #[test]

@@ -401,13 +401,14 @@ pub fn check_dead_peer<M: Mesh>(mesh: &M, world: usize) {
     }
 }
 
-/// A peer that stays connected but never joins: every survivor times out naming it.
+/// A peer that stays connected but never joins: every survivor times out naming it. (The
+/// 1 s abort grace keeps loaded machines from mistaking a slow survivor for a stalled one.)
 pub fn check_stalled_peer<M: Mesh>(mesh: &M, world: usize) {
     assert!(world >= 2);
     let victim = world - 1;
     let cfg = CommConfig {
         timeout: Duration::from_millis(300),
-        abort_grace: Duration::from_millis(300),
+        abort_grace: Duration::from_millis(1000),
         ..test_config()
     };
     let start = Instant::now();
@@ -416,7 +417,7 @@ pub fn check_stalled_peer<M: Mesh>(mesh: &M, world: usize) {
         use std::sync::atomic::Ordering::SeqCst;
         if c.rank() == victim {
             // Stay connected but silent until every survivor has given up (at most 5 s).
-            while finished.load(SeqCst) < world - 1 && start.elapsed() < Duration::from_secs(5) {
+            while finished.load(SeqCst) < world - 1 && start.elapsed() < Duration::from_secs(6) {
                 thread::sleep(Duration::from_millis(10));
             }
             return None;
@@ -522,5 +523,20 @@ pub mod tcp {
             .into_iter()
             .map(|t| t.expect("mesh set-up"))
             .collect()
+    }
+}
+
+/// Runs `check` for each world size concurrently (for the slow, timing-based checks).
+pub fn for_worlds_concurrently<M: Mesh>(mesh: M, worlds: &[usize], check: fn(&M, usize)) {
+    let mesh = Arc::new(mesh);
+    let hs: Vec<_> = worlds
+        .iter()
+        .map(|&w| {
+            let mesh = mesh.clone();
+            thread::spawn(move || check(&mesh, w))
+        })
+        .collect();
+    for h in hs {
+        h.join().expect("world check panicked");
     }
 }
