@@ -8,8 +8,9 @@
 //!   for [`CommConfig::abort_grace`] for the aborts of the other ranks (every rank that
 //!   receives an abort answers with its own). The ranks not heard from are reported in
 //!   [`CommError::Timeout`] — on every surviving rank, the stalled rank(s).
-//! * **Lost peer**: a closed connection is fatal as soon as the current collective still
-//!   needs that peer (or at the next collective). The detecting rank broadcasts an abort
+//! * **Lost peer**: a closed connection is fatal as soon as a collective still needs a
+//!   message from that peer or has one to send to it (a peer that finished its part and
+//!   exited does not fail the others). The detecting rank broadcasts an abort
 //!   naming the peer, so ranks that never talk to it directly fail fast with
 //!   [`CommError::PeerLost`] naming it too.
 //! * **Mismatched collectives** (kind, algorithm, length or root differ, or a peer is a
@@ -324,9 +325,6 @@ impl<T: Transport> Communicator<T> {
             return Err(CommError::Poisoned(f.clone()));
         }
         let me = self.rank();
-        if let Some(p) = self.closed.iter().position(|&c| c) {
-            return Err(self.fail_peer_lost(p));
-        }
         for (from, msg, n) in std::mem::take(&mut self.stash) {
             if msg.header().seq == self.seq {
                 self.stashed_in += n;
@@ -336,6 +334,11 @@ impl<T: Transport> Communicator<T> {
             } else {
                 self.stash.push_back((from, msg, n));
             }
+        }
+        // A peer that closed is delivered after all it sent, so this collective can still
+        // complete if it needs nothing more from it.
+        if let Some(p) = (0..self.world_size()).find(|&p| self.closed[p] && m.expects_from(p)) {
+            return Err(self.fail_peer_lost(p));
         }
         let mut deadline = Instant::now() + self.cfg.timeout;
         loop {

@@ -76,3 +76,45 @@ fn mismatched_collectives_are_reported() {
         check_mismatch(&Channels, w);
     }
 }
+
+#[test]
+fn messages_of_later_collectives_are_kept_and_counted_for_their_call() {
+    for w in 2..=4 {
+        check_run_ahead(&Channels, w);
+    }
+}
+
+#[test]
+fn garbage_from_a_peer_is_a_protocol_error_naming_it() {
+    use dtrain_comms::{CommError, Communicator, Transport};
+    let mut ts = channel_mesh(2);
+    let mut rogue = ts.pop().unwrap();
+    rogue.send(0, vec![0xAB; 50]).unwrap();
+    let mut c = Communicator::new(ts.pop().unwrap(), test_config());
+    let e = c.barrier().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CommError::Protocol {
+                rank: 1,
+                reported_by: 0,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // The rogue rank is told: after rank 0's barrier message comes an abort.
+    let kinds: Vec<_> = (0..2)
+        .map(|_| {
+            let dl = std::time::Instant::now() + std::time::Duration::from_secs(1);
+            let (from, msg) = rogue.recv(dl).unwrap();
+            assert_eq!(from, 0);
+            dtrain_comms::wire::Message::decode(msg)
+                .unwrap()
+                .header()
+                .kind
+        })
+        .collect();
+    use dtrain_comms::wire::Kind;
+    assert_eq!(kinds, vec![Kind::Barrier, Kind::Abort]);
+}

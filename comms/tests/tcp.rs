@@ -184,3 +184,10 @@ fn large_frames_take_the_direct_read_path_and_stay_exact() {
         assert_eq!(g, &vec![vec![0u8; 3], vec![1; 3], vec![2; 3]]);
     }
 }
+
+#[test]
+fn messages_of_later_collectives_are_kept_and_counted_for_their_call() {
+    for w in 2..=3 {
+        check_run_ahead(&Tcp, w);
+    }
+}

@@ -540,3 +540,42 @@ pub fn for_worlds_concurrently<M: Mesh>(mesh: M, worlds: &[usize], check: fn(&M,
         h.join().expect("world check panicked");
     }
 }
+
+/// A root that runs ahead: rank 0 starts late, so the messages of the second broadcast
+/// arrive during the first and must be kept for later — and counted for the call they
+/// belong to.
+pub fn check_run_ahead<M: Mesh>(mesh: &M, world: usize) {
+    assert!(world >= 2);
+    let out = run_ranks(mesh.make(world), test_config(), move |c| {
+        let root = world - 1;
+        if c.rank() == 0 {
+            thread::sleep(Duration::from_millis(100));
+        }
+        let mut got = Vec::new();
+        for i in 0..3u8 {
+            let mut v = if c.rank() == root {
+                vec![i; 10 + i as usize]
+            } else {
+                Vec::new()
+            };
+            c.broadcast(&mut v, root).unwrap();
+            got.push((v, c.last_bytes()));
+        }
+        got
+    });
+    for (r, got) in out.iter().enumerate() {
+        for (i, (v, bytes)) in got.iter().enumerate() {
+            assert_eq!(v, &vec![i as u8; 10 + i], "rank {r} broadcast {i}");
+            // Chain: every rank but the root receives exactly one message per broadcast.
+            if r != world - 1 {
+                let header = dtrain_comms::wire::HEADER_LEN as u64;
+                let framing = bytes.received - (header + 10 + i as u64);
+                assert!(
+                    framing == 0 || framing == 5,
+                    "rank {r} call {i}: received {}",
+                    bytes.received
+                );
+            }
+        }
+    }
+}
