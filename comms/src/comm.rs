@@ -411,7 +411,7 @@ impl<T: Transport> Communicator<T> {
         }
     }
 
-    /// Handles an abort from `from`: relays it and returns the matching error.
+    /// The peers `m` still expects a message from.
     fn waiting_on<M: Machine>(&self, m: &M) -> Vec<usize> {
         let me = self.rank();
         (0..self.world_size())
@@ -419,6 +419,7 @@ impl<T: Transport> Communicator<T> {
             .collect()
     }
 
+    /// Handles an abort from `from`: relays it and returns the matching error.
     fn on_abort(&mut self, from: usize, msg: &Message, waiting: Vec<usize>) -> CommError {
         let me = self.rank();
         let info = match AbortInfo::from_payload(msg.payload()) {
