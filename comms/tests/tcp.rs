@@ -191,3 +191,81 @@ fn messages_of_later_collectives_are_kept_and_counted_for_their_call() {
         check_run_ahead(&Tcp, w);
     }
 }
+
+/// Rank 2 is a separate process (this test binary re-run with `DTRAIN_COMMS_CHILD` set),
+/// SIGKILLed while ranks 0 and 1 wait for it inside an all-reduce: both must fail fast with
+/// an error naming rank 2, long before the timeout.
+#[test]
+fn killed_process_is_named_by_every_survivor() {
+    use dtrain_comms::{CommConfig, CommError, Communicator};
+    use std::net::SocketAddr;
+    use std::process::{Command, Stdio};
+    use std::sync::mpsc;
+
+    if let Ok(spec) = std::env::var("DTRAIN_COMMS_CHILD") {
+        // Child role: the highest rank only dials, so it needs no known address of its own.
+        let mut addrs: Vec<SocketAddr> = spec.split(',').map(|a| a.parse().unwrap()).collect();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        addrs.push(l.local_addr().unwrap());
+        let t = TcpTransport::connect(2, &addrs, l, config(TOKEN)).unwrap();
+        let mut c = Communicator::new(t, CommConfig::default());
+        c.barrier().unwrap();
+        thread::sleep(Duration::from_secs(20));
+        return;
+    }
+    let (ls, addrs) = listeners(3);
+    let spec = format!("{},{}", addrs[0], addrs[1]);
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "killed_process_is_named_by_every_survivor",
+            "--test-threads=1",
+        ])
+        .env("DTRAIN_COMMS_CHILD", spec)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let survivors: Vec<_> = ls
+        .into_iter()
+        .take(2)
+        .enumerate()
+        .map(|(r, l)| {
+            let addrs = addrs.clone();
+            let ready = ready_tx.clone();
+            thread::spawn(move || {
+                let t = TcpTransport::connect(r, &addrs, l, config(TOKEN)).unwrap();
+                let cfg = CommConfig {
+                    timeout: Duration::from_secs(10),
+                    ..CommConfig::default()
+                };
+                let mut c = Communicator::new(t, cfg);
+                c.barrier().unwrap();
+                ready.send(()).unwrap();
+                let mut v = vec![1.0f32; 100_000];
+                (c.all_reduce_sum(&mut v).unwrap_err(), Instant::now())
+            })
+        })
+        .collect();
+    for _ in 0..2 {
+        ready_rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("mesh with the child process");
+    }
+    thread::sleep(Duration::from_millis(200));
+    child.kill().unwrap();
+    let killed = Instant::now();
+    child.wait().unwrap();
+    for (r, h) in survivors.into_iter().enumerate() {
+        let (e, at) = h.join().unwrap();
+        assert!(
+            matches!(e, CommError::PeerLost { rank: 2, .. }),
+            "rank {r}: {e}"
+        );
+        assert!(
+            at.duration_since(killed) < Duration::from_secs(3),
+            "rank {r} took too long"
+        );
+    }
+}
