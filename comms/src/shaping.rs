@@ -42,9 +42,11 @@ pub fn parse_bandwidth(s: &str) -> Result<f64, String> {
         "KiB/s" => (1024.0, false),
         "MiB/s" => (1024.0 * 1024.0, false),
         "GiB/s" => (1024.0 * 1024.0 * 1024.0, false),
-        _ => return Err(format!(
+        _ => {
+            return Err(format!(
             "bandwidth {s:?}: unknown unit {unit:?} (bit, kbit, Mbit, Gbit, Gbps, MB/s, GiB/s, …)"
-        )),
+        ))
+        }
     };
     let bytes = v * scale / if bits { 8.0 } else { 1.0 };
     if !(bytes.is_finite() && bytes > 0.0) {

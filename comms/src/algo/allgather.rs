@@ -1,0 +1,197 @@
+//! Ring all-gather of variable-size byte buffers (all-gatherv), sizes 0 included.
+//!
+//! At step `k = 0..P−1` rank `r` sends block `(r − k) mod P` to its right neighbour: its
+//! own buffer at step 0, afterwards the block it received at step `k − 1`. Blocks travel in
+//! chunks of at most `chunk` bytes; each message names the block's owner (`root`), total
+//! length (`count`) and byte offset, so ranks need not know each other's sizes in advance.
+//! An empty block travels as one empty message. A block announced larger than the
+//! configured limit is rejected before anything is allocated, and a block's buffer only
+//! grows as its bytes actually arrive.
+
+use std::collections::VecDeque;
+
+use super::{check_header, chunk_count, AlgoError, Machine};
+use crate::wire::{Algo, Header, Kind, Message};
+
+#[derive(Debug, Default)]
+struct Block {
+    data: Vec<u8>,
+    total: Option<u64>,
+    received: u64,
+    complete: bool,
+}
+
+/// Ring all-gatherv (see the [module docs](self)). The result is taken with
+/// [`AllGather::into_blocks`].
+#[derive(Debug)]
+pub struct AllGather {
+    rank: usize,
+    world: usize,
+    max_block: u64,
+    blocks: Vec<Block>,
+    incomplete: usize,
+    out: VecDeque<(usize, Message)>,
+}
+
+impl AllGather {
+    /// Gathers `data` from every rank; chunks are at most `chunk_bytes` (0 is treated as 1)
+    /// and peers' blocks may be at most `max_block_bytes` long.
+    ///
+    /// # Panics
+    /// If `rank >= world`.
+    pub fn new(
+        rank: usize,
+        world: usize,
+        seq: u64,
+        data: &[u8],
+        chunk_bytes: usize,
+        max_block_bytes: u64,
+    ) -> Self {
+        assert!(rank < world, "rank {rank} out of range for world {world}");
+        let chunk = chunk_bytes.max(1);
+        let mut blocks: Vec<Block> = (0..world).map(|_| Block::default()).collect();
+        blocks[rank] = Block {
+            data: data.to_vec(),
+            total: Some(data.len() as u64),
+            received: data.len() as u64,
+            complete: true,
+        };
+        let mut m = AllGather {
+            rank,
+            world,
+            max_block: max_block_bytes,
+            blocks,
+            incomplete: world - 1,
+            out: VecDeque::new(),
+        };
+        if world > 1 {
+            let right = (rank + 1) % world;
+            for j in 0..chunk_count(data.len(), chunk) {
+                let start = j * chunk;
+                let end = (start + chunk).min(data.len());
+                let h = Header {
+                    count: data.len() as u64,
+                    offset: start as u64,
+                    root: rank as u32,
+                    ..Header::new(Kind::AllGather, Algo::Ring, seq)
+                };
+                m.out.push_back((right, Message::new(h, &data[start..end])));
+            }
+        }
+        m
+    }
+
+    fn left(&self) -> usize {
+        (self.rank + self.world - 1) % self.world
+    }
+
+    /// The gathered buffers, indexed by rank.
+    ///
+    /// # Panics
+    /// If the machine is not done.
+    pub fn into_blocks(self) -> Vec<Vec<u8>> {
+        assert!(self.incomplete == 0, "all-gather not complete");
+        self.blocks.into_iter().map(|b| b.data).collect()
+    }
+}
+
+impl Machine for AllGather {
+    fn handle(&mut self, from: usize, msg: Message) -> Result<(), AlgoError> {
+        let h = *msg.header();
+        check_header(from, &h, Kind::AllGather, Algo::Ring, None)?;
+        let p = self.world;
+        if p == 1 || from != self.left() {
+            return Err(AlgoError::protocol(
+                from,
+                "all-gather message from a rank other than the left neighbour",
+            ));
+        }
+        let step = h.step as usize;
+        if step >= p - 1 {
+            return Err(AlgoError::protocol(
+                from,
+                format!("all-gather step {step} out of range"),
+            ));
+        }
+        let b = (from + p - step) % p;
+        if h.root as usize != b {
+            return Err(AlgoError::protocol(
+                from,
+                format!("step {step} carries block {} instead of {b}", h.root),
+            ));
+        }
+        if h.count > self.max_block {
+            return Err(AlgoError::protocol(
+                from,
+                format!(
+                    "block {b} announces {} bytes, over the limit of {}",
+                    h.count, self.max_block
+                ),
+            ));
+        }
+        let len = msg.payload().len() as u64;
+        let block = &mut self.blocks[b];
+        if block.complete {
+            return Err(AlgoError::protocol(
+                from,
+                format!("duplicate data for complete block {b}"),
+            ));
+        }
+        match block.total {
+            Some(t) if t != h.count => {
+                return Err(AlgoError::protocol(
+                    from,
+                    format!("block {b} length changed from {t} to {}", h.count),
+                ))
+            }
+            _ => block.total = Some(h.count),
+        }
+        let end = h.offset.checked_add(len).filter(|&e| e <= h.count);
+        let ok = match end {
+            Some(_) if h.count == 0 => true,
+            Some(_) => len > 0 && block.received + len <= h.count,
+            None => false,
+        };
+        let Some(end) = end.filter(|_| ok) else {
+            return Err(AlgoError::protocol(
+                from,
+                format!(
+                    "bad chunk of block {b}: offset {} length {len} total {}",
+                    h.offset, h.count
+                ),
+            ));
+        };
+        // Bounded: end <= count <= max_block.
+        let (off, end) = (h.offset as usize, end as usize);
+        if block.data.len() < end {
+            block.data.resize(end, 0);
+        }
+        block.data[off..end].copy_from_slice(msg.payload());
+        block.received += len;
+        if block.received == h.count {
+            block.complete = true;
+            self.incomplete -= 1;
+        }
+        if step < p - 2 {
+            let h = Header {
+                step: h.step + 1,
+                ..h
+            };
+            self.out
+                .push_back(((self.rank + 1) % p, msg.with_header(h)));
+        }
+        Ok(())
+    }
+
+    fn poll_transmit(&mut self) -> Option<(usize, Message)> {
+        self.out.pop_front()
+    }
+
+    fn is_done(&self) -> bool {
+        self.incomplete == 0 && self.out.is_empty()
+    }
+
+    fn expects_from(&self, peer: usize) -> bool {
+        self.incomplete > 0 && peer == self.left()
+    }
+}

@@ -1,0 +1,202 @@
+//! Collective algorithms as IO-free state machines.
+//!
+//! A machine is created with its rank, the world size, the collective's sequence number
+//! and its operands; the driver then repeatedly
+//! 1. drains [`Machine::poll_transmit`] and sends each `(to_rank, message)`,
+//! 2. stops once [`Machine::is_done`],
+//! 3. otherwise receives one message and feeds it to [`Machine::handle`].
+//!
+//! Machines never touch sockets or the clock: timeouts, peer failure and the transport are
+//! the driver's business ([`crate::Communicator`]). They accept messages of one link in any
+//! order (every message names its step and offset), so a transport need not be FIFO; they
+//! validate every header and payload against what they expect from that peer and return
+//! [`AlgoError`] (never panic) on anything else. Every message a machine expects is needed
+//! for its completion, so once a machine is done no further message of its collective can
+//! arrive — a later one is a protocol violation.
+//!
+//! | collective | machine | messages per rank |
+//! |---|---|---|
+//! | all-reduce (large), reduce-scatter | [`ring::Ring`] | 2(P−1) per chunk column (P−1 for reduce-scatter) |
+//! | all-reduce (small) | [`recursive_doubling::RecursiveDoubling`] | log2 P (+1 off powers of two) |
+//! | all-gatherv | [`allgather::AllGather`] | P−1 blocks, chunked |
+//! | broadcast | [`broadcast::Broadcast`] | 1 chain hop, chunked |
+//! | barrier | [`barrier::Barrier`] | ⌈log2 P⌉ |
+
+pub mod allgather;
+pub mod barrier;
+pub mod broadcast;
+pub mod recursive_doubling;
+pub mod ring;
+
+use std::ops::Range;
+
+use thiserror::Error;
+
+use crate::wire::{Algo, Header, Kind, Message, WireError};
+
+/// Errors of a collective state machine: the peer sent something this rank did not expect.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum AlgoError {
+    /// The peer runs a different collective (kind, algorithm, length or root differ).
+    #[error("collective mismatch with rank {peer}: {detail}")]
+    Mismatch {
+        /// The peer that sent the mismatching message.
+        peer: usize,
+        /// What differs.
+        detail: String,
+    },
+    /// The peer sent a message that is malformed or not expected at this point.
+    #[error("protocol error from rank {peer}: {detail}")]
+    Protocol {
+        /// The peer that sent the message.
+        peer: usize,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+impl AlgoError {
+    /// The peer this error names.
+    pub fn peer(&self) -> usize {
+        match self {
+            AlgoError::Mismatch { peer, .. } | AlgoError::Protocol { peer, .. } => *peer,
+        }
+    }
+
+    pub(crate) fn protocol(peer: usize, detail: impl Into<String>) -> Self {
+        AlgoError::Protocol {
+            peer,
+            detail: detail.into(),
+        }
+    }
+
+    pub(crate) fn wire(peer: usize, e: WireError) -> Self {
+        AlgoError::protocol(peer, e.to_string())
+    }
+}
+
+/// One collective in progress on one rank (see the [module docs](self) for the driving loop).
+pub trait Machine {
+    /// Feeds one message received from rank `from`.
+    fn handle(&mut self, from: usize, msg: Message) -> Result<(), AlgoError>;
+    /// The next message to send, as `(to_rank, message)`.
+    fn poll_transmit(&mut self) -> Option<(usize, Message)>;
+    /// Whether the collective is complete on this rank (all expected messages received and
+    /// all messages handed out by `poll_transmit`).
+    fn is_done(&self) -> bool;
+    /// Whether this machine still expects a message from `peer` (lets a driver tell a peer
+    /// that finished and left from one whose loss breaks this collective).
+    fn expects_from(&self, peer: usize) -> bool;
+}
+
+/// The element-wise reduction of an all-reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// `a + b`.
+    Sum,
+    /// `f32::max(a, b)` (a NaN operand yields the other operand).
+    Max,
+}
+
+impl ReduceOp {
+    /// Applies the reduction; callers pass the operands in the documented order.
+    #[inline]
+    pub fn apply(self, a: f32, b: f32) -> f32 {
+        match self {
+            ReduceOp::Sum => a + b,
+            ReduceOp::Max => a.max(b),
+        }
+    }
+
+    pub(crate) fn kind(self) -> Kind {
+        match self {
+            ReduceOp::Sum => Kind::AllReduceSum,
+            ReduceOp::Max => Kind::AllReduceMax,
+        }
+    }
+}
+
+/// The range of segment `s` when `n` elements are split into `world` contiguous segments:
+/// the first `n % world` segments get one element more. Reduce-scatter leaves segment `r`
+/// on rank `r`.
+///
+/// # Panics
+/// If `world == 0` or `s >= world`.
+pub fn segment_range(n: usize, world: usize, s: usize) -> Range<usize> {
+    assert!(s < world, "segment {s} out of range for world {world}");
+    let base = n / world;
+    let rem = n % world;
+    let start = s * base + s.min(rem);
+    start..start + base + usize::from(s < rem)
+}
+
+/// Number of chunks of a segment of `len` units cut into chunks of `chunk` units: at least
+/// one, so that even an empty segment sends one (empty) message and mismatches are seen.
+pub(crate) fn chunk_count(len: usize, chunk: usize) -> usize {
+    len.div_ceil(chunk).max(1)
+}
+
+/// Checks the fields every rank must agree on.
+pub(crate) fn check_header(
+    from: usize,
+    got: &Header,
+    kind: Kind,
+    algo: Algo,
+    count: Option<u64>,
+) -> Result<(), AlgoError> {
+    if got.kind != kind {
+        return Err(AlgoError::Mismatch {
+            peer: from,
+            detail: format!("peer runs {:?}, this rank runs {kind:?}", got.kind),
+        });
+    }
+    if got.algo != algo {
+        return Err(AlgoError::Mismatch {
+            peer: from,
+            detail: format!(
+                "peer uses algorithm {:?}, this rank {algo:?} (different sizes or configs?)",
+                got.algo
+            ),
+        });
+    }
+    if let Some(c) = count {
+        if got.count != c {
+            return Err(AlgoError::Mismatch {
+                peer: from,
+                detail: format!(
+                    "peer's {kind:?} has {} elements, this rank's {c}",
+                    got.count
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_partition_the_range() {
+        for n in 0..30 {
+            for world in 1..9 {
+                let mut next = 0;
+                for s in 0..world {
+                    let r = segment_range(n, world, s);
+                    assert_eq!(r.start, next);
+                    assert!(r.len() == n / world || r.len() == n / world + 1);
+                    next = r.end;
+                }
+                assert_eq!(next, n);
+            }
+        }
+    }
+
+    #[test]
+    fn chunk_counts() {
+        assert_eq!(chunk_count(0, 4), 1);
+        assert_eq!(chunk_count(4, 4), 1);
+        assert_eq!(chunk_count(5, 4), 2);
+    }
+}

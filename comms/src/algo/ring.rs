@@ -1,0 +1,274 @@
+//! Ring all-reduce (reduce-scatter then all-gather) and ring reduce-scatter, chunked and
+//! pipelined.
+//!
+//! The `n` elements are split into `P` segments ([`segment_range`]), and each segment into
+//! chunks of `chunk` elements. Rank `r` sends only to `right = r+1` and receives only from
+//! `left = r−1` (mod P).
+//!
+//! * **Reduce-scatter**, steps `k = 0..P−1`: at step `k` rank `r` sends segment
+//!   `(r − 1 − k) mod P`. At step 0 that is its own data; at step `k > 0` it is the partial
+//!   sum it received at step `k − 1` plus its own data. Each chunk moves on as soon as it
+//!   arrives, so chunks pipeline through the ring. After the last step rank `r` holds the
+//!   fully reduced segment `r`.
+//! * **All-gather**, steps `k = 0..P−1`: rank `r` sends segment `(r − k) mod P`; each chunk
+//!   received is stored and forwarded unchanged until every rank has every segment.
+//!
+//! # Summation order (bit-identical results)
+//! Segment `s` is reduced exactly once, along the ring starting at rank `s+1`:
+//! `((x[s+1] ⊕ x[s+2]) ⊕ …) ⊕ x[s]` (ranks mod P, left to right), where `x[q]` is rank
+//! `q`'s input. The result is then copied to every rank, so all ranks hold the same bits,
+//! and rerunning with the same inputs and the same P gives the same bits regardless of
+//! chunk size, timing or delivery order.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+
+use super::{check_header, chunk_count, segment_range, AlgoError, Machine, ReduceOp};
+use crate::wire::{f32s, Algo, Header, Kind, Message};
+
+const RS: u8 = 0;
+const AG: u8 = 1;
+
+/// Ring all-reduce or reduce-scatter over a borrowed buffer (see the [module docs](self)).
+#[derive(Debug)]
+pub struct Ring<'a> {
+    rank: usize,
+    world: usize,
+    seq: u64,
+    op: ReduceOp,
+    kind: Kind,
+    buf: &'a mut [f32],
+    chunk: usize,
+    /// `seen[phase][step][chunk]`.
+    seen: [Vec<Vec<bool>>; 2],
+    remaining: usize,
+    out: VecDeque<(usize, Message)>,
+}
+
+impl<'a> Ring<'a> {
+    /// All-reduce `buf` in place with `op` over `world` ranks, cutting segments into chunks
+    /// of `chunk_elems` elements (0 is treated as 1).
+    ///
+    /// # Panics
+    /// If `rank >= world`.
+    pub fn all_reduce(
+        rank: usize,
+        world: usize,
+        seq: u64,
+        op: ReduceOp,
+        buf: &'a mut [f32],
+        chunk_elems: usize,
+    ) -> Self {
+        Self::new(rank, world, seq, op, op.kind(), buf, chunk_elems)
+    }
+
+    /// Reduce-scatter (sum): on completion `buf[segment_range(n, world, rank)]` holds the
+    /// sum of that segment over all ranks; the rest of `buf` is left unchanged.
+    ///
+    /// # Panics
+    /// If `rank >= world`.
+    pub fn reduce_scatter(
+        rank: usize,
+        world: usize,
+        seq: u64,
+        buf: &'a mut [f32],
+        chunk_elems: usize,
+    ) -> Self {
+        Self::new(
+            rank,
+            world,
+            seq,
+            ReduceOp::Sum,
+            Kind::ReduceScatter,
+            buf,
+            chunk_elems,
+        )
+    }
+
+    fn new(
+        rank: usize,
+        world: usize,
+        seq: u64,
+        op: ReduceOp,
+        kind: Kind,
+        buf: &'a mut [f32],
+        chunk_elems: usize,
+    ) -> Self {
+        assert!(rank < world, "rank {rank} out of range for world {world}");
+        let mut m = Ring {
+            rank,
+            world,
+            seq,
+            op,
+            kind,
+            buf,
+            chunk: chunk_elems.max(1),
+            seen: [Vec::new(), Vec::new()],
+            remaining: 0,
+            out: VecDeque::new(),
+        };
+        if world == 1 {
+            return m;
+        }
+        let left = m.left();
+        for phase in [RS, AG] {
+            let steps = if phase == AG && kind == Kind::ReduceScatter {
+                0
+            } else {
+                world - 1
+            };
+            for k in 0..steps {
+                let seg = m.seg(m.seg_at(phase, left, k));
+                let c = chunk_count(seg.len(), m.chunk);
+                m.remaining += c;
+                m.seen[phase as usize].push(vec![false; c]);
+            }
+        }
+        let seg = m.seg(m.seg_at(RS, rank, 0));
+        for j in 0..chunk_count(seg.len(), m.chunk) {
+            let r = m.chunk_range(&seg, j);
+            let msg = Message::from_f32(m.header(RS, 0, r.start), &m.buf[r]);
+            m.out.push_back((m.right(), msg));
+        }
+        m
+    }
+
+    fn left(&self) -> usize {
+        (self.rank + self.world - 1) % self.world
+    }
+
+    fn right(&self) -> usize {
+        (self.rank + 1) % self.world
+    }
+
+    fn seg(&self, s: usize) -> Range<usize> {
+        segment_range(self.buf.len(), self.world, s)
+    }
+
+    /// The segment rank `q` sends at step `k` of `phase`.
+    fn seg_at(&self, phase: u8, q: usize, k: usize) -> usize {
+        let p = self.world;
+        if phase == RS {
+            (q + 2 * p - 1 - k) % p
+        } else {
+            (q + p - k) % p
+        }
+    }
+
+    fn chunk_range(&self, seg: &Range<usize>, j: usize) -> Range<usize> {
+        let start = seg.start + j * self.chunk;
+        start..(start + self.chunk).min(seg.end)
+    }
+
+    fn header(&self, phase: u8, step: usize, offset: usize) -> Header {
+        Header {
+            phase,
+            step: step as u32,
+            count: self.buf.len() as u64,
+            offset: offset as u64,
+            ..Header::new(self.kind, Algo::Ring, self.seq)
+        }
+    }
+}
+
+impl Machine for Ring<'_> {
+    fn handle(&mut self, from: usize, msg: Message) -> Result<(), AlgoError> {
+        let h = *msg.header();
+        check_header(from, &h, self.kind, Algo::Ring, Some(self.buf.len() as u64))?;
+        if self.world == 1 || from != self.left() {
+            return Err(AlgoError::protocol(
+                from,
+                format!(
+                    "ring message from rank {from}, expected only rank {}",
+                    self.left()
+                ),
+            ));
+        }
+        let (phase, step) = (h.phase, h.step as usize);
+        let Some(seen) = self.seen.get(phase as usize).and_then(|s| s.get(step)) else {
+            return Err(AlgoError::protocol(
+                from,
+                format!("unexpected ring phase {phase} step {step}"),
+            ));
+        };
+        let seg = self.seg(self.seg_at(phase, from, step));
+        let off = usize::try_from(h.offset).unwrap_or(usize::MAX);
+        let rel = off
+            .checked_sub(seg.start)
+            .filter(|rel| rel % self.chunk == 0);
+        let j = match rel {
+            Some(rel) if rel / self.chunk < seen.len() => rel / self.chunk,
+            _ => {
+                return Err(AlgoError::protocol(
+                    from,
+                    format!("offset {off} is not a chunk of segment {seg:?}"),
+                ))
+            }
+        };
+        let range = self.chunk_range(&seg, j);
+        if msg.payload().len() != range.len() * 4 {
+            return Err(AlgoError::protocol(
+                from,
+                format!(
+                    "chunk at {off} has {} bytes, expected {}",
+                    msg.payload().len(),
+                    range.len() * 4
+                ),
+            ));
+        }
+        if self.seen[phase as usize][step][j] {
+            return Err(AlgoError::protocol(
+                from,
+                format!("duplicate chunk phase {phase} step {step} offset {off}"),
+            ));
+        }
+        self.seen[phase as usize][step][j] = true;
+        self.remaining -= 1;
+        let vals = f32s(msg.payload()).map_err(|e| AlgoError::wire(from, e))?;
+        let last = step == self.world - 2;
+        let op = self.op;
+        if phase == RS {
+            if !last {
+                let own = &self.buf[range.clone()];
+                let h = self.header(RS, step + 1, off);
+                let fwd = Message::build(h, range.len() * 4, |o| {
+                    let start = o.len();
+                    o.resize(start + own.len() * 4, 0);
+                    for ((d, v), x) in o[start..].chunks_exact_mut(4).zip(vals).zip(own) {
+                        d.copy_from_slice(&op.apply(v, *x).to_le_bytes());
+                    }
+                });
+                self.out.push_back((self.right(), fwd));
+            } else {
+                for (v, x) in vals.zip(&mut self.buf[range.clone()]) {
+                    *x = op.apply(v, *x);
+                }
+                if self.kind != Kind::ReduceScatter {
+                    let m = Message::from_f32(self.header(AG, 0, off), &self.buf[range]);
+                    self.out.push_back((self.right(), m));
+                }
+            }
+        } else {
+            for (v, x) in vals.zip(&mut self.buf[range]) {
+                *x = v;
+            }
+            if !last {
+                let h = self.header(AG, step + 1, off);
+                self.out.push_back((self.right(), msg.with_header(h)));
+            }
+        }
+        Ok(())
+    }
+
+    fn poll_transmit(&mut self) -> Option<(usize, Message)> {
+        self.out.pop_front()
+    }
+
+    fn is_done(&self) -> bool {
+        self.remaining == 0 && self.out.is_empty()
+    }
+
+    fn expects_from(&self, peer: usize) -> bool {
+        self.remaining > 0 && peer == self.left()
+    }
+}

@@ -1,0 +1,557 @@
+//! The blocking facade the trainer calls: [`Communicator`] drives the collective state
+//! machines over any [`Transport`], and owns timeouts, failure detection and failure
+//! propagation.
+//!
+//! # Failure handling
+//! * **Inactivity timeout** ([`CommConfig::timeout`], default 30 s): if no message of the
+//!   current collective arrives for that long, the rank broadcasts an abort, then listens
+//!   for [`CommConfig::abort_grace`] for the aborts of the other ranks (every rank that
+//!   receives an abort answers with its own). The ranks not heard from are reported in
+//!   [`CommError::Timeout`] — on every surviving rank, the stalled rank(s).
+//! * **Lost peer**: a closed connection is fatal as soon as a collective still needs a
+//!   message from that peer or has one to send to it (a peer that finished its part and
+//!   exited does not fail the others). The detecting rank broadcasts an abort
+//!   naming the peer, so ranks that never talk to it directly fail fast with
+//!   [`CommError::PeerLost`] naming it too.
+//! * **Mismatched collectives** (kind, algorithm, length or root differ, or a peer is a
+//!   collective behind): [`CommError::Mismatch`] naming the peer, propagated the same way.
+//!
+//! After any of these the communicator is unusable ([`CommError::Poisoned`]): messages of
+//! the failed collective may be in flight, and the run is expected to stop and resume from
+//! a checkpoint. Invalid arguments ([`CommError::InvalidArgument`]) do not poison it.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use crate::algo::allgather::AllGather;
+use crate::algo::barrier::Barrier;
+use crate::algo::broadcast::Broadcast;
+use crate::algo::recursive_doubling::RecursiveDoubling;
+use crate::algo::ring::Ring;
+use crate::algo::{AlgoError, Machine, ReduceOp};
+use crate::transport::{ByteCount, Transport, TransportError};
+use crate::wire::{AbortInfo, AbortReason, Algo, Kind, Message};
+
+/// Errors of a collective call. Every failure caused by a peer names it.
+#[derive(Debug, Error)]
+pub enum CommError {
+    /// A peer's connection closed while it was still needed.
+    #[error("rank {rank} was lost (connection closed; detected by rank {reported_by})")]
+    PeerLost {
+        /// The lost rank.
+        rank: usize,
+        /// The rank that saw the connection close (this rank, or the one whose abort told us).
+        reported_by: usize,
+    },
+    /// The collective made no progress for the configured timeout.
+    #[error("collective timed out after {timeout:?}; unresponsive rank(s): {ranks:?}")]
+    Timeout {
+        /// Ranks that did not answer.
+        ranks: Vec<usize>,
+        /// The configured timeout.
+        timeout: Duration,
+    },
+    /// Ranks called different collectives, or the same one with different arguments.
+    #[error("collective mismatch with rank {rank} (detected by rank {reported_by}): {detail}")]
+    Mismatch {
+        /// The mismatching rank.
+        rank: usize,
+        /// The rank that detected it.
+        reported_by: usize,
+        /// What differs.
+        detail: String,
+    },
+    /// A peer sent a malformed or unexpected message.
+    #[error("protocol error from rank {rank} (detected by rank {reported_by}): {detail}")]
+    Protocol {
+        /// The offending rank.
+        rank: usize,
+        /// The rank that detected it.
+        reported_by: usize,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The call's arguments are invalid (nothing was sent; the communicator stays usable).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The transport failed in a way not attributable to one peer.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// An earlier collective failed; this communicator can no longer be used.
+    #[error("communicator unusable after an earlier failure: {0}")]
+    Poisoned(String),
+}
+
+impl CommError {
+    /// The ranks this error blames (empty for local errors).
+    pub fn failed_ranks(&self) -> Vec<usize> {
+        match self {
+            CommError::PeerLost { rank, .. }
+            | CommError::Mismatch { rank, .. }
+            | CommError::Protocol { rank, .. } => vec![*rank],
+            CommError::Timeout { ranks, .. } => ranks.clone(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Tuning and limits of a [`Communicator`]. All ranks of a run must use the same values
+/// for `small_all_reduce_bytes` (it selects the algorithm, and a disagreement is reported
+/// as a mismatch). One message carries at most `max(chunk_bytes, small_all_reduce_bytes)`
+/// payload bytes plus the 36-byte header; that must fit the transport's frame limit
+/// (64 MiB by default for TCP), or the call fails with [`TransportError::TooLarge`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommConfig {
+    /// Inactivity timeout of a collective. Default 30 s.
+    pub timeout: Duration,
+    /// After a timeout, how long to collect the other ranks' aborts to tell the stalled
+    /// rank(s) from the live ones. Default 2 s.
+    pub abort_grace: Duration,
+    /// Chunk size of the pipelined algorithms in bytes. Default 1 MiB.
+    pub chunk_bytes: usize,
+    /// All-reduces of at most this many bytes use recursive doubling, larger ones the ring.
+    /// Default 64 KiB.
+    pub small_all_reduce_bytes: usize,
+    /// Largest buffer a peer may contribute to an all-gather or broadcast. Default 4 GiB.
+    pub max_buffer_bytes: u64,
+}
+
+impl Default for CommConfig {
+    fn default() -> Self {
+        CommConfig {
+            timeout: Duration::from_secs(30),
+            abort_grace: Duration::from_secs(2),
+            chunk_bytes: 1 << 20,
+            small_all_reduce_bytes: 64 << 10,
+            max_buffer_bytes: 4 << 30,
+        }
+    }
+}
+
+/// Blocking collectives over a [`Transport`] (see the [module docs](self) for failures).
+///
+/// ```
+/// use dtrain_comms::{channel_mesh, CommConfig, Communicator};
+/// let handles: Vec<_> = channel_mesh(3)
+///     .into_iter()
+///     .map(|t| {
+///         std::thread::spawn(move || {
+///             let mut c = Communicator::new(t, CommConfig::default());
+///             let mut v = vec![c.rank() as f32 + 1.0; 4];
+///             c.all_reduce_sum(&mut v).unwrap();
+///             v
+///         })
+///     })
+///     .collect();
+/// for h in handles {
+///     assert_eq!(h.join().unwrap(), vec![6.0; 4]);
+/// }
+/// ```
+#[derive(Debug)]
+pub struct Communicator<T: Transport> {
+    transport: T,
+    cfg: CommConfig,
+    seq: u64,
+    /// Messages of later collectives, with the bytes the transport counted for them.
+    stash: VecDeque<(usize, Message, u64)>,
+    /// Received bytes moved between calls' accounts by the stash (out of / into this call).
+    stashed_out: u64,
+    stashed_in: u64,
+    closed: Vec<bool>,
+    failed: Option<String>,
+    last: ByteCount,
+}
+
+impl<T: Transport> Communicator<T> {
+    /// Wraps a connected transport.
+    pub fn new(transport: T, cfg: CommConfig) -> Self {
+        let world = transport.world_size();
+        Communicator {
+            transport,
+            cfg,
+            seq: 0,
+            stash: VecDeque::new(),
+            stashed_out: 0,
+            stashed_in: 0,
+            closed: vec![false; world],
+            failed: None,
+            last: ByteCount::default(),
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.transport.rank()
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.transport.world_size()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CommConfig {
+        &self.cfg
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &T {
+        &self.transport
+    }
+
+    /// Bytes sent and received by the last collective call (framing included).
+    pub fn last_bytes(&self) -> ByteCount {
+        self.last
+    }
+
+    /// Bytes sent and received since the transport was created.
+    pub fn total_bytes(&self) -> ByteCount {
+        self.transport.bytes()
+    }
+
+    /// The algorithm [`Communicator::all_reduce_sum`] uses for `len` elements.
+    pub fn all_reduce_algo(&self, len: usize) -> Algo {
+        if len.saturating_mul(4) <= self.cfg.small_all_reduce_bytes {
+            Algo::RecursiveDoubling
+        } else {
+            Algo::Ring
+        }
+    }
+
+    /// Sums `data` element-wise over all ranks, in place. The summation order is fixed
+    /// (see [`crate::algo::ring`] and [`crate::algo::recursive_doubling`]), so every rank
+    /// gets bit-identical results. All ranks must pass the same length.
+    pub fn all_reduce_sum(&mut self, data: &mut [f32]) -> Result<(), CommError> {
+        self.all_reduce(data, ReduceOp::Sum)
+    }
+
+    /// Element-wise maximum over all ranks, in place.
+    pub fn all_reduce_max(&mut self, data: &mut [f32]) -> Result<(), CommError> {
+        self.all_reduce(data, ReduceOp::Max)
+    }
+
+    fn all_reduce(&mut self, data: &mut [f32], op: ReduceOp) -> Result<(), CommError> {
+        let (rank, world, seq) = (self.rank(), self.world_size(), self.seq);
+        match self.all_reduce_algo(data.len()) {
+            Algo::RecursiveDoubling => {
+                let mut m = RecursiveDoubling::new(rank, world, seq, op, data);
+                self.drive(&mut m)
+            }
+            _ => {
+                let chunk = self.chunk_elems();
+                let mut m = Ring::all_reduce(rank, world, seq, op, data, chunk);
+                self.drive(&mut m)
+            }
+        }
+    }
+
+    /// Reduce-scatter (sum): on return `data[range]` holds the sum over all ranks of that
+    /// segment, where `range` (returned) is [`crate::segment_range`]`(data.len(), world,
+    /// rank)`; the rest of `data` is unchanged. All ranks must pass the same length.
+    pub fn reduce_scatter(&mut self, data: &mut [f32]) -> Result<Range<usize>, CommError> {
+        let (rank, world, seq) = (self.rank(), self.world_size(), self.seq);
+        let chunk = self.chunk_elems();
+        let range = crate::segment_range(data.len(), world, rank);
+        let mut m = Ring::reduce_scatter(rank, world, seq, data, chunk);
+        self.drive(&mut m)?;
+        Ok(range)
+    }
+
+    /// Gathers every rank's buffer (sizes may differ, 0 included); element `r` of the
+    /// result is rank `r`'s buffer.
+    pub fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
+        let mut m = AllGather::new(
+            self.rank(),
+            self.world_size(),
+            self.seq,
+            data,
+            self.cfg.chunk_bytes,
+            self.cfg.max_buffer_bytes,
+        );
+        self.drive(&mut m)?;
+        Ok(m.into_blocks())
+    }
+
+    /// Broadcasts `data` from `root`: on other ranks `data` is replaced by the root's bytes.
+    pub fn broadcast(&mut self, data: &mut Vec<u8>, root: usize) -> Result<(), CommError> {
+        if root >= self.world_size() {
+            return Err(CommError::InvalidArgument(format!(
+                "broadcast root {root} out of range for world size {}",
+                self.world_size()
+            )));
+        }
+        let mut m = Broadcast::new(
+            self.rank(),
+            self.world_size(),
+            self.seq,
+            root,
+            data,
+            self.cfg.chunk_bytes,
+            self.cfg.max_buffer_bytes,
+        );
+        self.drive(&mut m)
+    }
+
+    /// Returns once every rank has entered the barrier.
+    pub fn barrier(&mut self) -> Result<(), CommError> {
+        let mut m = Barrier::new(self.rank(), self.world_size(), self.seq);
+        self.drive(&mut m)
+    }
+
+    fn chunk_elems(&self) -> usize {
+        (self.cfg.chunk_bytes / 4).max(1)
+    }
+
+    /// Runs one collective: counts its bytes and advances the sequence number on success.
+    fn drive<M: Machine>(&mut self, m: &mut M) -> Result<(), CommError> {
+        let start = self.transport.bytes();
+        self.stashed_in = 0;
+        self.stashed_out = 0;
+        let r = self.drive_inner(m);
+        let mut last = self.transport.bytes() - start;
+        last.received = last.received + self.stashed_in - self.stashed_out;
+        self.last = last;
+        if r.is_ok() {
+            self.seq += 1;
+        }
+        r
+    }
+
+    fn drive_inner<M: Machine>(&mut self, m: &mut M) -> Result<(), CommError> {
+        if let Some(f) = &self.failed {
+            return Err(CommError::Poisoned(f.clone()));
+        }
+        let me = self.rank();
+        for (from, msg, n) in std::mem::take(&mut self.stash) {
+            if msg.header().seq == self.seq {
+                self.stashed_in += n;
+                if let Err(e) = m.handle(from, msg) {
+                    return Err(self.fail_algo(e));
+                }
+            } else {
+                self.stash.push_back((from, msg, n));
+            }
+        }
+        // A peer that closed is delivered after all it sent, so this collective can still
+        // complete if it needs nothing more from it.
+        if let Some(p) = (0..self.world_size()).find(|&p| self.closed[p] && m.expects_from(p)) {
+            return Err(self.fail_peer_lost(p));
+        }
+        let mut deadline = Instant::now() + self.cfg.timeout;
+        loop {
+            while let Some((to, msg)) = m.poll_transmit() {
+                if self.closed[to] {
+                    return Err(self.fail_peer_lost(to));
+                }
+                match self.transport.send(to, msg.into_bytes()) {
+                    Ok(()) => {}
+                    Err(TransportError::Closed { rank }) => {
+                        self.closed[rank] = true;
+                        return Err(self.fail_peer_lost(rank));
+                    }
+                    Err(e) => return Err(self.poison(e.into())),
+                }
+            }
+            if m.is_done() {
+                return Ok(());
+            }
+            let before = self.transport.bytes().received;
+            match self.transport.recv(deadline) {
+                Ok((from, bytes)) => {
+                    let n = self.transport.bytes().received - before;
+                    let msg = match Message::decode(bytes) {
+                        Ok(msg) => msg,
+                        Err(e) => return Err(self.fail_algo(AlgoError::wire(from, e))),
+                    };
+                    if msg.header().kind == Kind::Abort {
+                        let waiting = self.waiting_on(m);
+                        return Err(self.on_abort(from, &msg, waiting));
+                    }
+                    let seq = msg.header().seq;
+                    if seq > self.seq {
+                        self.stashed_out += n;
+                        self.stash.push_back((from, msg, n));
+                    } else if seq < self.seq {
+                        return Err(self.fail_algo(AlgoError::Mismatch {
+                            peer: from,
+                            detail: format!(
+                                "peer sent a message of collective #{seq} while this rank runs #{}",
+                                self.seq
+                            ),
+                        }));
+                    } else {
+                        if let Err(e) = m.handle(from, msg) {
+                            return Err(self.fail_algo(e));
+                        }
+                        deadline = Instant::now() + self.cfg.timeout;
+                    }
+                }
+                Err(TransportError::Closed { rank }) => {
+                    self.closed[rank] = true;
+                    if m.expects_from(rank) {
+                        return Err(self.fail_peer_lost(rank));
+                    }
+                }
+                Err(TransportError::Timeout) => {
+                    let waiting = self.waiting_on(m);
+                    let culprit = waiting.first().copied().unwrap_or(me);
+                    self.abort_all(AbortInfo {
+                        reason: AbortReason::Timeout,
+                        culprit: culprit as u32,
+                        detail: format!("rank {me} timed out after {:?}", self.cfg.timeout),
+                    });
+                    let e = self.gossip(BTreeSet::new(), waiting);
+                    return Err(self.poison(e));
+                }
+                Err(e) => return Err(self.poison(e.into())),
+            }
+        }
+    }
+
+    /// The peers `m` still expects a message from.
+    fn waiting_on<M: Machine>(&self, m: &M) -> Vec<usize> {
+        let me = self.rank();
+        (0..self.world_size())
+            .filter(|&p| p != me && m.expects_from(p))
+            .collect()
+    }
+
+    /// Handles an abort from `from`: relays it and returns the matching error.
+    fn on_abort(&mut self, from: usize, msg: &Message, waiting: Vec<usize>) -> CommError {
+        let me = self.rank();
+        let info = match AbortInfo::from_payload(msg.payload()) {
+            Ok(i) => i,
+            Err(e) => return self.fail_algo(AlgoError::wire(from, e)),
+        };
+        let culprit = info.culprit as usize;
+        if info.reason == AbortReason::Timeout {
+            self.abort_all(AbortInfo {
+                reason: AbortReason::Timeout,
+                culprit: info.culprit,
+                detail: format!("rank {me} answers the timeout abort of rank {from}"),
+            });
+            let e = self.gossip(BTreeSet::from([from]), waiting);
+            return self.poison(e);
+        }
+        self.abort_all(info.clone());
+        let e = match info.reason {
+            AbortReason::PeerLost => CommError::PeerLost {
+                rank: culprit,
+                reported_by: from,
+            },
+            AbortReason::Mismatch => CommError::Mismatch {
+                rank: culprit,
+                reported_by: from,
+                detail: info.detail,
+            },
+            _ => CommError::Protocol {
+                rank: culprit,
+                reported_by: from,
+                detail: info.detail,
+            },
+        };
+        self.poison(e)
+    }
+
+    /// After a timeout: collect the other ranks' aborts for the grace period; the ranks not
+    /// heard from are the unresponsive ones.
+    fn gossip(&mut self, mut heard: BTreeSet<usize>, waiting: Vec<usize>) -> CommError {
+        let me = self.rank();
+        let world = self.world_size();
+        let deadline = Instant::now() + self.cfg.abort_grace;
+        while heard.len() < world - 1 {
+            match self.transport.recv(deadline) {
+                Ok((from, bytes)) => {
+                    if Message::decode(bytes).is_ok_and(|m| m.header().kind == Kind::Abort) {
+                        heard.insert(from);
+                    }
+                }
+                Err(TransportError::Closed { rank }) => self.closed[rank] = true,
+                Err(_) => break,
+            }
+        }
+        let mut ranks: Vec<usize> = (0..world)
+            .filter(|&p| p != me && !heard.contains(&p))
+            .collect();
+        if ranks.is_empty() {
+            ranks = waiting;
+        }
+        CommError::Timeout {
+            ranks,
+            timeout: self.cfg.timeout,
+        }
+    }
+
+    fn abort_all(&mut self, info: AbortInfo) {
+        let bytes = info.to_message(self.seq).into_bytes();
+        for p in 0..self.world_size() {
+            if p != self.rank() && !self.closed[p] {
+                let _ = self.transport.send(p, bytes.clone());
+            }
+        }
+    }
+
+    fn fail_peer_lost(&mut self, rank: usize) -> CommError {
+        // A peer that aborted (for a reason of its own) and exited sent its abort before
+        // closing: look for queued aborts before blaming the closed connection.
+        let cap = Instant::now() + self.cfg.abort_grace.min(Duration::from_millis(200));
+        loop {
+            let dl = (Instant::now() + Duration::from_millis(20)).min(cap);
+            match self.transport.recv(dl) {
+                Ok((from, bytes)) => {
+                    if let Ok(msg) = Message::decode(bytes) {
+                        if msg.header().kind == Kind::Abort {
+                            return self.on_abort(from, &msg, vec![rank]);
+                        }
+                    }
+                }
+                Err(TransportError::Closed { rank: r }) => self.closed[r] = true,
+                Err(_) => break,
+            }
+        }
+        self.abort_all(AbortInfo {
+            reason: AbortReason::PeerLost,
+            culprit: rank as u32,
+            detail: format!("connection to rank {rank} closed"),
+        });
+        let e = CommError::PeerLost {
+            rank,
+            reported_by: self.rank(),
+        };
+        self.poison(e)
+    }
+
+    fn fail_algo(&mut self, e: AlgoError) -> CommError {
+        let me = self.rank();
+        let (reason, culprit, detail) = match &e {
+            AlgoError::Mismatch { peer, detail } => (AbortReason::Mismatch, *peer, detail.clone()),
+            AlgoError::Protocol { peer, detail } => (AbortReason::Protocol, *peer, detail.clone()),
+        };
+        self.abort_all(AbortInfo {
+            reason,
+            culprit: culprit as u32,
+            detail: detail.clone(),
+        });
+        let err = match reason {
+            AbortReason::Mismatch => CommError::Mismatch {
+                rank: culprit,
+                reported_by: me,
+                detail,
+            },
+            _ => CommError::Protocol {
+                rank: culprit,
+                reported_by: me,
+                detail,
+            },
+        };
+        self.poison(err)
+    }
+
+    fn poison(&mut self, e: CommError) -> CommError {
+        self.failed = Some(e.to_string());
+        e
+    }
+}

@@ -1,0 +1,251 @@
+//! The transport seam: moving opaque byte messages between ranks.
+//!
+//! A [`Transport`] knows nothing of collectives. It delivers each message whole (framing is
+//! its business), to one peer, and reports a peer whose connection closed. Everything
+//! else — algorithms, sequence numbers, timeouts policy, failure propagation — lives above
+//! it, so a driver is a few hundred lines and every driver passes the same conformance suite.
+//!
+//! Drivers: [`channel`] (in-process, N ranks as threads) and, with the `tcp` feature,
+//! [`tcp`] (tokio, one connection per rank pair, authenticated by the run token).
+
+pub mod channel;
+#[cfg(feature = "tcp")]
+pub mod tcp;
+
+use std::collections::VecDeque;
+use std::ops::Sub;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::time::Instant;
+
+use thiserror::Error;
+
+use crate::frame::FrameError;
+
+/// Errors of a transport driver.
+#[derive(Debug, Error)]
+pub enum TransportError {
+    /// The connection to `rank` is closed (the peer exited, crashed or dropped its transport).
+    #[error("connection to rank {rank} is closed")]
+    Closed {
+        /// The peer.
+        rank: usize,
+    },
+    /// No message arrived before the deadline.
+    #[error("timed out waiting for a message")]
+    Timeout,
+    /// `rank` is not a peer of this rank (out of range, or this rank itself).
+    #[error("rank {rank} is not a peer (world size {world})")]
+    InvalidRank {
+        /// The rank asked for.
+        rank: usize,
+        /// The world size.
+        world: usize,
+    },
+    /// A message does not fit in one frame.
+    #[error("message of {len} bytes exceeds the maximum frame size of {max} bytes")]
+    TooLarge {
+        /// Bytes in the frame.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Connection set-up failed (peer unreachable, refused, or failed authentication).
+    #[error("handshake with {peer} failed: {detail}")]
+    Handshake {
+        /// Who (rank or address).
+        peer: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// An I/O error.
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    /// A malformed frame.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+}
+
+/// Bytes moved by a transport: cumulative ([`Transport::bytes`]) or per collective call
+/// ([`crate::Communicator::last_bytes`]). Counted as the driver puts them on / takes them
+/// off its link, framing included.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ByteCount {
+    /// Bytes sent.
+    pub sent: u64,
+    /// Bytes received.
+    pub received: u64,
+}
+
+impl Sub for ByteCount {
+    type Output = ByteCount;
+    fn sub(self, rhs: ByteCount) -> ByteCount {
+        ByteCount {
+            sent: self.sent - rhs.sent,
+            received: self.received - rhs.received,
+        }
+    }
+}
+
+/// Moves framed byte messages between the ranks of one run.
+///
+/// Design: the trait is deliberately minimal and blocking with deadlines, because the
+/// trainer is synchronous and the collectives are sans-IO state machines driven by
+/// [`crate::Communicator`]; an async driver (TCP, QUIC) runs its runtime inside and hands
+/// messages over through a queue. `send` must not wait for the peer to read — ring
+/// algorithms have every rank send before it receives, and a blocking send would deadlock
+/// the ring — so drivers queue outgoing messages.
+pub trait Transport: Send {
+    /// This rank, in `0..world_size()`.
+    fn rank(&self) -> usize;
+    /// Number of ranks.
+    fn world_size(&self) -> usize;
+    /// Queues `msg` for delivery to `to`. Messages to one peer are delivered in order.
+    /// Returns [`TransportError::Closed`] if the connection to `to` is known to be closed.
+    fn send(&mut self, to: usize, msg: Vec<u8>) -> Result<(), TransportError>;
+    /// The next message from any peer as `(from, bytes)`, waiting until `deadline`.
+    /// A peer whose connection closed is reported once, as [`TransportError::Closed`],
+    /// after every message it sent before closing.
+    fn recv(&mut self, deadline: Instant) -> Result<(usize, Vec<u8>), TransportError>;
+    /// The next message from `from`, waiting until `deadline`; messages from other peers
+    /// that arrive meanwhile are kept for later `recv` calls.
+    fn recv_from(&mut self, from: usize, deadline: Instant) -> Result<Vec<u8>, TransportError>;
+    /// Cumulative bytes sent and received.
+    fn bytes(&self) -> ByteCount;
+}
+
+impl<T: Transport + ?Sized> Transport for Box<T> {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn world_size(&self) -> usize {
+        (**self).world_size()
+    }
+    fn send(&mut self, to: usize, msg: Vec<u8>) -> Result<(), TransportError> {
+        (**self).send(to, msg)
+    }
+    fn recv(&mut self, deadline: Instant) -> Result<(usize, Vec<u8>), TransportError> {
+        (**self).recv(deadline)
+    }
+    fn recv_from(&mut self, from: usize, deadline: Instant) -> Result<Vec<u8>, TransportError> {
+        (**self).recv_from(from, deadline)
+    }
+    fn bytes(&self) -> ByteCount {
+        (**self).bytes()
+    }
+}
+
+/// What a driver's connections deliver to a rank's [`Inbox`].
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// A message from a peer.
+    Msg(usize, Vec<u8>),
+    /// The connection to a peer closed.
+    Closed(usize),
+}
+
+/// The receive side shared by the drivers: one queue of [`Event`]s, plus the events that
+/// `recv_from` skipped.
+#[derive(Debug)]
+pub(crate) struct Inbox {
+    rx: Receiver<Event>,
+    /// Keeps the queue connected even when every peer is gone.
+    _keep: Sender<Event>,
+    skipped: VecDeque<Event>,
+    closed: Vec<bool>,
+    received: u64,
+    overhead: u64,
+}
+
+impl Inbox {
+    /// An inbox over `rx`; `keep` is a sender of the same queue; `overhead` is the framing
+    /// bytes counted per message on top of its length.
+    pub(crate) fn new(
+        rx: Receiver<Event>,
+        keep: Sender<Event>,
+        world: usize,
+        overhead: u64,
+    ) -> Self {
+        Inbox {
+            rx,
+            _keep: keep,
+            skipped: VecDeque::new(),
+            closed: vec![false; world],
+            received: 0,
+            overhead,
+        }
+    }
+
+    pub(crate) fn received(&self) -> u64 {
+        self.received
+    }
+
+    fn next_event(&mut self, deadline: Instant) -> Result<Event, TransportError> {
+        let now = Instant::now();
+        if now >= deadline {
+            // Still take what is already there.
+            return self.rx.try_recv().map_err(|_| TransportError::Timeout);
+        }
+        match self.rx.recv_timeout(deadline - now) {
+            Ok(e) => Ok(e),
+            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
+                Err(TransportError::Timeout)
+            }
+        }
+    }
+
+    fn deliver(&mut self, e: Event) -> Result<(usize, Vec<u8>), TransportError> {
+        match e {
+            Event::Msg(from, b) => {
+                self.received += b.len() as u64 + self.overhead;
+                Ok((from, b))
+            }
+            Event::Closed(rank) => {
+                self.closed[rank] = true;
+                Err(TransportError::Closed { rank })
+            }
+        }
+    }
+
+    pub(crate) fn recv(&mut self, deadline: Instant) -> Result<(usize, Vec<u8>), TransportError> {
+        let e = match self.skipped.pop_front() {
+            Some(e) => e,
+            None => self.next_event(deadline)?,
+        };
+        self.deliver(e)
+    }
+
+    pub(crate) fn recv_from(
+        &mut self,
+        from: usize,
+        deadline: Instant,
+    ) -> Result<Vec<u8>, TransportError> {
+        let pos = self.skipped.iter().position(|e| match e {
+            Event::Msg(f, _) | Event::Closed(f) => *f == from,
+        });
+        if let Some(i) = pos {
+            let e = self.skipped.remove(i).expect("index from position");
+            return self.deliver(e).map(|(_, b)| b);
+        }
+        if self.closed[from] {
+            return Err(TransportError::Closed { rank: from });
+        }
+        loop {
+            match self.next_event(deadline)? {
+                Event::Msg(f, b) if f == from => {
+                    return self.deliver(Event::Msg(f, b)).map(|(_, b)| b)
+                }
+                Event::Closed(f) if f == from => {
+                    return self.deliver(Event::Closed(f)).map(|(_, b)| b)
+                }
+                other => self.skipped.push_back(other),
+            }
+        }
+    }
+}
+
+pub(crate) fn check_peer(to: usize, rank: usize, world: usize) -> Result<(), TransportError> {
+    if to >= world || to == rank {
+        return Err(TransportError::InvalidRank { rank: to, world });
+    }
+    Ok(())
+}

@@ -1,0 +1,415 @@
+//! The collective message: a fixed 36-byte little-endian header followed by a payload.
+//!
+//! Every message a collective state machine emits carries the collective's sequence number,
+//! its kind and algorithm, and the operation's size parameters, so a rank that receives a
+//! message from a different collective (another kind, another length, another root) can
+//! name the peer instead of silently mixing data.
+//!
+//! ```text
+//! offset  size  field
+//!      0     1  version (= WIRE_VERSION)
+//!      1     1  kind    (Kind)
+//!      2     1  algo    (Algo)
+//!      3     1  phase   (algorithm-specific sub-phase)
+//!      4     4  step    (u32, algorithm-specific step)
+//!      8     8  seq     (u64, collective sequence number of the sender)
+//!     16     8  count   (u64, element count / total byte length)
+//!     24     8  offset  (u64, element or byte offset of the payload)
+//!     32     4  root    (u32, broadcast root / all-gather block owner)
+//!     36     …  payload
+//! ```
+
+use thiserror::Error;
+
+/// Length of the encoded [`Header`] in bytes.
+pub const HEADER_LEN: usize = 36;
+/// Version byte written into every header; other versions are rejected.
+pub const WIRE_VERSION: u8 = 1;
+
+/// Errors decoding a message. Decoding never panics and never allocates from a length field.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum WireError {
+    /// Fewer bytes than a header.
+    #[error("message of {len} bytes is shorter than the {HEADER_LEN}-byte header")]
+    Short {
+        /// Bytes received.
+        len: usize,
+    },
+    /// Unknown version byte.
+    #[error("unsupported wire version {0}")]
+    Version(u8),
+    /// Unknown kind byte.
+    #[error("unknown collective kind {0}")]
+    Kind(u8),
+    /// Unknown algorithm byte.
+    #[error("unknown collective algorithm {0}")]
+    Algo(u8),
+    /// The payload does not have the shape the header or kind requires.
+    #[error("malformed payload: {0}")]
+    Payload(&'static str),
+}
+
+/// Which collective a message belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    /// All-reduce with f32 sum.
+    AllReduceSum = 1,
+    /// All-reduce with f32 max.
+    AllReduceMax = 2,
+    /// All-gather of variable-size byte buffers.
+    AllGather = 3,
+    /// Broadcast of a byte buffer from a root.
+    Broadcast = 4,
+    /// Reduce-scatter with f32 sum.
+    ReduceScatter = 5,
+    /// Barrier.
+    Barrier = 6,
+    /// A rank gave up on the current collective; the payload says why (see [`AbortInfo`]).
+    Abort = 7,
+}
+
+impl Kind {
+    fn from_u8(b: u8) -> Result<Self, WireError> {
+        Ok(match b {
+            1 => Kind::AllReduceSum,
+            2 => Kind::AllReduceMax,
+            3 => Kind::AllGather,
+            4 => Kind::Broadcast,
+            5 => Kind::ReduceScatter,
+            6 => Kind::Barrier,
+            7 => Kind::Abort,
+            other => return Err(WireError::Kind(other)),
+        })
+    }
+}
+
+/// Which algorithm produced a message (ranks must agree on it, so it is checked too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Algo {
+    /// No algorithm (abort messages).
+    None = 0,
+    /// Ring reduce-scatter / all-gather.
+    Ring = 1,
+    /// Recursive doubling (small all-reduce).
+    RecursiveDoubling = 2,
+    /// Pipelined chain from the root (broadcast).
+    Chain = 3,
+    /// Dissemination (barrier).
+    Dissemination = 4,
+}
+
+impl Algo {
+    fn from_u8(b: u8) -> Result<Self, WireError> {
+        Ok(match b {
+            0 => Algo::None,
+            1 => Algo::Ring,
+            2 => Algo::RecursiveDoubling,
+            3 => Algo::Chain,
+            4 => Algo::Dissemination,
+            other => return Err(WireError::Algo(other)),
+        })
+    }
+}
+
+/// The fixed header of every collective message (layout in the [module docs](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Collective kind.
+    pub kind: Kind,
+    /// Algorithm.
+    pub algo: Algo,
+    /// Algorithm-specific sub-phase.
+    pub phase: u8,
+    /// Algorithm-specific step.
+    pub step: u32,
+    /// Collective sequence number of the sender.
+    pub seq: u64,
+    /// Element count (reductions) or total byte length (byte collectives).
+    pub count: u64,
+    /// Element or byte offset of the payload.
+    pub offset: u64,
+    /// Broadcast root, or owner of an all-gather block.
+    pub root: u32,
+}
+
+impl Header {
+    /// A header with the given kind, algorithm and sequence number and all other fields 0.
+    pub fn new(kind: Kind, algo: Algo, seq: u64) -> Self {
+        Header {
+            kind,
+            algo,
+            phase: 0,
+            step: 0,
+            seq,
+            count: 0,
+            offset: 0,
+            root: 0,
+        }
+    }
+
+    fn write(&self, out: &mut [u8]) {
+        out[0] = WIRE_VERSION;
+        out[1] = self.kind as u8;
+        out[2] = self.algo as u8;
+        out[3] = self.phase;
+        out[4..8].copy_from_slice(&self.step.to_le_bytes());
+        out[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        out[16..24].copy_from_slice(&self.count.to_le_bytes());
+        out[24..32].copy_from_slice(&self.offset.to_le_bytes());
+        out[32..36].copy_from_slice(&self.root.to_le_bytes());
+    }
+
+    /// Decodes a header from the first [`HEADER_LEN`] bytes of `b`.
+    pub fn read(b: &[u8]) -> Result<Self, WireError> {
+        if b.len() < HEADER_LEN {
+            return Err(WireError::Short { len: b.len() });
+        }
+        if b[0] != WIRE_VERSION {
+            return Err(WireError::Version(b[0]));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u64_at = |i: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(a)
+        };
+        Ok(Header {
+            kind: Kind::from_u8(b[1])?,
+            algo: Algo::from_u8(b[2])?,
+            phase: b[3],
+            step: u32_at(4),
+            seq: u64_at(8),
+            count: u64_at(16),
+            offset: u64_at(24),
+            root: u32_at(32),
+        })
+    }
+}
+
+/// One encoded collective message: header plus payload in a single buffer, so that
+/// transports move it without copying and forwarding rewrites only the header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    header: Header,
+    buf: Vec<u8>,
+}
+
+impl Message {
+    /// A message with a byte payload.
+    pub fn new(header: Header, payload: &[u8]) -> Self {
+        Self::build(header, payload.len(), |out| out.extend_from_slice(payload))
+    }
+
+    /// A message whose payload is `vals` as little-endian f32.
+    pub fn from_f32(header: Header, vals: &[f32]) -> Self {
+        Self::build(header, vals.len() * 4, |out| {
+            let start = out.len();
+            out.resize(start + vals.len() * 4, 0);
+            for (d, v) in out[start..].chunks_exact_mut(4).zip(vals) {
+                d.copy_from_slice(&v.to_le_bytes());
+            }
+        })
+    }
+
+    /// A message whose payload of `payload_len` bytes is appended by `fill`.
+    ///
+    /// # Panics
+    /// If `fill` appends a number of bytes other than `payload_len` (a bug in the caller).
+    pub fn build(header: Header, payload_len: usize, fill: impl FnOnce(&mut Vec<u8>)) -> Self {
+        let mut buf = Vec::with_capacity(HEADER_LEN + payload_len);
+        buf.resize(HEADER_LEN, 0);
+        header.write(&mut buf);
+        fill(&mut buf);
+        assert_eq!(buf.len(), HEADER_LEN + payload_len, "payload length");
+        Message { header, buf }
+    }
+
+    /// Decodes a received buffer (header validated; the payload is checked by the machine).
+    pub fn decode(buf: Vec<u8>) -> Result<Self, WireError> {
+        let header = Header::read(&buf)?;
+        Ok(Message { header, buf })
+    }
+
+    /// The header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The payload bytes.
+    pub fn payload(&self) -> &[u8] {
+        &self.buf[HEADER_LEN..]
+    }
+
+    /// Replaces the header in place (used to forward a payload without copying it).
+    pub fn with_header(mut self, header: Header) -> Self {
+        header.write(&mut self.buf);
+        self.header = header;
+        self
+    }
+
+    /// The encoded message (header + payload).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// The encoded message, consumed.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.buf
+    }
+
+    /// Encoded length in bytes.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Always false: a message holds at least a header. Present for clippy's `len_without_is_empty`.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+}
+
+/// Iterates a payload as little-endian f32 values.
+///
+/// Returns an error if the payload length is not a multiple of 4.
+pub fn f32s(payload: &[u8]) -> Result<impl Iterator<Item = f32> + '_, WireError> {
+    if payload.len() % 4 != 0 {
+        return Err(WireError::Payload(
+            "f32 payload length is not a multiple of 4",
+        ));
+    }
+    Ok(payload
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+}
+
+/// Why a rank aborted a collective: the payload of a [`Kind::Abort`] message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AbortInfo {
+    /// The reason.
+    pub reason: AbortReason,
+    /// The rank the aborting rank blames.
+    pub culprit: u32,
+    /// Human-readable detail (at most [`AbortInfo::MAX_DETAIL`] bytes on the wire).
+    pub detail: String,
+}
+
+/// Reason code of an [`AbortInfo`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum AbortReason {
+    /// The culprit's connection closed.
+    PeerLost = 1,
+    /// The culprit ran a different collective.
+    Mismatch = 2,
+    /// The aborting rank timed out waiting (for the culprit).
+    Timeout = 3,
+    /// The culprit sent a malformed or unexpected message.
+    Protocol = 4,
+}
+
+impl AbortInfo {
+    /// Longest detail string carried on the wire (longer ones are truncated).
+    pub const MAX_DETAIL: usize = 512;
+
+    /// Encodes as an abort message with sequence number `seq`.
+    pub fn to_message(&self, seq: u64) -> Message {
+        let mut d = self.detail.as_bytes();
+        if d.len() > Self::MAX_DETAIL {
+            let mut cut = Self::MAX_DETAIL;
+            while !self.detail.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            d = &d[..cut];
+        }
+        let mut payload = Vec::with_capacity(5 + d.len());
+        payload.push(self.reason as u8);
+        payload.extend_from_slice(&self.culprit.to_le_bytes());
+        payload.extend_from_slice(d);
+        Message::new(Header::new(Kind::Abort, Algo::None, seq), &payload)
+    }
+
+    /// Decodes the payload of an abort message.
+    pub fn from_payload(p: &[u8]) -> Result<Self, WireError> {
+        if p.len() < 5 || p.len() > 5 + Self::MAX_DETAIL {
+            return Err(WireError::Payload("abort payload length"));
+        }
+        let reason = match p[0] {
+            1 => AbortReason::PeerLost,
+            2 => AbortReason::Mismatch,
+            3 => AbortReason::Timeout,
+            4 => AbortReason::Protocol,
+            _ => return Err(WireError::Payload("abort reason")),
+        };
+        Ok(AbortInfo {
+            reason,
+            culprit: u32::from_le_bytes([p[1], p[2], p[3], p[4]]),
+            detail: String::from_utf8_lossy(&p[5..]).into_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips_and_forwarding_keeps_payload() {
+        let h = Header {
+            kind: Kind::AllGather,
+            algo: Algo::Ring,
+            phase: 1,
+            step: 7,
+            seq: u64::MAX - 3,
+            count: 1 << 40,
+            offset: 12345,
+            root: 9,
+        };
+        let m = Message::new(h, b"abc");
+        assert_eq!(m.len(), HEADER_LEN + 3);
+        let d = Message::decode(m.clone().into_bytes()).unwrap();
+        assert_eq!(d, m);
+        let h2 = Header { step: 8, ..h };
+        let f = d.with_header(h2);
+        assert_eq!(Message::decode(f.into_bytes()).unwrap().header().step, 8);
+    }
+
+    #[test]
+    fn decode_rejects_hostile_bytes_without_panicking() {
+        assert_eq!(
+            Message::decode(vec![1; 10]).unwrap_err(),
+            WireError::Short { len: 10 }
+        );
+        let mut b =
+            Message::new(Header::new(Kind::Barrier, Algo::Dissemination, 0), &[]).into_bytes();
+        b[0] = 99;
+        assert_eq!(
+            Message::decode(b.clone()).unwrap_err(),
+            WireError::Version(99)
+        );
+        b[0] = WIRE_VERSION;
+        b[1] = 0;
+        assert_eq!(Message::decode(b.clone()).unwrap_err(), WireError::Kind(0));
+        b[1] = 1;
+        b[2] = 200;
+        assert_eq!(Message::decode(b).unwrap_err(), WireError::Algo(200));
+        assert!(f32s(&[0u8; 5]).is_err());
+        assert!(AbortInfo::from_payload(&[9, 0, 0, 0, 0]).is_err());
+        assert!(AbortInfo::from_payload(&[1, 0]).is_err());
+    }
+
+    #[test]
+    fn abort_round_trips_and_truncates_detail() {
+        let a = AbortInfo {
+            reason: AbortReason::Mismatch,
+            culprit: 3,
+            detail: "é".repeat(400),
+        };
+        let m = a.to_message(5);
+        let b = AbortInfo::from_payload(m.payload()).unwrap();
+        assert_eq!(b.reason, AbortReason::Mismatch);
+        assert_eq!(b.culprit, 3);
+        assert_eq!(b.detail.len(), AbortInfo::MAX_DETAIL);
+    }
+}

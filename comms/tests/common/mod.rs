@@ -1,0 +1,581 @@
+//! Shared helpers of the comms test suites: deterministic random data, reference
+//! reductions in the documented orders, a simulated network for the state machines, and
+//! the transport conformance suite.
+
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Barrier as StdBarrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use dtrain_comms::algo::{AlgoError, Machine};
+use dtrain_comms::wire::Algo;
+use dtrain_comms::{segment_range, CommConfig, CommError, Communicator, ReduceOp, Transport};
+
+/// SplitMix64: small deterministic generator for test data.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    /// A float with a random sign and a magnitude spread over many binades, so that the
+    /// summation order changes the rounded result.
+    pub fn f32(&mut self) -> f32 {
+        let m = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 + 0.5;
+        let e = self.below(40) as i32 - 20;
+        let s = if self.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
+        s * m * 2f32.powi(e)
+    }
+
+    pub fn f32s(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+}
+
+/// Reference ring reduction: segment `s` accumulated from rank `s+1` around the ring to `s`.
+pub fn ring_reference(inputs: &[Vec<f32>], op: ReduceOp) -> Vec<f32> {
+    let p = inputs.len();
+    let n = inputs[0].len();
+    let mut out = vec![0.0; n];
+    for s in 0..p {
+        for i in segment_range(n, p, s) {
+            let mut acc = inputs[(s + 1) % p][i];
+            for k in 2..=p {
+                acc = op.apply(acc, inputs[(s + k) % p][i]);
+            }
+            out[i] = acc;
+        }
+    }
+    out
+}
+
+/// Reference recursive-doubling reduction: balanced tree over the folded leaves.
+pub fn tree_reference(inputs: &[Vec<f32>], op: ReduceOp) -> Vec<f32> {
+    let p = inputs.len();
+    let p2 = 1usize << (usize::BITS - 1 - p.leading_zeros());
+    let leaves: Vec<Vec<f32>> = (0..p2)
+        .map(|i| {
+            if i + p2 < p {
+                inputs[i]
+                    .iter()
+                    .zip(&inputs[i + p2])
+                    .map(|(a, b)| op.apply(*a, *b))
+                    .collect()
+            } else {
+                inputs[i].clone()
+            }
+        })
+        .collect();
+    fn tree(l: &[Vec<f32>], op: ReduceOp) -> Vec<f32> {
+        if l.len() == 1 {
+            return l[0].clone();
+        }
+        let (a, b) = l.split_at(l.len() / 2);
+        tree(a, op)
+            .iter()
+            .zip(tree(b, op))
+            .map(|(x, y)| op.apply(*x, y))
+            .collect()
+    }
+    tree(&leaves, op)
+}
+
+/// Plain rank-order sum `((x0 + x1) + x2) + …` (to show that orders differ).
+pub fn rank_order_sum(inputs: &[Vec<f32>]) -> Vec<f32> {
+    let mut out = inputs[0].clone();
+    for x in &inputs[1..] {
+        for (o, v) in out.iter_mut().zip(x) {
+            *o += v;
+        }
+    }
+    out
+}
+
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Runs machines over a simulated network until all are done. Each step delivers one
+/// message of a random non-empty link; with `reorder`, a random message of that link (so
+/// links are not FIFO). Fails the test if the network goes quiet before all are done.
+pub fn simulate(
+    machines: &mut [&mut dyn Machine],
+    rng: &mut Rng,
+    reorder: bool,
+) -> Result<(), AlgoError> {
+    let p = machines.len();
+    let mut links: Vec<VecDeque<dtrain_comms::wire::Message>> =
+        (0..p * p).map(|_| VecDeque::new()).collect();
+    loop {
+        for (from, m) in machines.iter_mut().enumerate() {
+            while let Some((to, msg)) = m.poll_transmit() {
+                assert!(to < p && to != from, "machine {from} sent to {to}");
+                links[from * p + to].push_back(msg);
+            }
+        }
+        let busy: Vec<usize> = (0..p * p).filter(|&l| !links[l].is_empty()).collect();
+        if busy.is_empty() {
+            assert!(
+                machines.iter().all(|m| m.is_done()),
+                "network quiet but machines not done"
+            );
+            return Ok(());
+        }
+        let l = busy[rng.below(busy.len())];
+        let i = if reorder {
+            rng.below(links[l].len())
+        } else {
+            0
+        };
+        let msg = links[l].remove(i).unwrap();
+        machines[l % p].handle(l / p, msg)?;
+    }
+}
+
+/// Runs `f` on every rank (one thread each) and returns the results in rank order.
+pub fn run_ranks<T, R, F>(transports: Vec<T>, cfg: CommConfig, f: F) -> Vec<R>
+where
+    T: Transport + 'static,
+    R: Send + 'static,
+    F: Fn(&mut Communicator<T>) -> R + Send + Sync + 'static,
+{
+    let f = Arc::new(f);
+    let handles: Vec<_> = transports
+        .into_iter()
+        .map(|t| {
+            let f = f.clone();
+            let cfg = cfg.clone();
+            thread::spawn(move || {
+                let mut c = Communicator::new(t, cfg);
+                f(&mut c)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("rank thread panicked"))
+        .collect()
+}
+
+/// A config with small chunks (to exercise pipelining) and short timeouts.
+pub fn test_config() -> CommConfig {
+    CommConfig {
+        timeout: Duration::from_secs(10),
+        abort_grace: Duration::from_millis(500),
+        chunk_bytes: 256,
+        small_all_reduce_bytes: 64,
+        max_buffer_bytes: 1 << 20,
+    }
+}
+
+/// Builds a fresh set of connected transports for `world` ranks.
+pub trait Mesh: Sync + Send + 'static {
+    type T: Transport + 'static;
+    fn make(&self, world: usize) -> Vec<Self::T>;
+}
+
+pub fn check_all_reduce<M: Mesh>(mesh: &M, world: usize) {
+    let cfg = test_config();
+    let elems_small = cfg.small_all_reduce_bytes / 4;
+    let lens = [
+        0,
+        1,
+        world.saturating_sub(1),
+        elems_small,
+        elems_small + 1,
+        1000,
+    ];
+    for (li, &n) in lens.iter().enumerate() {
+        for op in [ReduceOp::Sum, ReduceOp::Max] {
+            let seed = (world * 100 + li) as u64;
+            let inputs: Vec<Vec<f32>> = (0..world)
+                .map(|r| Rng(seed * 31 + r as u64).f32s(n))
+                .collect();
+            let ins = inputs.clone();
+            let out = run_ranks(mesh.make(world), cfg.clone(), move |c| {
+                let mut v = ins[c.rank()].clone();
+                let algo = c.all_reduce_algo(v.len());
+                match op {
+                    ReduceOp::Sum => c.all_reduce_sum(&mut v).unwrap(),
+                    ReduceOp::Max => c.all_reduce_max(&mut v).unwrap(),
+                }
+                (v, algo)
+            });
+            let algo = out[0].1;
+            let want = match algo {
+                Algo::RecursiveDoubling => tree_reference(&inputs, op),
+                _ => ring_reference(&inputs, op),
+            };
+            for (r, (v, a)) in out.iter().enumerate() {
+                assert_eq!(*a, algo);
+                assert_eq!(
+                    bits(v),
+                    bits(&want),
+                    "world {world} n {n} {op:?} {algo:?}: rank {r} differs"
+                );
+            }
+        }
+    }
+}
+
+pub fn check_all_gather<M: Mesh>(mesh: &M, world: usize) {
+    for trial in 0..3u64 {
+        let mut rng = Rng(world as u64 * 7 + trial);
+        // Sizes with zeros, tiny, multi-chunk (chunk is 256 bytes).
+        let inputs: Vec<Vec<u8>> = (0..world)
+            .map(|_| {
+                let n = [0, 0, 1, 255, 256, 1000][rng.below(6)];
+                rng.bytes(n)
+            })
+            .collect();
+        let ins = inputs.clone();
+        let out = run_ranks(mesh.make(world), test_config(), move |c| {
+            c.all_gather(&ins[c.rank()]).unwrap()
+        });
+        for (r, got) in out.iter().enumerate() {
+            assert_eq!(got, &inputs, "world {world} trial {trial}: rank {r}");
+        }
+    }
+}
+
+pub fn check_broadcast<M: Mesh>(mesh: &M, world: usize) {
+    for root in 0..world {
+        for n in [0usize, 5, 700] {
+            let payload = Rng((root * 10 + n) as u64).bytes(n);
+            let p = payload.clone();
+            let out = run_ranks(mesh.make(world), test_config(), move |c| {
+                let mut v = if c.rank() == root {
+                    p.clone()
+                } else {
+                    vec![9; 3]
+                };
+                c.broadcast(&mut v, root).unwrap();
+                v
+            });
+            for (r, got) in out.iter().enumerate() {
+                assert_eq!(got, &payload, "world {world} root {root} n {n}: rank {r}");
+            }
+        }
+    }
+}
+
+pub fn check_reduce_scatter<M: Mesh>(mesh: &M, world: usize) {
+    for n in [0usize, 1, world + 1, 333] {
+        let inputs: Vec<Vec<f32>> = (0..world)
+            .map(|r| Rng((n * 13 + r) as u64).f32s(n))
+            .collect();
+        let want = ring_reference(&inputs, ReduceOp::Sum);
+        let ins = inputs.clone();
+        let out = run_ranks(mesh.make(world), test_config(), move |c| {
+            let mut v = ins[c.rank()].clone();
+            let range = c.reduce_scatter(&mut v).unwrap();
+            (range, v)
+        });
+        for (r, (range, v)) in out.iter().enumerate() {
+            assert_eq!(*range, segment_range(n, world, r));
+            assert_eq!(
+                bits(&v[range.clone()]),
+                bits(&want[range.clone()]),
+                "world {world} n {n} rank {r}"
+            );
+            // Outside its segment the buffer is untouched.
+            for i in (0..n).filter(|i| !range.contains(i)) {
+                assert_eq!(v[i].to_bits(), inputs[r][i].to_bits());
+            }
+        }
+    }
+}
+
+pub fn check_barrier<M: Mesh>(mesh: &M, world: usize) {
+    let out = run_ranks(mesh.make(world), test_config(), |c| {
+        // Later ranks enter later; nobody may leave before the last one entered.
+        thread::sleep(Duration::from_millis(15 * c.rank() as u64));
+        let enter = Instant::now();
+        c.barrier().unwrap();
+        (enter, Instant::now())
+    });
+    let last_enter = out.iter().map(|x| x.0).max().unwrap();
+    for (r, (_, exit)) in out.iter().enumerate() {
+        assert!(
+            *exit >= last_enter,
+            "world {world}: rank {r} left the barrier early"
+        );
+    }
+}
+
+/// Several different collectives back to back on one communicator: exercises messages of
+/// the next collective arriving before this one finished.
+pub fn check_sequence_and_bytes<M: Mesh>(mesh: &M, world: usize) {
+    let n = 1000usize;
+    let out = run_ranks(mesh.make(world), test_config(), move |c| {
+        let r = c.rank();
+        let mut sums = Vec::new();
+        for i in 0..5 {
+            let mut v = vec![(r + i) as f32; n];
+            c.all_reduce_sum(&mut v).unwrap();
+            sums.push(v[0]);
+            let g = c.all_gather(&vec![r as u8; r + i]).unwrap();
+            assert_eq!(g.len(), world);
+            c.barrier().unwrap();
+        }
+        let mut v = vec![1.0f32; n];
+        c.all_reduce_sum(&mut v).unwrap();
+        (sums, c.last_bytes(), c.total_bytes())
+    });
+    for (sums, _, _) in &out {
+        let want: Vec<f32> = (0..5)
+            .map(|i| (0..world).map(|r| (r + i) as f32).sum())
+            .collect();
+        assert_eq!(sums, &want);
+    }
+    let sent: u64 = out.iter().map(|x| x.1.sent).sum();
+    let recv: u64 = out.iter().map(|x| x.1.received).sum();
+    assert_eq!(sent, recv, "bytes sent and received over all ranks agree");
+    let total_sent: u64 = out.iter().map(|x| x.2.sent).sum();
+    let total_recv: u64 = out.iter().map(|x| x.2.received).sum();
+    assert_eq!(total_sent, total_recv);
+    if world > 1 {
+        // Ring all-reduce: every rank sends 2(P-1)/P of the buffer plus headers.
+        let payload = (2 * (world - 1) * n * 4 / world) as u64;
+        for (r, x) in out.iter().enumerate() {
+            assert!(
+                x.1.sent >= payload,
+                "rank {r} sent {} < {payload}",
+                x.1.sent
+            );
+            assert!(
+                x.1.sent <= payload + 8 + 64 * 2 * (world as u64) * 41,
+                "rank {r} sent {}",
+                x.1.sent
+            );
+        }
+    } else {
+        assert_eq!(out[0].1.sent, 0);
+    }
+}
+
+/// A peer whose transport is dropped: every survivor fails fast with an error naming it.
+pub fn check_dead_peer<M: Mesh>(mesh: &M, world: usize) {
+    assert!(world >= 2);
+    let victim = world / 2;
+    let cfg = CommConfig {
+        timeout: Duration::from_secs(5),
+        ..test_config()
+    };
+    let start = Instant::now();
+    let out = run_ranks(mesh.make(world), cfg, move |c| {
+        if c.rank() == victim {
+            return None;
+        }
+        let mut v = vec![1.0f32; 1000];
+        let e = c.all_reduce_sum(&mut v).unwrap_err();
+        // The communicator stays failed afterwards.
+        assert!(matches!(c.barrier(), Err(CommError::Poisoned(_))));
+        Some(e)
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        start.elapsed()
+    );
+    for (r, e) in out.into_iter().enumerate() {
+        if let Some(e) = e {
+            assert!(matches!(e, CommError::PeerLost { .. }), "rank {r}: {e}");
+            assert_eq!(e.failed_ranks(), vec![victim], "rank {r}: {e}");
+        }
+    }
+}
+
+/// A peer that stays connected but never joins: every survivor times out naming it. (The
+/// 1 s abort grace keeps loaded machines from mistaking a slow survivor for a stalled one.)
+pub fn check_stalled_peer<M: Mesh>(mesh: &M, world: usize) {
+    assert!(world >= 2);
+    let victim = world - 1;
+    let cfg = CommConfig {
+        timeout: Duration::from_millis(300),
+        abort_grace: Duration::from_millis(1000),
+        ..test_config()
+    };
+    let start = Instant::now();
+    let finished = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let out = run_ranks(mesh.make(world), cfg, move |c| {
+        use std::sync::atomic::Ordering::SeqCst;
+        if c.rank() == victim {
+            // Stay connected but silent until every survivor has given up (at most 5 s).
+            while finished.load(SeqCst) < world - 1 && start.elapsed() < Duration::from_secs(6) {
+                thread::sleep(Duration::from_millis(10));
+            }
+            return None;
+        }
+        let mut v = vec![1.0f32; 1000];
+        let e = c.all_reduce_sum(&mut v).unwrap_err();
+        finished.fetch_add(1, SeqCst);
+        Some(e)
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    for (r, e) in out.into_iter().enumerate() {
+        if let Some(e) = e {
+            assert!(matches!(e, CommError::Timeout { .. }), "rank {r}: {e}");
+            assert_eq!(e.failed_ranks(), vec![victim], "rank {r}: {e}");
+        }
+    }
+}
+
+/// Ranks calling different collectives (or different lengths) all fail, none hangs.
+pub fn check_mismatch<M: Mesh>(mesh: &M, world: usize) {
+    assert!(world >= 2);
+    let cfg = CommConfig {
+        timeout: Duration::from_secs(5),
+        ..test_config()
+    };
+    let start = Instant::now();
+    // Different lengths on rank 0.
+    let out = run_ranks(mesh.make(world), cfg.clone(), |c| {
+        let mut v = vec![1.0f32; if c.rank() == 0 { 500 } else { 501 }];
+        c.all_reduce_sum(&mut v).unwrap_err()
+    });
+    for (r, e) in out.iter().enumerate() {
+        assert!(matches!(e, CommError::Mismatch { .. }), "rank {r}: {e}");
+    }
+    // Different kinds: rank 1 gathers, the others barrier.
+    let sync = Arc::new(StdBarrier::new(world));
+    let out = run_ranks(mesh.make(world), cfg, move |c| {
+        sync.wait();
+        if c.rank() == 1 {
+            c.all_gather(b"x").unwrap_err()
+        } else {
+            c.barrier().map(|_| ()).unwrap_err()
+        }
+    });
+    for (r, e) in out.iter().enumerate() {
+        assert!(matches!(e, CommError::Mismatch { .. }), "rank {r}: {e}");
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        start.elapsed()
+    );
+}
+
+/// TCP meshes over 127.0.0.1 (ephemeral ports), set up concurrently from one thread per rank.
+#[cfg(feature = "tcp")]
+pub mod tcp {
+    use std::net::{SocketAddr, TcpListener};
+    use std::thread;
+    use std::time::Duration;
+
+    use dtrain_comms::{TcpConfig, TcpTransport, TransportError};
+
+    pub const TOKEN: &[u8] = b"test-run-token";
+
+    pub fn config(token: &[u8]) -> TcpConfig {
+        TcpConfig {
+            connect_timeout: Duration::from_secs(10),
+            ..TcpConfig::new(token.to_vec())
+        }
+    }
+
+    /// Binds `world` listeners and returns them with their addresses.
+    pub fn listeners(world: usize) -> (Vec<TcpListener>, Vec<SocketAddr>) {
+        let ls: Vec<TcpListener> = (0..world)
+            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let addrs = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+        (ls, addrs)
+    }
+
+    /// Connects every rank with its own config; returns each rank's result.
+    pub fn try_mesh(cfgs: Vec<TcpConfig>) -> Vec<Result<TcpTransport, TransportError>> {
+        let (ls, addrs) = listeners(cfgs.len());
+        let hs: Vec<_> = ls
+            .into_iter()
+            .zip(cfgs)
+            .enumerate()
+            .map(|(r, (l, cfg))| {
+                let addrs = addrs.clone();
+                thread::spawn(move || TcpTransport::connect(r, &addrs, l, cfg))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    pub fn mesh(world: usize) -> Vec<TcpTransport> {
+        try_mesh(vec![config(TOKEN); world])
+            .into_iter()
+            .map(|t| t.expect("mesh set-up"))
+            .collect()
+    }
+}
+
+/// Runs `check` for each world size concurrently (for the slow, timing-based checks).
+pub fn for_worlds_concurrently<M: Mesh>(mesh: M, worlds: &[usize], check: fn(&M, usize)) {
+    let mesh = Arc::new(mesh);
+    let hs: Vec<_> = worlds
+        .iter()
+        .map(|&w| {
+            let mesh = mesh.clone();
+            thread::spawn(move || check(&mesh, w))
+        })
+        .collect();
+    for h in hs {
+        h.join().expect("world check panicked");
+    }
+}
+
+/// A root that runs ahead: rank 0 starts late, so the messages of the second broadcast
+/// arrive during the first and must be kept for later — and counted for the call they
+/// belong to.
+pub fn check_run_ahead<M: Mesh>(mesh: &M, world: usize) {
+    assert!(world >= 2);
+    let out = run_ranks(mesh.make(world), test_config(), move |c| {
+        let root = world - 1;
+        if c.rank() == 0 {
+            thread::sleep(Duration::from_millis(100));
+        }
+        let mut got = Vec::new();
+        for i in 0..3u8 {
+            let mut v = if c.rank() == root {
+                vec![i; 10 + i as usize]
+            } else {
+                Vec::new()
+            };
+            c.broadcast(&mut v, root).unwrap();
+            got.push((v, c.last_bytes()));
+        }
+        got
+    });
+    for (r, got) in out.iter().enumerate() {
+        for (i, (v, bytes)) in got.iter().enumerate() {
+            assert_eq!(v, &vec![i as u8; 10 + i], "rank {r} broadcast {i}");
+            // Chain: every rank but the root receives exactly one message per broadcast.
+            if r != world - 1 {
+                let header = dtrain_comms::wire::HEADER_LEN as u64;
+                let framing = bytes.received - (header + 10 + i as u64);
+                assert!(
+                    framing == 0 || framing == 5,
+                    "rank {r} call {i}: received {}",
+                    bytes.received
+                );
+            }
+        }
+    }
+}

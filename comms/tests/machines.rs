@@ -1,0 +1,250 @@
+//! Property tests of the IO-free state machines over a simulated network: random world
+//! sizes, lengths (0 and < N included), chunk sizes and delivery order per link.
+
+mod common;
+
+use common::*;
+use dtrain_comms::algo::allgather::AllGather;
+use dtrain_comms::algo::barrier::Barrier;
+use dtrain_comms::algo::broadcast::Broadcast;
+use dtrain_comms::algo::recursive_doubling::RecursiveDoubling;
+use dtrain_comms::algo::ring::Ring;
+use dtrain_comms::algo::{AlgoError, Machine};
+use dtrain_comms::wire::{Algo, Header, Kind, Message};
+use dtrain_comms::{segment_range, ReduceOp};
+use proptest::prelude::*;
+
+fn ring_all_reduce(
+    inputs: &[Vec<f32>],
+    op: ReduceOp,
+    chunk: usize,
+    seed: u64,
+    reorder: bool,
+) -> Vec<Vec<f32>> {
+    let p = inputs.len();
+    let mut bufs = inputs.to_vec();
+    let mut ms: Vec<Ring> = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(r, b)| Ring::all_reduce(r, p, 0, op, b, chunk))
+        .collect();
+    let mut dyns: Vec<&mut dyn Machine> = ms.iter_mut().map(|m| m as &mut dyn Machine).collect();
+    simulate(&mut dyns, &mut Rng(seed), reorder).unwrap();
+    drop(ms);
+    bufs
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn ring_all_reduce_is_exact_and_bit_identical(
+        p in 1usize..=8,
+        n in prop_oneof![0usize..8, 0usize..300],
+        chunk in 1usize..40,
+        seed: u64,
+        reorder: bool,
+    ) {
+        let inputs: Vec<Vec<f32>> = (0..p).map(|r| Rng(seed ^ ((r as u64 + 1) * 0x1234_5678)).f32s(n)).collect();
+        let want = ring_reference(&inputs, ReduceOp::Sum);
+        for (r, got) in ring_all_reduce(&inputs, ReduceOp::Sum, chunk, seed, reorder).iter().enumerate() {
+            prop_assert_eq!(bits(got), bits(&want), "rank {}", r);
+        }
+        let want = ring_reference(&inputs, ReduceOp::Max);
+        for got in ring_all_reduce(&inputs, ReduceOp::Max, chunk, seed, reorder) {
+            prop_assert_eq!(bits(&got), bits(&want));
+        }
+    }
+
+    #[test]
+    fn ring_reduce_scatter_leaves_each_rank_its_segment(
+        p in 1usize..=8, n in 0usize..200, chunk in 1usize..40, seed: u64,
+    ) {
+        let inputs: Vec<Vec<f32>> = (0..p).map(|r| Rng(seed.wrapping_add(r as u64)).f32s(n)).collect();
+        let want = ring_reference(&inputs, ReduceOp::Sum);
+        let mut bufs = inputs.clone();
+        let mut ms: Vec<Ring> = bufs.iter_mut().enumerate()
+            .map(|(r, b)| Ring::reduce_scatter(r, p, 3, b, chunk)).collect();
+        let mut dyns: Vec<&mut dyn Machine> = ms.iter_mut().map(|m| m as &mut dyn Machine).collect();
+        simulate(&mut dyns, &mut Rng(seed), true).unwrap();
+        drop(ms);
+        for (r, b) in bufs.iter().enumerate() {
+            let s = segment_range(n, p, r);
+            prop_assert_eq!(bits(&b[s.clone()]), bits(&want[s]));
+        }
+    }
+
+    #[test]
+    fn recursive_doubling_is_exact_and_bit_identical(p in 1usize..=8, n in 0usize..40, seed: u64) {
+        let inputs: Vec<Vec<f32>> = (0..p).map(|r| Rng(seed.wrapping_mul(r as u64 + 3)).f32s(n)).collect();
+        for op in [ReduceOp::Sum, ReduceOp::Max] {
+            let want = tree_reference(&inputs, op);
+            let mut bufs = inputs.clone();
+            let mut ms: Vec<RecursiveDoubling> = bufs.iter_mut().enumerate()
+                .map(|(r, b)| RecursiveDoubling::new(r, p, 0, op, b)).collect();
+            let mut dyns: Vec<&mut dyn Machine> = ms.iter_mut().map(|m| m as &mut dyn Machine).collect();
+            simulate(&mut dyns, &mut Rng(seed), true).unwrap();
+            drop(ms);
+            for b in &bufs {
+                prop_assert_eq!(bits(b), bits(&want));
+            }
+        }
+    }
+
+    #[test]
+    fn all_gatherv_with_zero_sizes(p in 1usize..=8, sizes in proptest::collection::vec(prop_oneof![Just(0usize), 0usize..50], 8), chunk in 1usize..16, seed: u64) {
+        let inputs: Vec<Vec<u8>> = (0..p).map(|r| Rng(seed + r as u64).bytes(sizes[r])).collect();
+        let mut ms: Vec<AllGather> = (0..p).map(|r| AllGather::new(r, p, 0, &inputs[r], chunk, 1 << 20)).collect();
+        let mut dyns: Vec<&mut dyn Machine> = ms.iter_mut().map(|m| m as &mut dyn Machine).collect();
+        simulate(&mut dyns, &mut Rng(seed), true).unwrap();
+        for m in ms {
+            prop_assert_eq!(m.into_blocks(), inputs.clone());
+        }
+    }
+
+    #[test]
+    fn broadcast_from_any_root(p in 1usize..=8, root_pick: usize, n in 0usize..100, chunk in 1usize..16, seed: u64) {
+        let root = root_pick % p;
+        let payload = Rng(seed).bytes(n);
+        let mut bufs: Vec<Vec<u8>> = (0..p).map(|r| if r == root { payload.clone() } else { vec![7; 5] }).collect();
+        let mut ms: Vec<Broadcast> = bufs.iter_mut().enumerate()
+            .map(|(r, b)| Broadcast::new(r, p, 0, root, b, chunk, 1 << 20)).collect();
+        let mut dyns: Vec<&mut dyn Machine> = ms.iter_mut().map(|m| m as &mut dyn Machine).collect();
+        simulate(&mut dyns, &mut Rng(seed), true).unwrap();
+        drop(ms);
+        for b in &bufs {
+            prop_assert_eq!(b, &payload);
+        }
+    }
+
+    #[test]
+    fn barrier_completes_only_when_all_entered(p in 1usize..=8, late_pick: usize, seed: u64) {
+        // All but one rank enter; none may finish. Then the last enters; all finish.
+        let late = late_pick % p;
+        let mut ms: Vec<Barrier> = (0..p).map(|r| Barrier::new(r, p, 0)).collect();
+        let mut early: Vec<&mut dyn Machine> = ms.iter_mut().enumerate()
+            .filter(|(r, _)| *r != late).map(|(_, m)| m as &mut dyn Machine).collect();
+        // Deliver among early ranks only (messages to the late rank are held back).
+        let mut held = Vec::new();
+        let idx: Vec<usize> = (0..p).filter(|&r| r != late).collect();
+        loop {
+            let mut moved = false;
+            for i in 0..early.len() {
+                while let Some((to, msg)) = early[i].poll_transmit() {
+                    if to == late {
+                        held.push((idx[i], msg));
+                    } else {
+                        let j = idx.iter().position(|&r| r == to).unwrap();
+                        early[j].handle(idx[i], msg).unwrap();
+                        moved = true;
+                    }
+                }
+            }
+            if !moved { break; }
+        }
+        if p > 1 {
+            for m in &early {
+                prop_assert!(!m.is_done());
+            }
+        }
+        drop(early);
+        for (from, msg) in held {
+            ms[late].handle(from, msg).unwrap();
+        }
+        let mut all: Vec<&mut dyn Machine> = ms.iter_mut().map(|m| m as &mut dyn Machine).collect();
+        simulate(&mut all, &mut Rng(seed), true).unwrap();
+    }
+
+    #[test]
+    fn hostile_messages_are_errors_not_panics(
+        kind in 1u8..=7, algo in 0u8..=4, phase in 0u8..4, step in 0u32..10, count in 0u64..400,
+        offset in prop_oneof![0u64..400, any::<u64>()], root in 0u32..10,
+        payload in proptest::collection::vec(any::<u8>(), 0..64), from in 0usize..4,
+    ) {
+        let mut raw = Message::new(Header::new(Kind::Barrier, Algo::Ring, 0), &payload).into_bytes();
+        raw[1] = kind;
+        raw[2] = algo;
+        raw[3] = phase;
+        raw[4..8].copy_from_slice(&step.to_le_bytes());
+        raw[16..24].copy_from_slice(&count.to_le_bytes());
+        raw[24..32].copy_from_slice(&offset.to_le_bytes());
+        raw[32..36].copy_from_slice(&root.to_le_bytes());
+        let Ok(msg) = Message::decode(raw) else { return Ok(()) };
+        let mut buf = vec![1.0f32; 100];
+        let mut bytes = vec![1u8; 10];
+        let _ = Ring::all_reduce(1, 4, 0, ReduceOp::Sum, &mut buf, 7).handle(from, msg.clone());
+        let _ = Ring::reduce_scatter(1, 4, 0, &mut buf, 7).handle(from, msg.clone());
+        let _ = RecursiveDoubling::new(1, 3, 0, ReduceOp::Sum, &mut buf[..4]).handle(from, msg.clone());
+        let _ = AllGather::new(1, 4, 0, b"abc", 4, 100).handle(from, msg.clone());
+        let _ = Broadcast::new(1, 4, 0, 0, &mut bytes, 4, 100).handle(from, msg.clone());
+        let _ = Barrier::new(1, 4, 0).handle(from, msg);
+    }
+}
+
+/// The orders differ, so the bit-for-bit checks above can fail: ring order, tree order and
+/// plain rank order give different bits for these inputs, and the machine matches its own.
+#[test]
+fn summation_orders_are_distinguishable() {
+    let inputs: Vec<Vec<f32>> = (0..5).map(|r| Rng(40 + r).f32s(64)).collect();
+    let ring = ring_reference(&inputs, ReduceOp::Sum);
+    let tree = tree_reference(&inputs, ReduceOp::Sum);
+    let plain = rank_order_sum(&inputs);
+    assert_ne!(bits(&ring), bits(&plain));
+    assert_ne!(bits(&tree), bits(&plain));
+    assert_ne!(bits(&ring), bits(&tree));
+    let got = ring_all_reduce(&inputs, ReduceOp::Sum, 3, 1, true);
+    assert_eq!(bits(&got[0]), bits(&ring));
+}
+
+#[test]
+fn mismatch_names_the_peer() {
+    let mut a = vec![0f32; 10];
+    let mut b = vec![0f32; 11];
+    let mut m0 = Ring::all_reduce(0, 2, 0, ReduceOp::Sum, &mut a, 4);
+    let mut m1 = Ring::all_reduce(1, 2, 0, ReduceOp::Sum, &mut b, 4);
+    let (to, msg) = m0.poll_transmit().unwrap();
+    assert_eq!(to, 1);
+    assert!(matches!(
+        m1.handle(0, msg),
+        Err(AlgoError::Mismatch { peer: 0, .. })
+    ));
+    let mut g = AllGather::new(1, 2, 0, b"", 4, 10);
+    let (_, msg) = m0.poll_transmit().unwrap();
+    assert!(matches!(
+        g.handle(0, msg),
+        Err(AlgoError::Mismatch { peer: 0, .. })
+    ));
+    let mut x = Vec::new();
+    let mut y = Vec::new();
+    let mut b0 = Broadcast::new(0, 2, 0, 0, &mut x, 4, 10);
+    let mut b1 = Broadcast::new(1, 2, 0, 1, &mut y, 4, 10);
+    let (_, msg) = b0.poll_transmit().unwrap();
+    assert!(matches!(
+        b1.handle(0, msg),
+        Err(AlgoError::Mismatch { peer: 0, .. })
+    ));
+}
+
+#[test]
+fn oversized_announcements_are_rejected_before_allocating() {
+    let h = Header {
+        count: u64::MAX,
+        offset: u64::MAX - 2,
+        root: 0,
+        ..Header::new(Kind::AllGather, Algo::Ring, 0)
+    };
+    let mut g = AllGather::new(1, 2, 0, b"", 4, 1 << 20);
+    assert!(matches!(
+        g.handle(0, Message::new(h, b"abc")),
+        Err(AlgoError::Protocol { peer: 0, .. })
+    ));
+    let h = Header {
+        count: 10,
+        offset: 9,
+        ..h
+    };
+    assert!(matches!(
+        g.handle(0, Message::new(h, b"abc")),
+        Err(AlgoError::Protocol { peer: 0, .. })
+    ));
+}
