@@ -9,6 +9,8 @@
 //!   bits per element).
 //! * [`bucket`]: layer-aligned gradient buckets and the dense bypass for small tensors.
 //! * [`checkpoint`]: checksummed checkpoint container, atomic writes.
+//! * [`exchange`]: one step's gradient exchange (compress → collective → decompress →
+//!   average) for every aggregation kind.
 //! * [`optim`]: SGD / momentum / Nesterov / Adam / AdamW on flat buffers (PyTorch semantics).
 //! * [`lr`]: learning-rate schedules (step, cosine, gradual warm-up, linear scaling rule).
 //!
@@ -18,5 +20,6 @@
 pub mod bench;
 pub mod bucket;
 pub mod checkpoint;
+pub mod exchange;
 pub mod lr;
 pub mod optim;
