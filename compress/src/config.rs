@@ -16,6 +16,7 @@ use crate::fp16::Fp16Config;
 use crate::memory::MemoryConfig;
 use crate::none::NoneConfig;
 use crate::randomk::RandomKConfig;
+use crate::threshold::ThresholdConfig;
 use crate::topk::TopKConfig;
 
 /// Every compression method, by name. Each variant holds that method's own config.
@@ -34,6 +35,9 @@ pub enum CompressorConfig {
     /// Seeded Random-k.
     #[serde(rename = "randomk")]
     RandomK(RandomKConfig),
+    /// Strom's fixed threshold ±τ.
+    #[serde(rename = "threshold")]
+    Threshold(ThresholdConfig),
 }
 
 /// One registry entry: the `kind` name, a one-line description, and its default config.
@@ -68,6 +72,11 @@ pub const METHODS: &[MethodInfo] = &[
         about: "seeded unbiased Random-k; indices regenerated from the seed, not sent",
         default: || CompressorConfig::RandomK(RandomKConfig::default()),
     },
+    MethodInfo {
+        name: "threshold",
+        about: "Strom's fixed threshold: send (index, sign) of |p| >= tau, reconstruct ±tau",
+        default: || CompressorConfig::Threshold(ThresholdConfig::default()),
+    },
 ];
 
 impl CompressorConfig {
@@ -86,6 +95,7 @@ impl CompressorConfig {
             CompressorConfig::Fp16(_) => "fp16",
             CompressorConfig::TopK(_) => "topk",
             CompressorConfig::RandomK(_) => "randomk",
+            CompressorConfig::Threshold(_) => "threshold",
         }
     }
 
@@ -96,6 +106,7 @@ impl CompressorConfig {
             CompressorConfig::Fp16(c) => Box::new(c.init()),
             CompressorConfig::TopK(c) => Box::new(c.init()?),
             CompressorConfig::RandomK(c) => Box::new(c.init()?),
+            CompressorConfig::Threshold(c) => Box::new(c.init()?),
         })
     }
 
@@ -107,6 +118,7 @@ impl CompressorConfig {
             | CompressorConfig::Fp16(_)
             | CompressorConfig::RandomK(_) => MemoryConfig::None,
             CompressorConfig::TopK(_) => MemoryConfig::RESIDUAL,
+            CompressorConfig::Threshold(_) => MemoryConfig::RESIDUAL,
         }
     }
 }

@@ -59,6 +59,8 @@ pub mod sparse;
 pub mod topk;
 pub mod wire;
 
+pub mod threshold;
+
 pub use compressor::{
     compress, compress_new, decompress, decompress_add, payload_bits, Aggregation, Compressor, Ctx,
     MethodId, Payload, HEADER_BITS,
