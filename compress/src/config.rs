@@ -10,6 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::adaptive::AdaptiveThresholdConfig;
 use crate::compressor::Compressor;
 use crate::error::ConfigError;
 use crate::fp16::Fp16Config;
@@ -38,6 +39,9 @@ pub enum CompressorConfig {
     /// Strom's fixed threshold ±τ.
     #[serde(rename = "threshold")]
     Threshold(ThresholdConfig),
+    /// Dryden's adaptive threshold (keep 1 in π per sign, reconstruct the means).
+    #[serde(rename = "adaptive-threshold")]
+    AdaptiveThreshold(AdaptiveThresholdConfig),
 }
 
 /// One registry entry: the `kind` name, a one-line description, and its default config.
@@ -77,6 +81,11 @@ pub const METHODS: &[MethodInfo] = &[
         about: "Strom's fixed threshold: send (index, sign) of |p| >= tau, reconstruct ±tau",
         default: || CompressorConfig::Threshold(ThresholdConfig::default()),
     },
+    MethodInfo {
+        name: "adaptive-threshold",
+        about: "Dryden's adaptive threshold: top 1/proportion of each sign, sent as sign words, reconstructed as per-sign means",
+        default: || CompressorConfig::AdaptiveThreshold(AdaptiveThresholdConfig::default()),
+    },
 ];
 
 impl CompressorConfig {
@@ -96,6 +105,7 @@ impl CompressorConfig {
             CompressorConfig::TopK(_) => "topk",
             CompressorConfig::RandomK(_) => "randomk",
             CompressorConfig::Threshold(_) => "threshold",
+            CompressorConfig::AdaptiveThreshold(_) => "adaptive-threshold",
         }
     }
 
@@ -107,6 +117,7 @@ impl CompressorConfig {
             CompressorConfig::TopK(c) => Box::new(c.init()?),
             CompressorConfig::RandomK(c) => Box::new(c.init()?),
             CompressorConfig::Threshold(c) => Box::new(c.init()?),
+            CompressorConfig::AdaptiveThreshold(c) => Box::new(c.init()?),
         })
     }
 
@@ -119,6 +130,7 @@ impl CompressorConfig {
             | CompressorConfig::RandomK(_) => MemoryConfig::None,
             CompressorConfig::TopK(_) => MemoryConfig::RESIDUAL,
             CompressorConfig::Threshold(_) => MemoryConfig::RESIDUAL,
+            CompressorConfig::AdaptiveThreshold(_) => MemoryConfig::RESIDUAL,
         }
     }
 }

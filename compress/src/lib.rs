@@ -59,6 +59,7 @@ pub mod sparse;
 pub mod topk;
 pub mod wire;
 
+pub mod adaptive;
 pub mod threshold;
 
 pub use compressor::{
