@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::adaptive::AdaptiveThresholdConfig;
 use crate::compressor::Compressor;
+use crate::dropping::GradientDroppingConfig;
 use crate::error::ConfigError;
 use crate::fp16::Fp16Config;
 use crate::memory::MemoryConfig;
@@ -42,6 +43,9 @@ pub enum CompressorConfig {
     /// Dryden's adaptive threshold (keep 1 in π per sign, reconstruct the means).
     #[serde(rename = "adaptive-threshold")]
     AdaptiveThreshold(AdaptiveThresholdConfig),
+    /// Aji & Heafield's gradient dropping (drop the fraction R of smallest magnitudes).
+    #[serde(rename = "gradient-dropping")]
+    GradientDropping(GradientDroppingConfig),
 }
 
 /// One registry entry: the `kind` name, a one-line description, and its default config.
@@ -86,6 +90,11 @@ pub const METHODS: &[MethodInfo] = &[
         about: "Dryden's adaptive threshold: top 1/proportion of each sign, sent as sign words, reconstructed as per-sign means",
         default: || CompressorConfig::AdaptiveThreshold(AdaptiveThresholdConfig::default()),
     },
+    MethodInfo {
+        name: "gradient-dropping",
+        about: "Aji & Heafield gradient dropping: drop the drop_ratio smallest |p| (sampled or exact threshold, per tensor or global)",
+        default: || CompressorConfig::GradientDropping(GradientDroppingConfig::default()),
+    },
 ];
 
 impl CompressorConfig {
@@ -106,6 +115,7 @@ impl CompressorConfig {
             CompressorConfig::RandomK(_) => "randomk",
             CompressorConfig::Threshold(_) => "threshold",
             CompressorConfig::AdaptiveThreshold(_) => "adaptive-threshold",
+            CompressorConfig::GradientDropping(_) => "gradient-dropping",
         }
     }
 
@@ -118,6 +128,7 @@ impl CompressorConfig {
             CompressorConfig::RandomK(c) => Box::new(c.init()?),
             CompressorConfig::Threshold(c) => Box::new(c.init()?),
             CompressorConfig::AdaptiveThreshold(c) => Box::new(c.init()?),
+            CompressorConfig::GradientDropping(c) => Box::new(c.init()?),
         })
     }
 
@@ -131,6 +142,7 @@ impl CompressorConfig {
             CompressorConfig::TopK(_) => MemoryConfig::RESIDUAL,
             CompressorConfig::Threshold(_) => MemoryConfig::RESIDUAL,
             CompressorConfig::AdaptiveThreshold(_) => MemoryConfig::RESIDUAL,
+            CompressorConfig::GradientDropping(_) => MemoryConfig::RESIDUAL,
         }
     }
 }

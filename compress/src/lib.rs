@@ -60,6 +60,7 @@ pub mod topk;
 pub mod wire;
 
 pub mod adaptive;
+pub mod dropping;
 pub mod threshold;
 
 pub use compressor::{

@@ -196,6 +196,14 @@ pub(crate) mod test_support {
             .collect()
     }
 
+    /// Heavy-tailed draws: a Gaussian times an exponential magnitude.
+    pub fn heavy_tailed(rng: &mut Rng, n: usize) -> Vec<f32> {
+        let g = gaussian(rng, n, 1.0);
+        g.into_iter()
+            .map(|z| z * (-(1.0 - rng.next_f64()).ln() * 3.0).exp() as f32 * 1e-3)
+            .collect()
+    }
+
     /// Compresses and decodes `x` (one segment, or `segs`) and returns the payload too.
     pub fn round_trip(
         c: &mut dyn Compressor,
