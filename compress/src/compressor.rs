@@ -197,6 +197,13 @@ pub trait Compressor: Send {
         false
     }
 
+    /// Longest segment this method's wire format can describe. [`compress`] fails with
+    /// [`CompressError::TooLarge`] when a segment is longer. Default: [`MAX_ELEMS`]; methods
+    /// that pack an index with a flag bit into a `u32` word lower it to `2^31`.
+    fn max_segment_len(&self) -> usize {
+        MAX_ELEMS
+    }
+
     /// Called once per buffer before its segments are encoded; lets a method compute a
     /// statistic over the whole buffer (e.g. a global threshold). Default: nothing.
     fn begin(&mut self, _grad: &[f32], _ctx: &Ctx<'_>) {}
@@ -211,13 +218,6 @@ pub trait Compressor: Send {
     /// Exact encoded size in bits of one segment body of `n` elements, when it depends only
     /// on `n` and the configuration; `None` for data-dependent sizes (thresholds).
     fn segment_bits(&self, n: usize) -> Option<u64>;
-
-    /// Longest segment this method's wire format can describe. [`compress`] fails with
-    /// [`CompressError::TooLarge`] when a segment is longer. Default: [`MAX_ELEMS`]; methods
-    /// that pack an index with a flag bit into a `u32` word lower it to `2^31`.
-    fn max_segment_len(&self) -> usize {
-        MAX_ELEMS
-    }
 }
 
 /// Validates `segments` against a buffer of length `n` and returns the effective list.
