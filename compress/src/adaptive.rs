@@ -32,6 +32,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, MethodId};
+use crate::dropping::gather_at_least;
 use crate::error::{ConfigError, WireError};
 use crate::rng::Rng;
 use crate::select::{abs_key, top_k, Scratch};
@@ -83,6 +84,7 @@ impl AdaptiveThresholdConfig {
             scratch: Scratch::default(),
             pos: Vec::new(),
             neg: Vec::new(),
+            cand: Vec::new(),
             words: Vec::new(),
             spos: Vec::new(),
             sneg: Vec::new(),
@@ -98,38 +100,53 @@ pub struct AdaptiveThreshold {
     scratch: Scratch,
     pos: Vec<u32>,
     neg: Vec<u32>,
+    cand: Vec<u32>,
     words: Vec<u32>,
     spos: Vec<u32>,
     sneg: Vec<u32>,
 }
 
-/// Key of `v` as a member of P+ (0 = not a member).
+/// Magnitude key of `v` and whether it belongs to P− (`v < 0`; −0.0 belongs to P+).
 #[inline(always)]
-fn pos_key(v: f32) -> u32 {
-    if v >= 0.0 {
-        abs_key(v)
-    } else {
-        0
+fn signed_key(v: f32) -> (u32, bool) {
+    let bits = v.to_bits();
+    let mag = bits & 0x7FFF_FFFF;
+    (mag + 1, (bits >> 31 != 0) & (mag != 0))
+}
+
+/// The ascending indices of the entries of P+ with key ≥ `tp` into `pos` and of P− with
+/// key ≥ `tn` into `neg` (both cleared first). `u32::MAX` selects none of that sign, 1
+/// selects all of it. One branch-free magnitude pass gathers the candidates at or beyond
+/// the lower threshold into `cand`; the (few) candidates are then split by sign.
+fn gather_by_sign(
+    x: &[f32],
+    tp: u32,
+    tn: u32,
+    pos: &mut Vec<u32>,
+    neg: &mut Vec<u32>,
+    cand: &mut Vec<u32>,
+) {
+    gather_at_least(x, tp.min(tn), cand);
+    pos.clear();
+    neg.clear();
+    for &i in cand.iter() {
+        let (key, is_neg) = signed_key(x[i as usize]);
+        if is_neg {
+            if key >= tn {
+                neg.push(i);
+            }
+        } else if key >= tp {
+            pos.push(i);
+        }
     }
 }
 
-/// Key of `v` as a member of P− (0 = not a member).
-#[inline(always)]
-fn neg_key(v: f32) -> u32 {
-    if v < 0.0 {
-        abs_key(v)
-    } else {
-        0
-    }
-}
-
-/// Threshold key from the samples of one sign: the `⌈m/π⌉`-th largest. `None` when the
-/// samples cannot say (no sample of that sign).
-fn sample_threshold(samples: &mut [u32], proportion: usize) -> Option<u32> {
-    if samples.is_empty() {
+/// Threshold key from the samples of one sign: the `r`-th largest. `None` when there are
+/// fewer than `r` samples.
+fn kth_sample(samples: &mut [u32], r: usize) -> Option<u32> {
+    if r == 0 || r > samples.len() {
         return None;
     }
-    let r = samples.len().div_ceil(proportion).max(1);
     let (_, &mut t, _) = samples.select_nth_unstable_by(r - 1, |a, b| b.cmp(a));
     Some(t)
 }
@@ -161,74 +178,147 @@ fn merge_words(pos: &[u32], neg: &[u32], words: &mut Vec<u32>) {
     words.extend(neg[b..].iter().map(|&i| (i << 1) | 1));
 }
 
+/// Positions of the strided sample that steers the exact selection (no randomness).
+const EXACT_SAMPLE: usize = 2048;
+
 impl AdaptiveThreshold {
     /// The proportion π.
     pub fn proportion(&self) -> usize {
         self.proportion
     }
 
-    fn exact_pos(&mut self, x: &[f32], k: usize) {
+    /// Reduces the candidate set `cand` (ascending, a superset of one sign's top `k`: every
+    /// entry of that sign outside it is strictly smaller than every entry in it) to exactly
+    /// the top `k`, ties → smaller index.
+    fn reduce(x: &[f32], cand: &mut Vec<u32>, k: usize, scratch: &mut Scratch, tmp: &mut Vec<u32>) {
+        if cand.len() <= k {
+            return;
+        }
         top_k(
-            x.len(),
+            cand.len(),
             k,
-            |i| pos_key(x[i]),
-            &mut self.scratch,
-            &mut self.pos,
+            |j| abs_key(x[cand[j] as usize]),
+            scratch,
+            tmp,
         );
+        for t in tmp.iter_mut() {
+            *t = cand[*t as usize];
+        }
+        std::mem::swap(cand, tmp);
     }
 
-    fn exact_neg(&mut self, x: &[f32], k: usize) {
-        top_k(
-            x.len(),
-            k,
-            |i| neg_key(x[i]),
-            &mut self.scratch,
-            &mut self.neg,
-        );
+    /// Candidate threshold keys for the exact selection: from a strided sample, aimed at
+    /// about `1.5k + slack` candidates per sign; 1 (all of the sign) when the sample
+    /// cannot tell, `u32::MAX` when `k = 0`.
+    fn exact_thresholds(&mut self, x: &[f32], kp: usize, kn: usize) -> (u32, u32) {
+        let n = x.len();
+        let pick = |k: usize, samples: &mut Vec<u32>| -> u32 {
+            if k == 0 {
+                return u32::MAX;
+            }
+            let want = ((k as f64 * 1.5 / n as f64) * EXACT_SAMPLE as f64).ceil() as usize + 8;
+            kth_sample(samples, want).unwrap_or(1)
+        };
+        if n <= 4 * EXACT_SAMPLE {
+            return (
+                if kp == 0 { u32::MAX } else { 1 },
+                if kn == 0 { u32::MAX } else { 1 },
+            );
+        }
+        self.spos.clear();
+        self.sneg.clear();
+        let step = n / EXACT_SAMPLE;
+        for j in 0..EXACT_SAMPLE {
+            let (key, is_neg) = signed_key(x[j * step + (j * 7919) % step]);
+            if is_neg {
+                self.sneg.push(key);
+            } else {
+                self.spos.push(key);
+            }
+        }
+        let mut sp = std::mem::take(&mut self.spos);
+        let mut sn = std::mem::take(&mut self.sneg);
+        let t = (pick(kp, &mut sp), pick(kn, &mut sn));
+        self.spos = sp;
+        self.sneg = sn;
+        t
     }
 
-    fn select_sampled(&mut self, x: &[f32], kp: usize, kn: usize, rng: &mut Rng) {
+    /// Sampled (LBANN) thresholds: from [`THRESHOLD_SAMPLES`] random positions, the
+    /// `⌈m±/π⌉`-th largest sampled magnitude per sign; `None` when no sample had that sign.
+    fn sampled_thresholds(
+        &mut self,
+        x: &[f32],
+        kp: usize,
+        kn: usize,
+        rng: &mut Rng,
+    ) -> (Option<u32>, Option<u32>) {
         let n = x.len();
         self.spos.clear();
         self.sneg.clear();
         for _ in 0..THRESHOLD_SAMPLES {
-            let v = x[rng.below(n as u64) as usize];
-            if v >= 0.0 {
-                self.spos.push(abs_key(v));
+            let (key, is_neg) = signed_key(x[rng.below(n as u64) as usize]);
+            if is_neg {
+                self.sneg.push(key);
             } else {
-                self.sneg.push(abs_key(v));
+                self.spos.push(key);
             }
         }
-        // u32::MAX is above every finite key: "send none of this sign".
+        let prop = self.proportion;
         let tp = if kp == 0 {
             Some(u32::MAX)
         } else {
-            sample_threshold(&mut self.spos, self.proportion)
+            let r = self.spos.len().div_ceil(prop).max(1);
+            kth_sample(&mut self.spos, r)
         };
         let tn = if kn == 0 {
             Some(u32::MAX)
         } else {
-            sample_threshold(&mut self.sneg, self.proportion)
+            let r = self.sneg.len().div_ceil(prop).max(1);
+            kth_sample(&mut self.sneg, r)
         };
-        self.pos.clear();
-        self.neg.clear();
-        let (tp_key, tn_key) = (tp.unwrap_or(u32::MAX), tn.unwrap_or(u32::MAX));
-        for (i, &v) in x.iter().enumerate() {
-            let k = abs_key(v);
-            if v >= 0.0 {
-                if k >= tp_key {
-                    self.pos.push(i as u32);
-                }
-            } else if k >= tn_key {
-                self.neg.push(i as u32);
+        (tp, tn)
+    }
+
+    /// Fills `self.pos` / `self.neg` with the sent sets of segment `x`.
+    fn select(&mut self, x: &[f32], kp: usize, kn: usize, rng: &mut Rng) {
+        let mut tmp = std::mem::take(&mut self.words);
+        if self.sampled && x.len() > THRESHOLD_SAMPLES {
+            let (tp, tn) = self.sampled_thresholds(x, kp, kn, rng);
+            gather_by_sign(
+                x,
+                tp.unwrap_or(1),
+                tn.unwrap_or(1),
+                &mut self.pos,
+                &mut self.neg,
+                &mut self.cand,
+            );
+            // A missing sample gathered the whole sign; an overshoot beyond the cap still
+            // holds the top k (its threshold lies below the k-th largest): both reduce
+            // exactly.
+            if tp.is_none() || self.pos.len() > MAX_EXCESS * kp {
+                Self::reduce(x, &mut self.pos, kp, &mut self.scratch, &mut tmp);
             }
+            if tn.is_none() || self.neg.len() > MAX_EXCESS * kn {
+                Self::reduce(x, &mut self.neg, kn, &mut self.scratch, &mut tmp);
+            }
+        } else {
+            let (mut tp, mut tn) = self.exact_thresholds(x, kp, kn);
+            gather_by_sign(x, tp, tn, &mut self.pos, &mut self.neg, &mut self.cand);
+            if self.pos.len() < kp || self.neg.len() < kn {
+                // The estimate was too high for a sign: take all of that sign.
+                if self.pos.len() < kp {
+                    tp = 1;
+                }
+                if self.neg.len() < kn {
+                    tn = 1;
+                }
+                gather_by_sign(x, tp, tn, &mut self.pos, &mut self.neg, &mut self.cand);
+            }
+            Self::reduce(x, &mut self.pos, kp, &mut self.scratch, &mut tmp);
+            Self::reduce(x, &mut self.neg, kn, &mut self.scratch, &mut tmp);
         }
-        if tp.is_none() || self.pos.len() > MAX_EXCESS * kp {
-            self.exact_pos(x, kp);
-        }
-        if tn.is_none() || self.neg.len() > MAX_EXCESS * kn {
-            self.exact_neg(x, kn);
-        }
+        self.words = tmp;
     }
 }
 
@@ -244,12 +334,7 @@ impl Compressor for AdaptiveThreshold {
         let npos = x.iter().filter(|&&v| v >= 0.0).count();
         let kp = npos / self.proportion;
         let kn = (n - npos) / self.proportion;
-        if self.sampled && n > THRESHOLD_SAMPLES {
-            self.select_sampled(x, kp, kn, rng);
-        } else {
-            self.exact_pos(x, kp);
-            self.exact_neg(x, kn);
-        }
+        self.select(x, kp, kn, rng);
         let mu_pos = mean_of(x, &self.pos);
         let mu_neg = mean_of(x, &self.neg);
         merge_words(&self.pos, &self.neg, &mut self.words);
@@ -437,6 +522,29 @@ mod tests {
                 assert!(out.iter().any(|&v| v != 0.0));
             }
         }
+    }
+
+    #[test]
+    fn exact_selection_recovers_when_the_steering_sample_overestimates() {
+        // White-box: the strided sample sees only large values, the rest are small, so the
+        // first candidate pass finds too few entries and the whole sign is regathered.
+        let n = 100_000;
+        let step = n / EXACT_SAMPLE;
+        let mut rng = Rng::seed_from_u64(11);
+        let mut x: Vec<f32> = gaussian(&mut rng, n, 1e-3);
+        for j in 0..EXACT_SAMPLE {
+            let i = j * step + (j * 7919) % step;
+            x[i] = if j % 2 == 0 {
+                10.0 + j as f32
+            } else {
+                -10.0 - j as f32
+            };
+        }
+        let mut c = build(20, false);
+        let _ = round_trip(&mut c, &x, &[], &mut rng);
+        let (bp, bn) = brute(&x, 20);
+        assert_eq!(c.pos, bp);
+        assert_eq!(c.neg, bn);
     }
 
     #[test]

@@ -163,18 +163,16 @@ pub fn keep_count(n: usize, keep: f64) -> usize {
 /// at least `key`.
 pub fn gather_at_least(x: &[f32], key: u32, idx: &mut Vec<u32>) {
     idx.clear();
-    const BLOCK: usize = 4096;
+    const BLOCK: usize = 2048;
+    let mut buf = [0u32; BLOCK];
     for (b, block) in x.chunks(BLOCK).enumerate() {
         let base = (b * BLOCK) as u32;
-        let start = idx.len();
-        idx.resize(start + block.len(), 0);
-        let dst = &mut idx[start..];
         let mut m = 0usize;
         for (j, &v) in block.iter().enumerate() {
-            dst[m] = base + j as u32;
+            buf[m] = base + j as u32;
             m += (abs_key(v) >= key) as usize;
         }
-        idx.truncate(start + m);
+        idx.extend_from_slice(&buf[..m]);
     }
 }
 

@@ -87,21 +87,18 @@ impl Threshold {
 pub fn collect_sign_words(x: &[f32], pos: f32, neg: f32, words: &mut Vec<u32>) {
     debug_assert!(x.len() <= MAX_SIGN_WORD_SEGMENT);
     words.clear();
-    // Branch-light: write every candidate word, advance only on a hit. The buffer is sized
-    // for the worst case of a 4096-element block at a time.
-    const BLOCK: usize = 4096;
+    // Branch-free: write every candidate word into a stack block, advance only on a hit,
+    // then append the hits.
+    const BLOCK: usize = 2048;
+    let mut buf = [0u32; BLOCK];
     for (b, block) in x.chunks(BLOCK).enumerate() {
         let base = (b * BLOCK) as u32;
-        let start = words.len();
-        words.resize(start + block.len(), 0);
-        let dst = &mut words[start..];
         let mut m = 0usize;
         for (j, &v) in block.iter().enumerate() {
-            let word = ((base + j as u32) << 1) | (v <= neg) as u32;
-            dst[m] = word;
+            buf[m] = ((base + j as u32) << 1) | (v <= neg) as u32;
             m += ((v >= pos) | (v <= neg)) as usize;
         }
-        words.truncate(start + m);
+        words.extend_from_slice(&buf[..m]);
     }
 }
 
