@@ -413,6 +413,9 @@ mod tests {
         );
     }
 
+    /// 2% of 2^20 positions puts about 210 samples above the threshold (relative spread
+    /// ≈ 7%), so ±30% is over 4 standard deviations. At the default fraction 0.001 the
+    /// spread on 4M elements is about 15% (3 of 60 seeds fell outside ±30% in a trial).
     #[test]
     fn sampled_count_is_within_30_percent_of_target() {
         let mut rng = Rng::seed_from_u64(2);
@@ -424,7 +427,7 @@ mod tests {
                 heavy_tailed(&mut rng, n)
             };
             let c = GradientDroppingConfig {
-                sample_fraction: 0.01,
+                sample_fraction: 0.02,
                 ..GradientDroppingConfig::default()
             };
             let mut c = c.init().unwrap();
