@@ -74,7 +74,7 @@ pub struct GradientDroppingConfig {
     #[serde(default = "default_drop_ratio")]
     pub drop_ratio: f64,
     /// Fraction of positions sampled to estimate the threshold, in (0, 1]; 1 means exact.
-    /// Default 0.001 (ALGORITHMS.md §8, [U]); at least 64 positions are sampled.
+    /// Default 0.001 (ALGORITHMS.md §8, unverified); at least 64 positions are sampled.
     #[serde(default = "default_sample_fraction")]
     pub sample_fraction: f64,
     /// Compute the exact threshold by selection instead of sampling. Default false.

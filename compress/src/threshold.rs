@@ -49,7 +49,7 @@ pub const MAX_SIGN_WORD_SEGMENT: usize = 1 << 31;
 #[serde(deny_unknown_fields)]
 pub struct ThresholdConfig {
     /// The threshold τ > 0 (finite). Entries with `|p| ≥ τ` are sent as `±τ`. The right
-    /// value is task-dependent (ALGORITHMS.md §6 marks it [U]); the default, 0.01, is our
+    /// value is task-dependent (ALGORITHMS.md §6 marks it unverified); the default, 0.01, is our
     /// own choice, sized for gradients of order 1e-3 plus accumulated residual.
     #[serde(default = "default_tau")]
     pub tau: f32,
