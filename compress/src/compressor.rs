@@ -197,6 +197,13 @@ pub trait Compressor: Send {
         false
     }
 
+    /// Longest segment this method's wire format can describe. [`compress`] fails with
+    /// [`CompressError::TooLarge`] when a segment is longer. Default: [`MAX_ELEMS`]; methods
+    /// that pack an index with a flag bit into a `u32` word lower it to `2^31`.
+    fn max_segment_len(&self) -> usize {
+        MAX_ELEMS
+    }
+
     /// Called once per buffer before its segments are encoded; lets a method compute a
     /// statistic over the whole buffer (e.g. a global threshold). Default: nothing.
     fn begin(&mut self, _grad: &[f32], _ctx: &Ctx<'_>) {}
@@ -273,8 +280,8 @@ pub fn first_non_finite(x: &[f32]) -> Option<(usize, f32)> {
 
 /// Compresses `grad` into `out` (cleared first; its allocation is reused).
 ///
-/// Fails on non-finite input, on buffers over [`MAX_ELEMS`], and on segment lists that do
-/// not tile the buffer.
+/// Fails on non-finite input, on buffers over [`MAX_ELEMS`], on segments longer than
+/// [`Compressor::max_segment_len`], and on segment lists that do not tile the buffer.
 pub fn compress(
     c: &mut dyn Compressor,
     grad: &[f32],
@@ -290,6 +297,9 @@ pub fn compress(
         return Err(CompressError::NonFinite { index, value });
     }
     let segs = effective_segments(n, ctx.segments)?;
+    if let Some(s) = segs.iter().find(|s| s.len() > c.max_segment_len()) {
+        return Err(CompressError::TooLarge(s.len()));
+    }
     c.begin(grad, ctx);
     out.bytes.clear();
     let mut w = Writer::new(&mut out.bytes);
@@ -452,4 +462,64 @@ pub fn payload_bits(c: &dyn Compressor, segment_lens: &[usize]) -> Option<u64> {
         bits += c.segment_bits(l)?.div_ceil(8) * 8;
     }
     Some(bits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::none::NoCompression;
+
+    /// The identity compressor with a tiny segment limit, to exercise the framing's check.
+    struct Limited(NoCompression);
+
+    impl Compressor for Limited {
+        fn method(&self) -> MethodId {
+            self.0.method()
+        }
+        fn aggregation(&self) -> Aggregation {
+            self.0.aggregation()
+        }
+        fn encode_segment(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>) {
+            self.0.encode_segment(x, rng, w)
+        }
+        fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
+            self.0.decode_segment_add(r, out)
+        }
+        fn segment_bits(&self, n: usize) -> Option<u64> {
+            self.0.segment_bits(n)
+        }
+        fn max_segment_len(&self) -> usize {
+            4
+        }
+    }
+
+    #[test]
+    fn segments_longer_than_the_method_limit_are_refused() {
+        let mut c = Limited(NoCompression);
+        let g = [1.0f32; 8];
+        let mut rng = Rng::seed_from_u64(0);
+        let one = Ctx::default();
+        assert_eq!(
+            compress_new(&mut c, &g, &one, &mut rng),
+            Err(CompressError::TooLarge(8))
+        );
+        let segs = [0..4, 4..8];
+        let two = Ctx {
+            segments: &segs,
+            ..Ctx::default()
+        };
+        let p = compress_new(&mut c, &g, &two, &mut rng).unwrap();
+        let mut out = [0f32; 8];
+        decompress(&c, p.as_bytes(), &mut out).unwrap();
+        assert_eq!(out, g);
+        let segs = [0..3, 3..8];
+        let uneven = Ctx {
+            segments: &segs,
+            ..Ctx::default()
+        };
+        assert_eq!(
+            compress_new(&mut c, &g, &uneven, &mut rng),
+            Err(CompressError::TooLarge(5))
+        );
+    }
 }

@@ -10,12 +10,15 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::adaptive::AdaptiveThresholdConfig;
 use crate::compressor::Compressor;
+use crate::dropping::GradientDroppingConfig;
 use crate::error::ConfigError;
 use crate::fp16::Fp16Config;
 use crate::memory::MemoryConfig;
 use crate::none::NoneConfig;
 use crate::randomk::RandomKConfig;
+use crate::threshold::ThresholdConfig;
 use crate::topk::TopKConfig;
 
 use crate::onebit::OneBitConfig;
@@ -47,6 +50,15 @@ pub enum CompressorConfig {
     /// 1-bit quantization with per-column means (use with error feedback).
     #[serde(rename = "onebit")]
     OneBit(OneBitConfig),
+    /// Strom's fixed threshold ±τ.
+    #[serde(rename = "threshold")]
+    Threshold(ThresholdConfig),
+    /// Dryden's adaptive threshold (keep 1 in π per sign, reconstruct the means).
+    #[serde(rename = "adaptive-threshold")]
+    AdaptiveThreshold(AdaptiveThresholdConfig),
+    /// Aji & Heafield's gradient dropping (drop the fraction R of smallest magnitudes).
+    #[serde(rename = "gradient-dropping")]
+    GradientDropping(GradientDroppingConfig),
 }
 
 /// One registry entry: the `kind` name, a one-line description, and its default config.
@@ -96,6 +108,21 @@ pub const METHODS: &[MethodInfo] = &[
         about: "1-bit SGD: sign bit + per-column means (1 + 64/c bits/element), error feedback",
         default: || CompressorConfig::OneBit(OneBitConfig::default()),
     },
+    MethodInfo {
+        name: "threshold",
+        about: "Strom's fixed threshold: send (index, sign) of |p| >= tau, reconstruct ±tau",
+        default: || CompressorConfig::Threshold(ThresholdConfig::default()),
+    },
+    MethodInfo {
+        name: "adaptive-threshold",
+        about: "Dryden's adaptive threshold: top 1/proportion of each sign, sent as sign words, reconstructed as per-sign means",
+        default: || CompressorConfig::AdaptiveThreshold(AdaptiveThresholdConfig::default()),
+    },
+    MethodInfo {
+        name: "gradient-dropping",
+        about: "Aji & Heafield gradient dropping: drop the drop_ratio smallest |p| (sampled or exact threshold, per tensor or global)",
+        default: || CompressorConfig::GradientDropping(GradientDroppingConfig::default()),
+    },
 ];
 
 impl CompressorConfig {
@@ -117,6 +144,9 @@ impl CompressorConfig {
             CompressorConfig::Qsgd(_) => "qsgd",
             CompressorConfig::TernGrad(_) => "terngrad",
             CompressorConfig::OneBit(_) => "onebit",
+            CompressorConfig::Threshold(_) => "threshold",
+            CompressorConfig::AdaptiveThreshold(_) => "adaptive-threshold",
+            CompressorConfig::GradientDropping(_) => "gradient-dropping",
         }
     }
 
@@ -130,6 +160,9 @@ impl CompressorConfig {
             CompressorConfig::Qsgd(c) => Box::new(c.init()?),
             CompressorConfig::TernGrad(c) => Box::new(c.init()?),
             CompressorConfig::OneBit(c) => Box::new(c.init()?),
+            CompressorConfig::Threshold(c) => Box::new(c.init()?),
+            CompressorConfig::AdaptiveThreshold(c) => Box::new(c.init()?),
+            CompressorConfig::GradientDropping(c) => Box::new(c.init()?),
         })
     }
 
@@ -144,6 +177,9 @@ impl CompressorConfig {
             CompressorConfig::Qsgd(_) => MemoryConfig::None,
             CompressorConfig::TernGrad(_) => MemoryConfig::None,
             CompressorConfig::OneBit(_) => MemoryConfig::RESIDUAL,
+            CompressorConfig::Threshold(_) => MemoryConfig::RESIDUAL,
+            CompressorConfig::AdaptiveThreshold(_) => MemoryConfig::RESIDUAL,
+            CompressorConfig::GradientDropping(_) => MemoryConfig::RESIDUAL,
         }
     }
 }

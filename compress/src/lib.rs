@@ -59,11 +59,14 @@ pub mod sparse;
 pub mod topk;
 pub mod wire;
 
+pub mod adaptive;
+pub mod dropping;
 pub mod onebit;
 pub mod qsgd;
 pub mod terngrad;
 #[cfg(test)]
 mod test_util;
+pub mod threshold;
 
 pub use compressor::{
     compress, compress_new, decompress, decompress_add, payload_bits, sum_lanes, summable_lanes,
