@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::compressor::Compressor;
+use crate::dgc::DgcConfig;
 use crate::error::ConfigError;
 use crate::fp16::Fp16Config;
 use crate::memory::MemoryConfig;
@@ -34,6 +35,10 @@ pub enum CompressorConfig {
     /// Seeded Random-k.
     #[serde(rename = "randomk")]
     RandomK(RandomKConfig),
+    /// Deep Gradient Compression: sampled-threshold top-k with warm-up (pair with the
+    /// `dgc-momentum` memory, its default).
+    #[serde(rename = "dgc")]
+    Dgc(DgcConfig),
 }
 
 /// One registry entry: the `kind` name, a one-line description, and its default config.
@@ -68,6 +73,11 @@ pub const METHODS: &[MethodInfo] = &[
         about: "seeded unbiased Random-k; indices regenerated from the seed, not sent",
         default: || CompressorConfig::RandomK(RandomKConfig::default()),
     },
+    MethodInfo {
+        name: "dgc",
+        about: "DGC: sampled-threshold top-k, momentum-corrected memory, warm-up schedule",
+        default: || CompressorConfig::Dgc(DgcConfig::default()),
+    },
 ];
 
 impl CompressorConfig {
@@ -86,6 +96,7 @@ impl CompressorConfig {
             CompressorConfig::Fp16(_) => "fp16",
             CompressorConfig::TopK(_) => "topk",
             CompressorConfig::RandomK(_) => "randomk",
+            CompressorConfig::Dgc(_) => "dgc",
         }
     }
 
@@ -96,6 +107,7 @@ impl CompressorConfig {
             CompressorConfig::Fp16(c) => Box::new(c.init()),
             CompressorConfig::TopK(c) => Box::new(c.init()?),
             CompressorConfig::RandomK(c) => Box::new(c.init()?),
+            CompressorConfig::Dgc(c) => Box::new(c.init()?),
         })
     }
 
@@ -107,6 +119,12 @@ impl CompressorConfig {
             | CompressorConfig::Fp16(_)
             | CompressorConfig::RandomK(_) => MemoryConfig::None,
             CompressorConfig::TopK(_) => MemoryConfig::RESIDUAL,
+            CompressorConfig::Dgc(_) => MemoryConfig::DgcMomentum {
+                momentum: 0.9,
+                nesterov: false,
+                masking: true,
+                clip: crate::dgc::Clip::None,
+            },
         }
     }
 }
