@@ -17,6 +17,7 @@ use crate::fp16::Fp16Config;
 use crate::memory::MemoryConfig;
 use crate::none::NoneConfig;
 use crate::randomk::RandomKConfig;
+use crate::scalecom::ScaleComConfig;
 use crate::topk::TopKConfig;
 
 /// Every compression method, by name. Each variant holds that method's own config.
@@ -39,6 +40,9 @@ pub enum CompressorConfig {
     /// `dgc-momentum` memory, its default).
     #[serde(rename = "dgc")]
     Dgc(DgcConfig),
+    /// ScaleCom cyclic local top-k: a shared, leader-chosen index set (summable).
+    #[serde(rename = "scalecom")]
+    ScaleCom(ScaleComConfig),
 }
 
 /// One registry entry: the `kind` name, a one-line description, and its default config.
@@ -78,6 +82,11 @@ pub const METHODS: &[MethodInfo] = &[
         about: "DGC: sampled-threshold top-k, momentum-corrected memory, warm-up schedule",
         default: || CompressorConfig::Dgc(DgcConfig::default()),
     },
+    MethodInfo {
+        name: "scalecom",
+        about: "ScaleCom cyclic local top-k: leader-chosen shared indices, all-reduce summable",
+        default: || CompressorConfig::ScaleCom(ScaleComConfig::default()),
+    },
 ];
 
 impl CompressorConfig {
@@ -97,6 +106,7 @@ impl CompressorConfig {
             CompressorConfig::TopK(_) => "topk",
             CompressorConfig::RandomK(_) => "randomk",
             CompressorConfig::Dgc(_) => "dgc",
+            CompressorConfig::ScaleCom(_) => "scalecom",
         }
     }
 
@@ -108,6 +118,7 @@ impl CompressorConfig {
             CompressorConfig::TopK(c) => Box::new(c.init()?),
             CompressorConfig::RandomK(c) => Box::new(c.init()?),
             CompressorConfig::Dgc(c) => Box::new(c.init()?),
+            CompressorConfig::ScaleCom(c) => Box::new(c.init()?),
         })
     }
 
@@ -125,6 +136,7 @@ impl CompressorConfig {
                 masking: true,
                 clip: crate::dgc::Clip::None,
             },
+            CompressorConfig::ScaleCom(_) => MemoryConfig::LowPass { beta: 1.0 },
         }
     }
 }

@@ -12,10 +12,11 @@
 //! * [`compressor`]: the [`Compressor`] seam, [`Payload`], the framing (header + segment
 //!   table) and the drivers [`compress`] / [`decompress_add`].
 //! * [`memory`]: the error-feedback seam ([`Memory`]): none, residual (β, γ), DGC momentum
-//!   correction.
+//!   correction, ScaleCom low-pass.
 //! * [`pipeline`]: compressor + memory composed as the trainer uses them.
 //! * [`config`]: the registry, a serde enum tagged `kind` ([`CompressorConfig`]).
-//! * One file per method: [`none`], [`fp16`], [`topk`], [`randomk`], [`dgc`], …
+//! * One file per method: [`none`], [`fp16`], [`topk`], [`randomk`], [`dgc`],
+//!   [`scalecom`], …
 //! * Helpers: [`select`] (exact O(n) top-k selection), [`sparse`] (index list / bitmap
 //!   bodies), [`wire`] (bounded readers, bit packing, Elias-gamma), [`rng`] (explicit
 //!   seeded RNG).
@@ -56,6 +57,7 @@ pub mod none;
 pub mod pipeline;
 pub mod randomk;
 pub mod rng;
+pub mod scalecom;
 pub mod select;
 pub mod sparse;
 pub mod topk;

@@ -144,6 +144,13 @@ pub enum MemoryConfig {
         #[serde(default)]
         clip: crate::dgc::Clip,
     },
+    /// ScaleCom's low-pass-filtered memory ([`crate::scalecom::LowPass`]):
+    /// `p = m + g; m ← (1 − β)·m + β·(p − D(C(p)))`; β = 1 is plain error feedback.
+    LowPass {
+        /// Filter coefficient β in (0, 1] (default 1).
+        #[serde(default = "one")]
+        beta: f32,
+    },
 }
 
 fn momentum_default() -> f32 {
@@ -207,6 +214,15 @@ impl MemoryConfig {
                 Ok(Box::new(crate::dgc::DgcMemory::new(
                     momentum, nesterov, masking, clip,
                 )))
+            }
+            MemoryConfig::LowPass { beta } => {
+                if !(beta.is_finite() && beta > 0.0 && beta <= 1.0) {
+                    return Err(ConfigError::new(
+                        "memory.beta",
+                        format!("must be in (0, 1], got {beta}"),
+                    ));
+                }
+                Ok(Box::new(crate::scalecom::LowPass::new(beta)))
             }
         }
     }
