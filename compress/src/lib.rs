@@ -17,6 +17,7 @@
 //! * [`config`]: the registry, a serde enum tagged `kind` ([`CompressorConfig`]).
 //! * One file per method: [`none`], [`fp16`], [`topk`], [`randomk`], [`dgc`],
 //!   [`scalecom`], …
+//! * [`meprop`]: top-k column selection for meProp-style sparse back-propagation.
 //! * Helpers: [`select`] (exact O(n) top-k selection), [`sparse`] (index list / bitmap
 //!   bodies), [`wire`] (bounded readers, bit packing, Elias-gamma), [`rng`] (explicit
 //!   seeded RNG).
@@ -53,6 +54,7 @@ pub mod dgc;
 pub mod error;
 pub mod fp16;
 pub mod memory;
+pub mod meprop;
 pub mod none;
 pub mod pipeline;
 pub mod randomk;
