@@ -17,10 +17,17 @@
 //! all-reduce the f32 lanes of `value_lanes(payload)` (or `add_summable` after a gather),
 //! decode the summed payload once, divide by P
 //! ```
-//! With one worker (P = 1) the plain [`crate::compress`] path is the same thing: the worker is
-//! its own leader and `encode_segment` selects its own top-k. With P > 1 the plain path is
-//! **only** correct inside [`ScaleCom::compress_with_indices`], which installs the shared
-//! set; called directly it falls back to the local top-k, which is not summable.
+//! ## The plain [`crate::compress`] path
+//! The compressor keeps, per bucket, the index set of the current step: either one
+//! installed with [`ScaleCom::set_indices`] (the received broadcast) or, when none is
+//! installed for `(step, bucket)` and the buffer's layout, the top-k of the buffer it is
+//! compressing, which it then remembers ([`ScaleCom::indices_for`]; this is what the leader
+//! broadcasts). So with one worker the plain path is exactly CLT-k (the worker is its own
+//! leader), and a driver holding the concrete type can run P workers with plain `compress`
+//! calls: leader first, then `set_indices` on the others. A non-leader that compresses
+//! without an installed set falls back to its own top-k, which is **not** summable with the
+//! others; [`ScaleCom::compress_with_indices`] validates the set and cannot make that
+//! mistake.
 //!
 //! ## Body, per segment of `n` elements (the [`crate::sparse`] body)
 //! ```text
@@ -95,8 +102,9 @@ impl ScaleComConfig {
             cfg: self.clone(),
             scratch: Scratch::default(),
             own: Vec::new(),
-            pending: None,
-            use_pending: false,
+            sets: BTreeMap::new(),
+            bucket: 0,
+            reuse: false,
             seg: 0,
         })
     }
@@ -263,8 +271,12 @@ pub struct ScaleCom {
     cfg: ScaleComConfig,
     scratch: Scratch,
     own: Vec<u32>,
-    pending: Option<IndexSet>,
-    use_pending: bool,
+    /// The index set of the current step, per bucket.
+    sets: BTreeMap<u64, IndexSet>,
+    /// Bucket of the buffer being encoded.
+    bucket: u64,
+    /// Whether the buffer being encoded uses `sets[bucket]` (else it selects and records).
+    reuse: bool,
     seg: usize,
 }
 
@@ -353,10 +365,36 @@ impl ScaleCom {
                 return bad("wrong number of indices for the configured ratio");
             }
         }
-        self.pending = Some(indices.clone());
-        let r = compressor::compress(self, compensated, ctx, &mut Rng::seed_from_u64(0), out);
-        self.pending = None;
-        r
+        self.set_indices(indices.clone());
+        compressor::compress(self, compensated, ctx, &mut Rng::seed_from_u64(0), out)
+    }
+
+    /// Installs a (received) index set for its `(step, bucket)`: the next plain compress of
+    /// that bucket at that step with a matching layout uses it.
+    pub fn set_indices(&mut self, set: IndexSet) {
+        self.sets.insert(set.bucket, set);
+    }
+
+    /// The index set last installed or chosen for `bucket` (the leader broadcasts this
+    /// after a plain compress).
+    pub fn indices_for(&self, bucket: u64) -> Option<&IndexSet> {
+        self.sets.get(&bucket)
+    }
+
+    fn matches(&self, set: &IndexSet, n: usize, ctx: &Ctx<'_>) -> bool {
+        if set.step != ctx.step || set.bucket != ctx.bucket || set.n != n {
+            return false;
+        }
+        let lens: Vec<usize> = if ctx.segments.is_empty() {
+            if n == 0 {
+                vec![]
+            } else {
+                vec![n]
+            }
+        } else {
+            ctx.segments.iter().map(|r| r.len()).collect()
+        };
+        set.seg_lens == lens && (0..lens.len()).all(|i| set.segment(i).len() == self.k_for(lens[i]))
     }
 }
 
@@ -367,24 +405,43 @@ impl Compressor for ScaleCom {
     fn aggregation(&self) -> Aggregation {
         Aggregation::Summable
     }
-    fn begin(&mut self, _grad: &[f32], ctx: &Ctx<'_>) {
+    fn begin(&mut self, grad: &[f32], ctx: &Ctx<'_>) {
         self.seg = 0;
-        self.use_pending = self
-            .pending
-            .as_ref()
-            .is_some_and(|p| p.step == ctx.step && p.bucket == ctx.bucket);
+        self.bucket = ctx.bucket;
+        let n = grad.len();
+        self.reuse = self
+            .sets
+            .get(&ctx.bucket)
+            .is_some_and(|s| self.matches(s, n, ctx));
+        if !self.reuse {
+            self.sets.insert(
+                ctx.bucket,
+                IndexSet {
+                    step: ctx.step,
+                    bucket: ctx.bucket,
+                    n,
+                    seg_lens: Vec::new(),
+                    starts: vec![0],
+                    idx: Vec::new(),
+                },
+            );
+        }
     }
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
         let n = x.len();
-        match (&self.pending, self.use_pending) {
-            (Some(p), true) if self.seg < p.seg_lens.len() && p.seg_lens[self.seg] == n => {
-                sparse::write_indexed(n, p.segment(self.seg), |i| x[i as usize], w);
-            }
-            _ => {
-                let k = k_for(n, self.cfg.ratio);
-                top_k(n, k, |i| abs_key(x[i]), &mut self.scratch, &mut self.own);
-                sparse::write_indexed(n, &self.own, |i| x[i as usize], w);
-            }
+        let set = self
+            .sets
+            .get_mut(&self.bucket)
+            .expect("begin installs the bucket's set");
+        if self.reuse {
+            sparse::write_indexed(n, set.segment(self.seg), |i| x[i as usize], w);
+        } else {
+            let k = k_for(n, self.cfg.ratio);
+            top_k(n, k, |i| abs_key(x[i]), &mut self.scratch, &mut self.own);
+            sparse::write_indexed(n, &self.own, |i| x[i as usize], w);
+            set.seg_lens.push(n);
+            set.idx.extend_from_slice(&self.own);
+            set.starts.push(set.idx.len());
         }
         self.seg += 1;
     }
@@ -420,28 +477,35 @@ pub fn value_lanes(payload: &[u8]) -> Result<Vec<Range<usize>>, WireError> {
     };
     let mut lanes = Vec::with_capacity(lens.len());
     for n in lens {
-        let layout = r.u8("sparse layout")?;
-        let k = r.u32("sparse count")? as usize;
-        if k > n {
-            return Err(WireError::Invalid("more sparse entries than elements"));
-        }
-        match layout {
-            0 => {
-                r.take_items(k, 4, "sparse indices")?;
-            }
-            1 => {
-                r.take(n.div_ceil(8), "sparse bitmap")?;
-            }
-            _ => return Err(WireError::Invalid("unknown sparse layout")),
-        }
-        let start = r.position();
-        r.take_items(k, 4, "sparse values")?;
-        lanes.push(start..r.position());
+        lanes.push(segment_lane(&mut r, n)?);
     }
     if r.remaining() != 0 {
         return Err(WireError::TrailingBytes(r.remaining()));
     }
     Ok(lanes)
+}
+
+/// Skips one ScaleCom segment body of `len` elements in `r` and returns the byte range of
+/// its `f32` value lane (relative to the reader's buffer). This is the body of the seam's
+/// per-segment lane hook for summable methods.
+pub fn segment_lane(r: &mut Reader<'_>, len: usize) -> Result<Range<usize>, WireError> {
+    let layout = r.u8("sparse layout")?;
+    let k = r.u32("sparse count")? as usize;
+    if k > len {
+        return Err(WireError::Invalid("more sparse entries than elements"));
+    }
+    match layout {
+        0 => {
+            r.take_items(k, 4, "sparse indices")?;
+        }
+        1 => {
+            r.take(len.div_ceil(8), "sparse bitmap")?;
+        }
+        _ => return Err(WireError::Invalid("unknown sparse layout")),
+    }
+    let start = r.position();
+    r.take_items(k, 4, "sparse values")?;
+    Ok(start..r.position())
 }
 
 /// Adds the value lanes of `other` into `acc` (what an all-reduce does to ScaleCom
@@ -715,6 +779,69 @@ mod tests {
     }
 
     #[test]
+    fn plain_path_drives_p_workers_with_installed_sets() {
+        // Leader compresses first through the plain path, its set is broadcast, the others
+        // install it and compress through the plain path too.
+        let (p, n) = (3usize, 6000);
+        let segs = [0..2000, 2000..n];
+        let mut c: Vec<ScaleCom> = (0..p).map(|_| sc(0.01, p as u32)).collect();
+        for t in 0..4u64 {
+            let u = vecs(p, n, 70 + t);
+            let leader = c[0].leader(t) as usize;
+            let ctx = |rank: u32| Ctx {
+                step: t,
+                rank,
+                bucket: 9,
+                segments: &segs,
+            };
+            let mut rng = Rng::seed_from_u64(0);
+            let lead =
+                compress_new(&mut c[leader], &u[leader], &ctx(leader as u32), &mut rng).unwrap();
+            let mut msg = Vec::new();
+            c[leader].indices_for(9).unwrap().encode(&mut msg);
+            assert_eq!(
+                c[leader].indices_for(9).unwrap().global_indices(),
+                brute_top_k(&u[leader][..2000], 20)
+                    .into_iter()
+                    .chain(
+                        brute_top_k(&u[leader][2000..], 40)
+                            .into_iter()
+                            .map(|i| i + 2000)
+                    )
+                    .collect::<Vec<_>>()
+            );
+            let mut acc = lead.as_bytes().to_vec();
+            let mut separate = vec![0f32; n];
+            decompress_add(&c[0], lead.as_bytes(), &mut separate).unwrap();
+            for i in (0..p).filter(|&i| i != leader) {
+                c[i].set_indices(IndexSet::decode(&msg).unwrap());
+                let pi = compress_new(&mut c[i], &u[i], &ctx(i as u32), &mut rng).unwrap();
+                decompress_add(&c[0], pi.as_bytes(), &mut separate).unwrap();
+                add_summable(&mut acc, pi.as_bytes()).unwrap();
+            }
+            let mut summed = vec![0f32; n];
+            decompress(&c[0], &acc, &mut summed).unwrap();
+            for j in 0..n {
+                assert!((summed[j] - separate[j]).abs() <= 1e-6 * (1.0 + separate[j].abs()));
+            }
+        }
+        // A set for another step is not reused: the worker selects its own top-k.
+        let u = vecs(1, n, 1).remove(0);
+        let stale = Ctx {
+            step: 99,
+            bucket: 9,
+            segments: &segs,
+            ..Ctx::default()
+        };
+        compress_new(&mut c[1], &u, &stale, &mut Rng::seed_from_u64(0)).unwrap();
+        assert_eq!(c[1].indices_for(9).unwrap().step, 99);
+        assert_eq!(
+            c[1].indices_for(9).unwrap().segment(0),
+            brute_top_k(&u[..2000], 20).as_slice()
+        );
+    }
+
+    #[test]
     fn index_sets_are_validated() {
         let n = 2000;
         let u = vecs(1, n, 3).remove(0);
@@ -742,7 +869,7 @@ mod tests {
         // Different index sets are not summable.
         let mut a = compress_new(&mut c, &u, &ctx, &mut Rng::seed_from_u64(0)).unwrap();
         let v = vecs(1, n, 4).remove(0);
-        let b = compress_new(&mut c, &v, &ctx, &mut Rng::seed_from_u64(0)).unwrap();
+        let b = compress_new(&mut sc(0.01, 2), &v, &ctx, &mut Rng::seed_from_u64(0)).unwrap();
         assert!(add_summable(a.bytes_mut(), b.as_bytes()).is_err());
     }
 
