@@ -18,16 +18,15 @@
 //! decode the summed payload once, divide by P
 //! ```
 //! ## The plain [`crate::compress`] path
-//! The compressor keeps, per bucket, the index set of the current step: either one
-//! installed with [`ScaleCom::set_indices`] (the received broadcast) or, when none is
-//! installed for `(step, bucket)` and the buffer's layout, the top-k of the buffer it is
-//! compressing, which it then remembers ([`ScaleCom::indices_for`]; this is what the leader
-//! broadcasts). So with one worker the plain path is exactly CLT-k (the worker is its own
-//! leader), and a driver holding the concrete type can run P workers with plain `compress`
-//! calls: leader first, then `set_indices` on the others. A non-leader that compresses
-//! without an installed set falls back to its own top-k, which is **not** summable with the
-//! others; [`ScaleCom::compress_with_indices`] validates the set and cannot make that
-//! mistake.
+//! The compressor keeps, per bucket, the index set of the current step. On the **leader**
+//! (`ctx.rank == step mod P`) a plain compress always selects the top-k of the buffer and
+//! records it ([`ScaleCom::indices_for`]: what the leader broadcasts). On any other rank it
+//! uses the set recorded or installed ([`ScaleCom::set_indices`], the received broadcast)
+//! for the same `(step, bucket)` and layout. So with one worker the plain path is exactly
+//! CLT-k, and a driver holding the concrete type can run P workers with plain `compress`
+//! calls: leader first, then `set_indices` on the others. A non-leader without a set for
+//! the step falls back to its own top-k, which is **not** summable with the others;
+//! [`ScaleCom::compress_with_indices`] validates the set and cannot make that mistake.
 //!
 //! ## Body, per segment of `n` elements (the [`crate::sparse`] body)
 //! ```text
@@ -105,6 +104,7 @@ impl ScaleComConfig {
             sets: BTreeMap::new(),
             bucket: 0,
             reuse: false,
+            forced: false,
             seg: 0,
         })
     }
@@ -277,6 +277,8 @@ pub struct ScaleCom {
     bucket: u64,
     /// Whether the buffer being encoded uses `sets[bucket]` (else it selects and records).
     reuse: bool,
+    /// Set by `compress_with_indices`: use the installed set even on the leader.
+    forced: bool,
     seg: usize,
 }
 
@@ -366,7 +368,10 @@ impl ScaleCom {
             }
         }
         self.set_indices(indices.clone());
-        compressor::compress(self, compensated, ctx, &mut Rng::seed_from_u64(0), out)
+        self.forced = true;
+        let r = compressor::compress(self, compensated, ctx, &mut Rng::seed_from_u64(0), out);
+        self.forced = false;
+        r
     }
 
     /// Installs a (received) index set for its `(step, bucket)`: the next plain compress of
@@ -409,10 +414,11 @@ impl Compressor for ScaleCom {
         self.seg = 0;
         self.bucket = ctx.bucket;
         let n = grad.len();
-        self.reuse = self
-            .sets
-            .get(&ctx.bucket)
-            .is_some_and(|s| self.matches(s, n, ctx));
+        self.reuse = (self.forced || !self.is_leader(ctx))
+            && self
+                .sets
+                .get(&ctx.bucket)
+                .is_some_and(|s| self.matches(s, n, ctx));
         if !self.reuse {
             self.sets.insert(
                 ctx.bucket,
@@ -839,6 +845,29 @@ mod tests {
             c[1].indices_for(9).unwrap().segment(0),
             brute_top_k(&u[..2000], 20).as_slice()
         );
+    }
+
+    #[test]
+    fn leader_reselects_but_compress_with_indices_obeys_the_set() {
+        let n = 4000;
+        let u = vecs(2, n, 12);
+        let mut c = sc(0.01, 2);
+        let ctx = Ctx::default(); // rank 0 leads step 0
+        let own = c.leader_indices(&u[0], &ctx).unwrap();
+        let other = c.leader_indices(&u[1], &ctx).unwrap();
+        assert_ne!(own, other);
+        let mut p = Payload::new();
+        c.compress_with_indices(&u[0], &ctx, &other, &mut p)
+            .unwrap();
+        let mut out = vec![0f32; n];
+        decompress(&c, p.as_bytes(), &mut out).unwrap();
+        let nz: Vec<u32> = (0..n as u32).filter(|&j| out[j as usize] != 0.0).collect();
+        assert_eq!(nz, other.global_indices());
+        // A plain compress on the leader re-selects from its own data.
+        let q = compress_new(&mut c, &u[0], &ctx, &mut Rng::seed_from_u64(0)).unwrap();
+        decompress(&c, q.as_bytes(), &mut out).unwrap();
+        let nz: Vec<u32> = (0..n as u32).filter(|&j| out[j as usize] != 0.0).collect();
+        assert_eq!(nz, own.global_indices());
     }
 
     #[test]
