@@ -395,9 +395,9 @@ pub fn select_sampled(
                 if s.cand.len() >= k || thr <= 1 {
                     break;
                 }
-                // Too few: halve the threshold (key 1 = magnitude 0 lets everything in).
-                let lower = scale_key(thr, 0.5);
-                thr = if lower < thr { lower } else { 1 };
+                // Too few: halve the key (about halves the binary exponent, so at most ~31
+                // passes even from f32::MAX; key 1 = magnitude 0 lets everything in).
+                thr = (thr / 2).max(1);
             }
             exact_among(x, &s.cand, k, &mut s.keys, &mut s.idx);
         }
@@ -874,6 +874,17 @@ mod tests {
             &mut exact,
         );
         assert_eq!(c.scratch.idx, exact);
+        // Fewer non-zeros than k (one huge, the rest tiny or zero): still exactly k, and
+        // every non-zero is kept.
+        let mut x = vec![0f32; n];
+        x[5] = f32::MAX;
+        x[77] = 1e-40;
+        x[n - 1] = -3.0;
+        compress_new(&mut c, &x, &Ctx::default(), &mut Rng::seed_from_u64(0)).unwrap();
+        assert_eq!(c.scratch.idx.len(), keep_count(n, 0.02));
+        for j in [5u32, 77, n as u32 - 1] {
+            assert!(c.scratch.idx.binary_search(&j).is_ok());
+        }
     }
 
     /// f(x) = ½ Σ a_j (x_j − b_j)²  →  g = a ⊙ (x − b).
