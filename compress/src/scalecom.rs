@@ -545,6 +545,49 @@ pub fn add_summable(acc: &mut [u8], other: &[u8]) -> Result<(), WireError> {
     Ok(())
 }
 
+/// Contraction diagnostic of ALGORITHMS.md §12.5: `‖u − C_I(u)‖² / ‖u‖²` for the shared
+/// set `set` (0 for a zero `u`). Logged, not asserted: it measures how well the leader's
+/// set suits this worker.
+///
+/// # Panics
+/// If `u.len() != set.n()`.
+pub fn contraction(u: &[f32], set: &IndexSet) -> f64 {
+    assert_eq!(u.len(), set.n(), "buffer and index set differ in length");
+    let total: f64 = u.iter().map(|&x| (x as f64) * (x as f64)).sum();
+    if total == 0.0 {
+        return 0.0;
+    }
+    let kept: f64 = set
+        .global_indices()
+        .iter()
+        .map(|&i| (u[i as usize] as f64).powi(2))
+        .sum();
+    ((total - kept) / total).max(0.0)
+}
+
+/// Jaccard overlap `|A ∩ B| / |A ∪ B|` of two ascending index lists (1 for two empty
+/// lists): the similarity between the leader's set and a worker's own top-k.
+pub fn jaccard(a: &[u32], b: &[u32]) -> f64 {
+    let (mut i, mut j, mut both) = (0, 0, 0usize);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                both += 1;
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    let union = a.len() + b.len() - both;
+    if union == 0 {
+        1.0
+    } else {
+        both as f64 / union as f64
+    }
+}
+
 /// ScaleCom's low-pass-filtered error-feedback memory (ALGORITHMS.md §12.2):
 /// ```text
 /// p = m + g                              compensate
@@ -868,6 +911,24 @@ mod tests {
         decompress(&c, q.as_bytes(), &mut out).unwrap();
         let nz: Vec<u32> = (0..n as u32).filter(|&j| out[j as usize] != 0.0).collect();
         assert_eq!(nz, own.global_indices());
+    }
+
+    #[test]
+    fn contraction_and_overlap_diagnostics() {
+        let n = 1000;
+        let u = vecs(2, n, 31);
+        let mut c = sc(0.1, 2);
+        let own = c.leader_indices(&u[0], &Ctx::default()).unwrap();
+        let other = c.leader_indices(&u[1], &Ctx::default()).unwrap();
+        // The own top-k is the best set of its size: contraction ≤ 1 − k/n and ≤ any other.
+        let a = contraction(&u[0], &own);
+        let b = contraction(&u[0], &other);
+        assert!(a <= 1.0 - 0.1 + 1e-12 && a <= b && b < 1.0, "{a} {b}");
+        assert_eq!(jaccard(&own.global_indices(), &own.global_indices()), 1.0);
+        let j = jaccard(&own.global_indices(), &other.global_indices());
+        assert!((0.0..1.0).contains(&j));
+        assert_eq!(jaccard(&[1, 2, 3], &[2, 3, 4]), 0.5);
+        assert_eq!(jaccard(&[], &[]), 1.0);
     }
 
     #[test]
