@@ -346,11 +346,15 @@ fn scale_key(t: u32, factor: f32) -> u32 {
     }
 }
 
-/// The sampled threshold estimate for keeping `k` of `x` (a key for [`abs_key`]).
+/// The sampled threshold estimate for keeping `k` of `x` (a key for [`abs_key`]). With
+/// `margin`, the estimate aims at about `1.3·k + 3σ` entries so that one gather pass
+/// usually yields at least `k` candidates (exact mode); without, it aims at `k` (the
+/// reference codes).
 fn sampled_threshold(
     x: &[f32],
     k: usize,
     sample_ratio: f64,
+    margin: bool,
     rng: &mut Rng,
     s: &mut Vec<u32>,
 ) -> u32 {
@@ -370,7 +374,13 @@ fn sampled_threshold(
             .take(m)
             .map(|&v| abs_key(v)),
     );
-    let ks = ((k as f64 * s.len() as f64 / n as f64).ceil() as usize).clamp(1, s.len());
+    let expect = k as f64 * s.len() as f64 / n as f64;
+    let want = if margin {
+        1.3 * expect + 3.0 * expect.sqrt() + 1.0
+    } else {
+        expect
+    };
+    let ks = (want.ceil() as usize).clamp(1, s.len());
     let (_, &mut t, _) = s.select_nth_unstable_by(ks - 1, |a, b| b.cmp(a));
     t
 }
@@ -386,18 +396,27 @@ pub fn select_sampled(
     rng: &mut Rng,
     s: &mut SelectScratch,
 ) {
-    let mut thr = sampled_threshold(x, k, sample_ratio, rng, &mut s.sample);
+    let margin = mode == Adaptation::Exact;
+    let mut thr = sampled_threshold(x, k, sample_ratio, margin, rng, &mut s.sample);
     let kf = k as f64;
     match mode {
         Adaptation::Exact => {
+            let mut round = 0;
             loop {
                 gather_at_least(x, thr, &mut s.cand);
                 if s.cand.len() >= k || thr <= 1 {
                     break;
                 }
-                // Too few: halve the key (about halves the binary exponent, so at most ~31
-                // passes even from f32::MAX; key 1 = magnitude 0 lets everything in).
-                thr = (thr / 2).max(1);
+                // Too few: halve the magnitude a few times (a mild miss of the sample),
+                // then halve the key itself (about halves the binary exponent, so at most
+                // ~31 more passes even from f32::MAX; key 1 = magnitude 0 admits all).
+                round += 1;
+                let lower = if round <= 8 {
+                    scale_key(thr, 0.5)
+                } else {
+                    thr / 2
+                };
+                thr = if lower < thr { lower.max(1) } else { thr / 2 }.max(1);
             }
             exact_among(x, &s.cand, k, &mut s.keys, &mut s.idx);
         }
