@@ -17,6 +17,7 @@
 //! all-reduce the f32 lanes of `value_lanes(payload)` (or `add_summable` after a gather),
 //! decode the summed payload once, divide by P
 //! ```
+//! [`ScaleComWorker`] packages exactly this sequence (compressor + [`LowPass`] memory).
 //! ## The plain [`crate::compress`] path
 //! The compressor keeps, per bucket, the index set of the current step. On the **leader**
 //! (`ctx.rank == step mod P`) a plain compress always selects the top-k of the buffer and
@@ -545,6 +546,97 @@ pub fn add_summable(acc: &mut [u8], other: &[u8]) -> Result<(), WireError> {
     Ok(())
 }
 
+/// One worker's ScaleCom step driver: compressor + low-pass memory + scratch, so the
+/// trainer only moves bytes. Per step and bucket:
+/// 1. [`ScaleComWorker::compensate`] (every worker);
+/// 2. on the leader ([`ScaleComWorker::is_leader`]): [`ScaleComWorker::leader_message`],
+///    then broadcast the bytes;
+/// 3. [`ScaleComWorker::compress`] with the received message (every worker): compresses at
+///    the shared set and updates the memory;
+/// 4. all-reduce the [`value_lanes`] of the payloads (or [`add_summable`]), decode the sum
+///    once with [`ScaleComWorker::decompress_add`], divide by P.
+pub struct ScaleComWorker {
+    sc: ScaleCom,
+    memory: LowPass,
+    compensated: Vec<f32>,
+    transmitted: Vec<f32>,
+}
+
+impl ScaleComWorker {
+    /// A worker from a compressor config and the memory's β in (0, 1].
+    pub fn new(cfg: &ScaleComConfig, beta: f32) -> Result<Self, ConfigError> {
+        if !(beta.is_finite() && beta > 0.0 && beta <= 1.0) {
+            return Err(ConfigError::new("memory.beta", "must be in (0, 1]"));
+        }
+        Ok(ScaleComWorker {
+            sc: cfg.init()?,
+            memory: LowPass::new(beta),
+            compensated: Vec::new(),
+            transmitted: Vec::new(),
+        })
+    }
+
+    /// The compressor.
+    pub fn compressor(&self) -> &ScaleCom {
+        &self.sc
+    }
+
+    /// The memory (checkpoints: [`Memory::export`] / [`Memory::import`]).
+    pub fn memory_mut(&mut self) -> &mut LowPass {
+        &mut self.memory
+    }
+
+    /// Whether this rank leads `ctx.step`.
+    pub fn is_leader(&self, ctx: &Ctx<'_>) -> bool {
+        self.sc.is_leader(ctx)
+    }
+
+    /// Step 1: `p = m + g` for bucket `ctx.bucket`; returns `p`.
+    pub fn compensate(&mut self, grad: &[f32], ctx: &Ctx<'_>) -> &[f32] {
+        self.compensated.resize(grad.len(), 0.0);
+        self.memory
+            .compensate(ctx.bucket, grad, &mut self.compensated);
+        &self.compensated
+    }
+
+    /// Step 2, leader only: the encoded index broadcast for the compensated buffer.
+    pub fn leader_message(
+        &mut self,
+        ctx: &Ctx<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CompressError> {
+        let set = self.sc.leader_indices(&self.compensated, ctx)?;
+        set.encode(out);
+        Ok(())
+    }
+
+    /// Step 3: decodes the broadcast `message`, compresses the compensated buffer at its
+    /// set into `out` and updates the memory with what was sent.
+    pub fn compress(
+        &mut self,
+        message: &[u8],
+        ctx: &Ctx<'_>,
+        out: &mut Payload,
+    ) -> Result<(), CompressError> {
+        let set = IndexSet::decode(message)
+            .map_err(|e| CompressError::BadSegments(format!("index message: {e}")))?;
+        self.sc
+            .compress_with_indices(&self.compensated, ctx, &set, out)?;
+        self.transmitted.clear();
+        self.transmitted.resize(self.compensated.len(), 0.0);
+        compressor::decompress_add(&self.sc, out.as_bytes(), &mut self.transmitted)
+            .expect("a payload this process just encoded decodes");
+        self.memory
+            .update(ctx.bucket, &self.compensated, &self.transmitted);
+        Ok(())
+    }
+
+    /// Step 4: decodes a (summed) payload and adds it into `out`.
+    pub fn decompress_add(&self, bytes: &[u8], out: &mut [f32]) -> Result<(), WireError> {
+        compressor::decompress_add(&self.sc, bytes, out)
+    }
+}
+
 /// Contraction diagnostic of ALGORITHMS.md §12.5: `‖u − C_I(u)‖² / ‖u‖²` for the shared
 /// set `set` (0 for a zero `u`). Logged, not asserted: it measures how well the leader's
 /// set suits this worker.
@@ -929,6 +1021,74 @@ mod tests {
         assert!((0.0..1.0).contains(&j));
         assert_eq!(jaccard(&[1, 2, 3], &[2, 3, 4]), 0.5);
         assert_eq!(jaccard(&[], &[]), 1.0);
+    }
+
+    #[test]
+    fn worker_driver_runs_p_workers_with_a_low_pass_memory() {
+        let (p, n, beta) = (4usize, 3000, 0.5f32);
+        let segs = [0..1000, 1000..n];
+        let cfg = ScaleComConfig {
+            ratio: 0.02,
+            workers: p as u32,
+        };
+        let mut w: Vec<ScaleComWorker> = (0..p)
+            .map(|_| ScaleComWorker::new(&cfg, beta).unwrap())
+            .collect();
+        assert!(ScaleComWorker::new(&cfg, 0.0).is_err());
+        for t in 0..6u64 {
+            let g = vecs(p, n, 200 + t);
+            let ctx = |rank: usize| Ctx {
+                step: t,
+                rank: rank as u32,
+                bucket: 4,
+                segments: &segs,
+            };
+            let mut compensated = Vec::new();
+            let mut before = Vec::new();
+            for (i, wi) in w.iter_mut().enumerate() {
+                before.push(wi.memory_mut().memory_of(4).map(|m| m.to_vec()));
+                compensated.push(wi.compensate(&g[i], &ctx(i)).to_vec());
+            }
+            let leader = (t % p as u64) as usize;
+            assert!(w[leader].is_leader(&ctx(leader)));
+            let mut msg = Vec::new();
+            w[leader].leader_message(&ctx(leader), &mut msg).unwrap();
+            let mut payloads = Vec::new();
+            for (i, wi) in w.iter_mut().enumerate() {
+                let mut out = Payload::new();
+                wi.compress(&msg, &ctx(i), &mut out).unwrap();
+                payloads.push(out);
+            }
+            let mut acc = payloads[0].as_bytes().to_vec();
+            for q in &payloads[1..] {
+                add_summable(&mut acc, q.as_bytes()).unwrap();
+            }
+            let mut sum = vec![0f32; n];
+            w[0].decompress_add(&acc, &mut sum).unwrap();
+            let set = IndexSet::decode(&msg).unwrap().global_indices();
+            for (i, wi) in w.iter_mut().enumerate() {
+                let m = wi.memory_mut().memory_of(4).unwrap().to_vec();
+                for j in 0..n {
+                    let sent = if set.binary_search(&(j as u32)).is_ok() {
+                        compensated[i][j]
+                    } else {
+                        0.0
+                    };
+                    let old = before[i].as_ref().map_or(0.0, |b| b[j]);
+                    let want = (1.0 - beta) * old + beta * (compensated[i][j] - sent);
+                    assert!((m[j] - want).abs() <= 1e-6 * (1.0 + want.abs()));
+                }
+            }
+            for &j in &set {
+                let direct: f32 = compensated.iter().map(|c| c[j as usize]).sum();
+                assert!((sum[j as usize] - direct).abs() <= 1e-5 * (1.0 + direct.abs()));
+            }
+        }
+        // A corrupted broadcast is an error, not a panic.
+        let mut out = Payload::new();
+        let ctx = Ctx::default();
+        w[0].compensate(&vecs(1, n, 1)[0], &ctx);
+        assert!(w[0].compress(&[0xD9, 1, 0], &ctx, &mut out).is_err());
     }
 
     #[test]
