@@ -96,7 +96,8 @@ pub enum Warmup {
         #[serde(default = "four")]
         epochs: u64,
     },
-    /// An explicit per-epoch sparsity list; after it ends, the final sparsity. The default
+    /// An explicit per-epoch sparsity list (each entry capped at the final sparsity); after
+    /// it ends, the final sparsity. The default
     /// is PaddlePaddle's `[0.75, 0.9375, 0.984375, 0.996]` (then 0.999 at ratio 0.001).
     List {
         /// Sparsity of epoch 0, 1, … (each in [0, 1)).
@@ -1080,6 +1081,30 @@ mod tests {
             assert_eq!(*a, b.clamp(-0.25, 0.25));
         }
         assert_eq!(reference_clip_value(&[4.0, 12.0]), 8f32.sqrt());
+    }
+
+    #[test]
+    fn registry_config_with_warmup_round_trips_through_toml() {
+        use crate::config::CompressorConfig;
+        for text in [
+            "kind = \"dgc\"\nsteps_per_epoch = 100\n[warmup]\nkind = \"exponential\"\n",
+            "kind = \"dgc\"\nratio = 0.01\nadaptation = \"synxlin\"\nsteps_per_epoch = 5\n[warmup]\nkind = \"list\"\nsparsity = [0.5, 0.9]\n",
+        ] {
+            let cfg: CompressorConfig = toml::from_str(text).unwrap();
+            let CompressorConfig::Dgc(d) = &cfg else {
+                panic!("not dgc: {cfg:?}")
+            };
+            assert!(!d.warmup.is_none());
+            cfg.build().unwrap();
+            let back: CompressorConfig = toml::from_str(&toml::to_string(&cfg).unwrap()).unwrap();
+            assert_eq!(back, cfg);
+        }
+        let bad: CompressorConfig = toml::from_str(
+            "kind = \"dgc\"\nsteps_per_epoch = 5\n[warmup]\nkind = \"list\"\nsparsity = [1.0]\n",
+        )
+        .unwrap();
+        assert_eq!(bad.build().err().unwrap().field, "warmup.sparsity");
+        assert!(toml::from_str::<CompressorConfig>("kind = \"dgc\"\nwarmpu = 1").is_err());
     }
 
     #[test]
