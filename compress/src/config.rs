@@ -12,12 +12,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::adaptive::AdaptiveThresholdConfig;
 use crate::compressor::Compressor;
+use crate::dgc::DgcConfig;
 use crate::dropping::GradientDroppingConfig;
 use crate::error::ConfigError;
 use crate::fp16::Fp16Config;
 use crate::memory::MemoryConfig;
 use crate::none::NoneConfig;
 use crate::randomk::RandomKConfig;
+use crate::scalecom::ScaleComConfig;
 use crate::threshold::ThresholdConfig;
 use crate::topk::TopKConfig;
 
@@ -59,6 +61,13 @@ pub enum CompressorConfig {
     /// Aji & Heafield's gradient dropping (drop the fraction R of smallest magnitudes).
     #[serde(rename = "gradient-dropping")]
     GradientDropping(GradientDroppingConfig),
+    /// Deep Gradient Compression: sampled-threshold top-k with warm-up (pair with the
+    /// `dgc-momentum` memory, its default).
+    #[serde(rename = "dgc")]
+    Dgc(DgcConfig),
+    /// ScaleCom cyclic local top-k: a shared, leader-chosen index set (summable).
+    #[serde(rename = "scalecom")]
+    ScaleCom(ScaleComConfig),
 }
 
 /// One registry entry: the `kind` name, a one-line description, and its default config.
@@ -123,6 +132,16 @@ pub const METHODS: &[MethodInfo] = &[
         about: "Aji & Heafield gradient dropping: drop the drop_ratio smallest |p| (sampled or exact threshold, per tensor or global)",
         default: || CompressorConfig::GradientDropping(GradientDroppingConfig::default()),
     },
+    MethodInfo {
+        name: "dgc",
+        about: "DGC: sampled-threshold top-k, momentum-corrected memory, warm-up schedule",
+        default: || CompressorConfig::Dgc(DgcConfig::default()),
+    },
+    MethodInfo {
+        name: "scalecom",
+        about: "ScaleCom cyclic local top-k: leader-chosen shared indices, all-reduce summable",
+        default: || CompressorConfig::ScaleCom(ScaleComConfig::default()),
+    },
 ];
 
 impl CompressorConfig {
@@ -147,6 +166,8 @@ impl CompressorConfig {
             CompressorConfig::Threshold(_) => "threshold",
             CompressorConfig::AdaptiveThreshold(_) => "adaptive-threshold",
             CompressorConfig::GradientDropping(_) => "gradient-dropping",
+            CompressorConfig::Dgc(_) => "dgc",
+            CompressorConfig::ScaleCom(_) => "scalecom",
         }
     }
 
@@ -163,6 +184,8 @@ impl CompressorConfig {
             CompressorConfig::Threshold(c) => Box::new(c.init()?),
             CompressorConfig::AdaptiveThreshold(c) => Box::new(c.init()?),
             CompressorConfig::GradientDropping(c) => Box::new(c.init()?),
+            CompressorConfig::Dgc(c) => Box::new(c.init()?),
+            CompressorConfig::ScaleCom(c) => Box::new(c.init()?),
         })
     }
 
@@ -180,6 +203,13 @@ impl CompressorConfig {
             CompressorConfig::Threshold(_) => MemoryConfig::RESIDUAL,
             CompressorConfig::AdaptiveThreshold(_) => MemoryConfig::RESIDUAL,
             CompressorConfig::GradientDropping(_) => MemoryConfig::RESIDUAL,
+            CompressorConfig::Dgc(_) => MemoryConfig::DgcMomentum {
+                momentum: 0.9,
+                nesterov: false,
+                masking: true,
+                clip: crate::dgc::Clip::None,
+            },
+            CompressorConfig::ScaleCom(_) => MemoryConfig::LowPass { beta: 1.0 },
         }
     }
 }

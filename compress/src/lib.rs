@@ -11,10 +11,13 @@
 //! ## Layout
 //! * [`compressor`]: the [`Compressor`] seam, [`Payload`], the framing (header + segment
 //!   table) and the drivers [`compress`] / [`decompress_add`].
-//! * [`memory`]: the error-feedback seam ([`Memory`]): none, residual (β, γ).
+//! * [`memory`]: the error-feedback seam ([`Memory`]): none, residual (β, γ), DGC momentum
+//!   correction, ScaleCom low-pass.
 //! * [`pipeline`]: compressor + memory composed as the trainer uses them.
 //! * [`config`]: the registry, a serde enum tagged `kind` ([`CompressorConfig`]).
-//! * One file per method: [`none`], [`fp16`], [`topk`], [`randomk`], …
+//! * One file per method: [`none`], [`fp16`], [`topk`], [`randomk`], [`dgc`],
+//!   [`scalecom`], …
+//! * [`meprop`]: top-k column selection for meProp-style sparse back-propagation.
 //! * Helpers: [`select`] (exact O(n) top-k selection), [`sparse`] (index list / bitmap
 //!   bodies), [`wire`] (bounded readers, bit packing, Elias-gamma), [`rng`] (explicit
 //!   seeded RNG).
@@ -47,13 +50,16 @@
 
 pub mod compressor;
 pub mod config;
+pub mod dgc;
 pub mod error;
 pub mod fp16;
 pub mod memory;
+pub mod meprop;
 pub mod none;
 pub mod pipeline;
 pub mod randomk;
 pub mod rng;
+pub mod scalecom;
 pub mod select;
 pub mod sparse;
 pub mod topk;

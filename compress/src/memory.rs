@@ -128,6 +128,37 @@ pub enum MemoryConfig {
         #[serde(default = "one")]
         gamma: f32,
     },
+    /// DGC's momentum-corrected memory ([`crate::dgc::DgcMemory`]): the momentum lives here
+    /// and the optimizer must do plain SGD (see [`MemoryConfig::owns_momentum`]).
+    DgcMomentum {
+        /// Momentum `m` in [0, 1) (default 0.9).
+        #[serde(default = "momentum_default")]
+        momentum: f32,
+        /// Nesterov form `u ← m·(u + g); v ← v + u + g` (default false).
+        #[serde(default)]
+        nesterov: bool,
+        /// Momentum-factor masking: zero `u` at the sent coordinates (default true).
+        #[serde(default = "yes")]
+        masking: bool,
+        /// Local gradient clipping before accumulation (default none).
+        #[serde(default)]
+        clip: crate::dgc::Clip,
+    },
+    /// ScaleCom's low-pass-filtered memory ([`crate::scalecom::LowPass`]):
+    /// `p = m + g; m ← (1 − β)·m + β·(p − D(C(p)))`; β = 1 is plain error feedback.
+    LowPass {
+        /// Filter coefficient β in (0, 1] (default 1).
+        #[serde(default = "one")]
+        beta: f32,
+    },
+}
+
+fn momentum_default() -> f32 {
+    0.9
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn one() -> f32 {
@@ -140,6 +171,13 @@ impl MemoryConfig {
         beta: 1.0,
         gamma: 1.0,
     };
+
+    /// Whether the memory applies the optimizer's momentum itself (DGC's momentum
+    /// correction): the trainer must then take a plain SGD step with the aggregated
+    /// gradient instead of a momentum step.
+    pub fn owns_momentum(&self) -> bool {
+        matches!(self, MemoryConfig::DgcMomentum { .. })
+    }
 
     /// Builds the memory.
     pub fn build(&self) -> Result<Box<dyn Memory>, ConfigError> {
@@ -159,6 +197,32 @@ impl MemoryConfig {
                     ));
                 }
                 Ok(Box::new(Residual::new(beta, gamma)))
+            }
+            MemoryConfig::DgcMomentum {
+                momentum,
+                nesterov,
+                masking,
+                clip,
+            } => {
+                if !(momentum.is_finite() && (0.0..1.0).contains(&momentum)) {
+                    return Err(ConfigError::new(
+                        "memory.momentum",
+                        format!("must be in [0, 1), got {momentum}"),
+                    ));
+                }
+                clip.validate()?;
+                Ok(Box::new(crate::dgc::DgcMemory::new(
+                    momentum, nesterov, masking, clip,
+                )))
+            }
+            MemoryConfig::LowPass { beta } => {
+                if !(beta.is_finite() && beta > 0.0 && beta <= 1.0) {
+                    return Err(ConfigError::new(
+                        "memory.beta",
+                        format!("must be in (0, 1], got {beta}"),
+                    ));
+                }
+                Ok(Box::new(crate::scalecom::LowPass::new(beta)))
             }
         }
     }

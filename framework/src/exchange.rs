@@ -341,16 +341,14 @@ mod tests {
             let res = run(world, "none", 2);
             let n = res[0][0].len();
             for step in 0..2u64 {
-                for r in 1..world {
-                    assert_eq!(
-                        res[r][step as usize], res[0][step as usize],
-                        "bit-identical"
-                    );
+                let s = step as usize;
+                for other in &res[1..] {
+                    assert_eq!(other[s], res[0][s], "bit-identical");
                 }
-                for i in 0..n {
-                    let mean: f64 =
-                        (0..world).map(|r| grad(r, n, step)[i] as f64).sum::<f64>() / world as f64;
-                    assert!((res[0][step as usize][i] as f64 - mean).abs() < 1e-6);
+                let grads: Vec<Vec<f32>> = (0..world).map(|r| grad(r, n, step)).collect();
+                for (i, got) in res[0][s].iter().enumerate() {
+                    let mean: f64 = grads.iter().map(|g| g[i] as f64).sum::<f64>() / world as f64;
+                    assert!((*got as f64 - mean).abs() < 1e-6);
                 }
             }
         }
@@ -361,18 +359,19 @@ mod tests {
         // topk: gather; randomk: summable; fp16: dense.
         for method in ["topk:ratio=0.05", "randomk:ratio=0.2", "fp16"] {
             let res = run(3, method, 3);
-            for step in 0..3 {
-                assert_eq!(res[1][step], res[0][step], "{method}");
-                assert_eq!(res[2][step], res[0][step], "{method}");
-                assert!(res[0][step].iter().any(|&v| v != 0.0), "{method}");
+            for (step, mine) in res[0].iter().enumerate() {
+                assert_eq!(&res[1][step], mine, "{method}");
+                assert_eq!(&res[2][step], mine, "{method}");
+                assert!(mine.iter().any(|&v| v != 0.0), "{method}");
             }
         }
         // fp16 is close to the true mean.
         let res = run(2, "fp16", 1);
         let n = res[0][0].len();
-        for i in 0..n {
-            let mean = (grad(0, n, 0)[i] + grad(1, n, 0)[i]) / 2.0;
-            assert!((res[0][0][i] - mean).abs() < 1e-3);
+        let (g0, g1) = (grad(0, n, 0), grad(1, n, 0));
+        for (i, got) in res[0][0].iter().enumerate() {
+            let mean = (g0[i] + g1[i]) / 2.0;
+            assert!((got - mean).abs() < 1e-3);
         }
     }
 

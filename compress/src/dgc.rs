@@ -1,0 +1,1235 @@
+//! `dgc`: Deep Gradient Compression (Lin, Han, Mao, Wang, Dally — ICLR 2018; ALGORITHMS.md §10).
+//!
+//! DGC is two pieces that work together:
+//! * [`Dgc`], the compressor: a **sampled-threshold** top-k sparsifier. A strided sample of
+//!   `sample_ratio·n` magnitudes (random start drawn from the passed [`Rng`]) gives a
+//!   threshold estimate; one pass gathers the candidates at or above it; an adaptation loop
+//!   then fixes the count ([`Adaptation`]: `exact`, `synxlin` or `grace`). The density follows
+//!   the warm-up schedule ([`Warmup`]). Segments shorter than `min_sparse_len` (biases, BN
+//!   parameters, small layers) are sent dense.
+//! * [`DgcMemory`], the momentum-corrected error-feedback memory: local momentum `u`, local
+//!   velocity accumulation `v`, optional Nesterov form, momentum-factor masking and local
+//!   gradient clipping ([`Clip`]). It is configured as
+//!   [`MemoryConfig::DgcMomentum`](crate::memory::MemoryConfig::DgcMomentum) and is the
+//!   default memory of `kind = "dgc"`.
+//!
+//! ## Coupling with the optimizer (for the trainer)
+//! With [`DgcMemory`] the momentum lives **in the memory**: what a worker transmits is
+//! already the (sparsified) momentum-accumulated velocity. The trainer must therefore apply
+//! a **plain SGD** step with the aggregated result, `x ← x − η·(1/P)·Σ_k D(msg_k)`, and must
+//! not apply momentum a second time. Weight decay, if any, is added into the gradient
+//! *before* [`Memory::compensate`]. [`MemoryConfig::owns_momentum`](crate::memory::MemoryConfig::owns_momentum)
+//! tells the trainer when this applies. With sparsity 0, one worker and masking off this
+//! reproduces momentum SGD exactly (tested below).
+//!
+//! ## Warm-up
+//! The compressor derives the epoch from the step: `epoch = step / steps_per_epoch`
+//! (`steps_per_epoch` must be set when a warm-up is configured). [`Warmup::density`] and
+//! [`Warmup::sparsity`] are pure functions of the epoch.
+//!
+//! ## Body, per segment of `n` elements
+//! ```text
+//! u8 layout   0 = dense: n × f32
+//!             1 = sparse: the index-list / bitmap body of [`crate::sparse`]
+//!                 (u8 layout, u32 k, indices or bitmap, k × f32 value)
+//! ```
+//! Bits per segment: `8 + 32n` (dense) or `8 + 40 + min(32k, 8⌈n/8⌉) + 32k` (sparse), i.e.
+//! about `64·(1−s)` bits per element at sparsity `s`. The count `k` is data-dependent except
+//! in `exact` mode without warm-up. Biased; aggregation: all-gather (pattern B).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::compressor::{Aggregation, Compressor, Ctx, MethodId};
+use crate::error::{ConfigError, WireError};
+use crate::memory::Memory;
+use crate::rng::Rng;
+use crate::select::abs_key;
+use crate::sparse;
+use crate::wire::{f32_at, Reader, Writer};
+
+const DENSE: u8 = 0;
+const SPARSE: u8 = 1;
+/// Never sample fewer than this many elements (or the whole segment if it is shorter).
+const MIN_SAMPLE: usize = 256;
+
+/// How the sampled threshold is corrected (ALGORITHMS.md §10.1, §10.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Adaptation {
+    /// Exactly `k` entries: the threshold is lowered until at least `k` candidates pass,
+    /// then an exact selection among the candidates keeps the `k` largest (ties → smaller
+    /// index). Default.
+    #[default]
+    Exact,
+    /// The authors' code (`synxlin/deep-gradient-compression`): above 1.3·k candidates,
+    /// exact top-k over the candidates; below 0.8·k, threshold × 0.8; at most
+    /// `max_adapt_iters` rounds; finally truncate to the first `k` **in index order**.
+    /// Count ≤ k, and ≥ 0.8·k unless the rounds run out.
+    Synxlin,
+    /// GRACE's DGC: threshold × 1.3 above 1.3·k, × 0.7 below 0.7·k, at most
+    /// `max_adapt_iters` rounds, no truncation. Count in [0.7·k, 1.3·k] unless the rounds
+    /// run out.
+    Grace,
+}
+
+/// The warm-up sparsity schedule (ALGORITHMS.md §10.3), a pure function of the epoch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Warmup {
+    /// No warm-up: the final density from the first step.
+    #[default]
+    None,
+    /// The paper's exponential schedule: density `0.25^(e+1)` in epoch `e < epochs`
+    /// (sparsity 75 %, 93.75 %, 98.4375 %, 99.609375 %), then the final density. Densities
+    /// never drop below the final one.
+    Exponential {
+        /// Warm-up epochs (default 4).
+        #[serde(default = "four")]
+        epochs: u64,
+    },
+    /// The authors' code default: density `max(r^((e+1)/(W+1)), r)` in epoch `e < W`, then
+    /// `r` (the final density).
+    Geometric {
+        /// Warm-up epochs `W` (default 4).
+        #[serde(default = "four")]
+        epochs: u64,
+    },
+    /// An explicit per-epoch sparsity list (each entry capped at the final sparsity); after
+    /// it ends, the final sparsity. The default
+    /// is PaddlePaddle's `[0.75, 0.9375, 0.984375, 0.996]` (then 0.999 at ratio 0.001).
+    List {
+        /// Sparsity of epoch 0, 1, … (each in [0, 1)).
+        #[serde(default = "paddle_list")]
+        sparsity: Vec<f64>,
+    },
+}
+
+fn four() -> u64 {
+    4
+}
+
+fn paddle_list() -> Vec<f64> {
+    vec![0.75, 0.9375, 0.984375, 0.996]
+}
+
+impl Warmup {
+    /// Density (fraction kept) in `epoch` for a final density `final_ratio`. Never below
+    /// `final_ratio`; equal to it once the warm-up is over.
+    pub fn density(&self, epoch: u64, final_ratio: f64) -> f64 {
+        let d = match self {
+            Warmup::None => final_ratio,
+            Warmup::Exponential { epochs } if epoch < *epochs => {
+                0.25f64.powi(epoch.min(1000) as i32 + 1)
+            }
+            Warmup::Geometric { epochs } if epoch < *epochs => {
+                final_ratio.powf((epoch + 1) as f64 / (*epochs + 1) as f64)
+            }
+            Warmup::List { sparsity } if (epoch as usize) < sparsity.len() => {
+                1.0 - sparsity[epoch as usize]
+            }
+            _ => final_ratio,
+        };
+        d.max(final_ratio)
+    }
+
+    /// Sparsity (fraction dropped) in `epoch`: `1 − density`.
+    pub fn sparsity(&self, epoch: u64, final_ratio: f64) -> f64 {
+        match self {
+            // Return list entries verbatim (no round trip through the density).
+            Warmup::List { sparsity } if (epoch as usize) < sparsity.len() => {
+                sparsity[epoch as usize].min(1.0 - final_ratio)
+            }
+            _ => 1.0 - self.density(epoch, final_ratio),
+        }
+    }
+
+    fn is_none(&self) -> bool {
+        matches!(self, Warmup::None)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        match self {
+            Warmup::List { sparsity }
+                if sparsity
+                    .iter()
+                    .any(|s| !(s.is_finite() && (0.0..1.0).contains(s))) =>
+            {
+                return Err(ConfigError::new(
+                    "warmup.sparsity",
+                    "every entry must be in [0, 1)",
+                ));
+            }
+            Warmup::Exponential { epochs } | Warmup::Geometric { epochs } if *epochs == 0 => {
+                return Err(ConfigError::new("warmup.epochs", "must be at least 1"));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Entries kept for `n` elements at density `d`: `⌈d·n⌉` in `[1, n]`, with a tiny guard so
+/// that densities computed as `1 − s` (e.g. `1 − 0.996`) do not round one entry up.
+pub fn keep_count(n: usize, d: f64) -> usize {
+    if n == 0 {
+        return 0;
+    }
+    let x = d * n as f64;
+    ((x - 1e-9 * x.max(1.0)).ceil() as usize).clamp(1, n)
+}
+
+/// Configuration of [`Dgc`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DgcConfig {
+    /// Final density ρ = 1 − sparsity, in (0, 1]. Default 0.001 (99.9 % sparsity).
+    #[serde(default = "default_ratio")]
+    pub ratio: f64,
+    /// Fraction of each segment sampled for the threshold estimate, in (0, 1]. Default 0.01.
+    #[serde(default = "default_sample_ratio")]
+    pub sample_ratio: f64,
+    /// Threshold adaptation rule. Default `exact`.
+    #[serde(default)]
+    pub adaptation: Adaptation,
+    /// Rounds of the `synxlin` / `grace` adaptation loops (default 10).
+    #[serde(default = "default_iters")]
+    pub max_adapt_iters: u32,
+    /// Segments shorter than this are sent dense (biases, BN, small layers). Default 4096.
+    #[serde(default = "default_min_sparse")]
+    pub min_sparse_len: usize,
+    /// Optimizer steps per epoch; the warm-up epoch is `step / steps_per_epoch`. Required
+    /// (non-zero) when `warmup` is not `none`. Default 0.
+    #[serde(default)]
+    pub steps_per_epoch: u64,
+    /// Warm-up sparsity schedule. Default none.
+    #[serde(default)]
+    pub warmup: Warmup,
+}
+
+fn default_ratio() -> f64 {
+    0.001
+}
+fn default_sample_ratio() -> f64 {
+    0.01
+}
+fn default_iters() -> u32 {
+    10
+}
+fn default_min_sparse() -> usize {
+    4096
+}
+
+impl Default for DgcConfig {
+    fn default() -> Self {
+        DgcConfig {
+            ratio: default_ratio(),
+            sample_ratio: default_sample_ratio(),
+            adaptation: Adaptation::default(),
+            max_adapt_iters: default_iters(),
+            min_sparse_len: default_min_sparse(),
+            steps_per_epoch: 0,
+            warmup: Warmup::None,
+        }
+    }
+}
+
+impl DgcConfig {
+    /// Checks the parameters and builds the compressor.
+    pub fn init(&self) -> Result<Dgc, ConfigError> {
+        crate::topk::check_ratio("ratio", self.ratio)?;
+        crate::topk::check_ratio("sample_ratio", self.sample_ratio)?;
+        self.warmup.validate()?;
+        if !self.warmup.is_none() && self.steps_per_epoch == 0 {
+            return Err(ConfigError::new(
+                "steps_per_epoch",
+                "must be set (> 0) when a warm-up schedule is configured",
+            ));
+        }
+        Ok(Dgc {
+            cfg: self.clone(),
+            density: self.ratio,
+            scratch: SelectScratch::default(),
+        })
+    }
+}
+
+/// Reusable buffers of the sampled-threshold selection.
+#[derive(Debug, Default, Clone)]
+pub struct SelectScratch {
+    sample: Vec<u32>,
+    cand: Vec<u32>,
+    keys: Vec<u32>,
+    /// The selected indices of the last call (ascending).
+    pub idx: Vec<u32>,
+}
+
+/// The DGC compressor.
+#[derive(Debug, Clone)]
+pub struct Dgc {
+    cfg: DgcConfig,
+    density: f64,
+    scratch: SelectScratch,
+}
+
+impl Dgc {
+    /// The density used for the current buffer (set from the step by `begin`).
+    pub fn current_density(&self) -> f64 {
+        self.density
+    }
+
+    /// The warm-up epoch of `step`.
+    pub fn epoch_of(&self, step: u64) -> u64 {
+        step.checked_div(self.cfg.steps_per_epoch).unwrap_or(0)
+    }
+
+    /// Whether a segment of `n` elements at density `d` is sent dense.
+    fn dense(&self, n: usize, k: usize) -> bool {
+        n < self.cfg.min_sparse_len || k >= n
+    }
+}
+
+/// Appends to `out` the ascending indices `i` with `abs_key(x[i]) >= thr`.
+#[inline]
+pub fn gather_at_least(x: &[f32], thr: u32, out: &mut Vec<u32>) {
+    out.clear();
+    let mut base = 0u32;
+    for chunk in x.chunks(64) {
+        let mut bits: u64 = 0;
+        for (j, v) in chunk.iter().enumerate() {
+            bits |= ((abs_key(*v) >= thr) as u64) << j;
+        }
+        while bits != 0 {
+            out.push(base + bits.trailing_zeros());
+            bits &= bits - 1;
+        }
+        base += 64;
+    }
+}
+
+/// Keeps in `out` (ascending) the `k` candidates of `cand` (ascending) with the largest
+/// keys, ties broken towards the smaller index. Requires `cand.len() >= k`.
+fn exact_among(x: &[f32], cand: &[u32], k: usize, keys: &mut Vec<u32>, out: &mut Vec<u32>) {
+    out.clear();
+    if k == 0 {
+        return;
+    }
+    if cand.len() <= k {
+        out.extend_from_slice(cand);
+        return;
+    }
+    keys.clear();
+    keys.extend(cand.iter().map(|&i| abs_key(x[i as usize])));
+    let (_, &mut kth, _) = keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
+    let above = keys.iter().filter(|&&q| q > kth).count();
+    let mut ties = k - above;
+    out.reserve(k);
+    for &i in cand {
+        let q = abs_key(x[i as usize]);
+        if q > kth {
+            out.push(i);
+        } else if q == kth && ties > 0 {
+            out.push(i);
+            ties -= 1;
+        }
+    }
+}
+
+/// Key of `factor · |threshold with key t|` (`t >= 1`).
+fn scale_key(t: u32, factor: f32) -> u32 {
+    let mag = f32::from_bits(t - 1);
+    let scaled = mag * factor;
+    if scaled.is_finite() {
+        abs_key(scaled)
+    } else {
+        abs_key(f32::MAX)
+    }
+}
+
+/// The sampled threshold estimate for keeping `k` of `x` (a key for [`abs_key`]). With
+/// `margin`, the estimate aims at about `1.3·k + 3σ` entries so that one gather pass
+/// usually yields at least `k` candidates (exact mode); without, it aims at `k` (the
+/// reference codes).
+fn sampled_threshold(
+    x: &[f32],
+    k: usize,
+    sample_ratio: f64,
+    margin: bool,
+    rng: &mut Rng,
+    s: &mut Vec<u32>,
+) -> u32 {
+    let n = x.len();
+    let m = ((sample_ratio * n as f64).ceil() as usize).clamp(MIN_SAMPLE.min(n), n);
+    let stride = n / m;
+    let start = if stride > 1 {
+        rng.below(stride as u64) as usize
+    } else {
+        0
+    };
+    s.clear();
+    s.extend(
+        x[start..]
+            .iter()
+            .step_by(stride)
+            .take(m)
+            .map(|&v| abs_key(v)),
+    );
+    let expect = k as f64 * s.len() as f64 / n as f64;
+    let want = if margin {
+        1.3 * expect + 3.0 * expect.sqrt() + 1.0
+    } else {
+        expect
+    };
+    let ks = (want.ceil() as usize).clamp(1, s.len());
+    let (_, &mut t, _) = s.select_nth_unstable_by(ks - 1, |a, b| b.cmp(a));
+    t
+}
+
+/// Selects the entries of `x` to send at target count `k` (`1 <= k < x.len()`) by sampled
+/// threshold plus the `mode` adaptation; the ascending indices are left in `s.idx`.
+pub fn select_sampled(
+    x: &[f32],
+    k: usize,
+    sample_ratio: f64,
+    mode: Adaptation,
+    max_iters: u32,
+    rng: &mut Rng,
+    s: &mut SelectScratch,
+) {
+    let margin = mode == Adaptation::Exact;
+    let mut thr = sampled_threshold(x, k, sample_ratio, margin, rng, &mut s.sample);
+    let kf = k as f64;
+    match mode {
+        Adaptation::Exact => {
+            let mut round = 0;
+            loop {
+                gather_at_least(x, thr, &mut s.cand);
+                if s.cand.len() >= k || thr <= 1 {
+                    break;
+                }
+                // Too few: halve the magnitude a few times (a mild miss of the sample),
+                // then halve the key itself (about halves the binary exponent, so at most
+                // ~31 more passes even from f32::MAX; key 1 = magnitude 0 admits all).
+                round += 1;
+                let lower = if round <= 8 {
+                    scale_key(thr, 0.5)
+                } else {
+                    thr / 2
+                };
+                thr = if lower < thr { lower.max(1) } else { thr / 2 }.max(1);
+            }
+            exact_among(x, &s.cand, k, &mut s.keys, &mut s.idx);
+        }
+        Adaptation::Synxlin => {
+            gather_at_least(x, thr, &mut s.cand);
+            let mut resampled = false;
+            for _ in 0..max_iters {
+                let c = s.cand.len() as f64;
+                if c > 1.3 * kf {
+                    exact_among(x, &s.cand, k, &mut s.keys, &mut s.idx);
+                    resampled = true;
+                    break;
+                } else if c < 0.8 * kf && thr > 1 {
+                    thr = scale_key(thr, 0.8);
+                } else {
+                    break;
+                }
+                gather_at_least(x, thr, &mut s.cand);
+            }
+            if !resampled {
+                s.idx.clear();
+                s.idx.extend_from_slice(&s.cand[..s.cand.len().min(k)]);
+            }
+        }
+        Adaptation::Grace => {
+            gather_at_least(x, thr, &mut s.cand);
+            for _ in 0..max_iters {
+                let c = s.cand.len() as f64;
+                if c > 1.3 * kf {
+                    let up = scale_key(thr, 1.3);
+                    if up <= thr {
+                        break;
+                    }
+                    thr = up;
+                } else if c < 0.7 * kf && thr > 1 {
+                    thr = scale_key(thr, 0.7);
+                } else {
+                    break;
+                }
+                gather_at_least(x, thr, &mut s.cand);
+            }
+            std::mem::swap(&mut s.idx, &mut s.cand);
+        }
+    }
+}
+
+impl Compressor for Dgc {
+    fn method(&self) -> MethodId {
+        MethodId::Dgc
+    }
+    fn aggregation(&self) -> Aggregation {
+        Aggregation::Gather
+    }
+    fn begin(&mut self, _grad: &[f32], ctx: &Ctx<'_>) {
+        self.density = self
+            .cfg
+            .warmup
+            .density(self.epoch_of(ctx.step), self.cfg.ratio);
+    }
+    fn encode_segment(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>) {
+        let n = x.len();
+        let k = keep_count(n, self.density);
+        if self.dense(n, k) {
+            w.u8(DENSE);
+            w.f32_slice(x);
+            return;
+        }
+        select_sampled(
+            x,
+            k,
+            self.cfg.sample_ratio,
+            self.cfg.adaptation,
+            self.cfg.max_adapt_iters,
+            rng,
+            &mut self.scratch,
+        );
+        w.u8(SPARSE);
+        sparse::write_indexed(n, &self.scratch.idx, |i| x[i as usize], w);
+    }
+    fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
+        match r.u8("dgc layout")? {
+            DENSE => {
+                let vals = r.take_items(out.len(), 4, "dgc dense values")?;
+                for (j, o) in out.iter_mut().enumerate() {
+                    let v = f32_at(vals, j);
+                    if !v.is_finite() {
+                        return Err(WireError::Invalid("non-finite dense value"));
+                    }
+                    *o += v;
+                }
+                Ok(())
+            }
+            SPARSE => sparse::read_indexed_add(r, out),
+            _ => Err(WireError::Invalid("unknown dgc layout")),
+        }
+    }
+    fn segment_bits(&self, n: usize) -> Option<u64> {
+        if self.cfg.adaptation != Adaptation::Exact || !self.cfg.warmup.is_none() {
+            return None;
+        }
+        let k = keep_count(n, self.cfg.ratio);
+        Some(if self.dense(n, k) {
+            8 + 32 * n as u64
+        } else {
+            8 + sparse::indexed_bits(n, k)
+        })
+    }
+}
+
+/// Local gradient clipping applied by [`DgcMemory`] before accumulation (ALGORITHMS.md §10.2).
+/// The statistic is taken over the whole buffer passed to [`Memory::compensate`] (one
+/// bucket; use one bucket per tensor for per-tensor clipping).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Clip {
+    /// No clipping.
+    #[default]
+    None,
+    /// The paper's rule: scale the local gradient to norm at most `max_norm / √workers`.
+    Norm {
+        /// The global clip norm `Gmax`.
+        max_norm: f32,
+        /// Number of workers `N` (default 1).
+        #[serde(default = "one_u32")]
+        workers: u32,
+    },
+    /// Clip each element to `[−max, max]` (the by-value variant of GRACE and the authors'
+    /// code). Those codes set `max = sqrt(mean over workers of Σg²)`, which needs an
+    /// all-reduce; [`reference_clip_value`] computes it from the workers' sums of squares.
+    Value {
+        /// The clip value `c > 0`.
+        max: f32,
+    },
+}
+
+/// The reference codes' by-value clip threshold: `sqrt(mean_k Σ g_k²)` from each worker's
+/// local sum of squares (0 for an empty list).
+pub fn reference_clip_value(sum_sq_per_worker: &[f64]) -> f32 {
+    if sum_sq_per_worker.is_empty() {
+        return 0.0;
+    }
+    (sum_sq_per_worker.iter().sum::<f64>() / sum_sq_per_worker.len() as f64).sqrt() as f32
+}
+
+fn one_u32() -> u32 {
+    1
+}
+
+impl Clip {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        match *self {
+            Clip::Norm { max_norm, workers } => {
+                if !(max_norm.is_finite() && max_norm > 0.0) {
+                    return Err(ConfigError::new("memory.clip.max_norm", "must be > 0"));
+                }
+                if workers == 0 {
+                    return Err(ConfigError::new("memory.clip.workers", "must be >= 1"));
+                }
+            }
+            Clip::Value { max: m } if !(m.is_finite() && m > 0.0) => {
+                return Err(ConfigError::new("memory.clip.max", "must be > 0"));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// The momentum-corrected memory of one bucket.
+#[derive(Debug, Clone, Default)]
+struct DgcState {
+    u: Vec<f32>,
+    v: Vec<f32>,
+}
+
+/// DGC's momentum-correction memory (ALGORITHMS.md §10.2):
+/// ```text
+/// g ← clip(g)
+/// u ← m·u + g            (Nesterov: u ← m·(u + g); v ← v + u + g)
+/// v ← v + u              compensate returns p = v
+/// v ← p − D(C(p))        update: keep what was not sent (zero at sent coordinates)
+/// u[j] ← 0 where sent    momentum-factor masking (if enabled)
+/// ```
+/// A coordinate counts as *sent* when its transmitted value is non-zero (DGC transmits the
+/// exact `v[j]`, and a selected `v[j] == 0` leaves `v` unchanged anyway).
+#[derive(Debug, Clone)]
+pub struct DgcMemory {
+    momentum: f32,
+    nesterov: bool,
+    masking: bool,
+    clip: Clip,
+    state: BTreeMap<u64, DgcState>,
+}
+
+impl DgcMemory {
+    /// A memory with momentum `m`, the Nesterov form on or off, masking on or off and the
+    /// given clipping.
+    pub fn new(momentum: f32, nesterov: bool, masking: bool, clip: Clip) -> Self {
+        DgcMemory {
+            momentum,
+            nesterov,
+            masking,
+            clip,
+            state: BTreeMap::new(),
+        }
+    }
+
+    /// The local momentum `u` of bucket `key`.
+    pub fn momentum_of(&self, key: u64) -> Option<&[f32]> {
+        self.state.get(&key).map(|s| s.u.as_slice())
+    }
+
+    /// The accumulated velocity `v` of bucket `key`.
+    pub fn velocity_of(&self, key: u64) -> Option<&[f32]> {
+        self.state.get(&key).map(|s| s.v.as_slice())
+    }
+}
+
+/// `sqrt(Σ g²)` accumulated in f64.
+fn l2_norm(g: &[f32]) -> f64 {
+    g.iter()
+        .map(|&x| (x as f64) * (x as f64))
+        .sum::<f64>()
+        .sqrt()
+}
+
+impl Memory for DgcMemory {
+    fn compensate(&mut self, key: u64, grad: &[f32], out: &mut [f32]) {
+        let n = grad.len();
+        let st = self.state.entry(key).or_default();
+        if st.u.len() != n || st.v.len() != n {
+            st.u.clear();
+            st.u.resize(n, 0.0);
+            st.v.clear();
+            st.v.resize(n, 0.0);
+        }
+        let (scale, cap) = match self.clip {
+            Clip::None => (1.0f32, f32::INFINITY),
+            Clip::Norm { max_norm, workers } => {
+                let limit = max_norm as f64 / (workers as f64).sqrt();
+                let norm = l2_norm(grad);
+                if norm > limit {
+                    ((limit / norm) as f32, f32::INFINITY)
+                } else {
+                    (1.0, f32::INFINITY)
+                }
+            }
+            Clip::Value { max } => (1.0, max),
+        };
+        let m = self.momentum;
+        let it = grad
+            .iter()
+            .zip(st.u.iter_mut())
+            .zip(st.v.iter_mut())
+            .zip(out.iter_mut());
+        for (((&g, u), v), o) in it {
+            let g = if scale != 1.0 { g * scale } else { g };
+            let g = g.clamp(-cap, cap);
+            if self.nesterov {
+                *u = m * (*u + g);
+                *v += *u + g;
+            } else {
+                *u = m * *u + g;
+                *v += *u;
+            }
+            *o = *v;
+        }
+    }
+
+    fn update(&mut self, key: u64, compensated: &[f32], transmitted: &[f32]) {
+        let n = compensated.len();
+        let st = self.state.entry(key).or_default();
+        if st.u.len() != n {
+            st.u.clear();
+            st.u.resize(n, 0.0);
+        }
+        st.v.resize(n, 0.0);
+        let masking = self.masking;
+        for (((v, u), &p), &t) in
+            st.v.iter_mut()
+                .zip(st.u.iter_mut())
+                .zip(compensated)
+                .zip(transmitted)
+        {
+            *v = p - t;
+            if masking && t != 0.0 {
+                *u = 0.0;
+            }
+        }
+    }
+
+    /// One buffer per bucket: `u` followed by `v` (length `2n`).
+    fn export(&self) -> BTreeMap<u64, Vec<f32>> {
+        self.state
+            .iter()
+            .map(|(&k, s)| {
+                let mut b = Vec::with_capacity(s.u.len() + s.v.len());
+                b.extend_from_slice(&s.u);
+                b.extend_from_slice(&s.v);
+                (k, b)
+            })
+            .collect()
+    }
+
+    /// Restores [`Memory::export`]'s layout; a buffer of odd length is not a DGC state
+    /// and is skipped.
+    fn import(&mut self, state: BTreeMap<u64, Vec<f32>>) {
+        self.state.clear();
+        for (k, b) in state {
+            if b.len() % 2 != 0 {
+                continue;
+            }
+            let (u, v) = b.split_at(b.len() / 2);
+            self.state.insert(
+                k,
+                DgcState {
+                    u: u.to_vec(),
+                    v: v.to_vec(),
+                },
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compressor::{compress_new, decompress, decompress_add, payload_bits};
+    use crate::pipeline::Pipeline;
+    use crate::select::{top_k, Scratch};
+
+    fn cfg(ratio: f64, adaptation: Adaptation) -> DgcConfig {
+        DgcConfig {
+            ratio,
+            adaptation,
+            min_sparse_len: 0,
+            ..DgcConfig::default()
+        }
+    }
+
+    /// Roughly Gaussian data with a few heavy outliers.
+    fn data(n: usize, seed: u64) -> Vec<f32> {
+        let mut r = Rng::seed_from_u64(seed);
+        (0..n)
+            .map(|i| {
+                let g: f32 = (0..4).map(|_| r.next_f32()).sum::<f32>() - 2.0;
+                if i % 997 == 0 {
+                    g * 40.0
+                } else {
+                    g
+                }
+            })
+            .collect()
+    }
+
+    fn sent_count(c: &Dgc, bytes: &[u8], n: usize) -> usize {
+        let mut out = vec![0f32; n];
+        decompress_add(c, bytes, &mut out).unwrap();
+        out.iter().filter(|v| **v != 0.0).count()
+    }
+
+    #[test]
+    fn warmup_schedules_match_the_lists_exactly() {
+        let r = 0.001;
+        let exp = Warmup::Exponential { epochs: 4 };
+        let got: Vec<f64> = (0..5).map(|e| exp.sparsity(e, r)).collect();
+        assert_eq!(got, [0.75, 0.9375, 0.984375, 0.99609375, 0.999]);
+        let paddle = Warmup::List {
+            sparsity: paddle_list(),
+        };
+        let got: Vec<f64> = (0..5).map(|e| paddle.sparsity(e, r)).collect();
+        assert_eq!(got, [0.75, 0.9375, 0.984375, 0.996, 0.999]);
+        let geo = Warmup::Geometric { epochs: 4 };
+        let want = [0.251_188_6, 0.063_095_7, 0.015_848_9, 0.003_981_1, 0.001];
+        for (e, w) in want.iter().enumerate() {
+            assert!((geo.density(e as u64, r) - w).abs() < 1e-6, "epoch {e}");
+        }
+        for s in [&exp, &paddle, &geo, &Warmup::None] {
+            let seq: Vec<f64> = (0..20).map(|e| s.sparsity(e, r)).collect();
+            assert!(seq.windows(2).all(|w| w[0] <= w[1]), "{s:?} not monotone");
+            assert!(seq[5..].iter().all(|&x| x == 0.999), "{s:?} not constant");
+        }
+        // Warm-up densities never fall below a coarser final density.
+        assert_eq!(exp.sparsity(3, 0.01), 0.99);
+    }
+
+    #[test]
+    fn compressor_follows_the_warmup_by_step() {
+        let mut c = DgcConfig {
+            warmup: Warmup::Exponential { epochs: 4 },
+            steps_per_epoch: 10,
+            ..cfg(0.001, Adaptation::Exact)
+        }
+        .init()
+        .unwrap();
+        let n = 100_000;
+        let x = data(n, 1);
+        for (step, k) in [
+            (0u64, 25_000usize),
+            (15, 6_250),
+            (29, 1_563),
+            (39, 391),
+            (40, 100),
+        ] {
+            let ctx = Ctx {
+                step,
+                ..Ctx::default()
+            };
+            let p = compress_new(&mut c, &x, &ctx, &mut Rng::seed_from_u64(step)).unwrap();
+            assert_eq!(sent_count(&c, p.as_bytes(), n), k, "step {step}");
+        }
+        let missing = DgcConfig {
+            warmup: Warmup::Geometric { epochs: 3 },
+            ..DgcConfig::default()
+        };
+        assert_eq!(missing.init().err().unwrap().field, "steps_per_epoch");
+    }
+
+    #[test]
+    fn sampled_threshold_counts_stay_within_the_adaptation_bounds() {
+        let n = 200_000;
+        let mut sel = Scratch::default();
+        let mut exact = Vec::new();
+        for seed in 0..6u64 {
+            let x = data(n, seed);
+            for ratio in [0.001, 0.01, 0.1] {
+                let k = keep_count(n, ratio);
+                top_k(n, k, |i| abs_key(x[i]), &mut sel, &mut exact);
+                for mode in [Adaptation::Exact, Adaptation::Synxlin, Adaptation::Grace] {
+                    let mut c = cfg(ratio, mode).init().unwrap();
+                    let p =
+                        compress_new(&mut c, &x, &Ctx::default(), &mut Rng::seed_from_u64(seed))
+                            .unwrap();
+                    let idx = c.scratch.idx.clone();
+                    assert_eq!(sent_count(&c, p.as_bytes(), n), idx.len());
+                    assert!(idx.windows(2).all(|w| w[0] < w[1]));
+                    let got = idx.len() as f64;
+                    let kf = k as f64;
+                    match mode {
+                        Adaptation::Exact => assert_eq!(idx, exact, "seed {seed} ratio {ratio}"),
+                        Adaptation::Synxlin => {
+                            assert!(got <= kf && got >= 0.8 * kf, "synxlin {got} vs {k}")
+                        }
+                        Adaptation::Grace => {
+                            assert!(got >= 0.7 * kf && got <= 1.3 * kf, "grace {got} vs {k}")
+                        }
+                    }
+                    // Every kept magnitude is at least the smallest kept by threshold.
+                    if mode == Adaptation::Grace {
+                        let min_kept = idx
+                            .iter()
+                            .map(|&i| x[i as usize].abs())
+                            .fold(f32::MAX, f32::min);
+                        let dropped_above = (0..n)
+                            .filter(|&i| idx.binary_search(&(i as u32)).is_err())
+                            .any(|i| x[i].abs() >= min_kept);
+                        assert!(!dropped_above, "grace is a threshold rule");
+                    }
+                }
+            }
+        }
+        // A bad estimate (all mass hidden from the sample) is repaired by the exact mode.
+        let mut x = vec![0.001f32; n];
+        for i in (1..n).step_by(100) {
+            x[i] = 1.0 + i as f32;
+        }
+        let mut c = cfg(0.02, Adaptation::Exact).init().unwrap();
+        compress_new(&mut c, &x, &Ctx::default(), &mut Rng::seed_from_u64(0)).unwrap();
+        top_k(
+            n,
+            keep_count(n, 0.02),
+            |i| abs_key(x[i]),
+            &mut sel,
+            &mut exact,
+        );
+        assert_eq!(c.scratch.idx, exact);
+        // Fewer non-zeros than k (one huge, the rest tiny or zero): still exactly k, and
+        // every non-zero is kept.
+        let mut x = vec![0f32; n];
+        x[5] = f32::MAX;
+        x[77] = 1e-40;
+        x[n - 1] = -3.0;
+        compress_new(&mut c, &x, &Ctx::default(), &mut Rng::seed_from_u64(0)).unwrap();
+        assert_eq!(c.scratch.idx.len(), keep_count(n, 0.02));
+        for j in [5u32, 77, n as u32 - 1] {
+            assert!(c.scratch.idx.binary_search(&j).is_ok());
+        }
+    }
+
+    /// f(x) = ½ Σ a_j (x_j − b_j)²  →  g = a ⊙ (x − b).
+    fn quad_grad(x: &[f32], g: &mut [f32]) {
+        for (j, (g, &x)) in g.iter_mut().zip(x).enumerate() {
+            let a = 0.5 + (j % 7) as f32 * 0.3;
+            let b = (j as f32 * 0.37).sin();
+            *g = a * (x - b);
+        }
+    }
+
+    /// Runs `steps` of DGC (memory + compressor at ratio 1 + plain SGD) from x0.
+    fn dgc_trajectory(n: usize, nesterov: bool, masking: bool, steps: usize) -> Vec<Vec<f32>> {
+        let c = cfg(1.0, Adaptation::Exact).init().unwrap();
+        let m = DgcMemory::new(0.9, nesterov, masking, Clip::None);
+        let mut pipe = Pipeline::new(Box::new(c), Box::new(m));
+        let (lr, mut x, mut g) = (0.1f32, vec![1.0f32; n], vec![0f32; n]);
+        let mut traj = Vec::new();
+        let mut payload = Payload::new();
+        let mut agg = vec![0f32; n];
+        for t in 0..steps {
+            quad_grad(&x, &mut g);
+            let ctx = Ctx {
+                step: t as u64,
+                ..Ctx::default()
+            };
+            pipe.compress(&g, &ctx, &mut Rng::seed_from_u64(t as u64), &mut payload)
+                .unwrap();
+            agg.fill(0.0);
+            pipe.decompress_add(payload.as_bytes(), &mut agg).unwrap();
+            for (x, &d) in x.iter_mut().zip(&agg) {
+                *x -= lr * d;
+            }
+            traj.push(x.clone());
+        }
+        traj
+    }
+
+    use crate::compressor::Payload;
+
+    #[test]
+    fn sparsity_zero_reproduces_momentum_sgd() {
+        let (n, steps, lr, m) = (64, 60, 0.1f32, 0.9f32);
+        // Momentum SGD (PyTorch form): buf = m·buf + g; x -= lr·buf.
+        let (mut x, mut buf, mut g) = (vec![1.0f32; n], vec![0f32; n], vec![0f32; n]);
+        let mut heavy = Vec::new();
+        // Nesterov: d = g + m·buf.
+        let (mut xn, mut bufn) = (vec![1.0f32; n], vec![0f32; n]);
+        let mut nest = Vec::new();
+        // Plain SGD.
+        let mut xs = vec![1.0f32; n];
+        let mut plain = Vec::new();
+        for _ in 0..steps {
+            quad_grad(&x, &mut g);
+            for ((x, b), &g) in x.iter_mut().zip(&mut buf).zip(&g) {
+                *b = m * *b + g;
+                *x -= lr * *b;
+            }
+            heavy.push(x.clone());
+            quad_grad(&xn, &mut g);
+            for ((x, b), &g) in xn.iter_mut().zip(&mut bufn).zip(&g) {
+                *b = m * *b + g;
+                *x -= lr * (g + m * *b);
+            }
+            nest.push(xn.clone());
+            quad_grad(&xs, &mut g);
+            for (x, &g) in xs.iter_mut().zip(&g) {
+                *x -= lr * g;
+            }
+            plain.push(xs.clone());
+        }
+        // Heavy ball: identical operations, so bit-identical.
+        assert_eq!(dgc_trajectory(n, false, false, steps), heavy);
+        // Nesterov: algebraically equal, rounding differs.
+        for (a, b) in dgc_trajectory(n, true, false, steps).iter().zip(&nest) {
+            for (a, b) in a.iter().zip(b) {
+                assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
+            }
+        }
+        // Masking on at sparsity 0 erases the momentum every step: plain SGD.
+        assert_eq!(dgc_trajectory(n, false, true, steps), plain);
+        // And the momentum actually matters on this problem.
+        assert_ne!(heavy, plain);
+    }
+
+    #[test]
+    fn masking_zeroes_sent_coordinates_and_ef_invariant_holds() {
+        let n = 20_000;
+        for masking in [true, false] {
+            let mut c = cfg(0.01, Adaptation::Synxlin).init().unwrap();
+            let mut mem = DgcMemory::new(0.9, false, masking, Clip::None);
+            let (mut p, mut t) = (vec![0f32; n], vec![0f32; n]);
+            for step in 0..5u64 {
+                let g = data(n, 100 + step);
+                let u_prev = mem
+                    .momentum_of(7)
+                    .map(|u| u.to_vec())
+                    .unwrap_or(vec![0.0; n]);
+                let v_prev = mem
+                    .velocity_of(7)
+                    .map(|v| v.to_vec())
+                    .unwrap_or(vec![0.0; n]);
+                mem.compensate(7, &g, &mut p);
+                let ctx = Ctx {
+                    step,
+                    bucket: 7,
+                    ..Ctx::default()
+                };
+                let payload =
+                    compress_new(&mut c, &p, &ctx, &mut Rng::seed_from_u64(step)).unwrap();
+                decompress(&c, payload.as_bytes(), &mut t).unwrap();
+                mem.update(7, &p, &t);
+                let (u, v) = (mem.momentum_of(7).unwrap(), mem.velocity_of(7).unwrap());
+                let mut sent = 0;
+                for j in 0..n {
+                    let u_new = 0.9 * u_prev[j] + g[j];
+                    assert_eq!(p[j], v_prev[j] + u_new, "compensate is v + u");
+                    assert_eq!(t[j] + v[j], p[j], "EF invariant at {j}");
+                    if t[j] != 0.0 {
+                        sent += 1;
+                        assert_eq!(t[j], p[j]);
+                        assert_eq!(v[j], 0.0);
+                        assert_eq!(u[j], if masking { 0.0 } else { u_new });
+                    } else {
+                        assert_eq!(v[j], p[j]);
+                        assert_eq!(u[j], u_new);
+                    }
+                }
+                assert!(sent > 0 && sent <= keep_count(n, 0.01));
+            }
+        }
+    }
+
+    #[test]
+    fn clipping_scales_as_specified() {
+        let n = 1000;
+        let g: Vec<f32> = (0..n).map(|i| ((i % 13) as f32 - 6.0) * 0.1).collect();
+        let norm = l2_norm(&g);
+        let mut p = vec![0f32; n];
+        // By norm: Gmax / √N.
+        let (gmax, workers) = (norm as f32, 4u32);
+        let mut m = DgcMemory::new(
+            0.9,
+            false,
+            true,
+            Clip::Norm {
+                max_norm: gmax,
+                workers,
+            },
+        );
+        m.compensate(0, &g, &mut p);
+        let clipped = l2_norm(&p);
+        let limit = gmax as f64 / 2.0;
+        assert!(clipped <= limit * (1.0 + 1e-6) && clipped >= limit * (1.0 - 1e-6));
+        for (a, b) in p.iter().zip(&g) {
+            assert!((a - b * 0.5).abs() <= 1e-6, "direction kept");
+        }
+        // Below the limit nothing changes.
+        let mut m = DgcMemory::new(
+            0.9,
+            false,
+            true,
+            Clip::Norm {
+                max_norm: 10.0 * gmax,
+                workers: 1,
+            },
+        );
+        m.compensate(0, &g, &mut p);
+        assert_eq!(p, g);
+        // By value.
+        let mut m = DgcMemory::new(0.9, false, true, Clip::Value { max: 0.25 });
+        m.compensate(0, &g, &mut p);
+        for (a, b) in p.iter().zip(&g) {
+            assert_eq!(*a, b.clamp(-0.25, 0.25));
+        }
+        assert_eq!(reference_clip_value(&[4.0, 12.0]), 8f32.sqrt());
+    }
+
+    #[test]
+    fn registry_config_with_warmup_round_trips_through_toml() {
+        use crate::config::CompressorConfig;
+        for text in [
+            "kind = \"dgc\"\nsteps_per_epoch = 100\n[warmup]\nkind = \"exponential\"\n",
+            "kind = \"dgc\"\nratio = 0.01\nadaptation = \"synxlin\"\nsteps_per_epoch = 5\n[warmup]\nkind = \"list\"\nsparsity = [0.5, 0.9]\n",
+        ] {
+            let cfg: CompressorConfig = toml::from_str(text).unwrap();
+            let CompressorConfig::Dgc(d) = &cfg else {
+                panic!("not dgc: {cfg:?}")
+            };
+            assert!(!d.warmup.is_none());
+            cfg.build().unwrap();
+            let back: CompressorConfig = toml::from_str(&toml::to_string(&cfg).unwrap()).unwrap();
+            assert_eq!(back, cfg);
+        }
+        let bad: CompressorConfig = toml::from_str(
+            "kind = \"dgc\"\nsteps_per_epoch = 5\n[warmup]\nkind = \"list\"\nsparsity = [1.0]\n",
+        )
+        .unwrap();
+        assert_eq!(bad.build().err().unwrap().field, "warmup.sparsity");
+        assert!(toml::from_str::<CompressorConfig>("kind = \"dgc\"\nwarmpu = 1").is_err());
+    }
+
+    #[test]
+    fn memory_config_parses_and_validates() {
+        use crate::memory::MemoryConfig;
+        let text = "kind = \"dgc-momentum\"\nnesterov = true\n[clip]\nkind = \"norm\"\nmax_norm = 5.0\nworkers = 8\n";
+        let parsed: MemoryConfig = toml::from_str(text).unwrap();
+        let want = MemoryConfig::DgcMomentum {
+            momentum: 0.9,
+            nesterov: true,
+            masking: true,
+            clip: Clip::Norm {
+                max_norm: 5.0,
+                workers: 8,
+            },
+        };
+        assert_eq!(parsed, want);
+        assert!(parsed.owns_momentum() && !MemoryConfig::RESIDUAL.owns_momentum());
+        assert!(parsed.build().is_ok());
+        let back: MemoryConfig = toml::from_str(&toml::to_string(&want).unwrap()).unwrap();
+        assert_eq!(back, want);
+        let bad_workers = MemoryConfig::DgcMomentum {
+            momentum: 0.9,
+            nesterov: false,
+            masking: true,
+            clip: Clip::Norm {
+                max_norm: 1.0,
+                workers: 0,
+            },
+        };
+        assert!(bad_workers.build().is_err());
+        let bad_m = MemoryConfig::DgcMomentum {
+            momentum: 1.0,
+            nesterov: false,
+            masking: true,
+            clip: Clip::None,
+        };
+        assert!(bad_m.build().is_err());
+    }
+
+    #[test]
+    fn small_segments_go_dense_and_sizes_match() {
+        let c0 = DgcConfig {
+            ratio: 0.01,
+            min_sparse_len: 4096,
+            ..DgcConfig::default()
+        };
+        let mut c = c0.init().unwrap();
+        let x = data(20_100, 3);
+        let segs = [0..100, 100..20_100];
+        let ctx = Ctx {
+            segments: &segs,
+            ..Ctx::default()
+        };
+        let p = compress_new(&mut c, &x, &ctx, &mut Rng::seed_from_u64(1)).unwrap();
+        let mut out = vec![0f32; x.len()];
+        decompress(&c, p.as_bytes(), &mut out).unwrap();
+        assert_eq!(&out[..100], &x[..100], "dense pass-through");
+        assert_eq!(out[100..].iter().filter(|v| **v != 0.0).count(), 200);
+        let bits = payload_bits(&c, &[100, 20_000]).unwrap();
+        assert_eq!(bits, 8 * p.encoded_len() as u64);
+        assert_eq!(c.segment_bits(100), Some(8 + 3200));
+        let synx = cfg(0.01, Adaptation::Synxlin).init().unwrap();
+        assert_eq!(synx.segment_bits(100_000), None);
+    }
+
+    #[test]
+    fn memory_state_round_trips_through_export() {
+        let mut m = DgcMemory::new(0.9, true, true, Clip::None);
+        let g = data(300, 9);
+        let mut p = vec![0f32; 300];
+        m.compensate(3, &g, &mut p);
+        m.compensate(5, &g[..100], &mut p[..100]);
+        let state = m.export();
+        assert_eq!(state[&3].len(), 600);
+        let mut m2 = DgcMemory::new(0.9, true, true, Clip::None);
+        m2.import(state);
+        let (mut a, mut b) = (vec![0f32; 300], vec![0f32; 300]);
+        m.compensate(3, &g, &mut a);
+        m2.compensate(3, &g, &mut b);
+        assert_eq!(a, b);
+        assert_eq!(m2.momentum_of(5).unwrap(), m.momentum_of(5).unwrap());
+    }
+
+    #[test]
+    fn decoder_never_panics_on_random_or_mutated_bytes() {
+        let mut c = cfg(0.05, Adaptation::Exact).init().unwrap();
+        let mut rng = Rng::seed_from_u64(99);
+        let x = data(3000, 4);
+        let segs = [0..1000, 1000..1010, 1010..3000];
+        let ctx = Ctx {
+            segments: &segs,
+            ..Ctx::default()
+        };
+        let good = compress_new(&mut c, &x, &ctx, &mut rng)
+            .unwrap()
+            .into_bytes();
+        let mut out = vec![0f32; 3000];
+        decompress(&c, &good, &mut out).unwrap();
+        let mut errors = 0;
+        for trial in 0..4000 {
+            let mut b = good.clone();
+            match trial % 4 {
+                0 => {
+                    let i = rng.below(b.len() as u64) as usize;
+                    b[i] = rng.next_u64() as u8;
+                }
+                1 => b.truncate(rng.below(b.len() as u64) as usize),
+                2 => {
+                    let i = 12 + rng.below((b.len() - 12) as u64) as usize;
+                    b[i] ^= 1 << rng.below(8);
+                }
+                _ => {
+                    let len = rng.below(64) as usize;
+                    b = (0..len).map(|_| rng.next_u64() as u8).collect();
+                    if len > 4 {
+                        b[..4].copy_from_slice(&[0xD7, 1, MethodId::Dgc as u8, 0]);
+                    }
+                }
+            }
+            let mut o = vec![0f32; 3000];
+            if decompress_add(&c, &b, &mut o).is_err() {
+                errors += 1;
+            }
+        }
+        assert!(errors > 1000, "mutations are mostly detected ({errors})");
+    }
+}
