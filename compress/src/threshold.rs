@@ -163,6 +163,8 @@ pub fn read_sign_words_add(
         return Err(WireError::Invalid("more sign words than elements"));
     }
     let words = r.take_items(count, 4, "sign words")?;
+    // Indexed rather than branched: signs are random, a branch would mispredict half the time.
+    let recon = [pos, neg];
     let mut next = 0usize;
     for j in 0..count {
         let word = u32_at(words, j);
@@ -178,7 +180,7 @@ pub fn read_sign_words_add(
                 "sign-word indices not strictly ascending",
             ));
         }
-        out[i] += if word & 1 == 0 { pos } else { neg };
+        out[i] += recon[(word & 1) as usize];
         next = i + 1;
     }
     Ok(())
