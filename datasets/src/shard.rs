@@ -239,4 +239,36 @@ mod tests {
         assert_ne!(e0, e1);
         assert_eq!(d.epoch(), 1);
     }
+
+    proptest::proptest! {
+        #[test]
+        fn shard_properties(len in 0usize..500, w in 1usize..9, epoch in 0u64..4, seed: u64) {
+            for mode in [ShardMode::Exact, ShardMode::DropLast, ShardMode::Pad] {
+                let shards: Vec<Vec<usize>> = (0..w)
+                    .map(|r| ShardSpec { rank: r, world_size: w, seed, shuffle: true, mode }
+                        .indices(len, epoch))
+                    .collect();
+                let total: usize = shards.iter().map(|s| s.len()).sum();
+                let distinct: HashSet<usize> = shards.iter().flatten().copied().collect();
+                let sizes: HashSet<usize> = shards.iter().map(|s| s.len()).collect();
+                proptest::prop_assert!(distinct.iter().all(|&i| i < len));
+                match mode {
+                    ShardMode::Exact => {
+                        proptest::prop_assert_eq!(total, len);
+                        proptest::prop_assert_eq!(distinct.len(), len);
+                    }
+                    ShardMode::DropLast => {
+                        proptest::prop_assert_eq!(total, len - len % w);
+                        proptest::prop_assert_eq!(distinct.len(), total);
+                        proptest::prop_assert_eq!(sizes.len(), 1);
+                    }
+                    ShardMode::Pad => {
+                        proptest::prop_assert_eq!(distinct.len(), len);
+                        proptest::prop_assert_eq!(total, len.div_ceil(w) * w);
+                        proptest::prop_assert_eq!(sizes.len(), 1);
+                    }
+                }
+            }
+        }
+    }
 }
