@@ -238,6 +238,12 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
 pub fn verify_dir(dir: &Path, pins: Option<&[Pin]>) -> Result<Manifest> {
     let m = read_manifest(dir)?;
     if let Some(pins) = pins {
+        if m.files.len() != pins.len() {
+            return Err(DataError::format(
+                dir.join(MANIFEST),
+                format!("lists {} files, {} are pinned", m.files.len(), pins.len()),
+            ));
+        }
         for p in pins {
             match m.files.iter().find(|f| f.path == p.file) {
                 Some(f) if f.sha256 == p.sha256 => {}

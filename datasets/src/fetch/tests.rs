@@ -136,6 +136,24 @@ fn fetch_installs_verifies_and_rerun_is_a_no_op() {
         Status::Ok(_)
     ));
     assert_eq!(entries(&data), ["toy"], "no staging directory left behind");
+    // A manifest listing an extra file does not pass as the pinned dataset.
+    let mut m2 = read_manifest(&data.join("toy")).unwrap();
+    m2.files.push(ManifestFile {
+        path: "extra".into(),
+        bytes: 0,
+        sha256: sha(b""),
+    });
+    std::fs::write(data.join("toy/extra"), b"").unwrap();
+    std::fs::write(
+        data.join("toy").join(MANIFEST),
+        serde_json::to_vec(&m2).unwrap(),
+    )
+    .unwrap();
+    let e = verify_dir(&data.join("toy"), Some(src.pins))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("lists 3 files, 2 are pinned"), "{e}");
+    assert!(verify_dir(&data.join("toy"), None).is_ok());
     // A deleted file too.
     std::fs::remove_file(data.join("toy/b.txt")).unwrap();
     let e = verify_dir(&data.join("toy"), None).unwrap_err().to_string();
