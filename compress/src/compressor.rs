@@ -227,6 +227,7 @@ pub fn effective_segments(
         return Ok(Vec::new());
     }
     if segments.is_empty() {
+        #[allow(clippy::single_range_in_vec_init)] // one segment covering everything
         return Ok(vec![0..n]);
     }
     let mut at = 0;

@@ -16,6 +16,7 @@ use crate::fp16::Fp16Config;
 use crate::memory::MemoryConfig;
 use crate::none::NoneConfig;
 use crate::randomk::RandomKConfig;
+use crate::rangefloat::RangeFloatConfig;
 use crate::topk::TopKConfig;
 
 /// Every compression method, by name. Each variant holds that method's own config.
@@ -34,6 +35,9 @@ pub enum CompressorConfig {
     /// Seeded Random-k.
     #[serde(rename = "randomk")]
     RandomK(RandomKConfig),
+    /// Range-based float quantizer (dense).
+    #[serde(rename = "range-float")]
+    RangeFloat(RangeFloatConfig),
 }
 
 /// One registry entry: the `kind` name, a one-line description, and its default config.
@@ -68,6 +72,11 @@ pub const METHODS: &[MethodInfo] = &[
         about: "seeded unbiased Random-k; indices regenerated from the seed, not sent",
         default: || CompressorConfig::RandomK(RandomKConfig::default()),
     },
+    MethodInfo {
+        name: "range-float",
+        about: "range-based float: 1+e+q-bit codes under one per-tensor Emax (default 8 bits)",
+        default: || CompressorConfig::RangeFloat(RangeFloatConfig::default()),
+    },
 ];
 
 impl CompressorConfig {
@@ -86,6 +95,7 @@ impl CompressorConfig {
             CompressorConfig::Fp16(_) => "fp16",
             CompressorConfig::TopK(_) => "topk",
             CompressorConfig::RandomK(_) => "randomk",
+            CompressorConfig::RangeFloat(_) => "range-float",
         }
     }
 
@@ -96,6 +106,7 @@ impl CompressorConfig {
             CompressorConfig::Fp16(c) => Box::new(c.init()),
             CompressorConfig::TopK(c) => Box::new(c.init()?),
             CompressorConfig::RandomK(c) => Box::new(c.init()?),
+            CompressorConfig::RangeFloat(c) => Box::new(c.init()?),
         })
     }
 
@@ -107,6 +118,12 @@ impl CompressorConfig {
             | CompressorConfig::Fp16(_)
             | CompressorConfig::RandomK(_) => MemoryConfig::None,
             CompressorConfig::TopK(_) => MemoryConfig::RESIDUAL,
+            // Round-to-nearest is biased (and zeroes values below the window): residual;
+            // stochastic rounding is unbiased inside the window: none.
+            CompressorConfig::RangeFloat(c) => match c.rounding {
+                crate::rangefloat::Rounding::Nearest => MemoryConfig::RESIDUAL,
+                crate::rangefloat::Rounding::Stochastic => MemoryConfig::None,
+            },
         }
     }
 }

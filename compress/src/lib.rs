@@ -53,6 +53,7 @@ pub mod memory;
 pub mod none;
 pub mod pipeline;
 pub mod randomk;
+pub mod rangefloat;
 pub mod rng;
 pub mod select;
 pub mod sparse;
