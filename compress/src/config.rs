@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::compressor::Compressor;
 use crate::error::ConfigError;
+use crate::fft::FftConfig;
 use crate::fp16::Fp16Config;
 use crate::memory::MemoryConfig;
 use crate::none::NoneConfig;
@@ -38,6 +39,9 @@ pub enum CompressorConfig {
     /// Range-based float quantizer (dense).
     #[serde(rename = "range-float")]
     RangeFloat(RangeFloatConfig),
+    /// FFT-domain sparsification with range-float quantization.
+    #[serde(rename = "fft")]
+    Fft(FftConfig),
 }
 
 /// One registry entry: the `kind` name, a one-line description, and its default config.
@@ -77,6 +81,11 @@ pub const METHODS: &[MethodInfo] = &[
         about: "range-based float: 1+e+q-bit codes under one per-tensor Emax (default 8 bits)",
         default: || CompressorConfig::RangeFloat(RangeFloatConfig::default()),
     },
+    MethodInfo {
+        name: "fft",
+        about: "FFT sparsification: keep the (1-theta) highest-energy rfft bins, RF-quantized",
+        default: || CompressorConfig::Fft(FftConfig::default()),
+    },
 ];
 
 impl CompressorConfig {
@@ -96,6 +105,7 @@ impl CompressorConfig {
             CompressorConfig::TopK(_) => "topk",
             CompressorConfig::RandomK(_) => "randomk",
             CompressorConfig::RangeFloat(_) => "range-float",
+            CompressorConfig::Fft(_) => "fft",
         }
     }
 
@@ -107,6 +117,7 @@ impl CompressorConfig {
             CompressorConfig::TopK(c) => Box::new(c.init()?),
             CompressorConfig::RandomK(c) => Box::new(c.init()?),
             CompressorConfig::RangeFloat(c) => Box::new(c.init()?),
+            CompressorConfig::Fft(c) => Box::new(c.init()?),
         })
     }
 
@@ -124,6 +135,8 @@ impl CompressorConfig {
                 crate::rangefloat::Rounding::Nearest => MemoryConfig::RESIDUAL,
                 crate::rangefloat::Rounding::Stochastic => MemoryConfig::None,
             },
+            // The paper relies on a diminishing θ rather than EF (ALGORITHMS.md §1.2).
+            CompressorConfig::Fft(_) => MemoryConfig::None,
         }
     }
 }

@@ -48,6 +48,7 @@
 pub mod compressor;
 pub mod config;
 pub mod error;
+pub mod fft;
 pub mod fp16;
 pub mod memory;
 pub mod none;

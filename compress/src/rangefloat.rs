@@ -523,7 +523,7 @@ impl Compressor for RangeFloat {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::compressor::{compress_new, decompress, payload_bits, Ctx};
 
