@@ -56,6 +56,7 @@ pub mod pipeline;
 pub mod randomk;
 pub mod rangefloat;
 pub mod rng;
+pub mod schedule;
 pub mod select;
 pub mod sparse;
 pub mod topk;
