@@ -186,6 +186,7 @@ pub struct RfEncoder {
     half_lo: u32,
     sign_shift: u32,
     lo_f64: f64,
+    below_scale: f64,
 }
 
 impl RfEncoder {
@@ -213,6 +214,7 @@ impl RfEncoder {
             },
             sign_shift: fmt.e + q,
             lo_f64: pow2(emin),
+            below_scale: pow2(32 - emin),
         }
     }
 
@@ -309,39 +311,100 @@ impl RfEncoder {
         self.with_sign(bits, mag)
     }
 
+    /// Branch-free round-to-nearest magnitude for windows inside the f32 normal range.
+    #[inline(always)]
+    fn mag_nearest_normal(&self, abits: u32) -> u32 {
+        let hi = ((abits.wrapping_add(self.half)) >> self.shift)
+            .wrapping_sub(self.base)
+            .min(self.top);
+        let lo = if abits >= self.half_lo { self.one } else { 0 };
+        if abits >= self.fast_lo {
+            hi
+        } else {
+            lo
+        }
+    }
+
+    /// Branch-free stochastic magnitude for windows inside the f32 normal range; the same
+    /// result as [`RfEncoder::code_stochastic`] for the same `r`.
+    #[inline(always)]
+    fn mag_stochastic_normal(&self, abits: u32, r: u32) -> u32 {
+        let rr = (r >> 9) >> (23 - self.shift);
+        let hi = ((abits.wrapping_add(rr)) >> self.shift)
+            .wrapping_sub(self.base)
+            .min(self.top);
+        // Below the window: up with probability a/2^Emin, i.e. r/2^32 < a/2^Emin.
+        let a = f32::from_bits(abits) as f64;
+        let lo = if (r as f64) < a * self.below_scale {
+            self.one
+        } else {
+            0
+        };
+        if abits >= self.fast_lo {
+            hi
+        } else {
+            lo
+        }
+    }
+
     /// Encodes `x` into `out` (zeroed, exactly `bytes_for_bits(x.len()·b)` bytes), codes
-    /// packed LSB-first. Stochastic rounding draws from `rng`.
+    /// packed LSB-first. Stochastic rounding draws from `rng` (32 bits per element).
     pub fn encode(&self, x: &[f32], rounding: Rounding, rng: &mut Rng, out: &mut [u8]) {
         debug_assert_eq!(
             out.len(),
             bytes_for_bits(x.len() as u64 * self.fmt.bits() as u64)
         );
-        match rounding {
-            Rounding::Nearest => self.pack(x, out, |v| self.code_nearest(v)),
-            Rounding::Stochastic => self.pack(x, out, |v| {
-                self.code_stochastic(v, (rng.next_u64() >> 32) as u32)
-            }),
+        let normal = self.emin >= -126;
+        let b = self.fmt.bits() as usize;
+        // Blocks of 256 codes (a whole number of bytes for any width).
+        let mut r = [0u32; 256];
+        for (i, xs) in x.chunks(256).enumerate() {
+            let os = &mut out[i * 32 * b..];
+            let os = &mut os[..bytes_for_bits((xs.len() * b) as u64)];
+            match (rounding, normal) {
+                (Rounding::Nearest, true) => self.pack(xs, os, |v, _| {
+                    let bits = v.to_bits();
+                    self.with_sign(bits, self.mag_nearest_normal(bits & 0x7FFF_FFFF))
+                }),
+                (Rounding::Nearest, false) => self.pack(xs, os, |v, _| self.code_nearest(v)),
+                (Rounding::Stochastic, _) => {
+                    for p in r.chunks_exact_mut(2) {
+                        let u = rng.next_u64();
+                        p[0] = u as u32;
+                        p[1] = (u >> 32) as u32;
+                    }
+                    if normal {
+                        self.pack(xs, os, |v, j| {
+                            let bits = v.to_bits();
+                            let m = self.mag_stochastic_normal(bits & 0x7FFF_FFFF, r[j]);
+                            self.with_sign(bits, m)
+                        })
+                    } else {
+                        self.pack(xs, os, |v, j| self.code_stochastic(v, r[j]))
+                    }
+                }
+            }
         }
     }
 
     #[inline(always)]
-    fn pack(&self, x: &[f32], out: &mut [u8], mut code: impl FnMut(f32) -> u32) {
+    fn pack(&self, x: &[f32], out: &mut [u8], code: impl Fn(f32, usize) -> u32) {
         let b = self.fmt.bits();
         match b {
             8 => {
-                for (o, &v) in out.iter_mut().zip(x) {
-                    *o = code(v) as u8;
+                for (j, (o, &v)) in out.iter_mut().zip(x).enumerate() {
+                    *o = code(v, j) as u8;
                 }
             }
             16 => {
-                for (o, &v) in out.chunks_exact_mut(2).zip(x) {
-                    o.copy_from_slice(&(code(v) as u16).to_le_bytes());
+                for (j, (o, &v)) in out.chunks_exact_mut(2).zip(x).enumerate() {
+                    o.copy_from_slice(&(code(v, j) as u16).to_le_bytes());
                 }
             }
             _ => {
                 let mut w = BitWriter::new(out);
-                for &v in x {
-                    w.put(code(v), b);
+                for (j, &v) in x.iter().enumerate() {
+                    w.put(code(v, j), b);
                 }
                 w.finish();
             }
@@ -622,6 +685,46 @@ pub(crate) mod tests {
                         enc.code_reference(v, Some(u)),
                         "stochastic ({e},{q}) emax {emax} v {v:e} r {r:#x}"
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn block_encoder_matches_reference_for_both_roundings() {
+        let mut rng = Rng::seed_from_u64(19);
+        for (e, q) in FORMATS.into_iter().chain([(8, 2), (1, 0), (7, 23)]) {
+            let fmt = RfFormat::new(e, q).unwrap();
+            for top in [0i32, -90, -120, 60] {
+                let x = log_uniform(&mut rng, 1000, top, 70.0);
+                let emax = emax_of(&x);
+                let enc = RfEncoder::new(fmt, emax);
+                let nbytes = bytes_for_bits(x.len() as u64 * fmt.bits() as u64);
+                for rounding in [Rounding::Nearest, Rounding::Stochastic] {
+                    let mut bytes = vec![0u8; nbytes];
+                    enc.encode(&x, rounding, &mut Rng::seed_from_u64(5), &mut bytes);
+                    // The same random stream: 128 draws per block of 256, low half first.
+                    let mut rs = Rng::seed_from_u64(5);
+                    let mut r = Vec::new();
+                    for _ in 0..x.len().div_ceil(256) {
+                        for _ in 0..128 {
+                            let u = rs.next_u64();
+                            r.push(u as u32);
+                            r.push((u >> 32) as u32);
+                        }
+                    }
+                    let mut br = BitReader::new(&bytes);
+                    for (i, &v) in x.iter().enumerate() {
+                        let u = match rounding {
+                            Rounding::Nearest => None,
+                            Rounding::Stochastic => Some(r[i] as f64 / 4_294_967_296.0),
+                        };
+                        assert_eq!(
+                            br.get(fmt.bits()),
+                            enc.code_reference(v, u),
+                            "({e},{q}) top {top} {rounding:?} v {v:e}"
+                        );
+                    }
                 }
             }
         }
