@@ -472,7 +472,6 @@ impl Fft {
             _ => return Err(WireError::Invalid("unknown fft layout")),
         }
         vals.clear();
-        vals.resize(2 * k, 0.0);
         match self.fmt {
             Some(f) => {
                 let emax = r.u8("fft Emax")? as i8;
@@ -480,10 +479,12 @@ impl Fft {
                     bytes_for_bits(2 * k as u64 * f.bits() as u64),
                     "fft value codes",
                 )?;
+                vals.resize(2 * k, 0.0);
                 RfDecoder::new(f, emax, 2 * k).decode(bytes, vals)?;
             }
             None => {
                 let bytes = r.take_items(2 * k, 4, "fft values")?;
+                vals.resize(2 * k, 0.0);
                 for (j, v) in vals.iter_mut().enumerate() {
                     *v = f32_at(bytes, j);
                     if !v.is_finite() {
@@ -909,6 +910,35 @@ mod tests {
         x[0] = 1.0;
         let mut c = fft(0.6, false); // m = 5, K = 5 − 3 = 2
         assert_eq!(c.select_bins(&x), vec![1, 2]);
+    }
+
+    #[test]
+    fn large_selection_matches_a_full_sort_of_the_energies() {
+        // Large enough for the sampled-threshold path of `select::top_k`.
+        let mut rng = Rng::seed_from_u64(11);
+        for n in [40_000usize, 40_001] {
+            let x: Vec<f32> = gauss(&mut rng, n)
+                .iter()
+                .enumerate()
+                .map(|(j, v)| v + (j as f32 * 0.01).sin() * 3.0)
+                .collect();
+            for theta in [0.5, 0.9, 0.999] {
+                let mut c = fft(theta, true);
+                let keep = c.select_bins(&x);
+                let e: Vec<f32> = c
+                    .enc
+                    .spec
+                    .iter()
+                    .enumerate()
+                    .map(|(k, z)| bin_weight(n, k) * (z.re * z.re + z.im * z.im))
+                    .collect();
+                let mut order: Vec<u32> = (0..e.len() as u32).collect();
+                order.sort_by(|&a, &b| e[b as usize].total_cmp(&e[a as usize]).then(a.cmp(&b)));
+                order.truncate(kept_bins(bins(n), theta));
+                order.sort_unstable();
+                assert_eq!(keep, order, "n {n} θ {theta}");
+            }
+        }
     }
 
     #[test]
