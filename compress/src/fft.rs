@@ -36,7 +36,8 @@
 //! Deterministic and **biased** (an orthogonal projection when `quantize = false`).
 //! Aggregation: all-gather (pattern B); receivers may sum spectra and run one inverse FFT
 //! ([`FftSum`], the linearity shortcut of §0.4). Default memory: none (the paper relies on a
-//! diminishing θ, see [`crate::schedule`]; [`Fft::set_theta`] changes θ between steps).
+//! diminishing θ, see [`crate::schedule`]: set `theta_schedule` in the config, evaluated from
+//! `ctx.step` in [`Compressor::begin`], or call [`Fft::set_theta`] between steps).
 //!
 //! Limits: the decoder refuses (with [`WireError::Invalid`]) a reconstruction that is not
 //! finite, which honest payloads only produce for inputs near `f32::MAX / n`.
@@ -54,6 +55,7 @@ use crate::rangefloat::{
     default_exp_bits, default_mantissa_bits, emax_of, RfDecoder, RfEncoder, RfFormat, Rounding,
 };
 use crate::rng::Rng;
+use crate::schedule::ThetaSchedule;
 use crate::select::{top_k, Scratch};
 use crate::wire::{bytes_for_bits, f32_at, u32_at, Reader, Writer};
 
@@ -107,6 +109,15 @@ pub struct FftConfig {
     /// most this many elements.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunk: Option<usize>,
+    /// Optional θ schedule evaluated at every [`Compressor::begin`] from `ctx.step` (it
+    /// then overrides `theta`), e.g. `theta_schedule = { kind = "inv", theta0 = 0.9,
+    /// tau = 1000 }`. Default none (θ fixed, or driven by [`Fft::set_theta`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub theta_schedule: Option<ThetaSchedule>,
+    /// Optimizer steps per epoch, for schedules with epoch milestones (`step`): epoch =
+    /// `step / steps_per_epoch`. Required (> 0) with a `step` schedule. Default 0.
+    #[serde(default)]
+    pub steps_per_epoch: u64,
 }
 
 fn default_theta() -> f64 {
@@ -126,6 +137,8 @@ impl Default for FftConfig {
             select: Select::EnergyTopk,
             index_coding: IndexCoding::Auto,
             chunk: None,
+            theta_schedule: None,
+            steps_per_epoch: 0,
         }
     }
 }
@@ -148,8 +161,22 @@ impl FftConfig {
         if self.chunk == Some(0) {
             return Err(ConfigError::new("chunk", "must be at least 1"));
         }
+        if let Some(s) = &self.theta_schedule {
+            s.validate()?;
+            if matches!(s, ThetaSchedule::Step { .. }) && self.steps_per_epoch == 0 {
+                return Err(ConfigError::new(
+                    "steps_per_epoch",
+                    "must be set (> 0) with a `step` theta schedule",
+                ));
+            }
+        }
         Ok(Fft {
-            theta: self.theta,
+            theta: self
+                .theta_schedule
+                .as_ref()
+                .map_or(self.theta, |s| s.theta(0, 0)),
+            schedule: self.theta_schedule.clone(),
+            steps_per_epoch: self.steps_per_epoch,
             fmt: self.quantize.then_some(fmt),
             select: self.select,
             coding: self.index_coding,
@@ -193,6 +220,8 @@ struct Shared {
 /// The FFT sparsifier. Holds cached FFT plans and reused scratch buffers.
 pub struct Fft {
     theta: f64,
+    schedule: Option<ThetaSchedule>,
+    steps_per_epoch: u64,
     fmt: Option<RfFormat>,
     select: Select,
     coding: IndexCoding,
@@ -569,6 +598,12 @@ impl Compressor for Fft {
     }
     fn aggregation(&self) -> Aggregation {
         Aggregation::Gather
+    }
+    fn begin(&mut self, _grad: &[f32], ctx: &crate::compressor::Ctx<'_>) {
+        if let Some(s) = &self.schedule {
+            let epoch = ctx.step.checked_div(self.steps_per_epoch).unwrap_or(0);
+            self.theta = s.theta(ctx.step, epoch);
+        }
     }
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
         let chunks: Vec<Range<usize>> = self.chunks(x.len()).collect();
@@ -1061,6 +1096,7 @@ mod tests {
                                 select,
                                 index_coding,
                                 chunk,
+                                ..FftConfig::default()
                             };
                             let mut c = cfg.init().unwrap();
                             for n in [1usize, 2, 3, 8, 65, 130] {
@@ -1201,6 +1237,36 @@ mod tests {
             b.truncate(b.len() - 1);
             assert!(sum.add_payload(&b).is_err());
         }
+    }
+
+    #[test]
+    fn theta_schedule_in_the_config_drives_theta_per_step() {
+        let cfg: FftConfig = toml::from_str(
+            "theta_schedule = { kind = \"step\", theta0 = 0.8, milestones = [1, 2] }\nsteps_per_epoch = 10",
+        )
+        .unwrap();
+        let mut c = cfg.init().unwrap();
+        assert_eq!(c.theta(), 0.8);
+        let x = vec![1f32; 64];
+        let mut rng = Rng::seed_from_u64(0);
+        let mut sizes = Vec::new();
+        for (step, want) in [(0u64, 0.8), (9, 0.8), (10, 0.4), (25, 0.2)] {
+            let ctx = Ctx {
+                step,
+                ..Ctx::default()
+            };
+            let p = compress_new(&mut c, &x, &ctx, &mut rng).unwrap();
+            assert_eq!(c.theta(), want, "step {step}");
+            sizes.push(p.encoded_len());
+        }
+        assert!(sizes[3] > sizes[2] && sizes[2] > sizes[1], "{sizes:?}");
+        let bad: FftConfig =
+            toml::from_str("theta_schedule = { kind = \"step\", theta0 = 0.8, milestones = [1] }")
+                .unwrap();
+        assert_eq!(bad.init().unwrap_err().field, "steps_per_epoch");
+        let bad: FftConfig =
+            toml::from_str("theta_schedule = { kind = \"inv\", theta0 = 0.8, tau = 0 }").unwrap();
+        assert!(bad.init().is_err());
     }
 
     #[test]
