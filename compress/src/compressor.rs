@@ -278,6 +278,55 @@ pub fn first_non_finite(x: &[f32]) -> Option<(usize, f32)> {
     None
 }
 
+/// Parses and validates the framing of `bytes` (header and segment table) for a decoder of
+/// method `method` and an output of `n` elements, returning a reader positioned at the first
+/// segment body and the segment ranges. For receivers that decode bodies themselves (e.g.
+/// summing several spectra before one inverse transform); [`decompress_add`] performs the
+/// same checks.
+pub fn read_frame(
+    method: MethodId,
+    bytes: &[u8],
+    n: usize,
+) -> Result<(Reader<'_>, Vec<Range<usize>>), WireError> {
+    let mut r = Reader::new(bytes);
+    let h = Header::parse(&mut r)?;
+    if h.method != method as u8 {
+        return Err(WireError::WrongMethod {
+            expected: method as u8,
+            found: h.method,
+        });
+    }
+    if h.n != n {
+        return Err(WireError::LengthMismatch {
+            payload: h.n,
+            buffer: n,
+        });
+    }
+    let mut segs = Vec::new();
+    if h.segments == 1 {
+        segs.push(0..n);
+    } else if h.segments > 1 {
+        let table = r.take_items(h.segments, 4, "segment table")?;
+        let mut at = 0usize;
+        for i in 0..h.segments {
+            let len = crate::wire::u32_at(table, i) as usize;
+            if len == 0 {
+                return Err(WireError::BadSegments("empty segment"));
+            }
+            let end = at
+                .checked_add(len)
+                .filter(|&e| e <= h.n)
+                .ok_or(WireError::BadSegments("segments exceed n"))?;
+            segs.push(at..end);
+            at = end;
+        }
+        if at != h.n {
+            return Err(WireError::BadSegments("segments do not cover n"));
+        }
+    }
+    Ok((r, segs))
+}
+
 /// Compresses `grad` into `out` (cleared first; its allocation is reused).
 ///
 /// Fails on non-finite input, on buffers over [`MAX_ELEMS`], on segments longer than

@@ -15,10 +15,12 @@ use crate::compressor::Compressor;
 use crate::dgc::DgcConfig;
 use crate::dropping::GradientDroppingConfig;
 use crate::error::ConfigError;
+use crate::fft::FftConfig;
 use crate::fp16::Fp16Config;
 use crate::memory::MemoryConfig;
 use crate::none::NoneConfig;
 use crate::randomk::RandomKConfig;
+use crate::rangefloat::RangeFloatConfig;
 use crate::scalecom::ScaleComConfig;
 use crate::threshold::ThresholdConfig;
 use crate::topk::TopKConfig;
@@ -68,6 +70,12 @@ pub enum CompressorConfig {
     /// ScaleCom cyclic local top-k: a shared, leader-chosen index set (summable).
     #[serde(rename = "scalecom")]
     ScaleCom(ScaleComConfig),
+    /// Range-based float quantizer (dense).
+    #[serde(rename = "range-float")]
+    RangeFloat(RangeFloatConfig),
+    /// FFT-domain sparsification with range-float quantization.
+    #[serde(rename = "fft")]
+    Fft(FftConfig),
 }
 
 /// One registry entry: the `kind` name, a one-line description, and its default config.
@@ -142,6 +150,16 @@ pub const METHODS: &[MethodInfo] = &[
         about: "ScaleCom cyclic local top-k: leader-chosen shared indices, all-reduce summable",
         default: || CompressorConfig::ScaleCom(ScaleComConfig::default()),
     },
+    MethodInfo {
+        name: "range-float",
+        about: "range-based float: 1+e+q-bit codes under one per-tensor Emax (default 8 bits)",
+        default: || CompressorConfig::RangeFloat(RangeFloatConfig::default()),
+    },
+    MethodInfo {
+        name: "fft",
+        about: "FFT sparsification: keep the (1-theta) highest-energy rfft bins, RF-quantized",
+        default: || CompressorConfig::Fft(FftConfig::default()),
+    },
 ];
 
 impl CompressorConfig {
@@ -168,6 +186,8 @@ impl CompressorConfig {
             CompressorConfig::GradientDropping(_) => "gradient-dropping",
             CompressorConfig::Dgc(_) => "dgc",
             CompressorConfig::ScaleCom(_) => "scalecom",
+            CompressorConfig::RangeFloat(_) => "range-float",
+            CompressorConfig::Fft(_) => "fft",
         }
     }
 
@@ -186,6 +206,8 @@ impl CompressorConfig {
             CompressorConfig::GradientDropping(c) => Box::new(c.init()?),
             CompressorConfig::Dgc(c) => Box::new(c.init()?),
             CompressorConfig::ScaleCom(c) => Box::new(c.init()?),
+            CompressorConfig::RangeFloat(c) => Box::new(c.init()?),
+            CompressorConfig::Fft(c) => Box::new(c.init()?),
         })
     }
 
@@ -210,6 +232,14 @@ impl CompressorConfig {
                 clip: crate::dgc::Clip::None,
             },
             CompressorConfig::ScaleCom(_) => MemoryConfig::LowPass { beta: 1.0 },
+            // Round-to-nearest is biased (and zeroes values below the window): residual;
+            // stochastic rounding is unbiased inside the window: none.
+            CompressorConfig::RangeFloat(c) => match c.rounding {
+                crate::rangefloat::Rounding::Nearest => MemoryConfig::RESIDUAL,
+                crate::rangefloat::Rounding::Stochastic => MemoryConfig::None,
+            },
+            // The paper relies on a diminishing θ rather than EF (ALGORITHMS.md §1.2).
+            CompressorConfig::Fft(_) => MemoryConfig::None,
         }
     }
 }

@@ -1,0 +1,1300 @@
+//! `fft`: FFT-domain gradient sparsification with range-float quantization (Wang et al.,
+//! ALGORITHMS.md §1).
+//!
+//! Per segment (or per chunk of `chunk` elements), of length `n`:
+//! 1. `X = rfft(x)`, `m = n/2 + 1` bins, weights `w_k = 1` for DC and (even `n`) Nyquist,
+//!    else 2; bin energy `E_k = w_k|X_k|²` (so `Σ E_k / n = ‖x‖²`).
+//! 2. Keep `K = m − ⌊θm⌋` bins: the `K` largest energies (ties → smaller `k`, exact O(m)
+//!    selection by [`crate::select`]), or with `select = "lowpass"` bins `0..K`.
+//! 3. Send the kept coefficients **normalised by `1/n`** (`Y_k = X_k/n`, bounded by
+//!    `max|x|`), so the receiver's inverse is the plain unnormalised C2R transform and no
+//!    value can overflow; `(Re Y_k, Im Y_k)` per kept bin in ascending `k`, RF-quantized
+//!    (§2, round to nearest) under one `Emax` per chunk, or as raw `f32`.
+//!
+//! **DC and Nyquist**: their imaginary parts are identically zero and the inverse ignores
+//! them. They keep their slot in the value stream but the slot is always written as exact
+//! zero (RF code 0 / `0.0f32`) and the decoder rejects anything else. This costs at most
+//! `2b` bits per chunk and makes the size a function of `n` and the configuration only
+//! (instead of depending on whether DC/Nyquist were selected), so [`Compressor::segment_bits`]
+//! is exact; nothing is quantized on those parts, so the error identity of §1.3 #11 holds.
+//!
+//! ## Body (one per chunk; chunks of a segment are consecutive)
+//! ```text
+//! u8   layout    0 = u32 index list, 1 = bitmap of m bits, 2 = prefix 0..K (lowpass)
+//! u8   e         RF exponent bits (0: raw f32 values)
+//! u8   q         RF mantissa bits (0 for f32)
+//! u32  K         bins kept (≤ m)
+//! index part     list: K × u32 ascending; bitmap: ⌈m/8⌉ bytes LSB-first; prefix: nothing
+//! values         RF: i8 Emax, ⌈2K·b/8⌉ bytes of b-bit codes; f32: 2K × f32
+//! ```
+//! `index_coding = "auto"` takes the bitmap when `8⌈m/8⌉ < 32K` (density above 1/32).
+//! Bits of a chunk: `56 + index + (8 + 2Kb | 64K)`; [`Fft::segment_bits`] sums the chunks
+//! (each chunk but the last byte-aligned). With a bitmap that is ≈ `0.5 + (1−θ)·b`
+//! bits/element (a bitmap over `m ≈ n/2` bins, two values per kept bin): ≈ 1.3 at θ = 0.9,
+//! b = 8, as in §1.2.
+//!
+//! Deterministic and **biased** (an orthogonal projection when `quantize = false`).
+//! Aggregation: all-gather (pattern B); receivers may sum spectra and run one inverse FFT
+//! ([`FftSum`], the linearity shortcut of §0.4). Default memory: none (the paper relies on a
+//! diminishing θ, see [`crate::schedule`]: set `theta_schedule` in the config, evaluated from
+//! `ctx.step` in [`Compressor::begin`], or call [`Fft::set_theta`] between steps).
+//!
+//! Limits: the decoder refuses (with [`WireError::Invalid`]) a reconstruction that is not
+//! finite, which honest payloads only produce for inputs near `f32::MAX / n`.
+
+use std::ops::Range;
+use std::sync::Mutex;
+
+use realfft::num_complex::Complex;
+use realfft::RealFftPlanner;
+use serde::{Deserialize, Serialize};
+
+use crate::compressor::{read_frame, Aggregation, Compressor, MethodId};
+use crate::error::{ConfigError, WireError};
+use crate::rangefloat::{
+    default_exp_bits, default_mantissa_bits, emax_of, RfDecoder, RfEncoder, RfFormat, Rounding,
+};
+use crate::rng::Rng;
+use crate::schedule::ThetaSchedule;
+use crate::select::{top_k, Scratch};
+use crate::wire::{bytes_for_bits, f32_at, u32_at, Reader, Writer};
+
+/// Which bins are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Select {
+    /// The `K` bins of largest energy `w_k|X_k|²` (ties → smaller `k`).
+    #[default]
+    EnergyTopk,
+    /// Bins `0..K` (no index part on the wire).
+    Lowpass,
+}
+
+/// How the kept bin set is written (ignored by `lowpass`, which sends no indices).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IndexCoding {
+    /// Whichever of bitmap and list is smaller.
+    #[default]
+    Auto,
+    /// A bitmap of `m` bits.
+    Bitmap,
+    /// Ascending `u32` bin indices.
+    List,
+}
+
+/// Configuration of [`Fft`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FftConfig {
+    /// Drop ratio θ ∈ [0, 1): the fraction of the `m` bins set to zero. Default 0.9.
+    #[serde(default = "default_theta")]
+    pub theta: f64,
+    /// RF exponent bits (1..=8). Default 4.
+    #[serde(default = "default_exp_bits")]
+    pub exp_bits: u8,
+    /// RF mantissa bits (0..=23). Default 3.
+    #[serde(default = "default_mantissa_bits")]
+    pub mantissa_bits: u8,
+    /// RF-quantize the kept coefficients (default true); false sends `f32`.
+    #[serde(default = "default_true")]
+    pub quantize: bool,
+    /// `energy-topk` (default) or `lowpass`.
+    #[serde(default)]
+    pub select: Select,
+    /// `auto` (default), `bitmap` or `list`.
+    #[serde(default)]
+    pub index_coding: IndexCoding,
+    /// Transform length: `None` (default) = one transform per segment, else chunks of at
+    /// most this many elements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk: Option<usize>,
+    /// Optional θ schedule evaluated at every [`Compressor::begin`] from `ctx.step` (it
+    /// then overrides `theta`), e.g. `theta_schedule = { kind = "inv", theta0 = 0.9,
+    /// tau = 1000 }`. Default none (θ fixed, or driven by [`Fft::set_theta`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub theta_schedule: Option<ThetaSchedule>,
+    /// Optimizer steps per epoch, for schedules with epoch milestones (`step`): epoch =
+    /// `step / steps_per_epoch`. Required (> 0) with a `step` schedule. Default 0.
+    #[serde(default)]
+    pub steps_per_epoch: u64,
+}
+
+fn default_theta() -> f64 {
+    0.9
+}
+fn default_true() -> bool {
+    true
+}
+
+impl Default for FftConfig {
+    fn default() -> Self {
+        FftConfig {
+            theta: default_theta(),
+            exp_bits: default_exp_bits(),
+            mantissa_bits: default_mantissa_bits(),
+            quantize: true,
+            select: Select::EnergyTopk,
+            index_coding: IndexCoding::Auto,
+            chunk: None,
+            theta_schedule: None,
+            steps_per_epoch: 0,
+        }
+    }
+}
+
+fn check_theta(theta: f64) -> Result<(), ConfigError> {
+    if !(0.0..1.0).contains(&theta) {
+        return Err(ConfigError::new(
+            "theta",
+            format!("must be in [0, 1), got {theta}"),
+        ));
+    }
+    Ok(())
+}
+
+impl FftConfig {
+    /// Checks the parameters and builds the compressor.
+    pub fn init(&self) -> Result<Fft, ConfigError> {
+        check_theta(self.theta)?;
+        let fmt = RfFormat::new(self.exp_bits, self.mantissa_bits)?;
+        if self.chunk == Some(0) {
+            return Err(ConfigError::new("chunk", "must be at least 1"));
+        }
+        if let Some(s) = &self.theta_schedule {
+            s.validate()?;
+            if matches!(s, ThetaSchedule::Step { .. }) && self.steps_per_epoch == 0 {
+                return Err(ConfigError::new(
+                    "steps_per_epoch",
+                    "must be set (> 0) with a `step` theta schedule",
+                ));
+            }
+        }
+        Ok(Fft {
+            theta: self
+                .theta_schedule
+                .as_ref()
+                .map_or(self.theta, |s| s.theta(0, 0)),
+            schedule: self.theta_schedule.clone(),
+            steps_per_epoch: self.steps_per_epoch,
+            fmt: self.quantize.then_some(fmt),
+            select: self.select,
+            coding: self.index_coding,
+            chunk: self.chunk,
+            enc: EncScratch::default(),
+            shared: Mutex::new(Shared {
+                planner: RealFftPlanner::new(),
+                dec: DecScratch::default(),
+            }),
+        })
+    }
+}
+
+#[derive(Default)]
+struct EncScratch {
+    input: Vec<f32>,
+    spec: Vec<Complex<f32>>,
+    fft_scratch: Vec<Complex<f32>>,
+    keys: Vec<u32>,
+    keep: Vec<u32>,
+    vals: Vec<f32>,
+    sel: Scratch,
+}
+
+#[derive(Default)]
+struct DecScratch {
+    spec: Vec<Complex<f32>>,
+    real: Vec<f32>,
+    fft_scratch: Vec<Complex<f32>>,
+    keep: Vec<u32>,
+    vals: Vec<f32>,
+}
+
+/// Plans (cached per length by the planner) and decode buffers, behind a lock because
+/// decoding takes `&self`.
+struct Shared {
+    planner: RealFftPlanner<f32>,
+    dec: DecScratch,
+}
+
+/// The FFT sparsifier. Holds cached FFT plans and reused scratch buffers.
+pub struct Fft {
+    theta: f64,
+    schedule: Option<ThetaSchedule>,
+    steps_per_epoch: u64,
+    fmt: Option<RfFormat>,
+    select: Select,
+    coding: IndexCoding,
+    chunk: Option<usize>,
+    enc: EncScratch,
+    shared: Mutex<Shared>,
+}
+
+impl std::fmt::Debug for Fft {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fft")
+            .field("theta", &self.theta)
+            .field("fmt", &self.fmt)
+            .field("select", &self.select)
+            .field("coding", &self.coding)
+            .field("chunk", &self.chunk)
+            .finish_non_exhaustive()
+    }
+}
+
+const LIST: u8 = 0;
+const BITMAP: u8 = 1;
+const PREFIX: u8 = 2;
+
+/// Number of rfft bins of a length-`n` transform, `n/2 + 1`.
+pub fn bins(n: usize) -> usize {
+    n / 2 + 1
+}
+
+/// Bins kept out of `m` at drop ratio θ: `K = m − ⌊θm⌋` (≥ 1 for θ < 1).
+pub fn kept_bins(m: usize, theta: f64) -> usize {
+    let d = ((theta * m as f64).floor() as usize).min(m.saturating_sub(1));
+    m - d
+}
+
+/// Hermitian multiplicity of bin `k` of a length-`n` transform.
+#[inline]
+pub fn bin_weight(n: usize, k: usize) -> f32 {
+    if k == 0 || (n % 2 == 0 && k == n / 2) {
+        1.0
+    } else {
+        2.0
+    }
+}
+
+fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Fft {
+    /// The current drop ratio θ.
+    pub fn theta(&self) -> f64 {
+        self.theta
+    }
+
+    /// Sets θ for the following steps (driven by a [`crate::schedule`]). Payloads carry `K`,
+    /// so receivers need not know θ.
+    pub fn set_theta(&mut self, theta: f64) -> Result<(), ConfigError> {
+        check_theta(theta)?;
+        self.theta = theta;
+        Ok(())
+    }
+
+    /// Chunk ranges (relative to the segment) of a segment of `n` elements.
+    fn chunks(&self, n: usize) -> impl Iterator<Item = Range<usize>> {
+        let c = self.chunk.unwrap_or(n).max(1);
+        (0..n.div_ceil(c)).map(move |i| i * c..((i + 1) * c).min(n))
+    }
+
+    fn layout(&self, m: usize, k: usize) -> u8 {
+        match (self.select, self.coding) {
+            (Select::Lowpass, _) => PREFIX,
+            (_, IndexCoding::Bitmap) => BITMAP,
+            (_, IndexCoding::List) => LIST,
+            (_, IndexCoding::Auto) => {
+                if (m.div_ceil(8) as u64) * 8 < 32 * k as u64 {
+                    BITMAP
+                } else {
+                    LIST
+                }
+            }
+        }
+    }
+
+    /// Exact bits of one chunk body of length `n` at the current θ.
+    pub fn chunk_bits(&self, n: usize) -> u64 {
+        let m = bins(n);
+        let k = kept_bins(m, self.theta) as u64;
+        let idx = match self.layout(m, k as usize) {
+            LIST => 32 * k,
+            BITMAP => 8 * m.div_ceil(8) as u64,
+            _ => 0,
+        };
+        let vals = match self.fmt {
+            Some(f) => f.block_bits(2 * k as usize),
+            None => 64 * k,
+        };
+        56 + idx + vals
+    }
+
+    /// The bins this compressor keeps for `x` (one chunk), ascending. For diagnostics/tests.
+    pub fn select_bins(&mut self, x: &[f32]) -> Vec<u32> {
+        self.forward(x);
+        self.choose(x.len());
+        self.enc.keep.clone()
+    }
+
+    /// Forward transform of `x` (scaled by a power of two into `[1, 2)` at the top so that
+    /// energies neither overflow nor underflow) into `enc.spec`; returns the factor that
+    /// turns `enc.spec` into `Y = X/n`.
+    fn forward(&mut self, x: &[f32]) -> f32 {
+        let n = x.len();
+        let mut amax = 0u32;
+        for v in x {
+            amax = amax.max(v.to_bits() & 0x7FFF_FFFF);
+        }
+        let e0 = if amax == 0 {
+            0
+        } else {
+            (emax_of_bits(amax)).clamp(-100, 100)
+        };
+        let pre = pow2_f32(-e0);
+        let enc = &mut self.enc;
+        enc.input.clear();
+        enc.input.extend(x.iter().map(|&v| v * pre));
+        let plan = lock(&self.shared).planner.plan_fft_forward(n);
+        enc.spec.resize(bins(n), Complex::default());
+        enc.fft_scratch
+            .resize(plan.get_scratch_len(), Complex::default());
+        // Lengths match the plan by construction, so this cannot fail.
+        let _ = plan.process_with_scratch(&mut enc.input, &mut enc.spec, &mut enc.fft_scratch);
+        (pow2_f64(e0) / n as f64) as f32
+    }
+
+    /// Fills `enc.keep` with the kept bins of the spectrum in `enc.spec` (length `n`).
+    fn choose(&mut self, n: usize) {
+        let m = bins(n);
+        let k = kept_bins(m, self.theta);
+        let enc = &mut self.enc;
+        enc.keep.clear();
+        match self.select {
+            Select::Lowpass => enc.keep.extend(0..k as u32),
+            Select::EnergyTopk => {
+                enc.keys.clear();
+                enc.keys.extend(enc.spec.iter().enumerate().map(|(i, c)| {
+                    let e = bin_weight(n, i) * (c.re * c.re + c.im * c.im);
+                    e.to_bits() + 1
+                }));
+                let keys = &enc.keys;
+                top_k(m, k, |i| keys[i], &mut enc.sel, &mut enc.keep);
+            }
+        }
+    }
+
+    fn encode_chunk(&mut self, x: &[f32], w: &mut Writer<'_>) {
+        let n = x.len();
+        let m = bins(n);
+        let post = self.forward(x);
+        self.choose(n);
+        let layout = self.layout(m, self.enc.keep.len());
+        let enc = &mut self.enc;
+        let k = enc.keep.len();
+        let nyq = if n % 2 == 0 { n / 2 } else { usize::MAX };
+        enc.vals.clear();
+        for &b in &enc.keep {
+            let c = enc.spec[b as usize];
+            let b = b as usize;
+            let im = if b == 0 || b == nyq { 0.0 } else { c.im * post };
+            // Y is bounded by ~2·max|x|; clamp the (only theoretical) overflow near f32::MAX.
+            enc.vals.push((c.re * post).clamp(-f32::MAX, f32::MAX));
+            enc.vals.push(im.clamp(-f32::MAX, f32::MAX));
+        }
+        w.u8(layout);
+        match self.fmt {
+            Some(f) => {
+                w.u8(f.exp_bits() as u8);
+                w.u8(f.mantissa_bits() as u8);
+            }
+            None => {
+                w.u8(0);
+                w.u8(0);
+            }
+        }
+        w.u32(k as u32);
+        match layout {
+            LIST => w.u32_slice(&enc.keep),
+            BITMAP => {
+                let bm = w.zeroed(m.div_ceil(8));
+                for &i in &enc.keep {
+                    bm[(i >> 3) as usize] |= 1 << (i & 7);
+                }
+            }
+            _ => {}
+        }
+        match self.fmt {
+            Some(f) => {
+                let emax = emax_of(&enc.vals);
+                w.u8(emax as u8);
+                let out = w.zeroed(bytes_for_bits(enc.vals.len() as u64 * f.bits() as u64));
+                // Nearest rounding never draws from the RNG.
+                RfEncoder::new(f, emax).encode(
+                    &enc.vals,
+                    Rounding::Nearest,
+                    &mut Rng::seed_from_u64(0),
+                    out,
+                );
+            }
+            None => w.f32_slice(&enc.vals),
+        }
+    }
+
+    /// Reads one chunk body of length `n` and adds its coefficients into `spec` (`m` bins).
+    fn decode_chunk_add(
+        &self,
+        r: &mut Reader<'_>,
+        n: usize,
+        spec: &mut [Complex<f32>],
+        keep: &mut Vec<u32>,
+        vals: &mut Vec<f32>,
+    ) -> Result<(), WireError> {
+        let m = bins(n);
+        debug_assert_eq!(spec.len(), m);
+        let layout = r.u8("fft layout")?;
+        let e = r.u8("fft exponent bits")?;
+        let q = r.u8("fft mantissa bits")?;
+        let k = r.u32("fft kept bins")? as usize;
+        let expect = match self.fmt {
+            Some(f) => (f.exp_bits() as u8, f.mantissa_bits() as u8),
+            None => (0, 0),
+        };
+        if (e, q) != expect {
+            return Err(WireError::Invalid(
+                "fft value format differs from the configuration",
+            ));
+        }
+        if k > m {
+            return Err(WireError::Invalid("fft keeps more bins than exist"));
+        }
+        keep.clear();
+        match layout {
+            LIST => {
+                let idx = r.take_items(k, 4, "fft bin list")?;
+                let mut prev: i64 = -1;
+                for j in 0..k {
+                    let i = u32_at(idx, j);
+                    if i as usize >= m {
+                        return Err(WireError::IndexOutOfRange {
+                            index: i as u64,
+                            len: m,
+                        });
+                    }
+                    if i as i64 <= prev {
+                        return Err(WireError::Invalid("fft bin list is not ascending"));
+                    }
+                    prev = i as i64;
+                    keep.push(i);
+                }
+            }
+            BITMAP => {
+                let bm = r.take(m.div_ceil(8), "fft bin bitmap")?;
+                let set: usize = bm.iter().map(|b| b.count_ones() as usize).sum();
+                if set != k {
+                    return Err(WireError::Invalid("fft bitmap population differs from K"));
+                }
+                if m % 8 != 0 && (bm[bm.len() - 1] >> (m % 8)) != 0 {
+                    return Err(WireError::Invalid("fft bitmap has bits past the last bin"));
+                }
+                for (bi, &b) in bm.iter().enumerate() {
+                    let mut b = b;
+                    while b != 0 {
+                        keep.push((bi * 8) as u32 + b.trailing_zeros());
+                        b &= b - 1;
+                    }
+                }
+            }
+            PREFIX => keep.extend(0..k as u32),
+            _ => return Err(WireError::Invalid("unknown fft layout")),
+        }
+        vals.clear();
+        match self.fmt {
+            Some(f) => {
+                let emax = r.u8("fft Emax")? as i8;
+                let bytes = r.take(
+                    bytes_for_bits(2 * k as u64 * f.bits() as u64),
+                    "fft value codes",
+                )?;
+                vals.resize(2 * k, 0.0);
+                RfDecoder::new(f, emax, 2 * k).decode(bytes, vals)?;
+            }
+            None => {
+                let bytes = r.take_items(2 * k, 4, "fft values")?;
+                vals.resize(2 * k, 0.0);
+                for (j, v) in vals.iter_mut().enumerate() {
+                    *v = f32_at(bytes, j);
+                    if !v.is_finite() {
+                        return Err(WireError::Invalid("non-finite fft value"));
+                    }
+                }
+            }
+        }
+        let nyq = if n % 2 == 0 { n / 2 } else { usize::MAX };
+        for (j, &b) in keep.iter().enumerate() {
+            let b = b as usize;
+            let (re, im) = (vals[2 * j], vals[2 * j + 1]);
+            if (b == 0 || b == nyq) && im != 0.0 {
+                return Err(WireError::Invalid(
+                    "fft imaginary part of DC/Nyquist is not zero",
+                ));
+            }
+            spec[b].re += re;
+            spec[b].im += im;
+        }
+        Ok(())
+    }
+
+    /// Inverse transform of `spec` (length `n`), then adds into `out` after checking that
+    /// the reconstruction is finite.
+    fn inverse_add(
+        shared: &mut Shared,
+        spec: &mut [Complex<f32>],
+        out: &mut [f32],
+    ) -> Result<(), WireError> {
+        let n = out.len();
+        let plan = shared.planner.plan_fft_inverse(n);
+        let d = &mut shared.dec;
+        d.real.resize(n, 0.0);
+        d.fft_scratch
+            .resize(plan.get_scratch_len(), Complex::default());
+        // DC/Nyquist imaginary parts were validated as zero; sums of zeros stay zero.
+        plan.process_with_scratch(spec, &mut d.real, &mut d.fft_scratch)
+            .map_err(|_| WireError::Invalid("fft inverse transform refused the spectrum"))?;
+        if d.real.iter().fold(false, |acc, v| acc | !v.is_finite()) {
+            return Err(WireError::Invalid("fft reconstruction is not finite"));
+        }
+        for (o, v) in out.iter_mut().zip(&d.real) {
+            *o += v;
+        }
+        Ok(())
+    }
+
+    /// A receiver-side accumulator for `n`-element buffers: decode several workers'
+    /// payloads into one summed spectrum and run one inverse FFT per chunk (§0.4).
+    pub fn sum(&self, n: usize) -> FftSum<'_> {
+        FftSum {
+            fft: self,
+            n,
+            segs: None,
+            spectra: Vec::new(),
+            payloads: 0,
+            failed: false,
+            keep: Vec::new(),
+            vals: Vec::new(),
+        }
+    }
+}
+
+#[inline]
+fn emax_of_bits(abs_bits: u32) -> i32 {
+    crate::rangefloat::emax_of_abs_bits(abs_bits) as i32
+}
+
+fn pow2_f64(e: i32) -> f64 {
+    f64::from_bits(((e + 1023) as u64) << 52)
+}
+
+fn pow2_f32(e: i32) -> f32 {
+    debug_assert!((-126..=127).contains(&e));
+    f32::from_bits(((e + 127) as u32) << 23)
+}
+
+impl Compressor for Fft {
+    fn method(&self) -> MethodId {
+        MethodId::Fft
+    }
+    fn aggregation(&self) -> Aggregation {
+        Aggregation::Gather
+    }
+    fn begin(&mut self, _grad: &[f32], ctx: &crate::compressor::Ctx<'_>) {
+        if let Some(s) = &self.schedule {
+            let epoch = ctx.step.checked_div(self.steps_per_epoch).unwrap_or(0);
+            self.theta = s.theta(ctx.step, epoch);
+        }
+    }
+    fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
+        let chunks: Vec<Range<usize>> = self.chunks(x.len()).collect();
+        for c in chunks {
+            self.encode_chunk(&x[c], w);
+        }
+    }
+    fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
+        let mut guard = lock(&self.shared);
+        let sh = &mut *guard;
+        for c in self.chunks(out.len()) {
+            let n = c.len();
+            let mut spec = std::mem::take(&mut sh.dec.spec);
+            let mut keep = std::mem::take(&mut sh.dec.keep);
+            let mut vals = std::mem::take(&mut sh.dec.vals);
+            spec.clear();
+            spec.resize(bins(n), Complex::default());
+            let res = self
+                .decode_chunk_add(r, n, &mut spec, &mut keep, &mut vals)
+                .and_then(|()| Self::inverse_add(sh, &mut spec, &mut out[c]));
+            sh.dec.spec = spec;
+            sh.dec.keep = keep;
+            sh.dec.vals = vals;
+            res?;
+        }
+        Ok(())
+    }
+    fn segment_bits(&self, n: usize) -> Option<u64> {
+        let chunks: Vec<usize> = self.chunks(n).map(|c| c.len()).collect();
+        let mut bits = 0;
+        for (i, &l) in chunks.iter().enumerate() {
+            let b = self.chunk_bits(l);
+            bits += if i + 1 < chunks.len() {
+                b.div_ceil(8) * 8
+            } else {
+                b
+            };
+        }
+        Some(bits)
+    }
+}
+
+/// Sums the spectra of several [`Fft`] payloads of the same buffer layout, then runs one
+/// inverse FFT per chunk ([`FftSum::finish`]): equal, up to round-off, to summing the
+/// individual decompressions, at the cost of one inverse transform instead of `P`.
+pub struct FftSum<'a> {
+    fft: &'a Fft,
+    n: usize,
+    segs: Option<Vec<Range<usize>>>,
+    spectra: Vec<Complex<f32>>,
+    payloads: usize,
+    failed: bool,
+    keep: Vec<u32>,
+    vals: Vec<f32>,
+}
+
+impl FftSum<'_> {
+    /// Number of payloads added so far.
+    pub fn payloads(&self) -> usize {
+        self.payloads
+    }
+
+    /// Decodes one full payload (as produced by [`crate::compress`] with this
+    /// configuration) into the running spectrum sum. All payloads must have the same
+    /// segment layout. After an error the accumulator is unusable: [`FftSum::finish`] then
+    /// fails too.
+    pub fn add_payload(&mut self, bytes: &[u8]) -> Result<(), WireError> {
+        let res = self.add_inner(bytes);
+        if res.is_err() {
+            self.failed = true;
+        }
+        res
+    }
+
+    fn add_inner(&mut self, bytes: &[u8]) -> Result<(), WireError> {
+        if self.failed {
+            return Err(WireError::Invalid("fft sum already failed"));
+        }
+        let (mut r, segs) = read_frame(MethodId::Fft, bytes, self.n)?;
+        match &self.segs {
+            None => {
+                let total: usize = segs
+                    .iter()
+                    .flat_map(|s| self.fft.chunks(s.len()))
+                    .map(|c| bins(c.len()))
+                    .sum();
+                self.spectra = vec![Complex::default(); total];
+                self.segs = Some(segs.clone());
+            }
+            Some(s) if *s != segs => {
+                return Err(WireError::BadSegments(
+                    "payloads of one sum disagree on segments",
+                ))
+            }
+            Some(_) => {}
+        }
+        let mut at = 0;
+        for s in &segs {
+            for c in self.fft.chunks(s.len()) {
+                let m = bins(c.len());
+                self.fft.decode_chunk_add(
+                    &mut r,
+                    c.len(),
+                    &mut self.spectra[at..at + m],
+                    &mut self.keep,
+                    &mut self.vals,
+                )?;
+                at += m;
+            }
+        }
+        if r.remaining() != 0 {
+            return Err(WireError::TrailingBytes(r.remaining()));
+        }
+        self.payloads += 1;
+        Ok(())
+    }
+
+    /// Inverse-transforms the summed spectra and **adds** the result into `out`
+    /// (`out.len()` must be `n`). With no payload added, `out` is unchanged.
+    pub fn finish(mut self, out: &mut [f32]) -> Result<(), WireError> {
+        if self.failed {
+            return Err(WireError::Invalid("fft sum had a malformed payload"));
+        }
+        if out.len() != self.n {
+            return Err(WireError::LengthMismatch {
+                payload: self.n,
+                buffer: out.len(),
+            });
+        }
+        let Some(segs) = self.segs.take() else {
+            return Ok(());
+        };
+        let mut guard = lock(&self.fft.shared);
+        let mut at = 0;
+        for s in &segs {
+            for c in self.fft.chunks(s.len()) {
+                let m = bins(c.len());
+                let range = s.start + c.start..s.start + c.end;
+                Fft::inverse_add(&mut guard, &mut self.spectra[at..at + m], &mut out[range])?;
+                at += m;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compressor::{compress_new, decompress, payload_bits, Ctx};
+
+    /// Naive f64 DFT bins `0..m` of `x` (independent reference, O(n²)).
+    fn dft(x: &[f32]) -> Vec<(f64, f64)> {
+        let n = x.len();
+        (0..bins(n))
+            .map(|k| {
+                let (mut re, mut im) = (0f64, 0f64);
+                for (j, &v) in x.iter().enumerate() {
+                    let a = -2.0 * std::f64::consts::PI * ((j * k) % n) as f64 / n as f64;
+                    re += v as f64 * a.cos();
+                    im += v as f64 * a.sin();
+                }
+                (re, im)
+            })
+            .collect()
+    }
+
+    fn energies(x: &[f32]) -> Vec<f64> {
+        let n = x.len();
+        dft(x)
+            .iter()
+            .enumerate()
+            .map(|(k, &(re, im))| bin_weight(n, k) as f64 * (re * re + im * im))
+            .collect()
+    }
+
+    fn norm2(x: &[f32]) -> f64 {
+        x.iter().map(|&v| v as f64 * v as f64).sum()
+    }
+
+    fn diff2(a: &[f32], b: &[f32]) -> f64 {
+        a.iter()
+            .zip(b)
+            .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
+            .sum()
+    }
+
+    fn fft(theta: f64, quantize: bool) -> Fft {
+        FftConfig {
+            theta,
+            quantize,
+            ..FftConfig::default()
+        }
+        .init()
+        .unwrap()
+    }
+
+    fn roundtrip(c: &mut Fft, x: &[f32]) -> Vec<f32> {
+        let mut rng = Rng::seed_from_u64(0);
+        let p = compress_new(c, x, &Ctx::default(), &mut rng).unwrap();
+        assert_eq!(
+            p.encoded_len() as u64 * 8,
+            payload_bits(c, &[x.len()]).unwrap(),
+            "wire size, n = {}",
+            x.len()
+        );
+        let mut out = vec![0f32; x.len()];
+        decompress(c, p.as_bytes(), &mut out).unwrap();
+        assert!(out.iter().all(|v| v.is_finite()));
+        out
+    }
+
+    fn gauss(rng: &mut Rng, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                let u = rng.next_f64().max(1e-300);
+                let v = rng.next_f64();
+                ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
+            })
+            .collect()
+    }
+
+    const SIZES: [usize; 12] = [1, 2, 3, 4, 5, 7, 8, 16, 33, 64, 127, 250];
+
+    #[test]
+    fn parseval_in_the_compressors_spectrum_and_the_reference() {
+        let mut rng = Rng::seed_from_u64(1);
+        let mut c = fft(0.5, false);
+        for n in SIZES {
+            let x = gauss(&mut rng, n);
+            let nx = norm2(&x);
+            let e: f64 = energies(&x).iter().sum::<f64>() / n as f64;
+            assert!((e - nx).abs() <= 1e-9 * nx, "n {n}: {e} vs {nx}");
+            let post = c.forward(&x) as f64;
+            let ef: f64 = c
+                .enc
+                .spec
+                .iter()
+                .enumerate()
+                .map(|(k, z)| {
+                    let (re, im) = (z.re as f64 * post, z.im as f64 * post);
+                    bin_weight(n, k) as f64 * (re * re + im * im)
+                })
+                .sum::<f64>()
+                * n as f64;
+            assert!((ef - nx).abs() <= 1e-5 * nx, "f32 fft n {n}: {ef} vs {nx}");
+        }
+    }
+
+    #[test]
+    fn dropped_energy_identity_and_theta_bound_without_quantization() {
+        let mut rng = Rng::seed_from_u64(2);
+        for n in SIZES {
+            for theta in [0.0, 0.3, 0.5, 0.9, 0.99] {
+                let x = gauss(&mut rng, n);
+                let mut c = fft(theta, false);
+                let keep = c.select_bins(&x);
+                let m = bins(n);
+                assert_eq!(keep.len(), kept_bins(m, theta));
+                let e = energies(&x);
+                let dropped: f64 = (0..m)
+                    .filter(|k| !keep.contains(&(*k as u32)))
+                    .map(|k| e[k])
+                    .sum::<f64>()
+                    / n as f64;
+                let y = roundtrip(&mut c, &x);
+                let err = diff2(&x, &y);
+                let nx = norm2(&x);
+                assert!(
+                    (err - dropped).abs() <= 2e-5 * nx,
+                    "n {n} θ {theta}: err {err} dropped {dropped}"
+                );
+                let d = m - keep.len();
+                assert!(err <= (d as f64 / m as f64) * nx + 2e-5 * nx);
+                assert!(err <= theta * nx + 2e-5 * nx);
+            }
+        }
+    }
+
+    #[test]
+    fn error_is_monotone_in_theta_and_theta_zero_is_lossless() {
+        let mut rng = Rng::seed_from_u64(3);
+        for n in [1usize, 2, 3, 10, 101, 512] {
+            let x = gauss(&mut rng, n);
+            let nx = norm2(&x);
+            let mut prev = -1.0;
+            for i in 0..20 {
+                let theta = i as f64 * 0.05;
+                let y = roundtrip(&mut fft(theta, false), &x);
+                let err = diff2(&x, &y);
+                assert!(err >= prev - 1e-6 * nx, "n {n} θ {theta}: {err} < {prev}");
+                prev = err;
+                if i == 0 {
+                    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    for (a, b) in x.iter().zip(&y) {
+                        assert!((a - b).abs() <= 1e-5 * amax.max(1e-30), "θ=0: {a} {b}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn selected_bins_are_optimal_by_brute_force() {
+        let mut rng = Rng::seed_from_u64(4);
+        for n in 1..=16usize {
+            for trial in 0..6 {
+                let x = if trial == 5 {
+                    // Smooth input: energy concentrated in low bins.
+                    (0..n).map(|j| (j as f32 * 0.3).sin() + 0.1).collect()
+                } else {
+                    gauss(&mut rng, n)
+                };
+                let e = energies(&x);
+                let m = bins(n);
+                for theta in [0.0, 0.2, 0.45, 0.7, 0.95] {
+                    let mut c = fft(theta, true);
+                    let keep = c.select_bins(&x);
+                    let k = kept_bins(m, theta);
+                    let got: f64 = keep.iter().map(|&b| e[b as usize]).sum();
+                    let mut best = 0f64;
+                    for mask in 0u32..(1 << m) {
+                        if mask.count_ones() as usize == k {
+                            let s: f64 = (0..m).filter(|b| mask >> b & 1 == 1).map(|b| e[b]).sum();
+                            best = best.max(s);
+                        }
+                    }
+                    let total: f64 = e.iter().sum();
+                    assert!(
+                        got >= best - 1e-5 * total,
+                        "n {n} θ {theta}: {got} < {best}"
+                    );
+                }
+            }
+        }
+        // Ties go to the smaller bin: an impulse has |X_k| = 1 everywhere, so the weight-2
+        // bins tie and the first ones win.
+        let mut x = vec![0f32; 8];
+        x[0] = 1.0;
+        let mut c = fft(0.6, false); // m = 5, K = 5 − 3 = 2
+        assert_eq!(c.select_bins(&x), vec![1, 2]);
+    }
+
+    #[test]
+    fn large_selection_matches_a_full_sort_of_the_energies() {
+        // Large enough for the sampled-threshold path of `select::top_k`.
+        let mut rng = Rng::seed_from_u64(11);
+        for n in [40_000usize, 40_001] {
+            let x: Vec<f32> = gauss(&mut rng, n)
+                .iter()
+                .enumerate()
+                .map(|(j, v)| v + (j as f32 * 0.01).sin() * 3.0)
+                .collect();
+            for theta in [0.5, 0.9, 0.999] {
+                let mut c = fft(theta, true);
+                let keep = c.select_bins(&x);
+                let e: Vec<f32> = c
+                    .enc
+                    .spec
+                    .iter()
+                    .enumerate()
+                    .map(|(k, z)| bin_weight(n, k) * (z.re * z.re + z.im * z.im))
+                    .collect();
+                let mut order: Vec<u32> = (0..e.len() as u32).collect();
+                order.sort_by(|&a, &b| e[b as usize].total_cmp(&e[a as usize]).then(a.cmp(&b)));
+                order.truncate(kept_bins(bins(n), theta));
+                order.sort_unstable();
+                assert_eq!(keep, order, "n {n} θ {theta}");
+            }
+        }
+    }
+
+    #[test]
+    fn projection_is_idempotent_and_orthogonal() {
+        let mut rng = Rng::seed_from_u64(5);
+        for n in SIZES {
+            let x = gauss(&mut rng, n);
+            let mut c = fft(0.6, false);
+            let y = roundtrip(&mut c, &x);
+            let z = roundtrip(&mut c, &y);
+            let nx = norm2(&x);
+            assert!(diff2(&y, &z) <= 1e-9 * nx, "n {n}: not idempotent");
+            let inner: f64 = x
+                .iter()
+                .zip(&y)
+                .map(|(&a, &b)| (a as f64 - b as f64) * b as f64)
+                .sum();
+            assert!(inner.abs() <= 1e-5 * nx, "n {n}: <x-x̂, x̂> = {inner}");
+        }
+    }
+
+    #[test]
+    fn band_limited_inputs_are_exact() {
+        for n in [4usize, 5, 9, 16, 31, 100, 257] {
+            for k0 in [1, n / 3, (n - 1) / 2] {
+                if k0 == 0 {
+                    continue;
+                }
+                let x: Vec<f32> = (0..n)
+                    .map(|j| {
+                        let a = 2.0 * std::f64::consts::PI * (k0 * j) as f64 / n as f64;
+                        (0.7 + 1.9 * a.cos()) as f32
+                    })
+                    .collect();
+                // K ≥ 2 at θ where ⌊θm⌋ ≤ m − 2.
+                let m = bins(n);
+                let theta = (m - 2) as f64 / m as f64;
+                let mut c = fft(theta, false);
+                assert!(kept_bins(m, theta) >= 2);
+                let y = roundtrip(&mut c, &x);
+                for (a, b) in x.iter().zip(&y) {
+                    assert!((a - b).abs() <= 1e-5 * 2.6, "n {n} k0 {k0}: {a} vs {b}");
+                }
+                // Lowpass with K = k0 + 1 keeps the same two bins.
+                let theta = (m - k0 - 1) as f64 / m as f64;
+                let mut c = FftConfig {
+                    theta,
+                    quantize: false,
+                    select: Select::Lowpass,
+                    ..FftConfig::default()
+                }
+                .init()
+                .unwrap();
+                let y = roundtrip(&mut c, &x);
+                assert!(diff2(&x, &y) <= 1e-9 * norm2(&x), "lowpass n {n} k0 {k0}");
+            }
+        }
+    }
+
+    #[test]
+    fn summed_spectra_equal_summed_reconstructions() {
+        let mut rng = Rng::seed_from_u64(6);
+        for (n, segs, chunk) in [
+            (1usize, vec![], None),
+            (3, vec![], None),
+            (1000, vec![], None),
+            (1000, vec![0..300, 300..301, 301..1000], None),
+            (999, vec![0..500, 500..999], Some(128)),
+        ] {
+            let mut c = FftConfig {
+                theta: 0.7,
+                chunk,
+                ..FftConfig::default()
+            }
+            .init()
+            .unwrap();
+            let ctx = Ctx {
+                segments: &segs,
+                ..Ctx::default()
+            };
+            let mut direct = vec![0f32; n];
+            let payloads: Vec<_> = (0..4)
+                .map(|_| {
+                    let x = gauss(&mut rng, n);
+                    compress_new(&mut c, &x, &ctx, &mut rng).unwrap()
+                })
+                .collect();
+            for p in &payloads {
+                crate::compressor::decompress_add(&c, p.as_bytes(), &mut direct).unwrap();
+            }
+            let mut sum = c.sum(n);
+            for p in &payloads {
+                sum.add_payload(p.as_bytes()).unwrap();
+            }
+            assert_eq!(sum.payloads(), 4);
+            let mut via = vec![0f32; n];
+            sum.finish(&mut via).unwrap();
+            let scale = norm2(&direct).max(1e-30);
+            assert!(diff2(&direct, &via) <= 1e-10 * scale, "n {n}");
+            // A payload of another length or a broken one is refused.
+            let mut bad = c.sum(n + 1);
+            assert!(bad.add_payload(payloads[0].as_bytes()).is_err());
+            assert!(bad.finish(&mut vec![0f32; n + 1]).is_err());
+        }
+    }
+
+    #[test]
+    fn wire_size_matches_formula_for_every_option() {
+        let mut rng = Rng::seed_from_u64(7);
+        for quantize in [true, false] {
+            for select in [Select::EnergyTopk, Select::Lowpass] {
+                for index_coding in [IndexCoding::Auto, IndexCoding::Bitmap, IndexCoding::List] {
+                    for chunk in [None, Some(1), Some(7), Some(64)] {
+                        for (e, q) in [(4u8, 3u8), (3, 4), (5, 10), (2, 0)] {
+                            let cfg = FftConfig {
+                                theta: 0.8,
+                                exp_bits: e,
+                                mantissa_bits: q,
+                                quantize,
+                                select,
+                                index_coding,
+                                chunk,
+                                ..FftConfig::default()
+                            };
+                            let mut c = cfg.init().unwrap();
+                            for n in [1usize, 2, 3, 8, 65, 130] {
+                                let x = gauss(&mut rng, n);
+                                roundtrip(&mut c, &x);
+                            }
+                            let segs = [0..50, 50..51, 51..130];
+                            let x = gauss(&mut rng, 130);
+                            let ctx = Ctx {
+                                segments: &segs,
+                                ..Ctx::default()
+                            };
+                            let p = compress_new(&mut c, &x, &ctx, &mut rng).unwrap();
+                            assert_eq!(
+                                p.encoded_len() as u64 * 8,
+                                payload_bits(&c, &[50, 1, 79]).unwrap()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // The §1.2 formula by hand: n = 4096, θ = 0.9, b = 8: m = 2049, K = 205, bitmap.
+        let c = fft(0.9, true);
+        assert_eq!(c.segment_bits(4096), Some(56 + 8 * 257 + 8 + 2 * 205 * 8));
+        // ≈ 0.5 + (1−θ)·b bits per element.
+        let bpe = c.segment_bits(1 << 20).unwrap() as f64 / (1 << 20) as f64;
+        assert!((bpe - 1.3).abs() < 0.01, "{bpe}");
+    }
+
+    #[test]
+    fn rf_error_identity_end_to_end() {
+        let mut rng = Rng::seed_from_u64(8);
+        for (e, q) in [(4u8, 3u8), (3, 4), (5, 10)] {
+            for n in [2usize, 3, 64, 101, 256] {
+                let x = gauss(&mut rng, n);
+                let mut c = FftConfig {
+                    theta: 0.5,
+                    exp_bits: e,
+                    mantissa_bits: q,
+                    ..FftConfig::default()
+                }
+                .init()
+                .unwrap();
+                let keep = c.select_bins(&x);
+                let y = roundtrip(&mut c, &x);
+                let xs = dft(&x);
+                let ys = dft(&y);
+                let nf = n as f64;
+                // Y_k = X_k / n is what was quantized.
+                let kept_y: Vec<(f64, f64)> = keep
+                    .iter()
+                    .map(|&b| (xs[b as usize].0 / nf, xs[b as usize].1 / nf))
+                    .collect();
+                let amax = kept_y
+                    .iter()
+                    .fold(0f64, |a, &(r, i)| a.max(r.abs()).max(i.abs()));
+                let emax = amax.log2().floor() as i32;
+                let emin = emax - (1 << e) + 2;
+                let nx = norm2(&x);
+                let mut identity = 0f64;
+                for k in 0..bins(n) {
+                    let w = bin_weight(n, k) as f64;
+                    let (tr, ti) = (xs[k].0 / nf, xs[k].1 / nf);
+                    let (dr, di) = (ys[k].0 / nf, ys[k].1 / nf);
+                    if keep.contains(&(k as u32)) {
+                        for (t, d) in [(tr, dr), (ti, di)] {
+                            let bound =
+                                (2f64.powi(-(q as i32 + 1)) * t.abs()).max(2f64.powi(emin - 1));
+                            assert!(
+                                (t - d).abs() <= bound + 1e-5 * amax,
+                                "({e},{q}) n {n} bin {k}: {t} vs {d}"
+                            );
+                        }
+                        identity += w * ((tr - dr).powi(2) + (ti - di).powi(2));
+                    } else {
+                        assert!(dr.abs() + di.abs() <= 1e-5 * amax.max(1e-30));
+                        identity += w * (tr * tr + ti * ti);
+                    }
+                }
+                let err = diff2(&x, &y);
+                assert!(
+                    (err - identity * nf).abs() <= 1e-5 * nx,
+                    "({e},{q}) n {n}: {err} vs {}",
+                    identity * nf
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn dc_or_nyquist_imaginary_part_is_rejected() {
+        let mut c = FftConfig {
+            theta: 0.0,
+            quantize: false,
+            select: Select::Lowpass,
+            ..FftConfig::default()
+        }
+        .init()
+        .unwrap();
+        let x = [1.0f32, 2.0, -1.0, 0.5];
+        let p = compress_new(&mut c, &x, &Ctx::default(), &mut Rng::seed_from_u64(0)).unwrap();
+        let mut out = [0f32; 4];
+        decompress(&c, p.as_bytes(), &mut out).unwrap();
+        // Frame header 12 bytes, chunk header 7, then (Re, Im) of bin 0: Im at 23..27.
+        for at in [23usize, 23 + 16] {
+            let mut b = p.as_bytes().to_vec();
+            assert_eq!(&b[at..at + 4], &[0, 0, 0, 0]);
+            b[at..at + 4].copy_from_slice(&1.0f32.to_le_bytes());
+            assert!(decompress(&c, &b, &mut out).is_err(), "offset {at}");
+        }
+    }
+
+    #[test]
+    fn random_and_mutated_payloads_never_panic() {
+        let mut rng = Rng::seed_from_u64(9);
+        for (quantize, select, index_coding, chunk) in [
+            (true, Select::EnergyTopk, IndexCoding::Auto, None),
+            (true, Select::EnergyTopk, IndexCoding::List, Some(50)),
+            (false, Select::EnergyTopk, IndexCoding::Bitmap, None),
+            (true, Select::Lowpass, IndexCoding::Auto, Some(33)),
+        ] {
+            let mut c = FftConfig {
+                theta: 0.5,
+                quantize,
+                select,
+                index_coding,
+                chunk,
+                ..FftConfig::default()
+            }
+            .init()
+            .unwrap();
+            let x = gauss(&mut rng, 200);
+            let p = compress_new(&mut c, &x, &Ctx::default(), &mut rng).unwrap();
+            crate::rangefloat::tests::fuzz_decoder(&c, p.as_bytes(), 200, 10);
+            let mut sum = c.sum(200);
+            let mut b = p.as_bytes().to_vec();
+            b.truncate(b.len() - 1);
+            assert!(sum.add_payload(&b).is_err());
+        }
+    }
+
+    #[test]
+    fn theta_schedule_in_the_config_drives_theta_per_step() {
+        let cfg: FftConfig = toml::from_str(
+            "theta_schedule = { kind = \"step\", theta0 = 0.8, milestones = [1, 2] }\nsteps_per_epoch = 10",
+        )
+        .unwrap();
+        let mut c = cfg.init().unwrap();
+        assert_eq!(c.theta(), 0.8);
+        let x = vec![1f32; 64];
+        let mut rng = Rng::seed_from_u64(0);
+        let mut sizes = Vec::new();
+        for (step, want) in [(0u64, 0.8), (9, 0.8), (10, 0.4), (25, 0.2)] {
+            let ctx = Ctx {
+                step,
+                ..Ctx::default()
+            };
+            let p = compress_new(&mut c, &x, &ctx, &mut rng).unwrap();
+            assert_eq!(c.theta(), want, "step {step}");
+            sizes.push(p.encoded_len());
+        }
+        assert!(sizes[3] > sizes[2] && sizes[2] > sizes[1], "{sizes:?}");
+        let bad: FftConfig =
+            toml::from_str("theta_schedule = { kind = \"step\", theta0 = 0.8, milestones = [1] }")
+                .unwrap();
+        assert_eq!(bad.init().unwrap_err().field, "steps_per_epoch");
+        let bad: FftConfig =
+            toml::from_str("theta_schedule = { kind = \"inv\", theta0 = 0.8, tau = 0 }").unwrap();
+        assert!(bad.init().is_err());
+    }
+
+    #[test]
+    fn config_validation_and_set_theta() {
+        assert!(FftConfig {
+            theta: 1.0,
+            ..FftConfig::default()
+        }
+        .init()
+        .is_err());
+        assert!(FftConfig {
+            theta: -0.1,
+            ..FftConfig::default()
+        }
+        .init()
+        .is_err());
+        assert!(FftConfig {
+            chunk: Some(0),
+            ..FftConfig::default()
+        }
+        .init()
+        .is_err());
+        let mut c = fft(0.9, true);
+        let before = c.segment_bits(1000).unwrap();
+        c.set_theta(0.5).unwrap();
+        assert_eq!(c.theta(), 0.5);
+        assert!(c.segment_bits(1000).unwrap() > before);
+        assert!(c.set_theta(1.0).is_err());
+        assert_eq!(c.theta(), 0.5);
+    }
+}
