@@ -579,3 +579,54 @@ pub fn check_run_ahead<M: Mesh>(mesh: &M, world: usize) {
         }
     }
 }
+
+/// Link emulation: a 2-rank all-reduce of 4 MB over links shaped to 200 Mbit/s and 1 ms
+/// takes at least the α–β prediction (the shaping is a hard floor) and not wildly more
+/// (generous ceiling for loaded hosts); a small all-reduce over a 30 ms link takes ≥ 30 ms
+/// on the slower rank.
+/// `make(world, link)` builds a mesh whose ranks all use `link`.
+pub fn check_emulated_link<T, F>(make: F)
+where
+    T: Transport + 'static,
+    F: Fn(usize, dtrain_comms::shaping::LinkSpec) -> Vec<T>,
+{
+    use dtrain_comms::shaping::LinkSpec;
+    let spec = LinkSpec::parse(Some("200Mbit"), Some("1ms")).unwrap();
+    let n = 1usize << 20; // 4 MiB of f32
+    let bytes = (n * 4) as f64;
+    let want = spec.predict_all_reduce(bytes, 2);
+    let out = run_ranks(make(2, spec), CommConfig::default(), move |c| {
+        let mut v = vec![c.rank() as f32 + 1.0; n];
+        c.barrier().unwrap();
+        let t = Instant::now();
+        c.all_reduce_sum(&mut v).unwrap();
+        let el = t.elapsed().as_secs_f64();
+        assert!(v.iter().all(|&x| x == 3.0));
+        el
+    });
+    let took = out.iter().cloned().fold(0.0, f64::max);
+    assert!(
+        took >= 0.95 * want,
+        "took {took:.3} s, below the α–β floor {want:.3} s: link not shaped"
+    );
+    assert!(
+        took <= 3.0 * want + 0.5,
+        "took {took:.3} s, far above the prediction {want:.3} s"
+    );
+    // Latency alone: one exchange (recursive doubling) waits one one-way latency.
+    let spec = LinkSpec::parse(None, Some("30ms")).unwrap();
+    let out = run_ranks(make(2, spec), CommConfig::default(), |c| {
+        c.barrier().unwrap();
+        let t = Instant::now();
+        let mut v = vec![1.0f32; 4];
+        c.all_reduce_sum(&mut v).unwrap();
+        (t.elapsed(), v)
+    });
+    // Per rank the time depends on the barrier exit skew; the slower rank waits ≥ 30 ms.
+    let el = out.iter().map(|x| x.0).max().unwrap();
+    assert!(el >= Duration::from_millis(29), "{el:?}");
+    assert!(el < Duration::from_secs(2), "{el:?}");
+    for (_, v) in out {
+        assert_eq!(v, vec![2.0; 4]);
+    }
+}
