@@ -35,6 +35,8 @@
 pub mod algo;
 pub mod comm;
 pub mod frame;
+#[cfg(feature = "tcp")]
+pub mod rendezvous;
 pub mod shaping;
 pub mod transport;
 pub mod wire;
