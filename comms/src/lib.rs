@@ -44,6 +44,8 @@ pub mod wire;
 pub use algo::{segment_range, ReduceOp};
 pub use comm::{CommConfig, CommError, Communicator};
 pub use transport::channel::{channel_mesh, ChannelTransport};
+#[cfg(feature = "quic")]
+pub use transport::quic::{QuicConfig, QuicTransport};
 #[cfg(feature = "tcp")]
 pub use transport::tcp::{TcpConfig, TcpTransport};
 pub use transport::{ByteCount, Transport, TransportError};

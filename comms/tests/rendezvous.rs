@@ -1,9 +1,10 @@
-//! Rendezvous over 127.0.0.1: ranks learn the world and every address, then mesh (TCP); wrong tokens, duplicate ranks, wrong world sizes and missing ranks are refused
+//! Rendezvous over 127.0.0.1: ranks learn the world and every address, then mesh (TCP and
+//! QUIC); wrong tokens, duplicate ranks, wrong world sizes and missing ranks are refused
 //! with errors naming them.
 
 #![cfg(feature = "tcp")]
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -65,6 +66,35 @@ fn ranks_learn_every_address_and_form_a_tcp_mesh() {
         assert!(j.peers[j.rank].ip().is_loopback(), "{:?}", j.peers[j.rank]);
         assert_eq!(v, &vec![3.0; 10]);
     }
+}
+
+#[cfg(feature = "quic")]
+#[test]
+fn quic_mesh_uses_the_identity_handed_out_at_rendezvous() {
+    use dtrain_comms::{QuicConfig, QuicTransport};
+    let world = 2;
+    let h = host(world, RunIdentity::generate().unwrap(), 10_000);
+    let at = h.addr();
+    let ranks: Vec<_> = (0..world)
+        .map(|rank| {
+            thread::spawn(move || {
+                let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+                let me = s.local_addr().unwrap();
+                let j = rendezvous::join(at, rank, world, me, &cfg(TOKEN, 10_000)).unwrap();
+                let t =
+                    QuicTransport::connect(rank, &j.peers, s, QuicConfig::new(TOKEN, j.identity))
+                        .unwrap();
+                let mut c = Communicator::new(t, CommConfig::default());
+                let mut v = vec![1.0f32 + rank as f32; 100_000];
+                c.all_reduce_sum(&mut v).unwrap();
+                v[0]
+            })
+        })
+        .collect();
+    for r in ranks {
+        assert_eq!(r.join().unwrap(), 3.0);
+    }
+    h.wait().unwrap();
 }
 
 #[test]

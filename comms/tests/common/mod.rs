@@ -630,3 +630,54 @@ where
         assert_eq!(v, vec![2.0; 4]);
     }
 }
+
+/// QUIC meshes over 127.0.0.1 (ephemeral UDP ports), one run identity per mesh.
+#[cfg(feature = "quic")]
+pub mod quic {
+    use std::net::{SocketAddr, UdpSocket};
+    use std::thread;
+    use std::time::Duration;
+
+    use dtrain_comms::rendezvous::RunIdentity;
+    use dtrain_comms::{QuicConfig, QuicTransport, TransportError};
+
+    pub const TOKEN: &[u8] = b"test-run-token";
+
+    pub fn config(token: &[u8], identity: RunIdentity) -> QuicConfig {
+        QuicConfig {
+            connect_timeout: Duration::from_secs(10),
+            ..QuicConfig::new(token.to_vec(), identity)
+        }
+    }
+
+    pub fn sockets(world: usize) -> (Vec<UdpSocket>, Vec<SocketAddr>) {
+        let ss: Vec<UdpSocket> = (0..world)
+            .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let addrs = ss.iter().map(|s| s.local_addr().unwrap()).collect();
+        (ss, addrs)
+    }
+
+    /// Connects every rank with its own config; returns each rank's result.
+    pub fn try_mesh(cfgs: Vec<QuicConfig>) -> Vec<Result<QuicTransport, TransportError>> {
+        let (ss, addrs) = sockets(cfgs.len());
+        let hs: Vec<_> = ss
+            .into_iter()
+            .zip(cfgs)
+            .enumerate()
+            .map(|(r, (s, cfg))| {
+                let addrs = addrs.clone();
+                thread::spawn(move || QuicTransport::connect(r, &addrs, s, cfg))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    pub fn mesh(world: usize) -> Vec<QuicTransport> {
+        let id = RunIdentity::generate().unwrap();
+        try_mesh(vec![config(TOKEN, id); world])
+            .into_iter()
+            .map(|t| t.expect("mesh set-up"))
+            .collect()
+    }
+}
