@@ -196,3 +196,112 @@ fn intruder_with_another_certificate_does_not_block_the_mesh() {
     let (from, msg) = t0.recv(Instant::now() + Duration::from_secs(5)).unwrap();
     assert_eq!((from, msg.as_slice()), (1, &b"hi"[..]));
 }
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// Rank 2 is a separate process (this test binary re-run with `DTRAIN_COMMS_QUIC_CHILD`
+/// set), SIGKILLed while ranks 0 and 1 wait for it inside an all-reduce. A killed QUIC peer
+/// sends no close: the survivors notice through the idle timeout (1.5 s here; keep-alives
+/// keep live connections open) and both fail with an error naming rank 2.
+#[test]
+fn killed_process_is_named_by_every_survivor() {
+    use dtrain_comms::{CommError, Communicator};
+    use std::net::SocketAddr;
+    use std::process::{Command, Stdio};
+    use std::sync::mpsc;
+
+    let idle = Duration::from_millis(1500);
+    if let Ok(spec) = std::env::var("DTRAIN_COMMS_QUIC_CHILD") {
+        let parts: Vec<&str> = spec.split(';').collect();
+        let mut addrs: Vec<SocketAddr> = parts[0].split(',').map(|a| a.parse().unwrap()).collect();
+        let id = RunIdentity {
+            cert_der: unhex(parts[1]),
+            key_der: unhex(parts[2]),
+        };
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        addrs.push(s.local_addr().unwrap());
+        let mut cfg = config(TOKEN, id);
+        cfg.idle_timeout = idle;
+        let t = QuicTransport::connect(2, &addrs, s, cfg).unwrap();
+        let mut c = Communicator::new(t, CommConfig::default());
+        c.barrier().unwrap();
+        thread::sleep(Duration::from_secs(20));
+        return;
+    }
+    let id = RunIdentity::generate().unwrap();
+    let (ss, addrs) = sockets(2);
+    let spec = format!(
+        "{},{};{};{}",
+        addrs[0],
+        addrs[1],
+        hex(&id.cert_der),
+        hex(&id.key_der)
+    );
+    // The child's address is learnt from its connection (the highest rank only dials).
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "killed_process_is_named_by_every_survivor",
+            "--test-threads=1",
+        ])
+        .env("DTRAIN_COMMS_QUIC_CHILD", spec)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let survivors: Vec<_> = ss
+        .into_iter()
+        .enumerate()
+        .map(|(r, s)| {
+            // Rank 2's address is only used by ranks that dial it (none: it is the highest).
+            let mut all = addrs.clone();
+            all.push("127.0.0.1:9".parse().unwrap());
+            let ready = ready_tx.clone();
+            let mut cfg = config(TOKEN, id.clone());
+            cfg.idle_timeout = idle;
+            thread::spawn(move || {
+                let t = QuicTransport::connect(r, &all, s, cfg).unwrap();
+                let cc = CommConfig {
+                    timeout: Duration::from_secs(10),
+                    ..CommConfig::default()
+                };
+                let mut c = Communicator::new(t, cc);
+                c.barrier().unwrap();
+                ready.send(()).unwrap();
+                let mut v = vec![1.0f32; 100_000];
+                (c.all_reduce_sum(&mut v).unwrap_err(), Instant::now())
+            })
+        })
+        .collect();
+    for _ in 0..2 {
+        ready_rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("mesh with the child process");
+    }
+    thread::sleep(Duration::from_millis(200));
+    child.kill().unwrap();
+    let killed = Instant::now();
+    child.wait().unwrap();
+    for (r, h) in survivors.into_iter().enumerate() {
+        let (e, at) = h.join().unwrap();
+        assert!(
+            matches!(e, CommError::PeerLost { rank: 2, .. }),
+            "rank {r}: {e}"
+        );
+        assert!(
+            at.duration_since(killed) < Duration::from_secs(5),
+            "rank {r} took {:?}",
+            at.duration_since(killed)
+        );
+    }
+}
