@@ -30,6 +30,9 @@ enum Command {
         #[command(subcommand)]
         what: DataCommand,
     },
+    /// One worker process of `dtrain bench allreduce` (started by it; not for direct use).
+    #[command(hide = true)]
+    BenchWorker(WorkerArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -61,6 +64,114 @@ enum DataCommand {
 enum BenchCommand {
     /// Compression throughput, bits per element and relative error of every method.
     Compress(CompressArgs),
+    /// Collective bandwidth over N local worker processes (nccl-tests-style table).
+    Allreduce(AllreduceArgs),
+}
+
+/// Options shared by the `bench allreduce` launcher and its workers.
+#[derive(Args, Debug)]
+struct CollectiveArgs {
+    /// Transport: tcp or quic.
+    #[arg(long, default_value = "tcp")]
+    transport: bench::allreduce::TransportKind,
+    /// Collective: allreduce, allgather or broadcast.
+    #[arg(long, default_value = "allreduce")]
+    op: bench::allreduce::Op,
+    /// Sizes in bytes: `1K..256M` (powers of two) or a list `1K,64M`.
+    #[arg(long, default_value = "1K..64M")]
+    sizes: String,
+    /// Emulated egress bandwidth per worker, e.g. 1Gbit.
+    #[arg(long)]
+    bandwidth: Option<String>,
+    /// Emulated one-way latency per worker, e.g. 100us.
+    #[arg(long)]
+    latency: Option<String>,
+    /// Timed calls per size (0: chosen by size).
+    #[arg(long, default_value_t = 0)]
+    iters: usize,
+    /// Untimed calls per size before timing.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+}
+
+#[derive(Args, Debug)]
+struct AllreduceArgs {
+    /// Worker processes.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    #[command(flatten)]
+    common: CollectiveArgs,
+    /// Limit for the whole run, in seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct WorkerArgs {
+    /// Rendezvous address (host:port).
+    #[arg(long)]
+    rendezvous: std::net::SocketAddr,
+    /// This rank.
+    #[arg(long)]
+    rank: usize,
+    /// Number of ranks.
+    #[arg(long)]
+    world: usize,
+    #[command(flatten)]
+    common: CollectiveArgs,
+}
+
+fn collective_options(
+    c: &CollectiveArgs,
+    workers: usize,
+    timeout: u64,
+) -> Result<bench::allreduce::Options> {
+    Ok(bench::allreduce::Options {
+        transport: c.transport,
+        workers,
+        sizes: bench::allreduce::parse_sizes(&c.sizes).map_err(anyhow::Error::msg)?,
+        op: c.op,
+        bandwidth: c.bandwidth.clone(),
+        latency: c.latency.clone(),
+        iters: c.iters,
+        warmup: c.warmup,
+        timeout: std::time::Duration::from_secs(timeout),
+    })
+}
+
+fn bench_allreduce(a: AllreduceArgs) -> Result<()> {
+    let opts = collective_options(&a.common, a.workers, a.timeout)?;
+    let exe = std::env::current_exe().context("locating the dtrain executable")?;
+    let rows =
+        bench::allreduce::launch(&opts, &exe, &["bench-worker"]).map_err(anyhow::Error::msg)?;
+    if a.json {
+        let doc = serde_json::json!({
+            "op": opts.op,
+            "transport": opts.transport,
+            "workers": opts.workers,
+            "bandwidth": opts.bandwidth,
+            "latency": opts.latency,
+            "results": rows,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print!("{}", bench::allreduce::table(&opts, &rows));
+    }
+    Ok(())
+}
+
+fn bench_worker(a: WorkerArgs) -> Result<()> {
+    let opts = collective_options(&a.common, a.world, 0)?;
+    let w = bench::allreduce::WorkerArgs {
+        rendezvous: a.rendezvous,
+        rank: a.rank,
+        world: a.world,
+        opts,
+    };
+    bench::allreduce::worker(&w).map_err(|e| anyhow::anyhow!("rank {}: {e}", a.rank))
 }
 
 #[derive(Args, Debug)]
@@ -199,7 +310,9 @@ fn run() -> Result<()> {
     match cli.command {
         Command::Bench { what } => match what {
             BenchCommand::Compress(a) => bench_compress(a).context("bench compress"),
+            BenchCommand::Allreduce(a) => bench_allreduce(a).context("bench allreduce"),
         },
+        Command::BenchWorker(a) => bench_worker(a).context("bench worker"),
         Command::List => {
             for m in dtrain_compress::METHODS {
                 println!("{:<20} {}", m.name, m.about);

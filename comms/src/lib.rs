@@ -12,10 +12,32 @@
 //! transport and owns timeouts and failure propagation.
 //!
 //! This crate is **not** a training framework: it knows nothing of tensors, models, burn or
-//! compression — it takes `&[f32]` and bytes. It does not launch processes or discover
-//! peers (the TCP driver takes a list of addresses); rendezvous, QUIC, MPI, link emulation
-//! and the parameter-server mode are later additions that fit the same seams (a QUIC or MPI
-//! driver is another [`Transport`]; a parameter server is another [`algo::Machine`]).
+//! compression — it takes `&[f32]` and bytes. It does not launch processes; the
+//! `rendezvous` module (feature `tcp`) lets ranks that were launched (by `dtrain`, Slurm or `mpirun`) find each
+//! other. MPI and the parameter-server mode are later additions that fit the same seams (an
+//! MPI driver is another [`Transport`]; a parameter server is another [`algo::Machine`]).
+//!
+//! ```no_run
+//! use std::net::TcpListener;
+//! use dtrain_comms::rendezvous::{self, Host, RendezvousConfig, RunIdentity};
+//! use dtrain_comms::{CommConfig, Communicator, TcpConfig, TcpTransport};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let (rank, world) = (0, 2); // or rendezvous::placement(flags, Slurm / Open MPI env)
+//! let token = b"per-run secret".to_vec();
+//! let rcfg = RendezvousConfig::new(token.clone());
+//! // Rank 0 hosts the rendezvous; every rank (0 included) joins it.
+//! let rdv = TcpListener::bind("127.0.0.1:29500")?;
+//! let host = Host::spawn(rdv, world, RunIdentity::default(), rcfg.clone())?;
+//! let listener = TcpListener::bind("127.0.0.1:0")?;
+//! let joined = rendezvous::join(host.addr(), rank, world, listener.local_addr()?, &rcfg)?;
+//! let mut cfg = TcpConfig::new(token);
+//! cfg.link = dtrain_comms::shaping::LinkSpec::parse(Some("1Gbit"), Some("100us"))?;
+//! let t = TcpTransport::connect(rank, &joined.peers, listener, cfg)?;
+//! let mut comm = Communicator::new(t, CommConfig::default());
+//! let mut grad = vec![1.0f32; 1 << 20];
+//! comm.all_reduce_sum(&mut grad)?;
+//! # Ok(()) }
+//! ```
 //!
 //! ## Layout
 //! * [`algo`]: the [`algo::Machine`] trait and one file per algorithm: [`algo::ring`]
@@ -24,17 +46,25 @@
 //! * [`wire`]: the message header every machine speaks (sequence number, kind, sizes), so
 //!   mismatched collectives are detected.
 //! * [`transport`]: the [`Transport`] seam, [`ByteCount`], and the drivers:
-//!   [`transport::channel`] (in-process) and `transport::tcp` (feature `tcp`, on by
-//!   default: tokio, TCP_NODELAY, one connection per rank pair, run-token handshake).
+//!   [`transport::channel`] (in-process), `transport::tcp` (feature `tcp`, on by
+//!   default: tokio, TCP_NODELAY, one connection per rank pair, run-token handshake) and
+//!   `transport::quic` (feature `quic`, on by default: quinn + rustls/ring, TLS 1.3 with the
+//!   pinned per-run certificate, plus the run token on the stream).
+//! * `rendezvous` (feature `tcp`): rank 0 or a given address hosts it; ranks join with the
+//!   run token and learn the world, every peer's address and the run certificate;
+//!   `rendezvous::placement` reads ranks from flags, Slurm or Open MPI.
 //! * [`frame`]: length-prefixed stream framing with a cursor parser (`Incomplete` until a
 //!   whole, size-bounded frame is buffered).
 //! * [`comm`]: the blocking [`Communicator`] facade, [`CommConfig`], [`CommError`].
-//! * [`shaping`]: the α–β link model used for bandwidth/latency emulation (sans-IO; the
-//!   drivers do not apply it yet).
+//! * [`shaping`]: the α–β link model used for bandwidth/latency emulation (sans-IO),
+//!   [`shaping::LinkSpec`] (`bandwidth = "1Gbit"`, `latency = "100us"`) applied per worker
+//!   by the TCP and QUIC drivers, and the α–β predictions emulated runs are checked against.
 
 pub mod algo;
 pub mod comm;
 pub mod frame;
+#[cfg(feature = "tcp")]
+pub mod rendezvous;
 pub mod shaping;
 pub mod transport;
 pub mod wire;
@@ -42,6 +72,8 @@ pub mod wire;
 pub use algo::{segment_range, ReduceOp};
 pub use comm::{CommConfig, CommError, Communicator};
 pub use transport::channel::{channel_mesh, ChannelTransport};
+#[cfg(feature = "quic")]
+pub use transport::quic::{QuicConfig, QuicTransport};
 #[cfg(feature = "tcp")]
 pub use transport::tcp::{TcpConfig, TcpTransport};
 pub use transport::{ByteCount, Transport, TransportError};

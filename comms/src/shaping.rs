@@ -13,6 +13,13 @@
 //!
 //! The model only computes times; the transport driver sleeps until [`Release::at`] and then
 //! writes the frame. Times are `Duration`s since an arbitrary epoch chosen by the driver.
+//!
+//! The TCP and QUIC drivers apply it per worker ([`LinkSpec`] in their configs): one
+//! [`Link`] shared by all of the worker's connections (its NIC), offered each frame when
+//! [`crate::Transport::send`] queues it (so latency pipelines over back-to-back frames); the
+//! connection's writer task sleeps until the frame's release time and then writes it. The
+//! [`LinkSpec::predict_all_reduce`] family gives the α–β predictions that emulated runs are
+//! compared against.
 
 use std::time::Duration;
 
@@ -139,6 +146,72 @@ impl Link {
     }
 }
 
+/// A worker's emulated egress link, as configured: rate and one-way latency. The default
+/// is unshaped.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LinkSpec {
+    /// Bytes per second; `None` = unlimited.
+    pub bandwidth: Option<f64>,
+    /// One-way latency added to every frame.
+    pub latency: Duration,
+}
+
+impl LinkSpec {
+    /// Parses the configuration strings (`bandwidth = "1Gbit"`, `latency = "100us"`); a
+    /// missing value means unlimited / zero.
+    pub fn parse(bandwidth: Option<&str>, latency: Option<&str>) -> Result<Self, String> {
+        Ok(LinkSpec {
+            bandwidth: bandwidth.map(parse_bandwidth).transpose()?,
+            latency: latency.map(parse_duration).transpose()?.unwrap_or_default(),
+        })
+    }
+
+    /// Whether this spec delays anything.
+    pub fn is_shaped(&self) -> bool {
+        self.bandwidth.is_some() || !self.latency.is_zero()
+    }
+
+    /// A fresh [`Link`] with this rate and latency.
+    pub fn link(&self) -> Link {
+        Link::new(self.bandwidth, self.latency)
+    }
+
+    /// α–β prediction of a ring all-reduce of `bytes` over `world` ranks, in seconds:
+    /// `2(N−1)/N · bytes/rate + 2(N−1) · latency` (every rank sends `2(N−1)/N` of the
+    /// buffer over its own link in `2(N−1)` dependent steps).
+    pub fn predict_all_reduce(&self, bytes: f64, world: usize) -> f64 {
+        let n = world as f64;
+        if world < 2 {
+            return 0.0;
+        }
+        let steps = 2.0 * (n - 1.0);
+        steps / n * self.serialise(bytes) + steps * self.latency.as_secs_f64()
+    }
+
+    /// α–β prediction of an all-gather producing `total_bytes` on every rank (each rank
+    /// contributes `total_bytes / N`): `(N−1)/N · total/rate + (N−1) · latency`.
+    pub fn predict_all_gather(&self, total_bytes: f64, world: usize) -> f64 {
+        let n = world as f64;
+        if world < 2 {
+            return 0.0;
+        }
+        (n - 1.0) / n * self.serialise(total_bytes) + (n - 1.0) * self.latency.as_secs_f64()
+    }
+
+    /// α–β prediction of a pipelined chain broadcast of `bytes`:
+    /// `bytes/rate + (N−1) · latency` (the first-order term; chunk fill is ignored).
+    pub fn predict_broadcast(&self, bytes: f64, world: usize) -> f64 {
+        if world < 2 {
+            return 0.0;
+        }
+        self.serialise(bytes) + (world as f64 - 1.0) * self.latency.as_secs_f64()
+    }
+
+    fn serialise(&self, bytes: f64) -> f64 {
+        self.bandwidth.map_or(0.0, |r| bytes / r)
+    }
+}
+
 /// The α–β time of sending `bytes` over one link: `latency + bytes/rate`.
 pub fn alpha_beta(bytes: f64, rate: f64, latency: Duration) -> f64 {
     latency.as_secs_f64() + bytes / rate
@@ -147,6 +220,28 @@ pub fn alpha_beta(bytes: f64, rate: f64, latency: Duration) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn link_spec_parses_and_predicts() {
+        let s = LinkSpec::parse(Some("1Gbit"), Some("100us")).unwrap();
+        assert_eq!(s.bandwidth, Some(125e6));
+        assert_eq!(s.latency, Duration::from_micros(100));
+        assert!(s.is_shaped());
+        assert_eq!(LinkSpec::parse(None, None).unwrap(), LinkSpec::default());
+        assert!(LinkSpec::parse(Some("1Gb"), None).is_err());
+        assert!(LinkSpec::parse(None, Some("1h")).is_err());
+        // 64 MB on 2 ranks: 64e6/125e6 s + 2 · 100 µs.
+        let t = s.predict_all_reduce(64e6, 2);
+        assert!((t - (0.512 + 0.0002)).abs() < 1e-9, "{t}");
+        // 4 ranks: 1.5 · size / rate + 6 latencies.
+        let t = s.predict_all_reduce(64e6, 4);
+        assert!((t - (0.768 + 0.0006)).abs() < 1e-9, "{t}");
+        assert!((s.predict_all_gather(64e6, 4) - (0.384 + 0.0003)).abs() < 1e-9);
+        assert!((s.predict_broadcast(64e6, 4) - (0.512 + 0.0003)).abs() < 1e-9);
+        assert_eq!(s.predict_all_reduce(64e6, 1), 0.0);
+        let lat_only = LinkSpec::parse(None, Some("1ms")).unwrap();
+        assert!((lat_only.predict_all_reduce(1e9, 2) - 0.002).abs() < 1e-12);
+    }
 
     #[test]
     fn parses_units() {
@@ -193,6 +288,7 @@ mod tests {
         let want = alpha_beta((64 << 20) as f64, 125e6, lat);
         assert!((last.at.as_secs_f64() - want).abs() < 1e-6);
         assert!(!Link::unlimited().is_shaped());
+        assert!(!LinkSpec::default().is_shaped());
         assert_eq!(
             Link::unlimited().offer(Duration::from_secs(1), 1 << 30).at,
             Duration::from_secs(1)

@@ -87,6 +87,18 @@ fn mismatched_collectives_are_reported() {
 }
 
 #[test]
+fn emulated_link_follows_the_alpha_beta_model() {
+    check_emulated_link(|world, link| {
+        let mut cfg = config(TOKEN);
+        cfg.link = link;
+        try_mesh(vec![cfg; world])
+            .into_iter()
+            .map(|t| t.expect("mesh set-up"))
+            .collect()
+    });
+}
+
+#[test]
 fn rank_with_wrong_token_is_refused() {
     let mut bad = config(b"not-the-token");
     bad.connect_timeout = Duration::from_millis(800);

@@ -5,10 +5,17 @@
 //! else — algorithms, sequence numbers, timeouts policy, failure propagation — lives above
 //! it, so a driver is a few hundred lines and every driver passes the same conformance suite.
 //!
-//! Drivers: [`channel`] (in-process, N ranks as threads) and, with the `tcp` feature,
-//! [`tcp`] (tokio, one connection per rank pair, authenticated by the run token).
+//! Drivers: [`channel`] (in-process, N ranks as threads); with the `tcp` feature,
+//! [`tcp`] (tokio, one connection per rank pair, authenticated by the run token); with the
+//! `quic` feature, [`quic`] (quinn, TLS 1.3 with the pinned run certificate, plus the run
+//! token). The byte-stream drivers share their framing tasks and egress shaping
+//! (`stream.rs`).
 
 pub mod channel;
+#[cfg(feature = "quic")]
+pub mod quic;
+#[cfg(feature = "tcp")]
+pub(crate) mod stream;
 #[cfg(feature = "tcp")]
 pub mod tcp;
 

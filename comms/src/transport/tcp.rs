@@ -4,7 +4,7 @@
 //! # Set-up
 //! [`TcpTransport::connect`] takes this rank's already-bound listener and every rank's
 //! address. Rank `r` dials every lower rank and accepts every higher one. The dialer sends
-//! a [`Hello`] (rank, world size, run token); the acceptor checks it and answers with its
+//! a [`Hello`](crate::frame::Hello) (rank, world size, run token); the acceptor checks it and answers with its
 //! own hello, which the dialer checks in turn. A connection with a wrong token, an
 //! unexpected rank or world size, or no hello before the deadline is refused (closed) and
 //! logged with `tracing::warn!`; set-up continues until every expected peer is connected or
@@ -14,6 +14,8 @@
 //! Each connection has a reader task (parses frames into the rank's inbox; a closed or
 //! broken connection becomes [`TransportError::Closed`]) and a writer task fed by an
 //! unbounded queue, so [`Transport::send`] never blocks on the peer (see [`Transport`]).
+//! With [`TcpConfig::link`] set, `send` stamps every frame with its release time on this
+//! rank's emulated egress link ([`crate::shaping`]) and the writer holds it until then.
 //! Dropping the transport flushes queued frames (for up to [`TcpConfig::linger`]) and
 //! closes the connections.
 //!
@@ -24,22 +26,20 @@ use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use bytes::BytesMut;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::warn;
 
-use super::{check_peer, ByteCount, Event, Inbox, Transport, TransportError};
-use crate::frame::{
-    self, Frame, FrameError, Hello, FRAME_HEADER_LEN, MAX_HELLO_FRAME, MAX_TOKEN_LEN,
-};
+use super::stream::{read_frame, reader, write_hello, writer, Outgoing, Shaper};
+use super::{check_peer, ByteCount, Inbox, Transport, TransportError};
+use crate::frame::{Frame, FRAME_HEADER_LEN, MAX_HELLO_FRAME, MAX_TOKEN_LEN};
+use crate::shaping::LinkSpec;
 
 /// Configuration of a [`TcpTransport`].
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq)]
 pub struct TcpConfig {
     /// The run token every connection must present (at most [`MAX_TOKEN_LEN`] bytes).
     pub token: Vec<u8>,
@@ -51,6 +51,8 @@ pub struct TcpConfig {
     pub io_threads: usize,
     /// How long dropping the transport waits to flush queued frames. Default 10 s.
     pub linger: Duration,
+    /// Egress link emulation of this rank (see [`crate::shaping`]). Default unshaped.
+    pub link: LinkSpec,
 }
 
 impl std::fmt::Debug for TcpConfig {
@@ -61,6 +63,7 @@ impl std::fmt::Debug for TcpConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("io_threads", &self.io_threads)
             .field("linger", &self.linger)
+            .field("link", &self.link)
             .finish()
     }
 }
@@ -74,6 +77,7 @@ impl TcpConfig {
             connect_timeout: Duration::from_secs(30),
             io_threads: 1,
             linger: Duration::from_secs(10),
+            link: LinkSpec::default(),
         }
     }
 }
@@ -85,10 +89,11 @@ pub struct TcpTransport {
     world: usize,
     max_frame: usize,
     linger: Duration,
-    writers: Vec<Option<UnboundedSender<Vec<u8>>>>,
+    writers: Vec<Option<UnboundedSender<Outgoing>>>,
     writer_tasks: Vec<JoinHandle<()>>,
     inbox: Inbox,
     sent: u64,
+    shaper: Option<Shaper>,
     rt: Option<Runtime>,
 }
 
@@ -124,13 +129,16 @@ impl TcpTransport {
         listener.set_nonblocking(true)?;
         let conns = rt.block_on(mesh(rank, world, peers.to_vec(), listener, cfg.clone()))?;
         let (tx, rx) = mpsc::channel();
-        let mut writers: Vec<Option<UnboundedSender<Vec<u8>>>> = (0..world).map(|_| None).collect();
+        let mut writers: Vec<Option<UnboundedSender<Outgoing>>> =
+            (0..world).map(|_| None).collect();
         let mut writer_tasks = Vec::new();
         for (peer, stream, buf) in conns {
             let (rd, wr) = stream.into_split();
             rt.spawn(reader(peer, rd, buf, tx.clone(), cfg.max_frame));
             let (wtx, wrx) = unbounded_channel();
-            writer_tasks.push(rt.spawn(writer(peer, wr, wrx)));
+            writer_tasks.push(rt.spawn(async move {
+                writer(peer, wr, wrx).await;
+            }));
             writers[peer] = Some(wtx);
         }
         Ok(TcpTransport {
@@ -142,6 +150,7 @@ impl TcpTransport {
             writer_tasks,
             inbox: Inbox::new(rx, tx, world, FRAME_HEADER_LEN as u64),
             sent: 0,
+            shaper: Shaper::new(&cfg.link),
             rt: Some(rt),
         })
     }
@@ -164,13 +173,14 @@ impl Transport for TcpTransport {
                 max: self.max_frame,
             });
         }
-        let len = (msg.len() + FRAME_HEADER_LEN) as u64;
+        let len = msg.len() + FRAME_HEADER_LEN;
         let w = self.writers[to]
             .as_ref()
             .ok_or(TransportError::Closed { rank: to })?;
-        w.send(msg)
+        let release = self.shaper.as_mut().map(|s| s.release(Instant::now(), len));
+        w.send(Outgoing { release, msg })
             .map_err(|_| TransportError::Closed { rank: to })?;
-        self.sent += len;
+        self.sent += len as u64;
         Ok(())
     }
 
@@ -206,47 +216,6 @@ impl Drop for TcpTransport {
             rt.shutdown_timeout(Duration::from_millis(100));
         }
     }
-}
-
-/// Reads one frame of at most `max` bytes; `Ok(None)` on a clean end of stream.
-async fn read_frame(
-    rd: &mut (impl AsyncReadExt + Unpin),
-    buf: &mut BytesMut,
-    max: usize,
-) -> Result<Option<Frame>, TransportError> {
-    loop {
-        match frame::parse(buf, max) {
-            Ok((f, used)) => {
-                buf.advance(used);
-                return Ok(Some(f));
-            }
-            Err(FrameError::Incomplete { needed }) => {
-                buf.reserve(needed.saturating_sub(buf.len()).max(8 << 10));
-                if rd.read_buf(buf).await? == 0 {
-                    if buf.is_empty() {
-                        return Ok(None);
-                    }
-                    return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
-                }
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-async fn write_hello(
-    s: &mut (impl AsyncWrite + Unpin),
-    rank: usize,
-    world: usize,
-    token: &[u8],
-) -> std::io::Result<()> {
-    let h = Hello {
-        rank: rank as u32,
-        world: world as u32,
-        token: token.to_vec(),
-    };
-    s.write_all(&h.encode()).await?;
-    s.flush().await
 }
 
 /// Builds every connection of `rank`.
@@ -404,89 +373,4 @@ async fn dial(
             "connection refused by the peer (wrong run token?)".into(),
         )),
     }
-}
-
-/// Data frames at least this large are read straight into their own, exactly sized
-/// buffer (saves a copy); smaller ones go through the shared read buffer.
-const DIRECT_READ: usize = 64 << 10;
-
-async fn reader(
-    peer: usize,
-    mut rd: OwnedReadHalf,
-    mut buf: BytesMut,
-    tx: mpsc::Sender<Event>,
-    max: usize,
-) {
-    let r: Result<(), TransportError> = async {
-        loop {
-            match frame::parse(&buf, max) {
-                Ok((Frame::Data(b), used)) => {
-                    buf.advance(used);
-                    if tx.send(Event::Msg(peer, b)).is_err() {
-                        return Ok(());
-                    }
-                }
-                Ok((Frame::Hello(_), _)) => {
-                    return Err(FrameError::Malformed("second hello on a connection").into())
-                }
-                Err(FrameError::Incomplete { needed })
-                    if needed >= DIRECT_READ
-                        && buf.len() >= FRAME_HEADER_LEN
-                        && buf[4] == frame::TAG_DATA =>
-                {
-                    // `needed` passed the size check in `parse`, so this is bounded by `max`.
-                    let mut body = vec![0u8; needed - FRAME_HEADER_LEN];
-                    let have = buf.len() - FRAME_HEADER_LEN;
-                    body[..have].copy_from_slice(&buf[FRAME_HEADER_LEN..]);
-                    buf.clear();
-                    rd.read_exact(&mut body[have..]).await?;
-                    if tx.send(Event::Msg(peer, body)).is_err() {
-                        return Ok(());
-                    }
-                }
-                Err(FrameError::Incomplete { needed }) => {
-                    buf.reserve(needed.saturating_sub(buf.len()).max(8 << 10));
-                    if rd.read_buf(&mut buf).await? == 0 {
-                        if buf.is_empty() {
-                            return Ok(());
-                        }
-                        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
-                    }
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-    .await;
-    if let Err(e) = r {
-        warn!("connection to rank {peer} failed: {e}");
-    }
-    let _ = tx.send(Event::Closed(peer));
-}
-
-async fn writer(peer: usize, wr: OwnedWriteHalf, mut rx: UnboundedReceiver<Vec<u8>>) {
-    let mut w = BufWriter::with_capacity(256 << 10, wr);
-    async fn put(w: &mut BufWriter<OwnedWriteHalf>, m: &[u8]) -> std::io::Result<()> {
-        w.write_all(&frame::data_prefix(m.len())).await?;
-        w.write_all(m).await
-    }
-    while let Some(m) = rx.recv().await {
-        let mut r = put(&mut w, &m).await;
-        while r.is_ok() {
-            match rx.try_recv() {
-                Ok(m) => r = put(&mut w, &m).await,
-                Err(_) => break,
-            }
-        }
-        if let Err(e) = async {
-            r?;
-            w.flush().await
-        }
-        .await
-        {
-            warn!("sending to rank {peer} failed: {e}");
-            return;
-        }
-    }
-    let _ = w.shutdown().await;
 }

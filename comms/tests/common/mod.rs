@@ -579,3 +579,105 @@ pub fn check_run_ahead<M: Mesh>(mesh: &M, world: usize) {
         }
     }
 }
+
+/// Link emulation: a 2-rank all-reduce of 4 MB over links shaped to 200 Mbit/s and 1 ms
+/// takes at least the α–β prediction (the shaping is a hard floor) and not wildly more
+/// (generous ceiling for loaded hosts); a small all-reduce over a 30 ms link takes ≥ 30 ms
+/// on the slower rank.
+/// `make(world, link)` builds a mesh whose ranks all use `link`.
+pub fn check_emulated_link<T, F>(make: F)
+where
+    T: Transport + 'static,
+    F: Fn(usize, dtrain_comms::shaping::LinkSpec) -> Vec<T>,
+{
+    use dtrain_comms::shaping::LinkSpec;
+    let spec = LinkSpec::parse(Some("200Mbit"), Some("1ms")).unwrap();
+    let n = 1usize << 20; // 4 MiB of f32
+    let bytes = (n * 4) as f64;
+    let want = spec.predict_all_reduce(bytes, 2);
+    let out = run_ranks(make(2, spec), CommConfig::default(), move |c| {
+        let mut v = vec![c.rank() as f32 + 1.0; n];
+        c.barrier().unwrap();
+        let t = Instant::now();
+        c.all_reduce_sum(&mut v).unwrap();
+        let el = t.elapsed().as_secs_f64();
+        assert!(v.iter().all(|&x| x == 3.0));
+        el
+    });
+    let took = out.iter().cloned().fold(0.0, f64::max);
+    assert!(
+        took >= 0.95 * want,
+        "took {took:.3} s, below the α–β floor {want:.3} s: link not shaped"
+    );
+    assert!(
+        took <= 3.0 * want + 0.5,
+        "took {took:.3} s, far above the prediction {want:.3} s"
+    );
+    // Latency alone: one exchange (recursive doubling) waits one one-way latency.
+    let spec = LinkSpec::parse(None, Some("30ms")).unwrap();
+    let out = run_ranks(make(2, spec), CommConfig::default(), |c| {
+        c.barrier().unwrap();
+        let t = Instant::now();
+        let mut v = vec![1.0f32; 4];
+        c.all_reduce_sum(&mut v).unwrap();
+        (t.elapsed(), v)
+    });
+    // Per rank the time depends on the barrier exit skew; the slower rank waits ≥ 30 ms.
+    let el = out.iter().map(|x| x.0).max().unwrap();
+    assert!(el >= Duration::from_millis(29), "{el:?}");
+    assert!(el < Duration::from_secs(2), "{el:?}");
+    for (_, v) in out {
+        assert_eq!(v, vec![2.0; 4]);
+    }
+}
+
+/// QUIC meshes over 127.0.0.1 (ephemeral UDP ports), one run identity per mesh.
+#[cfg(feature = "quic")]
+pub mod quic {
+    use std::net::{SocketAddr, UdpSocket};
+    use std::thread;
+    use std::time::Duration;
+
+    use dtrain_comms::rendezvous::RunIdentity;
+    use dtrain_comms::{QuicConfig, QuicTransport, TransportError};
+
+    pub const TOKEN: &[u8] = b"test-run-token";
+
+    pub fn config(token: &[u8], identity: RunIdentity) -> QuicConfig {
+        QuicConfig {
+            connect_timeout: Duration::from_secs(10),
+            ..QuicConfig::new(token.to_vec(), identity)
+        }
+    }
+
+    pub fn sockets(world: usize) -> (Vec<UdpSocket>, Vec<SocketAddr>) {
+        let ss: Vec<UdpSocket> = (0..world)
+            .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let addrs = ss.iter().map(|s| s.local_addr().unwrap()).collect();
+        (ss, addrs)
+    }
+
+    /// Connects every rank with its own config; returns each rank's result.
+    pub fn try_mesh(cfgs: Vec<QuicConfig>) -> Vec<Result<QuicTransport, TransportError>> {
+        let (ss, addrs) = sockets(cfgs.len());
+        let hs: Vec<_> = ss
+            .into_iter()
+            .zip(cfgs)
+            .enumerate()
+            .map(|(r, (s, cfg))| {
+                let addrs = addrs.clone();
+                thread::spawn(move || QuicTransport::connect(r, &addrs, s, cfg))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    pub fn mesh(world: usize) -> Vec<QuicTransport> {
+        let id = RunIdentity::generate().unwrap();
+        try_mesh(vec![config(TOKEN, id); world])
+            .into_iter()
+            .map(|t| t.expect("mesh set-up"))
+            .collect()
+    }
+}

@@ -1,4 +1,5 @@
 //! Benchmarks behind `dtrain bench …`.
 
+pub mod allreduce;
 pub mod compress;
 pub mod gradient;

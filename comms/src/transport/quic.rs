@@ -1,0 +1,781 @@
+//! QUIC driver (quinn + rustls with the ring provider, TLS 1.3): one connection per rank
+//! pair, one bidirectional stream per connection carrying the same length-prefixed frames
+//! as TCP ([`crate::frame`]).
+//!
+//! # Authentication
+//! Every run has its own self-signed certificate ([`RunIdentity::generate`], created by the
+//! rendezvous host and handed to every rank, see [`crate::rendezvous`]). Every rank
+//! presents it on both sides of mutual TLS, and accepts a peer — server or client — only if
+//! the peer's certificate is byte-for-byte that certificate (a custom rustls verifier
+//! comparing the DER; the TLS 1.3 handshake signature is still verified, so presenting the
+//! certificate without its key fails). On
+//! top of TLS, the dialer opens the stream with a [`crate::frame::Hello`] carrying the run
+//! token, rank and world size; the acceptor checks it and answers with its own, as over
+//! TCP. A connection with a different certificate, a wrong token, an unexpected rank or no
+//! hello before the deadline is refused (closed) and logged. Once the mesh is complete
+//! the endpoint stops accepting connections.
+//!
+//! # Tuning
+//! * UDP socket buffers are raised to [`QuicConfig::socket_buffer`] (16 MiB; the kernel
+//!   caps the value at `net.core.{r,w}mem_max` unless running privileged).
+//! * MTU: quinn's default initial MTU is 1200 bytes with discovery up to 1452. On a mesh
+//!   whose peers are all loopback addresses the driver uses [`LOOPBACK_MTU`] instead
+//!   (fewer, larger packets). `EndpointConfig::max_udp_payload_size` is raised on every
+//!   endpoint before the larger `initial_mtu` is used (a peer whose limit is lower would
+//!   drop the packets), and the value stays below the ~6500-byte point above which
+//!   UDP segmentation offload (GSO) batches stop working on loopback.
+//! * Default flow-control windows. Keep-alives every second; a connection idle for
+//!   [`QuicConfig::idle_timeout`] is closed, which reports the peer as lost (a killed peer
+//!   sends no close).
+//!
+//! # Data path
+//! As for TCP ([`super::tcp`]): a reader task per connection into the rank's inbox, a
+//! writer task per connection fed by an unbounded queue, optional egress shaping
+//! ([`QuicConfig::link`]). Dropping the transport finishes every stream, waits (up to
+//! [`QuicConfig::linger`]) until the peers acknowledged all data, then closes.
+//!
+//! The runtime lives inside the transport: create and drop it outside any async context.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::{Connection, Endpoint, RecvStream, SendStream};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+use tokio::runtime::Runtime;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::{debug, warn};
+
+use super::stream::{read_frame, reader, write_hello, writer, Outgoing, Shaper};
+use super::{check_peer, ByteCount, Inbox, Transport, TransportError};
+use crate::frame::{Frame, FRAME_HEADER_LEN, MAX_HELLO_FRAME, MAX_TOKEN_LEN};
+use crate::rendezvous::RunIdentity;
+use crate::shaping::LinkSpec;
+
+/// Server name in the run certificate (not used for verification: the certificate is pinned).
+const SERVER_NAME: &str = "dtrain";
+/// ALPN protocol of the dtrain mesh.
+const ALPN: &[u8] = b"dtrain/1";
+/// MTU used when every peer is a loopback address.
+pub const LOOPBACK_MTU: u16 = 6000;
+/// Application error code of a refused connection.
+const REFUSED: u32 = 1;
+/// Application error code of a normal close.
+const DONE: u32 = 0;
+
+impl RunIdentity {
+    /// A fresh self-signed certificate (ECDSA P-256, subject alternative name `dtrain`) and
+    /// its key, for one run.
+    pub fn generate() -> Result<RunIdentity, TransportError> {
+        let ck =
+            rcgen::generate_simple_self_signed(vec![SERVER_NAME.to_string()]).map_err(|e| {
+                TransportError::Handshake {
+                    peer: "config".into(),
+                    detail: format!("creating the run certificate failed: {e}"),
+                }
+            })?;
+        Ok(RunIdentity {
+            cert_der: ck.cert.der().to_vec(),
+            key_der: ck.key_pair.serialize_der(),
+        })
+    }
+}
+
+/// Configuration of a [`QuicTransport`].
+#[derive(Clone, PartialEq)]
+pub struct QuicConfig {
+    /// The run token every connection must present (at most [`MAX_TOKEN_LEN`] bytes).
+    pub token: Vec<u8>,
+    /// The run's certificate and key: served by this rank, pinned for every peer.
+    pub identity: RunIdentity,
+    /// Largest frame accepted or sent, in bytes after the length prefix. Default 64 MiB.
+    pub max_frame: usize,
+    /// How long set-up may take. Default 30 s.
+    pub connect_timeout: Duration,
+    /// Runtime worker threads. Default 1.
+    pub io_threads: usize,
+    /// How long dropping the transport waits for queued data to be acknowledged. Default 10 s.
+    pub linger: Duration,
+    /// Egress link emulation of this rank (see [`crate::shaping`]). Default unshaped.
+    pub link: LinkSpec,
+    /// Initial MTU (UDP payload bytes). `None`: [`LOOPBACK_MTU`] if every peer is a loopback
+    /// address, else quinn's default (1200, discovered up to 1452).
+    pub mtu: Option<u16>,
+    /// A connection that hears nothing (not even keep-alives) for this long is closed and
+    /// its peer reported lost. Default 10 s.
+    pub idle_timeout: Duration,
+    /// UDP send and receive buffer size requested from the kernel. Default 16 MiB.
+    pub socket_buffer: usize,
+}
+
+impl std::fmt::Debug for QuicConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuicConfig")
+            .field("token", &"<redacted>")
+            .field("identity", &self.identity)
+            .field("max_frame", &self.max_frame)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("io_threads", &self.io_threads)
+            .field("linger", &self.linger)
+            .field("link", &self.link)
+            .field("mtu", &self.mtu)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("socket_buffer", &self.socket_buffer)
+            .finish()
+    }
+}
+
+impl QuicConfig {
+    /// Defaults with the given run token and identity.
+    pub fn new(token: impl Into<Vec<u8>>, identity: RunIdentity) -> Self {
+        QuicConfig {
+            token: token.into(),
+            identity,
+            max_frame: 64 << 20,
+            connect_timeout: Duration::from_secs(30),
+            io_threads: 1,
+            linger: Duration::from_secs(10),
+            link: LinkSpec::default(),
+            mtu: None,
+            idle_timeout: Duration::from_secs(10),
+            socket_buffer: 16 << 20,
+        }
+    }
+}
+
+/// One rank of a QUIC mesh (see the [module docs](self)).
+#[derive(Debug)]
+pub struct QuicTransport {
+    rank: usize,
+    world: usize,
+    max_frame: usize,
+    linger: Duration,
+    writers: Vec<Option<UnboundedSender<Outgoing>>>,
+    writer_tasks: Vec<JoinHandle<()>>,
+    conns: Vec<Connection>,
+    endpoint: Option<Endpoint>,
+    inbox: Inbox,
+    sent: u64,
+    shaper: Option<Shaper>,
+    rt: Option<Runtime>,
+}
+
+type Conn = (usize, Connection, SendStream, RecvStream, BytesMut);
+
+fn config_error(detail: impl std::fmt::Display) -> TransportError {
+    TransportError::Handshake {
+        peer: "config".into(),
+        detail: detail.to_string(),
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Accepts exactly the pinned certificate (as a client verifying the server, and as a
+/// server verifying the client), and checks the handshake signature with it.
+#[derive(Debug)]
+struct Pinned {
+    cert: Vec<u8>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if intermediates.is_empty() && end_entity.as_ref() == self.cert.as_slice() {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::General(
+                "peer presented a certificate other than this run's".into(),
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("TLS 1.2 is not allowed".into()))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+impl ClientCertVerifier for Pinned {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        if intermediates.is_empty() && end_entity.as_ref() == self.cert.as_slice() {
+            Ok(ClientCertVerified::assertion())
+        } else {
+            Err(rustls::Error::General(
+                "peer presented a certificate other than this run's".into(),
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("TLS 1.2 is not allowed".into()))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+fn transport_config(
+    cfg: &QuicConfig,
+    mtu: Option<u16>,
+) -> Result<quinn::TransportConfig, TransportError> {
+    let mut t = quinn::TransportConfig::default();
+    let idle = quinn::IdleTimeout::try_from(cfg.idle_timeout).map_err(config_error)?;
+    t.max_idle_timeout(Some(idle))
+        .keep_alive_interval(Some(Duration::from_secs(1).min(cfg.idle_timeout / 3)));
+    if let Some(m) = mtu {
+        t.initial_mtu(m);
+        let mut d = quinn::MtuDiscoveryConfig::default();
+        d.upper_bound(m);
+        t.mtu_discovery_config(Some(d));
+    }
+    Ok(t)
+}
+
+/// The rustls server side: serves `identity`, and requires the client to present the
+/// certificate `pin` (mutual TLS).
+fn server_crypto(identity: &RunIdentity, pin: &[u8]) -> Result<QuicServerConfig, TransportError> {
+    let provider = provider();
+    let cert = CertificateDer::from(identity.cert_der.clone());
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(identity.key_der.clone()));
+    let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(config_error)?
+        .with_client_cert_verifier(Arc::new(Pinned {
+            cert: pin.to_vec(),
+            provider,
+        }))
+        .with_single_cert(vec![cert], key)
+        .map_err(|e| config_error(format!("run certificate: {e}")))?;
+    server.alpn_protocols = vec![ALPN.to_vec()];
+    server.max_early_data_size = 0;
+    QuicServerConfig::try_from(server).map_err(config_error)
+}
+
+/// The rustls client side: accepts only a server presenting `pin`, and presents `identity`.
+fn client_crypto(identity: &RunIdentity, pin: &[u8]) -> Result<QuicClientConfig, TransportError> {
+    let provider = provider();
+    let cert = CertificateDer::from(identity.cert_der.clone());
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(identity.key_der.clone()));
+    let mut client = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(config_error)?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Pinned {
+            cert: pin.to_vec(),
+            provider,
+        }))
+        .with_client_auth_cert(vec![cert], key)
+        .map_err(|e| config_error(format!("run certificate: {e}")))?;
+    client.alpn_protocols = vec![ALPN.to_vec()];
+    QuicClientConfig::try_from(client).map_err(config_error)
+}
+
+/// Builds this rank's endpoint around `socket` (server side `server`) and the client
+/// config for dialing (client side `client`), with the socket and MTU tuning.
+fn endpoint(
+    socket: UdpSocket,
+    cfg: &QuicConfig,
+    mtu: Option<u16>,
+    server: QuicServerConfig,
+    client: QuicClientConfig,
+) -> Result<(Endpoint, quinn::ClientConfig), TransportError> {
+    let sock = socket2::SockRef::from(&socket);
+    let _ = sock.set_send_buffer_size(cfg.socket_buffer);
+    let _ = sock.set_recv_buffer_size(cfg.socket_buffer);
+    debug!(
+        "QUIC socket buffers: send {:?}, recv {:?}",
+        sock.send_buffer_size(),
+        sock.recv_buffer_size()
+    );
+    let transport = Arc::new(transport_config(cfg, mtu)?);
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(server));
+    server.transport_config(transport.clone());
+    server.migration(false);
+    let mut client = quinn::ClientConfig::new(Arc::new(client));
+    client.transport_config(transport);
+    let mut ecfg = quinn::EndpointConfig::default();
+    if let Some(m) = mtu {
+        ecfg.max_udp_payload_size(m.max(1200))
+            .map_err(config_error)?;
+    }
+    let ep = Endpoint::new(ecfg, Some(server), socket, Arc::new(quinn::TokioRuntime))?;
+    Ok((ep, client))
+}
+
+impl QuicTransport {
+    /// Connects rank `rank` to every other rank: `peers[i]` is rank `i`'s UDP address
+    /// (`peers[rank]` is not used), `socket` is this rank's bound UDP socket. Blocks until
+    /// every peer is connected and authenticated, or fails after `cfg.connect_timeout`
+    /// naming the missing ranks.
+    pub fn connect(
+        rank: usize,
+        peers: &[SocketAddr],
+        socket: UdpSocket,
+        cfg: QuicConfig,
+    ) -> Result<Self, TransportError> {
+        let world = peers.len();
+        if rank >= world {
+            return Err(TransportError::InvalidRank { rank, world });
+        }
+        if cfg.token.len() > MAX_TOKEN_LEN {
+            return Err(config_error(format!(
+                "run token longer than {MAX_TOKEN_LEN} bytes"
+            )));
+        }
+        let mtu = cfg.mtu.or_else(|| {
+            peers
+                .iter()
+                .all(|a| a.ip().is_loopback())
+                .then_some(LOOPBACK_MTU)
+        });
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cfg.io_threads.max(1))
+            .thread_name("dtrain-comms-quic")
+            .enable_io()
+            .enable_time()
+            .build()?;
+        socket.set_nonblocking(true)?;
+        let pin = &cfg.identity.cert_der;
+        let server = server_crypto(&cfg.identity, pin)?;
+        let client = client_crypto(&cfg.identity, pin)?;
+        let (ep, client) = {
+            let _guard = rt.enter();
+            endpoint(socket, &cfg, mtu, server, client)?
+        };
+        let conns = rt.block_on(mesh(
+            rank,
+            world,
+            peers.to_vec(),
+            ep.clone(),
+            client,
+            cfg.clone(),
+        ));
+        // The mesh is complete (or failed): no further connections are accepted.
+        ep.set_server_config(None);
+        let conns = match conns {
+            Ok(c) => c,
+            Err(e) => {
+                ep.close(REFUSED.into(), b"set-up failed");
+                rt.shutdown_timeout(Duration::from_millis(100));
+                return Err(e);
+            }
+        };
+        let (tx, rx) = mpsc::channel();
+        let mut writers: Vec<Option<UnboundedSender<Outgoing>>> =
+            (0..world).map(|_| None).collect();
+        let mut writer_tasks = Vec::new();
+        let mut connections = Vec::new();
+        let linger = cfg.linger;
+        for (peer, conn, send, recv, buf) in conns {
+            rt.spawn(reader(peer, recv, buf, tx.clone(), cfg.max_frame));
+            let (wtx, wrx) = unbounded_channel();
+            writer_tasks.push(rt.spawn(async move {
+                if let Some(send) = writer(peer, send, wrx).await {
+                    // Finished: wait until the peer has acknowledged everything, so that
+                    // closing the connection loses nothing.
+                    let _ = tokio::time::timeout(linger, send.stopped()).await;
+                }
+            }));
+            writers[peer] = Some(wtx);
+            connections.push(conn);
+        }
+        Ok(QuicTransport {
+            rank,
+            world,
+            max_frame: cfg.max_frame,
+            linger: cfg.linger,
+            writers,
+            writer_tasks,
+            conns: connections,
+            endpoint: Some(ep),
+            inbox: Inbox::new(rx, tx, world, FRAME_HEADER_LEN as u64),
+            sent: 0,
+            shaper: Shaper::new(&cfg.link),
+            rt: Some(rt),
+        })
+    }
+}
+
+impl Transport for QuicTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world
+    }
+
+    fn send(&mut self, to: usize, msg: Vec<u8>) -> Result<(), TransportError> {
+        check_peer(to, self.rank, self.world)?;
+        if msg.len() + 1 > self.max_frame {
+            return Err(TransportError::TooLarge {
+                len: msg.len() + 1,
+                max: self.max_frame,
+            });
+        }
+        let len = msg.len() + FRAME_HEADER_LEN;
+        let w = self.writers[to]
+            .as_ref()
+            .ok_or(TransportError::Closed { rank: to })?;
+        let release = self.shaper.as_mut().map(|s| s.release(Instant::now(), len));
+        w.send(Outgoing { release, msg })
+            .map_err(|_| TransportError::Closed { rank: to })?;
+        self.sent += len as u64;
+        Ok(())
+    }
+
+    fn recv(&mut self, deadline: Instant) -> Result<(usize, Vec<u8>), TransportError> {
+        self.inbox.recv(deadline)
+    }
+
+    fn recv_from(&mut self, from: usize, deadline: Instant) -> Result<Vec<u8>, TransportError> {
+        check_peer(from, self.rank, self.world)?;
+        self.inbox.recv_from(from, deadline)
+    }
+
+    fn bytes(&self) -> ByteCount {
+        ByteCount {
+            sent: self.sent,
+            received: self.inbox.received(),
+        }
+    }
+}
+
+impl Drop for QuicTransport {
+    fn drop(&mut self) {
+        self.writers.clear();
+        let tasks = std::mem::take(&mut self.writer_tasks);
+        let conns = std::mem::take(&mut self.conns);
+        let ep = self.endpoint.take();
+        if let Some(rt) = self.rt.take() {
+            let deadline = tokio::time::Instant::now() + self.linger;
+            rt.block_on(async move {
+                for t in tasks {
+                    let _ = tokio::time::timeout_at(deadline, t).await;
+                }
+                for c in &conns {
+                    c.close(DONE.into(), b"done");
+                }
+                // Give the endpoint a moment to send the CONNECTION_CLOSE frames; the full
+                // draining period is not needed: every stream was finished and acknowledged,
+                // so the peers already read the end of our data.
+                if let Some(ep) = ep {
+                    let _ = tokio::time::timeout(Duration::from_millis(25), ep.wait_idle()).await;
+                }
+            });
+            rt.shutdown_timeout(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Builds every connection of `rank`: dials the lower ranks, accepts the higher ones.
+async fn mesh(
+    rank: usize,
+    world: usize,
+    peers: Vec<SocketAddr>,
+    ep: Endpoint,
+    client: quinn::ClientConfig,
+    cfg: QuicConfig,
+) -> Result<Vec<Conn>, TransportError> {
+    let deadline = tokio::time::Instant::now() + cfg.connect_timeout;
+    let mut conns: Vec<Option<Conn>> = (0..world).map(|_| None).collect();
+    let mut dials = JoinSet::new();
+    for (p, addr) in peers.iter().enumerate().take(rank) {
+        dials.spawn(dial(
+            rank,
+            world,
+            p,
+            *addr,
+            ep.clone(),
+            client.clone(),
+            cfg.token.clone(),
+            deadline,
+        ));
+    }
+    let mut accepts: JoinSet<Result<Conn, String>> = JoinSet::new();
+    let mut missing = world - 1;
+    while missing > 0 {
+        let accepting = conns[rank + 1..].iter().any(|c| c.is_none());
+        tokio::select! {
+            inc = ep.accept(), if accepting => match inc {
+                Some(inc) => {
+                    accepts.spawn(accept_one(inc, rank, world, cfg.token.clone(), deadline));
+                }
+                None => return Err(config_error("endpoint closed during set-up")),
+            },
+            Some(r) = accepts.join_next(), if !accepts.is_empty() => match r {
+                Ok(Ok((p, conn, mut send, recv, buf))) => {
+                    if conns[p].is_some() {
+                        warn!("rank {rank}: refused a second connection claiming rank {p}");
+                        conn.close(REFUSED.into(), b"duplicate rank");
+                    } else {
+                        match write_hello(&mut send, rank, world, &cfg.token).await {
+                            Ok(()) => {
+                                conns[p] = Some((p, conn, send, recv, buf));
+                                missing -= 1;
+                            }
+                            Err(e) => warn!("rank {rank}: answering rank {p}'s hello failed: {e}"),
+                        }
+                    }
+                }
+                Ok(Err(e)) => warn!("rank {rank}: refused connection: {e}"),
+                Err(e) => warn!("rank {rank}: handshake task failed: {e}"),
+            },
+            Some(r) = dials.join_next(), if !dials.is_empty() => match r {
+                Ok(Ok(c)) => {
+                    let p = c.0;
+                    conns[p] = Some(c);
+                    missing -= 1;
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(e) => return Err(TransportError::Handshake { peer: "?".into(), detail: e.to_string() }),
+            },
+            _ = tokio::time::sleep_until(deadline) => {
+                let absent: Vec<usize> = (0..world).filter(|&p| p != rank && conns[p].is_none()).collect();
+                return Err(TransportError::Handshake {
+                    peer: format!("ranks {absent:?}"),
+                    detail: format!("not connected within {:?}", cfg.connect_timeout),
+                });
+            }
+        }
+    }
+    Ok(conns.into_iter().flatten().collect())
+}
+
+/// Completes the TLS handshake of an incoming connection and checks its hello.
+async fn accept_one(
+    inc: quinn::Incoming,
+    rank: usize,
+    world: usize,
+    token: Vec<u8>,
+    deadline: tokio::time::Instant,
+) -> Result<Conn, String> {
+    let addr = inc.remote_address();
+    let conn = tokio::time::timeout_at(deadline, inc)
+        .await
+        .map_err(|_| format!("{addr}: TLS handshake not done before the deadline"))?
+        .map_err(|e| format!("{addr}: TLS handshake failed: {e}"))?;
+    let refuse = |why: String| {
+        conn.close(REFUSED.into(), b"refused");
+        why
+    };
+    let (send, mut recv) = match tokio::time::timeout_at(deadline, conn.accept_bi()).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(refuse(format!("{addr}: no stream: {e}"))),
+        Err(_) => return Err(refuse(format!("{addr}: no stream before the deadline"))),
+    };
+    let mut buf = BytesMut::new();
+    let f =
+        match tokio::time::timeout_at(deadline, read_frame(&mut recv, &mut buf, MAX_HELLO_FRAME))
+            .await
+        {
+            Ok(Ok(f)) => f,
+            Ok(Err(e)) => return Err(refuse(format!("{addr}: {e}"))),
+            Err(_) => return Err(refuse(format!("{addr}: no hello before the deadline"))),
+        };
+    let Some(Frame::Hello(h)) = f else {
+        return Err(refuse(format!("{addr}: first frame is not a hello")));
+    };
+    if !h.token_matches(&token) {
+        return Err(refuse(format!("{addr}: wrong run token")));
+    }
+    let p = h.rank as usize;
+    if h.world as usize != world || p <= rank || p >= world {
+        return Err(refuse(format!(
+            "{addr}: unexpected rank {p} / world {} (this is rank {rank} of {world})",
+            h.world
+        )));
+    }
+    Ok((p, conn, send, recv, buf))
+}
+
+/// Connects to `p` (retrying until the deadline) and authenticates both ways.
+#[allow(clippy::too_many_arguments)]
+async fn dial(
+    rank: usize,
+    world: usize,
+    p: usize,
+    addr: SocketAddr,
+    ep: Endpoint,
+    client: quinn::ClientConfig,
+    token: Vec<u8>,
+    deadline: tokio::time::Instant,
+) -> Result<Conn, TransportError> {
+    let fail = |detail: String| TransportError::Handshake {
+        peer: format!("rank {p} at {addr}"),
+        detail,
+    };
+    let conn = loop {
+        let connecting = ep
+            .connect_with(client.clone(), addr, SERVER_NAME)
+            .map_err(|e| fail(e.to_string()))?;
+        match tokio::time::timeout_at(deadline, connecting).await {
+            Ok(Ok(c)) => break c,
+            // A TLS failure (wrong certificate) is final; anything else is retried.
+            Ok(Err(quinn::ConnectionError::TransportError(e))) => {
+                return Err(fail(format!("TLS handshake failed: {e}")))
+            }
+            Ok(Err(e)) if tokio::time::Instant::now() < deadline => {
+                debug!("rank {rank}: dialing rank {p} failed ({e}); retrying");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(Err(e)) => return Err(fail(e.to_string())),
+            Err(_) => return Err(fail("connect timed out".into())),
+        }
+    };
+    let refused = || fail("connection refused by the peer (wrong run token?)".into());
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|_| refused())?;
+    write_hello(&mut send, rank, world, &token)
+        .await
+        .map_err(|_| refused())?;
+    let mut buf = BytesMut::new();
+    let f = tokio::time::timeout_at(deadline, read_frame(&mut recv, &mut buf, MAX_HELLO_FRAME))
+        .await
+        .map_err(|_| fail("no answer to our hello".into()))?;
+    match f {
+        Ok(Some(Frame::Hello(h)))
+            if h.token_matches(&token) && h.rank as usize == p && h.world as usize == world =>
+        {
+            Ok((p, conn, send, recv, buf))
+        }
+        Ok(Some(Frame::Hello(_))) => Err(fail(
+            "peer answered with a different token, rank or world size".into(),
+        )),
+        Ok(_) | Err(_) => Err(refused()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Server side of mutual TLS: a client that pins the right server certificate but
+    /// presents another one of its own is refused by the server.
+    #[test]
+    fn server_refuses_a_client_with_another_certificate() {
+        let run = RunIdentity::generate().unwrap();
+        let other = RunIdentity::generate().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let cfg = QuicConfig::new(b"t".to_vec(), run.clone());
+        let (server_ep, client_ep, client, addr) = {
+            let _g = rt.enter();
+            let ss = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let addr = ss.local_addr().unwrap();
+            let pin = &run.cert_der;
+            let (server_ep, _) = endpoint(
+                ss,
+                &cfg,
+                None,
+                server_crypto(&run, pin).unwrap(),
+                client_crypto(&run, pin).unwrap(),
+            )
+            .unwrap();
+            let (client_ep, client) = endpoint(
+                UdpSocket::bind("127.0.0.1:0").unwrap(),
+                &cfg,
+                None,
+                server_crypto(&other, &other.cert_der).unwrap(),
+                client_crypto(&other, pin).unwrap(),
+            )
+            .unwrap();
+            (server_ep, client_ep, client, addr)
+        };
+        rt.block_on(async move {
+            let acc = tokio::spawn(async move {
+                let inc = server_ep.accept().await.expect("an incoming connection");
+                inc.await.map(|_| ())
+            });
+            let dial = client_ep
+                .connect_with(client, addr, SERVER_NAME)
+                .unwrap()
+                .await;
+            let server = tokio::time::timeout(Duration::from_secs(5), acc)
+                .await
+                .expect("server decided in time")
+                .unwrap();
+            let e = server.expect_err("server accepted a client with another certificate");
+            assert!(e.to_string().contains("certificate"), "{e}");
+            // The client learns it was refused: its connection (if the handshake got that
+            // far on its side) is closed.
+            if let Ok(conn) = dial {
+                let closed = tokio::time::timeout(Duration::from_secs(5), conn.closed()).await;
+                assert!(closed.is_ok(), "client connection not closed");
+            }
+        });
+    }
+}

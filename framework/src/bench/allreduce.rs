@@ -1,0 +1,615 @@
+//! `dtrain bench allreduce`: collective bandwidth over real worker processes, printed like
+//! nccl-tests.
+//!
+//! The launcher ([`launch`]) hosts a rendezvous on 127.0.0.1, starts `workers` copies of
+//! the current executable in worker mode (rank, world size and rendezvous address as
+//! arguments, the run token in the `DTRAIN_RUN_TOKEN` environment variable), and collects
+//! the results that rank 0 prints. Each worker ([`worker`]) joins the rendezvous, builds
+//! its TCP or QUIC mesh (optionally with an emulated egress link), and times every size:
+//! a barrier, then `iters` back-to-back collectives; the reported time per call is the
+//! maximum over ranks (the collective is done when the slowest rank is done).
+//!
+//! Bandwidths follow nccl-tests: `algbw = size / time`, and
+//! `busbw = algbw · factor` with factor `2(N−1)/N` for all-reduce, `(N−1)/N` for all-gather
+//! (where `size` is the gathered total, each rank contributing `size/N`) and 1 for
+//! broadcast. With link emulation on, each row also carries the α–β prediction
+//! ([`dtrain_comms::shaping::LinkSpec`]).
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use dtrain_comms::rendezvous::{self, Host, RendezvousConfig, RunIdentity};
+use dtrain_comms::shaping::LinkSpec;
+use dtrain_comms::{
+    CommConfig, Communicator, QuicConfig, QuicTransport, TcpConfig, TcpTransport, Transport,
+};
+use serde::{Deserialize, Serialize};
+
+/// Environment variable carrying the run token from the launcher to its workers.
+pub const TOKEN_ENV: &str = "DTRAIN_RUN_TOKEN";
+/// Prefix of the line on which rank 0 prints its results (JSON).
+const ROWS_PREFIX: &str = "DTRAIN_BENCH_ROWS ";
+
+/// Which transport the workers use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    /// TCP (tokio, one connection per rank pair).
+    Tcp,
+    /// QUIC (quinn, TLS 1.3 with the pinned run certificate).
+    Quic,
+}
+
+impl FromStr for TransportKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "tcp" => Ok(TransportKind::Tcp),
+            "quic" => Ok(TransportKind::Quic),
+            "mpi" => Err("transport mpi is not available yet (only tcp, quic)".into()),
+            _ => Err(format!("unknown transport {s:?} (tcp, quic)")),
+        }
+    }
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Quic => "quic",
+        })
+    }
+}
+
+/// The collective being measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    /// f32 sum all-reduce of `size` bytes.
+    AllReduce,
+    /// All-gather producing `size` bytes on every rank (`size/N` from each).
+    AllGather,
+    /// Broadcast of `size` bytes from rank 0.
+    Broadcast,
+}
+
+impl FromStr for Op {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "allreduce" => Ok(Op::AllReduce),
+            "allgather" => Ok(Op::AllGather),
+            "broadcast" => Ok(Op::Broadcast),
+            _ => Err(format!(
+                "unknown op {s:?} (allreduce, allgather, broadcast)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Op::AllReduce => "allreduce",
+            Op::AllGather => "allgather",
+            Op::Broadcast => "broadcast",
+        })
+    }
+}
+
+impl Op {
+    /// nccl-tests' bus-bandwidth factor for `world` ranks.
+    pub fn bus_factor(self, world: usize) -> f64 {
+        let n = world as f64;
+        match self {
+            Op::AllReduce => 2.0 * (n - 1.0) / n,
+            Op::AllGather => (n - 1.0) / n,
+            Op::Broadcast => 1.0,
+        }
+    }
+
+    /// The α–β prediction of one call on `link`, in seconds.
+    pub fn predict(self, link: &LinkSpec, bytes: usize, world: usize) -> f64 {
+        let b = bytes as f64;
+        match self {
+            Op::AllReduce => link.predict_all_reduce(b, world),
+            Op::AllGather => link.predict_all_gather(b, world),
+            Op::Broadcast => link.predict_broadcast(b, world),
+        }
+    }
+}
+
+/// What to measure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    /// Transport.
+    pub transport: TransportKind,
+    /// Number of worker processes.
+    pub workers: usize,
+    /// Message sizes in bytes.
+    pub sizes: Vec<usize>,
+    /// Collective.
+    pub op: Op,
+    /// Emulated egress bandwidth per worker, as given (e.g. `"1Gbit"`).
+    pub bandwidth: Option<String>,
+    /// Emulated one-way latency per worker, as given (e.g. `"100us"`).
+    pub latency: Option<String>,
+    /// Timed calls per size; 0 chooses by size (about 256 MB moved, between 2 and 50).
+    pub iters: usize,
+    /// Untimed calls per size before timing.
+    pub warmup: usize,
+    /// Limit for the whole run.
+    pub timeout: Duration,
+}
+
+impl Options {
+    /// The emulated link these options describe.
+    pub fn link(&self) -> Result<LinkSpec, String> {
+        LinkSpec::parse(self.bandwidth.as_deref(), self.latency.as_deref())
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.workers == 0 {
+            return Err("--workers must be at least 1".into());
+        }
+        if self.sizes.is_empty() {
+            return Err("no sizes to measure".into());
+        }
+        self.link().map(|_| ())
+    }
+
+    /// Timed calls for `bytes`.
+    pub fn iters_for(&self, bytes: usize) -> usize {
+        if self.iters > 0 {
+            self.iters
+        } else {
+            ((256usize << 20) / bytes.max(1)).clamp(2, 50)
+        }
+    }
+}
+
+/// One measured size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    /// Message size in bytes (nccl-tests' `size`).
+    pub bytes: usize,
+    /// f32 elements (all-reduce) or bytes (the byte collectives).
+    pub count: usize,
+    /// Timed calls.
+    pub iters: usize,
+    /// Time per call, maximum over ranks, in microseconds.
+    pub time_us: f64,
+    /// `bytes / time` in GB/s.
+    pub algbw_gbs: f64,
+    /// `algbw · factor` in GB/s (see the module docs).
+    pub busbw_gbs: f64,
+    /// α–β prediction per call in microseconds, when the link is emulated.
+    pub predicted_us: Option<f64>,
+    /// Bytes rank 0 sent per call (framing included).
+    pub sent_per_call: u64,
+}
+
+/// Parses a size such as `1K`, `64M`, `1G`, `4096` (binary multiples).
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&t[..i], 1usize << 10),
+        Some((i, 'M' | 'm')) => (&t[..i], 1 << 20),
+        Some((i, 'G' | 'g')) => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    let v: usize = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("size {s:?} is not a number with an optional K, M or G"))?;
+    v.checked_mul(mult)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("size {s:?} is out of range"))
+}
+
+/// Parses `1K..256M` (every power-of-two multiple from the first to the last, like
+/// nccl-tests' `-b 1K -e 256M -f 2`), or a comma-separated list (`1K,64M`).
+pub fn parse_sizes(s: &str) -> Result<Vec<usize>, String> {
+    if let Some((a, b)) = s.split_once("..") {
+        let (lo, hi) = (parse_size(a)?, parse_size(b)?);
+        if lo > hi {
+            return Err(format!("size range {s:?} is empty"));
+        }
+        let mut out = Vec::new();
+        let mut v = lo;
+        while v <= hi {
+            out.push(v);
+            match v.checked_mul(2) {
+                Some(n) => v = n,
+                None => break,
+            }
+        }
+        Ok(out)
+    } else {
+        s.split(',')
+            .filter(|x| !x.trim().is_empty())
+            .map(parse_size)
+            .collect()
+    }
+}
+
+/// Runs the benchmark: hosts the rendezvous, starts `opts.workers` processes with
+/// `exe args… --rank r …` (`args` selects the worker mode of the executable, whose
+/// arguments must be parsed into [`WorkerArgs`]), and returns rank 0's rows.
+pub fn launch(opts: &Options, exe: &Path, args: &[&str]) -> Result<Vec<Row>, String> {
+    opts.validate()?;
+    let token = rendezvous::random_token().map_err(|e| e.to_string())?;
+    let identity = match opts.transport {
+        TransportKind::Quic => RunIdentity::generate().map_err(|e| e.to_string())?,
+        TransportKind::Tcp => RunIdentity::default(),
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let rcfg = RendezvousConfig {
+        timeout: Duration::from_secs(60).min(opts.timeout),
+        ..RendezvousConfig::new(token.clone())
+    };
+    let host = Host::spawn(listener, opts.workers, identity, rcfg).map_err(|e| e.to_string())?;
+    let sizes: Vec<String> = opts.sizes.iter().map(|s| s.to_string()).collect();
+    let mut children: Vec<Child> = Vec::new();
+    let kill_all = |children: &mut Vec<Child>| {
+        for c in children.iter_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    };
+    for rank in 0..opts.workers {
+        let mut cmd = Command::new(exe);
+        cmd.args(args)
+            .arg("--rendezvous")
+            .arg(host.addr().to_string())
+            .arg("--rank")
+            .arg(rank.to_string())
+            .arg("--world")
+            .arg(opts.workers.to_string())
+            .arg("--transport")
+            .arg(opts.transport.to_string())
+            .arg("--op")
+            .arg(opts.op.to_string())
+            .arg("--sizes")
+            .arg(sizes.join(","))
+            .arg("--iters")
+            .arg(opts.iters.to_string())
+            .arg("--warmup")
+            .arg(opts.warmup.to_string())
+            .env(TOKEN_ENV, &token)
+            .stdin(Stdio::null())
+            .stdout(if rank == 0 {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            });
+        if let Some(b) = &opts.bandwidth {
+            cmd.arg("--bandwidth").arg(b);
+        }
+        if let Some(l) = &opts.latency {
+            cmd.arg("--latency").arg(l);
+        }
+        match cmd.spawn() {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                kill_all(&mut children);
+                return Err(format!("starting worker {rank}: {e}"));
+            }
+        }
+    }
+    let out = children[0].stdout.take().expect("rank 0 stdout is piped");
+    let reader = std::thread::spawn(move || {
+        let mut rows = None;
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if let Some(j) = line.strip_prefix(ROWS_PREFIX) {
+                rows = Some(serde_json::from_str::<Vec<Row>>(j).map_err(|e| e.to_string()));
+            }
+        }
+        rows
+    });
+    let deadline = Instant::now() + opts.timeout;
+    let mut done = vec![false; opts.workers];
+    while done.iter().any(|d| !d) {
+        for (rank, c) in children.iter_mut().enumerate() {
+            if done[rank] {
+                continue;
+            }
+            match c.try_wait() {
+                Ok(Some(st)) if st.success() => done[rank] = true,
+                Ok(Some(st)) => {
+                    kill_all(&mut children);
+                    return Err(format!(
+                        "worker {rank} failed ({st}); see its messages above"
+                    ));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    kill_all(&mut children);
+                    return Err(format!("waiting for worker {rank}: {e}"));
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            let running: Vec<usize> = (0..opts.workers).filter(|&r| !done[r]).collect();
+            kill_all(&mut children);
+            return Err(format!(
+                "benchmark exceeded {:?}; workers {running:?} were still running (killed)",
+                opts.timeout
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    host.wait().map_err(|e| e.to_string())?;
+    match reader.join() {
+        Ok(Some(rows)) => rows,
+        _ => Err("rank 0 printed no results".into()),
+    }
+}
+
+/// A worker's arguments (what [`launch`] passes).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerArgs {
+    /// The rendezvous host.
+    pub rendezvous: SocketAddr,
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world: usize,
+    /// Transport, collective, sizes and link as for the launcher (`workers` = `world`).
+    pub opts: Options,
+}
+
+/// Runs one worker: joins the rendezvous, builds the mesh, measures every size; rank 0
+/// prints the rows for the launcher. The token comes from [`TOKEN_ENV`].
+pub fn worker(a: &WorkerArgs) -> Result<(), String> {
+    let token = std::env::var(TOKEN_ENV).map_err(|_| format!("{TOKEN_ENV} is not set"))?;
+    let link = a.opts.link()?;
+    let rcfg = RendezvousConfig {
+        timeout: Duration::from_secs(60),
+        ..RendezvousConfig::new(token.clone())
+    };
+    let ip = rendezvous::bind_ip_for(a.rendezvous);
+    let transport: Box<dyn Transport> = match a.opts.transport {
+        TransportKind::Tcp => {
+            let l = TcpListener::bind((ip, 0)).map_err(|e| e.to_string())?;
+            let me = l.local_addr().map_err(|e| e.to_string())?;
+            let j = rendezvous::join(a.rendezvous, a.rank, a.world, me, &rcfg)
+                .map_err(|e| e.to_string())?;
+            let cfg = TcpConfig {
+                link,
+                ..TcpConfig::new(token.into_bytes())
+            };
+            Box::new(TcpTransport::connect(a.rank, &j.peers, l, cfg).map_err(|e| e.to_string())?)
+        }
+        TransportKind::Quic => {
+            let s = UdpSocket::bind((ip, 0)).map_err(|e| e.to_string())?;
+            let me = s.local_addr().map_err(|e| e.to_string())?;
+            let j = rendezvous::join(a.rendezvous, a.rank, a.world, me, &rcfg)
+                .map_err(|e| e.to_string())?;
+            let cfg = QuicConfig {
+                link,
+                ..QuicConfig::new(token.into_bytes(), j.identity)
+            };
+            Box::new(QuicTransport::connect(a.rank, &j.peers, s, cfg).map_err(|e| e.to_string())?)
+        }
+    };
+    let cfg = CommConfig {
+        timeout: Duration::from_secs(60),
+        ..CommConfig::default()
+    };
+    let mut c = Communicator::new(transport, cfg);
+    let rows = measure(&mut c, &a.opts, &link).map_err(|e| e.to_string())?;
+    if a.rank == 0 {
+        let j = serde_json::to_string(&rows).map_err(|e| e.to_string())?;
+        println!("{ROWS_PREFIX}{j}");
+    }
+    Ok(())
+}
+
+/// One call of the measured collective on a communicator.
+type Call<T> = Box<dyn FnMut(&mut Communicator<T>) -> Result<(), dtrain_comms::CommError>>;
+
+/// Measures every size of `opts` on a connected communicator (all ranks call this).
+pub fn measure<T: Transport>(
+    c: &mut Communicator<T>,
+    opts: &Options,
+    link: &LinkSpec,
+) -> Result<Vec<Row>, dtrain_comms::CommError> {
+    let world = c.world_size();
+    let rank = c.rank();
+    let mut rows = Vec::new();
+    for &bytes in &opts.sizes {
+        let iters = opts.iters_for(bytes);
+        let (count, mut call): (usize, Call<T>) = match opts.op {
+            Op::AllReduce => {
+                let n = bytes / 4;
+                let mut v: Vec<f32> = (0..n).map(|i| (i % 97) as f32 + rank as f32).collect();
+                (
+                    n,
+                    Box::new(move |c: &mut Communicator<T>| c.all_reduce_sum(&mut v)),
+                )
+            }
+            Op::AllGather => {
+                let mine = vec![rank as u8; bytes / world];
+                (
+                    bytes,
+                    Box::new(move |c: &mut Communicator<T>| c.all_gather(&mine).map(|_| ())),
+                )
+            }
+            Op::Broadcast => {
+                let mut v = vec![7u8; bytes];
+                (
+                    bytes,
+                    Box::new(move |c: &mut Communicator<T>| {
+                        if c.rank() != 0 {
+                            v.resize(bytes, 0);
+                        }
+                        c.broadcast(&mut v, 0)
+                    }),
+                )
+            }
+        };
+        for _ in 0..opts.warmup {
+            call(c)?;
+        }
+        c.barrier()?;
+        let t0 = Instant::now();
+        let before = c.total_bytes();
+        for _ in 0..iters {
+            call(c)?;
+        }
+        let mut el = [t0.elapsed().as_secs_f32() / iters as f32];
+        let sent = (c.total_bytes().sent - before.sent) / iters as u64;
+        c.all_reduce_max(&mut el)?;
+        let time = el[0] as f64;
+        let algbw = bytes as f64 / time / 1e9;
+        rows.push(Row {
+            bytes,
+            count,
+            iters,
+            time_us: time * 1e6,
+            algbw_gbs: algbw,
+            busbw_gbs: algbw * opts.op.bus_factor(world),
+            predicted_us: link
+                .is_shaped()
+                .then(|| opts.op.predict(link, bytes, world) * 1e6),
+            sent_per_call: sent,
+        });
+    }
+    Ok(rows)
+}
+
+/// Formats rows as an nccl-tests-style table.
+pub fn table(opts: &Options, rows: &[Row]) -> String {
+    let shaped = rows.iter().any(|r| r.predicted_us.is_some());
+    let mut s = format!(
+        "# dtrain bench {}: transport {}, {} worker processes on 127.0.0.1{}\n",
+        opts.op,
+        opts.transport,
+        opts.workers,
+        match (&opts.bandwidth, &opts.latency) {
+            (None, None) => String::new(),
+            (b, l) => format!(
+                ", emulated egress link {} / {} per worker",
+                b.as_deref().unwrap_or("unlimited"),
+                l.as_deref().unwrap_or("0")
+            ),
+        }
+    );
+    s += &format!(
+        "# {:>12} {:>12} {:>6} {:>12} {:>11} {:>11}",
+        "size(B)", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)"
+    );
+    if shaped {
+        s += &format!(" {:>12} {:>9}", "pred(us)", "time/pred");
+    }
+    s += "\n";
+    for r in rows {
+        s += &format!(
+            "  {:>12} {:>12} {:>6} {:>12.1} {:>11.3} {:>11.3}",
+            r.bytes, r.count, r.iters, r.time_us, r.algbw_gbs, r.busbw_gbs
+        );
+        if let Some(p) = r.predicted_us {
+            s += &format!(" {:>12.1} {:>9.3}", p, r.time_us / p);
+        }
+        s += "\n";
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dtrain_comms::channel_mesh;
+
+    #[test]
+    fn sizes_parse_like_nccl_tests() {
+        assert_eq!(parse_size("1K").unwrap(), 1024);
+        assert_eq!(parse_size("64M").unwrap(), 64 << 20);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("0").is_err() && parse_size("1X").is_err());
+        assert_eq!(parse_sizes("1K..8K").unwrap(), vec![1024, 2048, 4096, 8192]);
+        assert_eq!(parse_sizes("1K..1K").unwrap(), vec![1024]);
+        assert_eq!(parse_sizes("1K,64M").unwrap(), vec![1024, 64 << 20]);
+        assert!(parse_sizes("8K..1K").is_err());
+        assert_eq!(parse_sizes("1K..256M").unwrap().len(), 19);
+    }
+
+    #[test]
+    fn bus_factors_follow_nccl_tests() {
+        assert_eq!(Op::AllReduce.bus_factor(2), 1.0);
+        assert_eq!(Op::AllReduce.bus_factor(4), 1.5);
+        assert_eq!(Op::AllGather.bus_factor(4), 0.75);
+        assert_eq!(Op::Broadcast.bus_factor(4), 1.0);
+        assert!("mpi".parse::<TransportKind>().is_err());
+        assert_eq!(
+            "quic".parse::<TransportKind>().unwrap(),
+            TransportKind::Quic
+        );
+        assert_eq!("allgather".parse::<Op>().unwrap(), Op::AllGather);
+    }
+
+    fn opts(op: Op) -> Options {
+        Options {
+            transport: TransportKind::Tcp,
+            workers: 3,
+            // Above the 64 KiB recursive-doubling threshold: the all-reduce is the ring.
+            sizes: vec![128 << 10, 192 << 10],
+            op,
+            bandwidth: None,
+            latency: None,
+            iters: 2,
+            warmup: 1,
+            timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// `measure` over in-process channels: one row per size, consistent bandwidths,
+    /// byte counts that match the collective's traffic.
+    #[test]
+    fn measure_reports_consistent_rows() {
+        for op in [Op::AllReduce, Op::AllGather, Op::Broadcast] {
+            let o = opts(op);
+            let hs: Vec<_> = channel_mesh(3)
+                .into_iter()
+                .map(|t| {
+                    let o = o.clone();
+                    std::thread::spawn(move || {
+                        let mut c = Communicator::new(t, CommConfig::default());
+                        measure(&mut c, &o, &LinkSpec::default()).unwrap()
+                    })
+                })
+                .collect();
+            let rows: Vec<Vec<Row>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+            for (rank, rs) in rows.iter().enumerate() {
+                assert_eq!(rs.len(), 2);
+                for (r, &bytes) in rs.iter().zip(&o.sizes) {
+                    assert_eq!(r.bytes, bytes);
+                    assert!(r.time_us > 0.0);
+                    let algbw = bytes as f64 / (r.time_us * 1e-6) / 1e9;
+                    assert!((r.algbw_gbs - algbw).abs() <= 1e-6 * algbw);
+                    assert!((r.busbw_gbs - algbw * op.bus_factor(3)).abs() <= 1e-6 * algbw);
+                    assert!(r.predicted_us.is_none());
+                    if op == Op::AllReduce {
+                        // Ring: 2(N−1)/N of the buffer leaves every rank (plus headers).
+                        assert!(r.sent_per_call >= (bytes * 4 / 3) as u64, "{r:?}");
+                    }
+                    if op == Op::Broadcast && rank == 2 {
+                        // The chain's last rank forwards nothing.
+                        assert_eq!(r.sent_per_call, 0, "{r:?}");
+                    }
+                }
+                // The time is the maximum over ranks: identical everywhere.
+                for (r, r0) in rs.iter().zip(&rows[0]) {
+                    assert_eq!(r.time_us, r0.time_us);
+                }
+            }
+        }
+        let t = table(&opts(Op::AllReduce), &[]);
+        assert!(t.contains("busbw(GB/s)") && !t.contains("pred(us)"));
+    }
+}
