@@ -29,12 +29,15 @@
 //! * [`frame`]: length-prefixed stream framing with a cursor parser (`Incomplete` until a
 //!   whole, size-bounded frame is buffered).
 //! * [`comm`]: the blocking [`Communicator`] facade, [`CommConfig`], [`CommError`].
+//! * [`ps`]: the parameter-server mode (push / pull, sharded servers, synchronous or
+//!   bounded-staleness), as IO-free worker and server machines plus the [`ps::PsNode`] facade.
 //! * [`shaping`]: the α–β link model used for bandwidth/latency emulation (sans-IO; the
 //!   drivers do not apply it yet).
 
 pub mod algo;
 pub mod comm;
 pub mod frame;
+pub mod ps;
 pub mod shaping;
 pub mod transport;
 pub mod wire;
