@@ -31,6 +31,8 @@
 //! * [`comm`]: the blocking [`Communicator`] facade, [`CommConfig`], [`CommError`].
 //! * [`ps`]: the parameter-server mode (push / pull, sharded servers, synchronous or
 //!   bounded-staleness), as IO-free worker and server machines plus the [`ps::PsNode`] facade.
+//! * `transport::mpi` (feature `mpi`): [`Transport`] over MPI point-to-point, and MPI's
+//!   native collectives (`MpiCollectives`).
 //! * [`shaping`]: the α–β link model used for bandwidth/latency emulation (sans-IO; the
 //!   drivers do not apply it yet).
 
@@ -45,6 +47,8 @@ pub mod wire;
 pub use algo::{segment_range, ReduceOp};
 pub use comm::{CommConfig, CommError, Communicator};
 pub use transport::channel::{channel_mesh, ChannelTransport};
+#[cfg(feature = "mpi")]
+pub use transport::mpi::{MpiCollectives, MpiTransport};
 #[cfg(feature = "tcp")]
 pub use transport::tcp::{TcpConfig, TcpTransport};
 pub use transport::{ByteCount, Transport, TransportError};

@@ -9,6 +9,8 @@
 //! [`tcp`] (tokio, one connection per rank pair, authenticated by the run token).
 
 pub mod channel;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 #[cfg(feature = "tcp")]
 pub mod tcp;
 
