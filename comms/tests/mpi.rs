@@ -241,28 +241,51 @@ fn mismatch(sub: &SimpleCommunicator, _world: usize) {
     assert!(matches!(e, CommError::Mismatch { .. }), "rank {me}: {e}");
 }
 
-/// Parameter server over MPI: every rank a worker, the first two also servers.
+/// Parameter server over MPI: every rank a worker and the first two also servers; then
+/// (N >= 2) the last rank a separate server for the others, with staleness 1.
 fn parameter_server(sub: &SimpleCommunicator, world: usize) {
     let me = sub.rank() as usize;
     let len = 1001;
-    let servers: Vec<usize> = (0..world.min(2)).collect();
-    let layout = PsLayout::new(world, (0..world).collect(), servers, len).unwrap();
-    let t = MpiTransport::new(sub).unwrap();
-    let cfg = PsConfig {
-        timeout: Duration::from_secs(10),
-        ..PsConfig::default()
-    };
-    let mut node = PsNode::new(t, layout.clone(), cfg, DenseF32).unwrap();
     let grads = |step: u64, w: usize| Rng(step * 1000 + w as u64).f32s(len);
-    for step in 0..3u64 {
-        let g = grads(step, me);
-        let got = node.step_dense(&g, Aggregation::SUM).unwrap();
-        assert_eq!(got.len(), 1);
-        let inputs: Vec<Vec<f32>> = (0..world).map(|w| grads(step, w)).collect();
-        assert_eq!(got[0].step, step);
-        assert_eq!(bits(&got[0].dense()), bits(&rank_order_sum(&inputs)));
+    let mut layouts = vec![(
+        PsLayout::new(
+            world,
+            (0..world).collect(),
+            (0..world.min(2)).collect(),
+            len,
+        )
+        .unwrap(),
+        0,
+    )];
+    if world >= 2 {
+        let l = PsLayout::new(world, (0..world - 1).collect(), vec![world - 1], len).unwrap();
+        layouts.push((l, 1));
     }
-    node.finish().unwrap();
+    for (layout, staleness) in layouts {
+        let t = MpiTransport::new(sub).unwrap();
+        let cfg = PsConfig {
+            timeout: Duration::from_secs(10),
+            staleness,
+            ..PsConfig::default()
+        };
+        let mut node = PsNode::new(t, layout.clone(), cfg, DenseF32).unwrap();
+        let Some(wi) = layout.worker_index(me) else {
+            node.serve().unwrap();
+            continue;
+        };
+        let workers = layout.workers().len();
+        let mut got = Vec::new();
+        for step in 0..3u64 {
+            got.extend(node.step_dense(&grads(step, wi), Aggregation::SUM).unwrap());
+        }
+        got.extend(node.finish().unwrap());
+        assert_eq!(got.len(), 3);
+        for (step, a) in got.iter().enumerate() {
+            let inputs: Vec<Vec<f32>> = (0..workers).map(|w| grads(step as u64, w)).collect();
+            assert_eq!(a.step, step as u64);
+            assert_eq!(bits(&a.dense()), bits(&rank_order_sum(&inputs)));
+        }
+    }
 }
 
 /// Native collectives: equal lengths checked, results bit-identical across ranks and
