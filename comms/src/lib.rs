@@ -56,6 +56,10 @@
 //! * [`frame`]: length-prefixed stream framing with a cursor parser (`Incomplete` until a
 //!   whole, size-bounded frame is buffered).
 //! * [`comm`]: the blocking [`Communicator`] facade, [`CommConfig`], [`CommError`].
+//! * [`ps`]: the parameter-server mode (push / pull, sharded servers, synchronous or
+//!   bounded-staleness), as IO-free worker and server machines plus the [`ps::PsNode`] facade.
+//! * `transport::mpi` (feature `mpi`): [`Transport`] over MPI point-to-point, and MPI's
+//!   native collectives (`MpiCollectives`).
 //! * [`shaping`]: the α–β link model used for bandwidth/latency emulation (sans-IO),
 //!   [`shaping::LinkSpec`] (`bandwidth = "1Gbit"`, `latency = "100us"`) applied per worker
 //!   by the TCP and QUIC drivers, and the α–β predictions emulated runs are checked against.
@@ -63,6 +67,7 @@
 pub mod algo;
 pub mod comm;
 pub mod frame;
+pub mod ps;
 #[cfg(feature = "tcp")]
 pub mod rendezvous;
 pub mod shaping;
@@ -72,6 +77,8 @@ pub mod wire;
 pub use algo::{segment_range, ReduceOp};
 pub use comm::{CommConfig, CommError, Communicator};
 pub use transport::channel::{channel_mesh, ChannelTransport};
+#[cfg(feature = "mpi")]
+pub use transport::mpi::{MpiCollectives, MpiTransport};
 #[cfg(feature = "quic")]
 pub use transport::quic::{QuicConfig, QuicTransport};
 #[cfg(feature = "tcp")]

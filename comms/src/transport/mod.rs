@@ -12,6 +12,8 @@
 //! (`stream.rs`).
 
 pub mod channel;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 #[cfg(feature = "quic")]
 pub mod quic;
 #[cfg(feature = "tcp")]
