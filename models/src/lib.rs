@@ -1,1 +1,68 @@
-//! Placeholder
+//! dtrain's model zoo on burn: MLP, LeNet-5, AlexNet, VGG, ResNet and an LSTM language model,
+//! the [`Model`] trait the trainer drives, flat `f32` views of parameters, gradients and
+//! BatchNorm buffers, and a serde registry.
+//!
+//! This crate is *not* the trainer: it knows nothing of compression, collectives, datasets or
+//! optimizers. It turns a batch into a loss and gradients, and moves parameters and buffers
+//! in and out of flat buffers quickly; `dtrain-framework` does the rest.
+//!
+//! # Layout
+//!
+//! - [`model`]: the [`Model`] trait, [`Batch`], [`Metrics`], the module traits
+//!   [`ImageClassifier`] and [`LanguageModel`], and their adapters [`ImageModel`], [`LmModel`].
+//! - [`flat`]: [`ParamTable`] (deterministic names, shapes, offsets) and the bulk-copy paths.
+//! - one file per family: [`mlp`], [`lenet`], [`alexnet`], [`vgg`], [`resnet`], [`lstm`],
+//!   each with `XConfig` → `init(&device)`, variant constructors and a registry spec.
+//! - [`registry`]: [`ModelSpec`] (serde, tagged `kind`) and the static list [`MODELS`].
+//!
+//! # Example
+//!
+//! ```
+//! use burn::prelude::*;
+//! use dtrain_models::{Batch, Model, ModelSpec};
+//!
+//! let spec: ModelSpec = serde_json::from_str(r#"{"kind": "lenet"}"#).unwrap();
+//! let device = Device::flex().autodiff();
+//! let mut model = spec.build(&device).unwrap();
+//! assert_eq!(model.table().num_params(), 61_706);
+//!
+//! let images = vec![0.5f32; 2 * 28 * 28];
+//! let batch = Batch::images_from_slice(&images, [2, 1, 28, 28], &[3, 7], &device);
+//! let mut grads = vec![0.0f32; model.table().num_params()];
+//! let metrics = model.forward_backward(batch, &mut grads).unwrap();
+//! assert_eq!(metrics.count, 2);
+//! assert!(grads.iter().any(|g| *g != 0.0));
+//! ```
+
+pub mod alexnet;
+pub mod flat;
+mod layers;
+pub mod lenet;
+pub mod lstm;
+pub mod mlp;
+pub mod model;
+pub mod registry;
+pub mod resnet;
+pub mod vgg;
+
+pub use alexnet::{AlexNet, AlexNetConfig, AlexNetVariant};
+pub use flat::{ParamEntry, ParamTable, TensorRole};
+pub use lenet::{LeNet5, LeNet5Config};
+pub use lstm::{LstmLm, LstmLmConfig};
+pub use mlp::{Mlp, MlpConfig};
+pub use model::{
+    Batch, ImageClassifier, ImageModel, InputSpec, LanguageModel, LmModel, LossOutput, Metrics,
+    Model, ModelError,
+};
+pub use registry::{model_names, ModelFamily, ModelInfo, ModelSpec, MODELS};
+pub use resnet::{ResNet, ResNetConfig, Shortcut};
+pub use vgg::{Vgg, VggConfig, VggDepth, VggHead};
+
+/// The burn device type models live on (re-exported so users of this crate need no direct
+/// burn dependency).
+pub use burn::prelude::Device;
+
+/// The default training device: burn's `flex` CPU backend with autodiff.
+pub fn cpu_device() -> Device {
+    Device::flex().autodiff()
+}

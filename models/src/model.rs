@@ -1,0 +1,701 @@
+//! The seam between the model zoo and the trainer: [`Model`], plus the two module traits a
+//! family implements ([`ImageClassifier`], [`LanguageModel`]) and the adapters that turn such a
+//! module into a `Box<dyn Model>`.
+//!
+//! # Design
+//!
+//! The trainer is not generic over burn modules: it holds one `Box<dyn Model>` built from a
+//! TOML `[model]` table, hands it batches, and moves everything else through flat `f32`
+//! buffers (gradients out, parameters in, running statistics both ways), because that is what
+//! compression, collectives and the flat-buffer optimizers consume. So the trait is object
+//! safe, speaks burn tensors only for the batch and the loss, and offers exactly the
+//! operations a data-parallel step needs, each implemented with bulk copies into caller-owned,
+//! reused buffers (see [`crate::flat`]).
+//!
+//! A family only writes a burn module with a `forward`; the adapters supply loss, metrics,
+//! truncated-BPTT state carrying and the flat views.
+
+use burn::module::Module;
+use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
+use burn::prelude::*;
+use burn::store::ModuleRecord;
+
+use crate::flat::{self, ParamTable, TensorRole};
+
+/// Errors of the model layer. Misuse that indicates a bug in the caller (buffer of the wrong
+/// length) panics instead; see each method.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A configuration value is invalid.
+    #[error("invalid model config: {0}")]
+    Config(String),
+    /// The batch does not fit the model (wrong kind or shape).
+    #[error("batch does not fit model `{model}`: {reason}")]
+    Batch {
+        /// Model name.
+        model: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Saving or loading a record failed.
+    #[error("model record: {0}")]
+    Record(String),
+}
+
+/// What a model consumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputSpec {
+    /// Image classification: `images` `[batch, channels, height, width]`, `labels` `[batch]`.
+    Images {
+        /// Input channels.
+        channels: usize,
+        /// Input height.
+        height: usize,
+        /// Input width.
+        width: usize,
+        /// Number of classes.
+        num_classes: usize,
+    },
+    /// Next-token prediction: `inputs` and `targets` `[batch, seq]` token ids.
+    Tokens {
+        /// Vocabulary size.
+        vocab: usize,
+    },
+}
+
+/// One batch on the model's device.
+#[derive(Debug, Clone)]
+pub enum Batch {
+    /// Images and class labels.
+    Images {
+        /// `[batch, channels, height, width]`.
+        images: Tensor<4>,
+        /// `[batch]`, class indices.
+        labels: Tensor<1, Int>,
+    },
+    /// Token ids and next-token targets.
+    Tokens {
+        /// `[batch, seq]`.
+        inputs: Tensor<2, Int>,
+        /// `[batch, seq]`.
+        targets: Tensor<2, Int>,
+    },
+}
+
+impl Batch {
+    /// Builds an image batch from host data (`images` row-major `[n, c, h, w]`).
+    ///
+    /// # Panics
+    ///
+    /// Panics if the lengths do not match `shape`.
+    pub fn images_from_slice(
+        images: &[f32],
+        shape: [usize; 4],
+        labels: &[i64],
+        device: &Device,
+    ) -> Self {
+        assert_eq!(
+            images.len(),
+            shape.iter().product::<usize>(),
+            "image data length"
+        );
+        assert_eq!(labels.len(), shape[0], "label count");
+        Batch::Images {
+            images: Tensor::from_data(TensorData::new(images.to_vec(), shape), device),
+            labels: Tensor::from_data(TensorData::new(labels.to_vec(), [shape[0]]), device),
+        }
+    }
+
+    /// Builds a token batch from host data (row-major `[batch, seq]`).
+    ///
+    /// # Panics
+    ///
+    /// Panics if the lengths do not match `shape`.
+    pub fn tokens_from_slice(
+        inputs: &[i64],
+        targets: &[i64],
+        shape: [usize; 2],
+        device: &Device,
+    ) -> Self {
+        assert_eq!(inputs.len(), shape[0] * shape[1], "input length");
+        assert_eq!(targets.len(), shape[0] * shape[1], "target length");
+        Batch::Tokens {
+            inputs: Tensor::from_data(TensorData::new(inputs.to_vec(), shape), device),
+            targets: Tensor::from_data(TensorData::new(targets.to_vec(), shape), device),
+        }
+    }
+
+    /// Number of examples (images, or sequences).
+    pub fn batch_size(&self) -> usize {
+        match self {
+            Batch::Images { labels, .. } => labels.dims()[0],
+            Batch::Tokens { inputs, .. } => inputs.dims()[0],
+        }
+    }
+}
+
+/// Loss and counts of one batch. Merge batches with [`Metrics::merge`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Metrics {
+    /// Mean cross-entropy (nats) over `count` predictions.
+    pub loss: f64,
+    /// Correct top-1 predictions.
+    pub correct: usize,
+    /// Predictions scored: images, or tokens for a language model.
+    pub count: usize,
+}
+
+impl Metrics {
+    /// Top-1 accuracy in `[0, 1]` (0 when empty).
+    pub fn accuracy(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.correct as f64 / self.count as f64
+        }
+    }
+
+    /// Perplexity, `exp(loss)`.
+    pub fn perplexity(&self) -> f64 {
+        self.loss.exp()
+    }
+
+    /// Combines two batches' metrics (count-weighted mean loss).
+    pub fn merge(&mut self, other: &Metrics) {
+        let total = self.count + other.count;
+        if total > 0 {
+            self.loss =
+                (self.loss * self.count as f64 + other.loss * other.count as f64) / total as f64;
+        }
+        self.correct += other.correct;
+        self.count = total;
+    }
+}
+
+/// The loss of a batch before the backward pass.
+#[derive(Debug)]
+pub struct LossOutput {
+    /// Scalar mean loss `[1]`, attached to the autodiff graph.
+    pub loss: Tensor<1>,
+    /// Metrics of the batch (computed from detached values).
+    pub metrics: Metrics,
+}
+
+/// What the trainer uses: a model on an autodiff device, driven through batches and flat
+/// `f32` buffers.
+///
+/// Every flat buffer follows [`Model::table`]: trainable parameters in module-visit order for
+/// parameters and gradients, BatchNorm running statistics in the same order for buffers. The
+/// order and names are identical on every worker that builds the same configuration.
+pub trait Model: Send {
+    /// Registry name of the model, e.g. `resnet20`.
+    fn name(&self) -> &str;
+
+    /// What the model consumes.
+    fn input(&self) -> InputSpec;
+
+    /// The autodiff device the model lives on.
+    fn device(&self) -> &Device;
+
+    /// The layout of parameters and buffers.
+    fn table(&self) -> &ParamTable;
+
+    /// Forward pass in training mode (dropout on, batch statistics) and the loss, attached to
+    /// the graph. Recurrent models carry their (detached) hidden state from the previous call.
+    fn forward_loss(&mut self, batch: Batch) -> Result<LossOutput, ModelError>;
+
+    /// Backward pass from `loss` (as returned by [`Model::forward_loss`]); writes the gradient
+    /// of every trainable parameter into `grads` (length `table().num_params()`), zeros for
+    /// parameters unused in the forward pass.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `grads` has the wrong length.
+    fn backward_into(&mut self, loss: Tensor<1>, grads: &mut [f32]);
+
+    /// [`Model::forward_loss`] then [`Model::backward_into`].
+    fn forward_backward(&mut self, batch: Batch, grads: &mut [f32]) -> Result<Metrics, ModelError> {
+        let out = self.forward_loss(batch)?;
+        self.backward_into(out.loss, grads);
+        Ok(out.metrics)
+    }
+
+    /// Loss and metrics in evaluation mode (no dropout, running statistics, no graph).
+    /// Recurrent models carry an evaluation state separate from the training state.
+    fn evaluate(&mut self, batch: Batch) -> Result<Metrics, ModelError>;
+
+    /// Copies the trainable parameters into `out` (length `table().num_params()`).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `out` has the wrong length.
+    fn read_params(&self, out: &mut [f32]);
+
+    /// Overwrites the trainable parameters from `src` (length `table().num_params()`). Cheap
+    /// enough to call every step: one copy per tensor into its existing storage.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `src` has the wrong length.
+    fn write_params(&mut self, src: &[f32]);
+
+    /// Copies the buffers (BatchNorm running statistics) into `out` (length
+    /// `table().num_buffers()`).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `out` has the wrong length.
+    fn read_buffers(&self, out: &mut [f32]);
+
+    /// Overwrites the buffers from `src` (length `table().num_buffers()`).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `src` has the wrong length.
+    fn write_buffers(&mut self, src: &[f32]);
+
+    /// The module record (parameters and buffers) as bytes (burn's burnpack format).
+    fn to_bytes(&self) -> Result<Vec<u8>, ModelError>;
+
+    /// Loads a record written by [`Model::to_bytes`] of the same configuration. On error the
+    /// model is unchanged.
+    fn load_bytes(&mut self, bytes: &[u8]) -> Result<(), ModelError>;
+
+    /// Forgets carried recurrent state (start of an epoch or of an evaluation pass). No-op for
+    /// feed-forward models.
+    fn reset_state(&mut self) {}
+}
+
+/// An image classifier module: what an image family implements to be used through
+/// [`ImageModel`].
+pub trait ImageClassifier: Module + 'static {
+    /// Logits for a batch of images.
+    ///
+    /// # Shapes
+    ///
+    /// - `images`: `[batch, channels, height, width]`
+    /// - output: `[batch, num_classes]`
+    fn forward(&self, images: Tensor<4>) -> Tensor<2>;
+}
+
+/// A language model module: what a sequence family implements to be used through
+/// [`LmModel`].
+pub trait LanguageModel: Module + 'static {
+    /// Recurrent state carried between consecutive chunks of a sequence (truncated BPTT).
+    type State: Send + 'static;
+
+    /// Next-token logits for every position, and the state after the last position.
+    ///
+    /// # Shapes
+    ///
+    /// - `tokens`: `[batch, seq]`
+    /// - output: `[batch, seq, vocab]`
+    fn forward(
+        &self,
+        tokens: Tensor<2, Int>,
+        state: Option<Self::State>,
+    ) -> (Tensor<3>, Self::State);
+
+    /// The state cut from the graph, so the next chunk does not backpropagate into this one.
+    fn detach_state(state: Self::State) -> Self::State;
+
+    /// Batch size the state was computed for (a state is dropped when the batch size changes).
+    fn state_batch_size(state: &Self::State) -> usize;
+}
+
+/// Module plus its table and device; the part both adapters share.
+#[derive(Debug)]
+struct Core<M: Module> {
+    name: String,
+    device: Device,
+    module: Option<M>,
+    table: ParamTable,
+    loss: CrossEntropyLoss,
+}
+
+impl<M: Module> Core<M> {
+    fn new(name: String, module: M, device: &Device) -> Self {
+        let table = ParamTable::of(&module);
+        Self {
+            name,
+            device: device.clone(),
+            module: Some(module),
+            table,
+            loss: CrossEntropyLossConfig::new().init(device),
+        }
+    }
+
+    fn module(&self) -> &M {
+        self.module
+            .as_ref()
+            .expect("module lost by an earlier panic during a write")
+    }
+
+    fn backward_into(&mut self, loss: Tensor<1>, grads: &mut [f32]) {
+        assert_eq!(
+            grads.len(),
+            self.table.num_params(),
+            "gradient buffer length"
+        );
+        let mut g = loss.backward();
+        drop(loss);
+        flat::grads_into(self.module(), &self.table, &mut g, grads);
+    }
+
+    fn read(&self, role: TensorRole, out: &mut [f32]) {
+        if role == TensorRole::Buffer {
+            flat::sync_buffers(self.module());
+        }
+        flat::read_into(self.module(), &self.table, role, out);
+    }
+
+    fn write(&mut self, role: TensorRole, src: &[f32]) {
+        let expected = match role {
+            TensorRole::Param => self.table.num_params(),
+            TensorRole::Buffer => self.table.num_buffers(),
+        };
+        assert_eq!(src.len(), expected, "flat buffer length");
+        if role == TensorRole::Buffer {
+            flat::sync_buffers(self.module());
+        }
+        let module = self.module.take().expect("module lost by an earlier panic");
+        self.module = Some(flat::write_from(module, &self.table, role, src));
+    }
+
+    fn to_bytes(&self) -> Result<Vec<u8>, ModelError> {
+        flat::sync_buffers(self.module());
+        let bytes = self
+            .module()
+            .clone()
+            .into_record()
+            .into_bytes()
+            .map_err(|e| ModelError::Record(format!("{e:?}")))?;
+        Ok(bytes.to_vec())
+    }
+
+    fn load_bytes(&mut self, bytes: &[u8]) -> Result<(), ModelError> {
+        let record = ModuleRecord::from_bytes(burn::tensor::Bytes::from_bytes_vec(bytes.to_vec()))
+            .map_err(|e| ModelError::Record(format!("{e:?}")))?;
+        let loaded = self
+            .module()
+            .clone()
+            .try_load_record(record)
+            .map_err(|e| ModelError::Record(format!("{e:?}")))?;
+        self.module = Some(loaded);
+        Ok(())
+    }
+
+    fn batch_error(&self, reason: impl Into<String>) -> ModelError {
+        ModelError::Batch {
+            model: self.name.clone(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Counts `argmax(logits) == targets` on detached values.
+fn correct_count(logits: &Tensor<2>, targets: &Tensor<1, Int>) -> usize {
+    let n = targets.dims()[0];
+    let pred = logits.clone().detach().argmax(1).reshape([n]);
+    let hits: i64 = pred.equal(targets.clone()).int().sum().into_scalar();
+    hits as usize
+}
+
+/// Adapter from an [`ImageClassifier`] module to [`Model`] (cross-entropy loss, top-1).
+#[derive(Debug)]
+pub struct ImageModel<M: ImageClassifier> {
+    core: Core<M>,
+    input: InputSpec,
+}
+
+impl<M: ImageClassifier> ImageModel<M> {
+    /// Wraps `module` (initialized on the autodiff `device`) whose input is `input`.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `device` is not an autodiff device or `input` is not [`InputSpec::Images`].
+    pub fn new(name: impl Into<String>, module: M, input: InputSpec, device: &Device) -> Self {
+        assert!(device.is_autodiff(), "models train on an autodiff device");
+        assert!(
+            matches!(input, InputSpec::Images { .. }),
+            "image model needs an image input"
+        );
+        Self {
+            core: Core::new(name.into(), module, device),
+            input,
+        }
+    }
+
+    /// The wrapped module.
+    pub fn module(&self) -> &M {
+        self.core.module()
+    }
+
+    fn check(&self, batch: Batch) -> Result<(Tensor<4>, Tensor<1, Int>), ModelError> {
+        let InputSpec::Images {
+            channels,
+            height,
+            width,
+            ..
+        } = self.input
+        else {
+            unreachable!("checked in new")
+        };
+        match batch {
+            Batch::Images { images, labels } => {
+                let [n, c, h, w] = images.dims();
+                if [c, h, w] != [channels, height, width] {
+                    return Err(self.core.batch_error(format!(
+                        "images are [{n}, {c}, {h}, {w}], expected [_, {channels}, {height}, {width}]"
+                    )));
+                }
+                if labels.dims()[0] != n {
+                    return Err(self
+                        .core
+                        .batch_error(format!("{n} images but {} labels", labels.dims()[0])));
+                }
+                Ok((images, labels))
+            }
+            Batch::Tokens { .. } => Err(self.core.batch_error("token batch for an image model")),
+        }
+    }
+
+    fn metrics(&self, logits: Tensor<2>, labels: Tensor<1, Int>, loss: &Tensor<1>) -> Metrics {
+        Metrics {
+            loss: loss.clone().detach().into_scalar::<f32>() as f64,
+            correct: correct_count(&logits, &labels),
+            count: labels.dims()[0],
+        }
+    }
+}
+
+impl<M: ImageClassifier> Model for ImageModel<M> {
+    fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    fn input(&self) -> InputSpec {
+        self.input
+    }
+
+    fn device(&self) -> &Device {
+        &self.core.device
+    }
+
+    fn table(&self) -> &ParamTable {
+        &self.core.table
+    }
+
+    fn forward_loss(&mut self, batch: Batch) -> Result<LossOutput, ModelError> {
+        let (images, labels) = self.check(batch)?;
+        let logits = self.core.module().forward(images);
+        let loss = self.core.loss.forward(logits.clone(), labels.clone());
+        let metrics = self.metrics(logits, labels, &loss);
+        Ok(LossOutput { loss, metrics })
+    }
+
+    fn backward_into(&mut self, loss: Tensor<1>, grads: &mut [f32]) {
+        self.core.backward_into(loss, grads);
+    }
+
+    fn evaluate(&mut self, batch: Batch) -> Result<Metrics, ModelError> {
+        let (images, labels) = self.check(batch)?;
+        let module = self.core.module().valid();
+        let images = images.without_autodiff();
+        let labels = labels.without_autodiff();
+        let logits = module.forward(images);
+        let loss = self.core.loss.forward(logits.clone(), labels.clone());
+        Ok(self.metrics(logits, labels, &loss))
+    }
+
+    fn read_params(&self, out: &mut [f32]) {
+        self.core.read(TensorRole::Param, out);
+    }
+
+    fn write_params(&mut self, src: &[f32]) {
+        self.core.write(TensorRole::Param, src);
+    }
+
+    fn read_buffers(&self, out: &mut [f32]) {
+        self.core.read(TensorRole::Buffer, out);
+    }
+
+    fn write_buffers(&mut self, src: &[f32]) {
+        self.core.write(TensorRole::Buffer, src);
+    }
+
+    fn to_bytes(&self) -> Result<Vec<u8>, ModelError> {
+        self.core.to_bytes()
+    }
+
+    fn load_bytes(&mut self, bytes: &[u8]) -> Result<(), ModelError> {
+        self.core.load_bytes(bytes)
+    }
+}
+
+/// Adapter from a [`LanguageModel`] module to [`Model`]: cross-entropy over every position,
+/// top-1 next-token accuracy, and truncated BPTT — the hidden state after one batch is
+/// detached and carried into the next (separately for training and evaluation) until
+/// [`Model::reset_state`] or a change of batch size.
+pub struct LmModel<M: LanguageModel> {
+    core: Core<M>,
+    vocab: usize,
+    train_state: Option<M::State>,
+    eval_state: Option<M::State>,
+}
+
+impl<M: LanguageModel> core::fmt::Debug for LmModel<M> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("LmModel")
+            .field("core", &self.core)
+            .field("vocab", &self.vocab)
+            .field("carries_train_state", &self.train_state.is_some())
+            .field("carries_eval_state", &self.eval_state.is_some())
+            .finish()
+    }
+}
+
+impl<M: LanguageModel> LmModel<M> {
+    /// Wraps `module` (initialized on the autodiff `device`) over a vocabulary of `vocab`.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `device` is not an autodiff device.
+    pub fn new(name: impl Into<String>, module: M, vocab: usize, device: &Device) -> Self {
+        assert!(device.is_autodiff(), "models train on an autodiff device");
+        Self {
+            core: Core::new(name.into(), module, device),
+            vocab,
+            train_state: None,
+            eval_state: None,
+        }
+    }
+
+    /// The wrapped module.
+    pub fn module(&self) -> &M {
+        self.core.module()
+    }
+
+    /// Whether a training state is carried into the next batch.
+    pub fn carries_state(&self) -> bool {
+        self.train_state.is_some()
+    }
+
+    fn check(&self, batch: Batch) -> Result<(Tensor<2, Int>, Tensor<2, Int>), ModelError> {
+        match batch {
+            Batch::Tokens { inputs, targets } => {
+                if inputs.dims() != targets.dims() {
+                    return Err(self.core.batch_error(format!(
+                        "inputs {:?} and targets {:?} differ in shape",
+                        inputs.dims(),
+                        targets.dims()
+                    )));
+                }
+                Ok((inputs, targets))
+            }
+            Batch::Images { .. } => Err(self.core.batch_error("image batch for a language model")),
+        }
+    }
+
+    /// Runs `module` on `inputs` from `state`; returns the loss, metrics and new state.
+    fn run(
+        module: &M,
+        loss_fn: &CrossEntropyLoss,
+        inputs: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        state: Option<M::State>,
+    ) -> (Tensor<1>, Metrics, M::State) {
+        let [b, t] = inputs.dims();
+        let (logits, state) = module.forward(inputs, state);
+        let vocab = logits.dims()[2];
+        let logits = logits.reshape([b * t, vocab]);
+        let targets = targets.reshape([b * t]);
+        let loss = loss_fn.forward(logits.clone(), targets.clone());
+        let metrics = Metrics {
+            loss: loss.clone().detach().into_scalar::<f32>() as f64,
+            correct: correct_count(&logits, &targets),
+            count: b * t,
+        };
+        (loss, metrics, state)
+    }
+}
+
+/// Drops a carried state whose batch size does not match `batch`.
+fn matching<M: LanguageModel>(state: Option<M::State>, batch: usize) -> Option<M::State> {
+    state.filter(|s| M::state_batch_size(s) == batch)
+}
+
+impl<M: LanguageModel> Model for LmModel<M> {
+    fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    fn input(&self) -> InputSpec {
+        InputSpec::Tokens { vocab: self.vocab }
+    }
+
+    fn device(&self) -> &Device {
+        &self.core.device
+    }
+
+    fn table(&self) -> &ParamTable {
+        &self.core.table
+    }
+
+    fn forward_loss(&mut self, batch: Batch) -> Result<LossOutput, ModelError> {
+        let (inputs, targets) = self.check(batch)?;
+        let state = matching::<M>(self.train_state.take(), inputs.dims()[0]);
+        let (loss, metrics, state) =
+            Self::run(self.core.module(), &self.core.loss, inputs, targets, state);
+        self.train_state = Some(M::detach_state(state));
+        Ok(LossOutput { loss, metrics })
+    }
+
+    fn backward_into(&mut self, loss: Tensor<1>, grads: &mut [f32]) {
+        self.core.backward_into(loss, grads);
+    }
+
+    fn evaluate(&mut self, batch: Batch) -> Result<Metrics, ModelError> {
+        let (inputs, targets) = self.check(batch)?;
+        let state = matching::<M>(self.eval_state.take(), inputs.dims()[0]);
+        let module = self.core.module().valid();
+        let (_, metrics, state) = Self::run(
+            &module,
+            &self.core.loss,
+            inputs.without_autodiff(),
+            targets.without_autodiff(),
+            state,
+        );
+        self.eval_state = Some(M::detach_state(state));
+        Ok(metrics)
+    }
+
+    fn read_params(&self, out: &mut [f32]) {
+        self.core.read(TensorRole::Param, out);
+    }
+
+    fn write_params(&mut self, src: &[f32]) {
+        self.core.write(TensorRole::Param, src);
+    }
+
+    fn read_buffers(&self, out: &mut [f32]) {
+        self.core.read(TensorRole::Buffer, out);
+    }
+
+    fn write_buffers(&mut self, src: &[f32]) {
+        self.core.write(TensorRole::Buffer, src);
+    }
+
+    fn to_bytes(&self) -> Result<Vec<u8>, ModelError> {
+        self.core.to_bytes()
+    }
+
+    fn load_bytes(&mut self, bytes: &[u8]) -> Result<(), ModelError> {
+        self.core.load_bytes(bytes)
+    }
+
+    fn reset_state(&mut self) {
+        self.train_state = None;
+        self.eval_state = None;
+    }
+}

@@ -1,0 +1,123 @@
+//! Every model trains: one plain SGD step (through the flat parameter and gradient buffers)
+//! on a random batch lowers the loss on that batch. Tiny sizes; dropout off so the
+//! training-mode loss is a deterministic function of the parameters.
+
+mod common;
+
+fn assert_trains(json: &str, batch: usize, seq: usize, lr: f32) {
+    let mut model = common::build(json, 7);
+    let b = common::random_batch(model.as_ref(), batch, seq, 11);
+    let (before, after) = common::sgd_step(model.as_mut(), b, lr);
+    assert!(
+        after < before,
+        "{}: loss {before} → {after} after one step",
+        model.name()
+    );
+}
+
+#[test]
+fn mlp_trains() {
+    assert_trains(
+        r#"{"kind":"mlp","image_size":8,"hidden":[32,16]}"#,
+        8,
+        0,
+        0.05,
+    );
+}
+
+#[test]
+fn lenet5_trains() {
+    assert_trains(r#"{"kind":"lenet"}"#, 8, 0, 0.05);
+}
+
+#[test]
+fn alexnet_cifar_trains_with_and_without_lrn() {
+    assert_trains(
+        r#"{"kind":"alexnet","variant":"cifar","dropout":0.0}"#,
+        4,
+        0,
+        0.01,
+    );
+    assert_trains(
+        r#"{"kind":"alexnet","variant":"cifar","lrn":true,"dropout":0.0}"#,
+        4,
+        0,
+        0.01,
+    );
+}
+
+#[test]
+fn alexnet_cifar_fc_trains() {
+    assert_trains(
+        r#"{"kind":"alexnet","variant":"cifar-fc","dropout":0.0}"#,
+        4,
+        0,
+        0.01,
+    );
+}
+
+#[test]
+fn alexnet_imagenet_architecture_trains_at_a_small_size() {
+    // The ImageNet AlexNet's layer stack on 64×64 inputs with 10 classes (its 6×6 adaptive
+    // pooling keeps the 9216-4096-4096 head, 57 M parameters).
+    assert_trains(
+        r#"{"kind":"alexnet","variant":"imagenet","image_size":64,"num_classes":10,"dropout":0.0}"#,
+        2,
+        0,
+        0.01,
+    );
+}
+
+#[test]
+fn vgg11_trains_with_and_without_batch_norm() {
+    assert_trains(r#"{"kind":"vgg","variant":"vgg11"}"#, 4, 0, 0.01);
+    assert_trains(
+        r#"{"kind":"vgg","variant":"vgg11","batch_norm":true}"#,
+        4,
+        0,
+        0.01,
+    );
+}
+
+#[test]
+fn resnet20_trains_with_both_shortcuts() {
+    assert_trains(r#"{"kind":"resnet","variant":"resnet20"}"#, 4, 0, 0.05);
+    assert_trains(
+        r#"{"kind":"resnet","variant":"resnet20","shortcut":"b"}"#,
+        4,
+        0,
+        0.05,
+    );
+}
+
+#[test]
+fn resnet18_and_50_train_at_cifar_size() {
+    assert_trains(
+        r#"{"kind":"resnet","variant":"resnet18","image_size":32,"num_classes":10}"#,
+        2,
+        0,
+        0.01,
+    );
+    assert_trains(
+        r#"{"kind":"resnet","variant":"resnet50","image_size":32,"num_classes":10}"#,
+        2,
+        0,
+        0.01,
+    );
+}
+
+#[test]
+fn lstm_language_models_train() {
+    assert_trains(
+        r#"{"kind":"lstm","variant":"word","vocab":50,"embed":16,"hidden":16,"dropout":0.0}"#,
+        4,
+        6,
+        0.5,
+    );
+    assert_trains(
+        r#"{"kind":"lstm","variant":"char","vocab":30,"embed":8,"hidden":16,"layers":3,"dropout":0.0}"#,
+        4,
+        6,
+        0.5,
+    );
+}
