@@ -1,6 +1,6 @@
 //! LSTM language model (word- or character-level): embedding → dropout → `layers` LSTMs with
 //! dropout between them → dropout → linear decoder, optionally tied to the embedding
-//! (Press & Wolf 2017). Trained with truncated BPTT: [`LmModel`](crate::LmModel) carries the
+//! (Press & Wolf 2017). Trained with truncated BPTT: [`LmModel`] carries the
 //! detached hidden state of each batch into the next.
 
 use burn::module::Param;
