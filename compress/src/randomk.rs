@@ -61,6 +61,7 @@ impl RandomKConfig {
             base: 0,
             segment: 0,
             idx: Vec::new(),
+            seen: Vec::new(),
         })
     }
 }
@@ -72,6 +73,7 @@ pub struct RandomK {
     base: u64,
     segment: u64,
     idx: Vec<u32>,
+    seen: Vec<u64>,
 }
 
 /// Fills `out` with `k` distinct indices of `0..n` drawn by Floyd's algorithm from `seed`.
@@ -127,8 +129,7 @@ impl Compressor for RandomK {
         let k = k_for(n, self.cfg.ratio);
         let seed = derive_seed(self.base, self.segment, 0, 0);
         self.segment += 1;
-        let mut seen = Vec::new();
-        sample_indices(n, k, seed, &mut seen, &mut self.idx);
+        sample_indices(n, k, seed, &mut self.seen, &mut self.idx);
         let scale = n as f32 / k as f32;
         w.u64(seed);
         w.u32(k as u32);
