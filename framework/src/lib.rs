@@ -20,6 +20,10 @@
 pub mod bench;
 pub mod bucket;
 pub mod checkpoint;
+pub mod config;
+pub mod data;
 pub mod exchange;
+pub mod launch;
 pub mod lr;
 pub mod optim;
+pub mod trainer;

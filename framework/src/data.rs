@@ -1,0 +1,404 @@
+//! The trainer's view of a dataset: per-rank training batches addressed by `(epoch, index)`
+//! and evaluation batches, both as burn [`Batch`]es on the model's device.
+//!
+//! Random access by `(epoch, index)` — rather than an iterator — is what makes resume exact:
+//! a run restored at step `s` asks for batch `s mod steps_per_epoch` of epoch
+//! `s / steps_per_epoch` and gets exactly the samples the uninterrupted run saw (the shard
+//! permutation and the augmentation draws are pure functions of the seed, the epoch and the
+//! item index).
+//!
+//! **Sharding.** Every rank computes the same seeded permutation of the training set and
+//! takes every `world`-th item ([`dtrain_datasets::ShardSpec`], drop-last). Batch `j` of
+//! rank `r` is therefore items `(j·b + i)·P + r` of the permutation, and the union of the P
+//! ranks' batch `j` is the contiguous block `j·b·P … (j+1)·b·P` — exactly batch `j` of a
+//! single worker with batch `P·b`. That is the data-parallel correctness property the
+//! trainer tests rely on.
+//!
+//! Text (language modelling): the token stream is split into P contiguous rank shards, each
+//! cut into `batch_size` BPTT rows; batch `j` is the `j`-th `seq_len` window of every row, so
+//! recurrent state carries from batch to batch.
+
+use std::path::Path;
+
+use dtrain_datasets::{
+    cifar, cifar_like, idx, text, CifarAugment, Corpus, ImageSet, Level, Normalize, ShardSpec,
+    Split, SyntheticConfig,
+};
+use dtrain_models::{Batch, Device};
+
+use crate::config::{DataKind, RunConfig};
+
+/// Why data could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct DataError(pub String);
+
+enum Source {
+    Images {
+        train: ImageSet,
+        test: ImageSet,
+        normalize: Option<Normalize>,
+        augment: Option<CifarAugment>,
+    },
+    /// One seeded set: items `0..train_len` train, the next `test_len` test (same class
+    /// prototypes, fresh noise).
+    Synthetic {
+        set: dtrain_datasets::Synthetic,
+        train_len: usize,
+        test_len: usize,
+    },
+    Text {
+        /// This rank's training rows, `batch` × `row_len`.
+        rows: Vec<u32>,
+        row_len: usize,
+        /// This rank's test rows.
+        test_rows: Vec<u32>,
+        test_row_len: usize,
+        vocab: usize,
+        seq_len: usize,
+    },
+}
+
+/// One rank's data.
+pub struct TrainData {
+    src: Source,
+    shard: ShardSpec,
+    batch: usize,
+    eval_batch: usize,
+    /// Per-epoch shard indices, cached for the current epoch.
+    cached: Option<(u64, Vec<usize>)>,
+    train_len: usize,
+    test_len: usize,
+    scratch: Vec<f32>,
+    labels: Vec<i64>,
+}
+
+fn rgb_normalize(set: &ImageSet, kind: DataKind) -> Normalize {
+    match kind {
+        DataKind::Mnist | DataKind::FashionMnist if set.shape()[0] == 1 => Normalize::mnist(),
+        DataKind::Cifar10 => Normalize::cifar10(),
+        _ => Normalize::fit(set),
+    }
+}
+
+impl TrainData {
+    /// Number of examples in the (limited) training set, or tokens for text: what
+    /// [`RunConfig::validate`] needs to derive the steps per epoch.
+    pub fn train_examples(&self) -> usize {
+        self.train_len
+    }
+
+    /// Opens the data of `cfg` for `rank` of `world`.
+    pub fn open(cfg: &RunConfig, rank: usize, world: usize) -> Result<TrainData, DataError> {
+        let d = &cfg.data;
+        let dir = cfg.data_dir();
+        let missing = |e: &dyn std::fmt::Display| {
+            let fetch = d
+                .kind
+                .fetch_name()
+                .map(|n| {
+                    if n == "cifar10" {
+                        "; import it with `dtrain data fetch cifar10 --from cifar-10-binary.tar.gz`"
+                            .to_string()
+                    } else {
+                        format!("; fetch it with `dtrain data fetch {n}`")
+                    }
+                })
+                .unwrap_or_default();
+            DataError(format!("data.kind = {:?}: {e}{fetch}", d.kind))
+        };
+        let eval_default = 256;
+        let src = match d.kind {
+            DataKind::Synthetic => {
+                let shape = d.shape.clone().unwrap_or_default();
+                let classes = d.classes.unwrap_or(10);
+                let train_len = d
+                    .train_limit
+                    .unwrap_or(usize::MAX)
+                    .min(d.train_len.unwrap_or(1024));
+                let test_len = d
+                    .test_limit
+                    .unwrap_or(usize::MAX)
+                    .min(d.test_len.unwrap_or(256));
+                let mut sc = SyntheticConfig::new(&shape, train_len + test_len, cfg.seed);
+                sc.num_classes = classes;
+                Source::Synthetic {
+                    set: sc.init(),
+                    train_len,
+                    test_len,
+                }
+            }
+            DataKind::Mnist | DataKind::FashionMnist | DataKind::Cifar10 | DataKind::CifarLike => {
+                let dir = dir.expect("image kinds have a directory");
+                let load = |split| -> Result<ImageSet, DataError> {
+                    check_dir(&dir).map_err(|e| missing(&e))?;
+                    match d.kind {
+                        DataKind::Cifar10 => cifar::load_cifar10_dir(&dir, split),
+                        DataKind::CifarLike => cifar_like::load_cifar_like(&dir, split),
+                        _ => idx::load_mnist_dir(&dir, split),
+                    }
+                    .map_err(|e| missing(&e))
+                };
+                let mut train = load(Split::Train)?;
+                let mut test = load(Split::Test)?;
+                if let Some(n) = d.train_limit {
+                    train.truncate(n);
+                }
+                if let Some(n) = d.test_limit {
+                    test.truncate(n);
+                }
+                let normalize = d.normalize.then(|| rgb_normalize(&train, d.kind));
+                let augment = d.augment.then(|| CifarAugment::new(cfg.seed ^ 0xa06));
+                Source::Images {
+                    train,
+                    test,
+                    normalize,
+                    augment,
+                }
+            }
+            DataKind::MobyDick | DataKind::Sotu => {
+                let dir = dir.expect("text kinds have a directory");
+                check_dir(&dir).map_err(|e| missing(&e))?;
+                let level = if d.kind == DataKind::MobyDick {
+                    Level::Char
+                } else {
+                    Level::Word
+                };
+                let file = find_text(&dir).map_err(|e| missing(&e))?;
+                let corpus = Corpus::from_file(&file, level, d.min_count.unwrap_or(1))
+                    .map_err(|e| missing(&e))?;
+                let (train_ids, _, test_ids) = corpus.split(0.0, d.test_fraction.unwrap_or(0.1));
+                let mut train_ids = train_ids.to_vec();
+                let mut test_ids = test_ids.to_vec();
+                if let Some(n) = d.train_limit {
+                    train_ids.truncate(n);
+                }
+                if let Some(n) = d.test_limit {
+                    test_ids.truncate(n);
+                }
+                let seq_len = d.seq_len.unwrap_or(35);
+                let mine = text::shard_tokens(&train_ids, rank, world);
+                let row_len = mine.len() / d.batch_size;
+                let test_mine = text::shard_tokens(&test_ids, rank, world);
+                let eval_rows = d.eval_batch_size.unwrap_or(d.batch_size).max(1);
+                let test_row_len = test_mine.len() / eval_rows;
+                Source::Text {
+                    rows: mine[..row_len * d.batch_size].to_vec(),
+                    row_len,
+                    test_rows: test_mine[..test_row_len * eval_rows].to_vec(),
+                    test_row_len,
+                    vocab: corpus.vocab.len(),
+                    seq_len,
+                }
+            }
+        };
+        let (train_len, test_len) = match &src {
+            Source::Images { train, test, .. } => (train.len(), test.len()),
+            Source::Synthetic {
+                train_len,
+                test_len,
+                ..
+            } => (*train_len, *test_len),
+            Source::Text { .. } => {
+                // Report the whole stream length for the steps-per-epoch derivation.
+                (0, 0)
+            }
+        };
+        let mut shard = ShardSpec::new(rank, world, cfg.seed);
+        shard.shuffle = d.shuffle;
+        let mut me = TrainData {
+            src,
+            shard,
+            batch: d.batch_size,
+            eval_batch: d.eval_batch_size.unwrap_or(eval_default),
+            cached: None,
+            train_len,
+            test_len,
+            scratch: Vec::new(),
+            labels: Vec::new(),
+        };
+        if let Source::Text { row_len, .. } = &me.src {
+            // Tokens as the validator counts them: rows × row_len × world.
+            me.train_len = row_len * me.batch * world;
+            me.eval_batch = d.eval_batch_size.unwrap_or(d.batch_size).max(1);
+        }
+        Ok(me)
+    }
+
+    /// The vocabulary size of a text dataset (the LSTM's `vocab` must match).
+    pub fn vocab(&self) -> Option<usize> {
+        match &self.src {
+            Source::Text { vocab, .. } => Some(*vocab),
+            _ => None,
+        }
+    }
+
+    /// Full training batches per epoch on this rank.
+    pub fn batches_per_epoch(&self) -> usize {
+        match &self.src {
+            Source::Text {
+                row_len, seq_len, ..
+            } => row_len.saturating_sub(1).div_ceil(*seq_len),
+            _ => self.train_len / self.shard.world_size / self.batch,
+        }
+    }
+
+    /// Batch `index` of `epoch` for this rank.
+    pub fn train_batch(&mut self, epoch: u64, index: usize, device: &Device) -> Batch {
+        match &self.src {
+            Source::Text {
+                rows,
+                row_len,
+                seq_len,
+                ..
+            } => text_window(rows, *row_len, self.batch, *seq_len, index, device),
+            _ => {
+                if self.cached.as_ref().map(|c| c.0) != Some(epoch) {
+                    let idx = self.shard.indices(self.train_len, epoch);
+                    self.cached = Some((epoch, idx));
+                }
+                let idx = &self.cached.as_ref().expect("cached").1;
+                let items: Vec<usize> = idx[index * self.batch..(index + 1) * self.batch].to_vec();
+                self.image_batch(&items, Some(epoch), device)
+            }
+        }
+    }
+
+    /// Number of evaluation batches of this rank: the test set is split into `world`
+    /// contiguous parts, so every example is scored exactly once over all ranks.
+    pub fn eval_batches(&self) -> usize {
+        match &self.src {
+            Source::Text {
+                test_row_len,
+                seq_len,
+                ..
+            } => test_row_len.saturating_sub(1).div_ceil(*seq_len),
+            _ => {
+                let (lo, hi) = self.eval_range();
+                (hi - lo).div_ceil(self.eval_batch)
+            }
+        }
+    }
+
+    fn eval_range(&self) -> (usize, usize) {
+        let w = self.shard.world_size;
+        let r = self.shard.rank;
+        let per = self.test_len.div_ceil(w);
+        (
+            (r * per).min(self.test_len),
+            ((r + 1) * per).min(self.test_len),
+        )
+    }
+
+    /// Evaluation batch `j` of this rank (see [`TrainData::eval_batches`]).
+    pub fn eval_batch(&mut self, j: usize, device: &Device) -> Batch {
+        match &self.src {
+            Source::Text {
+                test_rows,
+                test_row_len,
+                seq_len,
+                ..
+            } => text_window(
+                test_rows,
+                *test_row_len,
+                self.eval_batch,
+                *seq_len,
+                j,
+                device,
+            ),
+            _ => {
+                let (lo, hi) = self.eval_range();
+                let a = lo + j * self.eval_batch;
+                let b = (a + self.eval_batch).min(hi);
+                let items: Vec<usize> = (a..b).collect();
+                self.image_batch(&items, None, device)
+            }
+        }
+    }
+
+    /// Assembles images `items` (train set if `epoch` is given, else test set).
+    fn image_batch(&mut self, items: &[usize], epoch: Option<u64>, device: &Device) -> Batch {
+        self.scratch.clear();
+        self.labels.clear();
+        let mut shape = [0usize; 3];
+        for &i in items {
+            let mut s = match (&self.src, epoch) {
+                (Source::Images { train, .. }, Some(_)) => train.sample(i),
+                (Source::Images { test, .. }, None) => test.sample(i),
+                (Source::Synthetic { set, .. }, Some(_)) => set.sample(i),
+                (Source::Synthetic { set, train_len, .. }, None) => set.sample(train_len + i),
+                (Source::Text { .. }, _) => unreachable!("text has no images"),
+            };
+            if let Source::Images {
+                normalize, augment, ..
+            } = &self.src
+            {
+                if let (Some(a), Some(e)) = (augment, epoch) {
+                    a.apply(&mut s, e, i);
+                }
+                if let Some(n) = normalize {
+                    n.apply(&mut s);
+                }
+            }
+            shape = [s.shape[0], s.shape[1], s.shape[2]];
+            self.scratch.extend_from_slice(&s.data);
+            self.labels.push(s.label as i64);
+        }
+        Batch::images_from_slice(
+            &self.scratch,
+            [items.len(), shape[0], shape[1], shape[2]],
+            &self.labels,
+            device,
+        )
+    }
+}
+
+fn text_window(
+    rows: &[u32],
+    row_len: usize,
+    batch: usize,
+    seq_len: usize,
+    index: usize,
+    device: &Device,
+) -> Batch {
+    let pos = index * seq_len;
+    let seq = seq_len.min(row_len - 1 - pos);
+    let mut inputs = Vec::with_capacity(batch * seq);
+    let mut targets = Vec::with_capacity(batch * seq);
+    for b in 0..batch {
+        let row = &rows[b * row_len..(b + 1) * row_len];
+        inputs.extend(row[pos..pos + seq].iter().map(|&t| t as i64));
+        targets.extend(row[pos + 1..pos + 1 + seq].iter().map(|&t| t as i64));
+    }
+    Batch::tokens_from_slice(&inputs, &targets, [batch, seq], device)
+}
+
+fn check_dir(dir: &Path) -> Result<(), String> {
+    if dir.is_dir() {
+        Ok(())
+    } else {
+        Err(format!("no data directory {}", dir.display()))
+    }
+}
+
+/// The text file of a fetched corpus directory (the largest `.txt` file).
+fn find_text(dir: &Path) -> Result<std::path::PathBuf, String> {
+    let mut best: Option<(u64, std::path::PathBuf)> = None;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries = std::fs::read_dir(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "txt") {
+                let len = e.metadata().map(|m| m.len()).unwrap_or(0);
+                if best.as_ref().is_none_or(|b| len > b.0) {
+                    best = Some((len, p));
+                }
+            }
+        }
+    }
+    best.map(|b| b.1)
+        .ok_or_else(|| format!("no .txt file under {}", dir.display()))
+}

@@ -1,0 +1,562 @@
+//! `dtrain run`: validate, prepare the run directory, start the workers, supervise them.
+//!
+//! * **Standalone** (default): this process hosts the rendezvous on loopback and spawns
+//!   `cluster.workers` worker processes (`dtrain worker …`), like `torchrun --standalone`.
+//! * **Multi-node**: `--nnodes M --node-rank i --rendezvous HOST:PORT` on every node; node 0
+//!   hosts the rendezvous at `HOST:PORT`; node `i` runs ranks `i·k … (i+1)·k − 1` with
+//!   `k = workers / M`. All nodes must share the run token (`DTRAIN_RUN_TOKEN`).
+//! * **Under a scheduler**: with `SLURM_PROCID`/`SLURM_NTASKS` or `OMPI_COMM_WORLD_RANK`/
+//!   `OMPI_COMM_WORLD_SIZE` set and `--rendezvous HOST:PORT`, this process *is* one rank
+//!   (rank 0 hosts the rendezvous); give `--run-dir` so all ranks share one directory.
+//!
+//! Everything that can be checked is checked before anything is started or written: the
+//! configuration (every field), the data (opened, or fetched when missing and fetchable),
+//! and on `--resume` the checkpoint's compatibility. A worker that fails stops the run: the
+//! supervisor reports the rank and its exit status, stops the others, and names the last
+//! complete checkpoint.
+
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dtrain_comms::rendezvous::{self, Host, RendezvousConfig, RunIdentity};
+use dtrain_comms::shaping::LinkSpec;
+use dtrain_comms::{
+    CommConfig, Communicator, QuicConfig, QuicTransport, TcpConfig, TcpTransport, Transport,
+};
+
+use crate::config::{Plan, RunConfig, TransportKind};
+use crate::data::TrainData;
+use crate::trainer::{Observer, RunDir, Summary, Trainer};
+
+/// The environment variable carrying the run token to the workers.
+pub const TOKEN_ENV: &str = "DTRAIN_RUN_TOKEN";
+
+/// What `dtrain run` was asked.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// The TOML file.
+    pub config: PathBuf,
+    /// `--set key=value` overrides.
+    pub overrides: Vec<String>,
+    /// `--resume RUN_DIR`.
+    pub resume: Option<PathBuf>,
+    /// `--nnodes`.
+    pub nnodes: Option<usize>,
+    /// `--node-rank`.
+    pub node_rank: Option<usize>,
+    /// `--rendezvous HOST:PORT`.
+    pub rendezvous: Option<SocketAddr>,
+    /// `--run-dir` (scheduler mode, or to choose the directory).
+    pub run_dir: Option<PathBuf>,
+    /// Do not fetch missing data.
+    pub no_fetch: bool,
+}
+
+/// Loads and validates `opts.config` with its data (fetching data when allowed). Returns the
+/// plan. Writes nothing except fetched data.
+pub fn check(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Plan, String> {
+    let file = opts.config.display().to_string();
+    let cfg = RunConfig::load(&opts.config, &opts.overrides).map_err(|e| e.to_string())?;
+    // Ranges and combinations first (cheap, no data needed) …
+    cfg.validate(&file, None).map_err(|e| e.to_string())?;
+    // … then the data, fetched if missing.
+    let data = match TrainData::open(&cfg, 0, cfg.cluster.workers) {
+        Ok(d) => d,
+        Err(e) => {
+            let fetchable = cfg.data.path.is_none()
+                && cfg
+                    .data
+                    .kind
+                    .fetch_name()
+                    .is_some_and(|n| dtrain_datasets::fetch::source(n).is_ok());
+            if !fetchable || opts.no_fetch {
+                return Err(format!("{file}: data: {e}"));
+            }
+            let name = cfg.data.kind.fetch_name().expect("fetchable");
+            let root = crate::config::default_data_root();
+            log(&format!(
+                "data {name} missing under {}: fetching it (dtrain data fetch {name})",
+                root.display()
+            ));
+            let src = dtrain_datasets::fetch::source(name).map_err(|e| e.to_string())?;
+            dtrain_datasets::fetch::fetch(src, &root)
+                .map_err(|e| format!("{file}: data: fetching {name} failed: {e}"))?;
+            TrainData::open(&cfg, 0, cfg.cluster.workers)
+                .map_err(|e| format!("{file}: data: {e}"))?
+        }
+    };
+    cfg.validate(&file, Some(data.train_examples()))
+        .map_err(|e| e.to_string())
+}
+
+/// `runs/<name>/<UTC timestamp>`.
+fn new_run_dir(cfg: &RunConfig) -> Result<PathBuf, String> {
+    let base = cfg.output.dir.join(&cfg.name);
+    let stamp = utc_stamp(std::time::SystemTime::now());
+    let mut dir = base.join(&stamp);
+    let mut k = 1;
+    while dir.exists() {
+        dir = base.join(format!("{stamp}-{k}"));
+        k += 1;
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// `YYYYmmdd-HHMMSS` in UTC.
+pub fn utc_stamp(t: std::time::SystemTime) -> String {
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Keys that may differ between a run and its resumption (they do not change the
+/// trajectory up to the checkpoint).
+const RESUMABLE_CHANGES: [&str; 4] = ["train.epochs", "train.max_steps", "checkpoint", "output"];
+
+fn compare_for_resume(old: &RunConfig, new: &RunConfig) -> Result<(), String> {
+    let norm = |c: &RunConfig| {
+        let mut v = toml::Value::try_from(c).map_err(|e| e.to_string())?;
+        let t = v.as_table_mut().expect("table");
+        t.remove("checkpoint");
+        t.remove("output");
+        if let Some(tr) = t.get_mut("train").and_then(|x| x.as_table_mut()) {
+            tr.remove("epochs");
+            tr.remove("max_steps");
+        }
+        Ok::<_, String>(v)
+    };
+    let (a, b) = (norm(old)?, norm(new)?);
+    if a != b {
+        let (ta, tb) = (a.as_table().expect("t"), b.as_table().expect("t"));
+        let mut diff: Vec<String> = ta
+            .iter()
+            .filter(|(k, v)| tb.get(*k) != Some(*v))
+            .map(|(k, _)| k.clone())
+            .collect();
+        diff.extend(tb.keys().filter(|k| !ta.contains_key(*k)).cloned());
+        return Err(format!(
+            "the configuration differs from the run's config.toml in [{}]; only {} may change \
+             on resume",
+            diff.join(", "),
+            RESUMABLE_CHANGES.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// Prepares the run directory: a new one, or the `--resume` one after checking that the
+/// configuration is compatible and a checkpoint exists. Writes `config.toml`.
+pub fn prepare_dir(opts: &RunOptions, plan: &Plan) -> Result<RunDir, String> {
+    let cfg = &plan.config;
+    let root = if let Some(r) = &opts.resume {
+        let old_path = r.join("config.toml");
+        let old = RunConfig::load(&old_path, &[])
+            .map_err(|e| format!("--resume {}: not a run directory ({e})", r.display()))?;
+        compare_for_resume(&old, cfg).map_err(|e| format!("--resume {}: {e}", r.display()))?;
+        let dir = RunDir { root: r.clone() };
+        if dir.latest().is_none() {
+            return Err(format!(
+                "--resume {}: no complete checkpoint (checkpoints/LATEST is missing)",
+                r.display()
+            ));
+        }
+        r.clone()
+    } else if let Some(d) = &opts.run_dir {
+        std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
+        d.clone()
+    } else {
+        new_run_dir(cfg)?
+    };
+    let p = root.join("config.toml");
+    crate::checkpoint::write_atomic(&p, cfg.to_toml().as_bytes()).map_err(|e| e.to_string())?;
+    Ok(RunDir { root })
+}
+
+/// Builds the transport of one rank through the rendezvous at `host`.
+pub fn connect(
+    kind: TransportKind,
+    host: SocketAddr,
+    rank: usize,
+    world: usize,
+    link: LinkSpec,
+    token: &str,
+) -> Result<Box<dyn Transport>, String> {
+    let rcfg = RendezvousConfig {
+        timeout: Duration::from_secs(120),
+        ..RendezvousConfig::new(token.as_bytes().to_vec())
+    };
+    let ip = rendezvous::bind_ip_for(host);
+    Ok(match kind {
+        TransportKind::Tcp => {
+            let l = TcpListener::bind((ip, 0)).map_err(|e| e.to_string())?;
+            let me = l.local_addr().map_err(|e| e.to_string())?;
+            let j = rendezvous::join(host, rank, world, me, &rcfg).map_err(|e| e.to_string())?;
+            let cfg = TcpConfig {
+                link,
+                ..TcpConfig::new(token.as_bytes().to_vec())
+            };
+            Box::new(TcpTransport::connect(rank, &j.peers, l, cfg).map_err(|e| e.to_string())?)
+        }
+        TransportKind::Quic => {
+            let s = UdpSocket::bind((ip, 0)).map_err(|e| e.to_string())?;
+            let me = s.local_addr().map_err(|e| e.to_string())?;
+            let j = rendezvous::join(host, rank, world, me, &rcfg).map_err(|e| e.to_string())?;
+            let cfg = QuicConfig {
+                link,
+                ..QuicConfig::new(token.as_bytes().to_vec(), j.identity)
+            };
+            Box::new(QuicTransport::connect(rank, &j.peers, s, cfg).map_err(|e| e.to_string())?)
+        }
+    })
+}
+
+/// Hosts the rendezvous of `world` ranks on `addr`.
+fn host_rendezvous(
+    addr: SocketAddr,
+    world: usize,
+    kind: TransportKind,
+    token: &str,
+) -> Result<Host, String> {
+    let identity = match kind {
+        TransportKind::Quic => RunIdentity::generate().map_err(|e| e.to_string())?,
+        TransportKind::Tcp => RunIdentity::default(),
+    };
+    let listener =
+        TcpListener::bind(addr).map_err(|e| format!("rendezvous: binding {addr}: {e}"))?;
+    let rcfg = RendezvousConfig {
+        timeout: Duration::from_secs(120),
+        ..RendezvousConfig::new(token.as_bytes().to_vec())
+    };
+    Host::spawn(listener, world, identity, rcfg).map_err(|e| e.to_string())
+}
+
+/// A worker's arguments (what [`launch`] passes to `dtrain worker`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerArgs {
+    /// The run directory (holds `config.toml`).
+    pub run_dir: PathBuf,
+    /// The rendezvous host.
+    pub rendezvous: SocketAddr,
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world: usize,
+    /// Resume from the run directory's latest checkpoint.
+    pub resume: bool,
+}
+
+/// Runs one worker to the end: loads the run's config, opens its data shard, connects,
+/// trains. The token comes from [`TOKEN_ENV`].
+pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, String> {
+    let token = std::env::var(TOKEN_ENV).map_err(|_| format!("{TOKEN_ENV} is not set"))?;
+    let path = a.run_dir.join("config.toml");
+    let file = path.display().to_string();
+    let cfg = RunConfig::load(&path, &[]).map_err(|e| e.to_string())?;
+    let data = TrainData::open(&cfg, a.rank, a.world).map_err(|e| format!("{file}: data: {e}"))?;
+    let plan = cfg
+        .validate(&file, Some(data.train_examples()))
+        .map_err(|e| e.to_string())?;
+    let link = LinkSpec::parse(
+        cfg.network.bandwidth.as_deref(),
+        cfg.network.latency.as_deref(),
+    )?;
+    let transport = connect(
+        cfg.cluster.transport,
+        a.rendezvous,
+        a.rank,
+        a.world,
+        link,
+        &token,
+    )?;
+    let comm = Communicator::new(
+        transport,
+        CommConfig {
+            timeout: Duration::from_secs_f64(cfg.cluster.timeout_s),
+            ..CommConfig::default()
+        },
+    );
+    let device = dtrain_models::cpu_device();
+    let out = RunDir {
+        root: a.run_dir.clone(),
+    };
+    let mut t =
+        Trainer::new(plan, data, comm, &device, Some(out.clone())).map_err(|e| e.to_string())?;
+    if a.resume {
+        let dir = out
+            .latest()
+            .ok_or_else(|| format!("{}: no checkpoint to resume from", a.run_dir.display()))?;
+        t.resume_from(&dir).map_err(|e| e.to_string())?;
+    }
+    t.run(obs).map_err(|e| e.to_string())
+}
+
+/// What [`launch`] did.
+#[derive(Debug)]
+pub struct Launched {
+    /// The run directory.
+    pub run_dir: PathBuf,
+    /// Rank 0's summary (read back from `summary.json`), when this node ran rank 0.
+    pub summary: Option<Summary>,
+}
+
+/// Validates, prepares the run directory and runs the workers of this node to the end.
+/// `exe` is the `dtrain` binary, `worker_cmd` the arguments that select its worker mode.
+pub fn launch(
+    opts: &RunOptions,
+    exe: &Path,
+    worker_cmd: &[&str],
+    log: &mut dyn FnMut(&str),
+) -> Result<Launched, String> {
+    let plan = check(opts, log)?;
+    let world = plan.config.cluster.workers;
+    let (nnodes, node_rank) = (opts.nnodes.unwrap_or(1), opts.node_rank.unwrap_or(0));
+    if nnodes == 0 || node_rank >= nnodes {
+        return Err(format!(
+            "--node-rank {node_rank} must be below --nnodes {nnodes}"
+        ));
+    }
+    if world % nnodes != 0 {
+        return Err(format!(
+            "cluster.workers = {world} is not divisible by --nnodes {nnodes}"
+        ));
+    }
+    if nnodes > 1 && opts.rendezvous.is_none() {
+        return Err("--nnodes > 1 needs --rendezvous HOST:PORT (node 0's address)".into());
+    }
+    let token = match std::env::var(TOKEN_ENV) {
+        Ok(t) if !t.is_empty() => t,
+        _ if nnodes > 1 => {
+            return Err(format!(
+                "multi-node runs need the same run token on every node: set {TOKEN_ENV}"
+            ))
+        }
+        _ => rendezvous::random_token().map_err(|e| e.to_string())?,
+    };
+    let dir = prepare_dir(opts, &plan)?;
+    let kind = plan.config.cluster.transport;
+    let addr = opts
+        .rendezvous
+        .unwrap_or_else(|| "127.0.0.1:0".parse().expect("addr"));
+    let host = if node_rank == 0 {
+        Some(host_rendezvous(addr, world, kind, &token)?)
+    } else {
+        None
+    };
+    let rdv = host.as_ref().map(|h| h.addr()).unwrap_or(addr);
+    let per_node = world / nnodes;
+    let ranks: Vec<usize> = (node_rank * per_node..(node_rank + 1) * per_node).collect();
+    let threads = plan.config.cluster.threads.to_string();
+    let mut children: Vec<(usize, Child)> = Vec::new();
+    let kill_all = |children: &mut Vec<(usize, Child)>| {
+        for (_, c) in children.iter_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    };
+    for &rank in &ranks {
+        let mut cmd = Command::new(exe);
+        cmd.args(worker_cmd)
+            .arg("--run-dir")
+            .arg(&dir.root)
+            .arg("--rendezvous")
+            .arg(rdv.to_string())
+            .arg("--rank")
+            .arg(rank.to_string())
+            .arg("--world")
+            .arg(world.to_string())
+            .env(TOKEN_ENV, &token)
+            .env("RAYON_NUM_THREADS", &threads)
+            .stdin(Stdio::null());
+        if opts.resume.is_some() {
+            cmd.arg("--resume");
+        }
+        if rank != 0 {
+            cmd.stdout(Stdio::null());
+        }
+        match cmd.spawn() {
+            Ok(c) => children.push((rank, c)),
+            Err(e) => {
+                kill_all(&mut children);
+                return Err(format!("starting worker {rank}: {e}"));
+            }
+        }
+    }
+    let started = Instant::now();
+    let mut done = vec![false; children.len()];
+    let mut failure: Option<String> = None;
+    while done.iter().any(|d| !d) {
+        for (i, (rank, c)) in children.iter_mut().enumerate() {
+            if done[i] {
+                continue;
+            }
+            match c.try_wait() {
+                Ok(Some(st)) => {
+                    done[i] = true;
+                    if !st.success() && failure.is_none() {
+                        failure = Some(format!("worker {rank} failed ({st})"));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    done[i] = true;
+                    failure.get_or_insert(format!("waiting for worker {rank}: {e}"));
+                }
+            }
+        }
+        if let Some(f) = &failure {
+            // Give the others a moment to notice (they name the lost peer), then stop them.
+            let grace = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < grace
+                && children
+                    .iter_mut()
+                    .any(|(_, c)| matches!(c.try_wait(), Ok(None)))
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            kill_all(&mut children);
+            let ck = dir
+                .latest()
+                .map(|p| {
+                    format!(
+                        "last complete checkpoint: {} (continue with --resume {})",
+                        p.display(),
+                        dir.root.display()
+                    )
+                })
+                .unwrap_or_else(|| {
+                    format!(
+                        "no checkpoint was written; run directory {}",
+                        dir.root.display()
+                    )
+                });
+            return Err(format!(
+                "{f} after {:.1} s; {ck}",
+                started.elapsed().as_secs_f64()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if let Some(h) = host {
+        h.wait().map_err(|e| e.to_string())?;
+    }
+    let summary = if ranks.contains(&0) {
+        let p = dir.root.join("summary.json");
+        let text = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        Some(serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?)
+    } else {
+        None
+    };
+    Ok(Launched {
+        run_dir: dir.root,
+        summary,
+    })
+}
+
+/// This process's rank and world size when it was started by Slurm or Open MPI's
+/// `mpirun` (`None` when neither set its variables).
+pub fn scheduler_placement() -> Option<Result<rendezvous::Placement, String>> {
+    let env: std::collections::HashMap<String, String> = std::env::vars().collect();
+    if !(env.contains_key("SLURM_PROCID") || env.contains_key("OMPI_COMM_WORLD_RANK")) {
+        return None;
+    }
+    Some(rendezvous::placement(None, None, &env))
+}
+
+/// Scheduler mode: this process is rank `rank` of `world` (from Slurm / Open MPI), rank 0
+/// hosts the rendezvous at `opts.rendezvous`. Rank 0 prepares `--run-dir`.
+pub fn run_as_rank(
+    opts: &RunOptions,
+    rank: usize,
+    world: usize,
+    obs: &mut dyn Observer,
+    log: &mut dyn FnMut(&str),
+) -> Result<Summary, String> {
+    let rdv = opts
+        .rendezvous
+        .ok_or("under a scheduler, --rendezvous HOST:PORT (rank 0's host) is required")?;
+    let run_dir = opts
+        .run_dir
+        .clone()
+        .ok_or("under a scheduler, --run-dir (shared by all ranks) is required")?;
+    let token = std::env::var(TOKEN_ENV).map_err(|_| {
+        format!("under a scheduler, set {TOKEN_ENV} to the same value on every rank")
+    })?;
+    let plan = check(opts, log)?;
+    if plan.config.cluster.workers != world {
+        return Err(format!(
+            "cluster.workers = {} but the scheduler started {world} ranks",
+            plan.config.cluster.workers
+        ));
+    }
+    let host = if rank == 0 {
+        prepare_dir(opts, &plan)?;
+        Some(host_rendezvous(
+            rdv,
+            world,
+            plan.config.cluster.transport,
+            &token,
+        )?)
+    } else {
+        // Wait for rank 0's config.toml.
+        let p = run_dir.join("config.toml");
+        let t = Instant::now();
+        while !p.exists() {
+            if t.elapsed() > Duration::from_secs(120) {
+                return Err(format!(
+                    "{} did not appear (rank 0 not started?)",
+                    p.display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    };
+    let a = WorkerArgs {
+        run_dir,
+        rendezvous: rdv,
+        rank,
+        world,
+        resume: opts.resume.is_some(),
+    };
+    let s = worker(&a, obs)?;
+    if let Some(h) = host {
+        h.wait().map_err(|e| e.to_string())?;
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_stamps_are_civil_dates() {
+        let t = std::time::UNIX_EPOCH + Duration::from_secs(1_795_000_000);
+        assert_eq!(utc_stamp(t), "20261118-110640");
+        assert_eq!(utc_stamp(std::time::UNIX_EPOCH), "19700101-000000");
+        let leap = std::time::UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(utc_stamp(leap), "20000229-000000");
+    }
+}

@@ -1,0 +1,1063 @@
+//! The data-parallel trainer: one [`Trainer`] per worker, all running the same step in
+//! lock-step over a [`Communicator`].
+//!
+//! ```text
+//! batch (epoch, j) of this rank ─► forward ─► backward into the flat gradient
+//! ─► control all-reduce [loss·n, n, non-finite flag]   (global loss; every rank decides alike)
+//! ─► Exchanger: buckets → compensate → compress → collective → decompress → average
+//! ─► optimizer on the flat parameters (plain SGD where the DGC memory owns the momentum)
+//! ─► parameters written back into the model
+//! ```
+//!
+//! Every quantity that decides what happens next — the global loss, the non-finite flag,
+//! the averaged gradient — is identical on all ranks, so the ranks never diverge in control
+//! flow, and a failure on one rank becomes the same decision everywhere.
+//!
+//! **Determinism and exact resume.** Parameters are initialised from the run seed and then
+//! broadcast from rank 0; the data of step `s` is a pure function of `(seed, epoch, j)`
+//! ([`crate::data`]); the model's RNG (dropout) is reseeded every step from `(seed, step,
+//! rank)`; stochastic compressors draw from `(seed, step, rank, bucket)`; the learning rate is
+//! a function of the step. A checkpoint therefore only needs the parameters, BatchNorm
+//! buffers, optimizer state, error-feedback memories and the step — and a resumed run repeats
+//! the uninterrupted one bit for bit on the CPU backend.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use dtrain_comms::{CommError, Communicator, Transport};
+use dtrain_models::{Device, Metrics, Model};
+use serde::{Deserialize, Serialize};
+
+use crate::bucket::ParamInfo;
+use crate::checkpoint::{self, Checkpoint, CheckpointError};
+use crate::config::{NonFinitePolicy, Plan};
+use crate::data::TrainData;
+use crate::exchange::{ExchangeError, Exchanger};
+use crate::optim::{GroupState, Optimizer};
+
+/// Why a run stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The configuration could not be turned into objects.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A collective failed (a dead or silent peer is named).
+    #[error("step {step}: {source}")]
+    Comm {
+        /// Step at which it happened.
+        step: u64,
+        /// The communicator's error.
+        source: CommError,
+    },
+    /// The gradient exchange failed.
+    #[error("step {step}: {source}")]
+    Exchange {
+        /// Step at which it happened.
+        step: u64,
+        /// The exchanger's error.
+        source: ExchangeError,
+    },
+    /// The model rejected a batch.
+    #[error("step {step}: {source}")]
+    Model {
+        /// Step.
+        step: u64,
+        /// Message.
+        #[source]
+        source: dtrain_models::ModelError,
+    },
+    /// A non-finite loss or gradient under the `abort` policy (or too many in a row).
+    #[error("step {step}: {what} is not finite ({policy}); last checkpoint: {checkpoint}")]
+    NonFinite {
+        /// Step.
+        step: u64,
+        /// `loss` or `gradient`.
+        what: &'static str,
+        /// What the policy did.
+        policy: String,
+        /// Where the last checkpoint is, or `none`.
+        checkpoint: String,
+    },
+    /// Reading or writing a checkpoint failed.
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] CheckpointError),
+    /// A checkpoint does not fit this run.
+    #[error("cannot resume from {path}: {reason}")]
+    Resume {
+        /// The checkpoint.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// Writing metrics failed.
+    #[error("writing {path}: {source}")]
+    Io {
+        /// File.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Seconds per phase of one step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Phases {
+    /// Building the batch (host data → tensors).
+    pub data_s: f64,
+    /// Forward pass and loss.
+    pub forward_s: f64,
+    /// Backward pass and gradient extraction into the flat buffer.
+    pub backward_s: f64,
+    /// Compensate + compress (and the own-payload decode for error feedback).
+    pub compress_s: f64,
+    /// Inside collectives (gradient exchange and the control all-reduce).
+    pub communicate_s: f64,
+    /// Decoding, summing, averaging.
+    pub decompress_s: f64,
+    /// Optimizer update and writing the parameters back into the model.
+    pub optimizer_s: f64,
+    /// The whole step, wall clock.
+    pub step_s: f64,
+}
+
+impl Phases {
+    fn add(&mut self, o: &Phases) {
+        self.data_s += o.data_s;
+        self.forward_s += o.forward_s;
+        self.backward_s += o.backward_s;
+        self.compress_s += o.compress_s;
+        self.communicate_s += o.communicate_s;
+        self.decompress_s += o.decompress_s;
+        self.optimizer_s += o.optimizer_s;
+        self.step_s += o.step_s;
+    }
+
+    fn scaled(&self, k: f64) -> Phases {
+        Phases {
+            data_s: self.data_s * k,
+            forward_s: self.forward_s * k,
+            backward_s: self.backward_s * k,
+            compress_s: self.compress_s * k,
+            communicate_s: self.communicate_s * k,
+            decompress_s: self.decompress_s * k,
+            optimizer_s: self.optimizer_s * k,
+            step_s: self.step_s * k,
+        }
+    }
+}
+
+/// One line of `metrics.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// Global step (0-based) of this update.
+    pub step: u64,
+    /// Epoch (0-based).
+    pub epoch: u64,
+    /// Mean training loss over all ranks' batches.
+    pub loss: f64,
+    /// Training accuracy over all ranks' batches.
+    pub accuracy: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// The method's knob this step (`theta`, `density`), if it has one.
+    pub ratio_name: Option<String>,
+    /// Its value.
+    pub ratio: Option<f64>,
+    /// Bytes this rank sent (transport-level, framing included).
+    pub bytes_sent: u64,
+    /// Bytes this rank received.
+    pub bytes_received: u64,
+    /// Bytes of this rank's compressed payloads.
+    pub payload_bytes: u64,
+    /// Whether the update was skipped (non-finite under `skip`).
+    pub skipped: bool,
+    /// Examples processed by all ranks this step.
+    pub samples: u64,
+    /// Per-phase times of this rank.
+    pub time: Phases,
+}
+
+/// One line of `eval.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalRecord {
+    /// Epochs completed.
+    pub epoch: u64,
+    /// Steps completed.
+    pub step: u64,
+    /// Mean test loss.
+    pub loss: f64,
+    /// Test accuracy (top-1; tokens for language models).
+    pub accuracy: f64,
+    /// Test perplexity `exp(loss)`.
+    pub perplexity: f64,
+    /// Examples (or tokens) scored.
+    pub count: u64,
+}
+
+/// `summary.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Run name.
+    pub name: String,
+    /// Model kind.
+    pub model: String,
+    /// Compression method.
+    pub method: String,
+    /// Workers.
+    pub workers: usize,
+    /// Steps completed (in total, including those before a resume).
+    pub steps: u64,
+    /// Steps run by this process (after a resume: since the resume).
+    pub steps_this_session: u64,
+    /// The step this session started at (0 unless resumed).
+    pub resumed_from: u64,
+    /// Final evaluation, if any.
+    pub final_eval: Option<EvalRecord>,
+    /// Mean training loss of the last epoch's steps (this session).
+    pub final_train_loss: Option<f64>,
+    /// Mean per-phase times per step, excluding the first step of the session (warm-up).
+    pub mean_step: Phases,
+    /// Mean bytes sent per step by rank 0.
+    pub bytes_sent_per_step: f64,
+    /// Mean payload bytes per step by rank 0.
+    pub payload_bytes_per_step: f64,
+    /// Model parameters.
+    pub params: u64,
+    /// `4·params / payload bytes per step`.
+    pub compression_ratio: f64,
+    /// Training throughput, examples per second over all workers.
+    pub samples_per_s: f64,
+    /// Wall time of this session in seconds.
+    pub wall_s: f64,
+    /// Steps skipped for non-finite values.
+    pub skipped_steps: u64,
+    /// Rollbacks of the recover policy.
+    pub recoveries: u64,
+}
+
+/// What the trainer reports as it goes (progress bars, logs). Every method has a default.
+pub trait Observer {
+    /// The run starts (or resumes) at `step` of `total` steps, `per_epoch` steps an epoch.
+    fn on_start(&mut self, _step: u64, _total: u64, _per_epoch: u64) {}
+    /// A step finished.
+    fn on_step(&mut self, _r: &StepRecord) {}
+    /// An evaluation finished.
+    fn on_eval(&mut self, _r: &EvalRecord) {}
+    /// A notice (checkpoint written, rollback, skip).
+    fn on_message(&mut self, _msg: &str) {}
+}
+
+/// An observer that reports nothing.
+pub struct Quiet;
+impl Observer for Quiet {}
+
+/// The per-rank files of a run directory.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    /// The run directory.
+    pub root: PathBuf,
+}
+
+impl RunDir {
+    /// `root/checkpoints`.
+    pub fn checkpoints(&self) -> PathBuf {
+        self.root.join("checkpoints")
+    }
+
+    /// The checkpoint directory named in `checkpoints/LATEST`, if any.
+    pub fn latest(&self) -> Option<PathBuf> {
+        let name = std::fs::read_to_string(self.checkpoints().join("LATEST")).ok()?;
+        let dir = self.checkpoints().join(name.trim());
+        dir.is_dir().then_some(dir)
+    }
+}
+
+/// Serialises model construction: burn's CPU RNG is process-global, so seeding and
+/// initialising must not interleave between threads (in-process tests run several ranks).
+static BUILD: Mutex<()> = Mutex::new(());
+
+/// Builds the model of `plan` on `device`, initialised from the run seed.
+pub fn build_model(plan: &Plan, device: &Device) -> Result<Box<dyn Model>, TrainError> {
+    let _g = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    device.seed(plan.config.seed);
+    let model = plan
+        .config
+        .model
+        .build(device)
+        .map_err(|e| TrainError::Config(format!("model: {e}")))?;
+    // burn initialises parameters lazily, on first access: force it while the seeded RNG is
+    // ours.
+    let mut scratch = vec![0f32; model.table().num_params()];
+    model.read_params(&mut scratch);
+    let mut scratch = vec![0f32; model.table().num_buffers()];
+    model.read_buffers(&mut scratch);
+    Ok(model)
+}
+
+fn mix(a: u64, b: u64, c: u64) -> u64 {
+    let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ c.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct Meta {
+    step: u64,
+    world: usize,
+    rank: usize,
+    seed: u64,
+    params: usize,
+    buffers: usize,
+    method: String,
+    optimizer_steps: BTreeMap<u64, u64>,
+    memory_keys: Vec<u64>,
+    skipped: u64,
+    recoveries: u64,
+    theta_scale: f64,
+    best_loss: Option<f64>,
+}
+
+/// One worker of a data-parallel run.
+pub struct Trainer<T: Transport> {
+    plan: Plan,
+    rank: usize,
+    world: usize,
+    comm: Communicator<T>,
+    model: Box<dyn Model>,
+    data: TrainData,
+    exchanger: Exchanger,
+    optimizer: Optimizer,
+    params: Vec<f32>,
+    grads: Vec<f32>,
+    buffers: Vec<f32>,
+    step: u64,
+    out: Option<RunDir>,
+    metrics_file: Option<std::fs::File>,
+    eval_file: Option<std::fs::File>,
+    skipped: u64,
+    consecutive_bad: u64,
+    recoveries: u64,
+    theta_scale: f64,
+    best_loss: Option<f64>,
+    last_checkpoint: Option<PathBuf>,
+    start_step: u64,
+    evals: Vec<EvalRecord>,
+}
+
+impl<T: Transport> Trainer<T> {
+    /// Builds the worker: model (seeded, then rank 0's parameters and buffers broadcast),
+    /// data shard, exchanger, optimizer. `out` is the run directory (rank 0 writes the
+    /// metrics there; every rank writes its checkpoints there).
+    pub fn new(
+        plan: Plan,
+        data: TrainData,
+        comm: Communicator<T>,
+        device: &Device,
+        out: Option<RunDir>,
+    ) -> Result<Self, TrainError> {
+        let rank = comm.rank();
+        let world = comm.world_size();
+        if world != plan.config.cluster.workers {
+            return Err(TrainError::Config(format!(
+                "cluster.workers = {} but {world} ranks are connected",
+                plan.config.cluster.workers
+            )));
+        }
+        if let (Some(v), dtrain_models::ModelSpec::Lstm(spec)) = (data.vocab(), &plan.config.model)
+        {
+            if spec.vocab != v {
+                return Err(TrainError::Config(format!(
+                    "model.vocab = {} but the {:?} corpus has {v} tokens: set model.vocab = {v}",
+                    spec.vocab, plan.config.data.kind
+                )));
+            }
+        }
+        let model = build_model(&plan, device)?;
+        let table = model.table();
+        let infos: Vec<ParamInfo> = table
+            .params()
+            .map(|p| ParamInfo {
+                name: p.name.clone(),
+                shape: p.shape.clone(),
+            })
+            .collect();
+        let exchanger = Exchanger::new(
+            &infos,
+            &plan.buckets,
+            &plan.method,
+            &plan.memory,
+            plan.config.seed,
+        )
+        .map_err(|e| TrainError::Config(format!("compress.{}: {}", e.field, e.reason)))?;
+        let optimizer = plan.optimizer.build().map_err(TrainError::Config)?;
+        let n = table.num_params();
+        let nb = table.num_buffers();
+        let mut t = Trainer {
+            rank,
+            world,
+            comm,
+            model,
+            data,
+            exchanger,
+            optimizer,
+            params: vec![0.0; n],
+            grads: vec![0.0; n],
+            buffers: vec![0.0; nb],
+            step: 0,
+            metrics_file: None,
+            eval_file: None,
+            skipped: 0,
+            consecutive_bad: 0,
+            recoveries: 0,
+            theta_scale: 1.0,
+            best_loss: None,
+            last_checkpoint: None,
+            start_step: 0,
+            evals: Vec::new(),
+            out,
+            plan,
+        };
+        // Identical replicas: rank 0's initial state wins.
+        t.model.read_params(&mut t.params);
+        t.model.read_buffers(&mut t.buffers);
+        let step = 0;
+        broadcast_f32(&mut t.comm, &mut t.params)
+            .map_err(|source| TrainError::Comm { step, source })?;
+        if nb > 0 {
+            broadcast_f32(&mut t.comm, &mut t.buffers)
+                .map_err(|source| TrainError::Comm { step, source })?;
+            t.model.write_buffers(&t.buffers);
+        }
+        t.model.write_params(&t.params);
+        Ok(t)
+    }
+
+    /// This worker's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The current flat parameters (identical on every rank).
+    pub fn params(&self) -> &[f32] {
+        &self.params
+    }
+
+    /// Steps completed.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// The evaluations so far.
+    pub fn evals(&self) -> &[EvalRecord] {
+        &self.evals
+    }
+
+    /// Restores the state of checkpoint directory `dir` (this rank's file in it).
+    pub fn resume_from(&mut self, dir: &Path) -> Result<(), TrainError> {
+        let path = dir.join(format!("rank-{}.ckpt", self.rank));
+        let bad = |reason: String| TrainError::Resume {
+            path: path.display().to_string(),
+            reason,
+        };
+        if !path.exists() {
+            let others = std::fs::read_dir(dir)
+                .map(|d| {
+                    d.flatten()
+                        .filter(|e| e.file_name().to_string_lossy().starts_with("rank-"))
+                        .count()
+                })
+                .unwrap_or(0);
+            return Err(bad(format!(
+                "no file for rank {} (the checkpoint has {others} rank files; this run has {} \
+                 workers: resuming needs the same cluster.workers, because error-feedback \
+                 memories and data shards are per rank)",
+                self.rank, self.world
+            )));
+        }
+        let ck = Checkpoint::load(&path)?;
+        let meta: Meta = ck.json("meta")?;
+        if meta.world != self.world {
+            return Err(bad(format!(
+                "written by {} workers, this run has {}: resuming needs the same \
+                 cluster.workers (per-rank error-feedback memories and data shards)",
+                meta.world, self.world
+            )));
+        }
+        if meta.params != self.params.len() || meta.buffers != self.buffers.len() {
+            return Err(bad(format!(
+                "the checkpoint's model has {} parameters / {} buffers, this one {} / {}",
+                meta.params,
+                meta.buffers,
+                self.params.len(),
+                self.buffers.len()
+            )));
+        }
+        if meta.method != self.plan.method.name() {
+            return Err(bad(format!(
+                "written with compress.kind = {:?}, this run uses {:?}",
+                meta.method,
+                self.plan.method.name()
+            )));
+        }
+        if meta.seed != self.plan.config.seed {
+            return Err(bad(format!(
+                "written with seed {}, this run has seed {} (data order would differ)",
+                meta.seed, self.plan.config.seed
+            )));
+        }
+        self.params = ck.f32("params")?;
+        self.buffers = ck.f32("buffers")?;
+        let mut opt = BTreeMap::new();
+        for (&key, &steps) in &meta.optimizer_steps {
+            opt.insert(
+                key,
+                GroupState {
+                    step: steps,
+                    m: ck.f32(&format!("opt/{key}/m"))?,
+                    v: ck.f32(&format!("opt/{key}/v"))?,
+                },
+            );
+        }
+        self.optimizer.import(opt);
+        let mut mem = BTreeMap::new();
+        for key in &meta.memory_keys {
+            mem.insert(*key, ck.f32(&format!("mem/{key}"))?);
+        }
+        self.exchanger.import_memory(mem);
+        self.model.write_params(&self.params);
+        if !self.buffers.is_empty() {
+            self.model.write_buffers(&self.buffers);
+        }
+        self.model.reset_state();
+        self.step = meta.step;
+        self.start_step = meta.step;
+        self.skipped = meta.skipped;
+        self.recoveries = meta.recoveries;
+        self.theta_scale = meta.theta_scale;
+        self.best_loss = meta.best_loss;
+        self.last_checkpoint = Some(dir.to_path_buf());
+        Ok(())
+    }
+
+    /// Writes this rank's checkpoint for the current step; rank 0 then points
+    /// `checkpoints/LATEST` at it (after a barrier, so LATEST only ever names complete
+    /// checkpoints) and prunes old ones.
+    pub fn save_checkpoint(&mut self) -> Result<Option<PathBuf>, TrainError> {
+        let Some(out) = self.out.clone() else {
+            return Ok(None);
+        };
+        let dir = out.checkpoints().join(format!("step-{:010}", self.step));
+        std::fs::create_dir_all(&dir).map_err(|source| TrainError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        let mut ck = Checkpoint::new();
+        let opt = self.optimizer.export();
+        let mem = self.exchanger.export_memory();
+        let meta = Meta {
+            step: self.step,
+            world: self.world,
+            rank: self.rank,
+            seed: self.plan.config.seed,
+            params: self.params.len(),
+            buffers: self.buffers.len(),
+            method: self.plan.method.name().to_string(),
+            optimizer_steps: opt.iter().map(|(k, g)| (*k, g.step)).collect(),
+            memory_keys: mem.keys().copied().collect(),
+            skipped: self.skipped,
+            recoveries: self.recoveries,
+            theta_scale: self.theta_scale,
+            best_loss: self.best_loss,
+        };
+        ck.put_json("meta", &meta);
+        ck.put_f32("params", &self.params);
+        if !self.buffers.is_empty() {
+            self.model.read_buffers(&mut self.buffers);
+        }
+        ck.put_f32("buffers", &self.buffers);
+        for (k, g) in &opt {
+            ck.put_f32(&format!("opt/{k}/m"), &g.m);
+            ck.put_f32(&format!("opt/{k}/v"), &g.v);
+        }
+        for (k, v) in &mem {
+            ck.put_f32(&format!("mem/{k}"), v);
+        }
+        ck.put_bytes("config.toml", self.plan.config.to_toml().into_bytes());
+        ck.save(&dir.join(format!("rank-{}.ckpt", self.rank)))?;
+        let step = self.step;
+        self.comm
+            .barrier()
+            .map_err(|source| TrainError::Comm { step, source })?;
+        if self.rank == 0 {
+            let name = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default();
+            checkpoint::write_atomic(&out.checkpoints().join("LATEST"), name.as_bytes())?;
+            self.prune(&out)?;
+        }
+        self.last_checkpoint = Some(dir.clone());
+        Ok(Some(dir))
+    }
+
+    fn prune(&self, out: &RunDir) -> Result<(), TrainError> {
+        let keep = self.plan.config.checkpoint.keep.max(1);
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(out.checkpoints())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.is_dir()
+                            && p.file_name()
+                                .is_some_and(|n| n.to_string_lossy().starts_with("step-"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        dirs.sort();
+        if dirs.len() > keep {
+            for d in &dirs[..dirs.len() - keep] {
+                let _ = std::fs::remove_dir_all(d);
+            }
+        }
+        Ok(())
+    }
+
+    fn open_logs(&mut self) -> Result<(), TrainError> {
+        if self.rank != 0 {
+            return Ok(());
+        }
+        if let Some(out) = &self.out {
+            let open = |name: &str| {
+                let p = out.root.join(name);
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&p)
+                    .map_err(|source| TrainError::Io {
+                        path: p.display().to_string(),
+                        source,
+                    })
+            };
+            self.metrics_file = Some(open("metrics.jsonl")?);
+            self.eval_file = Some(open("eval.jsonl")?);
+        }
+        Ok(())
+    }
+
+    fn log_line<S: Serialize>(
+        file: &mut Option<std::fs::File>,
+        root: &Path,
+        name: &str,
+        v: &S,
+    ) -> Result<(), TrainError> {
+        if let Some(f) = file {
+            let mut line = serde_json::to_string(v).unwrap_or_default();
+            line.push('\n');
+            f.write_all(line.as_bytes())
+                .map_err(|source| TrainError::Io {
+                    path: root.join(name).display().to_string(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Runs to the end of the plan (from the current step) and returns the summary (rank 0
+    /// also writes `summary.json`).
+    pub fn run(&mut self, obs: &mut dyn Observer) -> Result<Summary, TrainError> {
+        self.open_logs()?;
+        let per_epoch = self.plan.steps_per_epoch;
+        let total = self.plan.total_steps;
+        let epochs = self.plan.config.train.epochs;
+        let global_batch = self.plan.config.data.batch_size * self.world;
+        obs.on_start(self.step, total, per_epoch);
+        let t_start = Instant::now();
+        let session_start = self.step;
+        let mut sum = Phases::default();
+        let mut timed = 0u64;
+        let (mut bytes, mut payload) = (0f64, 0f64);
+        let mut samples = 0u64;
+        let mut epoch_loss = (0f64, 0u64);
+        let policy = self.plan.config.failure.non_finite;
+        if policy == NonFinitePolicy::Recover && self.last_checkpoint.is_none() {
+            // A rollback target from the very start.
+            self.save_checkpoint()?;
+        }
+        while self.step < total {
+            let step = self.step;
+            let epoch = step / per_epoch;
+            let j = (step % per_epoch) as usize;
+            if j == 0 {
+                epoch_loss = (0.0, 0);
+            }
+            let rec = self.train_step(epoch, j, global_batch, epochs as f64)?;
+            match rec {
+                StepOutcome::Done(r) => {
+                    if step > session_start {
+                        sum.add(&r.time);
+                        timed += 1;
+                    }
+                    bytes += r.bytes_sent as f64;
+                    payload += r.payload_bytes as f64;
+                    samples += r.samples;
+                    epoch_loss.0 += r.loss;
+                    epoch_loss.1 += 1;
+                    if self.rank == 0 && step % self.plan.config.output.log_every.max(1) == 0 {
+                        let root = self
+                            .out
+                            .as_ref()
+                            .map(|o| o.root.clone())
+                            .unwrap_or_default();
+                        Self::log_line(&mut self.metrics_file, &root, "metrics.jsonl", &r)?;
+                    }
+                    obs.on_step(&r);
+                }
+                StepOutcome::RolledBack => {
+                    obs.on_message(&format!(
+                        "step {step}: rolled back to step {} (recover policy, θ scale {:.3})",
+                        self.step, self.theta_scale
+                    ));
+                    continue;
+                }
+            }
+            self.step += 1;
+            let done_epoch = self.step % per_epoch == 0;
+            let epochs_done = self.step / per_epoch;
+            let last = self.step == total;
+            let eval_every = self.plan.config.train.eval_every_epochs;
+            if (done_epoch && eval_every > 0 && epochs_done % eval_every == 0) || last {
+                let e = self.evaluate(epochs_done)?;
+                if self.rank == 0 {
+                    let root = self
+                        .out
+                        .as_ref()
+                        .map(|o| o.root.clone())
+                        .unwrap_or_default();
+                    Self::log_line(&mut self.eval_file, &root, "eval.jsonl", &e)?;
+                }
+                obs.on_eval(&e);
+                self.evals.push(e);
+            }
+            let ck = &self.plan.config.checkpoint;
+            let by_steps = ck.every_steps.is_some_and(|n| n > 0 && self.step % n == 0);
+            let by_epochs = done_epoch
+                && ck
+                    .every_epochs
+                    .is_some_and(|n| n > 0 && epochs_done % n == 0);
+            if by_steps || by_epochs || (last && self.out.is_some()) {
+                if let Some(d) = self.save_checkpoint()? {
+                    obs.on_message(&format!("checkpoint {}", d.display()));
+                }
+            }
+        }
+        let wall = t_start.elapsed().as_secs_f64();
+        let n_session = self.step - session_start;
+        let mean = if timed > 0 {
+            sum.scaled(1.0 / timed as f64)
+        } else {
+            sum
+        };
+        let per = |x: f64| {
+            if n_session > 0 {
+                x / n_session as f64
+            } else {
+                0.0
+            }
+        };
+        let payload_per_step = per(payload);
+        let params = self.params.len() as u64;
+        let summary = Summary {
+            name: self.plan.config.name.clone(),
+            model: self.plan.config.model.kind().to_string(),
+            method: self.plan.method.name().to_string(),
+            workers: self.world,
+            steps: self.step,
+            steps_this_session: n_session,
+            resumed_from: session_start,
+            final_eval: self.evals.last().cloned(),
+            final_train_loss: (epoch_loss.1 > 0).then(|| epoch_loss.0 / epoch_loss.1 as f64),
+            mean_step: mean,
+            bytes_sent_per_step: per(bytes),
+            payload_bytes_per_step: payload_per_step,
+            params,
+            compression_ratio: if payload_per_step > 0.0 {
+                4.0 * params as f64 / payload_per_step
+            } else {
+                0.0
+            },
+            samples_per_s: if wall > 0.0 {
+                samples as f64 / wall
+            } else {
+                0.0
+            },
+            wall_s: wall,
+            skipped_steps: self.skipped,
+            recoveries: self.recoveries,
+        };
+        if self.rank == 0 {
+            if let Some(out) = &self.out {
+                let p = out.root.join("summary.json");
+                let text = serde_json::to_string_pretty(&summary).unwrap_or_default();
+                checkpoint::write_atomic(&p, text.as_bytes())?;
+            }
+        }
+        Ok(summary)
+    }
+
+    fn train_step(
+        &mut self,
+        epoch: u64,
+        j: usize,
+        global_batch: usize,
+        epochs: f64,
+    ) -> Result<StepOutcome, TrainError> {
+        let step = self.step;
+        let t0 = Instant::now();
+        let device = self.model.device().clone();
+        let batch = self.data.train_batch(epoch, j, &device);
+        let t1 = Instant::now();
+        // Dropout masks: a pure function of (seed, step, rank).
+        {
+            let _g = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+            device.seed(mix(self.plan.config.seed, step, self.rank as u64));
+        }
+        let out = self
+            .model
+            .forward_loss(batch)
+            .map_err(|source| TrainError::Model { step, source })?;
+        let t2 = Instant::now();
+        let m: Metrics = out.metrics;
+        self.model.backward_into(out.loss, &mut self.grads);
+        let t3 = Instant::now();
+        let bad_grad = self.grads.iter().any(|g| !g.is_finite());
+        let bad_loss = !m.loss.is_finite();
+        let mut ctl = [
+            if bad_loss {
+                0.0
+            } else {
+                (m.loss * m.count as f64) as f32
+            },
+            m.count as f32,
+            m.correct as f32,
+            bad_loss as u8 as f32,
+            bad_grad as u8 as f32,
+        ];
+        self.comm
+            .all_reduce_sum(&mut ctl)
+            .map_err(|source| TrainError::Comm { step, source })?;
+        let t4 = Instant::now();
+        let count = ctl[1].max(1.0) as f64;
+        let loss = if ctl[3] > 0.0 {
+            f64::NAN
+        } else {
+            ctl[0] as f64 / count
+        };
+        let accuracy = ctl[2] as f64 / count;
+        let spike = match (self.plan.config.failure.spike_ratio, self.best_loss) {
+            (Some(r), Some(best))
+                if self.plan.config.failure.non_finite == NonFinitePolicy::Recover =>
+            {
+                loss > r * best
+            }
+            _ => false,
+        };
+        let mut time = Phases {
+            data_s: (t1 - t0).as_secs_f64(),
+            forward_s: (t2 - t1).as_secs_f64(),
+            backward_s: (t3 - t2).as_secs_f64(),
+            communicate_s: (t4 - t3).as_secs_f64(),
+            ..Phases::default()
+        };
+        let lr = self.plan.lr.at(
+            step as f64 / self.plan.steps_per_epoch as f64,
+            epochs,
+            global_batch,
+        );
+        let mut record = StepRecord {
+            step,
+            epoch,
+            loss,
+            accuracy,
+            lr,
+            ratio_name: None,
+            ratio: None,
+            bytes_sent: 0,
+            bytes_received: 0,
+            payload_bytes: 0,
+            skipped: false,
+            samples: ctl[1] as u64,
+            time,
+        };
+        if ctl[3] > 0.0 || ctl[4] > 0.0 || spike {
+            let what = if ctl[3] > 0.0 || spike {
+                "loss"
+            } else {
+                "gradient"
+            };
+            return self.bad_step(what, record, t0);
+        }
+        self.consecutive_bad = 0;
+        if loss.is_finite() {
+            self.best_loss = Some(self.best_loss.map_or(loss, |b| b.min(loss)));
+        }
+        let st = self
+            .exchanger
+            .exchange(&mut self.comm, &mut self.grads, step)
+            .map_err(|source| TrainError::Exchange { step, source })?;
+        time.compress_s = st.compress_s;
+        time.communicate_s += st.communicate_s;
+        time.decompress_s = st.decompress_s;
+        if self.grads.iter().any(|g| !g.is_finite()) {
+            // Identical on every rank (the averaged gradient is), so every rank decides alike.
+            record.time = time;
+            return self.bad_step("gradient", record, t0);
+        }
+        let t5 = Instant::now();
+        self.optimizer
+            .step(0, &mut self.params, &self.grads, lr as f32);
+        self.model.write_params(&self.params);
+        time.optimizer_s = t5.elapsed().as_secs_f64();
+        time.step_s = t0.elapsed().as_secs_f64();
+        record.bytes_sent = st.bytes_sent;
+        record.bytes_received = st.bytes_received;
+        record.payload_bytes = st.payload_bytes;
+        record.time = time;
+        Ok(StepOutcome::Done(record))
+    }
+
+    fn bad_step(
+        &mut self,
+        what: &'static str,
+        mut record: StepRecord,
+        t0: Instant,
+    ) -> Result<StepOutcome, TrainError> {
+        let step = self.step;
+        let f = &self.plan.config.failure;
+        let ck = self
+            .last_checkpoint
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "none".into());
+        self.consecutive_bad += 1;
+        if self.consecutive_bad > f.max_skips && f.non_finite != NonFinitePolicy::Abort {
+            return Err(TrainError::NonFinite {
+                step,
+                what,
+                policy: format!(
+                    "{} consecutive bad steps exceed failure.max_skips",
+                    self.consecutive_bad
+                ),
+                checkpoint: ck,
+            });
+        }
+        match f.non_finite {
+            NonFinitePolicy::Abort => Err(TrainError::NonFinite {
+                step,
+                what,
+                policy: "failure.non_finite = \"abort\"".into(),
+                checkpoint: ck,
+            }),
+            NonFinitePolicy::Skip => {
+                self.skipped += 1;
+                record.skipped = true;
+                record.time.step_s = t0.elapsed().as_secs_f64();
+                Ok(StepOutcome::Done(record))
+            }
+            NonFinitePolicy::Recover => {
+                let Some(dir) = self.last_checkpoint.clone() else {
+                    return Err(TrainError::NonFinite {
+                        step,
+                        what,
+                        policy: "recover found no checkpoint to roll back to".into(),
+                        checkpoint: ck,
+                    });
+                };
+                let recoveries = self.recoveries + 1;
+                let bad = self.consecutive_bad;
+                let scale = self.theta_scale * f.theta_factor;
+                self.resume_from(&dir)?;
+                self.recoveries = recoveries;
+                self.consecutive_bad = bad;
+                self.theta_scale = scale;
+                self.apply_theta_scale();
+                Ok(StepOutcome::RolledBack)
+            }
+        }
+    }
+
+    fn apply_theta_scale(&mut self) {
+        // The FFT θ hook lands with the exchanger's state API; until then only the rollback
+        // itself is applied.
+    }
+
+    /// Evaluates on this rank's part of the test set, with BatchNorm running statistics
+    /// averaged over the workers first; the result is the global one on every rank.
+    pub fn evaluate(&mut self, epochs_done: u64) -> Result<EvalRecord, TrainError> {
+        let step = self.step;
+        if !self.buffers.is_empty() {
+            self.model.read_buffers(&mut self.buffers);
+            self.comm
+                .all_reduce_sum(&mut self.buffers)
+                .map_err(|source| TrainError::Comm { step, source })?;
+            let inv = 1.0 / self.world as f32;
+            for b in self.buffers.iter_mut() {
+                *b *= inv;
+            }
+            self.model.write_buffers(&self.buffers);
+        }
+        let device = self.model.device().clone();
+        let mut m = Metrics::default();
+        for j in 0..self.data.eval_batches() {
+            let b = self.data.eval_batch(j, &device);
+            let r = self
+                .model
+                .evaluate(b)
+                .map_err(|source| TrainError::Model { step, source })?;
+            m.merge(&r);
+        }
+        let mut v = [
+            (m.loss * m.count as f64) as f32,
+            m.correct as f32,
+            m.count as f32,
+        ];
+        self.comm
+            .all_reduce_sum(&mut v)
+            .map_err(|source| TrainError::Comm { step, source })?;
+        let count = v[2].max(1.0) as f64;
+        let loss = v[0] as f64 / count;
+        Ok(EvalRecord {
+            epoch: epochs_done,
+            step,
+            loss,
+            accuracy: v[1] as f64 / count,
+            perplexity: loss.exp(),
+            count: v[2] as u64,
+        })
+    }
+}
+
+/// Broadcasts `v` from rank 0 (f32 little-endian on the wire).
+fn broadcast_f32<T: Transport>(comm: &mut Communicator<T>, v: &mut [f32]) -> Result<(), CommError> {
+    let mut bytes: Vec<u8> = if comm.rank() == 0 {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    } else {
+        Vec::new()
+    };
+    comm.broadcast(&mut bytes, 0)?;
+    if comm.rank() != 0 {
+        for (x, c) in v.iter_mut().zip(bytes.chunks_exact(4)) {
+            *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
+    Ok(())
+}
+
+enum StepOutcome {
+    Done(StepRecord),
+    RolledBack,
+}

@@ -1,0 +1,217 @@
+//! End-to-end trainer properties on in-process ranks (channel transport): data-parallel
+//! equivalence with a single large-batch worker, exact resume for every stateful compressor,
+//! and the failure policies.
+
+use std::path::Path;
+
+use dtrain_comms::{channel_mesh, CommConfig, Communicator};
+use dtrain_framework::config::RunConfig;
+use dtrain_framework::data::TrainData;
+use dtrain_framework::trainer::{Quiet, RunDir, Summary, Trainer};
+
+const BASE: &str = r#"
+name = "t"
+seed = 5
+[model]
+kind = "mlp"
+in_channels = 1
+image_size = 8
+hidden = [32, 16]
+[data]
+kind = "synthetic"
+shape = [1, 8, 8]
+train_len = 512
+test_len = 64
+batch_size = 8
+[train]
+lr = 0.05
+momentum = 0.9
+[checkpoint]
+every_epochs = 0
+"#;
+
+struct Run {
+    params: Vec<f32>,
+    summary: Summary,
+    losses: Vec<f64>,
+}
+
+/// Runs `world` in-process ranks of BASE + `sets`; returns rank 0's result. With `out`, rank
+/// files go there; with `resume`, every rank restores the latest checkpoint first.
+fn run(world: usize, sets: &[&str], out: Option<&Path>, resume: bool) -> Run {
+    let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    sets.push(format!("cluster.workers={world}"));
+    let cfg = RunConfig::parse(BASE, "base.toml", &sets).unwrap();
+    let handles: Vec<_> = channel_mesh(world)
+        .into_iter()
+        .enumerate()
+        .map(|(rank, t)| {
+            let cfg = cfg.clone();
+            let out = out.map(|p| RunDir {
+                root: p.to_path_buf(),
+            });
+            std::thread::spawn(move || {
+                let data = TrainData::open(&cfg, rank, world).unwrap();
+                let plan = cfg
+                    .validate("base.toml", Some(data.train_examples()))
+                    .unwrap();
+                let comm = Communicator::new(t, CommConfig::default());
+                let device = dtrain_models::cpu_device();
+                let mut tr = Trainer::new(plan, data, comm, &device, out.clone()).unwrap();
+                if resume {
+                    let dir = out.as_ref().unwrap().latest().expect("a checkpoint");
+                    tr.resume_from(&dir).unwrap();
+                }
+                struct Losses(Vec<f64>);
+                impl dtrain_framework::trainer::Observer for Losses {
+                    fn on_step(&mut self, r: &dtrain_framework::trainer::StepRecord) {
+                        self.0.push(r.loss);
+                    }
+                }
+                let mut obs = Losses(Vec::new());
+                let summary = tr.run(&mut obs).unwrap();
+                Run {
+                    params: tr.params().to_vec(),
+                    summary,
+                    losses: obs.0,
+                }
+            })
+        })
+        .collect();
+    let mut runs: Vec<Run> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    for r in &runs[1..] {
+        same(&r.params, &runs[0].params, "replicas");
+    }
+    runs.swap_remove(0)
+}
+
+/// Bit-identical, or a short message naming the first difference.
+fn same(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    let diffs = a
+        .iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    if let Some(i) = a
+        .iter()
+        .zip(b)
+        .position(|(x, y)| x.to_bits() != y.to_bits())
+    {
+        panic!(
+            "{what}: {diffs} of {} differ, first at {i}: {} vs {}",
+            a.len(),
+            a[i],
+            b[i]
+        );
+    }
+}
+
+fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+#[test]
+fn data_parallel_equals_one_worker_with_the_global_batch() {
+    // k = 10 steps; P workers × b = 8 vs 1 worker × 8P, same samples per step.
+    let steps = "train.max_steps=10";
+    for world in [2usize, 4] {
+        let big = format!("data.batch_size={}", 8 * world);
+        let one = run(1, &[steps, &big], None, false);
+        let many = run(world, &[steps], None, false);
+        assert_eq!(one.summary.steps, 10);
+        let d = max_rel_diff(&one.params, &many.params);
+        // Only the float summation order differs (mean over 8P vs mean of P means of 8).
+        assert!(d < 1e-5, "world {world}: max relative difference {d}");
+        assert!(d > 0.0 || world == 1, "suspiciously identical");
+        for (a, b) in one.losses.iter().zip(&many.losses) {
+            assert!((a - b).abs() < 1e-4 * a.abs().max(1.0), "{a} vs {b}");
+        }
+    }
+    // And training does something: the loss falls.
+    let r = run(2, &["train.epochs=3"], None, false);
+    let first = r.losses[..4].iter().sum::<f64>() / 4.0;
+    let last = r.losses[r.losses.len() - 4..].iter().sum::<f64>() / 4.0;
+    assert!(last < 0.8 * first, "loss {first} -> {last}");
+    let acc = r.summary.final_eval.as_ref().unwrap().accuracy;
+    assert!(acc > 0.3, "accuracy {acc}, losses {:?}", r.losses);
+}
+
+fn resume_is_exact(world: usize, sets: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut straight: Vec<&str> = sets.to_vec();
+    straight.push("train.max_steps=12");
+    let full = run(world, &straight, None, false);
+
+    let mut first: Vec<&str> = sets.to_vec();
+    first.push("train.max_steps=6");
+    let a = run(world, &first, Some(dir.path()), false);
+    assert_eq!(a.summary.steps, 6);
+    let b = run(world, &straight, Some(dir.path()), true);
+    assert_eq!(b.summary.resumed_from, 6);
+    assert_eq!(b.summary.steps, 12);
+    let mut joined = a.losses.clone();
+    joined.extend(&b.losses);
+    eprintln!("{sets:?}\n joined {joined:?}\n full   {:?}", full.losses);
+    same(
+        &b.params,
+        &full.params,
+        &format!("{sets:?}: parameters after resume"),
+    );
+    let mut joined = a.losses.clone();
+    joined.extend(&b.losses);
+    eprintln!("{sets:?}\n joined {joined:?}\n full   {:?}", full.losses);
+    assert_eq!(joined, full.losses, "{sets:?}: metrics differ after resume");
+}
+
+#[test]
+fn resume_is_exact_for_stateful_compressors() {
+    resume_is_exact(2, &["compress.kind=none"]);
+    resume_is_exact(2, &["compress.kind=topk", "compress.ratio=0.05"]);
+    resume_is_exact(
+        2,
+        &[
+            "compress.kind=dgc",
+            "compress.ratio=0.01",
+            "compress.min_sparse_len=64",
+            "compress.warmup={ kind = \"exponential\", epochs = 2 }",
+            "compress.steps_per_epoch=4",
+        ],
+    );
+    resume_is_exact(
+        2,
+        &[
+            "compress.kind=fft",
+            "compress.theta_schedule={ kind = \"inv\", theta0 = 0.8, tau = 4.0 }",
+            "compress.error_feedback=true",
+        ],
+    );
+    resume_is_exact(3, &["compress.kind=scalecom", "compress.ratio=0.05"]);
+}
+
+#[test]
+fn non_finite_policies() {
+    // An absurd learning rate makes the loss blow up.
+    let sets = ["train.lr=1e30", "train.max_steps=6"];
+    let cfg = RunConfig::parse(BASE, "b.toml", &sets.map(String::from)).unwrap();
+    let data = TrainData::open(&cfg, 0, 1).unwrap();
+    let plan = cfg.validate("b.toml", Some(data.train_examples())).unwrap();
+    let comm = Communicator::new(channel_mesh(1).pop().unwrap(), CommConfig::default());
+    let mut t = Trainer::new(plan, data, comm, &dtrain_models::cpu_device(), None).unwrap();
+    let e = t.run(&mut Quiet).unwrap_err().to_string();
+    assert!(e.contains("not finite") && e.contains("abort"), "{e}");
+
+    let r = run(
+        1,
+        &[
+            "train.lr=1e30",
+            "train.max_steps=6",
+            "failure.non_finite=\"skip\"",
+        ],
+        None,
+        false,
+    );
+    assert!(r.summary.skipped_steps > 0);
+    assert_eq!(r.summary.steps, 6);
+}
