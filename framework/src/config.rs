@@ -125,6 +125,19 @@ pub enum DataKind {
 }
 
 impl DataKind {
+    /// The name used in configuration files.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataKind::Mnist => "mnist",
+            DataKind::FashionMnist => "fashion-mnist",
+            DataKind::Cifar10 => "cifar10",
+            DataKind::CifarLike => "cifar-like",
+            DataKind::Synthetic => "synthetic",
+            DataKind::MobyDick => "moby-dick",
+            DataKind::Sotu => "sotu",
+        }
+    }
+
     /// The `dtrain data fetch` name of the files this kind reads, if any.
     pub fn fetch_name(self) -> Option<&'static str> {
         match self {
@@ -988,6 +1001,20 @@ fn one_line(s: &str) -> String {
 
 /// Picks the section a serde message is about (`unknown field `x`` inside `[train]` …).
 fn guess_field(msg: &str) -> String {
+    // "... in `cluster.workers`" names the key exactly.
+    if let Some(i) = msg.rfind(" in `") {
+        let rest = &msg[i + 5..];
+        if let Some(end) = rest.find('`') {
+            let key = &rest[..end];
+            if let Some(f) = msg.find("unknown field `") {
+                let name = &msg[f + 15..];
+                if let Some(e) = name.find('`') {
+                    return format!("{key}.{}", &name[..e]);
+                }
+            }
+            return key.to_string();
+        }
+    }
     // toml messages read "... in `train` ..." or carry the key in backticks.
     for sec in [
         "model",
@@ -1098,7 +1125,7 @@ bucket_mb = 1
     #[test]
     fn errors_name_the_field() {
         let cases: &[(&[&str], &str)] = &[
-            (&["train.lrr=0.1"], "train"),
+            (&["train.lrr=0.1"], "train.lrr"),
             (&["train.lr=-1"], "train.lr"),
             (&["cluster.workers=0"], "cluster.workers"),
             (&["data.batch_size=1000"], "data.batch_size"),

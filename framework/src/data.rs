@@ -105,7 +105,7 @@ impl TrainData {
                     }
                 })
                 .unwrap_or_default();
-            DataError(format!("data.kind = {:?}: {e}{fetch}", d.kind))
+            DataError(format!("data.kind = {:?}: {e}{fetch}", d.kind.name()))
         };
         let eval_default = 256;
         let src = match d.kind {
