@@ -468,6 +468,9 @@ impl Compressor for Dgc {
     fn method(&self) -> MethodId {
         MethodId::Dgc
     }
+    fn ratio_metric(&self) -> Option<(&'static str, f64)> {
+        Some(("density", self.density))
+    }
     fn aggregation(&self) -> Aggregation {
         Aggregation::Gather
     }
