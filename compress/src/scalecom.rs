@@ -18,6 +18,12 @@
 //! decode the summed payload once, divide by P
 //! ```
 //! [`ScaleComWorker`] packages exactly this sequence (compressor + [`LowPass`] memory).
+//! The same sequence is reachable through the generic two-phase hooks of the
+//! [`Compressor`] trait ([`Compressor::broadcast_root`] = the leader,
+//! [`Compressor::broadcast_message`] = the encoded [`IndexSet`],
+//! [`Compressor::install_broadcast`] = decode, validate and pin the set for the step), which
+//! [`crate::Pipeline`] composes with any memory; that is how the framework's exchanger
+//! drives ScaleCom through a `Box<dyn Compressor>`.
 //! ## The plain [`crate::compress`] path
 //! The compressor keeps, per bucket, the index set of the current step. On the **leader**
 //! (`ctx.rank == step mod P`) a plain compress always selects the top-k of the buffer and
@@ -70,7 +76,9 @@ pub struct ScaleComConfig {
     /// Density ρ = k/n per segment, in (0, 1]. Default 0.01.
     #[serde(default = "default_ratio")]
     pub ratio: f64,
-    /// Number of workers P (the leader of step t is `t mod P`). Default 1.
+    /// Number of workers P (the leader of step t is `t mod P`). Default 1. A multi-rank
+    /// driver sets it through [`Compressor::set_world_size`]: the framework's exchanger
+    /// overrides this value with the communicator's world size at every step.
     #[serde(default = "one")]
     pub workers: u32,
 }
