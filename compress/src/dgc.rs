@@ -249,7 +249,8 @@ impl DgcConfig {
         }
         Ok(Dgc {
             cfg: self.clone(),
-            density: self.ratio,
+            // The warm-up's epoch-0 density until `begin` sets the step's.
+            density: self.warmup.density(0, self.ratio),
             scratch: SelectScratch::default(),
         })
     }
@@ -274,7 +275,8 @@ pub struct Dgc {
 }
 
 impl Dgc {
-    /// The density used for the current buffer (set from the step by `begin`).
+    /// The density used for the current buffer (set from the step by `begin`; the warm-up's
+    /// epoch-0 density before the first buffer).
     pub fn current_density(&self) -> f64 {
         self.density
     }

@@ -1461,6 +1461,10 @@ mod tests {
         let setup = Setup::new(dgc);
         on_ranks(1, |_, comm| {
             let mut ex = setup.exchanger();
+            assert_eq!(
+                ex.ratio_metric(),
+                Some(("density", warmup.density(0, 0.01)))
+            );
             for s in 0..5u64 {
                 let mut g = grad(0, n, s);
                 ex.exchange(comm, &mut g, s).unwrap();
