@@ -22,6 +22,7 @@
 //! when there is more than one); bits-per-element formulas in ALGORITHMS.md count the
 //! bodies only, and [`Compressor::segment_bits`] is tested against the encoded length.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 
 use crate::error::{CompressError, WireError};
@@ -226,6 +227,117 @@ pub trait Compressor: Send {
     fn segment_lane(&self, _r: &mut Reader<'_>, _len: usize) -> Result<Range<usize>, WireError> {
         Err(WireError::Invalid("method has no summable value lane"))
     }
+
+    // ---- Hooks for a multi-rank driver (the framework's exchanger). Every one defaults to
+    // ---- "not applicable", so a one-phase, stateless method implements none of them.
+
+    /// Tells the compressor how many ranks exchange its payloads. The framework's exchanger
+    /// calls this before every step with the communicator's world size, so it **overrides**
+    /// any world size in the method's configuration. Default: ignored. ScaleCom rotates its
+    /// leader over this many ranks.
+    fn set_world_size(&mut self, _world: usize) {}
+
+    /// Two-phase methods: the rank whose [`Compressor::broadcast_message`] every rank must
+    /// install before compressing the buffer of `ctx` (the same answer on every rank), or
+    /// `None` (the default) for a one-phase method.
+    ///
+    /// # The agreement protocol
+    /// Some methods need the ranks to agree, before anyone compresses, on something one rank
+    /// decides from its own data: ScaleCom's CLT-k index set is the top-k of the step's
+    /// leader. Per step and bucket, with `p` the memory-compensated buffer:
+    /// 1. `root = broadcast_root(ctx)`; if `None`, compress as usual;
+    /// 2. on `root`: `broadcast_message(p, ctx, &mut msg)`;
+    /// 3. broadcast `msg` from `root`;
+    /// 4. on every rank, `root` included: `install_broadcast(&msg, p.len(), ctx)`;
+    /// 5. on every rank: [`compress`]`(p, ctx, …)` encodes under the installed agreement.
+    ///
+    /// The hook is generic (rather than the driver downcasting to the concrete type) so that
+    /// [`crate::Pipeline`] keeps the memory composition (compensate → compress → update) in
+    /// one place and a driver holding `Box<dyn Compressor>` can run any such method.
+    fn broadcast_root(&self, _ctx: &Ctx<'_>) -> Option<usize> {
+        None
+    }
+
+    /// Two-phase methods, on the root only: encodes into `out` (cleared) the agreement
+    /// message for the compensated buffer `compensated`. Default: an error (one-phase
+    /// methods have no message).
+    fn broadcast_message(
+        &mut self,
+        _compensated: &[f32],
+        _ctx: &Ctx<'_>,
+        _out: &mut Vec<u8>,
+    ) -> Result<(), CompressError> {
+        Err(CompressError::Agreement(
+            "method has no pre-compression broadcast".into(),
+        ))
+    }
+
+    /// Two-phase methods, on every rank: validates and installs the root's message for the
+    /// buffer of `n` elements of `ctx`; the next [`compress`] of that bucket at that step
+    /// uses it. A message that does not fit (other step, bucket or layout; malformed bytes)
+    /// is an error. Default: an error.
+    fn install_broadcast(
+        &mut self,
+        _message: &[u8],
+        _n: usize,
+        _ctx: &Ctx<'_>,
+    ) -> Result<(), CompressError> {
+        Err(CompressError::Agreement(
+            "method has no pre-compression broadcast".into(),
+        ))
+    }
+
+    /// The compression knob a trainer logs each step: `("theta", θ)` for a drop ratio (FFT,
+    /// after its schedule and [`Compressor::scale_theta`]), `("density", ρ)` for a sparsifier
+    /// with a known kept fraction (top-k, random-k, ScaleCom, gradient dropping, DGC's
+    /// warm-up density), `None` (the default) where no single number describes it. Values
+    /// that follow a schedule are those of the most recent [`compress`] call (schedules are
+    /// evaluated in [`Compressor::begin`]), or the configured starting value before any.
+    fn ratio_metric(&self) -> Option<(&'static str, f64)> {
+        None
+    }
+
+    /// Multiplies the drop ratio θ by `factor` (the "recover" rule,
+    /// [`crate::schedule::Recover`]). The scale persists: it applies on top of any θ
+    /// schedule at every later step, and several calls multiply. Returns `false` (and does
+    /// nothing) for methods without a θ (the default).
+    ///
+    /// # Panics
+    /// If `factor` is negative or not finite.
+    fn scale_theta(&mut self, factor: f64) -> bool {
+        check_factor(factor);
+        false
+    }
+
+    /// State the compressor carries across steps that is **not** a pure function of its
+    /// configuration and the step: what a checkpoint must hold, besides the error-feedback
+    /// memory, for a resumed run to continue bit for bit. Named scalars; empty (the default)
+    /// for methods whose state is pure scratch or re-derived from `ctx` in
+    /// [`Compressor::begin`].
+    fn export_state(&self) -> BTreeMap<String, f64> {
+        BTreeMap::new()
+    }
+
+    /// Restores [`Compressor::export_state`]; an unknown name or an out-of-range value is an
+    /// error and leaves the compressor unchanged. Default: accepts only an empty state.
+    fn import_state(&mut self, state: &BTreeMap<String, f64>) -> Result<(), String> {
+        match state.keys().next() {
+            None => Ok(()),
+            Some(k) => Err(format!(
+                "method {:?} carries no state, but the checkpoint has {k:?}",
+                self.method()
+            )),
+        }
+    }
+}
+
+/// Panics unless `factor` is a valid θ scale factor (finite, ≥ 0); see
+/// [`Compressor::scale_theta`].
+pub fn check_factor(factor: f64) {
+    assert!(
+        factor.is_finite() && factor >= 0.0,
+        "theta scale factor must be finite and >= 0, got {factor}"
+    );
 }
 
 /// Validates `segments` against a buffer of length `n` and returns the effective list.
@@ -570,5 +682,31 @@ mod tests {
             compress_new(&mut c, &g, &uneven, &mut rng),
             Err(CompressError::TooLarge(5))
         );
+    }
+
+    #[test]
+    fn exchanger_hooks_default_to_not_applicable() {
+        for m in crate::config::METHODS {
+            let mut c = (m.default)().build().unwrap();
+            let ctx = Ctx::default();
+            let two_phase = m.name == "scalecom";
+            assert_eq!(c.broadcast_root(&ctx).is_some(), two_phase, "{}", m.name);
+            if !two_phase {
+                let mut msg = Vec::new();
+                assert!(c.broadcast_message(&[1.0], &ctx, &mut msg).is_err());
+                assert!(c.install_broadcast(&[], 1, &ctx).is_err());
+            }
+            assert_eq!(c.scale_theta(1.0), m.name == "fft", "{}", m.name);
+            let state = c.export_state();
+            assert_eq!(state.is_empty(), m.name != "fft", "{}", m.name);
+            c.import_state(&state).unwrap();
+            let unknown = BTreeMap::from([("unknown".to_string(), 1.0)]);
+            assert!(c.import_state(&unknown).is_err(), "{}", m.name);
+            if let Some((name, v)) = c.ratio_metric() {
+                assert!(["theta", "density"].contains(&name), "{}", m.name);
+                assert!((0.0..=1.0).contains(&v), "{}", m.name);
+            }
+            c.set_world_size(3);
+        }
     }
 }

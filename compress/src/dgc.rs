@@ -249,7 +249,8 @@ impl DgcConfig {
         }
         Ok(Dgc {
             cfg: self.clone(),
-            density: self.ratio,
+            // The warm-up's epoch-0 density until `begin` sets the step's.
+            density: self.warmup.density(0, self.ratio),
             scratch: SelectScratch::default(),
         })
     }
@@ -274,7 +275,8 @@ pub struct Dgc {
 }
 
 impl Dgc {
-    /// The density used for the current buffer (set from the step by `begin`).
+    /// The density used for the current buffer (set from the step by `begin`; the warm-up's
+    /// epoch-0 density before the first buffer).
     pub fn current_density(&self) -> f64 {
         self.density
     }
@@ -467,6 +469,9 @@ pub fn select_sampled(
 impl Compressor for Dgc {
     fn method(&self) -> MethodId {
         MethodId::Dgc
+    }
+    fn ratio_metric(&self) -> Option<(&'static str, f64)> {
+        Some(("density", self.density))
     }
     fn aggregation(&self) -> Aggregation {
         Aggregation::Gather

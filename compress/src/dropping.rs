@@ -273,6 +273,9 @@ impl Compressor for GradientDropping {
     fn method(&self) -> MethodId {
         MethodId::GradientDropping
     }
+    fn ratio_metric(&self) -> Option<(&'static str, f64)> {
+        Some(("density", self.keep))
+    }
     fn aggregation(&self) -> Aggregation {
         Aggregation::Gather
     }

@@ -74,6 +74,11 @@ pub enum CompressError {
     /// The segment layout does not describe the buffer.
     #[error("segments do not tile the buffer: {0}")]
     BadSegments(String),
+    /// A two-phase method's agreement message (e.g. ScaleCom's index broadcast, see
+    /// [`crate::Compressor::broadcast_root`]) is missing, malformed, or does not fit the
+    /// buffer being compressed.
+    #[error("pre-compression agreement failed: {0}")]
+    Agreement(String),
 }
 
 /// A compressor or memory configuration that cannot be built.

@@ -42,6 +42,7 @@
 //! Limits: the decoder refuses (with [`WireError::Invalid`]) a reconstruction that is not
 //! finite, which honest payloads only produce for inputs near `f32::MAX / n`.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Mutex;
 
@@ -170,11 +171,14 @@ impl FftConfig {
                 ));
             }
         }
+        let theta = self
+            .theta_schedule
+            .as_ref()
+            .map_or(self.theta, |s| s.theta(0, 0));
         Ok(Fft {
-            theta: self
-                .theta_schedule
-                .as_ref()
-                .map_or(self.theta, |s| s.theta(0, 0)),
+            theta,
+            base: theta,
+            scale: 1.0,
             schedule: self.theta_schedule.clone(),
             steps_per_epoch: self.steps_per_epoch,
             fmt: self.quantize.then_some(fmt),
@@ -219,7 +223,13 @@ struct Shared {
 
 /// The FFT sparsifier. Holds cached FFT plans and reused scratch buffers.
 pub struct Fft {
+    /// θ in effect: `base × scale`, clamped into `[0, 1)`.
     theta: f64,
+    /// θ before the recover scale: the configured value, the schedule's value at the last
+    /// `begin`, or the last [`Fft::set_theta`].
+    base: f64,
+    /// Product of the factors of [`Compressor::scale_theta`] (1 initially).
+    scale: f64,
     schedule: Option<ThetaSchedule>,
     steps_per_epoch: u64,
     fmt: Option<RfFormat>,
@@ -234,6 +244,7 @@ impl std::fmt::Debug for Fft {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fft")
             .field("theta", &self.theta)
+            .field("theta_scale", &self.scale)
             .field("fmt", &self.fmt)
             .field("select", &self.select)
             .field("coding", &self.coding)
@@ -272,17 +283,31 @@ fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
 }
 
 impl Fft {
-    /// The current drop ratio θ.
+    /// The drop ratio θ in effect: the base θ (configured, scheduled or set) times the
+    /// recover scale ([`Fft::theta_scale`]), clamped into `[0, 1)`.
     pub fn theta(&self) -> f64 {
         self.theta
     }
 
-    /// Sets θ for the following steps (driven by a [`crate::schedule`]). Payloads carry `K`,
-    /// so receivers need not know θ.
+    /// The product of every [`Compressor::scale_theta`] factor so far (1 initially).
+    pub fn theta_scale(&self) -> f64 {
+        self.scale
+    }
+
+    /// Sets the base θ for the following steps (driven by a [`crate::schedule`]); the
+    /// recover scale still applies on top. A configured `theta_schedule` overrides it again
+    /// at the next step. Payloads carry `K`, so receivers need not know θ.
     pub fn set_theta(&mut self, theta: f64) -> Result<(), ConfigError> {
         check_theta(theta)?;
-        self.theta = theta;
+        self.base = theta;
+        self.apply_scale();
         Ok(())
+    }
+
+    /// Recomputes the effective θ from the base and the scale (always from these two, never
+    /// incrementally, so a restored state gives the same θ bit for bit).
+    fn apply_scale(&mut self) {
+        self.theta = (self.base * self.scale).clamp(0.0, 1.0 - f64::EPSILON);
     }
 
     /// Chunk ranges (relative to the segment) of a segment of `n` elements.
@@ -602,8 +627,44 @@ impl Compressor for Fft {
     fn begin(&mut self, _grad: &[f32], ctx: &crate::compressor::Ctx<'_>) {
         if let Some(s) = &self.schedule {
             let epoch = ctx.step.checked_div(self.steps_per_epoch).unwrap_or(0);
-            self.theta = s.theta(ctx.step, epoch);
+            self.base = s.theta(ctx.step, epoch);
+            self.apply_scale();
         }
+    }
+    fn ratio_metric(&self) -> Option<(&'static str, f64)> {
+        Some(("theta", self.theta))
+    }
+    fn scale_theta(&mut self, factor: f64) -> bool {
+        crate::compressor::check_factor(factor);
+        self.scale *= factor;
+        self.apply_scale();
+        true
+    }
+    /// `theta_base` (θ before the scale, which [`Fft::set_theta`] may have changed) and
+    /// `theta_scale`; with a schedule the base is re-derived at the next step anyway.
+    fn export_state(&self) -> BTreeMap<String, f64> {
+        BTreeMap::from([
+            ("theta_base".to_string(), self.base),
+            ("theta_scale".to_string(), self.scale),
+        ])
+    }
+    fn import_state(&mut self, state: &BTreeMap<String, f64>) -> Result<(), String> {
+        let mut base = self.base;
+        let mut scale = self.scale;
+        for (k, &v) in state {
+            match k.as_str() {
+                "theta_base" if (0.0..1.0).contains(&v) => base = v,
+                "theta_scale" if v.is_finite() && v >= 0.0 => scale = v,
+                "theta_base" | "theta_scale" => {
+                    return Err(format!("fft state {k:?} = {v} is out of range"))
+                }
+                _ => return Err(format!("fft carries no state named {k:?}")),
+            }
+        }
+        self.base = base;
+        self.scale = scale;
+        self.apply_scale();
+        Ok(())
     }
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
         let chunks: Vec<Range<usize>> = self.chunks(x.len()).collect();
@@ -1296,5 +1357,66 @@ mod tests {
         assert!(c.segment_bits(1000).unwrap() > before);
         assert!(c.set_theta(1.0).is_err());
         assert_eq!(c.theta(), 0.5);
+    }
+
+    #[test]
+    fn theta_scale_applies_on_top_of_the_schedule_and_round_trips() {
+        let sched = ThetaSchedule::Inv {
+            theta0: 0.8,
+            tau: 3.0,
+        };
+        let cfg = FftConfig {
+            theta_schedule: Some(sched.clone()),
+            ..FftConfig::default()
+        };
+        let mut f = cfg.init().unwrap();
+        let x: Vec<f32> = (0..500).map(|i| ((i * 37) % 101) as f32 - 50.0).collect();
+        let at = |step: u64| Ctx {
+            step,
+            ..Ctx::default()
+        };
+        let mut rng = Rng::seed_from_u64(0);
+        compress_new(&mut f, &x, &at(2), &mut rng).unwrap();
+        assert_eq!(f.ratio_metric(), Some(("theta", sched.theta(2, 0))));
+        assert!(f.scale_theta(0.5));
+        assert_eq!(f.theta(), sched.theta(2, 0) * 0.5);
+        let scaled = compress_new(&mut f, &x, &at(3), &mut rng).unwrap();
+        assert_eq!(f.theta(), sched.theta(3, 0) * 0.5);
+        assert_eq!(f.theta_scale(), 0.5);
+        let mut plain = cfg.init().unwrap();
+        let unscaled = compress_new(&mut plain, &x, &at(3), &mut rng).unwrap();
+        assert!(scaled.encoded_len() > unscaled.encoded_len());
+        // A restored compressor compresses the next step identically.
+        let state = f.export_state();
+        assert!(plain.import_state(&state).is_ok());
+        assert_eq!(plain.theta_scale(), 0.5);
+        assert_eq!(
+            compress_new(&mut plain, &x, &at(4), &mut rng).unwrap(),
+            compress_new(&mut f, &x, &at(4), &mut rng).unwrap()
+        );
+        // Bad states are refused and change nothing.
+        let mut fresh = cfg.init().unwrap();
+        for bad in [
+            BTreeMap::from([("theta_scale".to_string(), -1.0)]),
+            BTreeMap::from([("theta_base".to_string(), 1.0)]),
+            BTreeMap::from([("theta_scale".to_string(), 0.5), ("what".to_string(), 0.0)]),
+        ] {
+            assert!(fresh.import_state(&bad).is_err(), "{bad:?}");
+            assert_eq!(fresh.theta_scale(), 1.0);
+        }
+        // Without a schedule the scale applies to `theta` and to later `set_theta` values.
+        let mut f = FftConfig::default().init().unwrap();
+        assert!(f.scale_theta(0.5));
+        assert_eq!(f.theta(), 0.45);
+        f.set_theta(0.6).unwrap();
+        assert_eq!(f.theta(), 0.3);
+        assert!(f.scale_theta(10.0));
+        assert!(f.theta() < 1.0, "θ stays in [0, 1)");
+    }
+
+    #[test]
+    #[should_panic(expected = "theta scale factor")]
+    fn a_negative_theta_scale_factor_panics() {
+        FftConfig::default().init().unwrap().scale_theta(-0.5);
     }
 }

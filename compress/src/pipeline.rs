@@ -8,6 +8,19 @@ use crate::rng::Rng;
 /// One bucket's compression path: `compensate → compress → (decode own payload) → update`.
 ///
 /// Scratch buffers are kept between calls, so a steady-state step allocates nothing.
+///
+/// ## Two-phase methods
+/// [`Pipeline::compress`] is the one-call path. A method with a pre-compression agreement
+/// ([`Compressor::broadcast_root`], e.g. ScaleCom's leader-chosen index set) is driven in
+/// steps around the broadcast, with the memory composition still in here:
+/// ```text
+/// p = pipe.compensate(grad, ctx)                                   every rank
+/// if rank == root: pipe.broadcast_message(ctx, &mut msg)            (from p)
+/// broadcast msg from root
+/// pipe.install_broadcast(&msg, ctx)                                 every rank
+/// pipe.compress_compensated(ctx, rng, &mut payload)                 compress p, update memory
+/// ```
+/// For a one-phase method `compensate` + `compress_compensated` equals `compress`.
 pub struct Pipeline {
     compressor: Box<dyn Compressor>,
     memory: Box<dyn Memory>,
@@ -57,12 +70,63 @@ impl Pipeline {
         if !self.memory.is_active() {
             return compressor::compress(self.compressor.as_mut(), grad, ctx, rng, out);
         }
+        self.compensate(grad, ctx);
+        self.compress_compensated(ctx, rng, out)
+    }
+
+    /// Two-phase step 1: the memory-compensated gradient `p` of `grad` for bucket
+    /// `ctx.bucket`, kept in the pipeline for the following steps (a copy of `grad` when the
+    /// memory is inactive).
+    pub fn compensate(&mut self, grad: &[f32], ctx: &Ctx<'_>) -> &[f32] {
+        // `Memory::compensate` overwrites every element.
         self.compensated.resize(grad.len(), 0.0);
         self.memory
             .compensate(ctx.bucket, grad, &mut self.compensated);
+        &self.compensated
+    }
+
+    /// The rank whose agreement message must be installed before compressing `ctx`'s
+    /// buffer, or `None` for a one-phase method ([`Compressor::broadcast_root`]).
+    pub fn broadcast_root(&self, ctx: &Ctx<'_>) -> Option<usize> {
+        self.compressor.broadcast_root(ctx)
+    }
+
+    /// Two-phase step 2, on the root: the agreement message for the buffer of the last
+    /// [`Pipeline::compensate`] ([`Compressor::broadcast_message`]).
+    pub fn broadcast_message(
+        &mut self,
+        ctx: &Ctx<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CompressError> {
+        self.compressor
+            .broadcast_message(&self.compensated, ctx, out)
+    }
+
+    /// Two-phase step 3, on every rank: installs the root's message for the buffer of the
+    /// last [`Pipeline::compensate`] ([`Compressor::install_broadcast`]).
+    pub fn install_broadcast(
+        &mut self,
+        message: &[u8],
+        ctx: &Ctx<'_>,
+    ) -> Result<(), CompressError> {
+        self.compressor
+            .install_broadcast(message, self.compensated.len(), ctx)
+    }
+
+    /// Compresses the buffer of the last [`Pipeline::compensate`] into `out` and updates the
+    /// memory with what was sent (the decode of `out`).
+    pub fn compress_compensated(
+        &mut self,
+        ctx: &Ctx<'_>,
+        rng: &mut Rng,
+        out: &mut Payload,
+    ) -> Result<(), CompressError> {
         compressor::compress(self.compressor.as_mut(), &self.compensated, ctx, rng, out)?;
+        if !self.memory.is_active() {
+            return Ok(());
+        }
         self.transmitted.clear();
-        self.transmitted.resize(grad.len(), 0.0);
+        self.transmitted.resize(self.compensated.len(), 0.0);
         compressor::decompress_add(
             self.compressor.as_ref(),
             out.as_bytes(),

@@ -105,6 +105,9 @@ impl Compressor for RandomK {
     fn method(&self) -> MethodId {
         MethodId::RandomK
     }
+    fn ratio_metric(&self) -> Option<(&'static str, f64)> {
+        Some(("density", self.cfg.ratio))
+    }
     fn aggregation(&self) -> Aggregation {
         if self.cfg.shared {
             Aggregation::Summable

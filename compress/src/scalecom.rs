@@ -18,6 +18,12 @@
 //! decode the summed payload once, divide by P
 //! ```
 //! [`ScaleComWorker`] packages exactly this sequence (compressor + [`LowPass`] memory).
+//! The same sequence is reachable through the generic two-phase hooks of the
+//! [`Compressor`] trait ([`Compressor::broadcast_root`] = the leader,
+//! [`Compressor::broadcast_message`] = the encoded [`IndexSet`],
+//! [`Compressor::install_broadcast`] = decode, validate and pin the set for the step), which
+//! [`crate::Pipeline`] composes with any memory; that is how the framework's exchanger
+//! drives ScaleCom through a `Box<dyn Compressor>`.
 //! ## The plain [`crate::compress`] path
 //! The compressor keeps, per bucket, the index set of the current step. On the **leader**
 //! (`ctx.rank == step mod P`) a plain compress always selects the top-k of the buffer and
@@ -70,7 +76,9 @@ pub struct ScaleComConfig {
     /// Density ρ = k/n per segment, in (0, 1]. Default 0.01.
     #[serde(default = "default_ratio")]
     pub ratio: f64,
-    /// Number of workers P (the leader of step t is `t mod P`). Default 1.
+    /// Number of workers P (the leader of step t is `t mod P`). Default 1. A multi-rank
+    /// driver sets it through [`Compressor::set_world_size`]: the framework's exchanger
+    /// overrides this value with the communicator's world size at every step.
     #[serde(default = "one")]
     pub workers: u32,
 }
@@ -106,6 +114,7 @@ impl ScaleComConfig {
             bucket: 0,
             reuse: false,
             forced: false,
+            pinned: BTreeMap::new(),
             seg: 0,
         })
     }
@@ -280,6 +289,9 @@ pub struct ScaleCom {
     reuse: bool,
     /// Set by `compress_with_indices`: use the installed set even on the leader.
     forced: bool,
+    /// Bucket → step of a set installed by [`Compressor::install_broadcast`]: used even on
+    /// the leader (which then need not select twice).
+    pinned: BTreeMap<u64, u64>,
     seg: usize,
 }
 
@@ -348,31 +360,37 @@ impl ScaleCom {
         indices: &IndexSet,
         out: &mut Payload,
     ) -> Result<(), CompressError> {
-        let segs = effective_segments(compensated.len(), ctx.segments)?;
-        let bad = |m: &str| Err(CompressError::BadSegments(format!("index set: {m}")));
-        if indices.step != ctx.step || indices.bucket != ctx.bucket {
-            return bad("chosen for another step or bucket");
-        }
-        if indices.n != compensated.len()
-            || indices.seg_lens.len() != segs.len()
-            || indices
-                .seg_lens
-                .iter()
-                .zip(&segs)
-                .any(|(&l, s)| l != s.len())
-        {
-            return bad("segment layout differs from the buffer's");
-        }
-        for (i, &l) in indices.seg_lens.iter().enumerate() {
-            if indices.segment(i).len() != self.k_for(l) {
-                return bad("wrong number of indices for the configured ratio");
-            }
-        }
+        self.check_set(indices, compensated.len(), ctx)
+            .map_err(|m| CompressError::BadSegments(format!("index set: {m}")))?;
         self.set_indices(indices.clone());
         self.forced = true;
         let r = compressor::compress(self, compensated, ctx, &mut Rng::seed_from_u64(0), out);
         self.forced = false;
         r
+    }
+
+    /// Checks that `set` belongs to `ctx`'s step and bucket, describes a buffer of `n`
+    /// elements with `ctx`'s segment layout, and holds `⌈ρ·len⌉` indices per segment.
+    fn check_set(&self, set: &IndexSet, n: usize, ctx: &Ctx<'_>) -> Result<(), String> {
+        let segs = effective_segments(n, ctx.segments).map_err(|e| e.to_string())?;
+        if set.step != ctx.step || set.bucket != ctx.bucket {
+            return Err(format!(
+                "chosen for step {} bucket {}, not step {} bucket {}",
+                set.step, set.bucket, ctx.step, ctx.bucket
+            ));
+        }
+        if set.n != n
+            || set.seg_lens.len() != segs.len()
+            || set.seg_lens.iter().zip(&segs).any(|(&l, s)| l != s.len())
+        {
+            return Err("segment layout differs from the buffer's".into());
+        }
+        for (i, &l) in set.seg_lens.iter().enumerate() {
+            if set.segment(i).len() != self.k_for(l) {
+                return Err("wrong number of indices for the configured ratio".into());
+            }
+        }
+        Ok(())
     }
 
     /// Installs a (received) index set for its `(step, bucket)`: the next plain compress of
@@ -415,7 +433,8 @@ impl Compressor for ScaleCom {
         self.seg = 0;
         self.bucket = ctx.bucket;
         let n = grad.len();
-        self.reuse = (self.forced || !self.is_leader(ctx))
+        let pinned = self.pinned.get(&ctx.bucket) == Some(&ctx.step);
+        self.reuse = (self.forced || pinned || !self.is_leader(ctx))
             && self
                 .sets
                 .get(&ctx.bucket)
@@ -460,6 +479,43 @@ impl Compressor for ScaleCom {
     }
     fn segment_lane(&self, r: &mut Reader<'_>, len: usize) -> Result<Range<usize>, WireError> {
         segment_lane(r, len)
+    }
+    /// The leader rotates over the exchanger's world size (overriding `workers`).
+    fn set_world_size(&mut self, world: usize) {
+        self.cfg.workers = world.clamp(1, u32::MAX as usize) as u32;
+    }
+    /// CLT-k is two-phase: the step's leader broadcasts its index set.
+    fn broadcast_root(&self, ctx: &Ctx<'_>) -> Option<usize> {
+        Some(self.leader(ctx.step) as usize)
+    }
+    /// The encoded [`IndexSet`] of [`ScaleCom::leader_indices`].
+    fn broadcast_message(
+        &mut self,
+        compensated: &[f32],
+        ctx: &Ctx<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CompressError> {
+        self.leader_indices(compensated, ctx)?.encode(out);
+        Ok(())
+    }
+    /// Decodes and validates the leader's [`IndexSet`] and pins it for `(step, bucket)`:
+    /// the next compress of the bucket uses it on every rank, the leader included.
+    fn install_broadcast(
+        &mut self,
+        message: &[u8],
+        n: usize,
+        ctx: &Ctx<'_>,
+    ) -> Result<(), CompressError> {
+        let set = IndexSet::decode(message)
+            .map_err(|e| CompressError::Agreement(format!("index broadcast: {e}")))?;
+        self.check_set(&set, n, ctx)
+            .map_err(|m| CompressError::Agreement(format!("index broadcast: {m}")))?;
+        self.pinned.insert(ctx.bucket, ctx.step);
+        self.set_indices(set);
+        Ok(())
+    }
+    fn ratio_metric(&self) -> Option<(&'static str, f64)> {
+        Some(("density", self.cfg.ratio))
     }
 }
 
@@ -1229,5 +1285,118 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn trait_two_phase_protocol_through_pipelines_matches_the_worker_driver() {
+        // The generic hooks (what the framework's exchanger calls through
+        // `Box<dyn Compressor>`) produce the same payloads and memories as `ScaleComWorker`.
+        let (p, n, beta) = (3usize, 3000, 0.5f32);
+        let segs = [0..1000, 1000..n];
+        let cfg = ScaleComConfig {
+            ratio: 0.02,
+            workers: p as u32,
+        };
+        let mut workers: Vec<ScaleComWorker> = (0..p)
+            .map(|_| ScaleComWorker::new(&cfg, beta).unwrap())
+            .collect();
+        let mut pipes: Vec<Pipeline> = (0..p)
+            .map(|_| {
+                // Configured for one worker: the driver's world size overrides it.
+                let mut c = ScaleComConfig {
+                    workers: 1,
+                    ..cfg.clone()
+                }
+                .init()
+                .unwrap();
+                c.set_world_size(p);
+                Pipeline::new(Box::new(c), Box::new(LowPass::new(beta)))
+            })
+            .collect();
+        for t in 0..5u64 {
+            let g = vecs(p, n, 300 + t);
+            let ctx = |rank: usize| Ctx {
+                step: t,
+                rank: rank as u32,
+                bucket: 2,
+                segments: &segs,
+            };
+            let leader = (t % p as u64) as usize;
+            let mut msg = Vec::new();
+            for (i, pipe) in pipes.iter_mut().enumerate() {
+                assert_eq!(pipe.broadcast_root(&ctx(i)), Some(leader));
+                pipe.compensate(&g[i], &ctx(i));
+                workers[i].compensate(&g[i], &ctx(i));
+            }
+            pipes[leader]
+                .broadcast_message(&ctx(leader), &mut msg)
+                .unwrap();
+            let mut want = Vec::new();
+            workers[leader]
+                .leader_message(&ctx(leader), &mut want)
+                .unwrap();
+            assert_eq!(msg, want);
+            for i in 0..p {
+                pipes[i].install_broadcast(&msg, &ctx(i)).unwrap();
+                let (mut a, mut b) = (Payload::new(), Payload::new());
+                pipes[i]
+                    .compress_compensated(&ctx(i), &mut Rng::seed_from_u64(0), &mut a)
+                    .unwrap();
+                workers[i].compress(&msg, &ctx(i), &mut b).unwrap();
+                assert_eq!(a, b, "step {t} rank {i}");
+                assert_eq!(
+                    pipes[i].memory().export().get(&2),
+                    workers[i]
+                        .memory_mut()
+                        .memory_of(2)
+                        .map(|m| m.to_vec())
+                        .as_ref()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn installed_broadcasts_are_validated_and_bind_the_leader_too() {
+        let n = 2000;
+        let u = vecs(2, n, 8);
+        let mut c = sc(0.01, 2);
+        let ctx = Ctx {
+            step: 4,
+            bucket: 1,
+            ..Ctx::default()
+        }; // rank 0 leads step 4
+        assert_eq!(c.broadcast_root(&ctx), Some(0));
+        assert_eq!(c.ratio_metric(), Some(("density", 0.01)));
+        let mut other = Vec::new();
+        c.broadcast_message(&u[1], &ctx, &mut other).unwrap();
+        let agreement = |r: Result<(), CompressError>| {
+            assert!(matches!(r, Err(CompressError::Agreement(_))), "{r:?}");
+        };
+        agreement(c.install_broadcast(&other, n, &Ctx { step: 5, ..ctx }));
+        agreement(c.install_broadcast(&other, n, &Ctx { bucket: 2, ..ctx }));
+        agreement(c.install_broadcast(&other, n + 1, &ctx));
+        let segs = [0..1000, 1000..n];
+        agreement(c.install_broadcast(
+            &other,
+            n,
+            &Ctx {
+                segments: &segs,
+                ..ctx
+            },
+        ));
+        agreement(c.install_broadcast(&other[..other.len() - 4], n, &ctx));
+        agreement(sc(0.02, 2).install_broadcast(&other, n, &ctx));
+        // The leader compresses at the installed set, not at its own top-k.
+        c.install_broadcast(&other, n, &ctx).unwrap();
+        let p = compress_new(&mut c, &u[0], &ctx, &mut Rng::seed_from_u64(0)).unwrap();
+        let mut out = vec![0f32; n];
+        decompress(&c, p.as_bytes(), &mut out).unwrap();
+        let nz: Vec<u32> = (0..n as u32).filter(|&j| out[j as usize] != 0.0).collect();
+        assert_eq!(nz, IndexSet::decode(&other).unwrap().global_indices());
+        assert_ne!(nz, brute_top_k(&u[0], 20));
+        // The world size moves the leader.
+        c.set_world_size(4);
+        assert_eq!(c.broadcast_root(&Ctx { step: 7, ..ctx }), Some(3));
     }
 }

@@ -86,6 +86,9 @@ impl Compressor for TopK {
     fn method(&self) -> MethodId {
         MethodId::TopK
     }
+    fn ratio_metric(&self) -> Option<(&'static str, f64)> {
+        Some(("density", self.ratio))
+    }
     fn aggregation(&self) -> Aggregation {
         Aggregation::Gather
     }
