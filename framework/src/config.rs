@@ -422,6 +422,9 @@ pub struct FailureConfig {
     /// `recover`: multiply θ by this after each rollback (default 0.5).
     #[serde(default = "half")]
     pub theta_factor: f64,
+    /// `recover`: rollbacks allowed over the whole run before giving up (default 10).
+    #[serde(default = "ten")]
+    pub max_recoveries: u64,
 }
 
 fn ten() -> u64 {
@@ -438,6 +441,7 @@ impl Default for FailureConfig {
             max_skips: 10,
             spike_ratio: None,
             theta_factor: 0.5,
+            max_recoveries: 10,
         }
     }
 }
@@ -777,6 +781,24 @@ impl RunConfig {
                     t.eval_every_epochs, t.epochs
                 ),
             ));
+        }
+        let f = &self.failure;
+        if !(f.theta_factor > 0.0 && f.theta_factor <= 1.0) {
+            return Err(err(
+                "failure.theta_factor",
+                format!("must be in (0, 1], got {}", f.theta_factor),
+            ));
+        }
+        if let Some(r) = f.spike_ratio {
+            if !(r.is_finite() && r > 1.0) {
+                return Err(err("failure.spike_ratio", format!("must be > 1, got {r}")));
+            }
+            if f.non_finite != NonFinitePolicy::Recover {
+                return Err(err(
+                    "failure.spike_ratio",
+                    "applies to non_finite = \"recover\" only".into(),
+                ));
+            }
         }
         // Compression.
         let (mut method, memory, buckets) = self.compress_section(file, steps_per_epoch)?;

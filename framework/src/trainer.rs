@@ -117,6 +117,11 @@ pub struct Phases {
     pub communicate_s: f64,
     /// Decoding, summing, averaging.
     pub decompress_s: f64,
+    /// Time the step waited on gradient communication that compression / decompression of
+    /// other buckets did not hide (with overlap; equal to the exchange's share of
+    /// `communicate_s` without).
+    #[serde(default)]
+    pub wait_s: f64,
     /// Optimizer update and writing the parameters back into the model.
     pub optimizer_s: f64,
     /// The whole step, wall clock.
@@ -131,6 +136,7 @@ impl Phases {
         self.compress_s += o.compress_s;
         self.communicate_s += o.communicate_s;
         self.decompress_s += o.decompress_s;
+        self.wait_s += o.wait_s;
         self.optimizer_s += o.optimizer_s;
         self.step_s += o.step_s;
     }
@@ -143,6 +149,7 @@ impl Phases {
             compress_s: self.compress_s * k,
             communicate_s: self.communicate_s * k,
             decompress_s: self.decompress_s * k,
+            wait_s: self.wait_s * k,
             optimizer_s: self.optimizer_s * k,
             step_s: self.step_s * k,
         }
@@ -236,6 +243,8 @@ pub struct Summary {
     pub skipped_steps: u64,
     /// Rollbacks of the recover policy.
     pub recoveries: u64,
+    /// The factor applied to θ by the recover policy (1 = never lowered).
+    pub theta_scale: f64,
 }
 
 /// What the trainer reports as it goes (progress bars, logs). Every method has a default.
@@ -314,11 +323,12 @@ struct Meta {
     buffers: usize,
     method: String,
     optimizer_steps: BTreeMap<u64, u64>,
+    /// Buckets whose error-feedback memory is stored as `mem/<id>`.
     memory_keys: Vec<u64>,
     skipped: u64,
     recoveries: u64,
-    theta_scale: f64,
-    best_loss: Option<f64>,
+    /// Stored as IEEE bits so that JSON cannot round it.
+    best_loss_bits: Option<u64>,
 }
 
 /// One worker of a data-parallel run.
@@ -341,7 +351,6 @@ pub struct Trainer<T: Transport> {
     skipped: u64,
     consecutive_bad: u64,
     recoveries: u64,
-    theta_scale: f64,
     best_loss: Option<f64>,
     last_checkpoint: Option<PathBuf>,
     start_step: u64,
@@ -413,7 +422,6 @@ impl<T: Transport> Trainer<T> {
             skipped: 0,
             consecutive_bad: 0,
             recoveries: 0,
-            theta_scale: 1.0,
             best_loss: None,
             last_checkpoint: None,
             start_step: 0,
@@ -523,11 +531,11 @@ impl<T: Transport> Trainer<T> {
             );
         }
         self.optimizer.import(opt);
-        let mut mem = BTreeMap::new();
+        let mut ex: crate::exchange::ExchangerState = ck.json("exchanger")?;
         for key in &meta.memory_keys {
-            mem.insert(*key, ck.f32(&format!("mem/{key}"))?);
+            ex.memory.insert(*key, ck.f32(&format!("mem/{key}"))?);
         }
-        self.exchanger.import_memory(mem);
+        self.exchanger.import_state(ex).map_err(bad)?;
         self.model.write_params(&self.params);
         if !self.buffers.is_empty() {
             self.model.write_buffers(&self.buffers);
@@ -537,8 +545,7 @@ impl<T: Transport> Trainer<T> {
         self.start_step = meta.step;
         self.skipped = meta.skipped;
         self.recoveries = meta.recoveries;
-        self.theta_scale = meta.theta_scale;
-        self.best_loss = meta.best_loss;
+        self.best_loss = meta.best_loss_bits.map(f64::from_bits);
         self.last_checkpoint = Some(dir.to_path_buf());
         Ok(())
     }
@@ -557,7 +564,9 @@ impl<T: Transport> Trainer<T> {
         })?;
         let mut ck = Checkpoint::new();
         let opt = self.optimizer.export();
-        let mem = self.exchanger.export_memory();
+        let mut ex = self.exchanger.export_state();
+        // The memories are large: stored as raw f32 sections, not JSON.
+        let mem = std::mem::take(&mut ex.memory);
         let meta = Meta {
             step: self.step,
             world: self.world,
@@ -570,10 +579,10 @@ impl<T: Transport> Trainer<T> {
             memory_keys: mem.keys().copied().collect(),
             skipped: self.skipped,
             recoveries: self.recoveries,
-            theta_scale: self.theta_scale,
-            best_loss: self.best_loss,
+            best_loss_bits: self.best_loss.map(f64::to_bits),
         };
         ck.put_json("meta", &meta);
+        ck.put_json("exchanger", &ex);
         ck.put_f32("params", &self.params);
         if !self.buffers.is_empty() {
             self.model.read_buffers(&mut self.buffers);
@@ -720,7 +729,8 @@ impl<T: Transport> Trainer<T> {
                 StepOutcome::RolledBack => {
                     obs.on_message(&format!(
                         "step {step}: rolled back to step {} (recover policy, θ scale {:.3})",
-                        self.step, self.theta_scale
+                        self.step,
+                        self.exchanger.theta_scale()
                     ));
                     continue;
                 }
@@ -798,6 +808,7 @@ impl<T: Transport> Trainer<T> {
             wall_s: wall,
             skipped_steps: self.skipped,
             recoveries: self.recoveries,
+            theta_scale: self.exchanger.theta_scale(),
         };
         if self.rank == 0 {
             if let Some(out) = &self.out {
@@ -912,6 +923,11 @@ impl<T: Transport> Trainer<T> {
         time.compress_s = st.compress_s;
         time.communicate_s += st.communicate_s;
         time.decompress_s = st.decompress_s;
+        time.wait_s = st.wait_s;
+        if let Some((name, v)) = self.exchanger.ratio_metric() {
+            record.ratio_name = Some(name.to_string());
+            record.ratio = Some(v);
+        }
         if self.grads.iter().any(|g| !g.is_finite()) {
             // Identical on every rank (the averaged gradient is), so every rank decides alike.
             record.time = time;
@@ -969,6 +985,17 @@ impl<T: Transport> Trainer<T> {
                 Ok(StepOutcome::Done(record))
             }
             NonFinitePolicy::Recover => {
+                if self.recoveries >= f.max_recoveries {
+                    return Err(TrainError::NonFinite {
+                        step,
+                        what,
+                        policy: format!(
+                            "{} rollbacks reached failure.max_recoveries",
+                            self.recoveries
+                        ),
+                        checkpoint: ck,
+                    });
+                }
                 let Some(dir) = self.last_checkpoint.clone() else {
                     return Err(TrainError::NonFinite {
                         step,
@@ -979,20 +1006,19 @@ impl<T: Transport> Trainer<T> {
                 };
                 let recoveries = self.recoveries + 1;
                 let bad = self.consecutive_bad;
-                let scale = self.theta_scale * f.theta_factor;
+                let factor = f.theta_factor;
+                let scale = self.exchanger.theta_scale() * factor;
                 self.resume_from(&dir)?;
                 self.recoveries = recoveries;
                 self.consecutive_bad = bad;
-                self.theta_scale = scale;
-                self.apply_theta_scale();
+                // The checkpoint restored the old scale; lower θ below it.
+                let restored = self.exchanger.theta_scale();
+                if restored > 0.0 {
+                    self.exchanger.scale_theta(scale / restored);
+                }
                 Ok(StepOutcome::RolledBack)
             }
         }
-    }
-
-    fn apply_theta_scale(&mut self) {
-        // The FFT θ hook lands with the exchanger's state API; until then only the rollback
-        // itself is applied.
     }
 
     /// Evaluates on this rank's part of the test set, with BatchNorm running statistics

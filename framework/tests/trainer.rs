@@ -153,7 +153,6 @@ fn resume_is_exact(world: usize, sets: &[&str]) {
     assert_eq!(b.summary.steps, 12);
     let mut joined = a.losses.clone();
     joined.extend(&b.losses);
-    eprintln!("{sets:?}\n joined {joined:?}\n full   {:?}", full.losses);
     same(
         &b.params,
         &full.params,
@@ -214,4 +213,76 @@ fn non_finite_policies() {
     );
     assert!(r.summary.skipped_steps > 0);
     assert_eq!(r.summary.steps, 6);
+
+    // Recover: a loss above 1.1 × its running minimum rolls back to the last checkpoint and
+    // halves FFT's θ each time, until failure.max_recoveries.
+    let dir = tempfile::tempdir().unwrap();
+    let sets: Vec<String> = [
+        "train.max_steps=24",
+        "train.lr=0.3",
+        "compress.kind=fft",
+        "compress.theta=0.95",
+        "failure.non_finite=\"recover\"",
+        "failure.spike_ratio=1.1",
+        "failure.max_recoveries=3",
+        "checkpoint.every_steps=4",
+    ]
+    .map(String::from)
+    .to_vec();
+    let cfg = RunConfig::parse(BASE, "b.toml", &sets).unwrap();
+    let data = TrainData::open(&cfg, 0, 1).unwrap();
+    let plan = cfg.validate("b.toml", Some(data.train_examples())).unwrap();
+    let comm = Communicator::new(channel_mesh(1).pop().unwrap(), CommConfig::default());
+    let out = RunDir {
+        root: dir.path().to_path_buf(),
+    };
+    let mut t = Trainer::new(plan, data, comm, &dtrain_models::cpu_device(), Some(out)).unwrap();
+    struct Notes(Vec<String>);
+    impl dtrain_framework::trainer::Observer for Notes {
+        fn on_message(&mut self, m: &str) {
+            self.0.push(m.to_string());
+        }
+    }
+    let mut notes = Notes(Vec::new());
+    let e = t.run(&mut notes).unwrap_err().to_string();
+    assert!(
+        e.contains("3 rollbacks reached failure.max_recoveries") && e.contains("step-"),
+        "{e}"
+    );
+    let rolls: Vec<&String> = notes
+        .0
+        .iter()
+        .filter(|m| m.contains("rolled back"))
+        .collect();
+    assert_eq!(rolls.len(), 3, "{:?}", notes.0);
+    for (m, scale) in rolls.iter().zip(["0.500", "0.250", "0.125"]) {
+        assert!(m.contains(&format!("θ scale {scale}")), "{m}");
+    }
+
+    // Recover with nothing that helps (an absurd rate): gives up.
+    let dir = tempfile::tempdir().unwrap();
+    let sets: Vec<String> = [
+        "train.lr=1e30",
+        "train.max_steps=6",
+        "compress.kind=fft",
+        "failure.non_finite=\"recover\"",
+        "failure.max_recoveries=5",
+    ]
+    .map(String::from)
+    .to_vec();
+    let cfg = RunConfig::parse(BASE, "b.toml", &sets).unwrap();
+    let data = TrainData::open(&cfg, 0, 1).unwrap();
+    let plan = cfg.validate("b.toml", Some(data.train_examples())).unwrap();
+    let comm = Communicator::new(channel_mesh(1).pop().unwrap(), CommConfig::default());
+    let out = RunDir {
+        root: dir.path().to_path_buf(),
+    };
+    let mut t = Trainer::new(plan, data, comm, &dtrain_models::cpu_device(), Some(out)).unwrap();
+    let e = t.run(&mut Quiet).unwrap_err().to_string();
+    // Step 0 always succeeds after the rollback to step 0, so the consecutive-failure count
+    // resets; the total cap ends the cycle.
+    assert!(
+        e.contains("rollbacks reached failure.max_recoveries"),
+        "{e}"
+    );
 }
