@@ -809,15 +809,11 @@ impl RunConfig {
         let mut memory = memory;
         match &mut method {
             CompressorConfig::ScaleCom(s) => s.workers = c.workers as u32,
-            CompressorConfig::Dgc(g) => {
-                if g.steps_per_epoch == 0 {
-                    g.steps_per_epoch = steps_per_epoch;
-                }
+            CompressorConfig::Dgc(g) if g.steps_per_epoch == 0 => {
+                g.steps_per_epoch = steps_per_epoch;
             }
-            CompressorConfig::Fft(f) => {
-                if f.steps_per_epoch == 0 {
-                    f.steps_per_epoch = steps_per_epoch;
-                }
+            CompressorConfig::Fft(f) if f.steps_per_epoch == 0 => {
+                f.steps_per_epoch = steps_per_epoch;
             }
             _ => {}
         }
