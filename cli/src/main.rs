@@ -74,7 +74,7 @@ struct RunArgs {
     /// Rendezvous address HOST:PORT (node 0 / rank 0 hosts it).
     #[arg(long)]
     rendezvous: Option<std::net::SocketAddr>,
-    /// Run directory (default: <output.dir>/<name>/<UTC timestamp>).
+    /// Run directory (default: `<output.dir>/<name>/<UTC timestamp>`).
     #[arg(long)]
     run_dir: Option<PathBuf>,
 }
