@@ -133,7 +133,13 @@ pub fn utc_stamp(t: std::time::SystemTime) -> String {
 
 /// Keys that may differ between a run and its resumption (they do not change the
 /// trajectory up to the checkpoint).
-const RESUMABLE_CHANGES: [&str; 4] = ["train.epochs", "train.max_steps", "checkpoint", "output"];
+const RESUMABLE_CHANGES: [&str; 5] = [
+    "train.epochs",
+    "train.max_steps",
+    "checkpoint",
+    "output",
+    "cluster (a different worker count is checked against the checkpoint)",
+];
 
 fn compare_for_resume(old: &RunConfig, new: &RunConfig) -> Result<(), String> {
     let norm = |c: &RunConfig| {
@@ -141,6 +147,7 @@ fn compare_for_resume(old: &RunConfig, new: &RunConfig) -> Result<(), String> {
         let t = v.as_table_mut().expect("table");
         t.remove("checkpoint");
         t.remove("output");
+        t.remove("cluster");
         if let Some(tr) = t.get_mut("train").and_then(|x| x.as_table_mut()) {
             tr.remove("epochs");
             tr.remove("max_steps");

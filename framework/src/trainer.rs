@@ -329,6 +329,10 @@ struct Meta {
     recoveries: u64,
     /// Stored as IEEE bits so that JSON cannot round it.
     best_loss_bits: Option<u64>,
+    /// Steps per epoch of the run that wrote it (maps the step to an epoch on an elastic
+    /// resume).
+    #[serde(default)]
+    steps_per_epoch: u64,
 }
 
 /// One worker of a data-parallel run.
@@ -465,36 +469,54 @@ impl<T: Transport> Trainer<T> {
     }
 
     /// Restores the state of checkpoint directory `dir` (this rank's file in it).
+    ///
+    /// With a different worker count the checkpoint is accepted only where that is well
+    /// defined: no per-rank state (no error-feedback memory) and written at an epoch
+    /// boundary. Every rank then starts from rank 0's file (parameters and optimizer state
+    /// are identical on all ranks) at the first step of the next epoch under the new shard
+    /// layout.
     pub fn resume_from(&mut self, dir: &Path) -> Result<(), TrainError> {
-        let path = dir.join(format!("rank-{}.ckpt", self.rank));
-        let bad = |reason: String| TrainError::Resume {
+        let rank0 = dir.join("rank-0.ckpt");
+        let bad_at = |path: &Path, reason: String| TrainError::Resume {
             path: path.display().to_string(),
             reason,
         };
-        if !path.exists() {
-            let others = std::fs::read_dir(dir)
-                .map(|d| {
-                    d.flatten()
-                        .filter(|e| e.file_name().to_string_lossy().starts_with("rank-"))
-                        .count()
-                })
-                .unwrap_or(0);
-            return Err(bad(format!(
-                "no file for rank {} (the checkpoint has {others} rank files; this run has {} \
-                 workers: resuming needs the same cluster.workers, because error-feedback \
-                 memories and data shards are per rank)",
-                self.rank, self.world
-            )));
+        if !rank0.exists() {
+            return Err(bad_at(&rank0, "missing (incomplete checkpoint?)".into()));
         }
+        let meta0: Meta = Checkpoint::load(&rank0)?.json("meta")?;
+        let elastic = meta0.world != self.world;
+        if elastic {
+            let why = if !meta0.memory_keys.is_empty() {
+                Some("its error-feedback memories are per rank".to_string())
+            } else if meta0.steps_per_epoch == 0 || meta0.step % meta0.steps_per_epoch != 0 {
+                Some(format!(
+                    "it was written at step {} inside an epoch (data shards are per rank)",
+                    meta0.step
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(bad_at(
+                    dir,
+                    format!(
+                        "written by {} workers, this run has {}: a different cluster.workers is \
+                         only possible from an epoch-boundary checkpoint without per-rank state, \
+                         and {why}",
+                        meta0.world, self.world
+                    ),
+                ));
+            }
+        }
+        let path = if elastic {
+            rank0.clone()
+        } else {
+            dir.join(format!("rank-{}.ckpt", self.rank))
+        };
+        let bad = |reason: String| bad_at(&path, reason);
         let ck = Checkpoint::load(&path)?;
         let meta: Meta = ck.json("meta")?;
-        if meta.world != self.world {
-            return Err(bad(format!(
-                "written by {} workers, this run has {}: resuming needs the same \
-                 cluster.workers (per-rank error-feedback memories and data shards)",
-                meta.world, self.world
-            )));
-        }
         if meta.params != self.params.len() || meta.buffers != self.buffers.len() {
             return Err(bad(format!(
                 "the checkpoint's model has {} parameters / {} buffers, this one {} / {}",
@@ -541,8 +563,12 @@ impl<T: Transport> Trainer<T> {
             self.model.write_buffers(&self.buffers);
         }
         self.model.reset_state();
-        self.step = meta.step;
-        self.start_step = meta.step;
+        self.step = if elastic {
+            meta.step / meta.steps_per_epoch * self.plan.steps_per_epoch
+        } else {
+            meta.step
+        };
+        self.start_step = self.step;
         self.skipped = meta.skipped;
         self.recoveries = meta.recoveries;
         self.best_loss = meta.best_loss_bits.map(f64::from_bits);
@@ -580,6 +606,7 @@ impl<T: Transport> Trainer<T> {
             skipped: self.skipped,
             recoveries: self.recoveries,
             best_loss_bits: self.best_loss.map(f64::to_bits),
+            steps_per_epoch: self.plan.steps_per_epoch,
         };
         ck.put_json("meta", &meta);
         ck.put_json("exchanger", &ex);
