@@ -205,6 +205,11 @@ fn e2e_acceptance_runs() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
+    // LeNet-5 / MNIST, one process, no compression: ≥ 97 % in ≤ 2 epochs.
+    let s = run_experiment("lenet_mnist.toml", &[], tmp.path());
+    let acc = s["final_eval"]["accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.97, "LeNet single-process accuracy {acc}");
+    assert_eq!(s["workers"], 1);
     // LeNet-5 / MNIST / DGC 99.9 % with warm-up on 2 workers: ≥ 97 % test accuracy.
     let s = run_experiment("lenet_mnist_dgc.toml", &[], tmp.path());
     let acc = s["final_eval"]["accuracy"].as_f64().unwrap();
