@@ -32,7 +32,7 @@ use std::ops::Range;
 
 use thiserror::Error;
 
-use crate::wire::{Algo, Header, Kind, Message, WireError};
+use crate::wire::{combine_f32_le, Algo, Header, Kind, Message, WireError};
 
 /// Errors of a collective state machine: the peer sent something this rank did not expect.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -105,6 +105,15 @@ impl ReduceOp {
         match self {
             ReduceOp::Sum => a + b,
             ReduceOp::Max => a.max(b),
+        }
+    }
+
+    /// `payload[i] = apply(payload[i], own[i])` over a little-endian f32 payload, in
+    /// place (the received operand first), vectorised per operation.
+    pub(crate) fn combine_into(self, payload: &mut [u8], own: &[f32]) {
+        match self {
+            ReduceOp::Sum => combine_f32_le(payload, own, |a, b| a + b),
+            ReduceOp::Max => combine_f32_le(payload, own, f32::max),
         }
     }
 

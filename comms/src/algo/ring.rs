@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 
 use super::{check_header, chunk_count, segment_range, AlgoError, Machine, ReduceOp};
-use crate::wire::{f32s, Algo, Header, Kind, Message};
+use crate::wire::{copy_f32_le, Algo, Header, Kind, Message};
 
 const RS: u8 = 0;
 const AG: u8 = 1;
@@ -172,7 +172,7 @@ impl<'a> Ring<'a> {
 }
 
 impl Machine for Ring<'_> {
-    fn handle(&mut self, from: usize, msg: Message) -> Result<(), AlgoError> {
+    fn handle(&mut self, from: usize, mut msg: Message) -> Result<(), AlgoError> {
         let h = *msg.header();
         check_header(from, &h, self.kind, Algo::Ring, Some(self.buf.len() as u64))?;
         if self.world == 1 || from != self.left() {
@@ -224,34 +224,25 @@ impl Machine for Ring<'_> {
         }
         self.seen[phase as usize][step][j] = true;
         self.remaining -= 1;
-        let vals = f32s(msg.payload()).map_err(|e| AlgoError::wire(from, e))?;
         let last = step == self.world - 2;
-        let op = self.op;
+        // The received message is reduced into in place and forwarded: no allocation and
+        // one pass over the chunk per step.
         if phase == RS {
+            // payload = received ⊕ own (the documented order).
+            self.op
+                .combine_into(msg.payload_mut(), &self.buf[range.clone()]);
             if !last {
-                let own = &self.buf[range.clone()];
                 let h = self.header(RS, step + 1, off);
-                let fwd = Message::build(h, range.len() * 4, |o| {
-                    let start = o.len();
-                    o.resize(start + own.len() * 4, 0);
-                    for ((d, v), x) in o[start..].chunks_exact_mut(4).zip(vals).zip(own) {
-                        d.copy_from_slice(&op.apply(v, *x).to_le_bytes());
-                    }
-                });
-                self.out.push_back((self.right(), fwd));
+                self.out.push_back((self.right(), msg.with_header(h)));
             } else {
-                for (v, x) in vals.zip(&mut self.buf[range.clone()]) {
-                    *x = op.apply(v, *x);
-                }
+                copy_f32_le(&mut self.buf[range], msg.payload());
                 if self.kind != Kind::ReduceScatter {
-                    let m = Message::from_f32(self.header(AG, 0, off), &self.buf[range]);
-                    self.out.push_back((self.right(), m));
+                    let h = self.header(AG, 0, off);
+                    self.out.push_back((self.right(), msg.with_header(h)));
                 }
             }
         } else {
-            for (v, x) in vals.zip(&mut self.buf[range]) {
-                *x = v;
-            }
+            copy_f32_le(&mut self.buf[range], msg.payload());
             if !last {
                 let h = self.header(AG, step + 1, off);
                 self.out.push_back((self.right(), msg.with_header(h)));
