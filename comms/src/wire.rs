@@ -212,7 +212,7 @@ impl Message {
     /// # Panics
     /// If `fill` appends a number of bytes other than `payload_len` (a bug in the caller).
     pub fn build(header: Header, payload_len: usize, fill: impl FnOnce(&mut Vec<u8>)) -> Self {
-        let mut buf = Vec::with_capacity(HEADER_LEN + payload_len);
+        let mut buf = crate::pool::take_empty(HEADER_LEN + payload_len);
         buf.resize(HEADER_LEN, 0);
         header.write(&mut buf);
         fill(&mut buf);
@@ -255,8 +255,8 @@ impl Message {
     }
 
     /// The encoded message, consumed.
-    pub fn into_bytes(self) -> Vec<u8> {
-        self.buf
+    pub fn into_bytes(mut self) -> Vec<u8> {
+        std::mem::take(&mut self.buf)
     }
 
     /// Encoded length in bytes.
@@ -282,6 +282,14 @@ pub fn f32s(payload: &[u8]) -> Result<impl Iterator<Item = f32> + '_, WireError>
     Ok(payload
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+}
+
+/// A dropped message gives its buffer back to the crate's buffer pool, so that the
+/// next chunk-sized message reuses it instead of page-faulting in a fresh one.
+impl Drop for Message {
+    fn drop(&mut self) {
+        crate::pool::put(std::mem::take(&mut self.buf));
+    }
 }
 
 /// Appends `vals` to `out` as little-endian f32 (one `memcpy` on little-endian targets).

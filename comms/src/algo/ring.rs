@@ -42,6 +42,10 @@ pub struct Ring<'a> {
     /// `seen[phase][step][chunk]`.
     seen: [Vec<Vec<bool>>; 2],
     remaining: usize,
+    /// Chunks of step 0 of the reduce-scatter, built lazily in `poll_transmit` so that the
+    /// first is on the wire while the next are still being copied.
+    own_chunks: usize,
+    own_sent: usize,
     out: VecDeque<(usize, Message)>,
 }
 
@@ -105,6 +109,8 @@ impl<'a> Ring<'a> {
             chunk: chunk_elems.max(1),
             seen: [Vec::new(), Vec::new()],
             remaining: 0,
+            own_chunks: 0,
+            own_sent: 0,
             out: VecDeque::new(),
         };
         if world == 1 {
@@ -125,12 +131,15 @@ impl<'a> Ring<'a> {
             }
         }
         let seg = m.seg(m.seg_at(RS, rank, 0));
-        for j in 0..chunk_count(seg.len(), m.chunk) {
-            let r = m.chunk_range(&seg, j);
-            let msg = Message::from_f32(m.header(RS, 0, r.start), &m.buf[r]);
-            m.out.push_back((m.right(), msg));
-        }
+        m.own_chunks = chunk_count(seg.len(), m.chunk);
         m
+    }
+
+    /// The `j`-th chunk of this rank's own data sent at step 0 of the reduce-scatter.
+    fn own_chunk(&self, j: usize) -> Message {
+        let seg = self.seg(self.seg_at(RS, self.rank, 0));
+        let r = self.chunk_range(&seg, j);
+        Message::from_f32(self.header(RS, 0, r.start), &self.buf[r])
     }
 
     fn left(&self) -> usize {
@@ -173,6 +182,14 @@ impl<'a> Ring<'a> {
 
 impl Machine for Ring<'_> {
     fn handle(&mut self, from: usize, mut msg: Message) -> Result<(), AlgoError> {
+        // A driver that feeds a message before draining `poll_transmit` must not see the
+        // own chunks read after the buffer changed: build the rest now (a no-op for
+        // drivers that drain first, as they should).
+        while self.own_sent < self.own_chunks {
+            let m = self.own_chunk(self.own_sent);
+            self.own_sent += 1;
+            self.out.push_back((self.right(), m));
+        }
         let h = *msg.header();
         check_header(from, &h, self.kind, Algo::Ring, Some(self.buf.len() as u64))?;
         if self.world == 1 || from != self.left() {
@@ -252,11 +269,17 @@ impl Machine for Ring<'_> {
     }
 
     fn poll_transmit(&mut self) -> Option<(usize, Message)> {
-        self.out.pop_front()
+        if let Some(m) = self.out.pop_front() {
+            return Some(m);
+        }
+        (self.own_sent < self.own_chunks).then(|| {
+            self.own_sent += 1;
+            (self.right(), self.own_chunk(self.own_sent - 1))
+        })
     }
 
     fn is_done(&self) -> bool {
-        self.remaining == 0 && self.out.is_empty()
+        self.remaining == 0 && self.out.is_empty() && self.own_sent == self.own_chunks
     }
 
     fn expects_from(&self, peer: usize) -> bool {
