@@ -12,7 +12,9 @@
 //! `algbw = bytes / time` and the bus bandwidth nccl-tests reports: `busbw = algbw ·
 //! 2(N−1)/N` for all-reduce, `algbw · (N−1)/N` for all-gather (bytes = the gathered
 //! total) and `algbw` for broadcast. Each measurement runs at least 3 calls and about
-//! `--secs` seconds.
+//! `--secs` seconds. `cpu_ms` is the CPU time per call summed over all ranks' processes
+//! (every thread: caller, socket threads), a measure of cost that holds up on a loaded
+//! machine where wall time does not.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -92,13 +94,27 @@ fn opts_to_args(o: &Opts) -> Vec<String> {
     ]
 }
 
+/// CPU time used so far by this process's live threads (from `/proc`, Linux only; 0
+/// elsewhere).
+fn cpu_time() -> Duration {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    let ns: u64 = tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Duration::from_nanos(ns)
+}
+
 /// Times `f` (after one warm-up call): at least 3 calls and about `secs` seconds. All ranks
-/// must run the same number of calls, so rank 0 decides and broadcasts the count.
+/// must run the same number of calls, so rank 0 decides and broadcasts the count. Returns
+/// the wall time per call and the CPU time per call summed over all ranks.
 fn time(
     c: &mut Communicator<TcpTransport>,
     secs: f64,
     mut f: impl FnMut(&mut Communicator<TcpTransport>),
-) -> Duration {
+) -> (Duration, f64) {
     f(c);
     c.barrier().expect("barrier");
     let start = Instant::now();
@@ -112,11 +128,19 @@ fn time(
     c.broadcast(&mut n, 0).expect("broadcast");
     let iters = u64::from_le_bytes(n.try_into().expect("8 bytes"));
     c.barrier().expect("barrier");
-    let start = Instant::now();
+    let (start, cpu0) = (Instant::now(), cpu_time());
     for _ in 0..iters {
         f(c);
     }
-    start.elapsed() / iters as u32
+    let (wall, cpu) = (start.elapsed(), cpu_time().saturating_sub(cpu0));
+    let all = c
+        .all_gather(&cpu.as_secs_f64().to_le_bytes())
+        .expect("all-gather");
+    let total: f64 = all
+        .iter()
+        .map(|b| f64::from_le_bytes(b[..8].try_into().expect("8 bytes")))
+        .sum();
+    (wall / iters as u32, total / iters as f64)
 }
 
 fn child(spec: &str, opts: &Opts) {
@@ -142,7 +166,7 @@ fn child(spec: &str, opts: &Opts) {
     let n = world as f64;
     for &bytes in &opts.sizes {
         for op in &opts.ops {
-            let (dt, factor) = match op.as_str() {
+            let ((dt, cpu), factor) = match op.as_str() {
                 "allreduce" => {
                     let mut data: Vec<f32> = (0..bytes / 4)
                         .map(|i| ((i + rank) % 1000) as f32 * 1e-3)
@@ -173,10 +197,11 @@ fn child(spec: &str, opts: &Opts) {
             if rank == 0 {
                 let alg = bytes as f64 / dt.as_secs_f64() / 1e9;
                 println!(
-                    "{world:>5} {:>6} {op:>10} {:>10.3} {alg:>8.3} {:>8.3}",
+                    "{world:>5} {:>6} {op:>10} {:>10.3} {alg:>8.3} {:>8.3} {:>9.3}",
                     fmt_size(bytes),
                     dt.as_secs_f64() * 1e3,
-                    alg * factor
+                    alg * factor,
+                    cpu * 1e3
                 );
                 std::io::stdout().flush().expect("flush");
             }
@@ -197,8 +222,8 @@ fn main() {
         fmt_size(opts.chunk)
     );
     println!(
-        "{:>5} {:>6} {:>10} {:>10} {:>8} {:>8}",
-        "ranks", "size", "op", "ms", "algbw", "busbw"
+        "{:>5} {:>6} {:>10} {:>10} {:>8} {:>8} {:>9}",
+        "ranks", "size", "op", "ms", "algbw", "busbw", "cpu_ms"
     );
     for &world in &opts.ranks {
         let exe = std::env::current_exe().expect("exe");
