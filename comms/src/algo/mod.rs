@@ -145,6 +145,65 @@ pub(crate) fn chunk_count(len: usize, chunk: usize) -> usize {
     len.div_ceil(chunk).max(1)
 }
 
+/// The chunks of a rank's own byte buffer, cut one at a time as `poll_transmit` asks for
+/// them (so the first chunk is on the wire while the next ones are still being copied).
+#[derive(Debug)]
+pub(crate) struct OwnChunks {
+    header: Header,
+    chunk: usize,
+    next: usize,
+    count: usize,
+}
+
+impl OwnChunks {
+    /// Chunks of at most `chunk` bytes (at least 1) of a buffer of `len` bytes, each sent
+    /// with `header` and its offset; `send == false` sends none.
+    pub(crate) fn new(header: Header, len: usize, chunk: usize, send: bool) -> Self {
+        let chunk = chunk.max(1);
+        OwnChunks {
+            header,
+            chunk,
+            next: 0,
+            count: if send { chunk_count(len, chunk) } else { 0 },
+        }
+    }
+
+    /// The next chunk of `data` (the buffer the chunks were planned for).
+    pub(crate) fn next(&mut self, data: &[u8]) -> Option<Message> {
+        if self.next == self.count {
+            return None;
+        }
+        let start = self.next * self.chunk;
+        let end = (start + self.chunk).min(data.len());
+        self.next += 1;
+        let h = Header {
+            offset: start as u64,
+            ..self.header
+        };
+        Some(Message::new(h, &data[start..end]))
+    }
+
+    /// Whether every chunk was handed out.
+    pub(crate) fn is_done(&self) -> bool {
+        self.next == self.count
+    }
+}
+
+/// Writes `bytes` at `off` into `data`, growing it as needed: a chunk that continues the
+/// buffer (the usual, in-order case) is appended without zero-filling first; only a gap
+/// left by an out-of-order chunk is zero-filled.
+pub(crate) fn place(data: &mut Vec<u8>, off: usize, bytes: &[u8]) {
+    if off == data.len() {
+        data.extend_from_slice(bytes);
+        return;
+    }
+    let end = off + bytes.len();
+    if data.len() < end {
+        data.resize(end, 0);
+    }
+    data[off..end].copy_from_slice(bytes);
+}
+
 /// Checks the fields every rank must agree on.
 pub(crate) fn check_header(
     from: usize,
@@ -200,6 +259,16 @@ mod tests {
                 assert_eq!(next, n);
             }
         }
+    }
+
+    #[test]
+    fn place_appends_and_fills_gaps() {
+        let mut d = Vec::new();
+        place(&mut d, 0, b"ab");
+        place(&mut d, 4, b"ef");
+        place(&mut d, 2, b"cd");
+        place(&mut d, 6, b"");
+        assert_eq!(d, b"abcdef");
     }
 
     #[test]
