@@ -67,6 +67,7 @@
 pub mod algo;
 pub mod comm;
 pub mod frame;
+pub(crate) mod pool;
 pub mod ps;
 #[cfg(feature = "tcp")]
 pub mod rendezvous;

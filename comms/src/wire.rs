@@ -204,13 +204,7 @@ impl Message {
 
     /// A message whose payload is `vals` as little-endian f32.
     pub fn from_f32(header: Header, vals: &[f32]) -> Self {
-        Self::build(header, vals.len() * 4, |out| {
-            let start = out.len();
-            out.resize(start + vals.len() * 4, 0);
-            for (d, v) in out[start..].chunks_exact_mut(4).zip(vals) {
-                d.copy_from_slice(&v.to_le_bytes());
-            }
-        })
+        Self::build(header, vals.len() * 4, |out| extend_f32_le(out, vals))
     }
 
     /// A message whose payload of `payload_len` bytes is appended by `fill`.
@@ -218,7 +212,7 @@ impl Message {
     /// # Panics
     /// If `fill` appends a number of bytes other than `payload_len` (a bug in the caller).
     pub fn build(header: Header, payload_len: usize, fill: impl FnOnce(&mut Vec<u8>)) -> Self {
-        let mut buf = Vec::with_capacity(HEADER_LEN + payload_len);
+        let mut buf = crate::pool::take_empty(HEADER_LEN + payload_len);
         buf.resize(HEADER_LEN, 0);
         header.write(&mut buf);
         fill(&mut buf);
@@ -242,6 +236,12 @@ impl Message {
         &self.buf[HEADER_LEN..]
     }
 
+    /// The payload bytes, mutable (lets a machine reduce into a received message and
+    /// forward it without allocating).
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[HEADER_LEN..]
+    }
+
     /// Replaces the header in place (used to forward a payload without copying it).
     pub fn with_header(mut self, header: Header) -> Self {
         header.write(&mut self.buf);
@@ -255,8 +255,8 @@ impl Message {
     }
 
     /// The encoded message, consumed.
-    pub fn into_bytes(self) -> Vec<u8> {
-        self.buf
+    pub fn into_bytes(mut self) -> Vec<u8> {
+        std::mem::take(&mut self.buf)
     }
 
     /// Encoded length in bytes.
@@ -282,6 +282,67 @@ pub fn f32s(payload: &[u8]) -> Result<impl Iterator<Item = f32> + '_, WireError>
     Ok(payload
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+}
+
+/// A dropped message gives its buffer back to the crate's buffer pool, so that the
+/// next chunk-sized message reuses it instead of page-faulting in a fresh one.
+impl Drop for Message {
+    fn drop(&mut self) {
+        crate::pool::put(std::mem::take(&mut self.buf));
+    }
+}
+
+/// Appends `vals` to `out` as little-endian f32 (one `memcpy` on little-endian targets).
+fn extend_f32_le(out: &mut Vec<u8>, vals: &[f32]) {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: `f32` has no padding and every byte of it is initialised, `u8` has
+        // alignment 1, and the byte slice covers exactly the `vals.len() * 4` bytes of
+        // `vals`, borrowed immutably for the duration of the copy. On a little-endian target
+        // the in-memory bytes of an `f32` are its little-endian encoding.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(vals.as_ptr().cast::<u8>(), size_of_val(vals)) };
+        out.extend_from_slice(bytes);
+    }
+    #[cfg(not(target_endian = "little"))]
+    out.extend(vals.iter().flat_map(|v| v.to_le_bytes()));
+}
+
+/// Overwrites `dst` with the little-endian f32 values of `payload` (a `memcpy` on
+/// little-endian targets).
+///
+/// # Panics
+/// If `payload.len() != 4 * dst.len()` (callers check the length first).
+pub(crate) fn copy_f32_le(dst: &mut [f32], payload: &[u8]) {
+    assert_eq!(payload.len(), size_of_val(dst), "payload length");
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: as in `extend_f32_le`; in addition every bit pattern is a valid `f32`,
+        // so writing arbitrary bytes through the byte view cannot create an invalid value,
+        // and `dst` is borrowed mutably (exclusively) for the duration of the copy.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), size_of_val(dst))
+        };
+        bytes.copy_from_slice(payload);
+    }
+    #[cfg(not(target_endian = "little"))]
+    for (d, c) in dst.iter_mut().zip(payload.chunks_exact(4)) {
+        *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+}
+
+/// `payload[i] = f(payload[i], own[i])` over little-endian f32 values, in place: the
+/// received operand comes first, as the summation order requires. Written as a plain
+/// loop over fixed-size chunks so that it vectorises.
+///
+/// # Panics
+/// If `payload.len() != 4 * own.len()` (callers check the length first).
+pub(crate) fn combine_f32_le(payload: &mut [u8], own: &[f32], f: impl Fn(f32, f32) -> f32) {
+    assert_eq!(payload.len(), size_of_val(own), "payload length");
+    for (d, x) in payload.chunks_exact_mut(4).zip(own) {
+        let v = f32::from_le_bytes([d[0], d[1], d[2], d[3]]);
+        d.copy_from_slice(&f(v, *x).to_le_bytes());
+    }
 }
 
 /// Why a rank aborted a collective: the payload of a [`Kind::Abort`] message.

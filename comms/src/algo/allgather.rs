@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 
-use super::{check_header, chunk_count, AlgoError, Machine};
+use super::{check_header, place, AlgoError, Machine, OwnChunks};
 use crate::wire::{Algo, Header, Kind, Message};
 
 #[derive(Debug, Default)]
@@ -24,16 +24,20 @@ struct Block {
 /// Ring all-gatherv (see the [module docs](self)). The result is taken with
 /// [`AllGather::into_blocks`].
 #[derive(Debug)]
-pub struct AllGather {
+pub struct AllGather<'a> {
     rank: usize,
     world: usize,
     max_block: u64,
     blocks: Vec<Block>,
     incomplete: usize,
+    /// This rank's buffer.
+    mine: &'a [u8],
+    /// This rank's chunks (of `mine`), cut lazily.
+    own: OwnChunks,
     out: VecDeque<(usize, Message)>,
 }
 
-impl AllGather {
+impl<'a> AllGather<'a> {
     /// Gathers `data` from every rank; chunks are at most `chunk_bytes` (0 is treated as 1)
     /// and peers' blocks may be at most `max_block_bytes` long.
     ///
@@ -43,42 +47,36 @@ impl AllGather {
         rank: usize,
         world: usize,
         seq: u64,
-        data: &[u8],
+        data: &'a [u8],
         chunk_bytes: usize,
         max_block_bytes: u64,
     ) -> Self {
         assert!(rank < world, "rank {rank} out of range for world {world}");
-        let chunk = chunk_bytes.max(1);
+        let h = Header {
+            count: data.len() as u64,
+            root: rank as u32,
+            ..Header::new(Kind::AllGather, Algo::Ring, seq)
+        };
+        let own = OwnChunks::new(h, data.len(), chunk_bytes, world > 1);
         let mut blocks: Vec<Block> = (0..world).map(|_| Block::default()).collect();
+        // This rank's block is copied into the result only at the end (`into_blocks`), so
+        // that sending starts at once.
         blocks[rank] = Block {
-            data: data.to_vec(),
+            data: Vec::new(),
             total: Some(data.len() as u64),
             received: data.len() as u64,
             complete: true,
         };
-        let mut m = AllGather {
+        AllGather {
             rank,
             world,
             max_block: max_block_bytes,
             blocks,
             incomplete: world - 1,
+            mine: data,
+            own,
             out: VecDeque::new(),
-        };
-        if world > 1 {
-            let right = (rank + 1) % world;
-            for j in 0..chunk_count(data.len(), chunk) {
-                let start = j * chunk;
-                let end = (start + chunk).min(data.len());
-                let h = Header {
-                    count: data.len() as u64,
-                    offset: start as u64,
-                    root: rank as u32,
-                    ..Header::new(Kind::AllGather, Algo::Ring, seq)
-                };
-                m.out.push_back((right, Message::new(h, &data[start..end])));
-            }
         }
-        m
     }
 
     fn left(&self) -> usize {
@@ -91,11 +89,13 @@ impl AllGather {
     /// If the machine is not done.
     pub fn into_blocks(self) -> Vec<Vec<u8>> {
         assert!(self.incomplete == 0, "all-gather not complete");
-        self.blocks.into_iter().map(|b| b.data).collect()
+        let mut blocks = self.blocks;
+        blocks[self.rank].data = self.mine.to_vec();
+        blocks.into_iter().map(|b| b.data).collect()
     }
 }
 
-impl Machine for AllGather {
+impl Machine for AllGather<'_> {
     fn handle(&mut self, from: usize, msg: Message) -> Result<(), AlgoError> {
         let h = *msg.header();
         check_header(from, &h, Kind::AllGather, Algo::Ring, None)?;
@@ -152,7 +152,7 @@ impl Machine for AllGather {
             Some(_) => len > 0 && block.received + len <= h.count,
             None => false,
         };
-        let Some(end) = end.filter(|_| ok) else {
+        let Some(_) = end.filter(|_| ok) else {
             return Err(AlgoError::protocol(
                 from,
                 format!(
@@ -162,11 +162,8 @@ impl Machine for AllGather {
             ));
         };
         // Bounded: end <= count <= max_block.
-        let (off, end) = (h.offset as usize, end as usize);
-        if block.data.len() < end {
-            block.data.resize(end, 0);
-        }
-        block.data[off..end].copy_from_slice(msg.payload());
+        let off = h.offset as usize;
+        place(&mut block.data, off, msg.payload());
         block.received += len;
         if block.received == h.count {
             block.complete = true;
@@ -184,11 +181,14 @@ impl Machine for AllGather {
     }
 
     fn poll_transmit(&mut self) -> Option<(usize, Message)> {
-        self.out.pop_front()
+        let right = (self.rank + 1) % self.world;
+        self.out
+            .pop_front()
+            .or_else(|| Some((right, self.own.next(self.mine)?)))
     }
 
     fn is_done(&self) -> bool {
-        self.incomplete == 0 && self.out.is_empty()
+        self.incomplete == 0 && self.out.is_empty() && self.own.is_done()
     }
 
     fn expects_from(&self, peer: usize) -> bool {

@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use super::{check_header, chunk_count, AlgoError, Machine};
+use super::{check_header, place, AlgoError, Machine, OwnChunks};
 use crate::wire::{Algo, Header, Kind, Message};
 
 /// Chain broadcast into a borrowed buffer (see the [module docs](self)).
@@ -23,6 +23,8 @@ pub struct Broadcast<'a> {
     total: Option<u64>,
     received: u64,
     done_recv: bool,
+    /// The root's chunks, cut lazily.
+    own: OwnChunks,
     out: VecDeque<(usize, Message)>,
 }
 
@@ -44,22 +46,13 @@ impl<'a> Broadcast<'a> {
     ) -> Self {
         assert!(rank < world, "rank {rank} out of range for world {world}");
         assert!(root < world, "root {root} out of range for world {world}");
-        let chunk = chunk_bytes.max(1);
-        let mut out = VecDeque::new();
         let is_root = rank == root;
-        if is_root && world > 1 {
-            for j in 0..chunk_count(data.len(), chunk) {
-                let start = j * chunk;
-                let end = (start + chunk).min(data.len());
-                let h = Header {
-                    count: data.len() as u64,
-                    offset: start as u64,
-                    root: root as u32,
-                    ..Header::new(Kind::Broadcast, Algo::Chain, seq)
-                };
-                out.push_back(((rank + 1) % world, Message::new(h, &data[start..end])));
-            }
-        }
+        let h = Header {
+            count: data.len() as u64,
+            root: root as u32,
+            ..Header::new(Kind::Broadcast, Algo::Chain, seq)
+        };
+        let own = OwnChunks::new(h, data.len(), chunk_bytes, is_root && world > 1);
         if !is_root {
             data.clear();
         }
@@ -72,7 +65,8 @@ impl<'a> Broadcast<'a> {
             total: None,
             received: 0,
             done_recv: is_root,
-            out,
+            own,
+            out: VecDeque::new(),
         }
     }
 
@@ -122,7 +116,7 @@ impl Machine for Broadcast<'_> {
             Some(_) => len > 0 && self.received + len <= h.count,
             None => false,
         };
-        let Some(end) = end.filter(|_| ok) else {
+        let Some(_) = end.filter(|_| ok) else {
             return Err(AlgoError::protocol(
                 from,
                 format!(
@@ -131,11 +125,8 @@ impl Machine for Broadcast<'_> {
                 ),
             ));
         };
-        let (off, end) = (h.offset as usize, end as usize);
-        if self.data.len() < end {
-            self.data.resize(end, 0);
-        }
-        self.data[off..end].copy_from_slice(msg.payload());
+        let off = h.offset as usize;
+        place(self.data, off, msg.payload());
         self.received += len;
         if self.received == h.count {
             self.done_recv = true;
@@ -148,11 +139,14 @@ impl Machine for Broadcast<'_> {
     }
 
     fn poll_transmit(&mut self) -> Option<(usize, Message)> {
-        self.out.pop_front()
+        let next = (self.rank + 1) % self.world;
+        self.out
+            .pop_front()
+            .or_else(|| Some((next, self.own.next(self.data)?)))
     }
 
     fn is_done(&self) -> bool {
-        self.done_recv && self.out.is_empty()
+        self.done_recv && self.out.is_empty() && self.own.is_done()
     }
 
     fn expects_from(&self, peer: usize) -> bool {

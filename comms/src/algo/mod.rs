@@ -32,7 +32,7 @@ use std::ops::Range;
 
 use thiserror::Error;
 
-use crate::wire::{Algo, Header, Kind, Message, WireError};
+use crate::wire::{combine_f32_le, Algo, Header, Kind, Message, WireError};
 
 /// Errors of a collective state machine: the peer sent something this rank did not expect.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -108,6 +108,15 @@ impl ReduceOp {
         }
     }
 
+    /// `payload[i] = apply(payload[i], own[i])` over a little-endian f32 payload, in
+    /// place (the received operand first), vectorised per operation.
+    pub(crate) fn combine_into(self, payload: &mut [u8], own: &[f32]) {
+        match self {
+            ReduceOp::Sum => combine_f32_le(payload, own, |a, b| a + b),
+            ReduceOp::Max => combine_f32_le(payload, own, f32::max),
+        }
+    }
+
     pub(crate) fn kind(self) -> Kind {
         match self {
             ReduceOp::Sum => Kind::AllReduceSum,
@@ -134,6 +143,65 @@ pub fn segment_range(n: usize, world: usize, s: usize) -> Range<usize> {
 /// one, so that even an empty segment sends one (empty) message and mismatches are seen.
 pub(crate) fn chunk_count(len: usize, chunk: usize) -> usize {
     len.div_ceil(chunk).max(1)
+}
+
+/// The chunks of a rank's own byte buffer, cut one at a time as `poll_transmit` asks for
+/// them (so the first chunk is on the wire while the next ones are still being copied).
+#[derive(Debug)]
+pub(crate) struct OwnChunks {
+    header: Header,
+    chunk: usize,
+    next: usize,
+    count: usize,
+}
+
+impl OwnChunks {
+    /// Chunks of at most `chunk` bytes (at least 1) of a buffer of `len` bytes, each sent
+    /// with `header` and its offset; `send == false` sends none.
+    pub(crate) fn new(header: Header, len: usize, chunk: usize, send: bool) -> Self {
+        let chunk = chunk.max(1);
+        OwnChunks {
+            header,
+            chunk,
+            next: 0,
+            count: if send { chunk_count(len, chunk) } else { 0 },
+        }
+    }
+
+    /// The next chunk of `data` (the buffer the chunks were planned for).
+    pub(crate) fn next(&mut self, data: &[u8]) -> Option<Message> {
+        if self.next == self.count {
+            return None;
+        }
+        let start = self.next * self.chunk;
+        let end = (start + self.chunk).min(data.len());
+        self.next += 1;
+        let h = Header {
+            offset: start as u64,
+            ..self.header
+        };
+        Some(Message::new(h, &data[start..end]))
+    }
+
+    /// Whether every chunk was handed out.
+    pub(crate) fn is_done(&self) -> bool {
+        self.next == self.count
+    }
+}
+
+/// Writes `bytes` at `off` into `data`, growing it as needed: a chunk that continues the
+/// buffer (the usual, in-order case) is appended without zero-filling first; only a gap
+/// left by an out-of-order chunk is zero-filled.
+pub(crate) fn place(data: &mut Vec<u8>, off: usize, bytes: &[u8]) {
+    if off == data.len() {
+        data.extend_from_slice(bytes);
+        return;
+    }
+    let end = off + bytes.len();
+    if data.len() < end {
+        data.resize(end, 0);
+    }
+    data[off..end].copy_from_slice(bytes);
 }
 
 /// Checks the fields every rank must agree on.
@@ -191,6 +259,16 @@ mod tests {
                 assert_eq!(next, n);
             }
         }
+    }
+
+    #[test]
+    fn place_appends_and_fills_gaps() {
+        let mut d = Vec::new();
+        place(&mut d, 0, b"ab");
+        place(&mut d, 4, b"ef");
+        place(&mut d, 2, b"cd");
+        place(&mut d, 6, b"");
+        assert_eq!(d, b"abcdef");
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 
 use super::{check_header, chunk_count, segment_range, AlgoError, Machine, ReduceOp};
-use crate::wire::{f32s, Algo, Header, Kind, Message};
+use crate::wire::{copy_f32_le, Algo, Header, Kind, Message};
 
 const RS: u8 = 0;
 const AG: u8 = 1;
@@ -42,6 +42,10 @@ pub struct Ring<'a> {
     /// `seen[phase][step][chunk]`.
     seen: [Vec<Vec<bool>>; 2],
     remaining: usize,
+    /// Chunks of step 0 of the reduce-scatter, built lazily in `poll_transmit` so that the
+    /// first is on the wire while the next are still being copied.
+    own_chunks: usize,
+    own_sent: usize,
     out: VecDeque<(usize, Message)>,
 }
 
@@ -105,6 +109,8 @@ impl<'a> Ring<'a> {
             chunk: chunk_elems.max(1),
             seen: [Vec::new(), Vec::new()],
             remaining: 0,
+            own_chunks: 0,
+            own_sent: 0,
             out: VecDeque::new(),
         };
         if world == 1 {
@@ -125,12 +131,15 @@ impl<'a> Ring<'a> {
             }
         }
         let seg = m.seg(m.seg_at(RS, rank, 0));
-        for j in 0..chunk_count(seg.len(), m.chunk) {
-            let r = m.chunk_range(&seg, j);
-            let msg = Message::from_f32(m.header(RS, 0, r.start), &m.buf[r]);
-            m.out.push_back((m.right(), msg));
-        }
+        m.own_chunks = chunk_count(seg.len(), m.chunk);
         m
+    }
+
+    /// The `j`-th chunk of this rank's own data sent at step 0 of the reduce-scatter.
+    fn own_chunk(&self, j: usize) -> Message {
+        let seg = self.seg(self.seg_at(RS, self.rank, 0));
+        let r = self.chunk_range(&seg, j);
+        Message::from_f32(self.header(RS, 0, r.start), &self.buf[r])
     }
 
     fn left(&self) -> usize {
@@ -172,7 +181,15 @@ impl<'a> Ring<'a> {
 }
 
 impl Machine for Ring<'_> {
-    fn handle(&mut self, from: usize, msg: Message) -> Result<(), AlgoError> {
+    fn handle(&mut self, from: usize, mut msg: Message) -> Result<(), AlgoError> {
+        // A driver that feeds a message before draining `poll_transmit` must not see the
+        // own chunks read after the buffer changed: build the rest now (a no-op for
+        // drivers that drain first, as they should).
+        while self.own_sent < self.own_chunks {
+            let m = self.own_chunk(self.own_sent);
+            self.own_sent += 1;
+            self.out.push_back((self.right(), m));
+        }
         let h = *msg.header();
         check_header(from, &h, self.kind, Algo::Ring, Some(self.buf.len() as u64))?;
         if self.world == 1 || from != self.left() {
@@ -224,34 +241,25 @@ impl Machine for Ring<'_> {
         }
         self.seen[phase as usize][step][j] = true;
         self.remaining -= 1;
-        let vals = f32s(msg.payload()).map_err(|e| AlgoError::wire(from, e))?;
         let last = step == self.world - 2;
-        let op = self.op;
+        // The received message is reduced into in place and forwarded: no allocation and
+        // one pass over the chunk per step.
         if phase == RS {
+            // payload = received ⊕ own (the documented order).
+            self.op
+                .combine_into(msg.payload_mut(), &self.buf[range.clone()]);
             if !last {
-                let own = &self.buf[range.clone()];
                 let h = self.header(RS, step + 1, off);
-                let fwd = Message::build(h, range.len() * 4, |o| {
-                    let start = o.len();
-                    o.resize(start + own.len() * 4, 0);
-                    for ((d, v), x) in o[start..].chunks_exact_mut(4).zip(vals).zip(own) {
-                        d.copy_from_slice(&op.apply(v, *x).to_le_bytes());
-                    }
-                });
-                self.out.push_back((self.right(), fwd));
+                self.out.push_back((self.right(), msg.with_header(h)));
             } else {
-                for (v, x) in vals.zip(&mut self.buf[range.clone()]) {
-                    *x = op.apply(v, *x);
-                }
+                copy_f32_le(&mut self.buf[range], msg.payload());
                 if self.kind != Kind::ReduceScatter {
-                    let m = Message::from_f32(self.header(AG, 0, off), &self.buf[range]);
-                    self.out.push_back((self.right(), m));
+                    let h = self.header(AG, 0, off);
+                    self.out.push_back((self.right(), msg.with_header(h)));
                 }
             }
         } else {
-            for (v, x) in vals.zip(&mut self.buf[range]) {
-                *x = v;
-            }
+            copy_f32_le(&mut self.buf[range], msg.payload());
             if !last {
                 let h = self.header(AG, step + 1, off);
                 self.out.push_back((self.right(), msg.with_header(h)));
@@ -261,11 +269,17 @@ impl Machine for Ring<'_> {
     }
 
     fn poll_transmit(&mut self) -> Option<(usize, Message)> {
-        self.out.pop_front()
+        if let Some(m) = self.out.pop_front() {
+            return Some(m);
+        }
+        (self.own_sent < self.own_chunks).then(|| {
+            self.own_sent += 1;
+            (self.right(), self.own_chunk(self.own_sent - 1))
+        })
     }
 
     fn is_done(&self) -> bool {
-        self.remaining == 0 && self.out.is_empty()
+        self.remaining == 0 && self.out.is_empty() && self.own_sent == self.own_chunks
     }
 
     fn expects_from(&self, peer: usize) -> bool {

@@ -8,8 +8,8 @@
 //! Drivers: [`channel`] (in-process, N ranks as threads); with the `tcp` feature,
 //! [`tcp`] (tokio, one connection per rank pair, authenticated by the run token); with the
 //! `quic` feature, [`quic`] (quinn, TLS 1.3 with the pinned run certificate, plus the run
-//! token). The byte-stream drivers share their framing tasks and egress shaping
-//! (`stream.rs`).
+//! token). The byte-stream drivers share their framing and egress shaping (`stream.rs`);
+//! TCP moves data with a blocking reader and writer thread per connection (`threaded.rs`).
 
 pub mod channel;
 #[cfg(feature = "mpi")]
@@ -20,6 +20,8 @@ pub mod quic;
 pub(crate) mod stream;
 #[cfg(feature = "tcp")]
 pub mod tcp;
+#[cfg(feature = "tcp")]
+pub(crate) mod threaded;
 
 use std::collections::VecDeque;
 use std::ops::Sub;

@@ -94,10 +94,12 @@ pub(crate) async fn write_hello(
 
 /// Data frames at least this large are read straight into their own, exactly sized
 /// buffer (saves a copy); smaller ones go through the shared read buffer.
+#[cfg_attr(not(feature = "quic"), allow(dead_code))]
 const DIRECT_READ: usize = 64 << 10;
 
 /// Delivers the data frames of one connection to the inbox; reports the end of the stream
-/// (clean or not) as [`Event::Closed`].
+/// (clean or not) as [`Event::Closed`]. (QUIC; TCP moves data on threads, `threaded.rs`.)
+#[cfg_attr(not(feature = "quic"), allow(dead_code))]
 pub(crate) async fn reader<R: AsyncRead + Unpin>(
     peer: usize,
     mut rd: R,
@@ -155,6 +157,7 @@ pub(crate) async fn reader<R: AsyncRead + Unpin>(
 /// Writes queued frames to one connection until the queue closes, then shuts the stream
 /// down and returns it (`None` if writing failed). Frames with a release time are written
 /// no earlier than that (what was buffered before is flushed first).
+#[cfg_attr(not(feature = "quic"), allow(dead_code))]
 pub(crate) async fn writer<W: AsyncWrite + Unpin>(
     peer: usize,
     wr: W,

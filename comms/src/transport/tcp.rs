@@ -11,29 +11,33 @@
 //! [`TcpConfig::connect_timeout`] passes.
 //!
 //! # Data path
-//! Each connection has a reader task (parses frames into the rank's inbox; a closed or
-//! broken connection becomes [`TransportError::Closed`]) and a writer task fed by an
-//! unbounded queue, so [`Transport::send`] never blocks on the peer (see [`Transport`]).
-//! With [`TcpConfig::link`] set, `send` stamps every frame with its release time on this
-//! rank's emulated egress link ([`crate::shaping`]) and the writer holds it until then.
-//! Dropping the transport flushes queued frames (for up to [`TcpConfig::linger`]) and
-//! closes the connections.
+//! Set-up runs on a small tokio runtime that is shut down once the mesh is built. Each
+//! connection then has a blocking reader thread (parses frames into the rank's inbox; a
+//! closed or broken connection becomes [`TransportError::Closed`]) and a blocking writer
+//! thread fed by an unbounded queue, so [`Transport::send`] never blocks on the peer (see
+//! [`Transport`]) and a rank sends and receives at the same time. Large frames are read
+//! straight into their own buffers and written with the frame prefix in one vectored
+//! write; message buffers circulate through the crate's buffer pool (details in
+//! `threaded.rs`). With [`TcpConfig::link`] set, `send` stamps every frame with its
+//! release time on this rank's emulated egress link ([`crate::shaping`]) and the writer
+//! holds it until then. Dropping the transport flushes queued frames (for up to
+//! [`TcpConfig::linger`]) and closes the connections.
 //!
-//! The runtime lives inside the transport: create and drop it outside any async context
-//! (creating or dropping it inside a tokio runtime panics).
+//! Create the transport outside any async context (set-up blocks on its own runtime,
+//! which panics inside another one).
 
-use std::net::SocketAddr;
+use std::net::{Shutdown, SocketAddr};
 use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::runtime::Runtime;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinSet;
 use tracing::warn;
 
-use super::stream::{read_frame, reader, write_hello, writer, Outgoing, Shaper};
+use super::stream::{read_frame, write_hello, Outgoing, Shaper};
+use super::threaded::{read_loop, write_loop};
 use super::{check_peer, ByteCount, Inbox, Transport, TransportError};
 use crate::frame::{Frame, FRAME_HEADER_LEN, MAX_HELLO_FRAME, MAX_TOKEN_LEN};
 use crate::shaping::LinkSpec;
@@ -47,7 +51,8 @@ pub struct TcpConfig {
     pub max_frame: usize,
     /// How long set-up may take. Default 30 s.
     pub connect_timeout: Duration,
-    /// Runtime worker threads for the connection tasks. Default 1.
+    /// Runtime worker threads for connection set-up (data moves on dedicated threads, one
+    /// reader and one writer per connection). Default 1.
     pub io_threads: usize,
     /// How long dropping the transport waits to flush queued frames. Default 10 s.
     pub linger: Duration,
@@ -89,12 +94,16 @@ pub struct TcpTransport {
     world: usize,
     max_frame: usize,
     linger: Duration,
-    writers: Vec<Option<UnboundedSender<Outgoing>>>,
-    writer_tasks: Vec<JoinHandle<()>>,
+    writers: Vec<Option<mpsc::Sender<Outgoing>>>,
+    /// Disconnects once every writer thread has returned.
+    writers_done: mpsc::Receiver<()>,
+    readers: Vec<JoinHandle<()>>,
+    writer_threads: Vec<JoinHandle<()>>,
+    /// One handle per connection, to shut it down on drop.
+    streams: Vec<std::net::TcpStream>,
     inbox: Inbox,
     sent: u64,
     shaper: Option<Shaper>,
-    rt: Option<Runtime>,
 }
 
 type Conn = (usize, TcpStream, BytesMut);
@@ -128,17 +137,39 @@ impl TcpTransport {
             .build()?;
         listener.set_nonblocking(true)?;
         let conns = rt.block_on(mesh(rank, world, peers.to_vec(), listener, cfg.clone()))?;
+        let conns = {
+            let _rt = rt.enter();
+            conns
+                .into_iter()
+                .map(|(p, s, buf)| {
+                    let s = s.into_std()?;
+                    s.set_nonblocking(false)?;
+                    Ok((p, s, buf))
+                })
+                .collect::<Result<Vec<_>, std::io::Error>>()?
+        };
+        rt.shutdown_background();
         let (tx, rx) = mpsc::channel();
-        let mut writers: Vec<Option<UnboundedSender<Outgoing>>> =
-            (0..world).map(|_| None).collect();
-        let mut writer_tasks = Vec::new();
+        let (done_tx, writers_done) = mpsc::channel();
+        let mut writers: Vec<Option<mpsc::Sender<Outgoing>>> = (0..world).map(|_| None).collect();
+        let (mut readers, mut writer_threads) = (Vec::new(), Vec::new());
+        let mut streams = Vec::new();
         for (peer, stream, buf) in conns {
-            let (rd, wr) = stream.into_split();
-            rt.spawn(reader(peer, rd, buf, tx.clone(), cfg.max_frame));
-            let (wtx, wrx) = unbounded_channel();
-            writer_tasks.push(rt.spawn(async move {
-                writer(peer, wr, wrx).await;
-            }));
+            let (rd, wr) = (stream.try_clone()?, stream.try_clone()?);
+            streams.push(stream);
+            let (tx, max) = (tx.clone(), cfg.max_frame);
+            readers.push(
+                std::thread::Builder::new()
+                    .name(format!("dtrain-tcp-rd{peer}"))
+                    .spawn(move || read_loop(peer, rd, &buf, tx, max))?,
+            );
+            let (wtx, wrx) = mpsc::channel();
+            let done = done_tx.clone();
+            writer_threads.push(
+                std::thread::Builder::new()
+                    .name(format!("dtrain-tcp-wr{peer}"))
+                    .spawn(move || write_loop(peer, wr, wrx, done))?,
+            );
             writers[peer] = Some(wtx);
         }
         Ok(TcpTransport {
@@ -147,11 +178,13 @@ impl TcpTransport {
             max_frame: cfg.max_frame,
             linger: cfg.linger,
             writers,
-            writer_tasks,
+            writers_done,
+            readers,
+            writer_threads,
+            streams,
             inbox: Inbox::new(rx, tx, world, FRAME_HEADER_LEN as u64),
             sent: 0,
             shaper: Shaper::new(&cfg.link),
-            rt: Some(rt),
         })
     }
 }
@@ -203,17 +236,23 @@ impl Transport for TcpTransport {
 
 impl Drop for TcpTransport {
     fn drop(&mut self) {
-        // Closing the queues lets each writer flush what is queued and shut its half down.
+        // Closing the queues lets each writer flush what is queued and shut its direction
+        // down; wait for that (up to the linger time), then close the connections, which
+        // also ends the readers (and any writer still stuck on a peer that stopped reading).
         self.writers.clear();
-        let tasks = std::mem::take(&mut self.writer_tasks);
-        if let Some(rt) = self.rt.take() {
-            let deadline = tokio::time::Instant::now() + self.linger;
-            rt.block_on(async move {
-                for t in tasks {
-                    let _ = tokio::time::timeout_at(deadline, t).await;
-                }
-            });
-            rt.shutdown_timeout(Duration::from_millis(100));
+        // Nothing is ever sent on `writers_done`: it disconnects when the last writer returns.
+        let _ = self.writers_done.recv_timeout(self.linger);
+        for s in &self.streams {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        for t in self.readers.drain(..) {
+            let _ = t.join();
+        }
+        // A writer may still sleep until an emulated release time: join only finished ones.
+        for t in self.writer_threads.drain(..) {
+            if t.is_finished() {
+                let _ = t.join();
+            }
         }
     }
 }
