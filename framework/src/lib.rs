@@ -13,9 +13,12 @@
 //!   average) for every aggregation kind.
 //! * [`optim`]: SGD / momentum / Nesterov / Adam / AdamW on flat buffers (PyTorch semantics).
 //! * [`lr`]: learning-rate schedules (step, cosine, gradual warm-up, linear scaling rule).
-//!
-//! The trainer itself (bucketing, the compress → collective → decompress pipeline,
-//! optimizers, checkpoints, metrics) lands with issue #6.
+//! * [`config`]: the run configuration (TOML, two-stage validation into a [`config::Plan`]).
+//! * [`data`]: per-rank training / evaluation batches addressed by `(epoch, index)`.
+//! * [`trainer`]: one worker of a data-parallel run — the step, evaluation, checkpoints,
+//!   exact resume, failure policies, metrics.
+//! * [`launch`]: `dtrain run` — validation, run directory, worker processes, multi-node and
+//!   scheduler placement, supervision.
 
 pub mod bench;
 pub mod bucket;
