@@ -4,7 +4,7 @@
 
 #![cfg(feature = "tcp")]
 
-use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::net::{SocketAddr, TcpListener};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -78,7 +78,7 @@ fn quic_mesh_uses_the_identity_handed_out_at_rendezvous() {
     let ranks: Vec<_> = (0..world)
         .map(|rank| {
             thread::spawn(move || {
-                let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+                let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
                 let me = s.local_addr().unwrap();
                 let j = rendezvous::join(at, rank, world, me, &cfg(TOKEN, 10_000)).unwrap();
                 let t =
