@@ -302,6 +302,18 @@ pub enum TransportKind {
     Quic,
 }
 
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "tcp" => Ok(TransportKind::Tcp),
+            "quic" => Ok(TransportKind::Quic),
+            "mpi" => Err("transport mpi is not available here yet (only tcp, quic)".into()),
+            _ => Err(format!("unknown transport {s:?} (tcp, quic)")),
+        }
+    }
+}
+
 impl std::fmt::Display for TransportKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

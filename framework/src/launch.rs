@@ -33,6 +33,10 @@ use crate::trainer::{Observer, RunDir, Summary, Trainer};
 /// The environment variable carrying the run token to the workers.
 pub const TOKEN_ENV: &str = "DTRAIN_RUN_TOKEN";
 
+/// How long a rendezvous waits for every rank of a training run (workers load their data
+/// before joining).
+const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// What `dtrain run` was asked.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
@@ -201,7 +205,8 @@ pub fn prepare_dir(opts: &RunOptions, plan: &Plan) -> Result<RunDir, String> {
     Ok(RunDir { root })
 }
 
-/// Builds the transport of one rank through the rendezvous at `host`.
+/// Builds the transport of one rank through the rendezvous at `host` (waiting at most
+/// `timeout` for the other ranks).
 pub fn connect(
     kind: TransportKind,
     host: SocketAddr,
@@ -209,9 +214,10 @@ pub fn connect(
     world: usize,
     link: LinkSpec,
     token: &str,
+    timeout: Duration,
 ) -> Result<Box<dyn Transport>, String> {
     let rcfg = RendezvousConfig {
-        timeout: Duration::from_secs(120),
+        timeout,
         ..RendezvousConfig::new(token.as_bytes().to_vec())
     };
     let ip = rendezvous::bind_ip_for(host);
@@ -239,12 +245,14 @@ pub fn connect(
     })
 }
 
-/// Hosts the rendezvous of `world` ranks on `addr`.
-fn host_rendezvous(
+/// Hosts the rendezvous of `world` ranks on `addr` (with the run's TLS identity for QUIC),
+/// waiting at most `timeout` for them.
+pub(crate) fn host_rendezvous(
     addr: SocketAddr,
     world: usize,
     kind: TransportKind,
     token: &str,
+    timeout: Duration,
 ) -> Result<Host, String> {
     let identity = match kind {
         TransportKind::Quic => RunIdentity::generate().map_err(|e| e.to_string())?,
@@ -253,7 +261,7 @@ fn host_rendezvous(
     let listener =
         TcpListener::bind(addr).map_err(|e| format!("rendezvous: binding {addr}: {e}"))?;
     let rcfg = RendezvousConfig {
-        timeout: Duration::from_secs(120),
+        timeout,
         ..RendezvousConfig::new(token.as_bytes().to_vec())
     };
     Host::spawn(listener, world, identity, rcfg).map_err(|e| e.to_string())
@@ -296,6 +304,7 @@ pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, String>
         a.world,
         link,
         &token,
+        RENDEZVOUS_TIMEOUT,
     )?;
     let comm = Communicator::new(
         transport,
@@ -367,7 +376,13 @@ pub fn launch(
         .rendezvous
         .unwrap_or_else(|| "127.0.0.1:0".parse().expect("addr"));
     let host = if node_rank == 0 {
-        Some(host_rendezvous(addr, world, kind, &token)?)
+        Some(host_rendezvous(
+            addr,
+            world,
+            kind,
+            &token,
+            RENDEZVOUS_TIMEOUT,
+        )?)
     } else {
         None
     };
@@ -524,6 +539,7 @@ pub fn run_as_rank(
             world,
             plan.config.cluster.transport,
             &token,
+            RENDEZVOUS_TIMEOUT,
         )?)
     } else {
         // Wait for rank 0's config.toml.

@@ -16,54 +16,22 @@
 //! ([`dtrain_comms::shaping::LinkSpec`]).
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use dtrain_comms::rendezvous::{self, Host, RendezvousConfig, RunIdentity};
+use dtrain_comms::rendezvous;
 use dtrain_comms::shaping::LinkSpec;
-use dtrain_comms::{
-    CommConfig, Communicator, QuicConfig, QuicTransport, TcpConfig, TcpTransport, Transport,
-};
+use dtrain_comms::{CommConfig, Communicator, Transport};
 use serde::{Deserialize, Serialize};
 
-/// Environment variable carrying the run token from the launcher to its workers.
-pub const TOKEN_ENV: &str = "DTRAIN_RUN_TOKEN";
+pub use crate::launch::TOKEN_ENV;
 /// Prefix of the line on which rank 0 prints its results (JSON).
 const ROWS_PREFIX: &str = "DTRAIN_BENCH_ROWS ";
 
-/// Which transport the workers use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TransportKind {
-    /// TCP (tokio, one connection per rank pair).
-    Tcp,
-    /// QUIC (quinn, TLS 1.3 with the pinned run certificate).
-    Quic,
-}
-
-impl FromStr for TransportKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "tcp" => Ok(TransportKind::Tcp),
-            "quic" => Ok(TransportKind::Quic),
-            "mpi" => Err("transport mpi is not available yet (only tcp, quic)".into()),
-            _ => Err(format!("unknown transport {s:?} (tcp, quic)")),
-        }
-    }
-}
-
-impl std::fmt::Display for TransportKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            TransportKind::Tcp => "tcp",
-            TransportKind::Quic => "quic",
-        })
-    }
-}
+pub use crate::config::TransportKind;
 
 /// The collective being measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -243,16 +211,13 @@ pub fn parse_sizes(s: &str) -> Result<Vec<usize>, String> {
 pub fn launch(opts: &Options, exe: &Path, args: &[&str]) -> Result<Vec<Row>, String> {
     opts.validate()?;
     let token = rendezvous::random_token().map_err(|e| e.to_string())?;
-    let identity = match opts.transport {
-        TransportKind::Quic => RunIdentity::generate().map_err(|e| e.to_string())?,
-        TransportKind::Tcp => RunIdentity::default(),
-    };
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    let rcfg = RendezvousConfig {
-        timeout: Duration::from_secs(60).min(opts.timeout),
-        ..RendezvousConfig::new(token.clone())
-    };
-    let host = Host::spawn(listener, opts.workers, identity, rcfg).map_err(|e| e.to_string())?;
+    let host = crate::launch::host_rendezvous(
+        "127.0.0.1:0".parse().expect("loopback address"),
+        opts.workers,
+        opts.transport,
+        &token,
+        Duration::from_secs(60).min(opts.timeout),
+    )?;
     let sizes: Vec<String> = opts.sizes.iter().map(|s| s.to_string()).collect();
     let mut children: Vec<Child> = Vec::new();
     let kill_all = |children: &mut Vec<Child>| {
@@ -368,35 +333,15 @@ pub struct WorkerArgs {
 pub fn worker(a: &WorkerArgs) -> Result<(), String> {
     let token = std::env::var(TOKEN_ENV).map_err(|_| format!("{TOKEN_ENV} is not set"))?;
     let link = a.opts.link()?;
-    let rcfg = RendezvousConfig {
-        timeout: Duration::from_secs(60),
-        ..RendezvousConfig::new(token.clone())
-    };
-    let ip = rendezvous::bind_ip_for(a.rendezvous);
-    let transport: Box<dyn Transport> = match a.opts.transport {
-        TransportKind::Tcp => {
-            let l = TcpListener::bind((ip, 0)).map_err(|e| e.to_string())?;
-            let me = l.local_addr().map_err(|e| e.to_string())?;
-            let j = rendezvous::join(a.rendezvous, a.rank, a.world, me, &rcfg)
-                .map_err(|e| e.to_string())?;
-            let cfg = TcpConfig {
-                link,
-                ..TcpConfig::new(token.into_bytes())
-            };
-            Box::new(TcpTransport::connect(a.rank, &j.peers, l, cfg).map_err(|e| e.to_string())?)
-        }
-        TransportKind::Quic => {
-            let s = UdpSocket::bind((ip, 0)).map_err(|e| e.to_string())?;
-            let me = s.local_addr().map_err(|e| e.to_string())?;
-            let j = rendezvous::join(a.rendezvous, a.rank, a.world, me, &rcfg)
-                .map_err(|e| e.to_string())?;
-            let cfg = QuicConfig {
-                link,
-                ..QuicConfig::new(token.into_bytes(), j.identity)
-            };
-            Box::new(QuicTransport::connect(a.rank, &j.peers, s, cfg).map_err(|e| e.to_string())?)
-        }
-    };
+    let transport = crate::launch::connect(
+        a.opts.transport,
+        a.rendezvous,
+        a.rank,
+        a.world,
+        link,
+        &token,
+        Duration::from_secs(60),
+    )?;
     let cfg = CommConfig {
         timeout: Duration::from_secs(60),
         ..CommConfig::default()
