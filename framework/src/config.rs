@@ -813,7 +813,7 @@ impl RunConfig {
             }
         }
         // Compression.
-        let (mut method, memory, buckets) = self.compress_section(file, steps_per_epoch)?;
+        let (mut method, memory, buckets) = self.compress_section(file)?;
         let memory = match memory {
             Some(m) => m,
             None => method.default_memory(),
@@ -881,9 +881,7 @@ impl RunConfig {
     fn compress_section(
         &self,
         file: &str,
-        steps_per_epoch: u64,
     ) -> Result<(CompressorConfig, Option<MemoryConfig>, BucketPolicy), ConfigError> {
-        let _ = steps_per_epoch;
         let err = |field: &str, message: String| ConfigError {
             file: file.to_string(),
             field: field.to_string(),

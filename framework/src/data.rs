@@ -253,13 +253,17 @@ impl TrainData {
                 ..
             } => text_window(rows, *row_len, self.batch, *seq_len, index, device),
             _ => {
-                if self.cached.as_ref().map(|c| c.0) != Some(epoch) {
-                    let idx = self.shard.indices(self.train_len, epoch);
-                    self.cached = Some((epoch, idx));
-                }
-                let idx = &self.cached.as_ref().expect("cached").1;
-                let items: Vec<usize> = idx[index * self.batch..(index + 1) * self.batch].to_vec();
-                self.image_batch(&items, Some(epoch), device)
+                let (cached_epoch, idx) = match self.cached.take() {
+                    Some((e, idx)) if e == epoch => (e, idx),
+                    _ => (epoch, self.shard.indices(self.train_len, epoch)),
+                };
+                let b = self.image_batch(
+                    &idx[index * self.batch..(index + 1) * self.batch],
+                    Some(epoch),
+                    device,
+                );
+                self.cached = Some((cached_epoch, idx));
+                b
             }
         }
     }

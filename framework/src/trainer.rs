@@ -476,17 +476,28 @@ impl<T: Transport> Trainer<T> {
     /// are identical on all ranks) at the first step of the next epoch under the new shard
     /// layout.
     pub fn resume_from(&mut self, dir: &Path) -> Result<(), TrainError> {
-        let rank0 = dir.join("rank-0.ckpt");
         let bad_at = |path: &Path, reason: String| TrainError::Resume {
             path: path.display().to_string(),
             reason,
         };
-        if !rank0.exists() {
-            return Err(bad_at(&rank0, "missing (incomplete checkpoint?)".into()));
-        }
-        let meta0: Meta = Checkpoint::load(&rank0)?.json("meta")?;
-        let elastic = meta0.world != self.world;
+        // Normally this rank's own file is the only one read; rank 0's file is the fallback
+        // when the worker count changed (its file is missing, or it names another world).
+        let own = dir.join(format!("rank-{}.ckpt", self.rank));
+        let mut loaded = if own.exists() {
+            let ck = Checkpoint::load(&own)?;
+            let world = ck.json::<Meta>("meta")?.world;
+            (world == self.world).then_some((own, ck))
+        } else {
+            None
+        };
+        let elastic = loaded.is_none();
         if elastic {
+            let rank0 = dir.join("rank-0.ckpt");
+            if !rank0.exists() {
+                return Err(bad_at(&rank0, "missing (incomplete checkpoint?)".into()));
+            }
+            let ck0 = Checkpoint::load(&rank0)?;
+            let meta0: Meta = ck0.json("meta")?;
             let why = if !meta0.memory_keys.is_empty() {
                 Some("its error-feedback memories are per rank".to_string())
             } else if meta0.steps_per_epoch == 0 || meta0.step % meta0.steps_per_epoch != 0 {
@@ -508,14 +519,10 @@ impl<T: Transport> Trainer<T> {
                     ),
                 ));
             }
+            loaded = Some((rank0, ck0));
         }
-        let path = if elastic {
-            rank0.clone()
-        } else {
-            dir.join(format!("rank-{}.ckpt", self.rank))
-        };
+        let (path, ck) = loaded.expect("a checkpoint file was loaded");
         let bad = |reason: String| bad_at(&path, reason);
-        let ck = Checkpoint::load(&path)?;
         let meta: Meta = ck.json("meta")?;
         if meta.params != self.params.len() || meta.buffers != self.buffers.len() {
             return Err(bad(format!(
@@ -685,9 +692,10 @@ impl<T: Transport> Trainer<T> {
         Ok(())
     }
 
+    /// Appends `v` as one JSON line to `file` (opened only on rank 0 with a run directory).
     fn log_line<S: Serialize>(
         file: &mut Option<std::fs::File>,
-        root: &Path,
+        out: Option<&RunDir>,
         name: &str,
         v: &S,
     ) -> Result<(), TrainError> {
@@ -696,7 +704,8 @@ impl<T: Transport> Trainer<T> {
             line.push('\n');
             f.write_all(line.as_bytes())
                 .map_err(|source| TrainError::Io {
-                    path: root.join(name).display().to_string(),
+                    path: out
+                        .map_or_else(|| name.into(), |o| o.root.join(name).display().to_string()),
                     source,
                 })?;
         }
@@ -743,13 +752,13 @@ impl<T: Transport> Trainer<T> {
                     samples += r.samples;
                     epoch_loss.0 += r.loss;
                     epoch_loss.1 += 1;
-                    if self.rank == 0 && step % self.plan.config.output.log_every.max(1) == 0 {
-                        let root = self
-                            .out
-                            .as_ref()
-                            .map(|o| o.root.clone())
-                            .unwrap_or_default();
-                        Self::log_line(&mut self.metrics_file, &root, "metrics.jsonl", &r)?;
+                    if step % self.plan.config.output.log_every.max(1) == 0 {
+                        Self::log_line(
+                            &mut self.metrics_file,
+                            self.out.as_ref(),
+                            "metrics.jsonl",
+                            &r,
+                        )?;
                     }
                     obs.on_step(&r);
                 }
@@ -769,14 +778,7 @@ impl<T: Transport> Trainer<T> {
             let eval_every = self.plan.config.train.eval_every_epochs;
             if (done_epoch && eval_every > 0 && epochs_done % eval_every == 0) || last {
                 let e = self.evaluate(epochs_done)?;
-                if self.rank == 0 {
-                    let root = self
-                        .out
-                        .as_ref()
-                        .map(|o| o.root.clone())
-                        .unwrap_or_default();
-                    Self::log_line(&mut self.eval_file, &root, "eval.jsonl", &e)?;
-                }
+                Self::log_line(&mut self.eval_file, self.out.as_ref(), "eval.jsonl", &e)?;
                 obs.on_eval(&e);
                 self.evals.push(e);
             }

@@ -107,6 +107,19 @@ fn same(a: &[f32], b: &[f32], what: &str) {
     }
 }
 
+/// One in-process rank of BASE + `sets` (with its checkpoints under `out`, if given).
+fn single(sets: &[&str], out: Option<&Path>) -> Trainer<dtrain_comms::ChannelTransport> {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    let cfg = RunConfig::parse(BASE, "b.toml", &sets).unwrap();
+    let data = TrainData::open(&cfg, 0, 1).unwrap();
+    let plan = cfg.validate("b.toml", Some(data.train_examples())).unwrap();
+    let comm = Communicator::new(channel_mesh(1).pop().unwrap(), CommConfig::default());
+    let out = out.map(|p| RunDir {
+        root: p.to_path_buf(),
+    });
+    Trainer::new(plan, data, comm, &dtrain_models::cpu_device(), out).unwrap()
+}
+
 fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
     let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
@@ -192,12 +205,7 @@ fn resume_is_exact_for_stateful_compressors() {
 #[test]
 fn non_finite_policies() {
     // An absurd learning rate makes the loss blow up.
-    let sets = ["train.lr=1e30", "train.max_steps=6"];
-    let cfg = RunConfig::parse(BASE, "b.toml", &sets.map(String::from)).unwrap();
-    let data = TrainData::open(&cfg, 0, 1).unwrap();
-    let plan = cfg.validate("b.toml", Some(data.train_examples())).unwrap();
-    let comm = Communicator::new(channel_mesh(1).pop().unwrap(), CommConfig::default());
-    let mut t = Trainer::new(plan, data, comm, &dtrain_models::cpu_device(), None).unwrap();
+    let mut t = single(&["train.lr=1e30", "train.max_steps=6"], None);
     let e = t.run(&mut Quiet).unwrap_err().to_string();
     assert!(e.contains("not finite") && e.contains("abort"), "{e}");
 
@@ -217,26 +225,19 @@ fn non_finite_policies() {
     // Recover: a loss above 1.1 × its running minimum rolls back to the last checkpoint and
     // halves FFT's θ each time, until failure.max_recoveries.
     let dir = tempfile::tempdir().unwrap();
-    let sets: Vec<String> = [
-        "train.max_steps=24",
-        "train.lr=0.3",
-        "compress.kind=fft",
-        "compress.theta=0.95",
-        "failure.non_finite=\"recover\"",
-        "failure.spike_ratio=1.1",
-        "failure.max_recoveries=3",
-        "checkpoint.every_steps=4",
-    ]
-    .map(String::from)
-    .to_vec();
-    let cfg = RunConfig::parse(BASE, "b.toml", &sets).unwrap();
-    let data = TrainData::open(&cfg, 0, 1).unwrap();
-    let plan = cfg.validate("b.toml", Some(data.train_examples())).unwrap();
-    let comm = Communicator::new(channel_mesh(1).pop().unwrap(), CommConfig::default());
-    let out = RunDir {
-        root: dir.path().to_path_buf(),
-    };
-    let mut t = Trainer::new(plan, data, comm, &dtrain_models::cpu_device(), Some(out)).unwrap();
+    let mut t = single(
+        &[
+            "train.max_steps=24",
+            "train.lr=0.3",
+            "compress.kind=fft",
+            "compress.theta=0.95",
+            "failure.non_finite=\"recover\"",
+            "failure.spike_ratio=1.1",
+            "failure.max_recoveries=3",
+            "checkpoint.every_steps=4",
+        ],
+        Some(dir.path()),
+    );
     struct Notes(Vec<String>);
     impl dtrain_framework::trainer::Observer for Notes {
         fn on_message(&mut self, m: &str) {
@@ -261,23 +262,16 @@ fn non_finite_policies() {
 
     // Recover with nothing that helps (an absurd rate): gives up.
     let dir = tempfile::tempdir().unwrap();
-    let sets: Vec<String> = [
-        "train.lr=1e30",
-        "train.max_steps=6",
-        "compress.kind=fft",
-        "failure.non_finite=\"recover\"",
-        "failure.max_recoveries=5",
-    ]
-    .map(String::from)
-    .to_vec();
-    let cfg = RunConfig::parse(BASE, "b.toml", &sets).unwrap();
-    let data = TrainData::open(&cfg, 0, 1).unwrap();
-    let plan = cfg.validate("b.toml", Some(data.train_examples())).unwrap();
-    let comm = Communicator::new(channel_mesh(1).pop().unwrap(), CommConfig::default());
-    let out = RunDir {
-        root: dir.path().to_path_buf(),
-    };
-    let mut t = Trainer::new(plan, data, comm, &dtrain_models::cpu_device(), Some(out)).unwrap();
+    let mut t = single(
+        &[
+            "train.lr=1e30",
+            "train.max_steps=6",
+            "compress.kind=fft",
+            "failure.non_finite=\"recover\"",
+            "failure.max_recoveries=5",
+        ],
+        Some(dir.path()),
+    );
     let e = t.run(&mut Quiet).unwrap_err().to_string();
     // Step 0 always succeeds after the rollback to step 0, so the consecutive-failure count
     // resets; the total cap ends the cycle.
@@ -291,23 +285,17 @@ fn non_finite_policies() {
 fn batchnorm_buffers_survive_the_flat_round_trip_and_evaluation_is_sane() {
     // ResNet-20 on synthetic CIFAR-shaped data: train a few steps, then evaluation must give
     // the same metrics before and after reading and writing back the running statistics.
-    let sets: Vec<String> = [
-        "model={ kind = \"resnet\", variant = \"resnet20\", num_classes = 10 }",
-        "data.shape=[3, 32, 32]",
-        "data.train_len=64",
-        "data.test_len=32",
-        "train.max_steps=6",
-        "train.lr=0.05",
-    ]
-    .map(String::from)
-    .to_vec();
-    let cfg = RunConfig::parse(BASE, "bn.toml", &sets).unwrap();
-    let data = TrainData::open(&cfg, 0, 1).unwrap();
-    let plan = cfg
-        .validate("bn.toml", Some(data.train_examples()))
-        .unwrap();
-    let comm = Communicator::new(channel_mesh(1).pop().unwrap(), CommConfig::default());
-    let mut t = Trainer::new(plan, data, comm, &dtrain_models::cpu_device(), None).unwrap();
+    let mut t = single(
+        &[
+            "model={ kind = \"resnet\", variant = \"resnet20\", num_classes = 10 }",
+            "data.shape=[3, 32, 32]",
+            "data.train_len=64",
+            "data.test_len=32",
+            "train.max_steps=6",
+            "train.lr=0.05",
+        ],
+        None,
+    );
     t.run(&mut Quiet).unwrap();
     let a = t.evaluate(1).unwrap();
     let b = t.evaluate(1).unwrap();
