@@ -328,6 +328,71 @@ pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, String>
     t.run(obs).map_err(|e| e.to_string())
 }
 
+/// Stops and reaps every child.
+pub(crate) fn kill_all(children: &mut [(usize, Child)]) {
+    for (_, c) in children.iter_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// Waits for every worker process `(rank, child)`. On the first failure, or at `deadline`,
+/// the others get `grace` to exit on their own (so they can report the lost peer) and are
+/// then killed; the error names the rank(s).
+pub(crate) fn supervise(
+    children: &mut [(usize, Child)],
+    deadline: Option<Instant>,
+    grace: Duration,
+) -> Result<(), String> {
+    let mut done = vec![false; children.len()];
+    while done.iter().any(|d| !d) {
+        let mut failure = None;
+        for (i, (rank, c)) in children.iter_mut().enumerate() {
+            if done[i] {
+                continue;
+            }
+            match c.try_wait() {
+                Ok(Some(st)) => {
+                    done[i] = true;
+                    if !st.success() && failure.is_none() {
+                        failure = Some(format!("worker {rank} failed ({st})"));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    done[i] = true;
+                    failure.get_or_insert(format!("waiting for worker {rank}: {e}"));
+                }
+            }
+        }
+        if failure.is_none() && deadline.is_some_and(|d| Instant::now() >= d) {
+            let running: Vec<usize> = children
+                .iter()
+                .zip(&done)
+                .filter(|(_, d)| !**d)
+                .map(|((r, _), _)| *r)
+                .collect();
+            failure = Some(format!(
+                "workers {running:?} were still running at the deadline"
+            ));
+        }
+        if let Some(f) = failure {
+            let until = Instant::now() + grace;
+            while Instant::now() < until
+                && children
+                    .iter_mut()
+                    .any(|(_, c)| matches!(c.try_wait(), Ok(None)))
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            kill_all(children);
+            return Err(f);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
 /// What [`launch`] did.
 #[derive(Debug)]
 pub struct Launched {
@@ -391,12 +456,6 @@ pub fn launch(
     let ranks: Vec<usize> = (node_rank * per_node..(node_rank + 1) * per_node).collect();
     let threads = plan.config.cluster.threads.to_string();
     let mut children: Vec<(usize, Child)> = Vec::new();
-    let kill_all = |children: &mut Vec<(usize, Child)>| {
-        for (_, c) in children.iter_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    };
     for &rank in &ranks {
         let mut cmd = Command::new(exe);
         cmd.args(worker_cmd)
@@ -426,38 +485,9 @@ pub fn launch(
         }
     }
     let started = Instant::now();
-    let mut done = vec![false; children.len()];
-    let mut failure: Option<String> = None;
-    while done.iter().any(|d| !d) {
-        for (i, (rank, c)) in children.iter_mut().enumerate() {
-            if done[i] {
-                continue;
-            }
-            match c.try_wait() {
-                Ok(Some(st)) => {
-                    done[i] = true;
-                    if !st.success() && failure.is_none() {
-                        failure = Some(format!("worker {rank} failed ({st})"));
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    done[i] = true;
-                    failure.get_or_insert(format!("waiting for worker {rank}: {e}"));
-                }
-            }
-        }
-        if let Some(f) = &failure {
-            // Give the others a moment to notice (they name the lost peer), then stop them.
-            let grace = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < grace
-                && children
-                    .iter_mut()
-                    .any(|(_, c)| matches!(c.try_wait(), Ok(None)))
-            {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            kill_all(&mut children);
+    // Others get 5 s to notice a failed peer (they name it) before they are stopped.
+    if let Err(f) = supervise(&mut children, None, Duration::from_secs(5)) {
+        {
             let ck = dir
                 .latest()
                 .map(|p| {
@@ -478,7 +508,6 @@ pub fn launch(
                 started.elapsed().as_secs_f64()
             ));
         }
-        std::thread::sleep(Duration::from_millis(50));
     }
     if let Some(h) = host {
         h.wait().map_err(|e| e.to_string())?;

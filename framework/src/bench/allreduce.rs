@@ -219,13 +219,7 @@ pub fn launch(opts: &Options, exe: &Path, args: &[&str]) -> Result<Vec<Row>, Str
         Duration::from_secs(60).min(opts.timeout),
     )?;
     let sizes: Vec<String> = opts.sizes.iter().map(|s| s.to_string()).collect();
-    let mut children: Vec<Child> = Vec::new();
-    let kill_all = |children: &mut Vec<Child>| {
-        for c in children.iter_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    };
+    let mut children: Vec<(usize, Child)> = Vec::new();
     for rank in 0..opts.workers {
         let mut cmd = Command::new(exe);
         cmd.args(args)
@@ -259,14 +253,14 @@ pub fn launch(opts: &Options, exe: &Path, args: &[&str]) -> Result<Vec<Row>, Str
             cmd.arg("--latency").arg(l);
         }
         match cmd.spawn() {
-            Ok(c) => children.push(c),
+            Ok(c) => children.push((rank, c)),
             Err(e) => {
-                kill_all(&mut children);
+                crate::launch::kill_all(&mut children);
                 return Err(format!("starting worker {rank}: {e}"));
             }
         }
     }
-    let out = children[0].stdout.take().expect("rank 0 stdout is piped");
+    let out = children[0].1.stdout.take().expect("rank 0 stdout is piped");
     let reader = std::thread::spawn(move || {
         let mut rows = None;
         for line in BufReader::new(out).lines().map_while(Result::ok) {
@@ -277,37 +271,12 @@ pub fn launch(opts: &Options, exe: &Path, args: &[&str]) -> Result<Vec<Row>, Str
         rows
     });
     let deadline = Instant::now() + opts.timeout;
-    let mut done = vec![false; opts.workers];
-    while done.iter().any(|d| !d) {
-        for (rank, c) in children.iter_mut().enumerate() {
-            if done[rank] {
-                continue;
-            }
-            match c.try_wait() {
-                Ok(Some(st)) if st.success() => done[rank] = true,
-                Ok(Some(st)) => {
-                    kill_all(&mut children);
-                    return Err(format!(
-                        "worker {rank} failed ({st}); see its messages above"
-                    ));
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    kill_all(&mut children);
-                    return Err(format!("waiting for worker {rank}: {e}"));
-                }
-            }
-        }
-        if Instant::now() >= deadline {
-            let running: Vec<usize> = (0..opts.workers).filter(|&r| !done[r]).collect();
-            kill_all(&mut children);
-            return Err(format!(
-                "benchmark exceeded {:?}; workers {running:?} were still running (killed)",
-                opts.timeout
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    crate::launch::supervise(&mut children, Some(deadline), Duration::ZERO).map_err(|f| {
+        format!(
+            "benchmark stopped (limit {:?}): {f}; see the workers' messages above",
+            opts.timeout
+        )
+    })?;
     host.wait().map_err(|e| e.to_string())?;
     match reader.join() {
         Ok(Some(rows)) => rows,
