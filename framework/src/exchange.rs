@@ -308,7 +308,7 @@ pub struct ExchangerState {
     /// [`Exchanger::theta_scale`].
     #[serde(with = "bits::f64_bits")]
     pub theta_scale: f64,
-    /// Error-feedback memory per compressed bucket ([`Exchanger::export_memory`]).
+    /// Error-feedback memory per compressed bucket, keyed by bucket id.
     #[serde(with = "bits::memory_bits")]
     pub memory: BTreeMap<u64, Vec<f32>>,
     /// [`Compressor::export_state`](dtrain_compress::Compressor::export_state) per compressed bucket, for buckets whose compressor
@@ -584,8 +584,8 @@ impl Exchanger {
         Ok(st)
     }
 
-    /// Error-feedback state of every compressed bucket, for checkpoints.
-    pub fn export_memory(&self) -> BTreeMap<u64, Vec<f32>> {
+    /// Error-feedback state of every compressed bucket (part of [`Exchanger::export_state`]).
+    fn export_memory(&self) -> BTreeMap<u64, Vec<f32>> {
         let mut all = BTreeMap::new();
         for p in self.pipes() {
             all.extend(p.memory().export());
@@ -593,8 +593,9 @@ impl Exchanger {
         all
     }
 
-    /// Restores state written by [`Exchanger::export_memory`].
-    pub fn import_memory(&mut self, mut state: BTreeMap<u64, Vec<f32>>) {
+    /// Restores state written by `export_memory`, without the plan checks of
+    /// [`Exchanger::import_state`] (which calls it after checking).
+    fn import_memory(&mut self, mut state: BTreeMap<u64, Vec<f32>>) {
         for s in &mut self.slots {
             if let Some(p) = &mut s.pipe {
                 let mine: BTreeMap<u64, Vec<f32>> = state
