@@ -6,8 +6,14 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use dtrain_framework::alloc::ReuseAlloc;
 use dtrain_framework::bench::{self, gradient::Shape};
 use dtrain_framework::launch;
+
+/// Large freed blocks are kept for the next step (see `dtrain_framework::alloc`);
+/// `DTRAIN_ALLOC_CACHE_MB` sets how much may stay parked (`0`: off).
+#[global_allocator]
+static ALLOC: ReuseAlloc = ReuseAlloc::new();
 
 mod progress;
 
@@ -512,6 +518,15 @@ fn run() -> Result<()> {
 }
 
 fn main() -> ExitCode {
+    if let Ok(v) = std::env::var("DTRAIN_ALLOC_CACHE_MB") {
+        match v.trim().parse::<usize>() {
+            Ok(mb) => ALLOC.set_limit(mb.saturating_mul(1 << 20)),
+            Err(_) => {
+                eprintln!("dtrain: error: DTRAIN_ALLOC_CACHE_MB={v:?} is not a whole number of MiB");
+                return ExitCode::from(2);
+            }
+        }
+    }
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -5,6 +5,8 @@
 //! is a thin shell over it.
 //!
 //! ## Layout
+//! * [`alloc`]: [`alloc::ReuseAlloc`], the global allocator of the `dtrain` binary: large freed
+//!   blocks are kept for the next step instead of being unmapped and faulted in again.
 //! * [`bench`](mod@bench): the benchmarks behind `dtrain bench …` (compression throughput, error and
 //!   bits per element).
 //! * [`bucket`]: layer-aligned gradient buckets and the dense bypass for small tensors.
@@ -20,6 +22,7 @@
 //! * [`launch`]: `dtrain run` — validation, run directory, worker processes, multi-node and
 //!   scheduler placement, supervision.
 
+pub mod alloc;
 pub mod bench;
 pub mod bucket;
 pub mod checkpoint;

@@ -152,14 +152,54 @@ impl Optimizer {
     }
 
     /// Applies one update to the group `key`: `params` and `grads` have equal lengths.
+    /// Equivalent to [`Optimizer::begin`] followed by one [`Optimizer::apply`] at offset 0.
     ///
     /// # Panics
     /// If the lengths differ or change between steps for the same key (a trainer bug).
     pub fn step(&mut self, key: u64, params: &mut [f32], grads: &[f32], lr: f32) {
         assert_eq!(params.len(), grads.len(), "optimizer: params/grads length");
+        self.begin(key, params.len());
+        self.apply(key, 0, params, grads, lr);
+    }
+
+    /// Starts one step of the group `key` of `len` elements: counts the step (Adam's bias
+    /// correction) and sizes the state. The update itself is then applied piecewise by
+    /// [`Optimizer::apply`], e.g. one parameter tensor at a time, in place.
+    ///
+    /// # Panics
+    /// If `len` changed since an earlier step of the same key (a trainer bug).
+    pub fn begin(&mut self, key: u64, len: usize) {
         let c = &self.cfg;
         let st = self.state.entry(key).or_default();
         st.step += 1;
+        let needs_m = c.kind != OptimizerKind::Sgd || c.momentum != 0.0;
+        let needs_v = c.kind != OptimizerKind::Sgd;
+        if needs_m && st.m.is_empty() {
+            st.m.resize(len, 0.0);
+        }
+        if needs_v && st.v.is_empty() {
+            st.v.resize(len, 0.0);
+        }
+        assert!(
+            (!needs_m || st.m.len() == len) && (!needs_v || st.v.len() == len),
+            "optimizer: group {key} changed size"
+        );
+    }
+
+    /// Applies the step begun by [`Optimizer::begin`] to the elements
+    /// `offset..offset + params.len()` of group `key`. Every element of the group must be
+    /// applied exactly once per step; the pieces may come in any order.
+    ///
+    /// # Panics
+    /// If the lengths differ, the range is outside the group, or `begin` was not called.
+    pub fn apply(&mut self, key: u64, offset: usize, params: &mut [f32], grads: &[f32], lr: f32) {
+        assert_eq!(params.len(), grads.len(), "optimizer: params/grads length");
+        let c = &self.cfg;
+        let st = self
+            .state
+            .get_mut(&key)
+            .expect("optimizer: apply before begin");
+        let range = offset..offset + params.len();
         let wd = c.weight_decay;
         match c.kind {
             OptimizerKind::Sgd => {
@@ -169,17 +209,10 @@ impl Optimizer {
                     }
                     return;
                 }
-                let first = st.m.is_empty();
-                if first {
-                    st.m.resize(params.len(), 0.0);
-                }
-                assert_eq!(
-                    st.m.len(),
-                    params.len(),
-                    "optimizer: group {key} changed size"
-                );
+                // PyTorch: the buffer starts as the first step's gradient.
+                let first = st.step == 1;
                 let (mu, damp) = (c.momentum, c.dampening);
-                for ((p, &g), b) in params.iter_mut().zip(grads).zip(st.m.iter_mut()) {
+                for ((p, &g), b) in params.iter_mut().zip(grads).zip(&mut st.m[range]) {
                     let d = g + wd * *p;
                     *b = if first { d } else { mu * *b + (1.0 - damp) * d };
                     let upd = if c.nesterov { d + mu * *b } else { *b };
@@ -187,15 +220,6 @@ impl Optimizer {
                 }
             }
             OptimizerKind::Adam | OptimizerKind::Adamw => {
-                if st.m.is_empty() {
-                    st.m.resize(params.len(), 0.0);
-                    st.v.resize(params.len(), 0.0);
-                }
-                assert_eq!(
-                    st.m.len(),
-                    params.len(),
-                    "optimizer: group {key} changed size"
-                );
                 let (b1, b2) = (c.beta1, c.beta2);
                 let t = st.step as i32;
                 let bc1 = 1.0 - (b1 as f64).powi(t);
@@ -206,8 +230,8 @@ impl Optimizer {
                 for (((p, &g), m), v) in params
                     .iter_mut()
                     .zip(grads)
-                    .zip(st.m.iter_mut())
-                    .zip(st.v.iter_mut())
+                    .zip(&mut st.m[range.clone()])
+                    .zip(&mut st.v[range])
                 {
                     let g = if decoupled {
                         *p *= 1.0 - lr * wd;
@@ -379,6 +403,40 @@ mod tests {
             b.step(0, &mut pb, &grads(t), 0.01);
         }
         assert_eq!(pa, pb);
+    }
+
+    #[test]
+    fn piecewise_apply_in_any_order_equals_one_step() {
+        let kinds = [
+            OptimizerConfig::default(),
+            OptimizerConfig {
+                momentum: 0.9,
+                weight_decay: 1e-3,
+                nesterov: true,
+                ..Default::default()
+            },
+            OptimizerConfig {
+                kind: OptimizerKind::Adamw,
+                weight_decay: 1e-2,
+                ..Default::default()
+            },
+        ];
+        for cfg in kinds {
+            let (mut a, mut b) = (cfg.build().unwrap(), cfg.build().unwrap());
+            let mut pa: Vec<f32> = (0..10).map(|i| i as f32 / 7.0 - 0.5).collect();
+            let mut pb = pa.clone();
+            for t in 0..4 {
+                let g: Vec<f32> = (0..10).map(|i| ((i * 5 + t * 3) % 7) as f32 - 3.0).collect();
+                a.step(3, &mut pa, &g, 0.1);
+                b.begin(3, 10);
+                // Three pieces, last first.
+                for r in [7..10, 0..3, 3..7] {
+                    b.apply(3, r.start, &mut pb[r.clone()], &g[r], 0.1);
+                }
+            }
+            assert_eq!(pa, pb, "{:?}", cfg.kind);
+            assert_eq!(a.export(), b.export());
+        }
     }
 
     #[test]

@@ -345,7 +345,9 @@ pub struct Trainer<T: Transport> {
     data: TrainData,
     exchanger: Exchanger,
     optimizer: Optimizer,
-    params: Vec<f32>,
+    /// Number of trainable parameters. The parameters themselves live only in the model: the
+    /// optimizer updates each tensor's storage in place ([`Model::update_params`]).
+    num_params: usize,
     grads: Vec<f32>,
     buffers: Vec<f32>,
     step: u64,
@@ -417,7 +419,7 @@ impl<T: Transport> Trainer<T> {
             data,
             exchanger,
             optimizer,
-            params: vec![0.0; n],
+            num_params: n,
             grads: vec![0.0; n],
             buffers: vec![0.0; nb],
             step: 0,
@@ -434,17 +436,18 @@ impl<T: Transport> Trainer<T> {
             plan,
         };
         // Identical replicas: rank 0's initial state wins.
-        t.model.read_params(&mut t.params);
+        let mut params = vec![0.0; n];
+        t.model.read_params(&mut params);
         t.model.read_buffers(&mut t.buffers);
         let step = 0;
-        broadcast_f32(&mut t.comm, &mut t.params)
+        broadcast_f32(&mut t.comm, &mut params)
             .map_err(|source| TrainError::Comm { step, source })?;
         if nb > 0 {
             broadcast_f32(&mut t.comm, &mut t.buffers)
                 .map_err(|source| TrainError::Comm { step, source })?;
             t.model.write_buffers(&t.buffers);
         }
-        t.model.write_params(&t.params);
+        t.model.write_params(&params);
         Ok(t)
     }
 
@@ -453,9 +456,11 @@ impl<T: Transport> Trainer<T> {
         self.rank
     }
 
-    /// The current flat parameters (identical on every rank).
-    pub fn params(&self) -> &[f32] {
-        &self.params
+    /// A flat copy of the current parameters (identical on every rank).
+    pub fn params(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.num_params];
+        self.model.read_params(&mut out);
+        out
     }
 
     /// Steps completed.
@@ -524,12 +529,12 @@ impl<T: Transport> Trainer<T> {
         let (path, ck) = loaded.expect("a checkpoint file was loaded");
         let bad = |reason: String| bad_at(&path, reason);
         let meta: Meta = ck.json("meta")?;
-        if meta.params != self.params.len() || meta.buffers != self.buffers.len() {
+        if meta.params != self.num_params || meta.buffers != self.buffers.len() {
             return Err(bad(format!(
                 "the checkpoint's model has {} parameters / {} buffers, this one {} / {}",
                 meta.params,
                 meta.buffers,
-                self.params.len(),
+                self.num_params,
                 self.buffers.len()
             )));
         }
@@ -546,8 +551,18 @@ impl<T: Transport> Trainer<T> {
                 meta.seed, self.plan.config.seed
             )));
         }
-        self.params = ck.f32("params")?;
-        self.buffers = ck.f32("buffers")?;
+        let params = ck.f32("params")?;
+        let buffers = ck.f32("buffers")?;
+        if params.len() != self.num_params || buffers.len() != self.buffers.len() {
+            return Err(bad(format!(
+                "its parameter sections hold {} + {} values, the header says {} + {}",
+                params.len(),
+                buffers.len(),
+                self.num_params,
+                self.buffers.len()
+            )));
+        }
+        self.buffers = buffers;
         let mut opt = BTreeMap::new();
         for (&key, &steps) in &meta.optimizer_steps {
             opt.insert(
@@ -565,7 +580,7 @@ impl<T: Transport> Trainer<T> {
             ex.memory.insert(*key, ck.f32(&format!("mem/{key}"))?);
         }
         self.exchanger.import_state(ex).map_err(bad)?;
-        self.model.write_params(&self.params);
+        self.model.write_params(&params);
         if !self.buffers.is_empty() {
             self.model.write_buffers(&self.buffers);
         }
@@ -605,7 +620,7 @@ impl<T: Transport> Trainer<T> {
             world: self.world,
             rank: self.rank,
             seed: self.plan.config.seed,
-            params: self.params.len(),
+            params: self.num_params,
             buffers: self.buffers.len(),
             method: self.plan.method.name().to_string(),
             optimizer_steps: opt.iter().map(|(k, g)| (*k, g.step)).collect(),
@@ -617,7 +632,7 @@ impl<T: Transport> Trainer<T> {
         };
         ck.put_json("meta", &meta);
         ck.put_json("exchanger", &ex);
-        ck.put_f32("params", &self.params);
+        ck.put_f32("params", &self.params());
         if !self.buffers.is_empty() {
             self.model.read_buffers(&mut self.buffers);
         }
@@ -809,7 +824,7 @@ impl<T: Transport> Trainer<T> {
             }
         };
         let payload_per_step = per(payload);
-        let params = self.params.len() as u64;
+        let params = self.num_params as u64;
         let summary = Summary {
             name: self.plan.config.name.clone(),
             model: self.plan.config.model.kind().to_string(),
@@ -963,9 +978,13 @@ impl<T: Transport> Trainer<T> {
             return self.bad_step("gradient", record, t0);
         }
         let t5 = Instant::now();
-        self.optimizer
-            .step(0, &mut self.params, &self.grads, lr as f32);
-        self.model.write_params(&self.params);
+        // The update is written straight into each parameter tensor's storage: no flat
+        // parameter buffer, no copy back into the module.
+        self.optimizer.begin(0, self.num_params);
+        let (optimizer, grads) = (&mut self.optimizer, &self.grads);
+        self.model.update_params(&mut |offset, p| {
+            optimizer.apply(0, offset, p, &grads[offset..offset + p.len()], lr as f32)
+        });
         time.optimizer_s = t5.elapsed().as_secs_f64();
         time.step_s = t0.elapsed().as_secs_f64();
         record.bytes_sent = st.bytes_sent;

@@ -71,7 +71,7 @@ fn run(world: usize, sets: &[&str], out: Option<&Path>, resume: bool) -> Run {
                 let mut obs = Losses(Vec::new());
                 let summary = tr.run(&mut obs).unwrap();
                 Run {
-                    params: tr.params().to_vec(),
+                    params: tr.params(),
                     summary,
                     losses: obs.0,
                 }

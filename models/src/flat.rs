@@ -19,7 +19,10 @@
 //!   the caller's reused buffer;
 //! - writing parameters takes each parameter tensor out of the module, recycles its storage
 //!   (zero-copy when nothing else holds it, which is the case between steps), overwrites it
-//!   with one `copy_from_slice` and puts it back as a fresh leaf that requires gradients.
+//!   with one `copy_from_slice` and puts it back as a fresh leaf that requires gradients;
+//! - [`update_in_place`] goes one better for the optimizer: it hands each parameter's own
+//!   storage to a closure, so the update is written where the next forward pass reads it and
+//!   no flat copy of the parameters is needed at all.
 //!
 //! Reading parameters (`read_params`) copies twice; the trainer keeps its own flat copy of the
 //! parameters, so that path is only used for broadcasts and checkpoints.
@@ -306,22 +309,79 @@ impl ModuleMapper for Writer<'_> {
 
 /// Returns a tensor with `tensor`'s shape, device and gradient requirement holding `src`.
 fn overwrite<const D: usize>(tensor: Tensor<D>, src: &[f32]) -> Tensor<D> {
+    assert_eq!(tensor.shape().num_elements(), src.len(), "tensor length");
+    modify(tensor, |dst| dst.copy_from_slice(src))
+}
+
+/// Runs `f` on the values of `tensor` and returns a tensor with its shape, device and gradient
+/// requirement holding the result. The storage is modified in place when this tensor is its
+/// only owner; otherwise it is copied once.
+fn modify<const D: usize>(tensor: Tensor<D>, f: impl FnOnce(&mut [f32])) -> Tensor<D> {
     let device = tensor.device();
     let require_grad = tensor.is_require_grad();
-    let shape = tensor.shape();
-    assert_eq!(shape.num_elements(), src.len(), "tensor length");
     // Dropping the autodiff wrapper first lets the backend hand back the storage without a
     // copy when this is its only owner.
     let mut data = tensor.without_autodiff().into_data();
-    match data.as_mut_slice::<f32>() {
-        Ok(dst) if dst.len() == src.len() => dst.copy_from_slice(src),
-        _ => data = TensorData::new(src.to_vec(), shape),
+    if data.as_mut_slice::<f32>().is_err() {
+        // Not plain f32 storage (another dtype): convert once.
+        data = data.convert::<f32>();
     }
+    f(data
+        .as_mut_slice::<f32>()
+        .expect("f32 storage after conversion"));
     let out = Tensor::<D>::from_data(data, &device);
     if require_grad {
         out.require_grad()
     } else {
         out
+    }
+}
+
+/// Calls `f(offset, values)` on every trainable parameter of `module`, in table order, with
+/// the tensor's own storage (see [`modify`]), and returns the module. `ParamId`s, devices and
+/// gradient requirements are kept.
+///
+/// # Panics
+///
+/// Panics if `table` is not the table of `module`.
+pub fn update_in_place<M: Module>(
+    module: M,
+    table: &ParamTable,
+    f: &mut dyn FnMut(usize, &mut [f32]),
+) -> M {
+    let mut mapper = Updater {
+        entries: &table.entries,
+        index: 0,
+        f,
+    };
+    let module = module.map(&mut mapper);
+    assert_eq!(
+        mapper.index,
+        table.entries.len(),
+        "table does not match module"
+    );
+    module
+}
+
+struct Updater<'a> {
+    entries: &'a [ParamEntry],
+    index: usize,
+    f: &'a mut dyn FnMut(usize, &mut [f32]),
+}
+
+impl ModuleMapper for Updater<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let entry = &self.entries[self.index];
+        self.index += 1;
+        if entry.role != TensorRole::Param {
+            return param;
+        }
+        let (offset, numel) = (entry.offset, entry.numel);
+        let f = &mut *self.f;
+        param.map(|tensor| {
+            assert_eq!(tensor.shape().num_elements(), numel, "tensor length");
+            modify(tensor, |values| f(offset, values))
+        })
     }
 }
 

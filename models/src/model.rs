@@ -239,6 +239,13 @@ pub trait Model: Send {
     /// Panics if `src` has the wrong length.
     fn write_params(&mut self, src: &[f32]);
 
+    /// Updates the trainable parameters in place: calls `f(offset, values)` once per
+    /// parameter tensor, in table order, where `values` is the tensor's own storage (no copy
+    /// when nothing else holds it, which is the case between steps) and `offset` its position
+    /// in the flat layout. This is how the trainer applies its optimizer without a flat copy
+    /// of the parameters and a second copy back into the module.
+    fn update_params(&mut self, f: &mut dyn FnMut(usize, &mut [f32]));
+
     /// Copies the buffers (BatchNorm running statistics) into `out` (length
     /// `table().num_buffers()`).
     ///
@@ -360,6 +367,11 @@ impl<M: Module> Core<M> {
         }
         let module = self.module.take().expect("module lost by an earlier panic");
         self.module = Some(flat::write_from(module, &self.table, role, src));
+    }
+
+    fn update_params(&mut self, f: &mut dyn FnMut(usize, &mut [f32])) {
+        let module = self.module.take().expect("module lost by an earlier panic");
+        self.module = Some(flat::update_in_place(module, &self.table, f));
     }
 
     fn to_bytes(&self) -> Result<Vec<u8>, ModelError> {
@@ -514,6 +526,10 @@ impl<M: ImageClassifier> Model for ImageModel<M> {
 
     fn write_params(&mut self, src: &[f32]) {
         self.core.write(TensorRole::Param, src);
+    }
+
+    fn update_params(&mut self, f: &mut dyn FnMut(usize, &mut [f32])) {
+        self.core.update_params(f);
     }
 
     fn read_buffers(&self, out: &mut [f32]) {
@@ -676,6 +692,10 @@ impl<M: LanguageModel> Model for LmModel<M> {
 
     fn write_params(&mut self, src: &[f32]) {
         self.core.write(TensorRole::Param, src);
+    }
+
+    fn update_params(&mut self, f: &mut dyn FnMut(usize, &mut [f32])) {
+        self.core.update_params(f);
     }
 
     fn read_buffers(&self, out: &mut [f32]) {
