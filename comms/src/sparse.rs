@@ -358,6 +358,19 @@ impl Chunk {
         Chunk::Pairs { indices, values }
     }
 
+    /// The chunk of the entries `(indices, values)` (all inside `range`, none `+0.0`) in the
+    /// cheaper encoding: the same chunk [`Chunk::from_sum`] gives for their dense form.
+    pub(crate) fn from_entries(range: &Range<usize>, indices: Vec<u32>, values: Vec<f32>) -> Chunk {
+        if !dense_is_cheaper(indices.len(), range.len()) {
+            return Chunk::Pairs { indices, values };
+        }
+        let mut dense = vec![0.0f32; range.len()];
+        for (&i, &v) in indices.iter().zip(&values) {
+            dense[i as usize - range.start] = v;
+        }
+        Chunk::Dense(dense)
+    }
+
     /// The chunk as a message with `header`.
     pub(crate) fn to_message(&self, header: Header) -> Message {
         match self {

@@ -161,18 +161,38 @@ impl<'a> SparseAllReduce<'a> {
     /// Sums chunk `c` of this rank's segment in rank order and sends it to every peer.
     fn reduce(&mut self, c: usize) {
         let range = self.chunk_range(self.rank, c);
-        let mut acc = vec![0.0f32; range.len()];
-        for q in 0..self.world {
-            if q == self.rank {
-                let (idx, vals) = self.input.entries_in(&range);
-                for (&i, &v) in idx.iter().zip(vals) {
-                    acc[i as usize - range.start] += v;
+        let mut shares: Vec<Option<Chunk>> = self.shares[c].iter_mut().map(Option::take).collect();
+        let own = self.input.entries_in(&range);
+        let stored: usize = own.0.len() + shares.iter().flatten().map(Chunk::stored).sum::<usize>();
+        let all_pairs = shares
+            .iter()
+            .flatten()
+            .all(|s| matches!(s, Chunk::Pairs { .. }));
+        // Both ways add the same values in the same order from +0.0, so they give the same
+        // bits; merging the sorted lists avoids a pass over the whole chunk when it is sparse.
+        let sum = if all_pairs && stored.saturating_mul(self.world) <= 4 * range.len() {
+            let lists: Vec<(&[u32], &[f32])> = (0..self.world)
+                .map(|q| match &shares[q] {
+                    _ if q == self.rank => own,
+                    Some(Chunk::Pairs { indices, values }) => (&indices[..], &values[..]),
+                    _ => (&[][..], &[][..]),
+                })
+                .collect();
+            let (idx, vals) = merge_in_rank_order(&lists);
+            Chunk::from_entries(&range, idx, vals)
+        } else {
+            let mut acc = vec![0.0f32; range.len()];
+            for (q, share) in shares.iter_mut().enumerate() {
+                if q == self.rank {
+                    for (&i, &v) in own.0.iter().zip(own.1) {
+                        acc[i as usize - range.start] += v;
+                    }
+                } else if let Some(share) = share.take() {
+                    share.add_to(&mut acc, range.start);
                 }
-            } else if let Some(share) = self.shares[c][q].take() {
-                share.add_to(&mut acc, range.start);
             }
-        }
-        let sum = Chunk::from_sum(range.start, acc);
+            Chunk::from_sum(range.start, acc)
+        };
         if self.world > 1 {
             let msg = sum.to_message(self.header(REDUCED, self.rank, range.start));
             for s in 1..self.world - 1 {
@@ -228,6 +248,34 @@ impl<'a> SparseAllReduce<'a> {
             }
         }
     }
+}
+
+/// The sum of sorted sparse lists, given in rank order: for every index present in any list,
+/// `+0.0` plus the lists' values in list order; indices whose sum is `+0.0` are left out.
+fn merge_in_rank_order(lists: &[(&[u32], &[f32])]) -> (Vec<u32>, Vec<f32>) {
+    let cap = lists.iter().map(|l| l.0.len()).max().unwrap_or(0);
+    let (mut idx, mut vals) = (Vec::with_capacity(cap), Vec::with_capacity(cap));
+    let mut pos = vec![0usize; lists.len()];
+    loop {
+        let next = lists
+            .iter()
+            .zip(&pos)
+            .filter_map(|(l, &p)| l.0.get(p))
+            .min();
+        let Some(&i) = next else { break };
+        let mut acc = 0.0f32;
+        for (l, p) in lists.iter().zip(pos.iter_mut()) {
+            if l.0.get(*p) == Some(&i) {
+                acc += l.1[*p];
+                *p += 1;
+            }
+        }
+        if acc.to_bits() != 0 {
+            idx.push(i);
+            vals.push(acc);
+        }
+    }
+    (idx, vals)
 }
 
 impl Machine for SparseAllReduce<'_> {
