@@ -31,7 +31,9 @@ use crate::algo::barrier::Barrier;
 use crate::algo::broadcast::Broadcast;
 use crate::algo::recursive_doubling::RecursiveDoubling;
 use crate::algo::ring::Ring;
+use crate::algo::sparse_allreduce::SparseAllReduce;
 use crate::algo::{AlgoError, Machine, ReduceOp};
+use crate::sparse::{SparseSlice, SparseVec};
 use crate::transport::{ByteCount, Transport, TransportError};
 use crate::wire::{AbortInfo, AbortReason, Algo, Kind, Message};
 
@@ -101,7 +103,8 @@ impl CommError {
 /// Tuning and limits of a [`Communicator`]. All ranks of a run must use the same values
 /// for `small_all_reduce_bytes` (it selects the algorithm, and a disagreement is reported
 /// as a mismatch). One message carries at most `max(chunk_bytes, small_all_reduce_bytes)`
-/// payload bytes plus the 36-byte header; that must fit the transport's frame limit
+/// payload bytes plus the 36-byte header (plus one encoding byte for the sparse
+/// all-reduce); that must fit the transport's frame limit
 /// (64 MiB by default for TCP), or the call fails with [`TransportError::TooLarge`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommConfig {
@@ -273,6 +276,69 @@ impl<T: Transport> Communicator<T> {
         );
         self.drive(&mut m)?;
         Ok(m.into_blocks())
+    }
+
+    /// Sums a sparse vector over all ranks and returns the sum as a sparse vector (the
+    /// indices whose sum is not `+0.0`), bit-identical on every rank. Inputs may have any
+    /// number of entries (0 included); all ranks must pass the same dimension, or every rank
+    /// fails with [`CommError::Mismatch`].
+    ///
+    /// Each index is summed by the owner of its segment in rank order 0..P−1 starting from
+    /// `+0.0` — the dense sum of the inputs in rank order, bit for bit (see
+    /// [`crate::algo::sparse_allreduce`]). A rank receives its peers' entries in its segment
+    /// and the sum outside it, each chunk as (index, value) pairs or dense, whichever is
+    /// smaller: unlike an all-gather of the inputs, the volume follows the size of the sum.
+    ///
+    /// ```
+    /// use dtrain_comms::{channel_mesh, CommConfig, Communicator, SparseSlice};
+    /// let handles: Vec<_> = channel_mesh(2)
+    ///     .into_iter()
+    ///     .map(|t| {
+    ///         std::thread::spawn(move || {
+    ///             let mut c = Communicator::new(t, CommConfig::default());
+    ///             let (idx, vals) = match c.rank() {
+    ///                 0 => (vec![1, 5], vec![1.0, 2.0]),
+    ///                 _ => (vec![5], vec![3.0]),
+    ///             };
+    ///             let input = SparseSlice::new(8, &idx, &vals).unwrap();
+    ///             let sum = c.sparse_all_reduce(input).unwrap();
+    ///             (sum.indices().to_vec(), sum.values().to_vec())
+    ///         })
+    ///     })
+    ///     .collect();
+    /// for h in handles {
+    ///     assert_eq!(h.join().unwrap(), (vec![1, 5], vec![1.0, 5.0]));
+    /// }
+    /// ```
+    pub fn sparse_all_reduce(&mut self, input: SparseSlice<'_>) -> Result<SparseVec, CommError> {
+        let mut m = self.sparse_machine(input);
+        self.drive(&mut m)?;
+        Ok(m.into_sparse())
+    }
+
+    /// [`Communicator::sparse_all_reduce`] with a dense result: `out` (of length
+    /// `input.dim()`, every element overwritten) receives the sum.
+    pub fn sparse_all_reduce_dense(
+        &mut self,
+        input: SparseSlice<'_>,
+        out: &mut [f32],
+    ) -> Result<(), CommError> {
+        if out.len() != input.dim() {
+            return Err(CommError::InvalidArgument(format!(
+                "dense output of length {} for a sparse vector of dimension {}",
+                out.len(),
+                input.dim()
+            )));
+        }
+        let mut m = self.sparse_machine(input);
+        self.drive(&mut m)?;
+        m.write_dense(out);
+        Ok(())
+    }
+
+    fn sparse_machine<'a>(&self, input: SparseSlice<'a>) -> SparseAllReduce<'a> {
+        let chunk = self.chunk_elems();
+        SparseAllReduce::new(self.rank(), self.world_size(), self.seq, input, chunk)
     }
 
     /// Broadcasts `data` from `root`: on other ranks `data` is replaced by the root's bytes.

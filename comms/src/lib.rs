@@ -1,9 +1,10 @@
 //! # dtrain-comms
 //!
 //! Collective communication for dtrain's data-parallel training: all-reduce (sum, max),
-//! all-gather of variable-size buffers, broadcast, reduce-scatter and barrier over `f32`
-//! slices and bytes, with deterministic (bit-identical across ranks) reductions, byte
-//! accounting per call, and failures that name the culprit rank instead of hanging.
+//! all-gather of variable-size buffers, broadcast, reduce-scatter, barrier and a sparse
+//! all-reduce over `f32` slices, sparse vectors and bytes, with deterministic (bit-identical
+//! across ranks) reductions, byte accounting per call, and failures that name the culprit
+//! rank instead of hanging.
 //!
 //! The collective algorithms are written once, as IO-free state machines ([`algo`]): they
 //! are fed received messages and polled for messages to send, and never touch a socket or
@@ -42,7 +43,11 @@
 //! ## Layout
 //! * [`algo`]: the [`algo::Machine`] trait and one file per algorithm: [`algo::ring`]
 //!   (all-reduce, reduce-scatter), [`algo::recursive_doubling`] (small all-reduce),
-//!   [`algo::allgather`] (all-gatherv), [`algo::broadcast`], [`algo::barrier`].
+//!   [`algo::allgather`] (all-gatherv), [`algo::broadcast`], [`algo::barrier`],
+//!   [`algo::sparse_allreduce`] (sum of sparse vectors: owners reduce their segment, then
+//!   send it to everyone; each chunk as (index, value) pairs or dense, whichever is smaller).
+//! * [`sparse`]: [`sparse::SparseSlice`] / [`sparse::SparseVec`] (sorted unique `u32`
+//!   indices with `f32` values) and the sparse chunk encoding on the wire.
 //! * [`wire`]: the message header every machine speaks (sequence number, kind, sizes), so
 //!   mismatched collectives are detected.
 //! * [`transport`]: the [`Transport`] seam, [`ByteCount`], and the drivers:
@@ -72,11 +77,13 @@ pub mod ps;
 #[cfg(feature = "tcp")]
 pub mod rendezvous;
 pub mod shaping;
+pub mod sparse;
 pub mod transport;
 pub mod wire;
 
 pub use algo::{segment_range, ReduceOp};
 pub use comm::{CommConfig, CommError, Communicator};
+pub use sparse::{SparseSlice, SparseVec};
 pub use transport::channel::{channel_mesh, ChannelTransport};
 #[cfg(feature = "mpi")]
 pub use transport::mpi::{MpiCollectives, MpiTransport};

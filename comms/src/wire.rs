@@ -67,6 +67,9 @@ pub enum Kind {
     Barrier = 6,
     /// A rank gave up on the current collective; the payload says why (see [`AbortInfo`]).
     Abort = 7,
+    /// Sparse all-reduce with f32 sum (payloads are sparse chunks, see
+    /// [`crate::algo::sparse_allreduce`]).
+    SparseAllReduce = 8,
 }
 
 impl Kind {
@@ -79,6 +82,7 @@ impl Kind {
             5 => Kind::ReduceScatter,
             6 => Kind::Barrier,
             7 => Kind::Abort,
+            8 => Kind::SparseAllReduce,
             other => return Err(WireError::Kind(other)),
         })
     }
@@ -98,6 +102,9 @@ pub enum Algo {
     Chain = 3,
     /// Dissemination (barrier).
     Dissemination = 4,
+    /// Direct exchange with every peer (sparse all-reduce: each rank sends every owner its
+    /// share of the owner's segment, and each owner sends its reduced segment to everyone).
+    Direct = 5,
 }
 
 impl Algo {
@@ -108,6 +115,7 @@ impl Algo {
             2 => Algo::RecursiveDoubling,
             3 => Algo::Chain,
             4 => Algo::Dissemination,
+            5 => Algo::Direct,
             other => return Err(WireError::Algo(other)),
         })
     }
@@ -293,7 +301,7 @@ impl Drop for Message {
 }
 
 /// Appends `vals` to `out` as little-endian f32 (one `memcpy` on little-endian targets).
-fn extend_f32_le(out: &mut Vec<u8>, vals: &[f32]) {
+pub(crate) fn extend_f32_le(out: &mut Vec<u8>, vals: &[f32]) {
     #[cfg(target_endian = "little")]
     {
         // SAFETY: `f32` has no padding and every byte of it is initialised, `u8` has

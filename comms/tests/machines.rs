@@ -9,8 +9,10 @@ use dtrain_comms::algo::barrier::Barrier;
 use dtrain_comms::algo::broadcast::Broadcast;
 use dtrain_comms::algo::recursive_doubling::RecursiveDoubling;
 use dtrain_comms::algo::ring::Ring;
+use dtrain_comms::algo::sparse_allreduce::SparseAllReduce;
 use dtrain_comms::algo::{AlgoError, Machine};
 use dtrain_comms::wire::{Algo, Header, Kind, Message};
+use dtrain_comms::SparseSlice;
 use dtrain_comms::{segment_range, ReduceOp};
 use proptest::prelude::*;
 
@@ -157,7 +159,7 @@ proptest! {
 
     #[test]
     fn hostile_messages_are_errors_not_panics(
-        kind in 1u8..=7, algo in 0u8..=4, phase in 0u8..4, step in 0u32..10, count in 0u64..400,
+        kind in 1u8..=8, algo in 0u8..=5, phase in 0u8..4, step in 0u32..10, count in 0u64..400,
         offset in prop_oneof![0u64..400, any::<u64>()], root in 0u32..10,
         payload in proptest::collection::vec(any::<u8>(), 0..64), from in 0usize..4,
     ) {
@@ -177,7 +179,57 @@ proptest! {
         let _ = RecursiveDoubling::new(1, 3, 0, ReduceOp::Sum, &mut buf[..4]).handle(from, msg.clone());
         let _ = AllGather::new(1, 4, 0, b"abc", 4, 100).handle(from, msg.clone());
         let _ = Broadcast::new(1, 4, 0, 0, &mut bytes, 4, 100).handle(from, msg.clone());
-        let _ = Barrier::new(1, 4, 0).handle(from, msg);
+        let _ = Barrier::new(1, 4, 0).handle(from, msg.clone());
+        let input = SparseSlice::new(count as usize, &[], &[]).unwrap();
+        let _ = SparseAllReduce::new(1, 4, 0, input, 7).handle(from, msg.clone());
+        let input = SparseSlice::new(100, &[2, 30, 99], &[1.0, 2.0, 3.0]).unwrap();
+        let _ = SparseAllReduce::new(1, 4, 0, input, 7).handle(from, msg);
+    }
+
+    /// Sparse shares and reduced chunks with valid headers and arbitrary payloads: errors
+    /// naming the sender, never panics.
+    #[test]
+    fn hostile_sparse_payloads_are_errors_not_panics(
+        phase in 0u8..3, offset in prop_oneof![0u64..100, any::<u64>()], root in 0u32..5,
+        prefix in prop_oneof![Just(vec![1u8]), Just(vec![2u8]), Just(vec![1u8, 3, 0, 0, 0])],
+        payload in proptest::collection::vec(any::<u8>(), 0..80), from in 0usize..5,
+    ) {
+        let h = Header { phase, count: 100, offset, root, ..Header::new(Kind::SparseAllReduce, Algo::Direct, 0) };
+        let mut bytes = prefix;
+        bytes.extend_from_slice(&payload);
+        let input = SparseSlice::new(100, &[2, 30, 99], &[1.0, 2.0, 3.0]).unwrap();
+        let mut m = SparseAllReduce::new(1, 4, 0, input, 7);
+        if let Err(e) = m.handle(from, Message::new(h, &bytes)) {
+            prop_assert_eq!(e.peer(), from);
+        }
+    }
+
+    /// The sparse all-reduce machines over a simulated network with random delivery order
+    /// per link and random chunk sizes: every rank ends with the reference sum, bit for bit.
+    #[test]
+    fn sparse_all_reduce_is_exact_under_any_delivery_order(
+        p in 1usize..=8,
+        n in prop_oneof![0usize..10, 0usize..400],
+        density in prop_oneof![Just(0.0f64), 0.0f64..=1.0],
+        overlap: bool,
+        chunk in 1usize..50,
+        seed: u64,
+        reorder: bool,
+    ) {
+        let pattern = if overlap { Pattern::Overlapping(density) } else { Pattern::Independent(density) };
+        let inputs = sparse_inputs(seed, p, n, pattern);
+        let want = sparse_reference(&inputs, n);
+        let mut ms: Vec<SparseAllReduce> = inputs.iter().enumerate()
+            .map(|(r, (idx, vals))| SparseAllReduce::new(r, p, 2, SparseSlice::new(n, idx, vals).unwrap(), chunk))
+            .collect();
+        let mut dyns: Vec<&mut dyn Machine> = ms.iter_mut().map(|m| m as &mut dyn Machine).collect();
+        simulate(&mut dyns, &mut Rng(seed), reorder).unwrap();
+        for (r, m) in ms.into_iter().enumerate() {
+            let mut dense = vec![f32::NAN; n];
+            m.write_dense(&mut dense);
+            prop_assert_eq!(bits(&dense), bits(&want), "rank {}", r);
+            assert_sparse_matches(&m.into_sparse(), &want, &format!("rank {r}"));
+        }
     }
 }
 
@@ -194,6 +246,87 @@ fn summation_orders_are_distinguishable() {
     assert_ne!(bits(&ring), bits(&tree));
     let got = ring_all_reduce(&inputs, ReduceOp::Sum, 3, 1, true);
     assert_eq!(bits(&got[0]), bits(&ring));
+}
+
+/// Rank order from +0.0 is what the sparse all-reduce computes, and the test data tells it
+/// from the reverse order and from the ring's order.
+#[test]
+fn sparse_summation_order_is_rank_order() {
+    let (p, n) = (5, 200);
+    let inputs = sparse_inputs(11, p, n, Pattern::Overlapping(1.0));
+    let want = sparse_reference(&inputs, n);
+    let mut reversed = inputs.clone();
+    reversed.reverse();
+    assert_ne!(bits(&sparse_reference(&reversed, n)), bits(&want));
+    let dense: Vec<Vec<f32>> = inputs
+        .iter()
+        .map(|(i, v)| SparseSlice::new(n, i, v).unwrap().to_dense())
+        .collect();
+    assert_ne!(bits(&ring_reference(&dense, ReduceOp::Sum)), bits(&want));
+    let mut ms: Vec<SparseAllReduce> = inputs
+        .iter()
+        .enumerate()
+        .map(|(r, (i, v))| SparseAllReduce::new(r, p, 0, SparseSlice::new(n, i, v).unwrap(), 9))
+        .collect();
+    let mut dyns: Vec<&mut dyn Machine> = ms.iter_mut().map(|m| m as &mut dyn Machine).collect();
+    simulate(&mut dyns, &mut Rng(3), true).unwrap();
+    for m in ms {
+        assert_sparse_matches(&m.into_sparse(), &want, "rank order");
+    }
+}
+
+#[test]
+fn sparse_mismatch_and_misrouting_name_the_peer() {
+    let a = SparseSlice::new(10, &[1], &[1.0]).unwrap();
+    let b = SparseSlice::new(11, &[1], &[1.0]).unwrap();
+    let mut m0 = SparseAllReduce::new(0, 3, 0, a, 4);
+    let mut m1 = SparseAllReduce::new(1, 3, 0, b, 4);
+    let (to, msg) = m0.poll_transmit().unwrap();
+    assert_eq!(to, 1);
+    assert!(matches!(
+        m1.handle(0, msg.clone()),
+        Err(AlgoError::Mismatch { peer: 0, .. })
+    ));
+    // A share for rank 1 delivered to rank 2, and the same share twice.
+    let mut m2 = SparseAllReduce::new(2, 3, 0, a, 4);
+    assert!(matches!(
+        m2.handle(0, msg.clone()),
+        Err(AlgoError::Protocol { peer: 0, .. })
+    ));
+    let mut m1 = SparseAllReduce::new(1, 3, 0, a, 4);
+    m1.handle(0, msg.clone()).unwrap();
+    assert!(matches!(
+        m1.handle(0, msg.clone()),
+        Err(AlgoError::Protocol { peer: 0, .. })
+    ));
+    // A reduced chunk of segment 0 sent by rank 2, or a share sent by this rank to itself.
+    let h = Header {
+        phase: 1,
+        count: 10,
+        root: 0,
+        ..Header::new(Kind::SparseAllReduce, Algo::Direct, 0)
+    };
+    let empty_pairs = [1u8, 0, 0, 0, 0];
+    SparseAllReduce::new(1, 3, 0, a, 4)
+        .handle(0, Message::new(h, &empty_pairs))
+        .unwrap();
+    assert!(matches!(
+        SparseAllReduce::new(1, 3, 0, a, 4).handle(2, Message::new(h, &empty_pairs)),
+        Err(AlgoError::Protocol { peer: 2, .. })
+    ));
+    assert!(matches!(
+        SparseAllReduce::new(1, 3, 0, a, 4).handle(1, msg.clone()),
+        Err(AlgoError::Protocol { peer: 1, .. })
+    ));
+    // Another collective's message.
+    let mut x = vec![0f32; 10];
+    let (_, ring) = Ring::all_reduce(0, 3, 0, ReduceOp::Sum, &mut x, 4)
+        .poll_transmit()
+        .unwrap();
+    assert!(matches!(
+        SparseAllReduce::new(1, 3, 0, a, 4).handle(0, ring),
+        Err(AlgoError::Mismatch { peer: 0, .. })
+    ));
 }
 
 #[test]

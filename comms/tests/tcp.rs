@@ -87,6 +87,20 @@ fn mismatched_collectives_are_reported() {
 }
 
 #[test]
+fn sparse_all_reduce_matches_reference_bit_for_bit() {
+    for w in [2, 4] {
+        check_sparse_all_reduce(&Tcp, w);
+    }
+}
+
+#[test]
+fn sparse_all_reduce_mismatches_are_reported() {
+    for w in [2, 4] {
+        check_sparse_mismatch(&Tcp, w);
+    }
+}
+
+#[test]
 fn emulated_link_follows_the_alpha_beta_model() {
     check_emulated_link(|world, link| {
         let mut cfg = config(TOKEN);

@@ -21,12 +21,14 @@
 //! | all-gatherv | [`allgather::AllGather`] | P−1 blocks, chunked |
 //! | broadcast | [`broadcast::Broadcast`] | 1 chain hop, chunked |
 //! | barrier | [`barrier::Barrier`] | ⌈log2 P⌉ |
+//! | sparse all-reduce | [`sparse_allreduce::SparseAllReduce`] | 2(P−1) per chunk column, direct |
 
 pub mod allgather;
 pub mod barrier;
 pub mod broadcast;
 pub mod recursive_doubling;
 pub mod ring;
+pub mod sparse_allreduce;
 
 use std::ops::Range;
 

@@ -476,6 +476,228 @@ pub fn check_mismatch<M: Mesh>(mesh: &M, world: usize) {
     );
 }
 
+/// One rank's sparse input: strictly increasing indices and their values.
+pub type SparseInput = (Vec<u32>, Vec<f32>);
+
+/// How the ranks' index sets of a sparse test case relate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pattern {
+    /// Each rank draws its own indices with the given density (0 gives an empty input).
+    Independent(f64),
+    /// Rank `q` draws with density `densities[q % 4]`: empty, sparse and dense ranks mixed.
+    Mixed,
+    /// Every rank stores the same indices; rank 1 stores the negation of rank 0's values at
+    /// some of them, so that partial sums cancel to exactly zero.
+    Overlapping(f64),
+    /// Every index is stored by at most one rank.
+    Disjoint(f64),
+    /// A fraction `overlap` of each rank's `density · n` entries lies on indices shared by
+    /// all ranks, the rest is drawn independently (Top-k of correlated gradients).
+    Shared { density: f64, overlap: f64 },
+}
+
+impl Rng {
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// A test value: mostly spread over many binades, sometimes ±0.0 or a small integer.
+    pub fn sparse_value(&mut self) -> f32 {
+        match self.below(16) {
+            0 => 0.0,
+            1 => -0.0,
+            2 => self.below(4) as f32,
+            _ => self.f32(),
+        }
+    }
+}
+
+/// Sparse inputs of `world` ranks over dimension `n` (deterministic in `seed`).
+pub fn sparse_inputs(seed: u64, world: usize, n: usize, pattern: Pattern) -> Vec<SparseInput> {
+    let mut rng = Rng(seed);
+    let pick =
+        |rng: &mut Rng, d: f64| -> Vec<u32> { (0..n as u32).filter(|_| rng.unit() < d).collect() };
+    let with_values = |rng: &mut Rng, idx: Vec<u32>| -> SparseInput {
+        let vals = idx.iter().map(|_| rng.sparse_value()).collect();
+        (idx, vals)
+    };
+    match pattern {
+        Pattern::Independent(d) => (0..world)
+            .map(|_| {
+                let idx = pick(&mut rng, d);
+                with_values(&mut rng, idx)
+            })
+            .collect(),
+        Pattern::Mixed => (0..world)
+            .map(|q| {
+                let idx = pick(&mut rng, [0.0, 0.05, 0.6, 1.0][q % 4]);
+                with_values(&mut rng, idx)
+            })
+            .collect(),
+        Pattern::Overlapping(d) => {
+            let idx = pick(&mut rng, d);
+            let mut out: Vec<SparseInput> = (0..world)
+                .map(|_| with_values(&mut rng, idx.clone()))
+                .collect();
+            if world > 1 {
+                for k in 0..idx.len() {
+                    if rng.below(3) == 0 {
+                        out[1].1[k] = -out[0].1[k];
+                    }
+                }
+            }
+            out
+        }
+        Pattern::Disjoint(d) => {
+            let mut idx: Vec<Vec<u32>> = vec![Vec::new(); world];
+            for i in 0..n as u32 {
+                if rng.unit() < d {
+                    idx[rng.below(world)].push(i);
+                }
+            }
+            idx.into_iter().map(|i| with_values(&mut rng, i)).collect()
+        }
+        Pattern::Shared { density, overlap } => {
+            let k = (density * n as f64) as usize;
+            let shared: Vec<u32> = (0..(overlap * k as f64) as usize)
+                .map(|_| rng.below(n.max(1)) as u32)
+                .collect();
+            (0..world)
+                .map(|_| {
+                    let mut idx = shared.clone();
+                    idx.extend((shared.len()..k).map(|_| rng.below(n.max(1)) as u32));
+                    idx.sort_unstable();
+                    idx.dedup();
+                    with_values(&mut rng, idx)
+                })
+                .collect()
+        }
+    }
+}
+
+/// The dense sum of the inputs made dense, in rank order from `+0.0`: the documented
+/// result of the sparse all-reduce, computed without any of its machinery.
+pub fn sparse_reference(inputs: &[SparseInput], n: usize) -> Vec<f32> {
+    let mut acc = vec![0.0f32; n];
+    for (idx, vals) in inputs {
+        let mut dense = vec![0.0f32; n];
+        for (&i, &v) in idx.iter().zip(vals) {
+            dense[i as usize] = v;
+        }
+        for (a, d) in acc.iter_mut().zip(&dense) {
+            *a += *d;
+        }
+    }
+    acc
+}
+
+/// Checks a sparse result against the reference: same dense bits, and exactly the indices
+/// whose sum is not +0.0.
+pub fn assert_sparse_matches(got: &dtrain_comms::SparseVec, want: &[f32], what: &str) {
+    assert_eq!(got.dim(), want.len(), "{what}: dimension");
+    assert_eq!(bits(&got.to_dense()), bits(want), "{what}: values");
+    let nz: Vec<u32> = (0..want.len() as u32)
+        .filter(|&i| want[i as usize].to_bits() != 0)
+        .collect();
+    assert_eq!(got.indices(), &nz[..], "{what}: index set");
+}
+
+/// The sparse test cases of a world size: empty, tiny, not divisible by P, overlapping,
+/// disjoint, mixed and dense inputs.
+pub fn sparse_cases(world: usize) -> Vec<(usize, Pattern)> {
+    let mut cases = Vec::new();
+    for n in [
+        0,
+        1,
+        world.saturating_sub(1),
+        world + 1,
+        7 * world + 3,
+        1000,
+    ] {
+        cases.push((n, Pattern::Independent(0.0)));
+        cases.push((n, Pattern::Independent(0.3)));
+        cases.push((n, Pattern::Mixed));
+        cases.push((n, Pattern::Overlapping(0.4)));
+        cases.push((n, Pattern::Disjoint(0.5)));
+    }
+    cases.push((1000, Pattern::Independent(0.02)));
+    cases.push((1000, Pattern::Overlapping(1.0)));
+    cases.push((1000, Pattern::Disjoint(1.0)));
+    cases.push((
+        1000,
+        Pattern::Shared {
+            density: 0.05,
+            overlap: 0.5,
+        },
+    ));
+    cases
+}
+
+/// Sparse all-reduce of every case in [`sparse_cases`] on one mesh, sparse and dense
+/// results: equal to the reference bit for bit on every rank.
+pub fn check_sparse_all_reduce<M: Mesh>(mesh: &M, world: usize) {
+    let cases = sparse_cases(world);
+    let cs = cases.clone();
+    let out = run_ranks(mesh.make(world), test_config(), move |c| {
+        let r = c.rank();
+        cs.iter()
+            .enumerate()
+            .map(|(k, &(n, pattern))| {
+                let inputs = sparse_inputs(k as u64 * 977 + world as u64, world, n, pattern);
+                let (idx, vals) = &inputs[r];
+                let input = dtrain_comms::SparseSlice::new(n, idx, vals).unwrap();
+                let sparse = c.sparse_all_reduce(input).unwrap();
+                let mut dense = vec![f32::NAN; n];
+                c.sparse_all_reduce_dense(input, &mut dense).unwrap();
+                (sparse, dense)
+            })
+            .collect::<Vec<_>>()
+    });
+    for (k, &(n, pattern)) in cases.iter().enumerate() {
+        let inputs = sparse_inputs(k as u64 * 977 + world as u64, world, n, pattern);
+        let want = sparse_reference(&inputs, n);
+        for (r, results) in out.iter().enumerate() {
+            let what = format!("world {world} n {n} {pattern:?}: rank {r}");
+            assert_sparse_matches(&results[k].0, &want, &what);
+            assert_eq!(bits(&results[k].1), bits(&want), "{what} (dense)");
+        }
+    }
+}
+
+/// A rank with another dimension, or another collective: every rank fails, none hangs.
+pub fn check_sparse_mismatch<M: Mesh>(mesh: &M, world: usize) {
+    assert!(world >= 2);
+    let cfg = CommConfig {
+        timeout: Duration::from_secs(5),
+        ..test_config()
+    };
+    let start = Instant::now();
+    let out = run_ranks(mesh.make(world), cfg.clone(), |c| {
+        let n = if c.rank() == 0 { 100 } else { 101 };
+        let input = dtrain_comms::SparseSlice::new(n, &[3, 50], &[1.0, 2.0]).unwrap();
+        c.sparse_all_reduce(input).unwrap_err()
+    });
+    for (r, e) in out.iter().enumerate() {
+        assert!(matches!(e, CommError::Mismatch { .. }), "rank {r}: {e}");
+    }
+    let out = run_ranks(mesh.make(world), cfg, move |c| {
+        if c.rank() == world - 1 {
+            let input = dtrain_comms::SparseSlice::new(500, &[3], &[1.0]).unwrap();
+            c.sparse_all_reduce(input).map(|_| ()).unwrap_err()
+        } else {
+            c.all_reduce_sum(&mut [1.0f32; 500]).unwrap_err()
+        }
+    });
+    for (r, e) in out.iter().enumerate() {
+        assert!(matches!(e, CommError::Mismatch { .. }), "rank {r}: {e}");
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        start.elapsed()
+    );
+}
+
 /// TCP meshes over 127.0.0.1 (ephemeral ports), set up concurrently from one thread per rank.
 #[cfg(feature = "tcp")]
 pub mod tcp {
