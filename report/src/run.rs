@@ -343,7 +343,8 @@ fn expand(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> Result<()> {
 /// files), in a stable order without repeats:
 ///
 /// * a run directory (holding `metrics.jsonl` or `summary.json`) is taken as is;
-/// * a file is taken as a run's `summary.json` (its directory is read with it when the file
+/// * a run's `metrics.jsonl`, `eval.jsonl` or `config.toml` stands for its directory;
+/// * another file is taken as a run's summary (its directory is read with it when the file
 ///   is named `summary.json`);
 /// * another directory is searched (up to four levels) for run directories: among
 ///   sibling runs named by the trainer's UTC stamp only the newest is taken (so
@@ -356,7 +357,18 @@ pub fn discover(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
     for input in inputs {
         let meta = fs::metadata(input).map_err(|e| ReportError::io(input, e))?;
         let mut found = Vec::new();
-        if meta.is_file() || is_run_dir(input) {
+        let run_file = input
+            .file_name()
+            .is_some_and(|n| [METRICS, EVAL, CONFIG].iter().any(|f| n == *f));
+        if meta.is_file() && run_file {
+            // One of a run's own files: the run is its directory.
+            let dir = input.parent().map(Path::to_path_buf).unwrap_or_default();
+            found.push(if dir.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                dir
+            });
+        } else if meta.is_file() || is_run_dir(input) {
             found.push(input.clone());
         } else {
             expand(input, 3, &mut found)?;

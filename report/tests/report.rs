@@ -313,6 +313,9 @@ fn parent_dirs_take_the_newest_stamp_and_links_label_runs() {
         .write(tmp.path(), "runs/mlp/20261122-010000-2");
     let found = dtrain_report::discover(&[tmp.path().join("runs/mlp")]).unwrap();
     assert_eq!(found, vec![newest.clone()]);
+    // A run's own file stands for its directory.
+    let found = dtrain_report::discover(&[newest.join("metrics.jsonl")]).unwrap();
+    assert_eq!(found, vec![newest.clone()]);
     // The whole runs/ tree: one run per name.
     Spec::new("cnn", "fft").write(tmp.path(), "runs/cnn/20261122-020000");
     let found = dtrain_report::discover(&[tmp.path().join("runs")]).unwrap();
