@@ -207,6 +207,42 @@ impl LinkSpec {
         self.serialise(bytes) + (world as f64 - 1.0) * self.latency.as_secs_f64()
     }
 
+    /// α–β prediction of a recursive-doubling all-reduce of `bytes` (what
+    /// [`crate::Communicator`] runs for small buffers): every round exchanges the whole
+    /// buffer, so `rounds · (bytes/rate + latency)`, with `rounds = log2 P2` plus a fold-in
+    /// and a fold-out round when `N` is not a power of two (`P2` the largest power of two
+    /// `≤ N`).
+    pub fn predict_recursive_doubling(&self, bytes: f64, world: usize) -> f64 {
+        if world < 2 {
+            return 0.0;
+        }
+        let p2 = 1usize << (usize::BITS - 1 - world.leading_zeros());
+        let rounds = p2.trailing_zeros() as f64 + if p2 == world { 0.0 } else { 2.0 };
+        rounds * (self.serialise(bytes) + self.latency.as_secs_f64())
+    }
+
+    /// α–β prediction of a binomial-tree broadcast of `bytes` (not pipelined):
+    /// `⌈log2 N⌉ · (bytes/rate + latency)`.
+    pub fn predict_tree_broadcast(&self, bytes: f64, world: usize) -> f64 {
+        if world < 2 {
+            return 0.0;
+        }
+        let depth = (usize::BITS - (world - 1).leading_zeros()) as f64;
+        depth * (self.serialise(bytes) + self.latency.as_secs_f64())
+    }
+
+    /// α–β prediction of a parameter-server push + pull of `bytes` per worker, sharded
+    /// evenly over `servers` server links: each server receives `N · bytes/servers` and
+    /// sends as much back, while a worker's own link carries `bytes` each way, so the time
+    /// is `2 · max(N/servers, 1) · bytes/rate + 2 · latency`.
+    pub fn predict_parameter_server(&self, bytes: f64, world: usize, servers: usize) -> f64 {
+        if world < 1 {
+            return 0.0;
+        }
+        let fan_in = (world as f64 / servers.max(1) as f64).max(1.0);
+        2.0 * fan_in * self.serialise(bytes) + 2.0 * self.latency.as_secs_f64()
+    }
+
     fn serialise(&self, bytes: f64) -> f64 {
         self.bandwidth.map_or(0.0, |r| bytes / r)
     }
@@ -239,6 +275,21 @@ mod tests {
         assert!((s.predict_all_gather(64e6, 4) - (0.384 + 0.0003)).abs() < 1e-9);
         assert!((s.predict_broadcast(64e6, 4) - (0.512 + 0.0003)).abs() < 1e-9);
         assert_eq!(s.predict_all_reduce(64e6, 1), 0.0);
+        // Recursive doubling: log2 P rounds of the whole buffer (+2 off powers of two).
+        let rd = s.predict_recursive_doubling(1e6, 4);
+        assert!((rd - 2.0 * (0.008 + 0.0001)).abs() < 1e-12, "{rd}");
+        let rd = s.predict_recursive_doubling(1e6, 6);
+        assert!((rd - 4.0 * (0.008 + 0.0001)).abs() < 1e-12, "{rd}");
+        assert_eq!(s.predict_recursive_doubling(1e6, 1), 0.0);
+        // Tree broadcast: ⌈log2 P⌉ hops of the whole buffer.
+        let tb = s.predict_tree_broadcast(1e6, 5);
+        assert!((tb - 3.0 * (0.008 + 0.0001)).abs() < 1e-12, "{tb}");
+        assert!((s.predict_tree_broadcast(1e6, 2) - (0.008 + 0.0001)).abs() < 1e-12);
+        // Parameter server: the server links carry P/S shards each way.
+        let ps = s.predict_parameter_server(1e6, 8, 2);
+        assert!((ps - (2.0 * 4.0 * 0.008 + 0.0002)).abs() < 1e-12, "{ps}");
+        let ps = s.predict_parameter_server(1e6, 2, 4);
+        assert!((ps - (2.0 * 0.008 + 0.0002)).abs() < 1e-12, "{ps}");
         let lat_only = LinkSpec::parse(None, Some("1ms")).unwrap();
         assert!((lat_only.predict_all_reduce(1e9, 2) - 0.002).abs() < 1e-12);
     }

@@ -1,0 +1,599 @@
+//! `dtrain report`: markdown tables and plots comparing runs.
+//!
+//! [`report`] reads the runs under the given paths ([`crate::discover`]), labels them,
+//! picks the baseline, and writes into [`ReportOptions::out_dir`]:
+//!
+//! * `report.md`: the summary table (final metric, wall time, steps, mean step time and its
+//!   breakdown, bytes sent per step, compression ratio, throughput, speed-up vs the
+//!   baseline), the pairwise speed-up matrix, and — when the runs differ in worker count —
+//!   bytes per worker vs P;
+//! * plots, each as `.svg` and `.png`: `loss_vs_time`, `loss_vs_step`,
+//!   `accuracy_vs_epoch` (and `perplexity_vs_epoch` for language models), `step_breakdown`,
+//!   and `bytes_vs_workers` (at least two worker counts).
+//!
+//! ## Definitions
+//! * **Label**: `name/method P=workers`, plus `@bandwidth,latency` when `[network]` shapes
+//!   the link; a label that is still not unique gets the run's stamp, then `#k`.
+//! * **Final metric**: test accuracy; perplexity for language models (model kind `lstm`);
+//!   the test loss when neither was recorded; the training loss without any evaluation.
+//! * **Step breakdown** (mean per step, first step excluded as the trainer does): compute
+//!   = data + forward + backward + optimizer; compress = compress + decompress;
+//!   communicate = time inside collectives, of which *wait* is what the step waited for
+//!   (the rest overlapped (de)compression); other = the remainder of the step's wall time.
+//! * **Speed-up** of run A vs run B = B's mean step time ÷ A's (> 1: A is faster). The
+//!   baseline is the run named by [`ReportOptions::baseline`] (a label, a method or a run
+//!   name); without one, the run whose method is `none`. When several runs match, each run
+//!   is compared with the match of its own worker count and link, and gets none if that is
+//!   not unique.
+//! * **Bytes per worker**: mean bytes rank 0 sent per step (transport level, framing
+//!   included).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::error::{ReportError, Result};
+use crate::md::{self, Table};
+use crate::plot::{self, Legend, LinePlot, Scale, Series, StackedBars};
+use crate::run::{load_runs, FinalMetric, Phases, Run};
+
+/// What [`report`] should do.
+#[derive(Debug, Clone)]
+pub struct ReportOptions {
+    /// The baseline run: a label, a method (`none`, `fp16`, …) or a run name. `None`: the
+    /// run with method `none`, if there is one (per worker count and link).
+    pub baseline: Option<String>,
+    /// Where `report.md` and the plots are written (created if missing).
+    pub out_dir: PathBuf,
+    /// Whether to render plots (SVG + PNG).
+    pub plots: bool,
+}
+
+impl ReportOptions {
+    /// Default options writing into `out_dir`: baseline `none`, with plots.
+    pub fn new(out_dir: impl Into<PathBuf>) -> Self {
+        ReportOptions {
+            baseline: None,
+            out_dir: out_dir.into(),
+            plots: true,
+        }
+    }
+}
+
+/// One run's line of the summary table, as numbers.
+#[derive(Debug, Clone)]
+pub struct RunRow {
+    /// The run's unique label.
+    pub label: String,
+    /// Its directory.
+    pub dir: PathBuf,
+    /// Compression method.
+    pub method: String,
+    /// Worker count.
+    pub workers: usize,
+    /// Whether the run finished (has `summary.json`).
+    pub complete: bool,
+    /// Final quality metric.
+    pub final_metric: Option<FinalMetric>,
+    /// Training wall time in seconds.
+    pub wall_s: f64,
+    /// Steps completed.
+    pub steps: u64,
+    /// Mean per-phase step times.
+    pub mean_step: Phases,
+    /// Mean bytes sent per step per worker.
+    pub bytes_sent_per_step: f64,
+    /// `4·params / payload bytes`.
+    pub compression_ratio: Option<f64>,
+    /// Examples per second over all workers.
+    pub samples_per_s: Option<f64>,
+    /// The label of the run this one is compared with.
+    pub baseline: Option<String>,
+    /// Baseline mean step time ÷ this run's.
+    pub speedup: Option<f64>,
+}
+
+/// What [`report`] produced.
+#[derive(Debug, Clone)]
+pub struct ReportOutput {
+    /// The markdown of `report.md`.
+    pub markdown: String,
+    /// Every file written: `report.md` first, then the plots (`.svg`, `.png` pairs).
+    pub files: Vec<PathBuf>,
+    /// The summary table as numbers, one row per run in input order.
+    pub runs: Vec<RunRow>,
+}
+
+/// Reads the runs under `inputs` and writes the report (see the [module docs](self)).
+pub fn report(inputs: &[PathBuf], opts: &ReportOptions) -> Result<ReportOutput> {
+    let runs = load_runs(inputs)?;
+    report_runs(&runs, opts)
+}
+
+/// [`report`] for runs already read.
+pub fn report_runs(runs: &[Run], opts: &ReportOptions) -> Result<ReportOutput> {
+    if runs.is_empty() {
+        return Err(ReportError::NoInput);
+    }
+    let labels = labels(runs);
+    let base = baselines(runs, &labels, opts.baseline.as_deref())?;
+    let rows: Vec<RunRow> = runs
+        .iter()
+        .zip(&labels)
+        .zip(&base)
+        .map(|((r, label), b)| {
+            let mean = r.mean_step();
+            let speedup = b.and_then(|b| {
+                let t = runs[b].mean_step().step_s;
+                (mean.step_s > 0.0 && t > 0.0).then(|| t / mean.step_s)
+            });
+            RunRow {
+                label: label.clone(),
+                dir: r.dir.clone(),
+                method: r.method.clone(),
+                workers: r.workers,
+                complete: r.is_complete(),
+                final_metric: r.final_metric(),
+                wall_s: r.wall_s(),
+                steps: r.step_count(),
+                mean_step: mean,
+                bytes_sent_per_step: r.bytes_sent_per_step(),
+                compression_ratio: r.compression_ratio(),
+                samples_per_s: r.samples_per_s(),
+                baseline: b.map(|b| labels[b].clone()),
+                speedup,
+            }
+        })
+        .collect();
+
+    fs::create_dir_all(&opts.out_dir).map_err(|e| ReportError::io(&opts.out_dir, e))?;
+    let plots = if opts.plots {
+        write_plots(runs, &rows, &opts.out_dir)?
+    } else {
+        Vec::new()
+    };
+    let markdown = render_markdown(runs, &rows, &plots);
+    let md_path = opts.out_dir.join("report.md");
+    fs::write(&md_path, &markdown).map_err(|e| ReportError::io(&md_path, e))?;
+    let mut files = vec![md_path];
+    files.extend(plots);
+    Ok(ReportOutput {
+        markdown,
+        files,
+        runs: rows,
+    })
+}
+
+/// Unique labels for `runs` (see the [module docs](self)).
+pub fn labels(runs: &[Run]) -> Vec<String> {
+    let base: Vec<String> = runs
+        .iter()
+        .map(|r| {
+            let mut l = format!("{} P={}", group_label(r), r.workers);
+            if let Some(n) = &r.network {
+                let _ = write!(l, " @{}", n.label().replace('/', ","));
+            }
+            l
+        })
+        .collect();
+    let count = |v: &[String], s: &str| v.iter().filter(|x| *x == s).count();
+    let mut out: Vec<String> = base
+        .iter()
+        .zip(runs)
+        .map(|(l, r)| {
+            if count(&base, l) > 1 {
+                format!("{l} ({})", r.stamp)
+            } else {
+                l.clone()
+            }
+        })
+        .collect();
+    for i in 0..out.len() {
+        if out[..i].contains(&out[i]) {
+            let mut k = 2;
+            while out.contains(&format!("{} #{k}", out[i])) {
+                k += 1;
+            }
+            out[i] = format!("{} #{k}", out[i]);
+        }
+    }
+    out
+}
+
+/// `name/method`: the label without worker count and link, grouping a worker sweep.
+fn group_label(r: &Run) -> String {
+    format!("{}/{}", r.name, r.method)
+}
+
+fn link_key(r: &Run) -> String {
+    r.network.as_ref().map(|n| n.label()).unwrap_or_default()
+}
+
+/// For every run, the index of the run it is compared with (see the [module docs](self)).
+pub fn baselines(
+    runs: &[Run],
+    labels: &[String],
+    want: Option<&str>,
+) -> Result<Vec<Option<usize>>> {
+    let candidates: Vec<usize> = match want {
+        Some(w) => {
+            let by_label: Vec<usize> = (0..runs.len()).filter(|&i| labels[i] == w).collect();
+            if by_label.is_empty() {
+                (0..runs.len())
+                    .filter(|&i| runs[i].method == w || runs[i].name == w)
+                    .collect()
+            } else {
+                by_label
+            }
+        }
+        None => (0..runs.len())
+            .filter(|&i| runs[i].method == "none")
+            .collect(),
+    };
+    if candidates.is_empty() {
+        return match want {
+            Some(w) => Err(ReportError::Baseline(format!(
+                "{w:?} matches no run (label, method or name); runs: {}",
+                labels.join(", ")
+            ))),
+            None => Ok(vec![None; runs.len()]),
+        };
+    }
+    Ok(runs
+        .iter()
+        .map(|r| {
+            if let [only] = candidates[..] {
+                return Some(only);
+            }
+            let same: Vec<usize> = candidates
+                .iter()
+                .copied()
+                .filter(|&c| runs[c].workers == r.workers && link_key(&runs[c]) == link_key(r))
+                .collect();
+            match same[..] {
+                [only] => Some(only),
+                _ => None,
+            }
+        })
+        .collect())
+}
+
+fn metric_cell(m: Option<FinalMetric>) -> String {
+    match m {
+        Some(FinalMetric::Accuracy(a)) => format!("acc {:.2} %", a * 100.0),
+        Some(FinalMetric::Perplexity(p)) => format!("ppl {}", md::sig(p)),
+        Some(FinalMetric::TestLoss(l)) => format!("test loss {}", md::sig(l)),
+        Some(FinalMetric::TrainLoss(l)) => format!("train loss {}", md::sig(l)),
+        None => "–".into(),
+    }
+}
+
+fn opt<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
+    v.map(f).unwrap_or_else(|| "–".into())
+}
+
+fn render_markdown(runs: &[Run], rows: &[RunRow], plots: &[PathBuf]) -> String {
+    let mut out = String::from("# dtrain report\n\n");
+    let _ = writeln!(
+        out,
+        "{} run(s). Times are means per step (first step excluded); bytes are per worker per \
+         step, as sent by rank 0 (framing included). Speed-up = baseline step time ÷ run step \
+         time.\n",
+        rows.len()
+    );
+
+    let _ = writeln!(out, "## Runs\n");
+    let any_link = runs.iter().any(|r| r.network.is_some());
+    let mut head = vec!["run", "method", "P"];
+    if any_link {
+        head.push("link");
+    }
+    head.extend([
+        "status",
+        "final metric",
+        "wall s",
+        "steps",
+        "step ms",
+        "compute ms",
+        "compress ms",
+        "communicate ms",
+        "wait ms",
+        "sent/step",
+        "compression",
+        "samples/s",
+        "baseline",
+        "speed-up",
+    ]);
+    let mut t = Table::new(&head);
+    for (i, h) in head.iter().enumerate() {
+        if ["method", "link", "status", "final metric", "baseline"].contains(h) {
+            t = t.align(i, md::Align::Left);
+        }
+    }
+    for (r, row) in runs.iter().zip(rows) {
+        let m = &row.mean_step;
+        let mut cells = vec![
+            row.label.clone(),
+            row.method.clone(),
+            row.workers.to_string(),
+        ];
+        if any_link {
+            cells.push(
+                r.network
+                    .as_ref()
+                    .map(|n| n.label())
+                    .unwrap_or_else(|| "–".into()),
+            );
+        }
+        cells.extend([
+            if row.complete {
+                "complete"
+            } else {
+                "incomplete"
+            }
+            .to_owned(),
+            metric_cell(row.final_metric),
+            md::sig(row.wall_s),
+            row.steps.to_string(),
+            md::ms(m.step_s),
+            md::ms(m.compute_s()),
+            md::ms(m.codec_s()),
+            md::ms(m.communicate_s),
+            md::ms(m.wait_s),
+            md::bytes(row.bytes_sent_per_step),
+            opt(row.compression_ratio, |c| format!("{}×", md::sig(c))),
+            opt(row.samples_per_s, md::sig),
+            row.baseline.clone().unwrap_or_else(|| "–".into()),
+            opt(row.speedup, md::factor),
+        ]);
+        t.row(&cells);
+    }
+    out.push_str(&t.render());
+
+    if rows.len() > 1 {
+        let _ = writeln!(
+            out,
+            "\n## Speed-up of each run vs each peer\n\nCell = the column run's mean step time ÷ \
+             the row run's (> 1: the row run is faster).\n"
+        );
+        let mut head = vec!["run \\ vs".to_owned()];
+        head.extend(rows.iter().map(|r| r.label.clone()));
+        let mut t = Table::new(&head);
+        for a in rows {
+            let mut cells = vec![a.label.clone()];
+            for b in rows {
+                let (ta, tb) = (a.mean_step.step_s, b.mean_step.step_s);
+                cells.push(if ta > 0.0 && tb > 0.0 {
+                    md::factor(tb / ta)
+                } else {
+                    "–".into()
+                });
+            }
+            t.row(&cells);
+        }
+        out.push_str(&t.render());
+    }
+
+    let workers: BTreeSet<usize> = runs.iter().map(|r| r.workers).collect();
+    if workers.len() > 1 {
+        let _ = writeln!(out, "\n## Bytes per worker per step vs P\n");
+        let mut head = vec!["run".to_owned()];
+        head.extend(workers.iter().map(|p| format!("P={p}")));
+        let mut t = Table::new(&head);
+        for (g, by_p) in bytes_by_group(runs, rows) {
+            let mut cells = vec![g];
+            cells.extend(workers.iter().map(|p| {
+                by_p.get(p)
+                    .map(|b| md::bytes(*b))
+                    .unwrap_or_else(|| "–".into())
+            }));
+            t.row(&cells);
+        }
+        out.push_str(&t.render());
+    }
+
+    if !plots.is_empty() {
+        let _ = writeln!(out, "\n## Plots\n");
+        for p in plots
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "svg"))
+        {
+            let file = p
+                .file_name()
+                .map(|f| f.to_string_lossy())
+                .unwrap_or_default();
+            let stem = p
+                .file_stem()
+                .map(|f| f.to_string_lossy())
+                .unwrap_or_default();
+            let png = file.replace(".svg", ".png");
+            let _ = writeln!(
+                out,
+                "![{}]({file}) ([PNG]({png}))\n",
+                stem.replace('_', " ")
+            );
+        }
+    }
+
+    let notes: Vec<String> = runs
+        .iter()
+        .zip(rows)
+        .flat_map(|(r, row)| {
+            let mut v: Vec<String> = r.notes.iter().map(|n| format!("{}: {n}", row.label)).collect();
+            if !row.complete {
+                v.push(format!(
+                    "{}: no summary.json (failed or interrupted); figures derived from metrics.jsonl",
+                    row.label
+                ));
+            }
+            v
+        })
+        .collect();
+    if !notes.is_empty() {
+        let _ = writeln!(out, "\n## Notes\n");
+        for n in notes {
+            let _ = writeln!(out, "- {n}");
+        }
+    }
+    let _ = writeln!(out, "\n## Sources\n");
+    for row in rows {
+        let _ = writeln!(out, "- {}: `{}`", row.label, row.dir.display());
+    }
+    out
+}
+
+/// Bytes sent per step, by group label (`name/method` + link) and worker count.
+fn bytes_by_group(runs: &[Run], rows: &[RunRow]) -> BTreeMap<String, BTreeMap<usize, f64>> {
+    let mut m: BTreeMap<String, BTreeMap<usize, f64>> = BTreeMap::new();
+    for (r, row) in runs.iter().zip(rows) {
+        let mut g = group_label(r);
+        if let Some(n) = &r.network {
+            let _ = write!(g, " @{}", n.label().replace('/', ","));
+        }
+        m.entry(g)
+            .or_default()
+            .insert(r.workers, row.bytes_sent_per_step);
+    }
+    m
+}
+
+fn fmt_percent(v: f64) -> String {
+    format!("{} %", md::tick(v))
+}
+
+fn write_plots(runs: &[Run], rows: &[RunRow], dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    let line = |title: &str, x: &str, y: &str, series: Vec<Series>| LinePlot {
+        title: title.into(),
+        x_label: x.into(),
+        y_label: y.into(),
+        x_scale: Scale::Linear,
+        y_scale: Scale::Linear,
+        y_from_zero: false,
+        markers: false,
+        y_format: md::tick,
+        legend: Legend::UpperRight,
+        series,
+    };
+    let nonempty = |s: &[Series]| s.iter().any(|s| !s.points.is_empty());
+
+    let by_time: Vec<Series> = runs
+        .iter()
+        .zip(rows)
+        .map(|(r, row)| {
+            let mut t = 0.0;
+            let points = r
+                .steps
+                .iter()
+                .filter_map(|s| {
+                    t += s.time.step_s;
+                    s.loss.map(|l| (t, l))
+                })
+                .collect();
+            Series {
+                label: row.label.clone(),
+                points,
+            }
+        })
+        .collect();
+    if nonempty(&by_time) {
+        let p = line(
+            "Training loss vs wall time",
+            "wall time (s, sum of step times)",
+            "loss",
+            by_time,
+        );
+        files.extend(plot::line_plot(dir, "loss_vs_time", &p)?);
+    }
+
+    let by_step: Vec<Series> = runs
+        .iter()
+        .zip(rows)
+        .map(|(r, row)| Series {
+            label: row.label.clone(),
+            points: r
+                .steps
+                .iter()
+                .filter_map(|s| s.loss.map(|l| (s.step as f64, l)))
+                .collect(),
+        })
+        .collect();
+    if nonempty(&by_step) {
+        let p = line("Training loss vs step", "step", "loss", by_step);
+        files.extend(plot::line_plot(dir, "loss_vs_step", &p)?);
+    }
+
+    let eval_series = |f: &dyn Fn(&crate::run::EvalRecord) -> Option<f64>, lm: Option<bool>| {
+        runs.iter()
+            .zip(rows)
+            .filter(|(r, _)| lm.is_none_or(|lm| r.is_language_model() == lm))
+            .map(|(r, row)| Series {
+                label: row.label.clone(),
+                points: r
+                    .evals
+                    .iter()
+                    .filter_map(|e| f(e).map(|v| (e.epoch as f64, v)))
+                    .collect(),
+            })
+            .collect::<Vec<_>>()
+    };
+    let acc = eval_series(&|e| e.accuracy.map(|a| a * 100.0), None);
+    if nonempty(&acc) {
+        let mut p = line("Test accuracy vs epoch", "epoch", "accuracy (%)", acc);
+        p.markers = true;
+        p.y_format = fmt_percent;
+        p.legend = Legend::LowerRight;
+        files.extend(plot::line_plot(dir, "accuracy_vs_epoch", &p)?);
+    }
+    let ppl = eval_series(&|e| e.perplexity, Some(true));
+    if nonempty(&ppl) {
+        let mut p = line("Test perplexity vs epoch", "epoch", "perplexity", ppl);
+        p.markers = true;
+        files.extend(plot::line_plot(dir, "perplexity_vs_epoch", &p)?);
+    }
+
+    let ms = |f: fn(&Phases) -> f64| {
+        rows.iter()
+            .map(|r| f(&r.mean_step) * 1e3)
+            .collect::<Vec<_>>()
+    };
+    let bars = StackedBars {
+        title: "Mean step time breakdown".into(),
+        x_label: "ms per step".into(),
+        categories: rows.iter().map(|r| r.label.clone()).collect(),
+        segments: vec![
+            ("compute".into(), ms(Phases::compute_s)),
+            ("compress + decompress".into(), ms(Phases::codec_s)),
+            ("communicate (waited)".into(), ms(|p| p.wait_s)),
+            ("other".into(), ms(Phases::other_s)),
+        ],
+    };
+    files.extend(plot::stacked_bars(dir, "step_breakdown", &bars)?);
+
+    let workers: BTreeSet<usize> = runs.iter().map(|r| r.workers).collect();
+    if workers.len() > 1 {
+        let series = bytes_by_group(runs, rows)
+            .into_iter()
+            .map(|(g, by_p)| Series {
+                label: g,
+                points: by_p.into_iter().map(|(p, b)| (p as f64, b)).collect(),
+            })
+            .collect();
+        let p = LinePlot {
+            x_scale: Scale::Log2,
+            y_scale: Scale::Log10,
+            markers: true,
+            y_format: md::bytes,
+            legend: Legend::UpperLeft,
+            ..line(
+                "Bytes sent per worker per step vs workers",
+                "workers (P)",
+                "bytes / step",
+                series,
+            )
+        };
+        files.extend(plot::line_plot(dir, "bytes_vs_workers", &p)?);
+    }
+    Ok(files)
+}

@@ -1,0 +1,802 @@
+//! Reading run directories written by the trainer.
+//!
+//! A run directory `runs/<name>/<UTC stamp>/` holds `config.toml` (the resolved config),
+//! `metrics.jsonl` (one record per step), `eval.jsonl` (one record per evaluation) and,
+//! once the run finished, `summary.json`. The readers here are lenient where the trainer
+//! may legitimately differ and strict where the data would be wrong:
+//!
+//! * unknown fields are ignored everywhere (newer trainers may add some);
+//! * a run without `summary.json` (failed or interrupted) is read from `metrics.jsonl` and
+//!   marked incomplete ([`Run::is_complete`]);
+//! * a resumed run appends to `metrics.jsonl` / `eval.jsonl`, repeating the steps after the
+//!   checkpoint: the **last** record of each step is kept;
+//! * a last line without its newline that does not parse (a write cut short by a crash) is
+//!   dropped with a note ([`Run::notes`]); any other malformed line is an error naming
+//!   `file:line`;
+//! * `null` numbers (how JSON writes a non-finite loss) read as missing.
+//!
+//! [`discover`] turns the paths given on the command line into run directories: a run
+//! directory itself, a `runs/<name>/` parent of timestamped runs (the newest is taken),
+//! or any directory holding run directories further down (all are taken).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use dtrain_comms::shaping::LinkSpec;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ReportError, Result};
+
+/// Per-phase seconds of one step (or the mean over steps), as the trainer records them.
+///
+/// `communicate_s` is the communication thread's busy time; with overlap on it runs
+/// alongside compression, and `wait_s` is the part the step actually waited for. The step
+/// wall time is therefore about `compute + compress + decompress + wait` ([`Phases::other_s`]
+/// is the remainder).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Phases {
+    /// Loading and batching the data.
+    pub data_s: f64,
+    /// Forward pass.
+    pub forward_s: f64,
+    /// Backward pass.
+    pub backward_s: f64,
+    /// Compensation + compression (and a `Dense` method's own decode).
+    pub compress_s: f64,
+    /// Time inside collectives.
+    pub communicate_s: f64,
+    /// Decoding and summing received payloads, averaging.
+    pub decompress_s: f64,
+    /// Time the step was blocked on communication.
+    pub wait_s: f64,
+    /// Optimizer update.
+    pub optimizer_s: f64,
+    /// Wall time of the whole step.
+    pub step_s: f64,
+}
+
+impl Phases {
+    /// Computation: `data + forward + backward + optimizer`.
+    pub fn compute_s(&self) -> f64 {
+        self.data_s + self.forward_s + self.backward_s + self.optimizer_s
+    }
+
+    /// Codec time: `compress + decompress`.
+    pub fn codec_s(&self) -> f64 {
+        self.compress_s + self.decompress_s
+    }
+
+    /// What the step's wall time holds beyond compute, codec and waiting (bookkeeping,
+    /// metrics, synchronisation not attributed to a phase); never negative.
+    pub fn other_s(&self) -> f64 {
+        (self.step_s - self.compute_s() - self.codec_s() - self.wait_s).max(0.0)
+    }
+
+    fn add(&mut self, o: &Phases) {
+        self.data_s += o.data_s;
+        self.forward_s += o.forward_s;
+        self.backward_s += o.backward_s;
+        self.compress_s += o.compress_s;
+        self.communicate_s += o.communicate_s;
+        self.decompress_s += o.decompress_s;
+        self.wait_s += o.wait_s;
+        self.optimizer_s += o.optimizer_s;
+        self.step_s += o.step_s;
+    }
+
+    fn scale(&mut self, k: f64) {
+        for v in [
+            &mut self.data_s,
+            &mut self.forward_s,
+            &mut self.backward_s,
+            &mut self.compress_s,
+            &mut self.communicate_s,
+            &mut self.decompress_s,
+            &mut self.wait_s,
+            &mut self.optimizer_s,
+            &mut self.step_s,
+        ] {
+            *v *= k;
+        }
+    }
+}
+
+/// One line of `metrics.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// Global step (0-based).
+    pub step: u64,
+    /// Epoch (0-based).
+    #[serde(default)]
+    pub epoch: u64,
+    /// Mean training loss over the ranks' batches (`None` when non-finite).
+    #[serde(default)]
+    pub loss: Option<f64>,
+    /// Training accuracy.
+    #[serde(default)]
+    pub accuracy: Option<f64>,
+    /// Learning rate.
+    #[serde(default)]
+    pub lr: Option<f64>,
+    /// The method's knob (`theta`, `density`), if it has one.
+    #[serde(default)]
+    pub ratio_name: Option<String>,
+    /// Its value.
+    #[serde(default)]
+    pub ratio: Option<f64>,
+    /// Bytes rank 0 sent (framing included).
+    #[serde(default)]
+    pub bytes_sent: u64,
+    /// Bytes rank 0 received.
+    #[serde(default)]
+    pub bytes_received: u64,
+    /// Bytes of rank 0's encoded payloads.
+    #[serde(default)]
+    pub payload_bytes: u64,
+    /// Whether the update was skipped (non-finite values).
+    #[serde(default)]
+    pub skipped: bool,
+    /// Examples processed by all ranks.
+    #[serde(default)]
+    pub samples: u64,
+    /// Per-phase times.
+    #[serde(default)]
+    pub time: Phases,
+}
+
+/// One line of `eval.jsonl` (also `summary.json`'s `final_eval`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalRecord {
+    /// Epochs completed.
+    #[serde(default)]
+    pub epoch: u64,
+    /// Steps completed.
+    #[serde(default)]
+    pub step: u64,
+    /// Mean test loss.
+    #[serde(default)]
+    pub loss: Option<f64>,
+    /// Test accuracy (tokens for language models).
+    #[serde(default)]
+    pub accuracy: Option<f64>,
+    /// Test perplexity.
+    #[serde(default)]
+    pub perplexity: Option<f64>,
+    /// Examples (or tokens) scored.
+    #[serde(default)]
+    pub count: u64,
+}
+
+/// `summary.json`. Every field may be missing (read as `None` / zero), so that a summary
+/// from an older or newer trainer still reads.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Summary {
+    /// Run name.
+    pub name: Option<String>,
+    /// Model kind.
+    pub model: Option<String>,
+    /// Compression method.
+    pub method: Option<String>,
+    /// Workers.
+    pub workers: Option<usize>,
+    /// Steps completed in total.
+    pub steps: Option<u64>,
+    /// Steps run by the last session.
+    pub steps_this_session: Option<u64>,
+    /// The step the last session started at (0 unless resumed).
+    pub resumed_from: Option<u64>,
+    /// Final evaluation.
+    pub final_eval: Option<EvalRecord>,
+    /// Mean training loss of the last epoch.
+    pub final_train_loss: Option<f64>,
+    /// Mean per-phase times per step (first step of the session excluded).
+    pub mean_step: Option<Phases>,
+    /// Mean bytes sent per step by rank 0.
+    pub bytes_sent_per_step: Option<f64>,
+    /// Mean payload bytes per step by rank 0.
+    pub payload_bytes_per_step: Option<f64>,
+    /// Model parameters.
+    pub params: Option<u64>,
+    /// `4·params / payload bytes per step`.
+    pub compression_ratio: Option<f64>,
+    /// Examples per second over all workers.
+    pub samples_per_s: Option<f64>,
+    /// Wall time of the last session.
+    pub wall_s: Option<f64>,
+    /// Steps skipped for non-finite values.
+    pub skipped_steps: Option<u64>,
+    /// Rollbacks of the recover policy.
+    pub recoveries: Option<u64>,
+}
+
+/// The emulated link of a run (`[network]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Network {
+    /// `bandwidth` as written (`"1Gbit"`).
+    pub bandwidth: Option<String>,
+    /// `latency` as written (`"100us"`).
+    pub latency: Option<String>,
+    /// Both, parsed.
+    pub link: LinkSpec,
+}
+
+impl Network {
+    /// `1Gbit/100us`, `1Gbit`, or `100us`.
+    pub fn label(&self) -> String {
+        match (&self.bandwidth, &self.latency) {
+            (Some(b), Some(l)) => format!("{b}/{l}"),
+            (Some(b), None) => b.clone(),
+            (None, Some(l)) => l.clone(),
+            (None, None) => String::new(),
+        }
+    }
+}
+
+/// The headline quality metric of a run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FinalMetric {
+    /// Test accuracy in `[0, 1]` (classification models).
+    Accuracy(f64),
+    /// Test perplexity (language models: model kind `lstm`).
+    Perplexity(f64),
+    /// Test loss (no accuracy / perplexity recorded).
+    TestLoss(f64),
+    /// Training loss (no evaluation at all).
+    TrainLoss(f64),
+}
+
+/// One run, read from its directory.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// The run directory.
+    pub dir: PathBuf,
+    /// Its last path component (the UTC stamp for trainer-written runs).
+    pub stamp: String,
+    /// Run name (`summary.json`, else `config.toml`, else the parent directory's name).
+    pub name: String,
+    /// Model kind (`mlp`, `lstm`, …); empty when unknown.
+    pub model: String,
+    /// Compression kind (`none`, `fft`, `topk`, …); `none` when unknown.
+    pub method: String,
+    /// Worker count (1 when unknown).
+    pub workers: usize,
+    /// `[network]`, when it shapes the link.
+    pub network: Option<Network>,
+    /// `[compress] bucket_mb` in bytes, when set.
+    pub bucket_bytes: Option<f64>,
+    /// The `[compress]` table as written (method options such as random-k's `shared`).
+    pub compress: toml::Table,
+    /// Per-worker batch size (`[data] batch_size`), when known.
+    pub batch_size: Option<u64>,
+    /// `summary.json`, when the run finished.
+    pub summary: Option<Summary>,
+    /// Step records, one per step (the last written), ordered by step.
+    pub steps: Vec<StepRecord>,
+    /// Evaluations, one per step (the last written), ordered by step.
+    pub evals: Vec<EvalRecord>,
+    /// Things worth telling the reader (duplicate steps dropped, a cut last line, …).
+    pub notes: Vec<String>,
+}
+
+const METRICS: &str = "metrics.jsonl";
+const EVAL: &str = "eval.jsonl";
+const SUMMARY: &str = "summary.json";
+const CONFIG: &str = "config.toml";
+
+/// Whether `dir` is a run directory (holds `metrics.jsonl` or `summary.json`).
+pub fn is_run_dir(dir: &Path) -> bool {
+    dir.join(METRICS).is_file() || dir.join(SUMMARY).is_file()
+}
+
+/// Sort key of a trainer stamp `YYYYMMDD-HHMMSS` or `YYYYMMDD-HHMMSS-k` (a second run in the
+/// same second); `None` for other names.
+fn stamp_key(name: &str) -> Option<(u64, u64, u64)> {
+    let mut parts = name.split('-');
+    let (d, t) = (parts.next()?, parts.next()?);
+    let k = match parts.next() {
+        Some(k) => k.parse().ok()?,
+        None => 0,
+    };
+    if parts.next().is_some() || d.len() != 8 || t.len() != 6 {
+        return None;
+    }
+    Some((d.parse().ok()?, t.parse().ok()?, k))
+}
+
+fn sorted_subdirs(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).map_err(|e| ReportError::io(dir, e))? {
+        let e = e.map_err(|e| ReportError::io(dir, e))?;
+        let p = e.path();
+        if p.is_dir() && e.file_name() != "checkpoints" {
+            out.push(p);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Expands `dir` (not itself a run directory) into run directories, `depth` levels down.
+fn expand(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> Result<()> {
+    let mut newest: Option<((u64, u64, u64), PathBuf)> = None;
+    for sub in sorted_subdirs(dir)? {
+        if is_run_dir(&sub) {
+            let name = sub.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            match stamp_key(name) {
+                // Timestamped runs of one name: only the newest counts.
+                Some(k) if newest.as_ref().is_none_or(|(nk, _)| k > *nk) => newest = Some((k, sub)),
+                Some(_) => {}
+                None => out.push(sub),
+            }
+        } else if depth > 0 {
+            expand(&sub, depth - 1, out)?;
+        }
+    }
+    out.extend(newest.map(|(_, p)| p));
+    Ok(())
+}
+
+/// Resolves the paths given on the command line into run directories (or `summary.json`
+/// files), in a stable order without repeats:
+///
+/// * a run directory (holding `metrics.jsonl` or `summary.json`) is taken as is;
+/// * a run's `metrics.jsonl`, `eval.jsonl` or `config.toml` stands for its directory;
+/// * another file is taken as a run's summary (its directory is read with it when the file
+///   is named `summary.json`);
+/// * another directory is searched (up to four levels) for run directories: among
+///   sibling runs named by the trainer's UTC stamp only the newest is taken (so
+///   `runs/<name>/` means that name's latest run), other run directories are all taken.
+pub fn discover(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    if inputs.is_empty() {
+        return Err(ReportError::NoInput);
+    }
+    let mut out: Vec<PathBuf> = Vec::new();
+    for input in inputs {
+        let meta = fs::metadata(input).map_err(|e| ReportError::io(input, e))?;
+        let mut found = Vec::new();
+        let run_file = input
+            .file_name()
+            .is_some_and(|n| [METRICS, EVAL, CONFIG].iter().any(|f| n == *f));
+        if meta.is_file() && run_file {
+            // One of a run's own files: the run is its directory.
+            let dir = input.parent().map(Path::to_path_buf).unwrap_or_default();
+            found.push(if dir.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                dir
+            });
+        } else if meta.is_file() || is_run_dir(input) {
+            found.push(input.clone());
+        } else {
+            expand(input, 3, &mut found)?;
+            found.sort();
+        }
+        if found.is_empty() {
+            return Err(ReportError::NoRun {
+                path: input.clone(),
+            });
+        }
+        for f in found {
+            if !out.contains(&f) {
+                out.push(f);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Reads every run that [`discover`] finds under `inputs`.
+pub fn load_runs(inputs: &[PathBuf]) -> Result<Vec<Run>> {
+    discover(inputs)?.iter().map(|p| Run::load(p)).collect()
+}
+
+fn read_text(path: &Path) -> Result<Option<String>> {
+    match fs::read_to_string(path) {
+        Ok(s) => Ok(Some(s)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ReportError::io(path, e)),
+    }
+}
+
+/// serde_json reports positions within the one line it was given: keep the column only.
+fn json_message(e: &serde_json::Error) -> String {
+    let s = e.to_string();
+    match s.rfind(" at line ") {
+        Some(i) => format!("{} (column {})", &s[..i], e.column()),
+        None => s,
+    }
+}
+
+/// Parses a JSON Lines file; returns the records and a note when a cut-short last line
+/// was dropped.
+fn read_jsonl<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    text: &str,
+) -> Result<(Vec<T>, Option<String>)> {
+    let mut out = Vec::new();
+    let lines: Vec<&str> = text.split('\n').collect();
+    let last = lines.len();
+    for (i, line) in lines.iter().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<T>(line) {
+            Ok(r) => out.push(r),
+            // The final piece of a file that does not end in '\n' is a line whose write
+            // was interrupted.
+            Err(e) if i + 1 == last && e.is_eof() => {
+                let note = format!("{}:{}: incomplete last line ignored", path.display(), i + 1);
+                return Ok((out, Some(note)));
+            }
+            Err(e) => return Err(ReportError::format(path, Some(i + 1), json_message(&e))),
+        }
+    }
+    Ok((out, None))
+}
+
+fn toml_line(text: &str, e: &toml::de::Error) -> Option<usize> {
+    e.span()
+        .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
+}
+
+/// What the report needs from `config.toml`.
+#[derive(Debug, Default)]
+struct ConfigInfo {
+    name: Option<String>,
+    model: Option<String>,
+    method: Option<String>,
+    workers: Option<usize>,
+    batch_size: Option<u64>,
+    bandwidth: Option<String>,
+    latency: Option<String>,
+    bucket_mb: Option<f64>,
+    compress: toml::Table,
+}
+
+fn read_config(path: &Path) -> Result<Option<ConfigInfo>> {
+    let Some(text) = read_text(path)? else {
+        return Ok(None);
+    };
+    let table: toml::Table = toml::from_str(&text)
+        .map_err(|e| ReportError::format(path, toml_line(&text, &e), e.message().trim()))?;
+    let section = |k: &str| table.get(k).and_then(|v| v.as_table());
+    let str_in = |sec: &str, k: &str| {
+        section(sec)
+            .and_then(|t| t.get(k))
+            .and_then(|v| v.as_str())
+            .map(str::to_owned)
+    };
+    let int_in = |sec: &str, k: &str| {
+        section(sec)
+            .and_then(|t| t.get(k))
+            .and_then(|v| v.as_integer())
+    };
+    let bad = |field: &str, why: &str| ReportError::format(path, None, format!("{field}: {why}"));
+    let workers = match int_in("cluster", "workers") {
+        Some(w) if w >= 1 => Some(w as usize),
+        Some(_) => return Err(bad("cluster.workers", "must be at least 1")),
+        None => None,
+    };
+    let bucket_mb = section("compress")
+        .and_then(|t| t.get("bucket_mb"))
+        .and_then(|v| v.as_float().or_else(|| v.as_integer().map(|i| i as f64)));
+    Ok(Some(ConfigInfo {
+        name: table
+            .get("name")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned),
+        model: str_in("model", "kind"),
+        method: str_in("compress", "kind"),
+        workers,
+        batch_size: int_in("data", "batch_size").and_then(|b| u64::try_from(b).ok()),
+        bandwidth: str_in("network", "bandwidth"),
+        latency: str_in("network", "latency"),
+        bucket_mb,
+        compress: section("compress").cloned().unwrap_or_default(),
+    }))
+}
+
+fn read_summary(path: &Path) -> Result<Option<Summary>> {
+    let Some(text) = read_text(path)? else {
+        return Ok(None);
+    };
+    serde_json::from_str(&text).map(Some).map_err(|e| {
+        ReportError::format(path, Some(e.line()), {
+            let s = e.to_string();
+            match s.rfind(" at line ") {
+                Some(i) => s[..i].to_owned(),
+                None => s,
+            }
+        })
+    })
+}
+
+impl Run {
+    /// Reads a run from its directory, or from a summary file (see [`discover`]).
+    pub fn load(path: &Path) -> Result<Run> {
+        let (dir, summary_path) = if path.is_file() {
+            let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            (dir, path.to_path_buf())
+        } else {
+            (path.to_path_buf(), path.join(SUMMARY))
+        };
+        // Sibling files belong to this run only when the summary is the run's own.
+        let with_dir = !path.is_file() || path.file_name().is_some_and(|n| n == SUMMARY);
+        let summary = read_summary(&summary_path)?;
+        let (config, metrics_text, eval_text) = if with_dir {
+            (
+                read_config(&dir.join(CONFIG))?,
+                read_text(&dir.join(METRICS))?,
+                read_text(&dir.join(EVAL))?,
+            )
+        } else {
+            (None, None, None)
+        };
+        if summary.is_none() && metrics_text.is_none() {
+            return Err(ReportError::NoRun {
+                path: path.to_path_buf(),
+            });
+        }
+        let config = config.unwrap_or_default();
+        let mut notes = Vec::new();
+
+        let mut steps = BTreeMap::new();
+        let mut repeated = 0usize;
+        if let Some(text) = &metrics_text {
+            let (recs, note) = read_jsonl::<StepRecord>(&dir.join(METRICS), text)?;
+            notes.extend(note);
+            for r in recs {
+                if steps.insert(r.step, r).is_some() {
+                    repeated += 1;
+                }
+            }
+        }
+        if repeated > 0 {
+            notes.push(format!(
+                "{METRICS}: {repeated} repeated step record(s) (resumed run): the last of each kept"
+            ));
+        }
+        let mut evals = BTreeMap::new();
+        if let Some(text) = &eval_text {
+            let (recs, note) = read_jsonl::<EvalRecord>(&dir.join(EVAL), text)?;
+            notes.extend(note);
+            for r in recs {
+                evals.insert(r.step, r);
+            }
+        }
+
+        let s = summary.as_ref();
+        let stamp = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let name = s
+            .and_then(|s| s.name.clone())
+            .or(config.name)
+            .or_else(|| {
+                dir.parent()
+                    .and_then(|p| p.file_name())
+                    .map(|n| n.to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| stamp.clone());
+        let network = if config.bandwidth.is_some() || config.latency.is_some() {
+            let link = LinkSpec::parse(config.bandwidth.as_deref(), config.latency.as_deref())
+                .map_err(|m| {
+                    ReportError::format(dir.join(CONFIG), None, format!("network: {m}"))
+                })?;
+            Some(Network {
+                bandwidth: config.bandwidth,
+                latency: config.latency,
+                link,
+            })
+        } else {
+            None
+        };
+        Ok(Run {
+            stamp,
+            name,
+            model: s
+                .and_then(|s| s.model.clone())
+                .or(config.model)
+                .unwrap_or_default(),
+            method: s
+                .and_then(|s| s.method.clone())
+                .or(config.method)
+                .unwrap_or_else(|| "none".into()),
+            workers: s
+                .and_then(|s| s.workers)
+                .or(config.workers)
+                .unwrap_or(1)
+                .max(1),
+            network,
+            bucket_bytes: config.bucket_mb.map(|mb| mb * (1u64 << 20) as f64),
+            compress: config.compress,
+            batch_size: config.batch_size,
+            summary,
+            steps: steps.into_values().collect(),
+            evals: evals.into_values().collect(),
+            notes,
+            dir,
+        })
+    }
+
+    /// Whether the run finished (wrote `summary.json`).
+    pub fn is_complete(&self) -> bool {
+        self.summary.is_some()
+    }
+
+    /// Whether the model is a language model (perplexity is its metric): kind `lstm`.
+    pub fn is_language_model(&self) -> bool {
+        self.model.eq_ignore_ascii_case("lstm")
+    }
+
+    /// Mean per-phase times per step: the summary's, else the mean of the step records
+    /// without the first (warm-up) one, as the trainer computes it.
+    pub fn mean_step(&self) -> Phases {
+        if let Some(m) = self.summary.as_ref().and_then(|s| s.mean_step) {
+            return m;
+        }
+        let recs = if self.steps.len() > 1 {
+            &self.steps[1..]
+        } else {
+            &self.steps[..]
+        };
+        let mut p = Phases::default();
+        for r in recs {
+            p.add(&r.time);
+        }
+        if !recs.is_empty() {
+            p.scale(1.0 / recs.len() as f64);
+        }
+        p
+    }
+
+    fn mean_of(&self, f: impl Fn(&StepRecord) -> f64) -> f64 {
+        if self.steps.is_empty() {
+            0.0
+        } else {
+            self.steps.iter().map(f).sum::<f64>() / self.steps.len() as f64
+        }
+    }
+
+    /// Mean bytes rank 0 sent per step.
+    pub fn bytes_sent_per_step(&self) -> f64 {
+        self.summary
+            .as_ref()
+            .and_then(|s| s.bytes_sent_per_step)
+            .unwrap_or_else(|| self.mean_of(|r| r.bytes_sent as f64))
+    }
+
+    /// Mean payload bytes of rank 0 per step.
+    pub fn payload_bytes_per_step(&self) -> f64 {
+        self.summary
+            .as_ref()
+            .and_then(|s| s.payload_bytes_per_step)
+            .unwrap_or_else(|| self.mean_of(|r| r.payload_bytes as f64))
+    }
+
+    /// Model parameters (from the summary only).
+    pub fn params(&self) -> Option<u64> {
+        self.summary.as_ref().and_then(|s| s.params)
+    }
+
+    /// `4·params / payload bytes per step` (from the summary only).
+    pub fn compression_ratio(&self) -> Option<f64> {
+        self.summary
+            .as_ref()
+            .and_then(|s| s.compression_ratio)
+            .filter(|r| r.is_finite())
+    }
+
+    /// Examples per second over all workers: the summary's, else the step records' total
+    /// examples over their total step time.
+    pub fn samples_per_s(&self) -> Option<f64> {
+        if let Some(v) = self.summary.as_ref().and_then(|s| s.samples_per_s) {
+            return Some(v);
+        }
+        let t: f64 = self.steps.iter().map(|r| r.time.step_s).sum();
+        let n: u64 = self.steps.iter().map(|r| r.samples).sum();
+        (t > 0.0).then(|| n as f64 / t)
+    }
+
+    /// Training wall time in seconds: the summary's when the run was not resumed (the
+    /// summary times only the last session), else the sum of the kept steps' `step_s`.
+    pub fn wall_s(&self) -> f64 {
+        match &self.summary {
+            Some(Summary {
+                wall_s: Some(w),
+                resumed_from,
+                ..
+            }) if resumed_from.unwrap_or(0) == 0 => *w,
+            _ => self.steps.iter().map(|r| r.time.step_s).sum(),
+        }
+    }
+
+    /// Steps completed: the summary's count, else the step records'.
+    pub fn step_count(&self) -> u64 {
+        self.summary
+            .as_ref()
+            .and_then(|s| s.steps)
+            .unwrap_or(self.steps.len() as u64)
+    }
+
+    /// The last evaluation: the summary's `final_eval`, else the last line of `eval.jsonl`.
+    pub fn final_eval(&self) -> Option<&EvalRecord> {
+        self.summary
+            .as_ref()
+            .and_then(|s| s.final_eval.as_ref())
+            .or(self.evals.last())
+    }
+
+    /// The final training loss: the summary's (mean of the last epoch), else the last
+    /// finite step loss.
+    pub fn final_train_loss(&self) -> Option<f64> {
+        self.summary
+            .as_ref()
+            .and_then(|s| s.final_train_loss)
+            .or_else(|| self.steps.iter().rev().find_map(|r| r.loss))
+    }
+
+    /// The headline metric: perplexity for language models, accuracy otherwise, falling
+    /// back to the test loss and then the training loss.
+    pub fn final_metric(&self) -> Option<FinalMetric> {
+        let ev = self.final_eval();
+        let preferred = if self.is_language_model() {
+            ev.and_then(|e| e.perplexity)
+                .or_else(|| ev.and_then(|e| e.loss).map(f64::exp))
+                .map(FinalMetric::Perplexity)
+        } else {
+            ev.and_then(|e| e.accuracy).map(FinalMetric::Accuracy)
+        };
+        preferred
+            .or_else(|| ev.and_then(|e| e.loss).map(FinalMetric::TestLoss))
+            .or_else(|| self.final_train_loss().map(FinalMetric::TrainLoss))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps_sort_with_suffix() {
+        assert_eq!(stamp_key("20261122-050826"), Some((20261122, 50826, 0)));
+        assert_eq!(stamp_key("20261122-050826-2"), Some((20261122, 50826, 2)));
+        assert!(stamp_key("20261122-050826-2") > stamp_key("20261122-050826"));
+        assert_eq!(stamp_key("alexnet_fft"), None);
+        assert_eq!(stamp_key("2026-1"), None);
+    }
+
+    #[test]
+    fn phases_split() {
+        let p = Phases {
+            data_s: 1.0,
+            forward_s: 2.0,
+            backward_s: 3.0,
+            optimizer_s: 4.0,
+            compress_s: 0.5,
+            decompress_s: 0.25,
+            communicate_s: 9.0,
+            wait_s: 2.0,
+            step_s: 13.0,
+        };
+        assert_eq!(p.compute_s(), 10.0);
+        assert_eq!(p.codec_s(), 0.75);
+        assert_eq!(p.other_s(), 0.25);
+    }
+
+    #[test]
+    fn cut_last_line_is_a_note_other_errors_are_not() {
+        let p = Path::new("m.jsonl");
+        let (r, note) = read_jsonl::<EvalRecord>(p, "{\"step\":1}\n{\"step\":2,\"lo").unwrap();
+        assert_eq!(r.len(), 1);
+        assert!(note.unwrap().contains("m.jsonl:2"));
+        let e = read_jsonl::<EvalRecord>(p, "{\"step\":1}\n{\"step\":\"x\"}\n").unwrap_err();
+        assert!(e.to_string().starts_with("m.jsonl:2: "), "{e}");
+        assert!(!e.to_string().contains("at line"), "{e}");
+    }
+}

@@ -1,0 +1,881 @@
+//! `dtrain simulate`: projected step time for P workers on a named fabric, from a measured
+//! run and an α–β model of the collective its method uses (ARCHITECTURE.md §5).
+//!
+//! ## The model
+//! For a run measured with `P₀` workers and P projected workers on a link of bandwidth β
+//! (bytes/s) and per-message latency α:
+//!
+//! ```text
+//! T(P) = compute + compress + decompress · s(P) + comm(P) + other
+//! ```
+//!
+//! * `compute` = data + forward + backward + optimizer, `compress`, `decompress` and
+//!   `other` (the part of the measured step not attributed to a phase) are the run's
+//!   measured means per step ([`Run::mean_step`]). The per-worker batch is fixed (weak
+//!   scaling), so compute does not depend on P.
+//! * `s(P) = P / P₀` for all-gather methods (every rank decodes and adds P payloads),
+//!   `1` otherwise. The whole measured decompress time is scaled, including its constant
+//!   part (averaging, scatter), which slightly overestimates it.
+//! * `comm(P)` is the α–β time of the method's collective, from
+//!   [`dtrain_comms::shaping::LinkSpec`]'s `predict_*` functions (the formulas live there,
+//!   once, and are what the link emulation is checked against). The step's gradient is
+//!   exchanged in `B` buckets (`B = ⌈4·params / bucket bytes⌉`, bucket size
+//!   `[compress] bucket_mb`, default 25 MiB), so the latency terms count `B` times while the
+//!   bandwidth terms see the total.
+//! * Communication is **not** overlapped with (de)compression in the model: the times add
+//!   up. With one bucket (most small models) the trainer cannot overlap either; with many
+//!   buckets the projection is an upper bound of the step time.
+//! * No contention, congestion, switch hops or software overhead beyond α: each worker has
+//!   a full-duplex link of the fabric's nominal rate.
+//!
+//! ## Collective per method
+//! Keyed by `[compress] kind` (see [`collective_for`]); the bytes `n` are per rank:
+//!
+//! | kind | collective | n | comm(P) |
+//! |---|---|---|---|
+//! | `none` | ring all-reduce (f32) | 4·params | `2(P−1)/P · n/β + 2(P−1)·α·B` |
+//! | `fp16`, `range-float` (`Dense`: the decoded f32 gradient is all-reduced) | ring all-reduce | 4·params | same |
+//! | `randomk` with `shared = true` (default; `Summable`) | ring all-reduce of the value lanes | payload | same |
+//! | `scalecom` (`Summable`, two-phase) | chain broadcast of the leader's index set, then all-reduce of the value lanes | payload / 2 each | `n/β + (P−1)·α·B` + the ring term |
+//! | `topk`, `dgc`, `qsgd`, `terngrad`, `onebit`, `threshold`, `adaptive-threshold`, `gradient-dropping`, `fft`, `randomk` with `shared = false`, and any unknown kind (`Gather`) | ring all-gatherv of every rank's payload | payload | `(P−1) · n/β + (P−1)·α·B` |
+//!
+//! All-reduces of at most 64 KiB per bucket use recursive doubling, as dtrain-comms does:
+//! `⌈log2 P⌉(+2 off powers of two) · (n/β + α)`. A parameter-server exchange (push + pull
+//! over `servers` server links, `2·max(P/servers, 1)·n/β + 2α`) can be requested with
+//! [`SimOptions::collective`]; no method uses it by default.
+//!
+//! The payload is the run's mean payload bytes per step (rank 0; it includes buckets a
+//! method leaves dense, which are really all-reduced — a small overestimate for gather
+//! methods). Without `params` (no `summary.json`) 4·params is estimated from the bytes
+//! rank 0 sent: a ring all-reduce sends `2(P₀−1)/P₀ · n`.
+//!
+//! ## Fabrics
+//! [`Fabric::presets`]: nominal line rates; latencies are per message as seen by the
+//! application (kernel TCP stack for Ethernet, verbs/MPI for InfiniBand):
+//!
+//! | fabric | bandwidth | α |
+//! |---|---|---|
+//! | 1GbE | 1 Gbit/s | 50 µs |
+//! | 10GbE | 10 Gbit/s | 30 µs |
+//! | 25GbE | 25 Gbit/s | 25 µs |
+//! | 100GbE | 100 Gbit/s | 20 µs |
+//! | IB-EDR | 100 Gbit/s | 1.5 µs |
+//! | IB-HDR | 200 Gbit/s | 1 µs |
+//!
+//! Custom fabrics are `"BANDWIDTH,LATENCY"` strings in the config's units
+//! (`"1Gbit,100us"`, `"2.5GB/s,5us"`), parsed by dtrain-comms.
+//!
+//! ## Validation
+//! [`validate`] applies the same model to runs made on an emulated link (`[network]`), at
+//! their own worker count and link, and compares with the measured mean step time. As
+//! compute, codec and other times come from the run itself, the relative error is
+//! `(predicted comm − measured wait) / measured step`: it tests the α–β collective model
+//! and the no-overlap assumption, not the compute measurements.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dtrain_comms::shaping::LinkSpec;
+
+use crate::error::{ReportError, Result};
+use crate::md::{self, Table};
+use crate::plot::{self, Legend, LinePlot, Scale, Series};
+use crate::report::labels;
+use crate::run::{load_runs, Run};
+
+/// A network fabric: a name and its α–β link.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fabric {
+    /// Display name (`10GbE`, or the custom string).
+    pub name: String,
+    /// Per-worker bandwidth and per-message latency.
+    pub link: LinkSpec,
+}
+
+impl Fabric {
+    fn preset(name: &str, gbit: f64, latency_us: f64) -> Fabric {
+        Fabric {
+            name: name.into(),
+            link: LinkSpec {
+                bandwidth: Some(gbit * 1e9 / 8.0),
+                latency: Duration::from_secs_f64(latency_us * 1e-6),
+            },
+        }
+    }
+
+    /// The named fabrics (see the [module docs](self) for their values).
+    pub fn presets() -> Vec<Fabric> {
+        vec![
+            Fabric::preset("1GbE", 1.0, 50.0),
+            Fabric::preset("10GbE", 10.0, 30.0),
+            Fabric::preset("25GbE", 25.0, 25.0),
+            Fabric::preset("100GbE", 100.0, 20.0),
+            Fabric::preset("IB-EDR", 100.0, 1.5),
+            Fabric::preset("IB-HDR", 200.0, 1.0),
+        ]
+    }
+
+    /// A preset by name (case, `-`, `_` and spaces ignored: `ib-edr`, `IB_EDR`, `10gbe`),
+    /// or a custom `"BANDWIDTH,LATENCY"` / `"BANDWIDTH"` string (`"1Gbit,100us"`).
+    pub fn parse(s: &str) -> Result<Fabric> {
+        let norm = |x: &str| {
+            x.chars()
+                .filter(|c| !matches!(c, '-' | '_' | ' '))
+                .collect::<String>()
+                .to_ascii_lowercase()
+        };
+        if let Some(f) = Fabric::presets()
+            .into_iter()
+            .find(|f| norm(&f.name) == norm(s))
+        {
+            return Ok(f);
+        }
+        let mut parts = s.splitn(2, ',');
+        let bw = parts.next().unwrap_or("").trim();
+        let lat = parts.next().map(str::trim);
+        let link = LinkSpec::parse(Some(bw), lat).map_err(|m| {
+            let names: Vec<String> = Fabric::presets().into_iter().map(|f| f.name).collect();
+            ReportError::Invalid(format!(
+                "fabric {s:?}: {m} (a preset: {}; or \"BANDWIDTH,LATENCY\" like \"1Gbit,100us\")",
+                names.join(", ")
+            ))
+        })?;
+        Ok(Fabric {
+            name: s.trim().to_owned(),
+            link,
+        })
+    }
+
+    /// `10 Gbit/s, 30 µs`.
+    pub fn describe(&self) -> String {
+        describe_link(&self.link)
+    }
+}
+
+fn describe_link(l: &LinkSpec) -> String {
+    let bw = match l.bandwidth {
+        Some(b) => format!("{} Gbit/s", md::sig(b * 8.0 / 1e9)),
+        None => "unlimited".into(),
+    };
+    format!("{bw}, {} µs", md::sig(l.latency.as_secs_f64() * 1e6))
+}
+
+/// The default projected worker counts: 2, 4, 8, …, 256.
+pub const DEFAULT_WORKERS: [usize; 8] = [2, 4, 8, 16, 32, 64, 128, 256];
+
+/// Parses a worker list: `"2,4,8"`, or `"2..256"` for the powers of two in that range.
+pub fn parse_workers(s: &str) -> Result<Vec<usize>> {
+    let bad = |why: &str| ReportError::Invalid(format!("workers {s:?}: {why}"));
+    let num = |x: &str| -> Result<usize> {
+        match x.trim().parse::<usize>() {
+            Ok(v) if v >= 1 => Ok(v),
+            _ => Err(bad(&format!("{:?} is not a worker count (≥ 1)", x.trim()))),
+        }
+    };
+    let mut out: Vec<usize> = if let Some((a, b)) = s.split_once("..") {
+        let (a, b) = (num(a)?, num(b)?);
+        if a > b {
+            return Err(bad("empty range"));
+        }
+        let mut v = Vec::new();
+        let mut p = a.next_power_of_two();
+        while p <= b {
+            v.push(p);
+            p *= 2;
+        }
+        v
+    } else {
+        s.split(',').map(num).collect::<Result<_>>()?
+    };
+    out.sort_unstable();
+    out.dedup();
+    if out.is_empty() {
+        return Err(bad("no worker count"));
+    }
+    Ok(out)
+}
+
+/// The collective a method's gradient exchange uses (see the [module docs](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collective {
+    /// Ring all-reduce of the dense f32 gradient (`4·params` bytes).
+    DenseAllReduce,
+    /// Ring all-reduce of the payload's f32 value lanes (`Summable` methods).
+    SummableAllReduce,
+    /// Chain broadcast of the leader's index set, then all-reduce of the value lanes
+    /// (ScaleCom), each half of the payload.
+    BroadcastAllReduce,
+    /// Ring all-gatherv of every rank's payload (`Gather` methods).
+    AllGather,
+    /// Parameter server: push and pull of the payload over `servers` server links.
+    ParameterServer {
+        /// Server links the payload is sharded over.
+        servers: usize,
+    },
+}
+
+impl Collective {
+    /// A short name for tables.
+    pub fn name(&self) -> String {
+        match self {
+            Collective::DenseAllReduce => "all-reduce (f32)".into(),
+            Collective::SummableAllReduce => "all-reduce (lanes)".into(),
+            Collective::BroadcastAllReduce => "broadcast + all-reduce".into(),
+            Collective::AllGather => "all-gatherv".into(),
+            Collective::ParameterServer { servers } => format!("PS ×{servers}"),
+        }
+    }
+
+    /// Whether every rank decodes all P payloads (decompress time grows with P).
+    pub fn decodes_all(&self) -> bool {
+        matches!(self, Collective::AllGather)
+    }
+}
+
+/// The collective dtrain uses for `[compress] kind = method`, given the `[compress]` table
+/// (random-k's `shared`); unknown kinds are taken as all-gather methods.
+pub fn collective_for(method: &str, options: &toml::Table) -> Collective {
+    match method {
+        "none" | "fp16" | "range-float" => Collective::DenseAllReduce,
+        "randomk" => {
+            if options
+                .get("shared")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(true)
+            {
+                Collective::SummableAllReduce
+            } else {
+                Collective::AllGather
+            }
+        }
+        "scalecom" => Collective::BroadcastAllReduce,
+        _ => Collective::AllGather,
+    }
+}
+
+/// Per-bucket all-reduces at or below this size use recursive doubling in dtrain-comms.
+const SMALL_ALL_REDUCE: f64 = (64 << 10) as f64;
+/// The trainer's default bucket size.
+const DEFAULT_BUCKET: f64 = (25u64 << 20) as f64;
+
+/// The step-time model of one measured run (see the [module docs](self)).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepModel {
+    /// The run's label.
+    pub label: String,
+    /// Its compression method.
+    pub method: String,
+    /// The collective its method uses.
+    pub collective: Collective,
+    /// Workers of the measured run (P₀).
+    pub measured_workers: usize,
+    /// Measured data + forward + backward + optimizer seconds per step.
+    pub compute_s: f64,
+    /// Measured compress seconds per step.
+    pub compress_s: f64,
+    /// Measured decompress seconds per step (at P₀).
+    pub decompress_s: f64,
+    /// Measured remainder of the step.
+    pub other_s: f64,
+    /// Payload bytes per rank per step.
+    pub payload_bytes: f64,
+    /// Dense gradient bytes, 4·params (measured or estimated).
+    pub dense_bytes: f64,
+    /// Buckets (collectives) per step.
+    pub buckets: usize,
+}
+
+impl StepModel {
+    /// Builds the model of `run`, labelled `label`.
+    pub fn from_run(run: &Run, label: &str) -> Result<StepModel> {
+        let m = run.mean_step();
+        if m.step_s.is_nan() || m.step_s <= 0.0 {
+            return Err(ReportError::Invalid(format!(
+                "{}: no step timings to project from",
+                run.dir.display()
+            )));
+        }
+        let p0 = run.workers;
+        let payload = run.payload_bytes_per_step();
+        let dense = match run.params() {
+            Some(n) if n > 0 => 4.0 * n as f64,
+            _ if p0 >= 2 && run.bytes_sent_per_step() > 0.0 => {
+                run.bytes_sent_per_step() * p0 as f64 / (2.0 * (p0 as f64 - 1.0))
+            }
+            _ => payload,
+        };
+        let bucket = run
+            .bucket_bytes
+            .filter(|b| *b > 0.0)
+            .unwrap_or(DEFAULT_BUCKET);
+        Ok(StepModel {
+            label: label.to_owned(),
+            method: run.method.clone(),
+            collective: collective_for(&run.method, &run.compress),
+            measured_workers: p0,
+            compute_s: m.compute_s(),
+            compress_s: m.compress_s,
+            decompress_s: m.decompress_s,
+            other_s: m.other_s(),
+            payload_bytes: payload,
+            dense_bytes: dense,
+            buckets: ((dense / bucket).ceil() as usize).max(1),
+        })
+    }
+
+    /// Uses `c` instead of the method's own collective.
+    pub fn with_collective(mut self, c: Collective) -> Self {
+        self.collective = c;
+        self
+    }
+
+    fn all_reduce(&self, link: &LinkSpec, bytes: f64, p: usize) -> f64 {
+        let b = self.buckets as f64;
+        let per = bytes / b;
+        b * if per <= SMALL_ALL_REDUCE {
+            link.predict_recursive_doubling(per, p)
+        } else {
+            link.predict_all_reduce(per, p)
+        }
+    }
+
+    /// Seconds of communication per step on `link` with `p` workers.
+    pub fn comm_s(&self, link: &LinkSpec, p: usize) -> f64 {
+        if p < 2 {
+            return 0.0;
+        }
+        let b = self.buckets as f64;
+        match self.collective {
+            Collective::DenseAllReduce => self.all_reduce(link, self.dense_bytes, p),
+            Collective::SummableAllReduce => self.all_reduce(link, self.payload_bytes, p),
+            Collective::BroadcastAllReduce => {
+                let half = self.payload_bytes / 2.0;
+                b * link.predict_broadcast(half / b, p) + self.all_reduce(link, half, p)
+            }
+            Collective::AllGather => {
+                b * link.predict_all_gather(p as f64 * self.payload_bytes / b, p)
+            }
+            Collective::ParameterServer { servers } => {
+                b * link.predict_parameter_server(self.payload_bytes / b, p, servers)
+            }
+        }
+    }
+
+    /// Decompress seconds per step with `p` workers.
+    pub fn decompress_at(&self, p: usize) -> f64 {
+        if self.collective.decodes_all() {
+            self.decompress_s * p as f64 / self.measured_workers.max(1) as f64
+        } else {
+            self.decompress_s
+        }
+    }
+
+    /// Projected step seconds on `link` with `p` workers.
+    pub fn step_s(&self, link: &LinkSpec, p: usize) -> f64 {
+        self.compute_s
+            + self.compress_s
+            + self.decompress_at(p)
+            + self.comm_s(link, p)
+            + self.other_s
+    }
+
+    /// Step seconds of one worker alone (nothing to compress or exchange).
+    pub fn single_worker_s(&self) -> f64 {
+        self.compute_s + self.other_s
+    }
+}
+
+/// What [`simulate`] should project.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    /// Fabrics to project onto (default: all presets).
+    pub fabrics: Vec<Fabric>,
+    /// Worker counts (default [`DEFAULT_WORKERS`]).
+    pub workers: Vec<usize>,
+    /// The baseline run among the inputs (label, method or name); `None`: the run with
+    /// method `none` when there is exactly one.
+    pub baseline: Option<String>,
+    /// Overrides every run's collective (e.g. a parameter server).
+    pub collective: Option<Collective>,
+    /// Where to write `simulate.md` and the plot; `None`: write nothing.
+    pub out_dir: Option<PathBuf>,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            fabrics: Fabric::presets(),
+            workers: DEFAULT_WORKERS.to_vec(),
+            baseline: None,
+            collective: None,
+            out_dir: None,
+        }
+    }
+}
+
+/// One projected point.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimPoint {
+    /// Run label.
+    pub run: String,
+    /// Fabric name.
+    pub fabric: String,
+    /// Workers.
+    pub workers: usize,
+    /// Projected step seconds.
+    pub step_s: f64,
+    /// Its communication part.
+    pub comm_s: f64,
+    /// Baseline step time ÷ this run's at the same fabric and P.
+    pub speedup: Option<f64>,
+    /// Throughput relative to one worker: `P · T(1) / T(P)`.
+    pub scaling: f64,
+}
+
+/// What [`simulate`] produced.
+#[derive(Debug, Clone)]
+pub struct SimOutput {
+    /// Markdown: the model per run and one table per fabric.
+    pub markdown: String,
+    /// Every projected point.
+    pub points: Vec<SimPoint>,
+    /// The models used, one per run.
+    pub models: Vec<StepModel>,
+    /// Files written (`simulate.md`, `speedup_vs_workers.svg` / `.png`).
+    pub files: Vec<PathBuf>,
+}
+
+/// Projects the runs under `inputs` (run directories or `summary.json` files) onto
+/// `opts.fabrics` × `opts.workers` (see the [module docs](self)).
+pub fn simulate(inputs: &[PathBuf], opts: &SimOptions) -> Result<SimOutput> {
+    simulate_runs(&load_runs(inputs)?, opts)
+}
+
+fn pick_baseline(runs: &[Run], labels: &[String], want: Option<&str>) -> Result<Option<usize>> {
+    let matches: Vec<usize> = match want {
+        Some(w) => {
+            let l: Vec<usize> = (0..runs.len()).filter(|&i| labels[i] == w).collect();
+            if l.is_empty() {
+                (0..runs.len())
+                    .filter(|&i| runs[i].method == w || runs[i].name == w)
+                    .collect()
+            } else {
+                l
+            }
+        }
+        None => (0..runs.len())
+            .filter(|&i| runs[i].method == "none")
+            .collect(),
+    };
+    match (&matches[..], want) {
+        (&[i], _) => Ok(Some(i)),
+        ([], None) => Ok(None),
+        (_, None) => Ok(None),
+        ([], Some(w)) => Err(ReportError::Baseline(format!(
+            "{w:?} matches no run; runs: {}",
+            labels.join(", ")
+        ))),
+        (_, Some(w)) => Err(ReportError::Baseline(format!(
+            "{w:?} matches several runs; name one by its label: {}",
+            matches
+                .iter()
+                .map(|&i| labels[i].as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
+/// [`simulate`] for runs already read.
+pub fn simulate_runs(runs: &[Run], opts: &SimOptions) -> Result<SimOutput> {
+    if runs.is_empty() {
+        return Err(ReportError::NoInput);
+    }
+    if opts.fabrics.is_empty() || opts.workers.is_empty() || opts.workers.contains(&0) {
+        return Err(ReportError::Invalid(
+            "simulate needs at least one fabric and worker counts ≥ 1".into(),
+        ));
+    }
+    let labels = labels(runs);
+    let base = pick_baseline(runs, &labels, opts.baseline.as_deref())?;
+    let models: Vec<StepModel> = runs
+        .iter()
+        .zip(&labels)
+        .map(|(r, l)| {
+            let m = StepModel::from_run(r, l)?;
+            Ok(match opts.collective {
+                Some(c) => m.with_collective(c),
+                None => m,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let mut workers = opts.workers.clone();
+    workers.sort_unstable();
+    workers.dedup();
+
+    let mut points = Vec::new();
+    for f in &opts.fabrics {
+        for &p in &workers {
+            let tb = base.map(|b| models[b].step_s(&f.link, p));
+            for m in &models {
+                let t = m.step_s(&f.link, p);
+                points.push(SimPoint {
+                    run: m.label.clone(),
+                    fabric: f.name.clone(),
+                    workers: p,
+                    step_s: t,
+                    comm_s: m.comm_s(&f.link, p),
+                    speedup: tb.map(|tb| tb / t),
+                    scaling: p as f64 * m.single_worker_s() / t,
+                });
+            }
+        }
+    }
+
+    let markdown = sim_markdown(
+        &models,
+        base.map(|b| labels[b].as_str()),
+        opts,
+        &workers,
+        &points,
+    );
+    let mut files = Vec::new();
+    if let Some(dir) = &opts.out_dir {
+        fs::create_dir_all(dir).map_err(|e| ReportError::io(dir, e))?;
+        let path = dir.join("simulate.md");
+        fs::write(&path, &markdown).map_err(|e| ReportError::io(&path, e))?;
+        files.push(path);
+        files.extend(sim_plot(
+            dir,
+            base.map(|b| labels[b].as_str()),
+            opts,
+            &points,
+        )?);
+    }
+    Ok(SimOutput {
+        markdown,
+        points,
+        models,
+        files,
+    })
+}
+
+fn sim_markdown(
+    models: &[StepModel],
+    base: Option<&str>,
+    opts: &SimOptions,
+    workers: &[usize],
+    points: &[SimPoint],
+) -> String {
+    let mut out = String::from("# dtrain simulate\n\n");
+    out.push_str(
+        "Projected step time T(P) = compute + compress + decompress(P) + comm(P) + other, \
+         from each run's measured mean step and an α–β model of its collective \
+         (no overlap, nominal link rates). Speed-up = baseline T(P) ÷ run T(P) on the same \
+         fabric; scaling = P · T(1) / T(P).\n\n",
+    );
+    match base {
+        Some(b) => {
+            let _ = writeln!(out, "Baseline: {b}.\n");
+        }
+        None => out.push_str("No baseline run: speed-ups are not shown.\n\n"),
+    }
+    out.push_str("## Models\n\n");
+    let mut t = Table::new(&[
+        "run",
+        "method",
+        "collective",
+        "P₀",
+        "compute ms",
+        "compress ms",
+        "decompress ms (P₀)",
+        "other ms",
+        "payload/step",
+        "4·params",
+        "buckets",
+    ])
+    .align(1, md::Align::Left)
+    .align(2, md::Align::Left);
+    for m in models {
+        t.row(&[
+            m.label.clone(),
+            m.method.clone(),
+            m.collective.name(),
+            m.measured_workers.to_string(),
+            md::ms(m.compute_s),
+            md::ms(m.compress_s),
+            md::ms(m.decompress_s),
+            md::ms(m.other_s),
+            md::bytes(m.payload_bytes),
+            md::bytes(m.dense_bytes),
+            m.buckets.to_string(),
+        ]);
+    }
+    out.push_str(&t.render());
+
+    for f in &opts.fabrics {
+        let _ = writeln!(out, "\n## {} ({})\n", f.name, f.describe());
+        let mut head = vec!["P".to_owned()];
+        for m in models {
+            head.push(format!("{} step ms", m.label));
+            head.push(format!("{} comm ms", m.label));
+            if base.is_some_and(|b| b != m.label) {
+                head.push(format!("{} speed-up", m.label));
+            }
+            head.push(format!("{} scaling", m.label));
+        }
+        let mut t = Table::new(&head);
+        for &p in workers {
+            let mut cells = vec![p.to_string()];
+            for m in models {
+                let Some(pt) = points
+                    .iter()
+                    .find(|x| x.fabric == f.name && x.workers == p && x.run == m.label)
+                else {
+                    continue;
+                };
+                cells.push(md::ms(pt.step_s));
+                cells.push(md::ms(pt.comm_s));
+                if base.is_some_and(|b| b != m.label) {
+                    cells.push(pt.speedup.map(md::factor).unwrap_or_else(|| "–".into()));
+                }
+                cells.push(md::sig(pt.scaling));
+            }
+            t.row(&cells);
+        }
+        out.push_str(&t.render());
+    }
+    out
+}
+
+fn sim_plot(
+    dir: &std::path::Path,
+    base: Option<&str>,
+    opts: &SimOptions,
+    points: &[SimPoint],
+) -> Result<Vec<PathBuf>> {
+    let mut runs: Vec<&str> = Vec::new();
+    for p in points {
+        if !runs.contains(&p.run.as_str()) {
+            runs.push(&p.run);
+        }
+    }
+    // Speed-up vs the baseline when there is one (and another run); else the scaling of
+    // every run.
+    let vs_base = base.is_some() && runs.iter().any(|r| Some(*r) != base);
+    if vs_base {
+        runs.retain(|r| Some(*r) != base);
+    }
+    let (title, y) = if vs_base {
+        (
+            format!("Projected speed-up vs {}", base.unwrap_or_default()),
+            "speed-up (×)",
+        )
+    } else {
+        (
+            "Projected scaling vs one worker".to_owned(),
+            "P · T(1) / T(P)",
+        )
+    };
+    // One panel per fabric, one line per run.
+    let panels: Vec<LinePlot> = opts
+        .fabrics
+        .iter()
+        .map(|f| LinePlot {
+            title: format!("{} ({})", f.name, f.describe()),
+            x_label: "workers (P)".into(),
+            y_label: y.into(),
+            x_scale: Scale::Log2,
+            y_scale: Scale::Linear,
+            y_from_zero: true,
+            markers: true,
+            y_format: md::tick,
+            legend: Legend::UpperLeft,
+            series: runs
+                .iter()
+                .map(|r| Series {
+                    label: (*r).to_owned(),
+                    points: points
+                        .iter()
+                        .filter(|p| p.fabric == f.name && p.run == *r)
+                        .filter_map(|p| {
+                            let y = if vs_base { p.speedup? } else { p.scaling };
+                            Some((p.workers as f64, y))
+                        })
+                        .collect(),
+                })
+                .collect(),
+        })
+        .collect();
+    plot::line_grid(dir, "speedup_vs_workers", &title, &panels)
+}
+
+/// One emulated run: the model's prediction at the run's own link and worker count vs
+/// the measured step time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Validation {
+    /// Run label.
+    pub run: String,
+    /// Workers.
+    pub workers: usize,
+    /// The emulated link, as configured.
+    pub link: String,
+    /// Measured mean step seconds.
+    pub measured_step_s: f64,
+    /// Predicted step seconds.
+    pub predicted_step_s: f64,
+    /// Measured time inside collectives per step.
+    pub measured_communicate_s: f64,
+    /// Measured time the step waited for communication.
+    pub measured_wait_s: f64,
+    /// Predicted communication seconds.
+    pub predicted_comm_s: f64,
+    /// `(predicted − measured) / measured` step time.
+    pub rel_error: f64,
+}
+
+/// What [`validate`] produced.
+#[derive(Debug, Clone)]
+pub struct ValidationOutput {
+    /// A markdown table of the comparisons.
+    pub markdown: String,
+    /// One row per emulated run.
+    pub rows: Vec<Validation>,
+    /// Labels of input runs skipped for having no `[network]` link.
+    pub skipped: Vec<String>,
+}
+
+/// Checks the model against runs made on an emulated link (see the [module docs](self)).
+pub fn validate(inputs: &[PathBuf]) -> Result<ValidationOutput> {
+    validate_runs(&load_runs(inputs)?)
+}
+
+/// [`validate`] for runs already read. Runs without `[network]` are skipped; an error if
+/// none is left.
+pub fn validate_runs(runs: &[Run]) -> Result<ValidationOutput> {
+    if runs.is_empty() {
+        return Err(ReportError::NoInput);
+    }
+    let labels = labels(runs);
+    let mut rows = Vec::new();
+    let mut skipped = Vec::new();
+    for (r, l) in runs.iter().zip(&labels) {
+        let Some(net) = r.network.as_ref().filter(|n| n.link.is_shaped()) else {
+            skipped.push(l.clone());
+            continue;
+        };
+        let m = StepModel::from_run(r, l)?;
+        let mean = r.mean_step();
+        let pred = m.step_s(&net.link, r.workers);
+        rows.push(Validation {
+            run: l.clone(),
+            workers: r.workers,
+            link: net.label(),
+            measured_step_s: mean.step_s,
+            predicted_step_s: pred,
+            measured_communicate_s: mean.communicate_s,
+            measured_wait_s: mean.wait_s,
+            predicted_comm_s: m.comm_s(&net.link, r.workers),
+            rel_error: (pred - mean.step_s) / mean.step_s,
+        });
+    }
+    if rows.is_empty() {
+        return Err(ReportError::Invalid(
+            "validate: no run has an emulated link ([network] bandwidth / latency)".into(),
+        ));
+    }
+    let mut out = String::from(
+        "# Simulator validation on emulated links\n\nPredicted step time (the simulator's \
+         model at the run's own link and P) vs the measured mean step time.\n\n",
+    );
+    let mut t = Table::new(&[
+        "run",
+        "P",
+        "link",
+        "measured step ms",
+        "predicted step ms",
+        "measured comm ms",
+        "measured wait ms",
+        "predicted comm ms",
+        "error",
+    ])
+    .align(2, md::Align::Left);
+    for v in &rows {
+        t.row(&[
+            v.run.clone(),
+            v.workers.to_string(),
+            v.link.clone(),
+            md::ms(v.measured_step_s),
+            md::ms(v.predicted_step_s),
+            md::ms(v.measured_communicate_s),
+            md::ms(v.measured_wait_s),
+            md::ms(v.predicted_comm_s),
+            format!("{:+.1} %", v.rel_error * 100.0),
+        ]);
+    }
+    out.push_str(&t.render());
+    let worst = rows.iter().map(|v| v.rel_error.abs()).fold(0.0, f64::max);
+    let _ = writeln!(out, "\nLargest |error|: {:.1} %.", worst * 100.0);
+    if !skipped.is_empty() {
+        let _ = writeln!(out, "\nSkipped (no emulated link): {}.", skipped.join(", "));
+    }
+    Ok(ValidationOutput {
+        markdown: out,
+        rows,
+        skipped,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fabrics_parse() {
+        let f = Fabric::parse("ib_edr").unwrap();
+        assert_eq!(f.name, "IB-EDR");
+        assert_eq!(f.link.bandwidth, Some(12.5e9));
+        assert_eq!(
+            Fabric::parse("10gbe").unwrap().link.latency,
+            Duration::from_micros(30)
+        );
+        let c = Fabric::parse("1Gbit,100us").unwrap();
+        assert_eq!(c.link.bandwidth, Some(125e6));
+        assert_eq!(c.link.latency, Duration::from_micros(100));
+        assert_eq!(c.describe(), "1.00 Gbit/s, 100 µs");
+        let e = Fabric::parse("warp-drive").unwrap_err().to_string();
+        assert!(e.contains("warp-drive") && e.contains("IB-HDR"), "{e}");
+    }
+
+    #[test]
+    fn workers_parse() {
+        assert_eq!(parse_workers("8,2,4,4").unwrap(), vec![2, 4, 8]);
+        assert_eq!(parse_workers("2..256").unwrap(), DEFAULT_WORKERS.to_vec());
+        assert_eq!(parse_workers("3..20").unwrap(), vec![4, 8, 16]);
+        assert!(parse_workers("0").is_err());
+        assert!(parse_workers("8..2").is_err());
+        assert!(parse_workers("x").is_err());
+    }
+
+    #[test]
+    fn collectives_by_method() {
+        let none = toml::Table::new();
+        assert_eq!(collective_for("none", &none), Collective::DenseAllReduce);
+        assert_eq!(collective_for("fp16", &none), Collective::DenseAllReduce);
+        assert_eq!(
+            collective_for("randomk", &none),
+            Collective::SummableAllReduce
+        );
+        let unshared: toml::Table = toml::from_str("shared = false").unwrap();
+        assert_eq!(collective_for("randomk", &unshared), Collective::AllGather);
+        assert_eq!(
+            collective_for("scalecom", &none),
+            Collective::BroadcastAllReduce
+        );
+        for k in ["topk", "dgc", "qsgd", "terngrad", "fft", "something-new"] {
+            assert_eq!(collective_for(k, &none), Collective::AllGather, "{k}");
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! `report()` on synthetic run directories.
+
+mod common;
+
+use std::fs;
+
+use common::{check_plots, names, Spec, Times};
+use dtrain_report::md::check_tables;
+use dtrain_report::{report, FinalMetric, ReportError, ReportOptions, Run};
+
+fn opts(out: &std::path::Path) -> ReportOptions {
+    ReportOptions::new(out.join("out"))
+}
+
+#[test]
+fn complete_run_renders_tables_and_plots() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = Spec::new("mlp_a", "none").write(tmp.path(), "runs/mlp_a/20261122-050826");
+    let out = report(std::slice::from_ref(&dir), &opts(tmp.path())).unwrap();
+
+    assert_eq!(out.runs.len(), 1);
+    let r = &out.runs[0];
+    assert_eq!(r.label, "mlp_a/none P=2");
+    assert!(r.complete);
+    assert_eq!(r.final_metric, Some(FinalMetric::Accuracy(0.85)));
+    assert_eq!(r.steps, 10);
+    assert!((r.mean_step.step_s - 0.010).abs() < 1e-12);
+    assert_eq!(r.compression_ratio, Some(1.0));
+    // The only "none" run is its own baseline.
+    assert_eq!(r.speedup, Some(1.0));
+
+    let md = &out.markdown;
+    assert_eq!(check_tables(md), Ok(1), "{md}");
+    assert!(
+        md.contains("| mlp_a/none P=2 | none | 2 | complete | acc 85.00 % |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| 10.0 | 6.00 | 1.00 | 3.00 | 3.00 | 4.00 MB | 1.00× |"),
+        "{md}"
+    );
+    assert!(md.contains("![loss vs time](loss_vs_time.svg)"), "{md}");
+
+    assert_eq!(out.files[0], tmp.path().join("out/report.md"));
+    assert_eq!(fs::read_to_string(&out.files[0]).unwrap(), *md);
+    let n = names(&out.files);
+    for stem in [
+        "loss_vs_time",
+        "loss_vs_step",
+        "accuracy_vs_epoch",
+        "step_breakdown",
+    ] {
+        assert!(n.contains(&format!("{stem}.svg")), "{n:?}");
+        assert!(n.contains(&format!("{stem}.png")), "{n:?}");
+    }
+    // One worker count only: no bytes-vs-P plot; not a language model: no perplexity.
+    assert!(!n
+        .iter()
+        .any(|f| f.starts_with("bytes_vs_workers") || f.starts_with("perplexity")));
+    check_plots(&out.files[1..]);
+}
+
+#[test]
+fn run_without_summary_is_incomplete_and_derived_from_metrics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = Spec::new("mlp_b", "topk")
+        .payload(40_000, 40_100)
+        .no_summary();
+    let dir = spec.write(tmp.path(), "mlp_b/20261122-060000");
+    // A slow first step: the derived mean must leave it out, as the trainer does.
+    let text = fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    lines[0] = spec.step_line(0, 2.3, &Times::split(1.0));
+    fs::write(dir.join("metrics.jsonl"), lines.join("\n") + "\n").unwrap();
+
+    let run = Run::load(&dir).unwrap();
+    assert!(!run.is_complete());
+    assert!((run.mean_step().step_s - 0.010).abs() < 1e-12);
+    assert_eq!(run.payload_bytes_per_step(), 40_000.0);
+    assert_eq!(run.compression_ratio(), None);
+    assert!((run.wall_s() - (1.0 + 9.0 * 0.010)).abs() < 1e-9);
+    assert_eq!(run.final_metric(), Some(FinalMetric::Accuracy(0.85)));
+
+    let out = report(&[dir], &opts(tmp.path())).unwrap();
+    assert!(!out.runs[0].complete);
+    assert!(out.markdown.contains("| incomplete |"), "{}", out.markdown);
+    assert!(out.markdown.contains("no summary.json"), "{}", out.markdown);
+    // No method "none" among the runs: no baseline.
+    assert_eq!(out.runs[0].speedup, None);
+    assert_eq!(check_tables(&out.markdown), Ok(1));
+}
+
+#[test]
+fn resumed_run_keeps_the_last_record_of_each_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = Spec::new("mlp_r", "none").no_summary();
+    let dir = spec.write(tmp.path(), "mlp_r/20261122-070000");
+    // The resumed session repeats steps 6..10 with other losses.
+    let mut m = fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    for s in 6..10 {
+        m += &spec.step_line(s, 0.1 * s as f64, &spec.times);
+        m.push('\n');
+    }
+    fs::write(dir.join("metrics.jsonl"), m).unwrap();
+    // eval.jsonl repeats the step-10 evaluation.
+    let mut e = fs::read_to_string(dir.join("eval.jsonl")).unwrap();
+    e += "{\"epoch\":1,\"step\":10,\"loss\":0.4,\"accuracy\":0.9,\"perplexity\":1.5,\"count\":1000}\n";
+    fs::write(dir.join("eval.jsonl"), e).unwrap();
+
+    let run = Run::load(&dir).unwrap();
+    assert_eq!(run.steps.len(), 10);
+    assert_eq!(
+        run.steps.iter().map(|r| r.step).collect::<Vec<_>>(),
+        (0..10).collect::<Vec<_>>()
+    );
+    assert_eq!(run.steps[7].loss, Some(0.7000000000000001));
+    assert_eq!(run.evals.len(), 2);
+    assert_eq!(run.final_metric(), Some(FinalMetric::Accuracy(0.9)));
+    assert!(
+        run.notes.iter().any(|n| n.contains("4 repeated step")),
+        "{:?}",
+        run.notes
+    );
+    let out = report(&[dir], &opts(tmp.path())).unwrap();
+    assert_eq!(out.runs[0].steps, 10);
+    assert!(out.markdown.contains("4 repeated step record(s)"));
+}
+
+#[test]
+fn malformed_lines_name_file_and_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = Spec::new("bad", "none").write(tmp.path(), "bad/20261122-080000");
+    let path = dir.join("metrics.jsonl");
+    let text = fs::read_to_string(&path).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines[2] = "{\"step\": 2, \"loss\": oops}";
+    fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let e = report(std::slice::from_ref(&dir), &opts(tmp.path())).unwrap_err();
+    assert!(
+        matches!(e, ReportError::Format { line: Some(3), .. }),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(msg.starts_with(&format!("{}:3: ", path.display())), "{msg}");
+
+    // A wrong type is an error too, as is a summary that is not JSON and a broken config.
+    lines[2] = "{\"step\": \"two\"}";
+    fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let msg = Run::load(&dir).unwrap_err().to_string();
+    assert!(msg.contains("metrics.jsonl:3: invalid type"), "{msg}");
+    fs::write(&path, text).unwrap();
+    fs::write(
+        dir.join("summary.json"),
+        "{\n  \"name\": \"x\",\n  \"steps\": -1\n}",
+    )
+    .unwrap();
+    let msg = Run::load(&dir).unwrap_err().to_string();
+    assert!(msg.contains("summary.json:3: "), "{msg}");
+    fs::remove_file(dir.join("summary.json")).unwrap();
+    fs::write(
+        dir.join("config.toml"),
+        "name = \"x\"\n[cluster]\nworkers = \n",
+    )
+    .unwrap();
+    let msg = Run::load(&dir).unwrap_err().to_string();
+    assert!(msg.contains("config.toml:3: "), "{msg}");
+
+    // A directory without runs, and a missing path.
+    let empty = tmp.path().join("empty");
+    fs::create_dir_all(&empty).unwrap();
+    let msg = report(&[empty], &opts(tmp.path())).unwrap_err().to_string();
+    assert!(msg.contains("no run found"), "{msg}");
+    assert!(report(&[tmp.path().join("nope")], &opts(tmp.path())).is_err());
+}
+
+#[test]
+fn a_cut_last_line_is_dropped_with_a_note() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = Spec::new("cut", "none")
+        .no_summary()
+        .write(tmp.path(), "cut/20261122-090000");
+    let path = dir.join("metrics.jsonl");
+    let mut text = fs::read_to_string(&path).unwrap();
+    text += "{\"step\":10,\"epoch\":2,\"lo";
+    fs::write(&path, text).unwrap();
+    let run = Run::load(&dir).unwrap();
+    assert_eq!(run.steps.len(), 10);
+    assert!(run
+        .notes
+        .iter()
+        .any(|n| n.contains("metrics.jsonl:11: incomplete last line")));
+}
+
+#[test]
+fn two_methods_speedup_vs_baseline_and_peers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let none = Spec::new("alexnet", "none")
+        .step_s(0.010)
+        .write(tmp.path(), "runs/alexnet_none/20261122-050826");
+    let fft = Spec::new("alexnet", "fft")
+        .step_s(0.004)
+        .payload(400_000, 400_100)
+        .write(tmp.path(), "runs/alexnet_fft/20261122-051000");
+    let inputs = vec![none.clone(), fft.clone()];
+
+    // Default baseline: the one "none" run.
+    let out = report(&inputs, &opts(tmp.path())).unwrap();
+    let md = &out.markdown;
+    assert_eq!(check_tables(md), Ok(2), "{md}");
+    let f = &out.runs[1];
+    assert_eq!(f.label, "alexnet/fft P=2");
+    assert_eq!(f.baseline.as_deref(), Some("alexnet/none P=2"));
+    assert!((f.speedup.unwrap() - 2.5).abs() < 1e-9);
+    assert_eq!(f.compression_ratio, Some(10.0));
+    assert!(md.contains("| alexnet/none P=2 | 2.50× |"), "{md}");
+    // The matrix: fft vs none 2.5×, none vs fft 0.4×, diagonal 1.
+    assert!(md.contains("| alexnet/fft P=2 | 2.50× | 1.00× |"), "{md}");
+    assert!(md.contains("| alexnet/none P=2 | 1.00× | 0.40× |"), "{md}");
+
+    // Baseline by method and by label; against fft, none is 0.4×.
+    let mut o = opts(tmp.path());
+    o.baseline = Some("fft".into());
+    let out = report(&inputs, &o).unwrap();
+    assert!((out.runs[0].speedup.unwrap() - 0.4).abs() < 1e-9);
+    o.baseline = Some("alexnet/none P=2".into());
+    let out = report(&inputs, &o).unwrap();
+    assert!((out.runs[1].speedup.unwrap() - 2.5).abs() < 1e-9);
+    o.baseline = Some("qsgd".into());
+    let e = report(&inputs, &o).unwrap_err();
+    assert!(matches!(e, ReportError::Baseline(_)), "{e}");
+    assert!(e.to_string().contains("alexnet/fft P=2"), "{e}");
+}
+
+#[test]
+fn worker_sweep_has_bytes_vs_p_table_and_plot() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut inputs = Vec::new();
+    for p in [2usize, 4, 8] {
+        let ring = 2 * (p as u64 - 1) * 4_000_000 / p as u64;
+        inputs.push(
+            Spec::new("sweep", "none")
+                .workers(p)
+                .payload(4_000_000, ring)
+                .write(tmp.path(), &format!("sweep_none_p{p}")),
+        );
+        inputs.push(
+            Spec::new("sweep", "topk")
+                .workers(p)
+                .payload(80_000, (p as u64 - 1) * 80_000)
+                .step_s(0.005)
+                .write(tmp.path(), &format!("sweep_topk_p{p}")),
+        );
+    }
+    // One directory holding all six run directories.
+    let out = report(&[tmp.path().to_path_buf()], &opts(tmp.path())).unwrap();
+    assert_eq!(out.runs.len(), 6);
+    let md = &out.markdown;
+    assert_eq!(check_tables(md), Ok(3), "{md}");
+    assert!(md.contains("## Bytes per worker per step vs P"));
+    assert!(md.contains("| run | P=2 | P=4 | P=8 |"), "{md}");
+    assert!(
+        md.contains("| sweep/none | 4.00 MB | 6.00 MB | 7.00 MB |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| sweep/topk | 80.0 kB | 240 kB | 560 kB |"),
+        "{md}"
+    );
+    // Several "none" runs: each run is compared with the one of its own P.
+    for r in &out.runs {
+        assert_eq!(
+            r.baseline.as_deref(),
+            Some(format!("sweep/none P={}", r.workers).as_str())
+        );
+        let want = if r.method == "topk" { 2.0 } else { 1.0 };
+        assert!((r.speedup.unwrap() - want).abs() < 1e-9);
+    }
+    let n = names(&out.files);
+    assert!(n.contains(&"bytes_vs_workers.svg".to_owned()), "{n:?}");
+    check_plots(&out.files[1..]);
+}
+
+#[test]
+fn language_models_report_perplexity() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut spec = Spec::new("ptb", "dgc");
+    spec.model = "lstm".into();
+    spec.evals = vec![(0, 5, 5.0, 0.2, 148.4), (1, 10, 4.8, 0.25, 121.5)];
+    let dir = spec.write(tmp.path(), "ptb/20261122-100000");
+    let out = report(&[dir], &opts(tmp.path())).unwrap();
+    assert_eq!(
+        out.runs[0].final_metric,
+        Some(FinalMetric::Perplexity(121.5))
+    );
+    assert!(out.markdown.contains("| ppl 122 |"), "{}", out.markdown);
+    let n = names(&out.files);
+    assert!(n.contains(&"perplexity_vs_epoch.png".to_owned()), "{n:?}");
+    check_plots(&out.files[1..]);
+}
+
+#[test]
+fn parent_dirs_take_the_newest_stamp_and_links_label_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    Spec::new("mlp", "none")
+        .step_s(0.5)
+        .write(tmp.path(), "runs/mlp/20261121-230000");
+    Spec::new("mlp", "none")
+        .step_s(0.3)
+        .write(tmp.path(), "runs/mlp/20261122-010000");
+    let newest = Spec::new("mlp", "none")
+        .step_s(0.2)
+        .network("1Gbit", "100us")
+        .write(tmp.path(), "runs/mlp/20261122-010000-2");
+    let found = dtrain_report::discover(&[tmp.path().join("runs/mlp")]).unwrap();
+    assert_eq!(found, vec![newest.clone()]);
+    // A run's own file stands for its directory.
+    let found = dtrain_report::discover(&[newest.join("metrics.jsonl")]).unwrap();
+    assert_eq!(found, vec![newest.clone()]);
+    // The whole runs/ tree: one run per name.
+    Spec::new("cnn", "fft").write(tmp.path(), "runs/cnn/20261122-020000");
+    let found = dtrain_report::discover(&[tmp.path().join("runs")]).unwrap();
+    assert_eq!(found.len(), 2);
+    assert!(found.contains(&newest));
+
+    let out = report(&[tmp.path().join("runs/mlp")], &opts(tmp.path())).unwrap();
+    assert_eq!(out.runs[0].label, "mlp/none P=2 @1Gbit,100us");
+    assert!(out.markdown.contains("| link |"), "{}", out.markdown);
+    assert!(out.markdown.contains("| 1Gbit/100us |"), "{}", out.markdown);
+
+    // Two identical configs get their stamps to tell them apart.
+    let a = tmp.path().join("runs/mlp/20261121-230000");
+    let b = tmp.path().join("runs/mlp/20261122-010000");
+    let out = report(&[a, b], &opts(tmp.path())).unwrap();
+    assert_eq!(out.runs[0].label, "mlp/none P=2 (20261121-230000)");
+    assert_eq!(out.runs[1].label, "mlp/none P=2 (20261122-010000)");
+}
