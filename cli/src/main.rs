@@ -32,6 +32,12 @@ enum Command {
     Run(RunArgs),
     /// Validates a configuration (every field, and the data) without running it.
     Check(CheckArgs),
+    /// Compares runs: markdown tables (final metric, step-time breakdown, bytes, speed-ups)
+    /// and plots (SVG + PNG) from run directories.
+    Report(ReportArgs),
+    /// Projects runs' step time and speed-up onto other fabrics and worker counts (α–β model
+    /// of each method's collective); `--validate` checks the model against emulated-link runs.
+    Simulate(SimulateArgs),
     /// One training worker (started by `dtrain run`; not for direct use).
     #[command(hide = true)]
     Worker(TrainWorkerArgs),
@@ -83,6 +89,51 @@ struct RunArgs {
     /// Run directory (default: `<output.dir>/<name>/<UTC timestamp>`).
     #[arg(long)]
     run_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct ReportArgs {
+    /// Run directories (`runs/<name>/<stamp>`), a run's parent `runs/<name>` (its newest run)
+    /// or a directory of runs.
+    #[arg(required = true, value_name = "RUN_DIR")]
+    runs: Vec<PathBuf>,
+    /// The baseline: a run label, a method (`none`) or a run name. Default: the `none` run.
+    #[arg(long)]
+    baseline: Option<String>,
+    /// Output directory for report.md and the plots.
+    #[arg(long, default_value = "runs/report")]
+    out: PathBuf,
+    /// Tables only, no plots.
+    #[arg(long)]
+    no_plots: bool,
+}
+
+#[derive(Args, Debug)]
+struct SimulateArgs {
+    /// Run directories to project (as for `dtrain report`).
+    #[arg(required = true, value_name = "RUN_DIR")]
+    runs: Vec<PathBuf>,
+    /// Fabrics: presets (1GbE, 10GbE, 25GbE, 100GbE, IB-EDR, IB-HDR) or "BANDWIDTH,LATENCY"
+    /// (e.g. "1Gbit,100us"); repeat or separate with `;`. Default: every preset.
+    #[arg(long, value_delimiter = ';')]
+    fabric: Vec<String>,
+    /// Worker counts: "2,4,8" or "2..256" (powers of two).
+    #[arg(long, default_value = "2..256")]
+    workers: String,
+    /// The baseline run (label, method or name). Default: the `none` run, if any.
+    #[arg(long)]
+    baseline: Option<String>,
+    /// Override every run's collective: allreduce, lanes, allgather, broadcast-allreduce,
+    /// ps or ps:SERVERS.
+    #[arg(long)]
+    collective: Option<String>,
+    /// Also write simulate.md and the speed-up plot here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Instead of projecting: compare the model's prediction with the measured step time of
+    /// runs made on an emulated link (`[network]`).
+    #[arg(long)]
+    validate: bool,
 }
 
 #[derive(Args, Debug)]
@@ -503,6 +554,8 @@ fn run() -> Result<()> {
         Command::BenchWorker(a) => bench_worker(a).context("bench worker"),
         Command::Run(a) => train_run(a),
         Command::Check(a) => train_check(a),
+        Command::Report(a) => report(a),
+        Command::Simulate(a) => simulate(a),
         Command::Worker(a) => train_worker(a),
         Command::List => {
             for m in dtrain_compress::METHODS {
@@ -515,6 +568,53 @@ fn run() -> Result<()> {
             DataCommand::List { dir } => data_list(&dir),
         },
     }
+}
+
+fn report(a: ReportArgs) -> Result<()> {
+    let opts = dtrain_report::ReportOptions {
+        baseline: a.baseline,
+        out_dir: a.out,
+        plots: !a.no_plots,
+    };
+    let out = dtrain_report::report(&a.runs, &opts)?;
+    println!("{}", out.markdown);
+    for f in &out.files {
+        eprintln!("wrote {}", f.display());
+    }
+    Ok(())
+}
+
+fn simulate(a: SimulateArgs) -> Result<()> {
+    if a.validate {
+        let v = dtrain_report::validate(&a.runs)?;
+        println!("{}", v.markdown);
+        if !v.skipped.is_empty() {
+            eprintln!("skipped (no [network] link): {}", v.skipped.join(", "));
+        }
+        return Ok(());
+    }
+    let mut opts = dtrain_report::SimOptions {
+        workers: dtrain_report::parse_workers(&a.workers)?,
+        baseline: a.baseline,
+        out_dir: a.out,
+        ..Default::default()
+    };
+    if !a.fabric.is_empty() {
+        opts.fabrics = a
+            .fabric
+            .iter()
+            .map(|f| dtrain_report::Fabric::parse(f))
+            .collect::<Result<_, _>>()?;
+    }
+    if let Some(c) = &a.collective {
+        opts.collective = Some(dtrain_report::Collective::parse(c)?);
+    }
+    let out = dtrain_report::simulate(&a.runs, &opts)?;
+    println!("{}", out.markdown);
+    for f in &out.files {
+        eprintln!("wrote {}", f.display());
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {

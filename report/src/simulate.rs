@@ -228,6 +228,29 @@ impl Collective {
         }
     }
 
+    /// Parses a collective override: `allreduce` (dense f32), `lanes` (summable lanes),
+    /// `allgather`, `broadcast-allreduce`, or `ps` / `ps:S` (a parameter server with `S`
+    /// server links, default 1).
+    pub fn parse(s: &str) -> Result<Collective> {
+        let t = s.trim().to_ascii_lowercase();
+        Ok(match t.as_str() {
+            "allreduce" | "all-reduce" => Collective::DenseAllReduce,
+            "lanes" => Collective::SummableAllReduce,
+            "allgather" | "all-gather" | "allgatherv" => Collective::AllGather,
+            "broadcast-allreduce" => Collective::BroadcastAllReduce,
+            "ps" => Collective::ParameterServer { servers: 1 },
+            _ => match t.strip_prefix("ps:").map(|n| n.parse::<usize>()) {
+                Some(Ok(servers)) if servers >= 1 => Collective::ParameterServer { servers },
+                _ => {
+                    return Err(ReportError::Invalid(format!(
+                        "collective {s:?}: expected allreduce, lanes, allgather, \
+                         broadcast-allreduce, ps or ps:SERVERS"
+                    )))
+                }
+            },
+        })
+    }
+
     /// Whether every rank decodes all P payloads (decompress time grows with P).
     pub fn decodes_all(&self) -> bool {
         matches!(self, Collective::AllGather)
@@ -831,6 +854,23 @@ pub fn validate_runs(runs: &[Run]) -> Result<ValidationOutput> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn collective_overrides_parse_and_bad_ones_are_named() {
+        assert_eq!(Collective::parse("allgather").unwrap(), Collective::AllGather);
+        assert_eq!(
+            Collective::parse("PS:4").unwrap(),
+            Collective::ParameterServer { servers: 4 }
+        );
+        assert_eq!(
+            Collective::parse("ps").unwrap(),
+            Collective::ParameterServer { servers: 1 }
+        );
+        for bad in ["ps:0", "ps:x", "ring", ""] {
+            let e = Collective::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("collective"), "{e}");
+        }
+    }
 
     #[test]
     fn fabrics_parse() {
