@@ -622,7 +622,9 @@ fn main() -> ExitCode {
         match v.trim().parse::<usize>() {
             Ok(mb) => ALLOC.set_limit(mb.saturating_mul(1 << 20)),
             Err(_) => {
-                eprintln!("dtrain: error: DTRAIN_ALLOC_CACHE_MB={v:?} is not a whole number of MiB");
+                eprintln!(
+                    "dtrain: error: DTRAIN_ALLOC_CACHE_MB={v:?} is not a whole number of MiB"
+                );
                 return ExitCode::from(2);
             }
         }

@@ -29,7 +29,13 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn bench<M: ImageClassifier>(name: &str, module: M, input: InputSpec, device: &Device, steps: usize) {
+fn bench<M: ImageClassifier>(
+    name: &str,
+    module: M,
+    input: InputSpec,
+    device: &Device,
+    steps: usize,
+) {
     let mut model = ImageModel::new(name, module, input, device);
     let n = model.table().num_params();
     let mut grads = vec![0.0f32; n];
@@ -106,11 +112,29 @@ fn main() {
         ALLOC.set_limit(limit);
         device.seed(0);
         let c = AlexNetConfig::cifar();
-        bench(&format!("{label} / alexnet-cifar"), c.init(&device), c.input(), &device, steps);
+        bench(
+            &format!("{label} / alexnet-cifar"),
+            c.init(&device),
+            c.input(),
+            &device,
+            steps,
+        );
         let c = AlexNetConfig::cifar_fc();
-        bench(&format!("{label} / alexnet-cifar-fc"), c.init(&device), c.input(), &device, steps);
+        bench(
+            &format!("{label} / alexnet-cifar-fc"),
+            c.init(&device),
+            c.input(),
+            &device,
+            steps,
+        );
         let c = ResNetConfig::resnet20();
-        bench(&format!("{label} / resnet20"), c.init(&device), c.input(), &device, steps);
+        bench(
+            &format!("{label} / resnet20"),
+            c.init(&device),
+            c.input(),
+            &device,
+            steps,
+        );
     }
     let (hits, misses) = ALLOC.hits_misses();
     println!("\nreuse allocator: {hits} large allocations served from parked blocks, {misses} from the system");

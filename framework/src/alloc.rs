@@ -352,7 +352,9 @@ mod tests {
             let q = a.alloc(l);
             q.write_bytes(5, l.size());
             let r = a.realloc(q, l, 6 << 20);
-            assert!(std::slice::from_raw_parts(r, 2 << 20).iter().all(|&b| b == 5));
+            assert!(std::slice::from_raw_parts(r, 2 << 20)
+                .iter()
+                .all(|&b| b == 5));
             a.dealloc(r, big(6 << 20));
             a.set_limit(0);
         }

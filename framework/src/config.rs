@@ -37,11 +37,15 @@
 //!
 //! The `[compress]` table holds the method's own keys (see `dtrain list`) plus the trainer's
 //! keys `error_feedback`, `memory` (a full memory table, e.g. `{ kind = "residual", beta =
-//! 0.9 }`), `bucket_mb`, `dense_below` and `dense_1d`.
+//! 0.9 }`), `bucket_mb`, `dense_below`, `dense_1d` and `collective` (`"allgather"`, the
+//! default, or `"sparse-allreduce"` for methods whose payloads are gathered — see
+//! [`crate::exchange`]).
 
 use std::path::{Path, PathBuf};
 
 use dtrain_compress::{CompressorConfig, MemoryConfig};
+
+use crate::exchange::GatherCollective;
 use dtrain_models::ModelSpec;
 use serde::{Deserialize, Serialize};
 
@@ -484,12 +488,13 @@ impl Default for OutputConfig {
 }
 
 /// The trainer's keys inside `[compress]`.
-const TRAINER_KEYS: [&str; 5] = [
+const TRAINER_KEYS: [&str; 6] = [
     "error_feedback",
     "memory",
     "bucket_mb",
     "dense_below",
     "dense_1d",
+    "collective",
 ];
 
 /// Everything the trainer builds, validated and with derived values filled in.
@@ -503,6 +508,8 @@ pub struct Plan {
     pub memory: MemoryConfig,
     /// Bucketing.
     pub buckets: BucketPolicy,
+    /// The collective for gathered payloads (`compress.collective`).
+    pub collective: GatherCollective,
     /// The optimizer (plain SGD where the memory owns the momentum).
     pub optimizer: OptimizerConfig,
     /// The learning-rate schedule.
@@ -813,7 +820,7 @@ impl RunConfig {
             }
         }
         // Compression.
-        let (mut method, memory, buckets) = self.compress_section(file)?;
+        let (mut method, memory, buckets, collective) = self.compress_section(file)?;
         let memory = match memory {
             Some(m) => m,
             None => method.default_memory(),
@@ -860,14 +867,28 @@ impl RunConfig {
         memory
             .build()
             .map_err(|e| err(&format!("compress.memory.{}", e.field), e.reason.clone()))?;
-        method
+        let built = method
             .build()
             .map_err(|e| err(&format!("compress.{}", e.field), e.reason.clone()))?;
+        if collective == GatherCollective::SparseAllReduce
+            && built.aggregation() != dtrain_compress::Aggregation::Gather
+        {
+            return Err(err(
+                "compress.collective",
+                format!(
+                    "\"sparse-allreduce\" carries gathered payloads (topk, dgc, threshold, \
+                     gradient-dropping, fft, …); {:?} payloads are {:?}-aggregated",
+                    method.name(),
+                    built.aggregation()
+                ),
+            ));
+        }
         Ok(Plan {
             config: self.clone(),
             method,
             memory,
             buckets,
+            collective,
             optimizer: opt,
             lr,
             steps_per_epoch,
@@ -881,7 +902,15 @@ impl RunConfig {
     fn compress_section(
         &self,
         file: &str,
-    ) -> Result<(CompressorConfig, Option<MemoryConfig>, BucketPolicy), ConfigError> {
+    ) -> Result<
+        (
+            CompressorConfig,
+            Option<MemoryConfig>,
+            BucketPolicy,
+            GatherCollective,
+        ),
+        ConfigError,
+    > {
         let err = |field: &str, message: String| ConfigError {
             file: file.to_string(),
             field: field.to_string(),
@@ -894,6 +923,7 @@ impl RunConfig {
         let bucket_mb = extract("bucket_mb");
         let dense_below = extract("dense_below");
         let dense_1d = extract("dense_1d");
+        let collective = extract("collective");
         if !table.contains_key("kind") {
             return Err(err(
                 "compress.kind",
@@ -966,7 +996,20 @@ impl RunConfig {
                 )
             })?;
         }
-        Ok((method, memory, policy))
+        let collective = match collective {
+            None => GatherCollective::AllGather,
+            Some(v) => match v.as_str() {
+                Some("allgather") => GatherCollective::AllGather,
+                Some("sparse-allreduce") => GatherCollective::SparseAllReduce,
+                _ => {
+                    return Err(err(
+                        "compress.collective",
+                        format!("must be \"allgather\" or \"sparse-allreduce\", got {v}"),
+                    ))
+                }
+            },
+        };
+        Ok((method, memory, policy, collective))
     }
 
     /// The model's input must match the data: image shape / classes, or a text kind.
@@ -1173,6 +1216,29 @@ bucket_mb = 1
         assert!(e.message.contains("data"), "{e}");
         let e = parse("name = 1", &[]).unwrap_err();
         assert!(e.to_string().starts_with("t.toml: "), "{e}");
+    }
+
+    #[test]
+    fn sparse_allreduce_is_for_gathered_payloads_only() {
+        let p = parse(
+            GOOD,
+            &[
+                "compress.kind=\"topk\"",
+                "compress.collective=\"sparse-allreduce\"",
+            ],
+        )
+        .unwrap();
+        assert_eq!(p.collective, GatherCollective::SparseAllReduce);
+        let p = parse(GOOD, &["compress.kind=\"topk\""]).unwrap();
+        assert_eq!(p.collective, GatherCollective::AllGather);
+        let e = parse(
+            GOOD,
+            &["compress={ kind = \"fp16\", collective = \"sparse-allreduce\" }"],
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "compress.collective", "{e}");
+        let e = parse(GOOD, &["compress.collective=\"ring\""]).unwrap_err();
+        assert_eq!(e.field, "compress.collective", "{e}");
     }
 
     #[test]

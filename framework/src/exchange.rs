@@ -7,10 +7,23 @@
 //! | `Dense` | decode own payload, all-reduce sum | — |
 //! | `Summable` | all-reduce sum of the payload's f32 value lanes | decode the summed payload once |
 //! | `Gather` | all-gather(v) of payload bytes | decode and add every rank's payload |
+//! | `Gather`, [`GatherCollective::SparseAllReduce`] | decode own payload; sparse all-reduce of its non-zeros | — |
 //! | two-phase (ScaleCom) | broadcast of the root's agreement, then the above | as above |
 //!
 //! Every rank ends with bit-identical averaged gradients: all-reduce sums are bit-identical
 //! by construction in dtrain-comms, and gathered payloads are decoded in rank order.
+//!
+//! ## Sparse all-reduce instead of all-gather
+//! With [`GatherCollective::SparseAllReduce`] (`[compress] collective = "sparse-allreduce"`)
+//! a `Gather` method's bucket is not gathered: every rank decodes its own payload and the
+//! non-zeros of the result go through dtrain-comms' sparse all-reduce (each rank owns an
+//! index range, sums the shares of its range in rank order, and sends the reduced range to
+//! everyone; a range switches to a dense encoding once that is cheaper). Each rank then
+//! receives about `(P−1)/P·(k + |sum|)` entries instead of `(P−1)·k`: less whenever the
+//! ranks' index sets overlap (the usual case for top-k / DGC gradients) and never the
+//! "gradient build-up" of decoding P payloads. The sum is taken in rank order from `+0.0`,
+//! exactly as the gathered payloads are added, so both collectives give bit-identical
+//! gradients (tested for every sparse method).
 //!
 //! ## Two-phase methods (ScaleCom's CLT-k)
 //! A compressor whose [`Compressor::broadcast_root`](dtrain_compress::Compressor::broadcast_root) names a root (ScaleCom: the leader
@@ -41,7 +54,7 @@ use std::ops::Range;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use dtrain_comms::{CommError, Communicator, Transport};
+use dtrain_comms::{CommError, Communicator, SparseSlice, Transport};
 use dtrain_compress::{
     summable_lanes, Aggregation, CompressError, CompressorConfig, ConfigError, Ctx, MemoryConfig,
     Payload, Pipeline, Rng, WireError,
@@ -139,6 +152,10 @@ struct Slot {
 struct Flight {
     /// The gathered gradient; then what goes into / comes out of a dense all-reduce.
     buf: Vec<f32>,
+    /// Sparse all-reduce input: indices of the decoded payload's non-zeros.
+    idx: Vec<u32>,
+    /// Sparse all-reduce input: their values.
+    vals: Vec<f32>,
     /// `Summable`: the value lanes (f32) being all-reduced.
     lane: Vec<f32>,
     /// The byte ranges of the lanes in `payload`.
@@ -148,16 +165,41 @@ struct Flight {
     msg: Vec<u8>,
 }
 
+/// Which collective carries the payloads of a `Gather` method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GatherCollective {
+    /// All-gather(v) of the payload bytes; every rank decodes all of them.
+    #[default]
+    AllGather,
+    /// Sparse all-reduce of each rank's decoded payload (see the [module docs](self)).
+    SparseAllReduce,
+}
+
+impl GatherCollective {
+    /// The config spelling (`allgather`, `sparse-allreduce`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            GatherCollective::AllGather => "allgather",
+            GatherCollective::SparseAllReduce => "sparse-allreduce",
+        }
+    }
+}
+
 /// A collective, with the buffers it works on.
 enum Op {
     Sum(Vec<f32>),
     Gather(Vec<u8>),
     Broadcast(Vec<u8>, usize),
+    /// Sparse all-reduce of (indices, values) into the dense output buffer.
+    Sparse(Vec<u32>, Vec<f32>, Vec<f32>),
 }
 
 /// A collective's result: the buffers, back.
 enum Reply {
     Sum(Vec<f32>),
+    /// The dense sum, and the index / value buffers back for reuse.
+    Sparse(Vec<f32>, Vec<u32>, Vec<f32>),
     Gather(Vec<Vec<u8>>),
     Broadcast(Vec<u8>),
 }
@@ -174,6 +216,14 @@ fn run_op<T: Transport>(comm: &mut Communicator<T>, op: Op) -> Done {
         Op::Sum(mut v) => comm.all_reduce_sum(&mut v).map(|()| Reply::Sum(v)),
         Op::Gather(b) => comm.all_gather(&b).map(Reply::Gather),
         Op::Broadcast(mut b, root) => comm.broadcast(&mut b, root).map(|()| Reply::Broadcast(b)),
+        Op::Sparse(idx, vals, mut out) => match SparseSlice::new(out.len(), &idx, &vals) {
+            Ok(input) => comm
+                .sparse_all_reduce_dense(input, &mut out)
+                .map(|()| Reply::Sparse(out, idx, vals)),
+            Err(e) => Err(CommError::InvalidArgument(format!(
+                "sparse all-reduce input: {e}"
+            ))),
+        },
     };
     Done {
         result,
@@ -414,6 +464,7 @@ pub struct Exchanger {
     method: &'static str,
     memory: MemoryConfig,
     overlap: bool,
+    gather: GatherCollective,
     theta_scale: f64,
     /// Buffers of finished buckets, reused by the next ones.
     spare: Vec<Flight>,
@@ -446,9 +497,21 @@ impl Exchanger {
             method: method.name(),
             memory: *memory,
             overlap: true,
+            gather: GatherCollective::AllGather,
             theta_scale: 1.0,
             spare: Vec::new(),
         })
+    }
+
+    /// Chooses the collective for `Gather` methods' payloads (default all-gather). Either
+    /// gives bit-identical gradients; only bytes and time differ.
+    pub fn set_gather_collective(&mut self, c: GatherCollective) {
+        self.gather = c;
+    }
+
+    /// The collective for `Gather` methods' payloads.
+    pub fn gather_collective(&self) -> GatherCollective {
+        self.gather
     }
 
     /// The bucket plan.
@@ -538,6 +601,7 @@ impl Exchanger {
         let job = Job {
             slots: &mut self.slots,
             spare: &mut self.spare,
+            gather: self.gather,
             seed: self.seed,
             step,
             rank,
@@ -738,6 +802,7 @@ impl Exchanger {
 struct Job<'a> {
     slots: &'a mut [Slot],
     spare: &'a mut Vec<Flight>,
+    gather: GatherCollective,
     seed: u64,
     step: u64,
     rank: usize,
@@ -754,6 +819,8 @@ enum Stage {
     Lanes,
     /// The all-gather of the payloads.
     Gathered,
+    /// The sparse all-reduce of the decoded payloads.
+    SparseSum,
 }
 
 impl Job<'_> {
@@ -829,7 +896,7 @@ impl Job<'_> {
                     let mut rng = Rng::for_step(seed, step, rank as u64, id);
                     pipe.compress(&f.buf, &ctx, &mut rng, &mut f.payload)
                         .map_err(compress_err)?;
-                    submit_payload(pipe, id, rank, &mut f, comms, st)?
+                    submit_payload(pipe, id, rank, self.gather, &mut f, comms, st)?
                 }
             },
         };
@@ -868,7 +935,7 @@ impl Job<'_> {
         pipe.compress_compensated(&ctx, &mut rng, &mut f.payload)
             .map_err(compress_err)?;
         f.msg = msg;
-        let stage = submit_payload(pipe, id, self.rank, &mut f, comms, st)?;
+        let stage = submit_payload(pipe, id, self.rank, self.gather, &mut f, comms, st)?;
         st.compress_s += t0.elapsed().as_secs_f64() - (comms.blocked - b0);
         Ok((f, stage))
     }
@@ -898,6 +965,11 @@ impl Job<'_> {
         };
         match (stage, reply, pipe) {
             (Stage::Dense, Reply::Sum(v), _) => f.buf = v,
+            (Stage::SparseSum, Reply::Sparse(v, idx, vals), _) => {
+                f.buf = v;
+                f.idx = idx;
+                f.vals = vals;
+            }
             (Stage::Lanes, Reply::Sum(v), Some(pipe)) => {
                 let bytes = f.payload.bytes_mut();
                 let mut vals = v.iter();
@@ -937,6 +1009,7 @@ fn submit_payload<T: Transport>(
     pipe: &Pipeline,
     id: u64,
     rank: usize,
+    gather: GatherCollective,
     f: &mut Flight,
     comms: &mut Comms<'_, T>,
     st: &mut ExchangeStats,
@@ -968,6 +1041,27 @@ fn submit_payload<T: Transport>(
             }
             comms.submit(Op::Sum(std::mem::take(&mut f.lane)));
             Stage::Lanes
+        }
+        Aggregation::Gather if gather == GatherCollective::SparseAllReduce => {
+            // Decode our own payload and hand its non-zeros (bitwise: −0.0 is kept, so the
+            // sum is exactly the gathered path's) to the sparse all-reduce.
+            f.buf.fill(0.0);
+            pipe.decompress_add(f.payload.as_bytes(), &mut f.buf)
+                .map_err(own)?;
+            f.idx.clear();
+            f.vals.clear();
+            for (i, &v) in f.buf.iter().enumerate() {
+                if v.to_bits() != 0 {
+                    f.idx.push(i as u32);
+                    f.vals.push(v);
+                }
+            }
+            comms.submit(Op::Sparse(
+                std::mem::take(&mut f.idx),
+                std::mem::take(&mut f.vals),
+                std::mem::take(&mut f.buf),
+            ));
+            Stage::SparseSum
         }
         Aggregation::Gather => {
             comms.submit(Op::Gather(f.payload.as_bytes().to_vec()));
@@ -1055,6 +1149,7 @@ mod tests {
         method: CompressorConfig,
         memory: MemoryConfig,
         overlap: bool,
+        gather: GatherCollective,
     }
 
     impl Setup {
@@ -1065,6 +1160,7 @@ mod tests {
                 memory: method.default_memory(),
                 method,
                 overlap: true,
+                gather: GatherCollective::AllGather,
             }
         }
 
@@ -1076,6 +1172,7 @@ mod tests {
             let mut ex =
                 Exchanger::new(&self.params, &self.policy, &self.method, &self.memory, 7).unwrap();
             ex.set_overlap(self.overlap);
+            ex.set_gather_collective(self.gather);
             ex
         }
 
@@ -1339,6 +1436,55 @@ mod tests {
             ..DgcConfig::default()
         }));
         v
+    }
+
+    #[test]
+    fn sparse_all_reduce_gives_the_all_gather_gradients_bit_for_bit() {
+        let mut covered = std::collections::BTreeSet::new();
+        for world in [1usize, 2, 4] {
+            for method in all_kinds() {
+                let name = method.name();
+                let mut setup = Setup::new(method);
+                if setup
+                    .exchanger()
+                    .pipes()
+                    .next()
+                    .map(|p| p.compressor().aggregation())
+                    != Some(Aggregation::Gather)
+                {
+                    continue;
+                }
+                covered.insert(name);
+                let gathered = setup.run(world, 3);
+                setup.gather = GatherCollective::SparseAllReduce;
+                let sparse = setup.run(world, 3);
+                for overlap in [false, true] {
+                    setup.overlap = overlap;
+                    let sparse2 = setup.run(world, 2);
+                    for r in 0..world {
+                        assert_same(
+                            &sparse2[r].0[1],
+                            &sparse[r].0[1],
+                            format!("{name} overlap {overlap}"),
+                        );
+                    }
+                }
+                assert_ranks_agree(&sparse, name);
+                for r in 0..world {
+                    for s in 0..3 {
+                        assert_same(
+                            &sparse[r].0[s],
+                            &gathered[r].0[s],
+                            format!("{name}: P={world} rank {r} step {s}"),
+                        );
+                    }
+                }
+            }
+        }
+        // Every sparse method of the literature goes through it.
+        for m in ["topk", "dgc", "threshold", "gradient-dropping", "fft"] {
+            assert!(covered.contains(m), "{m} not covered: {covered:?}");
+        }
     }
 
     #[test]

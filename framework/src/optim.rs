@@ -426,7 +426,9 @@ mod tests {
             let mut pa: Vec<f32> = (0..10).map(|i| i as f32 / 7.0 - 0.5).collect();
             let mut pb = pa.clone();
             for t in 0..4 {
-                let g: Vec<f32> = (0..10).map(|i| ((i * 5 + t * 3) % 7) as f32 - 3.0).collect();
+                let g: Vec<f32> = (0..10)
+                    .map(|i| ((i * 5 + t * 3) % 7) as f32 - 3.0)
+                    .collect();
                 a.step(3, &mut pa, &g, 0.1);
                 b.begin(3, 10);
                 // Three pieces, last first.

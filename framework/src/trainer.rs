@@ -400,7 +400,7 @@ impl<T: Transport> Trainer<T> {
                 shape: p.shape.clone(),
             })
             .collect();
-        let exchanger = Exchanger::new(
+        let mut exchanger = Exchanger::new(
             &infos,
             &plan.buckets,
             &plan.method,
@@ -408,6 +408,7 @@ impl<T: Transport> Trainer<T> {
             plan.config.seed,
         )
         .map_err(|e| TrainError::Config(format!("compress.{}: {}", e.field, e.reason)))?;
+        exchanger.set_gather_collective(plan.collective);
         let optimizer = plan.optimizer.build().map_err(TrainError::Config)?;
         let n = table.num_params();
         let nb = table.num_buffers();

@@ -857,7 +857,10 @@ mod tests {
 
     #[test]
     fn collective_overrides_parse_and_bad_ones_are_named() {
-        assert_eq!(Collective::parse("allgather").unwrap(), Collective::AllGather);
+        assert_eq!(
+            Collective::parse("allgather").unwrap(),
+            Collective::AllGather
+        );
         assert_eq!(
             Collective::parse("PS:4").unwrap(),
             Collective::ParameterServer { servers: 4 }
