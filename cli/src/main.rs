@@ -68,6 +68,10 @@ struct CheckArgs {
     /// Do not fetch missing data.
     #[arg(long)]
     no_fetch: bool,
+    /// For a sweep file (`[[sweep]]` entries): only these variants (labels; repeatable).
+    /// Default: every variant.
+    #[arg(long, value_name = "LABEL")]
+    variant: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -165,7 +169,38 @@ fn run_options(a: &RunArgs) -> launch::RunOptions {
         rendezvous: a.rendezvous,
         run_dir: a.run_dir.clone(),
         no_fetch: a.check.no_fetch,
+        variant: None,
     }
+}
+
+/// The variants of a sweep file to run: `[None]` for a plain configuration.
+fn variants(check: &CheckArgs) -> Result<Vec<Option<String>>> {
+    let entries = dtrain_framework::config::sweep_entries(&check.config)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if entries.is_empty() {
+        if !check.variant.is_empty() {
+            bail!(
+                "{}: --variant given, but the file has no [[sweep]] entries",
+                check.config.display()
+            );
+        }
+        return Ok(vec![None]);
+    }
+    for v in &check.variant {
+        if !entries.iter().any(|e| &e.label == v) {
+            let known: Vec<&str> = entries.iter().map(|e| e.label.as_str()).collect();
+            bail!(
+                "{}: --variant {v:?}: no such [[sweep]] label (the file has: {})",
+                check.config.display(),
+                known.join(", ")
+            );
+        }
+    }
+    Ok(entries
+        .into_iter()
+        .filter(|e| check.variant.is_empty() || check.variant.contains(&e.label))
+        .map(|e| Some(e.label))
+        .collect())
 }
 
 fn print_summary(dir: &Path, s: &dtrain_framework::trainer::Summary) {
@@ -208,7 +243,12 @@ fn print_summary(dir: &Path, s: &dtrain_framework::trainer::Summary) {
 }
 
 fn train_run(a: RunArgs) -> Result<()> {
-    let opts = run_options(&a);
+    let variants = variants(&a.check)?;
+    if variants.len() > 1 {
+        return train_sweep(&a, &variants);
+    }
+    let mut opts = run_options(&a);
+    opts.variant = variants.into_iter().next().flatten();
     let mut log = |m: &str| eprintln!("{m}");
     let placed = if a.nnodes.is_none() {
         launch::scheduler_placement()
@@ -237,24 +277,83 @@ fn train_run(a: RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// Runs every variant of a sweep file one after the other (a failed variant is reported
+/// and the others still run), then reports them together.
+fn train_sweep(a: &RunArgs, variants: &[Option<String>]) -> Result<()> {
+    if a.resume.is_some() || a.run_dir.is_some() || a.nnodes.is_some() {
+        bail!(
+            "{}: --resume, --run-dir and --nnodes take one variant of a sweep: add --variant LABEL",
+            a.check.config.display()
+        );
+    }
+    let exe = std::env::current_exe().context("locating the dtrain executable")?;
+    let mut dirs = Vec::new();
+    let mut failed = Vec::new();
+    let mut name = String::from("sweep");
+    for v in variants {
+        let label = v.as_deref().unwrap_or("base");
+        eprintln!("== variant {label} ==");
+        let mut opts = run_options(a);
+        opts.variant = v.clone();
+        let mut log = |m: &str| eprintln!("{m}");
+        match launch::launch(&opts, &exe, &["worker"], &mut log) {
+            Ok(r) => {
+                if let Some(s) = &r.summary {
+                    print_summary(&r.run_dir, s);
+                    name = s.name.trim_end_matches(&format!("-{label}")).to_string();
+                }
+                dirs.push(r.run_dir);
+            }
+            Err(e) => {
+                eprintln!("variant {label} failed: {e}");
+                failed.push(label.to_string());
+            }
+        }
+    }
+    if !dirs.is_empty() {
+        let out = Path::new("runs").join(format!("{name}-sweep"));
+        let opts = dtrain_report::ReportOptions::new(&out);
+        match dtrain_report::report(&dirs, &opts) {
+            Ok(r) => {
+                println!("{}", r.markdown);
+                eprintln!("report: {}", out.join("report.md").display());
+            }
+            Err(e) => eprintln!("report failed: {e}"),
+        }
+    }
+    if !failed.is_empty() {
+        bail!(
+            "{} of {} variants failed: {}",
+            failed.len(),
+            variants.len(),
+            failed.join(", ")
+        );
+    }
+    Ok(())
+}
+
 fn train_check(a: CheckArgs) -> Result<()> {
-    let opts = launch::RunOptions {
-        config: a.config.clone(),
-        overrides: a.set.clone(),
-        no_fetch: a.no_fetch,
-        ..launch::RunOptions::default()
-    };
-    let plan = launch::check(&opts, &mut |m| eprintln!("{m}")).map_err(anyhow::Error::msg)?;
-    println!(
-        "{}: ok: {} on {} workers, {} steps ({} per epoch), compress {} with {:?} memory",
-        a.config.display(),
-        plan.config.model.kind(),
-        plan.config.cluster.workers,
-        plan.total_steps,
-        plan.steps_per_epoch,
-        plan.method.name(),
-        plan.memory
-    );
+    for v in variants(&a)? {
+        let opts = launch::RunOptions {
+            config: a.config.clone(),
+            overrides: a.set.clone(),
+            no_fetch: a.no_fetch,
+            variant: v.clone(),
+            ..launch::RunOptions::default()
+        };
+        let plan = launch::check(&opts, &mut |m| eprintln!("{m}")).map_err(anyhow::Error::msg)?;
+        println!(
+            "{}{}: ok: {} on {} workers, {} steps ({} per epoch), compress {} with {:?} memory",
+            a.config.display(),
+            v.map(|l| format!(" [{l}]")).unwrap_or_default(),
+            plan.config.model.kind(),
+            plan.config.cluster.workers,
+            plan.total_steps,
+            plan.steps_per_epoch,
+            plan.method.name(),
+            plan.memory
+        );
+    }
     Ok(())
 }
 

@@ -535,8 +535,38 @@ impl RunConfig {
         Self::parse(&text, &file, overrides)
     }
 
-    /// [`RunConfig::load`] from a string; `file` names it in errors.
+    /// [`RunConfig::load`] from a string; `file` names it in errors. A sweep file parses as
+    /// its base configuration (the `[[sweep]]` entries are ignored; see
+    /// [`RunConfig::parse_variant`]).
     pub fn parse(text: &str, file: &str, overrides: &[String]) -> Result<RunConfig, ConfigError> {
+        Self::parse_variant(text, file, None, overrides)
+    }
+
+    /// [`RunConfig::load`] for one variant of a sweep file: the `[[sweep]]` entry labelled
+    /// `variant` is applied to the base configuration (each of its keys replaces the value at
+    /// that dotted path, as `--set` does), its label is appended to `name`
+    /// (`<name>-<label>`), then `overrides` are applied.
+    pub fn load_variant(
+        path: &Path,
+        variant: Option<&str>,
+        overrides: &[String],
+    ) -> Result<RunConfig, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            field: "-".into(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Self::parse_variant(&text, &file, variant, overrides)
+    }
+
+    /// [`RunConfig::load_variant`] from a string.
+    pub fn parse_variant(
+        text: &str,
+        file: &str,
+        variant: Option<&str>,
+        overrides: &[String],
+    ) -> Result<RunConfig, ConfigError> {
         let err = |field: &str, message: String| ConfigError {
             file: file.to_string(),
             field: field.to_string(),
@@ -545,6 +575,23 @@ impl RunConfig {
         let mut tree: toml::Table = text
             .parse()
             .map_err(|e: toml::de::Error| err("-", one_line(&e.to_string())))?;
+        let sweep = split_sweep(&mut tree, file)?;
+        if let Some(label) = variant {
+            let Some(entry) = sweep.iter().find(|e| e.label == label) else {
+                let known: Vec<&str> = sweep.iter().map(|e| e.label.as_str()).collect();
+                return Err(err(
+                    "sweep",
+                    format!("no variant {label:?} (the file has: {})", known.join(", ")),
+                ));
+            };
+            for (key, value) in &entry.sets {
+                set_path(&mut tree, key, value.clone())
+                    .map_err(|m| err(&format!("sweep.{key}"), m))?;
+            }
+            if let Some(toml::Value::String(name)) = tree.get_mut("name") {
+                *name = format!("{name}-{label}");
+            }
+        }
         for o in overrides {
             apply_override(&mut tree, o).map_err(|m| err(o.split('=').next().unwrap_or(o), m))?;
         }
@@ -1117,13 +1164,18 @@ pub fn apply_override(tree: &mut toml::Table, spec: &str) -> Result<(), String> 
         .ok_or_else(|| format!("--set {spec:?}: expected key=value"))?;
     let key = key.trim();
     let value = value.trim();
-    if key.is_empty() || key.split('.').any(|p| p.is_empty()) {
-        return Err(format!("--set {spec:?}: bad key"));
-    }
     let parsed: toml::Value = match format!("v = {value}").parse::<toml::Table>() {
         Ok(mut t) => t.remove("v").unwrap_or(toml::Value::String(value.into())),
         Err(_) => toml::Value::String(value.to_string()),
     };
+    set_path(tree, key, parsed).map_err(|m| format!("--set {spec:?}: {m}"))
+}
+
+/// Replaces the value at the dotted path `key` (creating tables on the way).
+fn set_path(tree: &mut toml::Table, key: &str, value: toml::Value) -> Result<(), String> {
+    if key.is_empty() || key.split('.').any(|p| p.is_empty()) {
+        return Err(format!("bad key {key:?}"));
+    }
     let parts: Vec<&str> = key.split('.').collect();
     let mut cur = tree;
     for p in &parts[..parts.len() - 1] {
@@ -1132,10 +1184,109 @@ pub fn apply_override(tree: &mut toml::Table, spec: &str) -> Result<(), String> 
             .or_insert_with(|| toml::Value::Table(toml::Table::new()));
         cur = entry
             .as_table_mut()
-            .ok_or_else(|| format!("--set {spec:?}: `{p}` is not a table"))?;
+            .ok_or_else(|| format!("`{p}` is not a table"))?;
     }
-    cur.insert(parts[parts.len() - 1].to_string(), parsed);
+    cur.insert(parts[parts.len() - 1].to_string(), value);
     Ok(())
+}
+
+/// One `[[sweep]]` entry of a configuration file: a labelled set of replacements.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepEntry {
+    /// The variant's label (`label = "..."`): letters, digits, `-`, `_`, `.`; unique.
+    pub label: String,
+    /// `(dotted key, value)` pairs, applied in key order; each replaces the whole value at
+    /// its path (`compress = { kind = "none" }` replaces the `[compress]` table).
+    pub sets: Vec<(String, toml::Value)>,
+}
+
+/// The `[[sweep]]` entries of a configuration file (empty when it is not a sweep).
+///
+/// A sweep file is a base configuration plus entries such as
+///
+/// ```toml
+/// [[sweep]]
+/// label = "none"
+/// compress = { kind = "none" }
+///
+/// [[sweep]]
+/// label = "fft-100mbit"
+/// "network.bandwidth" = "100Mbit"
+/// ```
+///
+/// `dtrain run` runs every variant (or those named with `--variant`) one after the other,
+/// each as its own run `<name>-<label>`, and reports them together.
+pub fn sweep_entries(path: &Path) -> Result<Vec<SweepEntry>, ConfigError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: file.clone(),
+        field: "-".into(),
+        message: format!("cannot read: {e}"),
+    })?;
+    let mut tree: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError {
+        file: file.clone(),
+        field: "-".into(),
+        message: one_line(&e.to_string()),
+    })?;
+    split_sweep(&mut tree, &file)
+}
+
+/// Removes `sweep` from `tree` and checks its entries.
+fn split_sweep(tree: &mut toml::Table, file: &str) -> Result<Vec<SweepEntry>, ConfigError> {
+    let err = |field: String, message: String| ConfigError {
+        file: file.to_string(),
+        field,
+        message,
+    };
+    let Some(v) = tree.remove("sweep") else {
+        return Ok(Vec::new());
+    };
+    let toml::Value::Array(items) = v else {
+        return Err(err(
+            "sweep".into(),
+            "must be an array of tables ([[sweep]])".into(),
+        ));
+    };
+    let mut out: Vec<SweepEntry> = Vec::new();
+    for (i, item) in items.into_iter().enumerate() {
+        let toml::Value::Table(mut t) = item else {
+            return Err(err(format!("sweep[{i}]"), "must be a table".into()));
+        };
+        let label = match t.remove("label") {
+            Some(toml::Value::String(l))
+                if !l.is_empty()
+                    && !l.starts_with('.')
+                    && l.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) =>
+            {
+                l
+            }
+            Some(other) => {
+                return Err(err(
+                    format!("sweep[{i}].label"),
+                    format!("{other} must be a non-empty string of letters, digits, '-', '_', '.'"),
+                ))
+            }
+            None => return Err(err(format!("sweep[{i}].label"), "is required".into())),
+        };
+        if out.iter().any(|e| e.label == label) {
+            return Err(err(
+                format!("sweep[{i}].label"),
+                format!("{label:?} is used twice"),
+            ));
+        }
+        if t.is_empty() {
+            return Err(err(
+                format!("sweep[{i}]"),
+                format!("variant {label:?} changes nothing"),
+            ));
+        }
+        // `compress = { kind = "none" }` is one replacement of the whole table; a quoted
+        // dotted key (`"network.bandwidth" = "1Gbit"`) addresses a nested value.
+        let sets = t.into_iter().collect();
+        out.push(SweepEntry { label, sets });
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -1216,6 +1367,71 @@ bucket_mb = 1
         assert!(e.message.contains("data"), "{e}");
         let e = parse("name = 1", &[]).unwrap_err();
         assert!(e.to_string().starts_with("t.toml: "), "{e}");
+    }
+
+    #[test]
+    fn sweep_variants_replace_values_and_extend_the_name() {
+        let text = format!(
+            "{GOOD}\n[[sweep]]\nlabel = \"a\"\ncompress = {{ kind = \"topk\", ratio = 0.1 }}\n\
+             [[sweep]]\nlabel = \"b\"\n\"cluster.workers\" = 3\n"
+        );
+        // The base ignores the sweep.
+        let base = RunConfig::parse(&text, "t.toml", &[]).unwrap();
+        assert_eq!(base.name, "t");
+        let a = RunConfig::parse_variant(&text, "t.toml", Some("a"), &[]).unwrap();
+        assert_eq!(a.name, "t-a");
+        assert_eq!(
+            a.compress.get("kind").and_then(|v| v.as_str()),
+            Some("topk")
+        );
+        // The inline table replaced [compress] whole.
+        assert_eq!(a.compress.len(), 2, "{:?}", a.compress);
+        let b = RunConfig::parse_variant(&text, "t.toml", Some("b"), &["cluster.workers=5".into()])
+            .unwrap();
+        // --set applies after the variant.
+        assert_eq!((b.name.as_str(), b.cluster.workers), ("t-b", 5));
+        let b = RunConfig::parse_variant(&text, "t.toml", Some("b"), &[]).unwrap();
+        assert_eq!(b.cluster.workers, 3);
+        assert_eq!(b.compress, base.compress);
+        let e = RunConfig::parse_variant(&text, "t.toml", Some("c"), &[]).unwrap_err();
+        assert_eq!(e.field, "sweep");
+        assert!(e.message.contains("a, b"), "{e}");
+        // Resolved configs carry no sweep: they round-trip as plain configs.
+        let again = RunConfig::parse(&a.to_toml(), "config.toml", &[]).unwrap();
+        assert_eq!(again, a);
+    }
+
+    #[test]
+    fn bad_sweeps_name_the_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            (
+                "[[sweep]]\ncompress = { kind = \"none\" }\n",
+                "sweep[0].label",
+            ),
+            ("[[sweep]]\nlabel = \"x y\"\nseed = 1\n", "sweep[0].label"),
+            (
+                "[[sweep]]\nlabel = \"x\"\nseed = 1\n[[sweep]]\nlabel = \"x\"\nseed = 2\n",
+                "sweep[1].label",
+            ),
+            ("[[sweep]]\nlabel = \"x\"\n", "sweep[0]"),
+            ("sweep = 3\n", "sweep"),
+        ];
+        for (extra, field) in cases {
+            let p = dir.path().join("s.toml");
+            // `sweep = 3` must precede the tables to stay a top-level key.
+            let text = if extra.starts_with("sweep =") {
+                format!("{extra}{GOOD}")
+            } else {
+                format!("{GOOD}\n{extra}")
+            };
+            std::fs::write(&p, text).unwrap();
+            let e = sweep_entries(&p).unwrap_err();
+            assert_eq!(e.field, field, "{extra:?}: {e}");
+        }
+        let p = dir.path().join("plain.toml");
+        std::fs::write(&p, GOOD).unwrap();
+        assert!(sweep_entries(&p).unwrap().is_empty());
     }
 
     #[test]

@@ -56,13 +56,17 @@ pub struct RunOptions {
     pub run_dir: Option<PathBuf>,
     /// Do not fetch missing data.
     pub no_fetch: bool,
+    /// The `[[sweep]]` variant of the file to run (its label); `None`: the base
+    /// configuration.
+    pub variant: Option<String>,
 }
 
 /// Loads and validates `opts.config` with its data (fetching data when allowed). Returns the
 /// plan. Writes nothing except fetched data.
 pub fn check(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Plan, String> {
     let file = opts.config.display().to_string();
-    let cfg = RunConfig::load(&opts.config, &opts.overrides).map_err(|e| e.to_string())?;
+    let cfg = RunConfig::load_variant(&opts.config, opts.variant.as_deref(), &opts.overrides)
+        .map_err(|e| e.to_string())?;
     // Ranges and combinations first (cheap, no data needed) …
     cfg.validate(&file, None).map_err(|e| e.to_string())?;
     // … then the data, fetched if missing.

@@ -586,6 +586,14 @@ impl<T: Transport> Trainer<T> {
             self.model.write_buffers(&self.buffers);
         }
         self.model.reset_state();
+        // A recurrent model's carried state (per rank, its own batch rows) continues where it
+        // was; after an elastic resume the shards changed, so it starts afresh.
+        if !elastic && ck.names().any(|n| n == "model_state") {
+            let state = ck.f32("model_state")?;
+            self.model
+                .set_carried_state(&state)
+                .map_err(|e| bad(e.to_string()))?;
+        }
         self.step = if elastic {
             meta.step / meta.steps_per_epoch * self.plan.steps_per_epoch
         } else {
@@ -634,6 +642,10 @@ impl<T: Transport> Trainer<T> {
         ck.put_json("meta", &meta);
         ck.put_json("exchanger", &ex);
         ck.put_f32("params", &self.params());
+        let carried = self.model.carried_state();
+        if !carried.is_empty() {
+            ck.put_f32("model_state", &carried);
+        }
         if !self.buffers.is_empty() {
             self.model.read_buffers(&mut self.buffers);
         }
@@ -1087,6 +1099,7 @@ impl<T: Transport> Trainer<T> {
         }
         let device = self.model.device().clone();
         let mut m = Metrics::default();
+        self.model.reset_eval_state();
         for j in 0..self.data.eval_batches() {
             let b = self.data.eval_batch(j, &device);
             let r = self

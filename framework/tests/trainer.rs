@@ -39,9 +39,14 @@ struct Run {
 /// Runs `world` in-process ranks of BASE + `sets`; returns rank 0's result. With `out`, rank
 /// files go there; with `resume`, every rank restores the latest checkpoint first.
 fn run(world: usize, sets: &[&str], out: Option<&Path>, resume: bool) -> Run {
+    run_on(BASE, world, sets, out, resume)
+}
+
+/// [`run`] on another base configuration.
+fn run_on(base: &str, world: usize, sets: &[&str], out: Option<&Path>, resume: bool) -> Run {
     let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     sets.push(format!("cluster.workers={world}"));
-    let cfg = RunConfig::parse(BASE, "base.toml", &sets).unwrap();
+    let cfg = RunConfig::parse(base, "base.toml", &sets).unwrap();
     let handles: Vec<_> = channel_mesh(world)
         .into_iter()
         .enumerate()
@@ -152,20 +157,25 @@ fn data_parallel_equals_one_worker_with_the_global_batch() {
 }
 
 fn resume_is_exact(world: usize, sets: &[&str]) {
+    resume_is_exact_on(BASE, world, sets)
+}
+
+fn resume_is_exact_on(base: &str, world: usize, sets: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let mut straight: Vec<&str> = sets.to_vec();
     straight.push("train.max_steps=12");
-    let full = run(world, &straight, None, false);
+    let full = run_on(base, world, &straight, None, false);
 
     let mut first: Vec<&str> = sets.to_vec();
     first.push("train.max_steps=6");
-    let a = run(world, &first, Some(dir.path()), false);
+    let a = run_on(base, world, &first, Some(dir.path()), false);
     assert_eq!(a.summary.steps, 6);
-    let b = run(world, &straight, Some(dir.path()), true);
+    let b = run_on(base, world, &straight, Some(dir.path()), true);
     assert_eq!(b.summary.resumed_from, 6);
     assert_eq!(b.summary.steps, 12);
     let mut joined = a.losses.clone();
     joined.extend(&b.losses);
+    eprintln!("{sets:?}\n joined {joined:?}\n full   {:?}", full.losses);
     same(
         &b.params,
         &full.params,
@@ -200,6 +210,56 @@ fn resume_is_exact_for_stateful_compressors() {
         ],
     );
     resume_is_exact(3, &["compress.kind=scalecom", "compress.ratio=0.05"]);
+}
+
+/// A character-level LSTM on Moby Dick: the hidden state carried from one BPTT window to
+/// the next is part of the checkpoint, so the resumed run continues exactly. Needs the
+/// corpus (`dtrain data fetch moby-dick`, done by CI before the tests).
+#[test]
+fn resume_is_exact_for_a_recurrent_model() {
+    if std::env::var_os("DTRAIN_DATA_DIR").is_none() {
+        eprintln!("skipped: DTRAIN_DATA_DIR is not set (CI sets it and fetches the corpus)");
+        return;
+    }
+    const LM: &str = r#"
+name = "lm"
+seed = 3
+[model]
+kind = "lstm"
+variant = "char"
+vocab = 1
+embed = 8
+hidden = 16
+layers = 2
+[data]
+kind = "moby-dick"
+batch_size = 4
+seq_len = 8
+train_limit = 4096
+test_limit = 256
+[train]
+lr = 0.5
+[checkpoint]
+every_epochs = 0
+"#;
+    let cfg = RunConfig::parse(LM, "lm.toml", &[]).unwrap();
+    let vocab = TrainData::open(&cfg, 0, 1)
+        .expect("the moby-dick corpus under DTRAIN_DATA_DIR")
+        .vocab()
+        .unwrap();
+    let v = format!("model.vocab={vocab}");
+    // Dropout off: burn's RNG is process-global, so in-process ranks (threads) would draw
+    // from one stream in a racy order (separate worker processes do not share it).
+    resume_is_exact_on(
+        LM,
+        2,
+        &[
+            v.as_str(),
+            "model.dropout=0.0",
+            "compress.kind=topk",
+            "compress.ratio=0.1",
+        ],
+    );
 }
 
 #[test]

@@ -171,6 +171,43 @@ impl LanguageModel for LstmLm {
     fn state_batch_size(state: &Self::State) -> usize {
         state.first().map_or(0, |s| s.hidden.dims()[0])
     }
+
+    /// Per layer: the cell values, then the hidden values (each `[batch, hidden]`, row-major).
+    fn state_values(state: &Self::State) -> Vec<f32> {
+        let mut out = Vec::new();
+        for s in state {
+            for t in [&s.cell, &s.hidden] {
+                let data = t.clone().into_data().convert::<f32>();
+                out.extend_from_slice(data.as_slice::<f32>().expect("f32 after convert"));
+            }
+        }
+        out
+    }
+
+    fn state_from_values(&self, values: &[f32], device: &Device) -> Result<Self::State, String> {
+        let per_row: usize = self.layers.iter().map(|l| 2 * l.d_hidden).sum();
+        if per_row == 0 || values.len() % per_row != 0 {
+            return Err(format!(
+                "{} values are not a whole number of batch rows of {per_row} (2 × hidden per layer)",
+                values.len()
+            ));
+        }
+        let batch = values.len() / per_row;
+        let mut rest = values;
+        let mut state = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            let n = batch * l.d_hidden;
+            let mut take = || {
+                let (head, tail) = rest.split_at(n);
+                rest = tail;
+                Tensor::<2>::from_data(TensorData::new(head.to_vec(), [batch, l.d_hidden]), device)
+            };
+            let cell = take();
+            let hidden = take();
+            state.push(LstmState::new(cell, hidden));
+        }
+        Ok(state)
+    }
 }
 
 /// LSTM LM variants.

@@ -271,6 +271,29 @@ pub trait Model: Send {
     /// Forgets carried recurrent state (start of an epoch or of an evaluation pass). No-op for
     /// feed-forward models.
     fn reset_state(&mut self) {}
+
+    /// The recurrent state carried into the next training batch, flat (empty when none is
+    /// carried, and always for feed-forward models). Checkpoints store it so a resumed run
+    /// continues exactly.
+    fn carried_state(&self) -> Vec<f32> {
+        Vec::new()
+    }
+
+    /// Restores [`Model::carried_state`]'s output; empty values mean no carried state.
+    fn set_carried_state(&mut self, values: &[f32]) -> Result<(), ModelError> {
+        if values.is_empty() {
+            Ok(())
+        } else {
+            Err(ModelError::Record(format!(
+                "a feed-forward model carries no recurrent state, got {} values",
+                values.len()
+            )))
+        }
+    }
+
+    /// Starts an evaluation pass from a fresh recurrent state (each pass over the test set
+    /// is then independent of the previous one). No-op for feed-forward models.
+    fn reset_eval_state(&mut self) {}
 }
 
 /// An image classifier module: what an image family implements to be used through
@@ -308,6 +331,14 @@ pub trait LanguageModel: Module + 'static {
 
     /// Batch size the state was computed for (a state is dropped when the batch size changes).
     fn state_batch_size(state: &Self::State) -> usize;
+
+    /// The values of a state, flat, for checkpoints ([`LanguageModel::state_from_values`]
+    /// reads them back).
+    fn state_values(state: &Self::State) -> Vec<f32>;
+
+    /// Rebuilds a state written by [`LanguageModel::state_values`] on `device`; an error
+    /// says why the values do not fit this model.
+    fn state_from_values(&self, values: &[f32], device: &Device) -> Result<Self::State, String>;
 }
 
 /// Module plus its table and device; the part both adapters share.
@@ -716,6 +747,30 @@ impl<M: LanguageModel> Model for LmModel<M> {
 
     fn reset_state(&mut self) {
         self.train_state = None;
+        self.eval_state = None;
+    }
+
+    fn carried_state(&self) -> Vec<f32> {
+        self.train_state
+            .as_ref()
+            .map_or_else(Vec::new, M::state_values)
+    }
+
+    fn set_carried_state(&mut self, values: &[f32]) -> Result<(), ModelError> {
+        self.train_state = if values.is_empty() {
+            None
+        } else {
+            let state = self
+                .core
+                .module()
+                .state_from_values(values, &self.core.device)
+                .map_err(|e| ModelError::Record(format!("carried LSTM state: {e}")))?;
+            Some(state)
+        };
+        Ok(())
+    }
+
+    fn reset_eval_state(&mut self) {
         self.eval_state = None;
     }
 }
