@@ -311,7 +311,12 @@ fn train_sweep(a: &RunArgs, variants: &[Option<String>]) -> Result<()> {
         }
     }
     if !dirs.is_empty() {
-        let out = Path::new("runs").join(format!("{name}-sweep"));
+        // Beside the variants' own directories: `<output.dir>/<name>-sweep`.
+        let root = dirs[0]
+            .parent()
+            .and_then(Path::parent)
+            .unwrap_or(Path::new("runs"));
+        let out = root.join(format!("{name}-sweep"));
         let opts = dtrain_report::ReportOptions::new(&out);
         match dtrain_report::report(&dirs, &opts) {
             Ok(r) => {

@@ -166,6 +166,101 @@ fn a_two_worker_run_writes_its_directory_and_resumes() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("[train]"));
 }
 
+#[test]
+fn a_sweep_runs_every_variant_and_reports_and_simulates_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("runs");
+    let text = config(&out)
+        .replace("name = \"cli_smoke\"", "name = \"sw\"")
+        .replace("every_steps = 4", "every_steps = 0\nevery_epochs = 0")
+        + "[network]\nbandwidth = \"200Mbit\"\nlatency = \"50us\"\n\
+           [[sweep]]\nlabel = \"none\"\ncompress = { kind = \"none\" }\n\
+           [[sweep]]\nlabel = \"topk\"\n\"compress.ratio\" = 0.05\n";
+    let cfg = write(tmp.path(), "sweep.toml", &text);
+    // `check` validates every variant.
+    let o = dtrain().arg("check").arg(&cfg).output().unwrap();
+    let so = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && so.contains("[none]") && so.contains("[topk]"),
+        "{so}"
+    );
+    // An unknown variant is refused before anything runs.
+    let o = dtrain()
+        .args(["run", "--variant", "nope"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nope"));
+    assert!(!out.exists());
+    let o = dtrain()
+        .arg("run")
+        .arg(&cfg)
+        .arg("--set")
+        .arg("train.max_steps=6")
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{so}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for v in ["sw-none", "sw-topk"] {
+        assert!(out.join(v).is_dir(), "{v} missing");
+    }
+    // The sweep's own report sits beside the variants.
+    let md = std::fs::read_to_string(out.join("sw-sweep/report.md")).unwrap();
+    assert!(
+        md.contains("sw-none/none") && md.contains("sw-topk/topk"),
+        "{md}"
+    );
+    let png = std::fs::read(out.join("sw-sweep/step_breakdown.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
+    // `report` and `simulate` on the run directories.
+    let rep = tmp.path().join("rep");
+    let o = dtrain()
+        .arg("report")
+        .arg(out.join("sw-none"))
+        .arg(out.join("sw-topk"))
+        .arg("--out")
+        .arg(&rep)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(rep.join("report.md").is_file() && rep.join("loss_vs_step.svg").is_file());
+    let o = dtrain()
+        .arg("simulate")
+        .arg(out.join("sw-none"))
+        .arg(out.join("sw-topk"))
+        .args(["--workers", "2,16", "--fabric", "10GbE;1Gbit,50us"])
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && so.contains("10GbE") && so.contains("| 16 |"),
+        "{so}"
+    );
+    let o = dtrain()
+        .arg("simulate")
+        .arg("--validate")
+        .arg(out.join("sw-none"))
+        .arg(out.join("sw-topk"))
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && so.contains("200Mbit"), "{so}");
+    // A bad fabric is one clear error.
+    let o = dtrain()
+        .arg("simulate")
+        .arg(out.join("sw-none"))
+        .args(["--fabric", "warp-drive"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("warp-drive"));
+}
+
 fn summary_of(stdout: &str) -> serde_json::Value {
     let dir = stdout
         .lines()
