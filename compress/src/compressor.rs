@@ -287,6 +287,19 @@ pub trait Compressor: Send {
         ))
     }
 
+    /// Decodes the payloads of several workers jointly and adds their sum into `out`, when
+    /// the method has a cheaper way than decoding each (FFT: sum the sparse spectra, then
+    /// one inverse transform per chunk — the linearity shortcut of ALGORITHMS.md §0.4).
+    /// `None` (the default): no joint decoder; [`decompress_sum_add`] then decodes the
+    /// payloads one by one. An error names the index of the offending payload.
+    fn joint_decompress_add(
+        &self,
+        _payloads: &[&[u8]],
+        _out: &mut [f32],
+    ) -> Option<Result<(), (usize, WireError)>> {
+        None
+    }
+
     /// The compression knob a trainer logs each step: `("theta", θ)` for a drop ratio (FFT,
     /// after its schedule and [`Compressor::scale_theta`]), `("density", ρ)` for a sparsifier
     /// with a known kept fraction (top-k, random-k, ScaleCom, gradient dropping, DGC's
@@ -491,6 +504,24 @@ pub fn compress_new(
     let mut p = Payload::new();
     compress(c, grad, ctx, rng, &mut p)?;
     Ok(p)
+}
+
+/// Decodes the payloads of several workers (in rank order) and adds their sum into `out`:
+/// the method's joint decoder where it has one ([`Compressor::joint_decompress_add`]), else
+/// [`decompress_add`] of each in turn. On a malformed payload the error carries its index
+/// (and `out` may hold a partial sum).
+pub fn decompress_sum_add(
+    c: &dyn Compressor,
+    payloads: &[&[u8]],
+    out: &mut [f32],
+) -> Result<(), (usize, WireError)> {
+    if let Some(res) = c.joint_decompress_add(payloads, out) {
+        return res;
+    }
+    for (i, p) in payloads.iter().enumerate() {
+        decompress_add(c, p, out).map_err(|e| (i, e))?;
+    }
+    Ok(())
 }
 
 /// Decodes `bytes` (as produced by [`compress`] with the same configuration) and adds the

@@ -78,8 +78,8 @@ mod test_util;
 pub mod threshold;
 
 pub use compressor::{
-    compress, compress_new, decompress, decompress_add, payload_bits, sum_lanes, summable_lanes,
-    Aggregation, Compressor, Ctx, MethodId, Payload, HEADER_BITS,
+    compress, compress_new, decompress, decompress_add, decompress_sum_add, payload_bits,
+    sum_lanes, summable_lanes, Aggregation, Compressor, Ctx, MethodId, Payload, HEADER_BITS,
 };
 pub use config::{CompressorConfig, METHODS};
 pub use error::{CompressError, ConfigError, WireError};

@@ -142,4 +142,14 @@ impl Pipeline {
     pub fn decompress_add(&self, bytes: &[u8], out: &mut [f32]) -> Result<(), WireError> {
         compressor::decompress_add(self.compressor.as_ref(), bytes, out)
     }
+
+    /// Decodes the payloads of all workers (rank order) and adds their sum into `out`, with
+    /// the method's joint decoder where it has one (see [`compressor::decompress_sum_add`]).
+    pub fn decompress_sum_add(
+        &self,
+        payloads: &[&[u8]],
+        out: &mut [f32],
+    ) -> Result<(), (usize, WireError)> {
+        compressor::decompress_sum_add(self.compressor.as_ref(), payloads, out)
+    }
 }

@@ -7,8 +7,8 @@ use std::ops::Range;
 
 use dtrain_compress::memory::{Memory, Residual};
 use dtrain_compress::{
-    compress_new, decompress, decompress_add, payload_bits, CompressError, Compressor, Ctx,
-    Payload, Pipeline, Rng, WireError, HEADER_BITS, METHODS,
+    compress_new, decompress, decompress_add, decompress_sum_add, payload_bits, CompressError,
+    Compressor, Ctx, Payload, Pipeline, Rng, WireError, HEADER_BITS, METHODS,
 };
 use proptest::prelude::*;
 
@@ -87,6 +87,47 @@ fn round_trip_restores_length_and_is_finite() {
                 "{name}"
             );
         }
+    }
+}
+
+/// Decoding the payloads of several workers at once equals decoding them one by one: bit for
+/// bit where a method has no joint decoder, and up to float rounding where it has (FFT sums
+/// the spectra and inverse-transforms once). A malformed payload is named by its index.
+#[test]
+fn joint_decoding_of_several_payloads_equals_decoding_each() {
+    for (name, mut c) in all() {
+        let n = 4099;
+        let segs = segments(&[1, 2048, 2050]);
+        let payloads: Vec<Payload> = (0..3)
+            .map(|w| {
+                let g = gradient(n, 10 + w);
+                compress_new(c.as_mut(), &g, &ctx(&segs), &mut Rng::seed_from_u64(w))
+                    .unwrap_or_else(|e| panic!("{name}: {e}"))
+            })
+            .collect();
+        let refs: Vec<&[u8]> = payloads.iter().map(|p| p.as_bytes()).collect();
+        let mut each = vec![0f32; n];
+        for p in &refs {
+            decompress_add(c.as_ref(), p, &mut each).unwrap();
+        }
+        let mut joint = vec![0f32; n];
+        decompress_sum_add(c.as_ref(), &refs, &mut joint).unwrap_or_else(|(i, e)| {
+            panic!("{name}: payload {i}: {e}");
+        });
+        let joint_decoder = c.joint_decompress_add(&refs, &mut vec![0f32; n]).is_some();
+        let scale = each.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+        for (i, (a, b)) in joint.iter().zip(&each).enumerate() {
+            if joint_decoder {
+                assert!((a - b).abs() <= 1e-5 * scale, "{name}[{i}]: {a} vs {b}");
+            } else {
+                assert_eq!(a.to_bits(), b.to_bits(), "{name}[{i}]");
+            }
+        }
+        let mut bad = payloads[1].as_bytes().to_vec();
+        bad.truncate(bad.len() / 2);
+        let broken = [refs[0], bad.as_slice(), refs[2]];
+        let (i, _) = decompress_sum_add(c.as_ref(), &broken, &mut vec![0f32; n]).unwrap_err();
+        assert_eq!(i, 1, "{name}: the truncated payload is named");
     }
 }
 

@@ -918,6 +918,17 @@ impl RunConfig {
             .build()
             .map_err(|e| err(&format!("compress.{}", e.field), e.reason.clone()))?;
         if collective == GatherCollective::SparseAllReduce
+            && matches!(method, CompressorConfig::Fft(_))
+        {
+            return Err(err(
+                "compress.collective",
+                "fft reconstructs a dense gradient, so a sparse all-reduce would carry it \
+                 densely; fft payloads are gathered and decoded with one inverse transform \
+                 (collective = \"allgather\")"
+                    .into(),
+            ));
+        }
+        if collective == GatherCollective::SparseAllReduce
             && built.aggregation() != dtrain_compress::Aggregation::Gather
         {
             return Err(err(
