@@ -338,8 +338,9 @@ fn modify<const D: usize>(tensor: Tensor<D>, f: impl FnOnce(&mut [f32])) -> Tens
 }
 
 /// Calls `f(offset, values)` on every trainable parameter of `module`, in table order, with
-/// the tensor's own storage (see [`modify`]), and returns the module. `ParamId`s, devices and
-/// gradient requirements are kept.
+/// the tensor's own storage (modified in place when the tensor is its only owner, else
+/// copied once), and returns the module. `ParamId`s, devices and gradient requirements are
+/// kept.
 ///
 /// # Panics
 ///
