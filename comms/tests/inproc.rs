@@ -257,3 +257,8 @@ fn sparse_all_reduce_receives_less_than_all_gather_of_the_pairs() {
         assert!(sparse < gather, "rank {r}: {sparse} >= {gather}");
     }
 }
+
+#[test]
+fn late_rank_is_named_by_every_rank() {
+    for_worlds_concurrently(Channels, &[2, 3, 5], check_late_rank);
+}
