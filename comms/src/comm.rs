@@ -282,18 +282,57 @@ impl<T: Transport> Communicator<T> {
     }
 
     /// Gathers every rank's buffer (sizes may differ, 0 included); element `r` of the
-    /// result is rank `r`'s buffer.
+    /// result is rank `r`'s buffer. Allocates the result; to gather repeatedly, reuse it
+    /// with [`Communicator::all_gather_into`].
     pub fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
-        let mut m = AllGather::new(
+        let mut out = Vec::new();
+        self.all_gather_into(data, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Communicator::all_gather`] into caller-owned buffers: on success `out` has one
+    /// element per rank, element `r` holding rank `r`'s buffer. The vectors already in
+    /// `out` are cleared and refilled (their capacity reused; missing ones are added, extra
+    /// ones dropped), so gathering the same sizes again allocates, page-faults and zeroes
+    /// nothing: each received byte is copied once, from the network into its place. After
+    /// an error the contents of `out` are unspecified, but its buffers are kept.
+    ///
+    /// ```
+    /// use dtrain_comms::{channel_mesh, CommConfig, Communicator};
+    /// let handles: Vec<_> = channel_mesh(2)
+    ///     .into_iter()
+    ///     .map(|t| {
+    ///         std::thread::spawn(move || {
+    ///             let mut c = Communicator::new(t, CommConfig::default());
+    ///             let mut out = Vec::new();
+    ///             for step in 0..3u8 {
+    ///                 c.all_gather_into(&[c.rank() as u8, step], &mut out).unwrap();
+    ///             }
+    ///             out
+    ///         })
+    ///     })
+    ///     .collect();
+    /// for h in handles {
+    ///     assert_eq!(h.join().unwrap(), vec![vec![0, 2], vec![1, 2]]);
+    /// }
+    /// ```
+    pub fn all_gather_into(
+        &mut self,
+        data: &[u8],
+        out: &mut Vec<Vec<u8>>,
+    ) -> Result<(), CommError> {
+        let mut m = AllGather::with_buffers(
             self.rank(),
             self.world_size(),
             self.seq,
             data,
             self.cfg.chunk_bytes,
             self.cfg.max_buffer_bytes,
+            std::mem::take(out),
         );
-        self.drive(&mut m)?;
-        Ok(m.into_blocks())
+        let r = self.drive(&mut m);
+        *out = m.into_buffers();
+        r
     }
 
     /// Sums a sparse vector over all ranks and returns the sum as a sparse vector (the

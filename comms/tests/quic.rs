@@ -40,6 +40,13 @@ fn all_gather_variable_sizes() {
 }
 
 #[test]
+fn all_gather_into_reuses_its_buffers() {
+    for w in WORLDS {
+        check_all_gather_into(&Quic, w);
+    }
+}
+
+#[test]
 fn broadcast_from_every_root() {
     for w in WORLDS {
         check_broadcast(&Quic, w);

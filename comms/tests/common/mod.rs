@@ -253,6 +253,37 @@ pub fn check_all_gather<M: Mesh>(mesh: &M, world: usize) {
     }
 }
 
+/// `all_gather_into` over reused output buffers: sizes that grow, shrink and vanish from
+/// call to call, and an output vector that starts with the wrong number of (junk) buffers.
+pub fn check_all_gather_into<M: Mesh>(mesh: &M, world: usize) {
+    let rounds: Vec<Vec<Vec<u8>>> = (0..5u64)
+        .map(|k| {
+            let mut rng = Rng(world as u64 * 131 + k);
+            (0..world)
+                .map(|_| {
+                    let n = [0, 1, 255, 1000, 3000][rng.below(5)];
+                    rng.bytes(n)
+                })
+                .collect()
+        })
+        .collect();
+    let rs = rounds.clone();
+    let out = run_ranks(mesh.make(world), test_config(), move |c| {
+        let mut out = vec![vec![0xEE; 77]; world + 2 - c.rank() % 3];
+        rs.iter()
+            .map(|inputs| {
+                c.all_gather_into(&inputs[c.rank()], &mut out).unwrap();
+                out.clone()
+            })
+            .collect::<Vec<_>>()
+    });
+    for (r, got) in out.iter().enumerate() {
+        for (k, inputs) in rounds.iter().enumerate() {
+            assert_eq!(&got[k], inputs, "world {world} rank {r} round {k}");
+        }
+    }
+}
+
 pub fn check_broadcast<M: Mesh>(mesh: &M, world: usize) {
     for root in 0..world {
         for n in [0usize, 5, 700] {
