@@ -15,6 +15,7 @@ use tracing::warn;
 
 use super::{Event, TransportError};
 use crate::frame::{self, Frame, FrameError, Hello, FRAME_HEADER_LEN};
+use crate::pool;
 use crate::shaping::{Link, LinkSpec};
 
 /// A frame queued for a connection's writer.
@@ -151,7 +152,8 @@ pub(crate) async fn reader<R: AsyncRead + Unpin>(
                         && buf[4] == frame::TAG_DATA =>
                 {
                     // `needed` passed the size check in `parse`, so this is bounded by `max`.
-                    let mut body = vec![0u8; needed - FRAME_HEADER_LEN];
+                    // A pooled buffer: no fresh pages to fault in and zero per chunk.
+                    let mut body = pool::take_filled(needed - FRAME_HEADER_LEN);
                     let have = buf.len() - FRAME_HEADER_LEN;
                     body[..have].copy_from_slice(&buf[FRAME_HEADER_LEN..]);
                     buf.clear();
@@ -198,7 +200,9 @@ pub(crate) async fn writer<W: AsyncWrite + Unpin>(
             }
         }
         w.write_all(&frame::data_prefix(o.msg.len())).await?;
-        w.write_all(&o.msg).await
+        w.write_all(&o.msg).await?;
+        pool::put(o.msg);
+        Ok(())
     }
     while let Some(m) = rx.recv().await {
         let mut r = put(&mut w, m).await;
