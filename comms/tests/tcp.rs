@@ -361,7 +361,8 @@ fn silent_peer_is_named_within_the_peer_timeout() {
     use dtrain_comms::{CommConfig, CommError, Communicator};
     let (mut ls, addrs) = listeners(3);
     drop(ls.pop());
-    // Rank 2, by hand: dial ranks 0 and 1, say hello, then stay silent.
+    // Rank 2, by hand: dial ranks 0 and 1, say hello, then stay silent until released.
+    let (release, released) = std::sync::mpsc::channel::<()>();
     let fake = thread::spawn({
         let addrs = addrs.clone();
         move || {
@@ -379,7 +380,7 @@ fn silent_peer_is_named_within_the_peer_timeout() {
                     s
                 })
                 .collect();
-            thread::sleep(Duration::from_secs(8));
+            let _ = released.recv_timeout(Duration::from_secs(8));
             drop(socks);
         }
     });
@@ -423,6 +424,7 @@ fn silent_peer_is_named_within_the_peer_timeout() {
             "rank {r}: {took:?}"
         );
     }
+    release.send(()).unwrap();
     fake.join().unwrap();
 }
 
