@@ -3,7 +3,7 @@
 //! ```text
 //! cargo build --release -p dtrain-comms --example tcp_allreduce
 //! target/release/examples/tcp_allreduce [--ranks 2,3,4] [--sizes 1M,2M,16M,64M]
-//!     [--ops allreduce,allgather,broadcast] [--secs 0.5] [--chunk 1M]
+//!     [--ops allreduce,allgather,allgather_into,broadcast] [--secs 0.5] [--chunk 1M]
 //! ```
 //!
 //! The parent re-runs this binary once per rank (each child binds a loopback listener and
@@ -11,7 +11,8 @@
 //! size, message size and collective, the mean time per call after one warm-up call,
 //! `algbw = bytes / time` and the bus bandwidth nccl-tests reports: `busbw = algbw ·
 //! 2(N−1)/N` for all-reduce, `algbw · (N−1)/N` for all-gather (bytes = the gathered
-//! total) and `algbw` for broadcast. Each measurement runs at least 3 calls and about
+//! total; `allgather_into` reuses its output buffers from call to call) and `algbw` for
+//! broadcast. Each measurement runs at least 3 calls and about
 //! `--secs` seconds. `cpu_ms` is the CPU time per call summed over all ranks' processes
 //! (every thread: caller, socket threads), a measure of cost that holds up on a loaded
 //! machine where wall time does not.
@@ -184,6 +185,14 @@ fn child(spec: &str, opts: &Opts) {
                     let data = vec![rank as u8; bytes / world];
                     let dt = time(&mut c, opts.secs, |c| {
                         let _ = c.all_gather(&data).expect("all-gather");
+                    });
+                    (dt, (n - 1.0) / n)
+                }
+                "allgather_into" => {
+                    let data = vec![rank as u8; bytes / world];
+                    let mut out = Vec::new();
+                    let dt = time(&mut c, opts.secs, |c| {
+                        c.all_gather_into(&data, &mut out).expect("all-gather");
                     });
                     (dt, (n - 1.0) / n)
                 }

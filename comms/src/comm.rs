@@ -3,16 +3,22 @@
 //! propagation.
 //!
 //! # Failure handling
-//! * **Inactivity timeout** ([`CommConfig::timeout`], default 30 s): if no message of the
-//!   current collective arrives for that long, the rank broadcasts an abort, then listens
-//!   for [`CommConfig::abort_grace`] for the aborts of the other ranks (every rank that
-//!   receives an abort answers with its own). The ranks not heard from are reported in
-//!   [`CommError::Timeout`] — on every surviving rank, the stalled rank(s).
-//! * **Lost peer**: a closed connection is fatal as soon as a collective still needs a
-//!   message from that peer or has one to send to it (a peer that finished its part and
-//!   exited does not fail the others). The detecting rank broadcasts an abort
-//!   naming the peer, so ranks that never talk to it directly fail fast with
-//!   [`CommError::PeerLost`] naming it too.
+//! * **Lost peer**: a peer whose connection closed (its process exited or was killed), or
+//!   that the transport gave up on because nothing, not even a heartbeat, came from it for
+//!   the transport's peer timeout (a frozen process, a vanished host: see
+//!   `TcpConfig::peer_timeout`, `QuicConfig::peer_timeout`), is fatal as
+//!   soon as a collective still needs a message from it or has one to send to it (a peer
+//!   that finished its part and exited does not fail the others). The detecting rank
+//!   broadcasts an abort naming the peer, so ranks that never talk to it directly fail
+//!   fast with [`CommError::PeerLost`] naming it too.
+//! * **Inactivity timeout** ([`CommConfig::timeout`], default 30 s), for a peer that is
+//!   alive but does not take part (stuck or busy outside the collectives): a rank that
+//!   receives no message of the current collective for `timeout − grace` broadcasts an
+//!   abort, then listens for `grace` for the aborts of the other ranks (every rank that
+//!   receives an abort answers with its own), where `grace` is [`CommConfig::abort_grace`]
+//!   capped at half the timeout. The ranks not heard from are reported in
+//!   [`CommError::Timeout`] — on every surviving rank, the stalled rank(s), at most about
+//!   `timeout` after the collective stopped making progress.
 //! * **Mismatched collectives** (kind, algorithm, length or root differ, or a peer is a
 //!   collective behind): [`CommError::Mismatch`] naming the peer, propagated the same way.
 //!
@@ -40,13 +46,16 @@ use crate::wire::{AbortInfo, AbortReason, Algo, Kind, Message};
 /// Errors of a collective call. Every failure caused by a peer names it.
 #[derive(Debug, Error)]
 pub enum CommError {
-    /// A peer's connection closed while it was still needed.
-    #[error("rank {rank} was lost (connection closed; detected by rank {reported_by})")]
+    /// A peer's connection closed, or the peer went silent past the transport's peer
+    /// timeout, while it was still needed.
+    #[error("rank {rank} was lost ({detail}; detected by rank {reported_by})")]
     PeerLost {
         /// The lost rank.
         rank: usize,
-        /// The rank that saw the connection close (this rank, or the one whose abort told us).
+        /// The rank that saw it go (this rank, or the one whose abort told us).
         reported_by: usize,
+        /// How it was lost ("connection closed", or how long it was silent).
+        detail: String,
     },
     /// The collective made no progress for the configured timeout.
     #[error("collective timed out after {timeout:?}; unresponsive rank(s): {ranks:?}")]
@@ -108,10 +117,15 @@ impl CommError {
 /// (64 MiB by default for TCP), or the call fails with [`TransportError::TooLarge`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommConfig {
-    /// Inactivity timeout of a collective. Default 30 s.
+    /// Inactivity timeout of a collective: a collective that receives nothing for this long
+    /// fails with [`CommError::Timeout`] naming the unresponsive rank(s), on every rank,
+    /// within about this time (the last [`CommConfig::abort_grace`] of it is spent telling
+    /// the stalled ranks from the live ones). Default 30 s. Dead or frozen peers are
+    /// usually reported sooner, by the transport's peer timeout.
     pub timeout: Duration,
-    /// After a timeout, how long to collect the other ranks' aborts to tell the stalled
-    /// rank(s) from the live ones. Default 2 s.
+    /// After the inactivity timeout, how long to collect the other ranks' aborts to tell the
+    /// stalled rank(s) from the live ones; capped at half of [`CommConfig::timeout`].
+    /// Default 2 s.
     pub abort_grace: Duration,
     /// Chunk size of the pipelined algorithms in bytes. Default 1 MiB.
     pub chunk_bytes: usize,
@@ -163,7 +177,10 @@ pub struct Communicator<T: Transport> {
     /// Received bytes moved between calls' accounts by the stash (out of / into this call).
     stashed_out: u64,
     stashed_in: u64,
-    closed: Vec<bool>,
+    /// Why each peer is lost (`None`: not lost).
+    lost: Vec<Option<String>>,
+    /// The peers a message of the current collective came from.
+    heard: Vec<bool>,
     failed: Option<String>,
     last: ByteCount,
 }
@@ -179,7 +196,8 @@ impl<T: Transport> Communicator<T> {
             stash: VecDeque::new(),
             stashed_out: 0,
             stashed_in: 0,
-            closed: vec![false; world],
+            lost: vec![None; world],
+            heard: vec![false; world],
             failed: None,
             last: ByteCount::default(),
         }
@@ -264,18 +282,57 @@ impl<T: Transport> Communicator<T> {
     }
 
     /// Gathers every rank's buffer (sizes may differ, 0 included); element `r` of the
-    /// result is rank `r`'s buffer.
+    /// result is rank `r`'s buffer. Allocates the result; to gather repeatedly, reuse it
+    /// with [`Communicator::all_gather_into`].
     pub fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
-        let mut m = AllGather::new(
+        let mut out = Vec::new();
+        self.all_gather_into(data, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Communicator::all_gather`] into caller-owned buffers: on success `out` has one
+    /// element per rank, element `r` holding rank `r`'s buffer. The vectors already in
+    /// `out` are cleared and refilled (their capacity reused; missing ones are added, extra
+    /// ones dropped), so gathering the same sizes again allocates, page-faults and zeroes
+    /// nothing: each received byte is copied once, from the network into its place. After
+    /// an error the contents of `out` are unspecified, but its buffers are kept.
+    ///
+    /// ```
+    /// use dtrain_comms::{channel_mesh, CommConfig, Communicator};
+    /// let handles: Vec<_> = channel_mesh(2)
+    ///     .into_iter()
+    ///     .map(|t| {
+    ///         std::thread::spawn(move || {
+    ///             let mut c = Communicator::new(t, CommConfig::default());
+    ///             let mut out = Vec::new();
+    ///             for step in 0..3u8 {
+    ///                 c.all_gather_into(&[c.rank() as u8, step], &mut out).unwrap();
+    ///             }
+    ///             out
+    ///         })
+    ///     })
+    ///     .collect();
+    /// for h in handles {
+    ///     assert_eq!(h.join().unwrap(), vec![vec![0, 2], vec![1, 2]]);
+    /// }
+    /// ```
+    pub fn all_gather_into(
+        &mut self,
+        data: &[u8],
+        out: &mut Vec<Vec<u8>>,
+    ) -> Result<(), CommError> {
+        let mut m = AllGather::with_buffers(
             self.rank(),
             self.world_size(),
             self.seq,
             data,
             self.cfg.chunk_bytes,
             self.cfg.max_buffer_bytes,
+            std::mem::take(out),
         );
-        self.drive(&mut m)?;
-        Ok(m.into_blocks())
+        let r = self.drive(&mut m);
+        *out = m.into_buffers();
+        r
     }
 
     /// Sums a sparse vector over all ranks and returns the sum as a sparse vector (the
@@ -391,9 +448,11 @@ impl<T: Transport> Communicator<T> {
             return Err(CommError::Poisoned(f.clone()));
         }
         let me = self.rank();
+        self.heard.fill(false);
         for (from, msg, n) in std::mem::take(&mut self.stash) {
             if msg.header().seq == self.seq {
                 self.stashed_in += n;
+                self.heard[from] = true;
                 if let Err(e) = m.handle(from, msg) {
                     return Err(self.fail_algo(e));
                 }
@@ -403,19 +462,22 @@ impl<T: Transport> Communicator<T> {
         }
         // A peer that closed is delivered after all it sent, so this collective can still
         // complete if it needs nothing more from it.
-        if let Some(p) = (0..self.world_size()).find(|&p| self.closed[p] && m.expects_from(p)) {
+        if let Some(p) =
+            (0..self.world_size()).find(|&p| self.lost[p].is_some() && m.expects_from(p))
+        {
             return Err(self.fail_peer_lost(p));
         }
-        let mut deadline = Instant::now() + self.cfg.timeout;
+        let stall = self.cfg.timeout - self.grace();
+        let mut deadline = Instant::now() + stall;
         loop {
             while let Some((to, msg)) = m.poll_transmit() {
-                if self.closed[to] {
+                if self.lost[to].is_some() {
                     return Err(self.fail_peer_lost(to));
                 }
                 match self.transport.send(to, msg.into_bytes()) {
                     Ok(()) => {}
-                    Err(TransportError::Closed { rank }) => {
-                        self.closed[rank] = true;
+                    Err(e @ TransportError::Closed { .. }) => {
+                        let rank = self.mark_lost(&e).expect("a lost peer");
                         return Err(self.fail_peer_lost(rank));
                     }
                     Err(e) => return Err(self.poison(e.into())),
@@ -434,7 +496,8 @@ impl<T: Transport> Communicator<T> {
                     };
                     if msg.header().kind == Kind::Abort {
                         let waiting = self.waiting_on(m);
-                        return Err(self.on_abort(from, &msg, waiting));
+                        let silent = self.silent(&waiting);
+                        return Err(self.on_abort(from, &msg, waiting, silent));
                     }
                     let seq = msg.header().seq;
                     if seq > self.seq {
@@ -449,27 +512,31 @@ impl<T: Transport> Communicator<T> {
                             ),
                         }));
                     } else {
+                        self.heard[from] = true;
                         if let Err(e) = m.handle(from, msg) {
                             return Err(self.fail_algo(e));
                         }
-                        deadline = Instant::now() + self.cfg.timeout;
+                        deadline = Instant::now() + stall;
                     }
                 }
-                Err(TransportError::Closed { rank }) => {
-                    self.closed[rank] = true;
+                Err(e @ (TransportError::Closed { .. } | TransportError::PeerSilent { .. })) => {
+                    let rank = self.mark_lost(&e).expect("a lost peer");
                     if m.expects_from(rank) {
                         return Err(self.fail_peer_lost(rank));
                     }
                 }
                 Err(TransportError::Timeout) => {
+                    // Blame only a peer that sent nothing at all of this collective: one
+                    // that sent part of it may itself be waiting for the stalled rank.
                     let waiting = self.waiting_on(m);
-                    let culprit = waiting.first().copied().unwrap_or(me);
+                    let silent = self.silent(&waiting);
+                    let culprit = silent.first().map_or(AbortInfo::NO_CULPRIT, |&p| p as u32);
                     self.abort_all(AbortInfo {
                         reason: AbortReason::Timeout,
-                        culprit: culprit as u32,
+                        culprit,
                         detail: format!("rank {me} timed out after {:?}", self.cfg.timeout),
                     });
-                    let e = self.gossip(BTreeSet::new(), waiting);
+                    let e = self.gossip(BTreeSet::new(), silent, waiting);
                     return Err(self.poison(e));
                 }
                 Err(e) => return Err(self.poison(e.into())),
@@ -485,8 +552,26 @@ impl<T: Transport> Communicator<T> {
             .collect()
     }
 
-    /// Handles an abort from `from`: relays it and returns the matching error.
-    fn on_abort(&mut self, from: usize, msg: &Message, waiting: Vec<usize>) -> CommError {
+    /// Of the peers this rank is `waiting` for, those that sent nothing at all of this
+    /// collective: the ones to blame after a timeout (one that sent part of it may itself
+    /// be waiting for the stalled rank).
+    fn silent(&self, waiting: &[usize]) -> BTreeSet<usize> {
+        waiting
+            .iter()
+            .copied()
+            .filter(|&p| !self.heard[p])
+            .collect()
+    }
+
+    /// Handles an abort from `from`: relays it and returns the matching error. `waiting`
+    /// and `silent` are as in [`Communicator::gossip`].
+    fn on_abort(
+        &mut self,
+        from: usize,
+        msg: &Message,
+        waiting: Vec<usize>,
+        mut silent: BTreeSet<usize>,
+    ) -> CommError {
         let me = self.rank();
         let info = match AbortInfo::from_payload(msg.payload()) {
             Ok(i) => i,
@@ -494,12 +579,15 @@ impl<T: Transport> Communicator<T> {
         };
         let culprit = info.culprit as usize;
         if info.reason == AbortReason::Timeout {
+            // Answer with our own suspect if we have one, else relay the sender's.
+            let blame = silent.first().map_or(info.culprit, |&p| p as u32);
             self.abort_all(AbortInfo {
                 reason: AbortReason::Timeout,
-                culprit: info.culprit,
+                culprit: blame,
                 detail: format!("rank {me} answers the timeout abort of rank {from}"),
             });
-            let e = self.gossip(BTreeSet::from([from]), waiting);
+            silent.insert(culprit);
+            let e = self.gossip(BTreeSet::from([from]), silent, waiting);
             return self.poison(e);
         }
         self.abort_all(info.clone());
@@ -507,6 +595,7 @@ impl<T: Transport> Communicator<T> {
             AbortReason::PeerLost => CommError::PeerLost {
                 rank: culprit,
                 reported_by: from,
+                detail: info.detail,
             },
             AbortReason::Mismatch => CommError::Mismatch {
                 rank: culprit,
@@ -523,25 +612,46 @@ impl<T: Transport> Communicator<T> {
     }
 
     /// After a timeout: collect the other ranks' aborts for the grace period; the ranks not
-    /// heard from are the unresponsive ones.
-    fn gossip(&mut self, mut heard: BTreeSet<usize>, waiting: Vec<usize>) -> CommError {
+    /// heard from are the unresponsive ones. If every rank answered (the late one did, in
+    /// the end, or this rank is the late one and finds everyone's aborts waiting), they are
+    /// the ranks the timed-out ranks blamed (`culprits` so far, plus those named by the
+    /// timeout aborts received here), or failing that the peers this rank was `waiting` for.
+    fn gossip(
+        &mut self,
+        mut heard: BTreeSet<usize>,
+        mut culprits: BTreeSet<usize>,
+        waiting: Vec<usize>,
+    ) -> CommError {
         let me = self.rank();
         let world = self.world_size();
-        let deadline = Instant::now() + self.cfg.abort_grace;
+        let deadline = Instant::now() + self.grace();
         while heard.len() < world - 1 {
             match self.transport.recv(deadline) {
                 Ok((from, bytes)) => {
-                    if Message::decode(bytes).is_ok_and(|m| m.header().kind == Kind::Abort) {
+                    let Ok(msg) = Message::decode(bytes) else {
+                        continue;
+                    };
+                    if msg.header().kind == Kind::Abort {
                         heard.insert(from);
+                        if let Ok(info) = AbortInfo::from_payload(msg.payload()) {
+                            if info.reason == AbortReason::Timeout {
+                                culprits.insert(info.culprit as usize);
+                            }
+                        }
                     }
                 }
-                Err(TransportError::Closed { rank }) => self.closed[rank] = true,
+                Err(e @ (TransportError::Closed { .. } | TransportError::PeerSilent { .. })) => {
+                    self.mark_lost(&e);
+                }
                 Err(_) => break,
             }
         }
         let mut ranks: Vec<usize> = (0..world)
             .filter(|&p| p != me && !heard.contains(&p))
             .collect();
+        if ranks.is_empty() {
+            ranks = culprits.into_iter().filter(|&p| p < world).collect();
+        }
         if ranks.is_empty() {
             ranks = waiting;
         }
@@ -554,7 +664,7 @@ impl<T: Transport> Communicator<T> {
     fn abort_all(&mut self, info: AbortInfo) {
         let bytes = info.to_message(self.seq).into_bytes();
         for p in 0..self.world_size() {
-            if p != self.rank() && !self.closed[p] {
+            if p != self.rank() && self.lost[p].is_none() {
                 let _ = self.transport.send(p, bytes.clone());
             }
         }
@@ -563,31 +673,50 @@ impl<T: Transport> Communicator<T> {
     fn fail_peer_lost(&mut self, rank: usize) -> CommError {
         // A peer that aborted (for a reason of its own) and exited sent its abort before
         // closing: look for queued aborts before blaming the closed connection.
-        let cap = Instant::now() + self.cfg.abort_grace.min(Duration::from_millis(200));
+        let cap = Instant::now() + self.grace().min(Duration::from_millis(200));
         loop {
             let dl = (Instant::now() + Duration::from_millis(20)).min(cap);
             match self.transport.recv(dl) {
                 Ok((from, bytes)) => {
                     if let Ok(msg) = Message::decode(bytes) {
                         if msg.header().kind == Kind::Abort {
-                            return self.on_abort(from, &msg, vec![rank]);
+                            return self.on_abort(from, &msg, vec![rank], BTreeSet::new());
                         }
                     }
                 }
-                Err(TransportError::Closed { rank: r }) => self.closed[r] = true,
+                Err(e @ (TransportError::Closed { .. } | TransportError::PeerSilent { .. })) => {
+                    self.mark_lost(&e);
+                }
                 Err(_) => break,
             }
         }
+        let detail = self.lost[rank]
+            .clone()
+            .unwrap_or_else(|| "connection closed".into());
         self.abort_all(AbortInfo {
             reason: AbortReason::PeerLost,
             culprit: rank as u32,
-            detail: format!("connection to rank {rank} closed"),
+            detail: detail.clone(),
         });
         let e = CommError::PeerLost {
             rank,
             reported_by: self.rank(),
+            detail,
         };
         self.poison(e)
+    }
+
+    /// Records the peer a [`TransportError::Closed`] or [`TransportError::PeerSilent`] is
+    /// about as lost, and returns it (`None` for other errors).
+    fn mark_lost(&mut self, e: &TransportError) -> Option<usize> {
+        let (rank, why) = e.lost_peer()?;
+        self.lost[rank].get_or_insert(why);
+        Some(rank)
+    }
+
+    /// The grace period after an inactivity timeout: `abort_grace`, at most half the timeout.
+    fn grace(&self) -> Duration {
+        self.cfg.abort_grace.min(self.cfg.timeout / 2)
     }
 
     fn fail_algo(&mut self, e: AlgoError) -> CommError {

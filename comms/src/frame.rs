@@ -6,7 +6,11 @@
 //! frame  = len: u32 LE (bytes after this field, ≥ 1, ≤ max_frame) | tag: u8 | body
 //! tag 1  = Hello: magic "DTRN" | version u8 | rank u32 | world u32 | token_len u16 | token
 //! tag 2  = Data:  one collective message (opaque here)
+//! tag 3  = Heartbeat: empty body; sent by an idle connection to show it is alive
 //! ```
+//!
+//! Version 2 of the hello added the heartbeat frame (a version-1 peer would reject it), so
+//! peers of different versions are refused at the hello instead of failing mid-run.
 //!
 //! The parser never panics on hostile bytes and allocates only the body of a complete,
 //! size-checked frame.
@@ -22,10 +26,14 @@ pub const MAX_TOKEN_LEN: usize = 256;
 /// Largest possible hello frame (used as the size limit while authenticating).
 pub const MAX_HELLO_FRAME: usize = FRAME_HEADER_LEN + 4 + 1 + 4 + 4 + 2 + MAX_TOKEN_LEN;
 const MAGIC: &[u8; 4] = b"DTRN";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 const TAG_HELLO: u8 = 1;
 /// Tag byte of a data frame.
 pub const TAG_DATA: u8 = 2;
+/// Tag byte of a heartbeat frame.
+pub const TAG_HEARTBEAT: u8 = 3;
+/// A complete heartbeat frame (length 1, tag [`TAG_HEARTBEAT`], no body).
+pub const HEARTBEAT: [u8; FRAME_HEADER_LEN] = [1, 0, 0, 0, TAG_HEARTBEAT];
 
 /// Errors parsing a frame.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -99,6 +107,8 @@ pub enum Frame {
     Hello(Hello),
     /// A message.
     Data(Vec<u8>),
+    /// A liveness signal of an otherwise idle connection (carries nothing).
+    Heartbeat,
 }
 
 /// The 5-byte prefix of a data frame carrying `body_len` bytes.
@@ -166,6 +176,8 @@ pub fn parse(buf: &[u8], max_frame: usize) -> Result<(Frame, usize), FrameError>
     let mut c = Cursor::new(&buf[4..total]);
     let frame = match get_u8(&mut c)? {
         TAG_DATA => Frame::Data(buf[FRAME_HEADER_LEN..total].to_vec()),
+        TAG_HEARTBEAT if total == FRAME_HEADER_LEN => Frame::Heartbeat,
+        TAG_HEARTBEAT => return Err(FrameError::Malformed("heartbeat with a body")),
         TAG_HELLO => {
             if get_bytes(&mut c, 4)? != MAGIC {
                 return Err(FrameError::Malformed("bad hello magic"));
@@ -215,6 +227,11 @@ mod tests {
         let (f2, used2) = parse(&buf[used..], 1024).unwrap();
         assert_eq!(f2, Frame::Data(b"xyz".to_vec()));
         assert_eq!(used + used2, buf.len());
+        assert_eq!(parse(&HEARTBEAT, 1024), Ok((Frame::Heartbeat, 5)));
+        assert_eq!(
+            parse(&[2, 0, 0, 0, TAG_HEARTBEAT, 0], 1024),
+            Err(FrameError::Malformed("heartbeat with a body"))
+        );
         for cut in 0..data.len() {
             assert!(matches!(
                 parse(&data[..cut], 1024),

@@ -903,7 +903,8 @@ pub struct PsNode<T: Transport, A: Aggregator> {
     cfg: PsConfig,
     server: Option<ServerMachine<A>>,
     worker: Option<WorkerMachine>,
-    closed: Vec<bool>,
+    /// Why each peer is lost (`None`: not lost).
+    closed: Vec<Option<String>>,
     failed: Option<String>,
 }
 
@@ -942,7 +943,7 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
             cfg,
             server,
             worker,
-            closed: vec![false; world],
+            closed: vec![None; world],
             failed: None,
         })
     }
@@ -1110,8 +1111,8 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
             }
             let (from, bytes) = match self.transport.recv(deadline) {
                 Ok(x) => x,
-                Err(TransportError::Closed { rank }) => {
-                    self.closed[rank] = true;
+                Err(e @ (TransportError::Closed { .. } | TransportError::PeerSilent { .. })) => {
+                    let rank = self.mark_lost(&e);
                     if self.expects_from(rank) {
                         return Err(self.lost(rank));
                     }
@@ -1217,7 +1218,7 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
                 }
                 continue;
             }
-            if self.closed[to] {
+            if self.closed[to].is_some() {
                 if self.expects_from(to) || matches!(msg, PsMsg::Push { .. }) {
                     return Err(self.lost(to));
                 }
@@ -1225,8 +1226,8 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
             }
             match self.transport.send(to, msg.encode()) {
                 Ok(()) => {}
-                Err(TransportError::Closed { rank }) => {
-                    self.closed[rank] = true;
+                Err(e @ TransportError::Closed { .. }) => {
+                    let rank = self.mark_lost(&e);
                     if self.expects_from(rank) || matches!(msg, PsMsg::Push { .. }) {
                         return Err(self.lost(rank));
                     }
@@ -1254,15 +1255,24 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
                         return abort_error(reason, culprits, from, detail, self.cfg.timeout);
                     }
                 }
-                Err(TransportError::Closed { rank: r }) => self.closed[r] = true,
+                Err(e @ (TransportError::Closed { .. } | TransportError::PeerSilent { .. })) => {
+                    self.mark_lost(&e);
+                }
                 Err(_) => break,
             }
         }
-        self.fail(
-            AbortKind::PeerLost,
-            vec![rank],
-            format!("connection to rank {rank} closed"),
-        )
+        let detail = self.closed[rank]
+            .clone()
+            .unwrap_or_else(|| "connection closed".into());
+        self.fail(AbortKind::PeerLost, vec![rank], detail)
+    }
+
+    /// Records the peer of a [`TransportError::Closed`] / [`TransportError::PeerSilent`]
+    /// as lost and returns it.
+    fn mark_lost(&mut self, e: &TransportError) -> usize {
+        let (rank, why) = e.lost_peer().expect("a lost-peer error");
+        self.closed[rank].get_or_insert(why);
+        rank
     }
 
     /// Tells every other rank of the run to give up, and returns the matching error.
@@ -1275,7 +1285,7 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
         }
         .encode();
         for p in 0..self.transport.world_size() {
-            if p != me && !self.closed[p] {
+            if p != me && self.closed[p].is_none() {
                 let _ = self.transport.send(p, bytes.clone());
             }
         }
@@ -1299,7 +1309,11 @@ fn abort_error(
     let ranks: Vec<usize> = culprits.iter().map(|&r| r as usize).collect();
     let rank = ranks.first().copied().unwrap_or(reported_by);
     match reason {
-        AbortKind::PeerLost => CommError::PeerLost { rank, reported_by },
+        AbortKind::PeerLost => CommError::PeerLost {
+            rank,
+            reported_by,
+            detail,
+        },
         AbortKind::Timeout => CommError::Timeout { ranks, timeout },
         AbortKind::Mismatch => CommError::Mismatch {
             rank,

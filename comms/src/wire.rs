@@ -358,7 +358,7 @@ pub(crate) fn combine_f32_le(payload: &mut [u8], own: &[f32], f: impl Fn(f32, f3
 pub struct AbortInfo {
     /// The reason.
     pub reason: AbortReason,
-    /// The rank the aborting rank blames.
+    /// The rank the aborting rank blames ([`AbortInfo::NO_CULPRIT`] if it cannot tell).
     pub culprit: u32,
     /// Human-readable detail (at most [`AbortInfo::MAX_DETAIL`] bytes on the wire).
     pub detail: String,
@@ -379,6 +379,10 @@ pub enum AbortReason {
 }
 
 impl AbortInfo {
+    /// The culprit of an abort whose sender blames no particular rank (a timeout while
+    /// every awaited peer had already sent part of the collective).
+    pub const NO_CULPRIT: u32 = u32::MAX;
+
     /// Longest detail string carried on the wire (longer ones are truncated).
     pub const MAX_DETAIL: usize = 512;
 

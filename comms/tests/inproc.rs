@@ -31,6 +31,13 @@ fn all_gather_variable_sizes() {
 }
 
 #[test]
+fn all_gather_into_reuses_its_buffers() {
+    for w in WORLDS {
+        check_all_gather_into(&Channels, w);
+    }
+}
+
+#[test]
 fn broadcast_from_every_root() {
     for w in WORLDS {
         check_broadcast(&Channels, w);
@@ -256,4 +263,9 @@ fn sparse_all_reduce_receives_less_than_all_gather_of_the_pairs() {
     for (r, (gather, sparse, _)) in out.iter().enumerate() {
         assert!(sparse < gather, "rank {r}: {sparse} >= {gather}");
     }
+}
+
+#[test]
+fn late_rank_is_named_by_every_rank() {
+    for_worlds_concurrently(Channels, &[2, 3, 5], check_late_rank);
 }

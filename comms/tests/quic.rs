@@ -40,6 +40,13 @@ fn all_gather_variable_sizes() {
 }
 
 #[test]
+fn all_gather_into_reuses_its_buffers() {
+    for w in WORLDS {
+        check_all_gather_into(&Quic, w);
+    }
+}
+
+#[test]
 fn broadcast_from_every_root() {
     for w in WORLDS {
         check_broadcast(&Quic, w);
@@ -84,6 +91,39 @@ fn mismatched_collectives_are_reported() {
     for w in 2..=4 {
         check_mismatch(&Quic, w);
     }
+}
+
+#[test]
+fn late_rank_is_named_by_every_rank() {
+    for_worlds_concurrently(Quic, &[2, 3], check_late_rank);
+}
+
+#[test]
+fn keep_alives_keep_an_idle_mesh_alive_and_are_not_counted() {
+    check_idle_heartbeats(|world, beat, quiet| {
+        let mut cfg = config(TOKEN, RunIdentity::generate().unwrap());
+        cfg.heartbeat_interval = Some(beat);
+        cfg.peer_timeout = Some(quiet);
+        try_mesh(vec![cfg; world])
+            .into_iter()
+            .map(|t| t.expect("mesh set-up"))
+            .collect()
+    });
+}
+
+#[test]
+fn peer_timeout_must_leave_room_for_keep_alives() {
+    let id = RunIdentity::generate().unwrap();
+    let mut cfg = config(TOKEN, id);
+    cfg.heartbeat_interval = Some(Duration::from_millis(600));
+    cfg.peer_timeout = Some(Duration::from_millis(1000));
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let a = vec![s.local_addr().unwrap()];
+    let r = QuicTransport::connect(0, &a, s, cfg);
+    assert!(
+        matches!(r, Err(TransportError::Handshake { ref peer, .. }) if peer == "config"),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -208,18 +248,32 @@ fn unhex(s: &str) -> Vec<u8> {
         .collect()
 }
 
-/// Rank 2 is a separate process (this test binary re-run with `DTRAIN_COMMS_QUIC_CHILD`
-/// set), SIGKILLed while ranks 0 and 1 wait for it inside an all-reduce. A killed QUIC peer
-/// sends no close: the survivors notice through the idle timeout (1.5 s here; keep-alives
-/// keep live connections open) and both fail with an error naming rank 2.
-#[test]
-fn killed_process_is_named_by_every_survivor() {
+/// How the child process of [`fault_in_child_process`] is struck.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    /// SIGKILL: over UDP nothing tells the peers.
+    Kill,
+    /// SIGSTOP: frozen, nothing sent.
+    Stop,
+}
+
+/// Rank 2 is a separate process (this test binary re-run as `test` with
+/// `DTRAIN_COMMS_QUIC_CHILD` set) struck by `fault` while ranks 0 and 1 wait for it inside
+/// an all-reduce whose inactivity timeout (20 s) is far away. Either way the peer sends
+/// nothing more, not even keep-alives: the survivors notice through the 1.5 s peer timeout
+/// (QUIC's idle timeout) and both fail with [`CommError::PeerLost`] naming rank 2.
+fn fault_in_child_process(test: &str, fault: Fault) {
     use dtrain_comms::{CommError, Communicator};
     use std::net::SocketAddr;
     use std::process::{Command, Stdio};
     use std::sync::mpsc;
 
     let idle = Duration::from_millis(1500);
+    let liveness = |mut cfg: dtrain_comms::QuicConfig| {
+        cfg.peer_timeout = Some(idle);
+        cfg.heartbeat_interval = Some(idle / 5);
+        cfg
+    };
     if let Ok(spec) = std::env::var("DTRAIN_COMMS_QUIC_CHILD") {
         let parts: Vec<&str> = spec.split(';').collect();
         let mut addrs: Vec<SocketAddr> = parts[0].split(',').map(|a| a.parse().unwrap()).collect();
@@ -229,9 +283,7 @@ fn killed_process_is_named_by_every_survivor() {
         };
         let s = UdpSocket::bind("127.0.0.1:0").unwrap();
         addrs.push(s.local_addr().unwrap());
-        let mut cfg = config(TOKEN, id);
-        cfg.idle_timeout = idle;
-        let t = QuicTransport::connect(2, &addrs, s, cfg).unwrap();
+        let t = QuicTransport::connect(2, &addrs, s, liveness(config(TOKEN, id))).unwrap();
         let mut c = Communicator::new(t, CommConfig::default());
         c.barrier().unwrap();
         thread::sleep(Duration::from_secs(20));
@@ -248,11 +300,7 @@ fn killed_process_is_named_by_every_survivor() {
     );
     // The child's address is learnt from its connection (the highest rank only dials).
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "killed_process_is_named_by_every_survivor",
-            "--test-threads=1",
-        ])
+        .args(["--exact", test, "--test-threads=1"])
         .env("DTRAIN_COMMS_QUIC_CHILD", spec)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -267,12 +315,11 @@ fn killed_process_is_named_by_every_survivor() {
             let mut all = addrs.clone();
             all.push("127.0.0.1:9".parse().unwrap());
             let ready = ready_tx.clone();
-            let mut cfg = config(TOKEN, id.clone());
-            cfg.idle_timeout = idle;
+            let cfg = liveness(config(TOKEN, id.clone()));
             thread::spawn(move || {
                 let t = QuicTransport::connect(r, &all, s, cfg).unwrap();
                 let cc = CommConfig {
-                    timeout: Duration::from_secs(10),
+                    timeout: Duration::from_secs(20),
                     ..CommConfig::default()
                 };
                 let mut c = Communicator::new(t, cc);
@@ -289,19 +336,43 @@ fn killed_process_is_named_by_every_survivor() {
             .expect("mesh with the child process");
     }
     thread::sleep(Duration::from_millis(200));
-    child.kill().unwrap();
-    let killed = Instant::now();
-    child.wait().unwrap();
-    for (r, h) in survivors.into_iter().enumerate() {
-        let (e, at) = h.join().unwrap();
+    let struck = Instant::now();
+    match fault {
+        Fault::Kill => {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        Fault::Stop => {
+            let ok = Command::new("kill")
+                .args(["-STOP", &child.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(ok.success(), "kill -STOP");
+        }
+    }
+    let results: Vec<_> = survivors.into_iter().map(|h| h.join().unwrap()).collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    for (r, (e, at)) in results.into_iter().enumerate() {
         assert!(
             matches!(e, CommError::PeerLost { rank: 2, .. }),
             "rank {r}: {e}"
         );
+        assert!(e.to_string().contains("heartbeat"), "rank {r}: {e}");
+        let took = at.duration_since(struck);
         assert!(
-            at.duration_since(killed) < Duration::from_secs(5),
-            "rank {r} took {:?}",
-            at.duration_since(killed)
+            took < idle + Duration::from_millis(2500),
+            "rank {r} took {took:?}"
         );
     }
+}
+
+#[test]
+fn killed_process_is_named_by_every_survivor() {
+    fault_in_child_process("killed_process_is_named_by_every_survivor", Fault::Kill);
+}
+
+#[test]
+fn stopped_process_is_named_by_every_survivor() {
+    fault_in_child_process("stopped_process_is_named_by_every_survivor", Fault::Stop);
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::tcp::{config, listeners, mesh, try_mesh, TOKEN};
 use common::*;
 use dtrain_comms::frame::Hello;
-use dtrain_comms::{TcpTransport, Transport, TransportError};
+use dtrain_comms::{TcpConfig, TcpTransport, Transport, TransportError};
 
 struct Tcp;
 
@@ -36,6 +36,13 @@ fn all_reduce_matches_reference_bit_for_bit() {
 fn all_gather_variable_sizes() {
     for w in WORLDS {
         check_all_gather(&Tcp, w);
+    }
+}
+
+#[test]
+fn all_gather_into_reuses_its_buffers() {
+    for w in WORLDS {
+        check_all_gather_into(&Tcp, w);
     }
 }
 
@@ -218,11 +225,27 @@ fn messages_of_later_collectives_are_kept_and_counted_for_their_call() {
     }
 }
 
-/// Rank 2 is a separate process (this test binary re-run with `DTRAIN_COMMS_CHILD` set),
-/// SIGKILLed while ranks 0 and 1 wait for it inside an all-reduce: both must fail fast with
-/// an error naming rank 2, long before the timeout.
-#[test]
-fn killed_process_is_named_by_every_survivor() {
+/// How the child process of [`fault_in_child_process`] is struck.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    /// SIGKILL: its kernel closes its connections.
+    Kill,
+    /// SIGSTOP: frozen, connections open and silent.
+    Stop,
+}
+
+/// Heartbeats and peer timeout of the child-process tests (1 s peer timeout).
+fn liveness(mut c: TcpConfig) -> TcpConfig {
+    c.heartbeat_interval = Some(Duration::from_millis(200));
+    c.peer_timeout = Some(Duration::from_millis(1000));
+    c
+}
+
+/// Rank 2 is a separate process (this test binary re-run as `test` with
+/// `DTRAIN_COMMS_CHILD` set) struck by `fault` while ranks 0 and 1 wait for it inside an
+/// all-reduce whose inactivity timeout (20 s) is far away: both must fail with
+/// [`CommError::PeerLost`] naming rank 2 within `within` of the fault.
+fn fault_in_child_process(test: &str, fault: Fault, within: Duration) {
     use dtrain_comms::{CommConfig, CommError, Communicator};
     use std::net::SocketAddr;
     use std::process::{Command, Stdio};
@@ -233,7 +256,7 @@ fn killed_process_is_named_by_every_survivor() {
         let mut addrs: Vec<SocketAddr> = spec.split(',').map(|a| a.parse().unwrap()).collect();
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         addrs.push(l.local_addr().unwrap());
-        let t = TcpTransport::connect(2, &addrs, l, config(TOKEN)).unwrap();
+        let t = TcpTransport::connect(2, &addrs, l, liveness(config(TOKEN))).unwrap();
         let mut c = Communicator::new(t, CommConfig::default());
         c.barrier().unwrap();
         thread::sleep(Duration::from_secs(20));
@@ -242,11 +265,7 @@ fn killed_process_is_named_by_every_survivor() {
     let (ls, addrs) = listeners(3);
     let spec = format!("{},{}", addrs[0], addrs[1]);
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "killed_process_is_named_by_every_survivor",
-            "--test-threads=1",
-        ])
+        .args(["--exact", test, "--test-threads=1"])
         .env("DTRAIN_COMMS_CHILD", spec)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -261,9 +280,9 @@ fn killed_process_is_named_by_every_survivor() {
             let addrs = addrs.clone();
             let ready = ready_tx.clone();
             thread::spawn(move || {
-                let t = TcpTransport::connect(r, &addrs, l, config(TOKEN)).unwrap();
+                let t = TcpTransport::connect(r, &addrs, l, liveness(config(TOKEN))).unwrap();
                 let cfg = CommConfig {
-                    timeout: Duration::from_secs(10),
+                    timeout: Duration::from_secs(20),
                     ..CommConfig::default()
                 };
                 let mut c = Communicator::new(t, cfg);
@@ -280,18 +299,178 @@ fn killed_process_is_named_by_every_survivor() {
             .expect("mesh with the child process");
     }
     thread::sleep(Duration::from_millis(200));
-    child.kill().unwrap();
-    let killed = Instant::now();
-    child.wait().unwrap();
-    for (r, h) in survivors.into_iter().enumerate() {
-        let (e, at) = h.join().unwrap();
+    let struck = Instant::now();
+    match fault {
+        Fault::Kill => {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        Fault::Stop => {
+            let ok = Command::new("kill")
+                .args(["-STOP", &child.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(ok.success(), "kill -STOP");
+        }
+    }
+    let results: Vec<_> = survivors.into_iter().map(|h| h.join().unwrap()).collect();
+    // SIGKILL also ends a stopped process.
+    let _ = child.kill();
+    let _ = child.wait();
+    for (r, (e, at)) in results.into_iter().enumerate() {
         assert!(
             matches!(e, CommError::PeerLost { rank: 2, .. }),
             "rank {r}: {e}"
         );
+        if fault == Fault::Stop {
+            assert!(e.to_string().contains("heartbeat"), "rank {r}: {e}");
+        }
+        let took = at.duration_since(struck);
+        assert!(took < within, "rank {r} took {took:?}");
+    }
+}
+
+/// A SIGKILLed peer's kernel closes its connections: the survivors fail fast.
+#[test]
+fn killed_process_is_named_by_every_survivor() {
+    fault_in_child_process(
+        "killed_process_is_named_by_every_survivor",
+        Fault::Kill,
+        Duration::from_secs(3),
+    );
+}
+
+/// A SIGSTOPped peer keeps its connections open and sends nothing: the survivors' readers
+/// give up on it after the 1 s peer timeout (its heartbeats stopped), long before the
+/// collective's 20 s timeout.
+#[test]
+fn stopped_process_is_named_by_every_survivor() {
+    fault_in_child_process(
+        "stopped_process_is_named_by_every_survivor",
+        Fault::Stop,
+        Duration::from_millis(2500),
+    );
+}
+
+/// A peer that completes the handshake and then never sends a byte (nor reads one) — what
+/// a frozen process or a cut network looks like from the survivors — is named by both
+/// survivors within the peer timeout (counted from its last byte, here the hello), even
+/// though a collective without it went through in between.
+#[test]
+fn silent_peer_is_named_within_the_peer_timeout() {
+    use dtrain_comms::{CommConfig, CommError, Communicator};
+    let (mut ls, addrs) = listeners(3);
+    drop(ls.pop());
+    // Rank 2, by hand: dial ranks 0 and 1, say hello, then stay silent until released.
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let fake = thread::spawn({
+        let addrs = addrs.clone();
+        move || {
+            let hello = Hello {
+                rank: 2,
+                world: 3,
+                token: TOKEN.to_vec(),
+            }
+            .encode();
+            let socks: Vec<TcpStream> = addrs[..2]
+                .iter()
+                .map(|a| {
+                    let mut s = TcpStream::connect(a).unwrap();
+                    s.write_all(&hello).unwrap();
+                    s
+                })
+                .collect();
+            let _ = released.recv_timeout(Duration::from_secs(8));
+            drop(socks);
+        }
+    });
+    let quiet = Duration::from_millis(800);
+    let hs: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| {
+            let addrs = addrs.clone();
+            thread::spawn(move || {
+                let mut cfg = config(TOKEN);
+                cfg.heartbeat_interval = Some(Duration::from_millis(100));
+                cfg.peer_timeout = Some(quiet);
+                let t = TcpTransport::connect(r, &addrs, l, cfg).unwrap();
+                let start = Instant::now();
+                let cc = CommConfig {
+                    timeout: Duration::from_secs(20),
+                    ..CommConfig::default()
+                };
+                let mut c = Communicator::new(t, cc);
+                // A chain broadcast from rank 0 needs nothing from rank 2 (the last link).
+                c.broadcast(&mut vec![1u8; 10], 0).unwrap();
+                let mut v = vec![1.0f32; 100_000];
+                (c.all_reduce_sum(&mut v).unwrap_err(), start.elapsed())
+            })
+        })
+        .collect();
+    for (r, h) in hs.into_iter().enumerate() {
+        let (e, took) = h.join().unwrap();
         assert!(
-            at.duration_since(killed) < Duration::from_secs(3),
-            "rank {r} took too long"
+            matches!(e, CommError::PeerLost { rank: 2, .. }),
+            "rank {r}: {e}"
+        );
+        assert!(e.to_string().contains("heartbeat"), "rank {r}: {e}");
+        assert!(
+            took >= quiet - Duration::from_millis(50),
+            "rank {r}: {took:?}"
+        );
+        assert!(
+            took < quiet + Duration::from_millis(1500),
+            "rank {r}: {took:?}"
         );
     }
+    release.send(()).unwrap();
+    fake.join().unwrap();
+}
+
+#[test]
+fn late_rank_is_named_by_every_rank() {
+    for_worlds_concurrently(Tcp, &[2, 3], check_late_rank);
+}
+
+#[test]
+fn heartbeats_keep_an_idle_mesh_alive_and_are_not_counted() {
+    check_idle_heartbeats(|world, beat, quiet| {
+        let mut cfg = config(TOKEN);
+        cfg.heartbeat_interval = Some(beat);
+        cfg.peer_timeout = Some(quiet);
+        try_mesh(vec![cfg; world])
+            .into_iter()
+            .map(|t| t.expect("mesh set-up"))
+            .collect()
+    });
+}
+
+#[test]
+fn peer_timeout_must_leave_room_for_heartbeats() {
+    let (mut ls, addrs) = listeners(1);
+    for (beat, quiet) in [
+        (Some(500), Some(900)),
+        (None, Some(1000)),
+        (Some(0), None),
+        (Some(100), Some(0)),
+    ] {
+        let mut cfg = config(TOKEN);
+        cfg.heartbeat_interval = beat.map(Duration::from_millis);
+        cfg.peer_timeout = quiet.map(Duration::from_millis);
+        let l = ls
+            .pop()
+            .unwrap_or_else(|| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+        let r = TcpTransport::connect(0, &addrs, l, cfg);
+        assert!(
+            matches!(r, Err(TransportError::Handshake { ref peer, .. }) if peer == "config"),
+            "{beat:?} {quiet:?}: {r:?}"
+        );
+    }
+    // Heartbeats without a peer timeout are fine (the peers may check them).
+    let mut cfg = config(TOKEN);
+    cfg.peer_timeout = None;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = vec![l.local_addr().unwrap()];
+    assert!(TcpTransport::connect(0, &a, l, cfg).is_ok());
 }

@@ -22,7 +22,7 @@ struct Block {
 }
 
 /// Ring all-gatherv (see the [module docs](self)). The result is taken with
-/// [`AllGather::into_blocks`].
+/// [`AllGather::into_blocks`] (or [`AllGather::into_buffers`]).
 #[derive(Debug)]
 pub struct AllGather<'a> {
     rank: usize,
@@ -51,22 +51,57 @@ impl<'a> AllGather<'a> {
         chunk_bytes: usize,
         max_block_bytes: u64,
     ) -> Self {
+        Self::with_buffers(
+            rank,
+            world,
+            seq,
+            data,
+            chunk_bytes,
+            max_block_bytes,
+            Vec::new(),
+        )
+    }
+
+    /// As [`AllGather::new`], writing the blocks into `buffers` (element `r` receives rank
+    /// `r`'s block; missing elements are added, extra ones dropped). Each buffer is cleared
+    /// and its capacity reused, so a caller that passes the buffers of its previous
+    /// all-gather of the same sizes allocates nothing.
+    ///
+    /// # Panics
+    /// If `rank >= world`.
+    pub fn with_buffers(
+        rank: usize,
+        world: usize,
+        seq: u64,
+        data: &'a [u8],
+        chunk_bytes: usize,
+        max_block_bytes: u64,
+        mut buffers: Vec<Vec<u8>>,
+    ) -> Self {
         assert!(rank < world, "rank {rank} out of range for world {world}");
+        buffers.resize_with(world, Vec::new);
         let h = Header {
             count: data.len() as u64,
             root: rank as u32,
             ..Header::new(Kind::AllGather, Algo::Ring, seq)
         };
         let own = OwnChunks::new(h, data.len(), chunk_bytes, world > 1);
-        let mut blocks: Vec<Block> = (0..world).map(|_| Block::default()).collect();
+        let mut blocks: Vec<Block> = buffers
+            .into_iter()
+            .map(|mut data| {
+                data.clear();
+                Block {
+                    data,
+                    ..Block::default()
+                }
+            })
+            .collect();
         // This rank's block is copied into the result only at the end (`into_blocks`), so
         // that sending starts at once.
-        blocks[rank] = Block {
-            data: Vec::new(),
-            total: Some(data.len() as u64),
-            received: data.len() as u64,
-            complete: true,
-        };
+        let me = &mut blocks[rank];
+        me.total = Some(data.len() as u64);
+        me.received = data.len() as u64;
+        me.complete = true;
         AllGather {
             rank,
             world,
@@ -89,8 +124,16 @@ impl<'a> AllGather<'a> {
     /// If the machine is not done.
     pub fn into_blocks(self) -> Vec<Vec<u8>> {
         assert!(self.incomplete == 0, "all-gather not complete");
+        self.into_buffers()
+    }
+
+    /// The block buffers, indexed by rank: the gathered buffers if the machine is done,
+    /// else with unspecified contents (for reuse after a failed call).
+    pub fn into_buffers(self) -> Vec<Vec<u8>> {
         let mut blocks = self.blocks;
-        blocks[self.rank].data = self.mine.to_vec();
+        if self.incomplete == 0 {
+            blocks[self.rank].data.extend_from_slice(self.mine);
+        }
         blocks.into_iter().map(|b| b.data).collect()
     }
 }

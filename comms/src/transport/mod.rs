@@ -1,7 +1,10 @@
 //! The transport seam: moving opaque byte messages between ranks.
 //!
 //! A [`Transport`] knows nothing of collectives. It delivers each message whole (framing is
-//! its business), to one peer, and reports a peer whose connection closed. Everything
+//! its business), to one peer, and reports a peer whose connection closed, or (for the
+//! network drivers) that went silent: no message and no heartbeat for its peer timeout,
+//! see [`TransportError::PeerSilent`]. Heartbeats are the drivers' business too: they are
+//! never delivered, nor counted in [`ByteCount`]. Everything
 //! else — algorithms, sequence numbers, timeouts policy, failure propagation — lives above
 //! it, so a driver is a few hundred lines and every driver passes the same conformance suite.
 //!
@@ -26,7 +29,7 @@ pub(crate) mod threaded;
 use std::collections::VecDeque;
 use std::ops::Sub;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
@@ -40,6 +43,18 @@ pub enum TransportError {
     Closed {
         /// The peer.
         rank: usize,
+    },
+    /// Nothing — no message, no heartbeat — arrived from `rank` for `silent_for`, the
+    /// driver's peer timeout: the peer is taken as lost (its process is frozen or gone, or
+    /// the network between us is), and its connection is dropped. Reported once, like
+    /// [`TransportError::Closed`], after every message the peer sent; afterwards the peer
+    /// counts as closed.
+    #[error("rank {rank} sent nothing, not even a heartbeat, for {silent_for:?}")]
+    PeerSilent {
+        /// The peer.
+        rank: usize,
+        /// The peer timeout that passed.
+        silent_for: Duration,
     },
     /// No message arrived before the deadline.
     #[error("timed out waiting for a message")]
@@ -114,8 +129,9 @@ pub trait Transport: Send {
     /// Returns [`TransportError::Closed`] if the connection to `to` is known to be closed.
     fn send(&mut self, to: usize, msg: Vec<u8>) -> Result<(), TransportError>;
     /// The next message from any peer as `(from, bytes)`, waiting until `deadline`.
-    /// A peer whose connection closed is reported once, as [`TransportError::Closed`],
-    /// after every message it sent before closing.
+    /// A peer whose connection closed is reported once, as [`TransportError::Closed`] (or
+    /// [`TransportError::PeerSilent`] when the driver gave up on a silent peer), after
+    /// every message it sent before that.
     fn recv(&mut self, deadline: Instant) -> Result<(usize, Vec<u8>), TransportError>;
     /// The next message from `from`, waiting until `deadline`; messages from other peers
     /// that arrive meanwhile are kept for later `recv` calls.
@@ -152,6 +168,8 @@ pub(crate) enum Event {
     Msg(usize, Vec<u8>),
     /// The connection to a peer closed.
     Closed(usize),
+    /// Nothing arrived from a peer for the given peer timeout; its connection is dropped.
+    Silent(usize, Duration),
 }
 
 /// The receive side shared by the drivers: one queue of [`Event`]s, plus the events that
@@ -214,6 +232,10 @@ impl Inbox {
                 self.closed[rank] = true;
                 Err(TransportError::Closed { rank })
             }
+            Event::Silent(rank, silent_for) => {
+                self.closed[rank] = true;
+                Err(TransportError::PeerSilent { rank, silent_for })
+            }
         }
     }
 
@@ -231,7 +253,7 @@ impl Inbox {
         deadline: Instant,
     ) -> Result<Vec<u8>, TransportError> {
         let pos = self.skipped.iter().position(|e| match e {
-            Event::Msg(f, _) | Event::Closed(f) => *f == from,
+            Event::Msg(f, _) | Event::Closed(f) | Event::Silent(f, _) => *f == from,
         });
         if let Some(i) = pos {
             let e = self.skipped.remove(i).expect("index from position");
@@ -245,11 +267,26 @@ impl Inbox {
                 Event::Msg(f, b) if f == from => {
                     return self.deliver(Event::Msg(f, b)).map(|(_, b)| b)
                 }
-                Event::Closed(f) if f == from => {
-                    return self.deliver(Event::Closed(f)).map(|(_, b)| b)
+                e @ (Event::Closed(f) | Event::Silent(f, _)) if f == from => {
+                    return self.deliver(e).map(|(_, b)| b)
                 }
                 other => self.skipped.push_back(other),
             }
+        }
+    }
+}
+
+impl TransportError {
+    /// The peer this error reports as gone — [`TransportError::Closed`] or
+    /// [`TransportError::PeerSilent`] — and how it went; `None` for other errors.
+    pub fn lost_peer(&self) -> Option<(usize, String)> {
+        match self {
+            TransportError::Closed { rank } => Some((*rank, "connection closed".into())),
+            TransportError::PeerSilent { rank, silent_for } => Some((
+                *rank,
+                format!("nothing received, not even a heartbeat, for {silent_for:?}"),
+            )),
+            _ => None,
         }
     }
 }

@@ -24,9 +24,17 @@
 //!   endpoint before the larger `initial_mtu` is used (a peer whose limit is lower would
 //!   drop the packets), and the value stays below the ~6500-byte point above which
 //!   UDP segmentation offload (GSO) batches stop working on loopback.
-//! * Default flow-control windows. Keep-alives every second; a connection idle for
-//!   [`QuicConfig::idle_timeout`] is closed, which reports the peer as lost (a killed peer
-//!   sends no close).
+//! * Default flow-control windows.
+//!
+//! # Liveness
+//! QUIC's own keep-alives are the heartbeats: an idle connection sends one every
+//! [`QuicConfig::heartbeat_interval`] (1 s), and a connection that hears nothing for
+//! [`QuicConfig::peer_timeout`] (10 s; QUIC's idle timeout, negotiated down to the lower
+//! of the two ends' values) is closed and its peer reported as
+//! [`TransportError::PeerSilent`]. This is how a killed peer (which sends no close over
+//! UDP), a frozen one or an unreachable one is noticed, also between collectives.
+//! Keep-alives are QUIC packets, not frames: they never reach the inbox and are not
+//! counted in [`ByteCount`].
 //!
 //! # Data path
 //! As for TCP ([`super::tcp`]): a reader task per connection into the rank's inbox, a
@@ -53,8 +61,8 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, warn};
 
-use super::stream::{read_frame, reader, write_hello, writer, Outgoing, Shaper};
-use super::{check_peer, ByteCount, Inbox, Transport, TransportError};
+use super::stream::{check_liveness, read_frame, reader, write_hello, writer, Outgoing, Shaper};
+use super::{check_peer, ByteCount, Event, Inbox, Transport, TransportError};
 use crate::frame::{Frame, FRAME_HEADER_LEN, MAX_HELLO_FRAME, MAX_TOKEN_LEN};
 use crate::rendezvous::RunIdentity;
 use crate::shaping::LinkSpec;
@@ -108,9 +116,15 @@ pub struct QuicConfig {
     /// Initial MTU (UDP payload bytes). `None`: [`LOOPBACK_MTU`] if every peer is a loopback
     /// address, else quinn's default (1200, discovered up to 1452).
     pub mtu: Option<u16>,
+    /// An idle connection sends a QUIC keep-alive this often. `None`: never. Default 1 s.
+    /// Must be well below every peer's [`QuicConfig::peer_timeout`].
+    pub heartbeat_interval: Option<Duration>,
     /// A connection that hears nothing (not even keep-alives) for this long is closed and
-    /// its peer reported lost. Default 10 s.
-    pub idle_timeout: Duration,
+    /// its peer reported as [`TransportError::PeerSilent`] (QUIC's idle timeout; the lower
+    /// of the two ends' values applies). `None`: never (then a killed peer is only noticed
+    /// by the collectives' timeout). Default 10 s; at least twice
+    /// [`QuicConfig::heartbeat_interval`].
+    pub peer_timeout: Option<Duration>,
     /// UDP send and receive buffer size requested from the kernel. Default 16 MiB.
     pub socket_buffer: usize,
 }
@@ -126,7 +140,8 @@ impl std::fmt::Debug for QuicConfig {
             .field("linger", &self.linger)
             .field("link", &self.link)
             .field("mtu", &self.mtu)
-            .field("idle_timeout", &self.idle_timeout)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("peer_timeout", &self.peer_timeout)
             .field("socket_buffer", &self.socket_buffer)
             .finish()
     }
@@ -144,7 +159,8 @@ impl QuicConfig {
             linger: Duration::from_secs(10),
             link: LinkSpec::default(),
             mtu: None,
-            idle_timeout: Duration::from_secs(10),
+            heartbeat_interval: Some(Duration::from_secs(1)),
+            peer_timeout: Some(Duration::from_secs(10)),
             socket_buffer: 16 << 20,
         }
     }
@@ -291,9 +307,13 @@ fn transport_config(
     mtu: Option<u16>,
 ) -> Result<quinn::TransportConfig, TransportError> {
     let mut t = quinn::TransportConfig::default();
-    let idle = quinn::IdleTimeout::try_from(cfg.idle_timeout).map_err(config_error)?;
-    t.max_idle_timeout(Some(idle))
-        .keep_alive_interval(Some(Duration::from_secs(1).min(cfg.idle_timeout / 3)));
+    let idle = cfg
+        .peer_timeout
+        .map(quinn::IdleTimeout::try_from)
+        .transpose()
+        .map_err(config_error)?;
+    t.max_idle_timeout(idle)
+        .keep_alive_interval(cfg.heartbeat_interval);
     if let Some(m) = mtu {
         t.initial_mtu(m);
         let mut d = quinn::MtuDiscoveryConfig::default();
@@ -394,6 +414,7 @@ impl QuicTransport {
                 "run token longer than {MAX_TOKEN_LEN} bytes"
             )));
         }
+        check_liveness(cfg.heartbeat_interval, cfg.peer_timeout)?;
         let mtu = cfg.mtu.or_else(|| {
             peers
                 .iter()
@@ -439,7 +460,16 @@ impl QuicTransport {
         let mut connections = Vec::new();
         let linger = cfg.linger;
         for (peer, conn, send, recv, buf) in conns {
-            rt.spawn(reader(peer, recv, buf, tx.clone(), cfg.max_frame));
+            let quiet = cfg.peer_timeout;
+            let c = conn.clone();
+            let end = move || match (c.close_reason(), quiet) {
+                (Some(quinn::ConnectionError::TimedOut), Some(t)) => {
+                    warn!("rank {peer} sent nothing, not even a keep-alive, for {t:?}");
+                    Event::Silent(peer, t)
+                }
+                _ => Event::Closed(peer),
+            };
+            rt.spawn(reader(peer, recv, buf, tx.clone(), cfg.max_frame, end));
             let (wtx, wrx) = unbounded_channel();
             writer_tasks.push(rt.spawn(async move {
                 if let Some(send) = writer(peer, send, wrx).await {

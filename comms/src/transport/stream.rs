@@ -6,7 +6,7 @@
 //! sleeping until each frame's release time when the link is emulated.
 
 use std::sync::mpsc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
@@ -15,6 +15,7 @@ use tracing::warn;
 
 use super::{Event, TransportError};
 use crate::frame::{self, Frame, FrameError, Hello, FRAME_HEADER_LEN};
+use crate::pool;
 use crate::shaping::{Link, LinkSpec};
 
 /// A frame queued for a connection's writer.
@@ -47,6 +48,29 @@ impl Shaper {
     pub(crate) fn release(&mut self, now: Instant, wire_bytes: usize) -> Instant {
         let since = now.saturating_duration_since(self.epoch);
         self.epoch + self.link.offer(since, wire_bytes).at
+    }
+}
+
+/// Checks that a peer timeout leaves room for at least two heartbeats (shared by the TCP
+/// and QUIC configurations).
+pub(crate) fn check_liveness(
+    heartbeat: Option<Duration>,
+    peer_timeout: Option<Duration>,
+) -> Result<(), TransportError> {
+    let bad = |detail: String| {
+        Err(TransportError::Handshake {
+            peer: "config".into(),
+            detail,
+        })
+    };
+    match (heartbeat, peer_timeout) {
+        (Some(h), _) if h.is_zero() => bad("heartbeat interval of zero".into()),
+        (_, Some(t)) if t.is_zero() => bad("peer timeout of zero".into()),
+        (Some(h), Some(t)) if t < 2 * h => bad(format!(
+            "peer timeout {t:?} shorter than two heartbeat intervals ({h:?})"
+        )),
+        (None, Some(_)) => bad("a peer timeout needs heartbeats (set a heartbeat interval)".into()),
+        _ => Ok(()),
     }
 }
 
@@ -97,8 +121,9 @@ pub(crate) async fn write_hello(
 #[cfg_attr(not(feature = "quic"), allow(dead_code))]
 const DIRECT_READ: usize = 64 << 10;
 
-/// Delivers the data frames of one connection to the inbox; reports the end of the stream
-/// (clean or not) as [`Event::Closed`]. (QUIC; TCP moves data on threads, `threaded.rs`.)
+/// Delivers the data frames of one connection to the inbox (dropping heartbeats); reports
+/// the end of the stream (clean or not) as the event `end` returns then. (QUIC; TCP moves
+/// data on threads, `threaded.rs`.)
 #[cfg_attr(not(feature = "quic"), allow(dead_code))]
 pub(crate) async fn reader<R: AsyncRead + Unpin>(
     peer: usize,
@@ -106,6 +131,7 @@ pub(crate) async fn reader<R: AsyncRead + Unpin>(
     mut buf: BytesMut,
     tx: mpsc::Sender<Event>,
     max: usize,
+    end: impl FnOnce() -> Event,
 ) {
     let r: Result<(), TransportError> = async {
         loop {
@@ -116,6 +142,7 @@ pub(crate) async fn reader<R: AsyncRead + Unpin>(
                         return Ok(());
                     }
                 }
+                Ok((Frame::Heartbeat, used)) => buf.advance(used),
                 Ok((Frame::Hello(_), _)) => {
                     return Err(FrameError::Malformed("second hello on a connection").into())
                 }
@@ -125,7 +152,8 @@ pub(crate) async fn reader<R: AsyncRead + Unpin>(
                         && buf[4] == frame::TAG_DATA =>
                 {
                     // `needed` passed the size check in `parse`, so this is bounded by `max`.
-                    let mut body = vec![0u8; needed - FRAME_HEADER_LEN];
+                    // A pooled buffer: no fresh pages to fault in and zero per chunk.
+                    let mut body = pool::take_filled(needed - FRAME_HEADER_LEN);
                     let have = buf.len() - FRAME_HEADER_LEN;
                     body[..have].copy_from_slice(&buf[FRAME_HEADER_LEN..]);
                     buf.clear();
@@ -151,7 +179,7 @@ pub(crate) async fn reader<R: AsyncRead + Unpin>(
     if let Err(e) = r {
         warn!("connection to rank {peer} failed: {e}");
     }
-    let _ = tx.send(Event::Closed(peer));
+    let _ = tx.send(end());
 }
 
 /// Writes queued frames to one connection until the queue closes, then shuts the stream
@@ -172,7 +200,9 @@ pub(crate) async fn writer<W: AsyncWrite + Unpin>(
             }
         }
         w.write_all(&frame::data_prefix(o.msg.len())).await?;
-        w.write_all(&o.msg).await
+        w.write_all(&o.msg).await?;
+        pool::put(o.msg);
+        Ok(())
     }
     while let Some(m) = rx.recv().await {
         let mut r = put(&mut w, m).await;
@@ -201,7 +231,6 @@ pub(crate) async fn writer<W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn shaper_follows_the_link_model_in_real_time() {

@@ -23,6 +23,18 @@
 //! holds it until then. Dropping the transport flushes queued frames (for up to
 //! [`TcpConfig::linger`]) and closes the connections.
 //!
+//! # Liveness
+//! A killed process's connections are closed by its kernel, which the reader sees at once.
+//! A frozen process (`SIGSTOP`, a debugger, swapping) or a host or network that vanished
+//! closes nothing: its connections stay open and silent. So every idle connection writes
+//! a heartbeat frame every [`TcpConfig::heartbeat_interval`] (1 s), and a reader that
+//! receives no byte for [`TcpConfig::peer_timeout`] (10 s) drops the connection and
+//! reports the peer as [`TransportError::PeerSilent`]. The heartbeats are sent by the
+//! writer threads, not by the thread calling collectives, so a rank that is merely busy
+//! between collectives stays alive; whether it takes part in time is the
+//! [`crate::Communicator`]'s timeout's business. Heartbeats are neither delivered nor
+//! counted in [`ByteCount`].
+//!
 //! Create the transport outside any async context (set-up blocks on its own runtime,
 //! which panics inside another one).
 
@@ -36,7 +48,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tracing::warn;
 
-use super::stream::{read_frame, write_hello, Outgoing, Shaper};
+use super::stream::{check_liveness, read_frame, write_hello, Outgoing, Shaper};
 use super::threaded::{read_loop, write_loop};
 use super::{check_peer, ByteCount, Inbox, Transport, TransportError};
 use crate::frame::{Frame, FRAME_HEADER_LEN, MAX_HELLO_FRAME, MAX_TOKEN_LEN};
@@ -57,7 +69,19 @@ pub struct TcpConfig {
     /// How long dropping the transport waits to flush queued frames. Default 10 s.
     pub linger: Duration,
     /// Egress link emulation of this rank (see [`crate::shaping`]). Default unshaped.
+    /// Heartbeats are not shaped.
     pub link: LinkSpec,
+    /// A connection that has written nothing for this long writes a heartbeat frame
+    /// (5 bytes, not counted in [`ByteCount`]). `None`: never. Default 1 s. Must be well
+    /// below every peer's [`TcpConfig::peer_timeout`].
+    pub heartbeat_interval: Option<Duration>,
+    /// A peer from which nothing — no data, no heartbeat — arrives for this long is taken
+    /// as lost: its connection is dropped and reported as [`TransportError::PeerSilent`],
+    /// which a [`crate::Communicator`] turns into [`crate::CommError::PeerLost`] naming it.
+    /// This catches a frozen (`SIGSTOP`, swapping) or vanished (host down, network cut)
+    /// peer, whose connection stays open, even between collectives. `None`: never.
+    /// Default 10 s; at least twice [`TcpConfig::heartbeat_interval`].
+    pub peer_timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for TcpConfig {
@@ -69,6 +93,8 @@ impl std::fmt::Debug for TcpConfig {
             .field("io_threads", &self.io_threads)
             .field("linger", &self.linger)
             .field("link", &self.link)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("peer_timeout", &self.peer_timeout)
             .finish()
     }
 }
@@ -83,6 +109,8 @@ impl TcpConfig {
             io_threads: 1,
             linger: Duration::from_secs(10),
             link: LinkSpec::default(),
+            heartbeat_interval: Some(Duration::from_secs(1)),
+            peer_timeout: Some(Duration::from_secs(10)),
         }
     }
 }
@@ -129,6 +157,7 @@ impl TcpTransport {
                 detail: format!("run token longer than {MAX_TOKEN_LEN} bytes"),
             });
         }
+        check_liveness(cfg.heartbeat_interval, cfg.peer_timeout)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(cfg.io_threads.max(1))
             .thread_name("dtrain-comms-tcp")
@@ -157,18 +186,18 @@ impl TcpTransport {
         for (peer, stream, buf) in conns {
             let (rd, wr) = (stream.try_clone()?, stream.try_clone()?);
             streams.push(stream);
-            let (tx, max) = (tx.clone(), cfg.max_frame);
+            let (tx, max, quiet) = (tx.clone(), cfg.max_frame, cfg.peer_timeout);
             readers.push(
                 std::thread::Builder::new()
                     .name(format!("dtrain-tcp-rd{peer}"))
-                    .spawn(move || read_loop(peer, rd, &buf, tx, max))?,
+                    .spawn(move || read_loop(peer, rd, &buf, tx, max, quiet))?,
             );
             let (wtx, wrx) = mpsc::channel();
-            let done = done_tx.clone();
+            let (done, beat) = (done_tx.clone(), cfg.heartbeat_interval);
             writer_threads.push(
                 std::thread::Builder::new()
                     .name(format!("dtrain-tcp-wr{peer}"))
-                    .spawn(move || write_loop(peer, wr, wrx, done))?,
+                    .spawn(move || write_loop(peer, wr, wrx, done, beat))?,
             );
             writers[peer] = Some(wtx);
         }

@@ -17,11 +17,18 @@
 //! forwarded, written, reused — instead of being freshly allocated (and page-faulted and
 //! zeroed) for every chunk. Small frames go through a read buffer and are coalesced into
 //! one write, as before.
+//!
+//! Liveness: a writer that has had nothing to write for the heartbeat interval writes a
+//! heartbeat frame (also while it holds a frame back for an emulated link), and a reader
+//! whose socket yields no byte for the peer timeout (`SO_RCVTIMEO`, so it applies to every
+//! `read`, also in the middle of a large frame) reports the peer as
+//! [`Event::Silent`] and shuts the connection down. Heartbeats are dropped by the reader:
+//! they never reach the inbox and are not counted as bytes of any collective.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::sync::mpsc::{Receiver, Sender};
-use std::time::Instant;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
 
 use tracing::warn;
 
@@ -39,19 +46,39 @@ const READ_BUF: usize = 2 * DIRECT;
 const STAGE: usize = 256 << 10;
 /// Reads the frames of one connection into the inbox until the stream ends; reports the
 /// end (clean or not) as [`Event::Closed`]. `pending` holds bytes already read from the
-/// stream during the handshake.
+/// stream during the handshake. With a `peer_timeout`, a connection on which nothing
+/// arrives for that long is shut down and reported as [`Event::Silent`].
 pub(crate) fn read_loop(
     peer: usize,
     mut s: TcpStream,
     pending: &[u8],
     tx: Sender<Event>,
     max: usize,
+    peer_timeout: Option<Duration>,
 ) {
-    let r = read_frames(peer, &mut s, pending, &tx, max);
-    if let Err(e) = r {
-        warn!("connection to rank {peer} failed: {e}");
-    }
-    let _ = tx.send(Event::Closed(peer));
+    let r = match s.set_read_timeout(peer_timeout) {
+        Ok(()) => read_frames(peer, &mut s, pending, &tx, max),
+        Err(e) => Err(e.into()),
+    };
+    let end = match (r, peer_timeout) {
+        (Err(TransportError::Io(e)), Some(t))
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            warn!("rank {peer} sent nothing, not even a heartbeat, for {t:?}: dropping it");
+            // Also ends our writer to it, should it be stuck on a peer that stopped reading.
+            let _ = s.shutdown(Shutdown::Both);
+            Event::Silent(peer, t)
+        }
+        (Err(e), _) => {
+            warn!("connection to rank {peer} failed: {e}");
+            Event::Closed(peer)
+        }
+        (Ok(()), _) => Event::Closed(peer),
+    };
+    let _ = tx.send(end);
 }
 
 fn read_frames(
@@ -72,6 +99,7 @@ fn read_frames(
                     return Ok(());
                 }
             }
+            Ok((Frame::Heartbeat, used)) => lo += used,
             Ok((Frame::Hello(_), _)) => {
                 return Err(FrameError::Malformed("second hello on a connection").into())
             }
@@ -122,26 +150,68 @@ fn read_frames(
 
 /// Writes queued frames to one connection until the queue closes or a write fails, then
 /// shuts the sending direction down. Frames with a release time are written no earlier
-/// than that (what was staged before is written first). `done` is dropped on return.
-pub(crate) fn write_loop(peer: usize, mut s: TcpStream, rx: Receiver<Outgoing>, done: Sender<()>) {
-    if let Err(e) = write_frames(&mut s, &rx) {
+/// than that (what was staged before is written first). With a `heartbeat` interval, a
+/// heartbeat frame is written whenever nothing was written for that long. `done` is
+/// dropped on return.
+pub(crate) fn write_loop(
+    peer: usize,
+    mut s: TcpStream,
+    rx: Receiver<Outgoing>,
+    done: Sender<()>,
+    heartbeat: Option<Duration>,
+) {
+    if let Err(e) = write_frames(&mut s, &rx, heartbeat) {
         warn!("sending to rank {peer} failed: {e}");
     }
     let _ = s.shutdown(Shutdown::Write);
     drop(done);
 }
 
-fn write_frames(s: &mut TcpStream, rx: &Receiver<Outgoing>) -> io::Result<()> {
+/// Sleeps until `at`, writing a heartbeat every `heartbeat` meanwhile.
+fn wait_until(s: &mut impl Write, at: Instant, heartbeat: Option<Duration>) -> io::Result<()> {
+    loop {
+        let now = Instant::now();
+        if now >= at {
+            return Ok(());
+        }
+        match heartbeat {
+            Some(h) if at - now > h => {
+                std::thread::sleep(h);
+                s.write_all(&frame::HEARTBEAT)?;
+            }
+            _ => std::thread::sleep(at - now),
+        }
+    }
+}
+
+fn write_frames(
+    s: &mut TcpStream,
+    rx: &Receiver<Outgoing>,
+    heartbeat: Option<Duration>,
+) -> io::Result<()> {
     let mut stage: Vec<u8> = Vec::with_capacity(STAGE);
-    while let Ok(first) = rx.recv() {
+    loop {
+        let first = match heartbeat {
+            None => match rx.recv() {
+                Ok(o) => o,
+                Err(_) => return Ok(()),
+            },
+            Some(h) => match rx.recv_timeout(h) {
+                Ok(o) => o,
+                Err(RecvTimeoutError::Timeout) => {
+                    s.write_all(&frame::HEARTBEAT)?;
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => return Ok(()),
+            },
+        };
         let mut next = Some(first);
         while let Some(o) = next {
             if let Some(at) = o.release {
-                let now = Instant::now();
-                if now < at {
+                if Instant::now() < at {
                     s.write_all(&stage)?;
                     stage.clear();
-                    std::thread::sleep(at - now);
+                    wait_until(s, at, heartbeat)?;
                 }
             }
             let prefix = frame::data_prefix(o.msg.len());
@@ -165,7 +235,6 @@ fn write_frames(s: &mut TcpStream, rx: &Receiver<Outgoing>) -> io::Result<()> {
         s.write_all(&stage)?;
         stage.clear();
     }
-    Ok(())
 }
 
 fn write_all_vectored(s: &mut impl Write, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
@@ -184,6 +253,100 @@ fn write_all_vectored(s: &mut impl Write, mut bufs: &mut [IoSlice<'_>]) -> io::R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (a, b)
+    }
+
+    #[test]
+    fn reader_drops_heartbeats_and_gives_up_on_a_silent_peer() {
+        let (mut a, b) = pair();
+        let (tx, rx) = mpsc::channel();
+        let quiet = Duration::from_millis(300);
+        let t = std::thread::spawn(move || read_loop(1, b, &[], tx, 1 << 20, Some(quiet)));
+        // Heartbeats around a message, each well within the peer timeout: only the message
+        // comes through.
+        for _ in 0..3 {
+            a.write_all(&frame::HEARTBEAT).unwrap();
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        a.write_all(&frame::data_prefix(1)).unwrap();
+        a.write_all(b"x").unwrap();
+        a.write_all(&frame::HEARTBEAT).unwrap();
+        let start = Instant::now();
+        match rx.recv_timeout(Duration::from_secs(5)).unwrap() {
+            Event::Msg(1, b) => assert_eq!(b, b"x"),
+            e => panic!("{e:?}"),
+        }
+        // Then silence: reported once the peer timeout passed, and the connection is
+        // dropped (the peer reads the end of the stream).
+        match rx.recv_timeout(Duration::from_secs(5)).unwrap() {
+            Event::Silent(1, d) => assert_eq!(d, quiet),
+            e => panic!("{e:?}"),
+        }
+        let waited = start.elapsed();
+        assert!(waited >= quiet - Duration::from_millis(50), "{waited:?}");
+        assert!(waited < quiet + Duration::from_secs(2), "{waited:?}");
+        a.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(a.read(&mut [0u8; 8]).unwrap_or(0), 0);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn idle_writer_sends_heartbeats_and_then_its_frames() {
+        let (a, mut b) = pair();
+        let (tx, rx) = mpsc::channel();
+        let (done, _done_rx) = mpsc::channel();
+        let beat = Duration::from_millis(40);
+        let t = std::thread::spawn(move || write_loop(0, a, rx, done, Some(beat)));
+        std::thread::sleep(Duration::from_millis(300));
+        tx.send(Outgoing {
+            release: None,
+            msg: b"hello".to_vec(),
+        })
+        .unwrap();
+        drop(tx);
+        t.join().unwrap();
+        let mut got = Vec::new();
+        b.read_to_end(&mut got).unwrap();
+        let mut beats = 0;
+        let mut rest = &got[..];
+        while rest.starts_with(&frame::HEARTBEAT) {
+            beats += 1;
+            rest = &rest[frame::FRAME_HEADER_LEN..];
+        }
+        assert!((3..=10).contains(&beats), "{beats} heartbeats in 300 ms");
+        let (f, used) = frame::parse(rest, 1 << 20).unwrap();
+        assert_eq!(f, Frame::Data(b"hello".to_vec()));
+        assert_eq!(used, rest.len());
+    }
+
+    #[test]
+    fn writer_holding_a_frame_for_an_emulated_link_keeps_beating() {
+        let (a, mut b) = pair();
+        let (tx, rx) = mpsc::channel();
+        let (done, _done_rx) = mpsc::channel();
+        let t =
+            std::thread::spawn(move || write_loop(0, a, rx, done, Some(Duration::from_millis(40))));
+        tx.send(Outgoing {
+            release: Some(Instant::now() + Duration::from_millis(300)),
+            msg: b"late".to_vec(),
+        })
+        .unwrap();
+        drop(tx);
+        t.join().unwrap();
+        let mut got = Vec::new();
+        b.read_to_end(&mut got).unwrap();
+        let n = got.len() - (frame::FRAME_HEADER_LEN + 4);
+        assert!(n >= 3 * frame::FRAME_HEADER_LEN, "{got:?}");
+        assert!(got[..n].chunks(5).all(|c| c == frame::HEARTBEAT));
+        assert_eq!(&got[n + frame::FRAME_HEADER_LEN..], b"late");
+    }
 
     #[test]
     fn vectored_write_survives_partial_writes() {

@@ -253,6 +253,37 @@ pub fn check_all_gather<M: Mesh>(mesh: &M, world: usize) {
     }
 }
 
+/// `all_gather_into` over reused output buffers: sizes that grow, shrink and vanish from
+/// call to call, and an output vector that starts with the wrong number of (junk) buffers.
+pub fn check_all_gather_into<M: Mesh>(mesh: &M, world: usize) {
+    let rounds: Vec<Vec<Vec<u8>>> = (0..5u64)
+        .map(|k| {
+            let mut rng = Rng(world as u64 * 131 + k);
+            (0..world)
+                .map(|_| {
+                    let n = [0, 1, 255, 1000, 3000][rng.below(5)];
+                    rng.bytes(n)
+                })
+                .collect()
+        })
+        .collect();
+    let rs = rounds.clone();
+    let out = run_ranks(mesh.make(world), test_config(), move |c| {
+        let mut out = vec![vec![0xEE; 77]; world + 2 - c.rank() % 3];
+        rs.iter()
+            .map(|inputs| {
+                c.all_gather_into(&inputs[c.rank()], &mut out).unwrap();
+                out.clone()
+            })
+            .collect::<Vec<_>>()
+    });
+    for (r, got) in out.iter().enumerate() {
+        for (k, inputs) in rounds.iter().enumerate() {
+            assert_eq!(&got[k], inputs, "world {world} rank {r} round {k}");
+        }
+    }
+}
+
 pub fn check_broadcast<M: Mesh>(mesh: &M, world: usize) {
     for root in 0..world {
         for n in [0usize, 5, 700] {
@@ -402,13 +433,14 @@ pub fn check_dead_peer<M: Mesh>(mesh: &M, world: usize) {
 }
 
 /// A peer that stays connected but never joins: every survivor times out naming it. (The
-/// 1 s abort grace keeps loaded machines from mistaking a slow survivor for a stalled one.)
+/// 0.6 s abort grace keeps loaded machines from mistaking a slow survivor for a stalled
+/// one; the grace is part of the 1.5 s timeout.)
 pub fn check_stalled_peer<M: Mesh>(mesh: &M, world: usize) {
     assert!(world >= 2);
     let victim = world - 1;
     let cfg = CommConfig {
-        timeout: Duration::from_millis(300),
-        abort_grace: Duration::from_millis(1000),
+        timeout: Duration::from_millis(1500),
+        abort_grace: Duration::from_millis(600),
         ..test_config()
     };
     let start = Instant::now();
@@ -423,9 +455,11 @@ pub fn check_stalled_peer<M: Mesh>(mesh: &M, world: usize) {
             return None;
         }
         let mut v = vec![1.0f32; 1000];
+        let t = Instant::now();
         let e = c.all_reduce_sum(&mut v).unwrap_err();
+        let took = t.elapsed();
         finished.fetch_add(1, SeqCst);
-        Some(e)
+        Some((e, took))
     });
     assert!(
         start.elapsed() < Duration::from_secs(5),
@@ -433,10 +467,81 @@ pub fn check_stalled_peer<M: Mesh>(mesh: &M, world: usize) {
         start.elapsed()
     );
     for (r, e) in out.into_iter().enumerate() {
-        if let Some(e) = e {
+        if let Some((e, took)) = e {
             assert!(matches!(e, CommError::Timeout { .. }), "rank {r}: {e}");
             assert_eq!(e.failed_ranks(), vec![victim], "rank {r}: {e}");
+            // Reported within the timeout, give or take scheduling.
+            assert!(
+                took < Duration::from_millis(2200),
+                "world {world} rank {r} took {took:?}"
+            );
         }
+    }
+}
+
+/// A rank that stalls *between* collectives for longer than the timeout (alive, its
+/// transport open, it just does not call the next collective): every survivor fails in the
+/// next collective within the timeout (plus a little slack) naming it, and the late rank,
+/// when it finally calls, fails naming itself.
+pub fn check_late_rank<M: Mesh>(mesh: &M, world: usize) {
+    assert!(world >= 2);
+    let victim = world - 1;
+    let timeout = Duration::from_millis(1000);
+    let cfg = CommConfig {
+        timeout,
+        abort_grace: Duration::from_millis(300),
+        ..test_config()
+    };
+    let out = run_ranks(mesh.make(world), cfg, move |c| {
+        let mut v = vec![1.0f32; 1000];
+        c.all_reduce_sum(&mut v).unwrap();
+        if c.rank() == victim {
+            thread::sleep(Duration::from_millis(2500));
+        }
+        let t = Instant::now();
+        let e = c.all_reduce_sum(&mut v).unwrap_err();
+        (e, t.elapsed())
+    });
+    for (r, (e, took)) in out.iter().enumerate() {
+        assert!(matches!(e, CommError::Timeout { .. }), "rank {r}: {e}");
+        assert_eq!(
+            e.failed_ranks(),
+            vec![victim],
+            "world {world} rank {r}: {e}"
+        );
+        if r != victim {
+            assert!(
+                *took < timeout + Duration::from_millis(600),
+                "world {world} rank {r} took {took:?}"
+            );
+        }
+    }
+}
+
+/// Liveness traffic is invisible: with heartbeats every 20 ms and a 300 ms peer timeout,
+/// a mesh left idle for 1 s (long past the peer timeout) still works, and the collective
+/// after the pause moves exactly the bytes of the one before it — heartbeats are neither
+/// delivered nor counted. `make(world, heartbeat, peer_timeout)` builds the mesh.
+pub fn check_idle_heartbeats<T, F>(make: F)
+where
+    T: Transport + 'static,
+    F: Fn(usize, Duration, Duration) -> Vec<T>,
+{
+    let world = 3;
+    let ts = make(world, Duration::from_millis(20), Duration::from_millis(300));
+    let out = run_ranks(ts, test_config(), |c| {
+        let mut v = vec![c.rank() as f32; 1000];
+        c.all_reduce_sum(&mut v).unwrap();
+        let (before, total_before) = (c.last_bytes(), c.total_bytes());
+        thread::sleep(Duration::from_millis(1000));
+        let idle = c.total_bytes();
+        c.all_reduce_sum(&mut v).unwrap();
+        (before, total_before, idle, c.last_bytes(), v[0])
+    });
+    for (r, (before, total_before, idle, after, v0)) in out.into_iter().enumerate() {
+        assert_eq!(v0, 9.0, "rank {r}");
+        assert_eq!(idle, total_before, "rank {r}: bytes counted while idle");
+        assert_eq!(before, after, "rank {r}");
     }
 }
 
