@@ -89,6 +89,8 @@ pub use transport::channel::{channel_mesh, ChannelTransport};
 pub use transport::mpi::{MpiCollectives, MpiTransport};
 #[cfg(feature = "quic")]
 pub use transport::quic::{QuicConfig, QuicTransport};
+#[cfg(all(feature = "shm", target_os = "linux"))]
+pub use transport::shm::{shm_mesh, ShmConfig, ShmTransport};
 #[cfg(feature = "tcp")]
 pub use transport::tcp::{TcpConfig, TcpTransport};
 pub use transport::{ByteCount, Transport, TransportError};
