@@ -492,3 +492,59 @@ fn killed_process_is_named_by_every_survivor() {
         assert!(took < Duration::from_secs(1), "rank {r} took {took:?}");
     }
 }
+
+/// Rank 1 is a separate process SIGKILLed during set-up (rank 2 never starts): rank 0
+/// fails fast naming rank 1, and the dead rank's segment file is removed for it.
+#[test]
+fn process_killed_during_set_up_is_named_and_its_segment_removed() {
+    use std::process::{Command, Stdio};
+
+    if let Ok(id) = std::env::var("DTRAIN_SHM_SETUP_CHILD") {
+        let cfg = ShmConfig {
+            connect_timeout: Duration::from_secs(30),
+            ..ShmConfig::new(TOKEN.to_vec(), id)
+        };
+        let _ = ShmTransport::connect(1, 3, cfg);
+        return;
+    }
+    let id = run_id();
+    let cfg = ShmConfig {
+        connect_timeout: Duration::from_secs(20),
+        ..ShmConfig::new(TOKEN.to_vec(), id.clone())
+    };
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "process_killed_during_set_up_is_named_and_its_segment_removed",
+            "--test-threads=1",
+        ])
+        .env("DTRAIN_SHM_SETUP_CHILD", &id)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let c = cfg.clone();
+    let rank0 = thread::spawn(move || {
+        let r = ShmTransport::connect(0, 3, c);
+        (r, Instant::now())
+    });
+    let t = Instant::now();
+    while !cfg.segment_path(1).exists() {
+        assert!(t.elapsed() < Duration::from_secs(20), "child never started");
+        thread::sleep(Duration::from_millis(5));
+    }
+    thread::sleep(Duration::from_millis(100));
+    child.kill().unwrap();
+    let killed = Instant::now();
+    let (r, at) = rank0.join().unwrap();
+    child.wait().unwrap();
+    match r {
+        Err(TransportError::Handshake { peer, detail }) => {
+            assert_eq!(peer, "rank 1", "{detail}");
+            assert!(detail.contains("exited"), "{detail}");
+        }
+        other => panic!("expected a handshake error naming rank 1, got {other:?}"),
+    }
+    assert!(at.duration_since(killed) < Duration::from_secs(2));
+    assert!(leftover_segments(&cfg, 3).is_empty());
+}

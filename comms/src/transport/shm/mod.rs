@@ -507,7 +507,7 @@ impl ShmTransport {
         )?;
         let mut peers: Vec<Option<Segment>> = (0..world).map(|_| None).collect();
         let r = open_peers(&cfg, rank, &token_hash, &own.header, deadline, &mut peers)
-            .and_then(|()| await_attached(&own, rank, world, &cfg, deadline));
+            .and_then(|()| await_attached(&own, &peers, rank, &cfg, deadline));
         if let Err(e) = r {
             // Whoever attached already learns that this rank is gone.
             own.header.get().meta.0.closed.store(1, Release);
@@ -691,6 +691,9 @@ fn open_peers(
         for p in missing {
             match segment::open(&cfg.segment_path(p), p, rank, world, token_hash)? {
                 Some(seg) => {
+                    if !Process::new(seg.header.pid()).is_alive() {
+                        return Err(died_during_setup(cfg, p));
+                    }
                     let prod = &seg.rings[0].ctl().prod.0;
                     prod.attached.store(1, Release);
                     seg.header.get().bell.0.notify();
@@ -702,6 +705,14 @@ fn open_peers(
         missing = still;
         if missing.is_empty() {
             return Ok(());
+        }
+        for (p, seg) in segs.iter().enumerate() {
+            if seg
+                .as_ref()
+                .is_some_and(|s| !Process::new(s.header.pid()).is_alive())
+            {
+                return Err(died_during_setup(cfg, p));
+            }
         }
         if own.owner_closed() || Instant::now() >= deadline {
             return Err(TransportError::Handshake {
@@ -718,18 +729,23 @@ fn open_peers(
     }
 }
 
-/// Waits until every peer has attached to this rank's segment.
+/// Waits until every peer has attached to this rank's segment; fails early if a peer
+/// whose segment is open here exits first.
 fn await_attached(
     own: &Segment,
+    peers: &[Option<Segment>],
     rank: usize,
-    world: usize,
     cfg: &ShmConfig,
     deadline: Instant,
 ) -> Result<(), TransportError> {
     let bell = &own.header.get().bell.0;
+    let processes: Vec<Option<Process>> = peers
+        .iter()
+        .map(|s| s.as_ref().map(|s| Process::new(s.header.pid())))
+        .collect();
     loop {
         let seen = bell.word.load(SeqCst);
-        let missing: Vec<usize> = (0..world)
+        let missing: Vec<usize> = (0..peers.len())
             .filter(|&p| p != rank)
             .filter(|&p| {
                 let ring = &own.rings[segment::slot(p, rank)];
@@ -738,6 +754,11 @@ fn await_attached(
             .collect();
         if missing.is_empty() {
             return Ok(());
+        }
+        for &p in &missing {
+            if processes[p].as_ref().is_some_and(|x| !x.is_alive()) {
+                return Err(died_during_setup(cfg, p));
+            }
         }
         let now = Instant::now();
         if now >= deadline {
@@ -752,8 +773,22 @@ fn await_attached(
         sys::futex_wait(
             &bell.word,
             seen,
-            (deadline - now).min(Duration::from_millis(10)),
+            (deadline - now).min(Duration::from_millis(20)),
         );
+    }
+}
+
+/// The error for peer `p` whose process exited during set-up; removes its segment file,
+/// which it can no longer remove itself.
+fn died_during_setup(cfg: &ShmConfig, p: usize) -> TransportError {
+    let path = cfg.segment_path(p);
+    let _ = std::fs::remove_file(&path);
+    TransportError::Handshake {
+        peer: format!("rank {p}"),
+        detail: format!(
+            "its process exited during set-up (removed its segment {})",
+            path.display()
+        ),
     }
 }
 
