@@ -4,7 +4,7 @@
 //! ```text
 //! cargo build --release -p dtrain-comms --example shm_allreduce
 //! target/release/examples/shm_allreduce [--ranks 2,4] [--sizes 1K,64K,1M,2M,16M,64M]
-//!     [--secs 0.3] [--chunk 1M] [--ring 4M] [--spin-us 20] [--transports shm,tcp]
+//!     [--secs 0.3] [--chunk 1M] [--ring 4M] [--spin-us N] [--transports shm,tcp]
 //! ```
 //!
 //! No launcher is needed: the parent re-runs this binary once per rank (environment
@@ -61,7 +61,7 @@ struct Opts {
     secs: f64,
     chunk: usize,
     ring: usize,
-    spin_us: u64,
+    spin_us: Option<u64>,
     transports: Vec<String>,
 }
 
@@ -77,7 +77,7 @@ fn parse_opts(args: &[String]) -> Opts {
         secs: 0.3,
         chunk: CommConfig::default().chunk_bytes,
         ring: ShmConfig::new(TOKEN, "").ring_bytes,
-        spin_us: ShmConfig::new(TOKEN, "").spin.as_micros() as u64,
+        spin_us: None,
         transports: vec!["shm".into(), "tcp".into()],
     };
     let mut it = args.iter();
@@ -89,7 +89,7 @@ fn parse_opts(args: &[String]) -> Opts {
             "--secs" => o.secs = v().parse().expect("secs"),
             "--chunk" => o.chunk = parse_size(&v()),
             "--ring" => o.ring = parse_size(&v()),
-            "--spin-us" => o.spin_us = v().parse().expect("spin"),
+            "--spin-us" => o.spin_us = Some(v().parse().expect("spin")),
             "--transports" => o.transports = v().split(',').map(str::to_owned).collect(),
             other => panic!("unknown option {other}"),
         }
@@ -110,11 +110,16 @@ fn opts_to_args(o: &Opts) -> Vec<String> {
         o.chunk.to_string(),
         "--ring".into(),
         o.ring.to_string(),
-        "--spin-us".into(),
-        o.spin_us.to_string(),
         "--transports".into(),
         o.transports.join(","),
     ]
+    .into_iter()
+    .chain(
+        o.spin_us
+            .iter()
+            .flat_map(|s| ["--spin-us".into(), s.to_string()]),
+    )
+    .collect()
 }
 
 /// CPU time used so far by this process's live threads (from `/proc`).
@@ -214,7 +219,7 @@ fn child(spec: &str, opts: &Opts) {
     let tcp = TcpTransport::connect(rank, &addrs, listener, TcpConfig::new(TOKEN)).expect("tcp");
     let shm_cfg = ShmConfig {
         ring_bytes: opts.ring,
-        spin: Duration::from_micros(opts.spin_us),
+        spin: opts.spin_us.map(Duration::from_micros),
         ..ShmConfig::new(TOKEN, run_id)
     };
     let shm = ShmTransport::connect(rank, world, shm_cfg).expect("shm");
@@ -264,11 +269,14 @@ fn main() {
         child(&spec, &opts);
         return;
     }
+    let spin = match opts.spin_us {
+        Some(us) => format!("{us} us"),
+        None => "auto".into(),
+    };
     println!(
-        "# all-reduce (f32 sum), one process per rank, chunk {}, shm ring {}, spin {} us",
+        "# all-reduce (f32 sum), one process per rank, chunk {}, shm ring {}, spin {spin}",
         fmt_size(opts.chunk),
         fmt_size(opts.ring),
-        opts.spin_us
     );
     let mut head = format!("{:>5} {:>6}", "ranks", "size");
     for tr in &opts.transports {

@@ -25,15 +25,21 @@
 //! # Data path
 //! [`Transport::send`] copies the frame straight into the peer's ring when nothing is
 //! queued for that peer (no thread hand-off, no system call unless the receiver sleeps);
-//! what does not fit is queued for a writer thread per peer, which streams it as space
-//! frees up — so `send` never waits for the peer. With [`ShmConfig::link`] set, every
-//! frame is stamped with its release time on the rank's emulated egress link
-//! ([`crate::shaping`]) and written by the writer no earlier. [`Transport::recv`] copies
-//! frames out of the rings on the caller's thread into buffers from the crate's pool;
-//! messages from peers that `recv_from` does not ask for stay in their rings.
+//! what does not fit is queued, and a writer thread per peer streams it as space frees up
+//! — so `send` never waits for the peer. While the caller's thread is in the transport
+//! anyway (waiting in `recv`, or sending), it moves queued frames itself, so that on a
+//! busy host progress does not wait for the writer thread to be scheduled; a flag in the
+//! queue's lock keeps the two off the ring's producer side at the same time. With
+//! [`ShmConfig::link`] set, every frame is stamped with its release time on the rank's
+//! emulated egress link ([`crate::shaping`]) and written no earlier. [`Transport::recv`]
+//! copies frames out of the rings on the caller's thread into buffers from the crate's
+//! pool (the sender gives its message buffers back to the pool once copied, so in a ring
+//! collective the same few chunk buffers circulate); messages from peers that
+//! `recv_from` does not ask for stay in their rings.
 //!
 //! # Waiting
-//! A receiver with nothing to read spins for [`ShmConfig::spin`], then sleeps on its
+//! A receiver with nothing to read spins for a few microseconds ([`ShmConfig::spin`]; not
+//! when the ranks outnumber the CPUs), then sleeps on its
 //! doorbell (a process-shared futex every sender rings after publishing bytes; the ring
 //! costs a system call only while the receiver sleeps). A writer facing a full ring does
 //! the same on the ring's space word. Sleeps are bounded by the deadline and by
@@ -52,7 +58,7 @@ mod sys;
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -66,6 +72,9 @@ use super::{check_peer, ByteCount, Transport, TransportError};
 use crate::frame::{self, FRAME_HEADER_LEN, TAG_DATA};
 use crate::pool;
 use crate::shaping::{LinkSpec, Shaper};
+
+/// Spin time before sleeping when the host has a CPU per rank (see [`ShmConfig::spin`]).
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(20);
 
 /// Configuration of a [`ShmTransport`].
 #[derive(Clone, PartialEq)]
@@ -87,8 +96,10 @@ pub struct ShmConfig {
     pub linger: Duration,
     /// Egress link emulation of this rank (see [`crate::shaping`]). Default unshaped.
     pub link: LinkSpec,
-    /// How long a waiting receiver or writer spins before it sleeps. Default 20 µs.
-    pub spin: Duration,
+    /// How long a waiting receiver or writer spins before it sleeps. Default `None`:
+    /// [`DEFAULT_SPIN`] when the host has at least as many CPUs as the world has ranks,
+    /// else no spinning (a spinning rank would take the CPU of the rank it waits for).
+    pub spin: Option<Duration>,
     /// How often a waiting rank checks that its peers' processes are alive, and so the
     /// bound on noticing a killed peer. Default 50 ms.
     pub liveness_interval: Duration,
@@ -124,7 +135,7 @@ impl ShmConfig {
             connect_timeout: Duration::from_secs(30),
             linger: Duration::from_secs(10),
             link: LinkSpec::default(),
-            spin: Duration::from_micros(20),
+            spin: None,
             liveness_interval: Duration::from_millis(50),
             dir: PathBuf::from("/dev/shm"),
         }
@@ -164,6 +175,18 @@ impl ShmConfig {
         std::array::from_fn(|i| u64::from_le_bytes(d[i * 8..i * 8 + 8].try_into().expect("8")))
     }
 
+    /// The spin time for a world of `world` ranks (see [`ShmConfig::spin`]).
+    pub fn spin_for(&self, world: usize) -> Duration {
+        self.spin.unwrap_or_else(|| {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            if world <= cpus {
+                DEFAULT_SPIN
+            } else {
+                Duration::ZERO
+            }
+        })
+    }
+
     fn ring_capacity(&self) -> usize {
         self.ring_bytes
             .clamp(segment::PAGE, 1 << 30)
@@ -175,7 +198,7 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// A frame queued for a peer's writer thread.
+/// A frame queued for a peer.
 #[derive(Debug)]
 struct Outgoing {
     /// When the emulated link delivers it (`None`: at once).
@@ -188,10 +211,26 @@ struct Outgoing {
 #[derive(Debug, Default)]
 struct OutState {
     queue: VecDeque<Outgoing>,
-    /// The writer thread is writing a frame (it owns the producer side of the ring).
+    /// Someone (the caller's thread or the writer thread) is copying the front frame into
+    /// the ring, outside the lock: only they touch the producer side.
     writing: bool,
     /// The transport is dropping: flush and exit.
     closing: bool,
+}
+
+/// What one [`Outbound::pump`] left behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pump {
+    /// Everything queued is in the ring.
+    Empty,
+    /// The other thread is writing.
+    Busy,
+    /// The front frame is held until its emulated release time.
+    Hold(Instant),
+    /// The ring is full.
+    Full,
+    /// The peer is gone.
+    Gone,
 }
 
 /// The sending side towards one peer, shared with its writer thread.
@@ -202,6 +241,8 @@ struct Outbound {
     peer: Header,
     process: Arc<Process>,
     state: Mutex<OutState>,
+    /// Frames queued and not completely written (a lock-free hint for the caller).
+    queued: AtomicUsize,
     cv: Condvar,
     /// The peer is gone (closed its segment, or its process exited).
     dead: AtomicBool,
@@ -220,62 +261,69 @@ impl Outbound {
         self.dead.load(Acquire) || self.peer.owner_closed()
     }
 
-    /// Writes the rest of a frame, waiting for space; fails if the peer goes away or the
-    /// transport stops.
-    fn write_frame(&self, prefix: &[u8], msg: &[u8], mut done: usize) -> Result<(), ()> {
-        let total = prefix.len() + msg.len();
-        let space = &self.ring.ctl().space.0;
-        let mut next_check = Instant::now() + self.liveness;
-        while done < total {
-            if self.stop.load(Acquire) {
-                return Err(());
-            }
-            let seen = space.word.load(SeqCst);
-            let n = self.ring.write([prefix, msg], done);
-            if n > 0 {
-                done += n;
-                self.peer.get().bell.0.notify();
-                continue;
-            }
-            if self.peer_gone() {
-                return Err(());
-            }
-            let now = Instant::now();
-            if now >= next_check {
-                if !self.process.is_alive() {
-                    return Err(());
-                }
-                next_check = now + self.liveness;
-            }
-            if spin_until_changed(&space.word, seen, self.spin) {
-                continue;
-            }
-            space.sleeping.store(1, SeqCst);
-            if space.word.load(SeqCst) == seen {
-                sys::futex_wait(&space.word, seen, next_check.saturating_duration_since(now));
-            }
-            space.sleeping.store(0, SeqCst);
-        }
-        Ok(())
+    /// Moves queued frames into the ring as far as they fit, without waiting. Called by
+    /// the writer thread, and by the caller's thread whenever it is in the transport
+    /// anyway (so that on a busy host progress does not wait for the writer thread to be
+    /// scheduled).
+    fn pump(&self) -> Pump {
+        self.pump_counting().0
     }
 
-    /// Waits until `at` unless told to stop; returns the guard.
-    fn hold_until<'a>(
-        &self,
-        mut g: MutexGuard<'a, OutState>,
-        at: Instant,
-    ) -> MutexGuard<'a, OutState> {
-        loop {
-            let now = Instant::now();
-            if now >= at || self.stop.load(Acquire) {
-                return g;
+    /// [`Outbound::pump`], also returning how many bytes it wrote.
+    fn pump_counting(&self) -> (Pump, usize) {
+        let mut wrote = 0;
+        let mut g = self.lock();
+        let state = loop {
+            if self.peer_gone() {
+                break Pump::Gone;
             }
-            g = self
-                .cv
-                .wait_timeout(g, at - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            if g.writing {
+                break Pump::Busy;
+            }
+            let Some(front) = g.queue.front() else {
+                break Pump::Empty;
+            };
+            if let Some(at) = front.release {
+                if Instant::now() < at {
+                    break Pump::Hold(at);
+                }
+            }
+            let mut o = g.queue.pop_front().expect("front exists");
+            g.writing = true;
+            drop(g);
+            let n = self
+                .ring
+                .write([&frame::data_prefix(o.msg.len()), &o.msg], o.done);
+            if n > 0 {
+                self.peer.get().bell.0.notify();
+            }
+            wrote += n;
+            o.done += n;
+            if o.done == o.msg.len() + FRAME_HEADER_LEN {
+                pool::put(o.msg);
+                g = self.lock();
+                g.writing = false;
+                self.queued.fetch_sub(1, Release);
+                continue;
+            }
+            g = self.lock();
+            g.writing = false;
+            g.queue.push_front(o);
+            // The writer thread may be waiting for this thread to let go.
+            self.cv.notify_one();
+            break Pump::Full;
+        };
+        (state, wrote)
+    }
+
+    /// Marks the peer gone and drops what is queued.
+    fn fail(&self) {
+        self.dead.store(true, Release);
+        let mut g = self.lock();
+        for o in g.queue.drain(..) {
+            pool::put(o.msg);
         }
+        self.queued.store(0, Release);
     }
 }
 
@@ -298,44 +346,60 @@ fn spin_until_changed(word: &std::sync::atomic::AtomicU32, seen: u32, spin: Dura
     }
 }
 
-/// The writer thread of one peer: streams queued frames into the ring until the transport
-/// drops (then marks the ring closed) or the peer goes away.
+/// The writer thread of one peer: moves queued frames into the ring, waiting for space
+/// or release times, until the transport drops and the queue is flushed (or the linger
+/// time runs out, or the peer goes away); then marks the ring closed.
 fn writer_loop(out: Arc<Outbound>, done: mpsc::Sender<()>) {
-    loop {
-        let mut g = out.lock();
-        let o = loop {
-            if out.dead.load(Acquire) {
-                break None;
-            }
-            if let Some(o) = g.queue.pop_front() {
-                break Some(o);
-            }
-            if g.closing {
-                break None;
-            }
-            g = out.cv.wait(g).unwrap_or_else(|e| e.into_inner());
-        };
-        let Some(o) = o else { break };
-        g.writing = true;
-        if let Some(at) = o.release {
-            g = out.hold_until(g, at);
+    let space = &out.ring.ctl().space.0;
+    let mut next_check = Instant::now() + out.liveness;
+    let ok = loop {
+        if out.stop.load(Acquire) {
+            break false;
         }
-        drop(g);
-        let r = if out.stop.load(Acquire) {
-            Err(())
-        } else {
-            out.write_frame(&frame::data_prefix(o.msg.len()), &o.msg, o.done)
-        };
-        pool::put(o.msg);
-        let mut g = out.lock();
-        g.writing = false;
-        if r.is_err() {
-            out.dead.store(true, Release);
-            for o in g.queue.drain(..) {
-                pool::put(o.msg);
+        let seen = space.word.load(SeqCst);
+        match out.pump() {
+            Pump::Gone => break false,
+            Pump::Empty | Pump::Busy => {
+                let g = out.lock();
+                if g.closing && g.queue.is_empty() && !g.writing {
+                    break true;
+                }
+                if (g.queue.is_empty() || g.writing) && !out.stop.load(Acquire) {
+                    drop(out.cv.wait(g).unwrap_or_else(|e| e.into_inner()));
+                }
             }
-            break;
+            Pump::Hold(at) => {
+                let g = out.lock();
+                let wait = at.saturating_duration_since(Instant::now());
+                if !out.stop.load(Acquire) {
+                    drop(
+                        out.cv
+                            .wait_timeout(g, wait)
+                            .unwrap_or_else(|e| e.into_inner()),
+                    );
+                }
+            }
+            Pump::Full => {
+                let now = Instant::now();
+                if now >= next_check {
+                    if !out.process.is_alive() {
+                        break false;
+                    }
+                    next_check = now + out.liveness;
+                }
+                if spin_until_changed(&space.word, seen, out.spin) {
+                    continue;
+                }
+                space.sleeping.store(1, SeqCst);
+                if space.word.load(SeqCst) == seen {
+                    sys::futex_wait(&space.word, seen, next_check.saturating_duration_since(now));
+                }
+                space.sleeping.store(0, SeqCst);
+            }
         }
+    };
+    if !ok {
+        out.fail();
     }
     out.ring.close_producer(&out.peer);
     drop(done);
@@ -481,7 +545,7 @@ impl ShmTransport {
             world,
             max_frame: cfg.max_frame,
             linger: cfg.linger,
-            spin: cfg.spin,
+            spin: cfg.spin_for(world),
             liveness: cfg.liveness_interval.max(Duration::from_millis(1)),
             own: None,
             inbound: (0..world).map(|_| None).collect(),
@@ -517,7 +581,7 @@ impl ShmTransport {
             return Err(e);
         }
         unlink.now();
-        t.start(own, peers, &cfg, done_tx)?;
+        t.start(own, peers, done_tx)?;
         Ok(t)
     }
 
@@ -526,7 +590,6 @@ impl ShmTransport {
         &mut self,
         own: Segment,
         peers: Vec<Option<Segment>>,
-        cfg: &ShmConfig,
         done_tx: mpsc::Sender<()>,
     ) -> Result<(), TransportError> {
         let rank = self.rank;
@@ -544,10 +607,11 @@ impl ShmTransport {
                 peer: seg.header,
                 process: processes[p].clone().expect("just set"),
                 state: Mutex::new(OutState::default()),
+                queued: AtomicUsize::new(0),
                 cv: Condvar::new(),
                 dead: AtomicBool::new(false),
                 stop: AtomicBool::new(false),
-                spin: cfg.spin,
+                spin: self.spin,
                 liveness: self.liveness,
             }));
         }
@@ -596,6 +660,18 @@ impl ShmTransport {
                 out.cv.notify_all();
             }
         }
+    }
+
+    /// Moves frames queued for any peer into its ring, as far as they fit; returns whether
+    /// it wrote anything.
+    fn pump_all(&self) -> bool {
+        let mut wrote = 0;
+        for out in self.outbound.iter().flatten() {
+            if out.queued.load(Acquire) > 0 {
+                wrote += out.pump_counting().1;
+            }
+        }
+        wrote > 0
     }
 
     /// Polls the inbound rings (all, or only `only`), round robin.
@@ -655,6 +731,9 @@ impl ShmTransport {
             }
             if now >= deadline {
                 return Err(TransportError::Timeout);
+            }
+            if self.pump_all() {
+                continue;
             }
             if spin_until_changed(&bell.word, seen, self.spin) {
                 continue;
@@ -818,12 +897,17 @@ impl Transport for ShmTransport {
         }
         let len = msg.len() + FRAME_HEADER_LEN;
         let release = self.shaper.as_mut().map(|s| s.release(Instant::now(), len));
+        if out.queued.load(Acquire) > 0 {
+            out.pump();
+        }
         let mut g = out.lock();
         if out.dead.load(Acquire) {
             return Err(TransportError::Closed { rank: to });
         }
         let mut done = 0;
         if release.is_none() && g.queue.is_empty() && !g.writing {
+            // Nothing ahead of it: copy straight into the ring (the lock keeps the writer
+            // thread off the producer side meanwhile).
             done = out.ring.write([&frame::data_prefix(msg.len()), &msg], 0);
             if done > 0 {
                 out.peer.get().bell.0.notify();
@@ -834,6 +918,7 @@ impl Transport for ShmTransport {
             pool::put(msg);
         } else {
             g.queue.push_back(Outgoing { release, msg, done });
+            out.queued.fetch_add(1, Release);
             drop(g);
             out.cv.notify_one();
         }
@@ -907,6 +992,17 @@ pub fn shm_mesh(world: usize, cfg: ShmConfig) -> Result<Vec<ShmTransport>, Trans
         .collect()
 }
 
+/// Whether every rank's address (as a rendezvous hands them out) points at one host: all
+/// loopback, or all the same IP address. A heuristic for choosing this driver: ranks that
+/// do not in fact share `/dev/shm` (separate containers behind one address) make
+/// [`ShmTransport::connect`] fail naming the ranks whose segments never appeared, so a
+/// launcher should try it with a short [`ShmConfig::connect_timeout`] and have all ranks
+/// agree on the outcome before falling back.
+pub fn same_host(addrs: &[std::net::SocketAddr]) -> bool {
+    let all_loopback = addrs.iter().all(|a| a.ip().is_loopback());
+    all_loopback || addrs.windows(2).all(|w| w[0].ip() == w[1].ip())
+}
+
 /// The segment files of the run of `cfg` (ranks `0..world`) that still exist: none once
 /// a mesh is up or its set-up failed (a process killed during set-up leaves its own).
 pub fn leftover_segments(cfg: &ShmConfig, world: usize) -> Vec<PathBuf> {
@@ -914,4 +1010,38 @@ pub fn leftover_segments(cfg: &ShmConfig, world: usize) -> Vec<PathBuf> {
         .map(|r| cfg.segment_path(r))
         .filter(|p| p.exists())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_host_by_address_and_config_derivations() {
+        let a = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        assert!(same_host(&[a("127.0.0.1:1"), a("127.0.0.2:2")]));
+        assert!(same_host(&[a("10.0.0.5:1"), a("10.0.0.5:2")]));
+        assert!(!same_host(&[a("10.0.0.5:1"), a("10.0.0.6:1")]));
+        assert!(same_host(&[]));
+        let c = ShmConfig::new(b"t".to_vec(), b"run".to_vec());
+        assert_ne!(c.segment_path(0), c.segment_path(1));
+        let other = ShmConfig::new(b"t".to_vec(), b"run2".to_vec());
+        assert_ne!(c.segment_path(0), other.segment_path(0));
+        assert_ne!(
+            c.token_hash(),
+            ShmConfig::new(b"u".to_vec(), b"run".to_vec()).token_hash()
+        );
+        assert_eq!(c.ring_capacity(), 4 << 20);
+        let odd = ShmConfig {
+            ring_bytes: 5000,
+            ..c.clone()
+        };
+        assert_eq!(odd.ring_capacity(), 8192);
+        let fixed = ShmConfig {
+            spin: Some(Duration::ZERO),
+            ..c.clone()
+        };
+        assert_eq!(fixed.spin_for(2), Duration::ZERO);
+        assert_eq!(c.spin_for(usize::MAX), Duration::ZERO);
+    }
 }
