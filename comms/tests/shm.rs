@@ -548,3 +548,45 @@ fn process_killed_during_set_up_is_named_and_its_segment_removed() {
     assert!(at.duration_since(killed) < Duration::from_secs(2));
     assert!(leftover_segments(&cfg, 3).is_empty());
 }
+
+/// After a rendezvous: every rank derives the same run id from what it received, checks
+/// that all ranks are on one host, and forms a shared-memory mesh.
+#[cfg(feature = "tcp")]
+#[test]
+fn mesh_after_a_rendezvous() {
+    use dtrain_comms::rendezvous::{self, Host, RendezvousConfig, RunIdentity};
+    use dtrain_comms::transport::shm::same_host;
+    use std::net::TcpListener;
+
+    let world = 3;
+    let rcfg = RendezvousConfig {
+        timeout: Duration::from_secs(10),
+        ..RendezvousConfig::new(TOKEN.to_vec())
+    };
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let h = Host::spawn(l, world, RunIdentity::default(), rcfg.clone()).unwrap();
+    let at = h.addr();
+    let ranks: Vec<_> = (0..world)
+        .map(|rank| {
+            let rcfg = rcfg.clone();
+            thread::spawn(move || {
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                let j = rendezvous::join(at, rank, world, l.local_addr().unwrap(), &rcfg).unwrap();
+                assert!(same_host(&j.peers));
+                let cfg = ShmConfig::from_joined(TOKEN.to_vec(), &j);
+                let t = ShmTransport::connect(j.rank, j.world, cfg.clone()).unwrap();
+                let mut c = Communicator::new(t, CommConfig::default());
+                let mut v = vec![rank as f32 + 1.0; 100_000];
+                c.all_reduce_sum(&mut v).unwrap();
+                (cfg, v)
+            })
+        })
+        .collect();
+    let out: Vec<_> = ranks.into_iter().map(|t| t.join().unwrap()).collect();
+    h.wait().unwrap();
+    for (cfg, v) in &out {
+        assert_eq!(cfg.run_id, out[0].0.run_id);
+        assert!(v.iter().all(|&x| x == 6.0));
+    }
+    assert!(leftover_segments(&out[0].0, world).is_empty());
+}
