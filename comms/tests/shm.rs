@@ -590,3 +590,40 @@ fn mesh_after_a_rendezvous() {
     }
     assert!(leftover_segments(&out[0].0, world).is_empty());
 }
+
+/// Frames that did not fit the ring, or wait for their emulated release time, reach the
+/// peer while the sender is busy elsewhere (not in the transport): the writer thread
+/// delivers them.
+#[test]
+fn queued_frames_are_delivered_while_the_sender_is_away() {
+    for link in [
+        dtrain_comms::shaping::LinkSpec::default(),
+        dtrain_comms::shaping::LinkSpec::parse(Some("1Gbit"), Some("2ms")).unwrap(),
+    ] {
+        let cfg = ShmConfig {
+            link,
+            ..config(TOKEN)
+        };
+        let mut m = mesh_with(2, cfg);
+        let mut t1 = m.pop().unwrap();
+        let mut t0 = m.pop().unwrap();
+        for i in 0..8u8 {
+            t0.send(1, vec![i; 300_000]).unwrap();
+        }
+        let away = thread::spawn(move || {
+            // The sender computes for a while without touching its transport.
+            thread::sleep(Duration::from_secs(1));
+            t0
+        });
+        let t = Instant::now();
+        for i in 0..8u8 {
+            assert_eq!(t1.recv_from(0, secs(10)).unwrap(), vec![i; 300_000]);
+        }
+        assert!(
+            t.elapsed() < Duration::from_millis(800),
+            "{:?}",
+            t.elapsed()
+        );
+        drop(away.join().unwrap());
+    }
+}

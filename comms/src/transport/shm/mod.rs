@@ -264,13 +264,14 @@ impl Outbound {
     /// Moves queued frames into the ring as far as they fit, without waiting. Called by
     /// the writer thread, and by the caller's thread whenever it is in the transport
     /// anyway (so that on a busy host progress does not wait for the writer thread to be
-    /// scheduled).
-    fn pump(&self) -> Pump {
-        self.pump_counting().0
+    /// scheduled); the caller's thread passes `hand_over`, so that frames it leaves queued
+    /// are handed to the writer thread.
+    fn pump(&self, hand_over: bool) -> Pump {
+        self.pump_counting(hand_over).0
     }
 
     /// [`Outbound::pump`], also returning how many bytes it wrote.
-    fn pump_counting(&self) -> (Pump, usize) {
+    fn pump_counting(&self, hand_over: bool) -> (Pump, usize) {
         let mut wrote = 0;
         let mut g = self.lock();
         let state = loop {
@@ -309,10 +310,13 @@ impl Outbound {
             g = self.lock();
             g.writing = false;
             g.queue.push_front(o);
-            // The writer thread may be waiting for this thread to let go.
-            self.cv.notify_one();
             break Pump::Full;
         };
+        if hand_over && matches!(state, Pump::Full | Pump::Hold(_)) {
+            // The writer thread may be waiting for this thread to let go of the ring.
+            drop(g);
+            self.cv.notify_one();
+        }
         (state, wrote)
     }
 
@@ -357,7 +361,7 @@ fn writer_loop(out: Arc<Outbound>, done: mpsc::Sender<()>) {
             break false;
         }
         let seen = space.word.load(SeqCst);
-        match out.pump() {
+        match out.pump(false) {
             Pump::Gone => break false,
             Pump::Empty | Pump::Busy => {
                 let g = out.lock();
@@ -668,7 +672,7 @@ impl ShmTransport {
         let mut wrote = 0;
         for out in self.outbound.iter().flatten() {
             if out.queued.load(Acquire) > 0 {
-                wrote += out.pump_counting().1;
+                wrote += out.pump_counting(true).1;
             }
         }
         wrote > 0
@@ -898,7 +902,7 @@ impl Transport for ShmTransport {
         let len = msg.len() + FRAME_HEADER_LEN;
         let release = self.shaper.as_mut().map(|s| s.release(Instant::now(), len));
         if out.queued.load(Acquire) > 0 {
-            out.pump();
+            out.pump(true);
         }
         let mut g = out.lock();
         if out.dead.load(Acquire) {
