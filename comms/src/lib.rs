@@ -54,7 +54,9 @@
 //!   [`transport::channel`] (in-process), `transport::tcp` (feature `tcp`, on by
 //!   default: tokio, TCP_NODELAY, one connection per rank pair, run-token handshake) and
 //!   `transport::quic` (feature `quic`, on by default: quinn + rustls/ring, TLS 1.3 with the
-//!   pinned per-run certificate, plus the run token on the stream).
+//!   pinned per-run certificate, plus the run token on the stream) and `transport::shm`
+//!   (feature `shm`, on by default, Linux: ranks on one host exchange frames through byte
+//!   rings in `/dev/shm` mappings, waiting on process-shared futexes).
 //! * `rendezvous` (feature `tcp`): rank 0 or a given address hosts it; ranks join with the
 //!   run token and learn the world, every peer's address and the run certificate;
 //!   `rendezvous::placement` reads ranks from flags, Slurm or Open MPI.
@@ -89,6 +91,8 @@ pub use transport::channel::{channel_mesh, ChannelTransport};
 pub use transport::mpi::{MpiCollectives, MpiTransport};
 #[cfg(feature = "quic")]
 pub use transport::quic::{QuicConfig, QuicTransport};
+#[cfg(all(feature = "shm", target_os = "linux"))]
+pub use transport::shm::{shm_mesh, ShmConfig, ShmTransport};
 #[cfg(feature = "tcp")]
 pub use transport::tcp::{TcpConfig, TcpTransport};
 pub use transport::{ByteCount, Transport, TransportError};

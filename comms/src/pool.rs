@@ -66,7 +66,7 @@ pub(crate) fn take_empty(n: usize) -> Vec<u8> {
 }
 
 /// A buffer of exactly `n` initialised bytes (contents unspecified).
-#[cfg_attr(not(feature = "tcp"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "tcp", feature = "shm")), allow(dead_code))]
 pub(crate) fn take_filled(n: usize) -> Vec<u8> {
     match take(n) {
         Some(mut b) => {

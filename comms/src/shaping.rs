@@ -14,14 +14,14 @@
 //! The model only computes times; the transport driver sleeps until [`Release::at`] and then
 //! writes the frame. Times are `Duration`s since an arbitrary epoch chosen by the driver.
 //!
-//! The TCP and QUIC drivers apply it per worker ([`LinkSpec`] in their configs): one
+//! The TCP, QUIC and shared-memory drivers apply it per worker ([`LinkSpec`] in their configs): one
 //! [`Link`] shared by all of the worker's connections (its NIC), offered each frame when
 //! [`crate::Transport::send`] queues it (so latency pipelines over back-to-back frames); the
 //! connection's writer task sleeps until the frame's release time and then writes it. The
 //! [`LinkSpec::predict_all_reduce`] family gives the α–β predictions that emulated runs are
 //! compared against.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Parses a bandwidth such as `"1Gbit"`, `"100Mbit"`, `"10Gbps"`, `"2.5GB/s"`,
 /// `"500MiB/s"`, `"800kbit"`; returns bytes per second.
@@ -248,6 +248,34 @@ impl LinkSpec {
     }
 }
 
+/// A worker's emulated egress link over real time: one [`Link`] shared by all its
+/// connections (or rings), with `epoch` as the model's time zero. The stream drivers and
+/// the shared-memory driver stamp every frame with [`Shaper::release`] when it is queued,
+/// and their writers hold it until then.
+#[derive(Debug)]
+#[cfg_attr(not(any(feature = "tcp", feature = "shm")), allow(dead_code))]
+pub(crate) struct Shaper {
+    link: Link,
+    epoch: Instant,
+}
+
+#[cfg_attr(not(any(feature = "tcp", feature = "shm")), allow(dead_code))]
+impl Shaper {
+    /// `None` when `spec` shapes nothing.
+    pub(crate) fn new(spec: &LinkSpec) -> Option<Self> {
+        spec.is_shaped().then(|| Shaper {
+            link: spec.link(),
+            epoch: Instant::now(),
+        })
+    }
+
+    /// Offers a frame of `wire_bytes` queued at `now`; returns when to write it.
+    pub(crate) fn release(&mut self, now: Instant, wire_bytes: usize) -> Instant {
+        let since = now.saturating_duration_since(self.epoch);
+        self.epoch + self.link.offer(since, wire_bytes).at
+    }
+}
+
 /// The α–β time of sending `bytes` over one link: `latency + bytes/rate`.
 pub fn alpha_beta(bytes: f64, rate: f64, latency: Duration) -> f64 {
     latency.as_secs_f64() + bytes / rate
@@ -344,5 +372,27 @@ mod tests {
             Link::unlimited().offer(Duration::from_secs(1), 1 << 30).at,
             Duration::from_secs(1)
         );
+    }
+
+    #[test]
+    fn shaper_follows_the_link_model_in_real_time() {
+        assert!(Shaper::new(&LinkSpec::default()).is_none());
+        let spec = LinkSpec {
+            bandwidth: Some(1e6),
+            latency: Duration::from_millis(2),
+        };
+        let mut s = Shaper::new(&spec).unwrap();
+        let t0 = s.epoch + Duration::from_millis(10);
+        // 1000 bytes at 1 MB/s: 1 ms on the wire, then 2 ms latency.
+        assert_eq!(s.release(t0, 1000), t0 + Duration::from_millis(3));
+        // Queued right behind: waits for the link; latency overlaps.
+        assert_eq!(s.release(t0, 1000), t0 + Duration::from_millis(4));
+        // A time before the epoch counts as the epoch.
+        let mut s = Shaper::new(&spec).unwrap();
+        let before = s
+            .epoch
+            .checked_sub(Duration::from_millis(5))
+            .unwrap_or(s.epoch);
+        assert_eq!(s.release(before, 0), s.epoch + Duration::from_millis(2));
     }
 }

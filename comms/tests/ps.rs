@@ -145,6 +145,13 @@ fn push_pull_over_tcp() {
     check_sync(common::tcp::mesh, 2, 2, false, 777);
 }
 
+#[cfg(all(feature = "shm", target_os = "linux"))]
+#[test]
+fn push_pull_over_shm() {
+    check_sync(common::shm::mesh, 3, 2, true, 1001);
+    check_sync(common::shm::mesh, 2, 2, false, 777);
+}
+
 /// SSP: with per-worker random compute times, a worker starting step `t` never finds a
 /// worker whose clock (steps finished) is below `t - s`; every aggregate is still exact.
 /// Returns the largest lead observed.

@@ -11,7 +11,8 @@
 //! Drivers: [`channel`] (in-process, N ranks as threads); with the `tcp` feature,
 //! [`tcp`] (tokio, one connection per rank pair, authenticated by the run token); with the
 //! `quic` feature, [`quic`] (quinn, TLS 1.3 with the pinned run certificate, plus the run
-//! token). The byte-stream drivers share their framing and egress shaping (`stream.rs`);
+//! token); with the `shm` feature (Linux), [`shm`] (ranks on one host: byte rings in
+//! `/dev/shm` mappings, futex waits). The byte-stream drivers share their framing and egress shaping (`stream.rs`);
 //! TCP moves data with a blocking reader and writer thread per connection (`threaded.rs`).
 
 pub mod channel;
@@ -19,6 +20,8 @@ pub mod channel;
 pub mod mpi;
 #[cfg(feature = "quic")]
 pub mod quic;
+#[cfg(all(feature = "shm", target_os = "linux"))]
+pub mod shm;
 #[cfg(feature = "tcp")]
 pub(crate) mod stream;
 #[cfg(feature = "tcp")]

@@ -16,7 +16,7 @@ use tracing::warn;
 use super::{Event, TransportError};
 use crate::frame::{self, Frame, FrameError, Hello, FRAME_HEADER_LEN};
 use crate::pool;
-use crate::shaping::{Link, LinkSpec};
+pub(crate) use crate::shaping::Shaper;
 
 /// A frame queued for a connection's writer.
 #[derive(Debug)]
@@ -25,30 +25,6 @@ pub(crate) struct Outgoing {
     pub(crate) release: Option<Instant>,
     /// The message (the writer adds the frame prefix).
     pub(crate) msg: Vec<u8>,
-}
-
-/// A worker's emulated egress link over real time: one [`Link`] shared by all its
-/// connections, with `epoch` as the model's time zero.
-#[derive(Debug)]
-pub(crate) struct Shaper {
-    link: Link,
-    epoch: Instant,
-}
-
-impl Shaper {
-    /// `None` when `spec` shapes nothing.
-    pub(crate) fn new(spec: &LinkSpec) -> Option<Self> {
-        spec.is_shaped().then(|| Shaper {
-            link: spec.link(),
-            epoch: Instant::now(),
-        })
-    }
-
-    /// Offers a frame of `wire_bytes` queued at `now`; returns when to write it.
-    pub(crate) fn release(&mut self, now: Instant, wire_bytes: usize) -> Instant {
-        let since = now.saturating_duration_since(self.epoch);
-        self.epoch + self.link.offer(since, wire_bytes).at
-    }
 }
 
 /// Checks that a peer timeout leaves room for at least two heartbeats (shared by the TCP
@@ -225,32 +201,5 @@ pub(crate) async fn writer<W: AsyncWrite + Unpin>(
     match w.shutdown().await {
         Ok(()) => Some(w.into_inner()),
         Err(_) => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shaper_follows_the_link_model_in_real_time() {
-        assert!(Shaper::new(&LinkSpec::default()).is_none());
-        let spec = LinkSpec {
-            bandwidth: Some(1e6),
-            latency: Duration::from_millis(2),
-        };
-        let mut s = Shaper::new(&spec).unwrap();
-        let t0 = s.epoch + Duration::from_millis(10);
-        // 1000 bytes at 1 MB/s: 1 ms on the wire, then 2 ms latency.
-        assert_eq!(s.release(t0, 1000), t0 + Duration::from_millis(3));
-        // Queued right behind: waits for the link; latency overlaps.
-        assert_eq!(s.release(t0, 1000), t0 + Duration::from_millis(4));
-        // A time before the epoch counts as the epoch.
-        let mut s = Shaper::new(&spec).unwrap();
-        let before = s
-            .epoch
-            .checked_sub(Duration::from_millis(5))
-            .unwrap_or(s.epoch);
-        assert_eq!(s.release(before, 0), s.epoch + Duration::from_millis(2));
     }
 }

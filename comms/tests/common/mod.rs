@@ -1008,3 +1008,65 @@ pub mod quic {
             .collect()
     }
 }
+
+/// Shared-memory meshes (ranks as threads), one fresh run id per mesh; every builder
+/// checks that set-up left no segment file behind.
+#[cfg(all(feature = "shm", target_os = "linux"))]
+pub mod shm {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::thread;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use dtrain_comms::transport::shm::leftover_segments;
+    use dtrain_comms::{ShmConfig, ShmTransport, TransportError};
+
+    pub const TOKEN: &[u8] = b"test-run-token";
+
+    /// A run id no other mesh of any test process uses.
+    pub fn run_id() -> String {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        format!(
+            "test-{}-{}-{nanos}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// Small rings (64 KiB), so that large messages stream and rings fill up.
+    pub fn config(token: &[u8]) -> ShmConfig {
+        ShmConfig {
+            connect_timeout: Duration::from_secs(10),
+            ring_bytes: 64 << 10,
+            ..ShmConfig::new(token.to_vec(), run_id())
+        }
+    }
+
+    /// Connects every rank with its own config (one thread each).
+    pub fn try_mesh(cfgs: Vec<ShmConfig>) -> Vec<Result<ShmTransport, TransportError>> {
+        let world = cfgs.len();
+        let hs: Vec<_> = cfgs
+            .into_iter()
+            .enumerate()
+            .map(|(r, cfg)| thread::spawn(move || ShmTransport::connect(r, world, cfg)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    /// A mesh of `world` ranks with `cfg`; asserts that no segment file is left.
+    pub fn mesh_with(world: usize, cfg: ShmConfig) -> Vec<ShmTransport> {
+        let m = dtrain_comms::shm_mesh(world, cfg.clone()).expect("mesh set-up");
+        assert_eq!(
+            leftover_segments(&cfg, world),
+            Vec::<std::path::PathBuf>::new()
+        );
+        m
+    }
+
+    pub fn mesh(world: usize) -> Vec<ShmTransport> {
+        mesh_with(world, config(TOKEN))
+    }
+}
