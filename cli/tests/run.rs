@@ -133,13 +133,16 @@ fn a_two_worker_run_writes_its_directory_and_resumes() {
     for k in ["loss", "lr", "bytes_sent", "payload_bytes", "time"] {
         assert!(first.get(k).is_some(), "metrics line lacks {k}: {first}");
     }
-    // Resume to the end of the epoch (256 / 2 / 8 = 16 steps).
+    // Resume to the end of the epoch (256 / 2 / 8 = 16 steps), over shared memory this time
+    // (the transport may change on resume; the trajectory may not).
     let o = dtrain()
         .args([
             "run",
             cfg.to_str().unwrap(),
             "--resume",
             run.to_str().unwrap(),
+            "--set",
+            "cluster.transport=\"shm\"",
         ])
         .output()
         .unwrap();

@@ -304,6 +304,9 @@ pub enum TransportKind {
     Tcp,
     /// QUIC (quinn) with TLS and pinned run certificate.
     Quic,
+    /// Shared memory between processes on one host (Linux `/dev/shm` rings; every rank
+    /// must be on the same host). The fastest choice for a standalone run.
+    Shm,
 }
 
 impl std::str::FromStr for TransportKind {
@@ -312,8 +315,9 @@ impl std::str::FromStr for TransportKind {
         match s {
             "tcp" => Ok(TransportKind::Tcp),
             "quic" => Ok(TransportKind::Quic),
-            "mpi" => Err("transport mpi is not available here yet (only tcp, quic)".into()),
-            _ => Err(format!("unknown transport {s:?} (tcp, quic)")),
+            "shm" => Ok(TransportKind::Shm),
+            "mpi" => Err("transport mpi is not available here yet (tcp, quic, shm)".into()),
+            _ => Err(format!("unknown transport {s:?} (tcp, quic, shm)")),
         }
     }
 }
@@ -323,6 +327,7 @@ impl std::fmt::Display for TransportKind {
         f.write_str(match self {
             TransportKind::Tcp => "tcp",
             TransportKind::Quic => "quic",
+            TransportKind::Shm => "shm",
         })
     }
 }

@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 use dtrain_comms::rendezvous::{self, Host, RendezvousConfig, RunIdentity};
 use dtrain_comms::shaping::LinkSpec;
 use dtrain_comms::{
-    CommConfig, Communicator, QuicConfig, QuicTransport, TcpConfig, TcpTransport, Transport,
+    CommConfig, Communicator, QuicConfig, QuicTransport, ShmConfig, ShmTransport, TcpConfig,
+    TcpTransport, Transport,
 };
 
 use crate::config::{Plan, RunConfig, TransportKind};
@@ -246,6 +247,26 @@ pub fn connect(
             };
             Box::new(QuicTransport::connect(rank, &j.peers, s, cfg).map_err(|e| e.to_string())?)
         }
+        TransportKind::Shm => {
+            // The rendezvous still runs (it checks the token and tells every rank the world);
+            // the address joined with is only this host's, for the same-host check.
+            let l = TcpListener::bind((ip, 0)).map_err(|e| e.to_string())?;
+            let me = l.local_addr().map_err(|e| e.to_string())?;
+            let j = rendezvous::join(host, rank, world, me, &rcfg).map_err(|e| e.to_string())?;
+            if !dtrain_comms::transport::shm::same_host(&j.peers) {
+                return Err(format!(
+                    "transport shm needs every rank on one host; the ranks joined from {:?} \
+                     (use tcp or quic across hosts)",
+                    j.peers
+                ));
+            }
+            let cfg = ShmConfig {
+                link,
+                connect_timeout: timeout,
+                ..ShmConfig::from_joined(token.as_bytes().to_vec(), &j)
+            };
+            Box::new(ShmTransport::connect(rank, world, cfg).map_err(|e| e.to_string())?)
+        }
     })
 }
 
@@ -260,7 +281,7 @@ pub(crate) fn host_rendezvous(
 ) -> Result<Host, String> {
     let identity = match kind {
         TransportKind::Quic => RunIdentity::generate().map_err(|e| e.to_string())?,
-        TransportKind::Tcp => RunIdentity::default(),
+        TransportKind::Tcp | TransportKind::Shm => RunIdentity::default(),
     };
     let listener =
         TcpListener::bind(addr).map_err(|e| format!("rendezvous: binding {addr}: {e}"))?;
