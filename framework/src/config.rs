@@ -531,13 +531,7 @@ impl RunConfig {
     /// Reads `path`, applies `overrides` (`key.path=value`, value in TOML syntax or a bare
     /// string) and deserializes. Does not validate ranges (see [`RunConfig::validate`]).
     pub fn load(path: &Path, overrides: &[String]) -> Result<RunConfig, ConfigError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: file.clone(),
-            field: "-".into(),
-            message: format!("cannot read: {e}"),
-        })?;
-        Self::parse(&text, &file, overrides)
+        Self::load_variant(path, None, overrides)
     }
 
     /// [`RunConfig::load`] from a string; `file` names it in errors. A sweep file parses as
@@ -556,12 +550,7 @@ impl RunConfig {
         variant: Option<&str>,
         overrides: &[String],
     ) -> Result<RunConfig, ConfigError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: file.clone(),
-            field: "-".into(),
-            message: format!("cannot read: {e}"),
-        })?;
+        let (file, text) = read_config(path)?;
         Self::parse_variant(&text, &file, variant, overrides)
     }
 
@@ -1206,6 +1195,19 @@ fn set_path(tree: &mut toml::Table, key: &str, value: toml::Value) -> Result<(),
     Ok(())
 }
 
+/// The file's name (for errors) and text.
+fn read_config(path: &Path) -> Result<(String, String), ConfigError> {
+    let file = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok((file, text)),
+        Err(e) => Err(ConfigError {
+            file,
+            field: "-".into(),
+            message: format!("cannot read: {e}"),
+        }),
+    }
+}
+
 /// One `[[sweep]]` entry of a configuration file: a labelled set of replacements.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SweepEntry {
@@ -1233,12 +1235,7 @@ pub struct SweepEntry {
 /// `dtrain run` runs every variant (or those named with `--variant`) one after the other,
 /// each as its own run `<name>-<label>`, and reports them together.
 pub fn sweep_entries(path: &Path) -> Result<Vec<SweepEntry>, ConfigError> {
-    let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        file: file.clone(),
-        field: "-".into(),
-        message: format!("cannot read: {e}"),
-    })?;
+    let (file, text) = read_config(path)?;
     let mut tree: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError {
         file: file.clone(),
         field: "-".into(),
