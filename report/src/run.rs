@@ -671,6 +671,11 @@ impl Run {
             .unwrap_or_else(|| self.mean_of(|r| r.bytes_sent as f64))
     }
 
+    /// Mean bytes rank 0 received per step (from the step records).
+    pub fn bytes_received_per_step(&self) -> f64 {
+        self.mean_of(|r| r.bytes_received as f64)
+    }
+
     /// Mean payload bytes of rank 0 per step.
     pub fn payload_bytes_per_step(&self) -> f64 {
         self.summary

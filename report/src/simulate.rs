@@ -39,6 +39,17 @@
 //! | `scalecom` (`Summable`, two-phase) | chain broadcast of the leader's index set, then all-reduce of the value lanes | payload / 2 each | `n/β + (P−1)·α·B` + the ring term |
 //! | `topk`, `dgc`, `qsgd`, `terngrad`, `onebit`, `threshold`, `adaptive-threshold`, `gradient-dropping`, `fft`, `randomk` with `shared = false`, and any unknown kind (`Gather`) | ring all-gatherv of every rank's payload | payload | `(P−1) · n/β + (P−1)·α·B` |
 //!
+//! With `[compress] collective = "sparse-allreduce"` a gather method uses dtrain-comms' sparse
+//! all-reduce instead ([`Collective::SparseAllReduce`]): each rank sends every owner its share
+//! of its `k` non-zeros and receives the owners' reduced ranges, two rounds of direct
+//! messages. Per rank and step it receives `(P−1)/P · (k + |sum|)` entries of 8 bytes (a
+//! range goes dense, 4 bytes per element, once that is cheaper), so
+//! `comm(P) = 2·α·B + (P−1)/P · min((k + |sum|)·8, k·8 + n_dense) / β`, with `k` =
+//! payload / 8 and `|sum|(P) = min(k·(1 + u·(P−1)), params)`. `u`, the fraction of another
+//! rank's entries that are new to the sum, is read off the measured run when it used the
+//! sparse all-reduce (from the bytes it received at P₀), else taken as 1 (independent index
+//! sets: the upper bound).
+//!
 //! All-reduces of at most 64 KiB per bucket use recursive doubling, as dtrain-comms does:
 //! `⌈log2 P⌉(+2 off powers of two) · (n/β + α)`. A parameter-server exchange (push + pull
 //! over `servers` server links, `2·max(P/servers, 1)·n/β + 2α`) can be requested with
@@ -198,7 +209,7 @@ pub fn parse_workers(s: &str) -> Result<Vec<usize>> {
 }
 
 /// The collective a method's gradient exchange uses (see the [module docs](self)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Collective {
     /// Ring all-reduce of the dense f32 gradient (`4·params` bytes).
     DenseAllReduce,
@@ -214,6 +225,12 @@ pub enum Collective {
         /// Server links the payload is sharded over.
         servers: usize,
     },
+    /// dtrain-comms' sparse all-reduce of each rank's non-zeros (see the [module
+    /// docs](self)).
+    SparseAllReduce {
+        /// Fraction of another rank's entries that are new to the sum, in [0, 1].
+        new_fraction: f64,
+    },
 }
 
 impl Collective {
@@ -225,6 +242,9 @@ impl Collective {
             Collective::BroadcastAllReduce => "broadcast + all-reduce".into(),
             Collective::AllGather => "all-gatherv".into(),
             Collective::ParameterServer { servers } => format!("PS ×{servers}"),
+            Collective::SparseAllReduce { new_fraction } => {
+                format!("sparse all-reduce (u = {})", md::sig(*new_fraction))
+            }
         }
     }
 
@@ -238,13 +258,14 @@ impl Collective {
             "lanes" => Collective::SummableAllReduce,
             "allgather" | "all-gather" | "allgatherv" => Collective::AllGather,
             "broadcast-allreduce" => Collective::BroadcastAllReduce,
+            "sparse-allreduce" => Collective::SparseAllReduce { new_fraction: 1.0 },
             "ps" => Collective::ParameterServer { servers: 1 },
             _ => match t.strip_prefix("ps:").map(|n| n.parse::<usize>()) {
                 Some(Ok(servers)) if servers >= 1 => Collective::ParameterServer { servers },
                 _ => {
                     return Err(ReportError::Invalid(format!(
                         "collective {s:?}: expected allreduce, lanes, allgather, \
-                         broadcast-allreduce, ps or ps:SERVERS"
+                         broadcast-allreduce, sparse-allreduce, ps or ps:SERVERS"
                     )))
                 }
             },
@@ -274,6 +295,9 @@ pub fn collective_for(method: &str, options: &toml::Table) -> Collective {
             }
         }
         "scalecom" => Collective::BroadcastAllReduce,
+        _ if options.get("collective").and_then(|v| v.as_str()) == Some("sparse-allreduce") => {
+            Collective::SparseAllReduce { new_fraction: 1.0 }
+        }
         _ => Collective::AllGather,
     }
 }
@@ -333,10 +357,20 @@ impl StepModel {
             .bucket_bytes
             .filter(|b| *b > 0.0)
             .unwrap_or(DEFAULT_BUCKET);
+        let mut collective = collective_for(&run.method, &run.compress);
+        if let Collective::SparseAllReduce { new_fraction } = &mut collective {
+            // Received at P₀: (P₀−1)/P₀·(k + |sum|)·8 ⇒ |sum|, then u from |sum| = k(1 + u(P₀−1)).
+            let k = payload / 8.0;
+            let received = run.bytes_received_per_step();
+            if p0 >= 2 && k > 0.0 && received > 0.0 {
+                let sum = received / 8.0 * p0 as f64 / (p0 as f64 - 1.0) - k;
+                *new_fraction = ((sum / k - 1.0) / (p0 as f64 - 1.0)).clamp(0.0, 1.0);
+            }
+        }
         Ok(StepModel {
             label: label.to_owned(),
             method: run.method.clone(),
-            collective: collective_for(&run.method, &run.compress),
+            collective,
             measured_workers: p0,
             compute_s: m.compute_s(),
             compress_s: m.compress_s,
@@ -382,6 +416,17 @@ impl StepModel {
             }
             Collective::ParameterServer { servers } => {
                 b * link.predict_parameter_server(self.payload_bytes / b, p, servers)
+            }
+            Collective::SparseAllReduce { new_fraction } => {
+                let pf = p as f64;
+                let k = self.payload_bytes / 8.0;
+                let n = self.dense_bytes / 4.0;
+                let sum = (k * (1.0 + new_fraction * (pf - 1.0))).min(n);
+                // Phase 1 brings the shares (k/P from each peer); phase 2 the reduced ranges,
+                // sparse or dense, whichever is smaller.
+                let bytes = (pf - 1.0) / pf * (k * 8.0 + (sum * 8.0).min(n * 4.0));
+                let secs = link.bandwidth.map_or(0.0, |bw| bytes / bw);
+                2.0 * b * link.latency.as_secs_f64() + secs
             }
         }
     }
@@ -854,6 +899,60 @@ pub fn validate_runs(runs: &[Run]) -> Result<ValidationOutput> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sparse_all_reduce_model_beats_all_gather_only_with_overlap() {
+        let link = LinkSpec::parse(Some("10Gbit"), Some("10us")).unwrap();
+        let model = |c: Collective| StepModel {
+            label: "x".into(),
+            method: "topk".into(),
+            collective: c,
+            measured_workers: 4,
+            compute_s: 0.0,
+            compress_s: 0.0,
+            decompress_s: 0.0,
+            other_s: 0.0,
+            // 1 % of 4 M parameters as (index, value) pairs.
+            payload_bytes: 40_000.0 * 8.0,
+            dense_bytes: 4.0 * 4_000_000.0,
+            buckets: 1,
+        };
+        let gather = model(Collective::AllGather);
+        let independent = model(Collective::SparseAllReduce { new_fraction: 1.0 });
+        let shared = model(Collective::SparseAllReduce { new_fraction: 0.1 });
+        for p in [4usize, 16, 64] {
+            assert!(shared.comm_s(&link, p) < gather.comm_s(&link, p), "P={p}");
+        }
+        // Independent sets: more than the all-gather until the sum goes dense …
+        assert!(independent.comm_s(&link, 4) > gather.comm_s(&link, 4));
+        // … after which the sparse all-reduce's cost stops growing with P.
+        let (a, b) = (
+            independent.comm_s(&link, 128),
+            independent.comm_s(&link, 256),
+        );
+        assert!(
+            b < 1.01 * a && b < gather.comm_s(&link, 256) / 4.0,
+            "{a} {b}"
+        );
+        // The config key selects it.
+        let mut t = toml::Table::new();
+        t.insert(
+            "collective".into(),
+            toml::Value::String("sparse-allreduce".into()),
+        );
+        assert!(matches!(
+            collective_for("dgc", &t),
+            Collective::SparseAllReduce { .. }
+        ));
+        assert_eq!(
+            collective_for("dgc", &toml::Table::new()),
+            Collective::AllGather
+        );
+        assert!(matches!(
+            Collective::parse("sparse-allreduce").unwrap(),
+            Collective::SparseAllReduce { .. }
+        ));
+    }
 
     #[test]
     fn collective_overrides_parse_and_bad_ones_are_named() {

@@ -172,6 +172,8 @@ pub(crate) enum Event {
     /// The connection to a peer closed.
     Closed(usize),
     /// Nothing arrived from a peer for the given peer timeout; its connection is dropped.
+    /// (Only the socket drivers, features `tcp` / `quic`, have heartbeats.)
+    #[cfg_attr(not(any(feature = "tcp", feature = "quic")), allow(dead_code))]
     Silent(usize, Duration),
 }
 
