@@ -128,7 +128,7 @@ struct SimulateArgs {
     #[arg(long)]
     baseline: Option<String>,
     /// Override every run's collective: allreduce, lanes, allgather, broadcast-allreduce,
-    /// ps or ps:SERVERS.
+    /// sparse-allreduce, ps or ps:SERVERS.
     #[arg(long)]
     collective: Option<String>,
     /// Also write simulate.md and the speed-up plot here.
@@ -287,9 +287,12 @@ fn train_sweep(a: &RunArgs, variants: &[Option<String>]) -> Result<()> {
         );
     }
     let exe = std::env::current_exe().context("locating the dtrain executable")?;
+    // The base configuration's name: variants are `<name>-<label>`, the report `<name>-sweep`.
+    let name = dtrain_framework::config::RunConfig::load(&a.check.config, &a.check.set)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .name;
     let mut dirs = Vec::new();
     let mut failed = Vec::new();
-    let mut name = String::from("sweep");
     for v in variants {
         let label = v.as_deref().unwrap_or("base");
         eprintln!("== variant {label} ==");
@@ -300,7 +303,6 @@ fn train_sweep(a: &RunArgs, variants: &[Option<String>]) -> Result<()> {
             Ok(r) => {
                 if let Some(s) = &r.summary {
                     print_summary(&r.run_dir, s);
-                    name = s.name.trim_end_matches(&format!("-{label}")).to_string();
                 }
                 dirs.push(r.run_dir);
             }

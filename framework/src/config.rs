@@ -1049,17 +1049,9 @@ impl RunConfig {
             })?;
         }
         let collective = match collective {
-            None => GatherCollective::AllGather,
-            Some(v) => match v.as_str() {
-                Some("allgather") => GatherCollective::AllGather,
-                Some("sparse-allreduce") => GatherCollective::SparseAllReduce,
-                _ => {
-                    return Err(err(
-                        "compress.collective",
-                        format!("must be \"allgather\" or \"sparse-allreduce\", got {v}"),
-                    ))
-                }
-            },
+            None => GatherCollective::default(),
+            Some(v) => GatherCollective::deserialize(v)
+                .map_err(|e| err("compress.collective", one_line(&e.to_string())))?,
         };
         Ok((method, memory, policy, collective))
     }

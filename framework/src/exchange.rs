@@ -166,24 +166,16 @@ struct Flight {
 }
 
 /// Which collective carries the payloads of a `Gather` method.
+/// Its serde names are the config's spelling (`[compress] collective`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
 pub enum GatherCollective {
     /// All-gather(v) of the payload bytes; every rank decodes all of them.
     #[default]
+    #[serde(rename = "allgather")]
     AllGather,
     /// Sparse all-reduce of each rank's decoded payload (see the [module docs](self)).
+    #[serde(rename = "sparse-allreduce")]
     SparseAllReduce,
-}
-
-impl GatherCollective {
-    /// The config spelling (`allgather`, `sparse-allreduce`).
-    pub fn name(&self) -> &'static str {
-        match self {
-            GatherCollective::AllGather => "allgather",
-            GatherCollective::SparseAllReduce => "sparse-allreduce",
-        }
-    }
 }
 
 /// A collective, with the buffers it works on.

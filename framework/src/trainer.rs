@@ -345,9 +345,6 @@ pub struct Trainer<T: Transport> {
     data: TrainData,
     exchanger: Exchanger,
     optimizer: Optimizer,
-    /// Number of trainable parameters. The parameters themselves live only in the model: the
-    /// optimizer updates each tensor's storage in place ([`Model::update_params`]).
-    num_params: usize,
     grads: Vec<f32>,
     buffers: Vec<f32>,
     step: u64,
@@ -420,7 +417,6 @@ impl<T: Transport> Trainer<T> {
             data,
             exchanger,
             optimizer,
-            num_params: n,
             grads: vec![0.0; n],
             buffers: vec![0.0; nb],
             step: 0,
@@ -457,9 +453,15 @@ impl<T: Transport> Trainer<T> {
         self.rank
     }
 
+    /// Number of trainable parameters. They live only in the model: the optimizer updates
+    /// each tensor's storage in place ([`Model::update_params`]).
+    fn num_params(&self) -> usize {
+        self.model.table().num_params()
+    }
+
     /// A flat copy of the current parameters (identical on every rank).
     pub fn params(&self) -> Vec<f32> {
-        let mut out = vec![0.0; self.num_params];
+        let mut out = vec![0.0; self.num_params()];
         self.model.read_params(&mut out);
         out
     }
@@ -530,12 +532,12 @@ impl<T: Transport> Trainer<T> {
         let (path, ck) = loaded.expect("a checkpoint file was loaded");
         let bad = |reason: String| bad_at(&path, reason);
         let meta: Meta = ck.json("meta")?;
-        if meta.params != self.num_params || meta.buffers != self.buffers.len() {
+        if meta.params != self.num_params() || meta.buffers != self.buffers.len() {
             return Err(bad(format!(
                 "the checkpoint's model has {} parameters / {} buffers, this one {} / {}",
                 meta.params,
                 meta.buffers,
-                self.num_params,
+                self.num_params(),
                 self.buffers.len()
             )));
         }
@@ -554,12 +556,12 @@ impl<T: Transport> Trainer<T> {
         }
         let params = ck.f32("params")?;
         let buffers = ck.f32("buffers")?;
-        if params.len() != self.num_params || buffers.len() != self.buffers.len() {
+        if params.len() != self.num_params() || buffers.len() != self.buffers.len() {
             return Err(bad(format!(
-                "its parameter sections hold {} + {} values, the header says {} + {}",
+                "its parameter sections hold {} + {} values, this model has {} + {}",
                 params.len(),
                 buffers.len(),
-                self.num_params,
+                self.num_params(),
                 self.buffers.len()
             )));
         }
@@ -629,7 +631,7 @@ impl<T: Transport> Trainer<T> {
             world: self.world,
             rank: self.rank,
             seed: self.plan.config.seed,
-            params: self.num_params,
+            params: self.num_params(),
             buffers: self.buffers.len(),
             method: self.plan.method.name().to_string(),
             optimizer_steps: opt.iter().map(|(k, g)| (*k, g.step)).collect(),
@@ -837,7 +839,7 @@ impl<T: Transport> Trainer<T> {
             }
         };
         let payload_per_step = per(payload);
-        let params = self.num_params as u64;
+        let params = self.num_params() as u64;
         let summary = Summary {
             name: self.plan.config.name.clone(),
             model: self.plan.config.model.kind().to_string(),
@@ -993,7 +995,7 @@ impl<T: Transport> Trainer<T> {
         let t5 = Instant::now();
         // The update is written straight into each parameter tensor's storage: no flat
         // parameter buffer, no copy back into the module.
-        self.optimizer.begin(0, self.num_params);
+        self.optimizer.begin(0, self.num_params());
         let (optimizer, grads) = (&mut self.optimizer, &self.grads);
         self.model.update_params(&mut |offset, p| {
             optimizer.apply(0, offset, p, &grads[offset..offset + p.len()], lr as f32)

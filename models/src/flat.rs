@@ -273,44 +273,9 @@ pub fn write_from<M: Module>(module: M, table: &ParamTable, role: TensorRole, sr
         TensorRole::Buffer => table.num_buffers(),
     };
     assert_eq!(src.len(), expected, "flat buffer length");
-    let mut mapper = Writer {
-        entries: &table.entries,
-        index: 0,
-        role,
-        src,
-    };
-    let module = module.map(&mut mapper);
-    assert_eq!(
-        mapper.index,
-        table.entries.len(),
-        "table does not match module"
-    );
-    module
-}
-
-struct Writer<'a> {
-    entries: &'a [ParamEntry],
-    index: usize,
-    role: TensorRole,
-    src: &'a [f32],
-}
-
-impl ModuleMapper for Writer<'_> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let entry = &self.entries[self.index];
-        self.index += 1;
-        if entry.role != self.role {
-            return param;
-        }
-        let src = &self.src[entry.offset..entry.offset + entry.numel];
-        param.map(|tensor| overwrite(tensor, src))
-    }
-}
-
-/// Returns a tensor with `tensor`'s shape, device and gradient requirement holding `src`.
-fn overwrite<const D: usize>(tensor: Tensor<D>, src: &[f32]) -> Tensor<D> {
-    assert_eq!(tensor.shape().num_elements(), src.len(), "tensor length");
-    modify(tensor, |dst| dst.copy_from_slice(src))
+    map_role(module, table, role, &mut |offset, dst| {
+        dst.copy_from_slice(&src[offset..offset + dst.len()])
+    })
 }
 
 /// Runs `f` on the values of `tensor` and returns a tensor with its shape, device and gradient
@@ -350,9 +315,21 @@ pub fn update_in_place<M: Module>(
     table: &ParamTable,
     f: &mut dyn FnMut(usize, &mut [f32]),
 ) -> M {
+    map_role(module, table, TensorRole::Param, f)
+}
+
+/// Calls `f(offset, values)` on every tensor of `role` (see [`update_in_place`]); the one
+/// mapper behind [`write_from`] and [`update_in_place`].
+fn map_role<M: Module>(
+    module: M,
+    table: &ParamTable,
+    role: TensorRole,
+    f: &mut dyn FnMut(usize, &mut [f32]),
+) -> M {
     let mut mapper = Updater {
         entries: &table.entries,
         index: 0,
+        role,
         f,
     };
     let module = module.map(&mut mapper);
@@ -367,6 +344,7 @@ pub fn update_in_place<M: Module>(
 struct Updater<'a> {
     entries: &'a [ParamEntry],
     index: usize,
+    role: TensorRole,
     f: &'a mut dyn FnMut(usize, &mut [f32]),
 }
 
@@ -374,7 +352,7 @@ impl ModuleMapper for Updater<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         let entry = &self.entries[self.index];
         self.index += 1;
-        if entry.role != TensorRole::Param {
+        if entry.role != self.role {
             return param;
         }
         let (offset, numel) = (entry.offset, entry.numel);
