@@ -29,25 +29,8 @@ use mpi::collective::CommunicatorCollectives;
 use mpi::environment::Threading;
 use mpi::topology::{Communicator as _, SimpleCommunicator};
 
-fn parse_size(s: &str) -> usize {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        _ => (s, 1),
-    };
-    num.parse::<usize>().expect("size") * mul
-}
-
-fn fmt_size(b: usize) -> String {
-    if b >= 1 << 20 && b % (1 << 20) == 0 {
-        format!("{}M", b >> 20)
-    } else if b >= 1 << 10 && b % (1 << 10) == 0 {
-        format!("{}K", b >> 10)
-    } else {
-        b.to_string()
-    }
-}
+mod common;
+use common::{fmt_size, parse_size};
 
 /// CPU time used so far by this process's live threads (from `/proc`; 0 elsewhere).
 fn cpu_time() -> Duration {

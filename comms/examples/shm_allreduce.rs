@@ -30,29 +30,11 @@ use dtrain_comms::{
     CommConfig, Communicator, ShmConfig, ShmTransport, TcpConfig, TcpTransport, Transport,
 };
 
+mod common;
+use common::{fmt_size, parse_size};
+
 const CHILD: &str = "DTRAIN_SHM_BENCH_CHILD";
 const TOKEN: &[u8] = b"bench";
-
-fn parse_size(s: &str) -> usize {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<usize>().expect("size") * mul
-}
-
-fn fmt_size(b: usize) -> String {
-    if b >= 1 << 20 && b % (1 << 20) == 0 {
-        format!("{}M", b >> 20)
-    } else if b >= 1 << 10 && b % (1 << 10) == 0 {
-        format!("{}K", b >> 10)
-    } else {
-        b.to_string()
-    }
-}
 
 #[derive(Clone)]
 struct Opts {

@@ -25,6 +25,9 @@ use std::time::Instant;
 
 use dtrain_comms::{CommConfig, Communicator, SparseSlice, TcpConfig, TcpTransport};
 
+mod common;
+use common::parse_size;
+
 #[derive(Clone)]
 struct Opts {
     n: usize,
@@ -32,16 +35,6 @@ struct Opts {
     densities: Vec<f64>,
     overlaps: Vec<f64>,
     iters: usize,
-}
-
-fn parse_size(s: &str) -> usize {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        _ => (s, 1),
-    };
-    num.parse::<usize>().expect("size") * mul
 }
 
 fn list<T: std::str::FromStr>(s: &str) -> Vec<T> {
