@@ -39,6 +39,7 @@ pub mod flat;
 mod layers;
 pub mod lenet;
 pub mod lstm;
+pub mod meprop;
 pub mod mlp;
 pub mod model;
 pub mod registry;

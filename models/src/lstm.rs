@@ -13,6 +13,7 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::layers::{check_dropout, check_positive};
+use crate::meprop::{meprop_forward, meprop_linear};
 use crate::model::{LanguageModel, LmModel, Model};
 use crate::registry::{autodiff, ModelFamily};
 use crate::ModelError;
@@ -32,6 +33,10 @@ pub struct LstmLmConfig {
     pub dropout: f64,
     /// Decoder weight shared with the embedding.
     pub tied: bool,
+    /// meProp on the decoder (ALGORITHMS.md §11): when set, the decoder back-propagates
+    /// through only the `k` vocabulary columns with the largest `Σ |∂L/∂logits|` over the
+    /// batch and all time steps (unified mode). `None` is ordinary backprop.
+    pub meprop_k: Option<usize>,
 }
 
 impl LstmLmConfig {
@@ -45,6 +50,7 @@ impl LstmLmConfig {
             layers: 2,
             dropout: 0.2,
             tied: true,
+            meprop_k: None,
         }
     }
 
@@ -57,6 +63,7 @@ impl LstmLmConfig {
             layers: 2,
             dropout: 0.1,
             tied: false,
+            meprop_k: None,
         }
     }
 
@@ -67,6 +74,9 @@ impl LstmLmConfig {
         check_positive("hidden", self.hidden)?;
         check_positive("layers", self.layers)?;
         check_dropout(self.dropout)?;
+        if let Some(k) = self.meprop_k {
+            check_positive("meprop_k", k)?;
+        }
         if self.tied && self.embed != self.hidden {
             return Err(ModelError::Config(format!(
                 "tied weights need embed == hidden, got {} and {}",
@@ -107,6 +117,7 @@ impl LstmLmConfig {
             decoder_bias: self
                 .tied
                 .then(|| Initializer::Zeros.init([self.vocab], device)),
+            meprop_k: self.meprop_k,
         }
     }
 }
@@ -121,6 +132,8 @@ pub struct LstmLm {
     dropout: Dropout,
     decoder: Option<Linear>,
     decoder_bias: Option<Param<Tensor<1>>>,
+    #[module(skip)]
+    meprop_k: Option<usize>,
 }
 
 impl LanguageModel for LstmLm {
@@ -149,13 +162,18 @@ impl LanguageModel for LstmLm {
         }
         let hidden = x.dims()[2];
         let x = x.reshape([b * t, hidden]);
-        let logits = match (&self.decoder, &self.decoder_bias) {
-            (Some(decoder), _) => decoder.forward(x),
-            (None, Some(bias)) => {
+        let logits = match (&self.decoder, &self.decoder_bias, self.meprop_k) {
+            (Some(decoder), _, None) => decoder.forward(x),
+            (Some(decoder), _, Some(k)) => meprop_forward(decoder, x, k),
+            (None, Some(bias), None) => {
                 let weight = self.embedding.weight.val().transpose();
                 x.matmul(weight) + bias.val().unsqueeze::<2>()
             }
-            (None, None) => unreachable!("init builds a decoder or a tied bias"),
+            (None, Some(bias), Some(k)) => {
+                let weight = self.embedding.weight.val().transpose();
+                meprop_linear(x, weight, Some(bias.val()), k)
+            }
+            (None, None, _) => unreachable!("init builds a decoder or a tied bias"),
         };
         let vocab = logits.dims()[1];
         (logits.reshape([b, t, vocab]), next)
@@ -243,6 +261,9 @@ pub struct LstmLmSpec {
     /// Tie decoder and embedding weights.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tied: Option<bool>,
+    /// meProp's `k` on the decoder (ALGORITHMS.md §11). Unset: ordinary backprop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meprop_k: Option<usize>,
 }
 
 impl LstmLmSpec {
@@ -259,6 +280,7 @@ impl LstmLmSpec {
             layers: self.layers.unwrap_or(base.layers),
             dropout: self.dropout.unwrap_or(base.dropout),
             tied: self.tied.unwrap_or(base.tied),
+            meprop_k: self.meprop_k.or(base.meprop_k),
         }
     }
 }

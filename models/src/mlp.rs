@@ -6,6 +6,7 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::layers::{check_dropout, check_positive};
+use crate::meprop::meprop_forward;
 use crate::model::{ImageClassifier, ImageModel, InputSpec, Model};
 use crate::registry::{autodiff, ModelFamily};
 use crate::ModelError;
@@ -24,6 +25,10 @@ pub struct MlpConfig {
     pub num_classes: usize,
     /// Dropout after each hidden layer.
     pub dropout: f64,
+    /// meProp (ALGORITHMS.md §11): when set, every layer with more than `k` outputs
+    /// back-propagates through only its `k` output columns with the largest `Σ |∂L/∂y|`
+    /// (unified mode, one column set per minibatch); `None` is ordinary backprop.
+    pub meprop_k: Option<usize>,
 }
 
 impl MlpConfig {
@@ -35,6 +40,7 @@ impl MlpConfig {
             hidden: vec![512, 256],
             num_classes: 10,
             dropout: 0.0,
+            meprop_k: None,
         }
     }
 
@@ -56,6 +62,9 @@ impl MlpConfig {
         for &h in &self.hidden {
             check_positive("hidden width", h)?;
         }
+        if let Some(k) = self.meprop_k {
+            check_positive("meprop_k", k)?;
+        }
         check_dropout(self.dropout)
     }
 
@@ -76,6 +85,7 @@ impl MlpConfig {
                 .collect(),
             dropout: DropoutConfig::new(self.dropout).init(),
             activation: Relu::new(),
+            meprop_k: self.meprop_k,
         }
     }
 }
@@ -86,6 +96,8 @@ pub struct Mlp {
     layers: Vec<Linear>,
     dropout: Dropout,
     activation: Relu,
+    #[module(skip)]
+    meprop_k: Option<usize>,
 }
 
 impl ImageClassifier for Mlp {
@@ -99,7 +111,10 @@ impl ImageClassifier for Mlp {
         let mut x = images.flatten::<2>(1, 3);
         let last = self.layers.len() - 1;
         for (i, layer) in self.layers.iter().enumerate() {
-            x = layer.forward(x);
+            x = match self.meprop_k {
+                Some(k) => meprop_forward(layer, x, k),
+                None => layer.forward(x),
+            };
             if i < last {
                 x = self.dropout.forward(self.activation.forward(x));
             }
@@ -130,6 +145,10 @@ pub struct MlpSpec {
     /// Dropout after each hidden layer (0).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dropout: Option<f64>,
+    /// meProp's `k` (ALGORITHMS.md §11): layers with more outputs back-propagate through their
+    /// top-`k` output columns only. Unset: ordinary backprop.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub meprop_k: Option<usize>,
 }
 
 /// MLP variants.
@@ -153,6 +172,7 @@ impl MlpSpec {
             hidden: self.hidden.clone().unwrap_or(base.hidden),
             num_classes: self.num_classes.unwrap_or(base.num_classes),
             dropout: self.dropout.unwrap_or(base.dropout),
+            meprop_k: self.meprop_k.or(base.meprop_k),
         }
     }
 }

@@ -121,3 +121,58 @@ fn lstm_language_models_train() {
         0.5,
     );
 }
+
+/// Number of columns of the `[rows, cols]` row-major `g` holding a non-zero.
+fn nonzero_columns(g: &[f32], cols: usize) -> usize {
+    (0..cols)
+        .filter(|&c| g.iter().skip(c).step_by(cols).any(|&v| v != 0.0))
+        .count()
+}
+
+#[test]
+fn mlp_with_meprop_trains_and_its_weight_gradients_are_column_sparse() {
+    let json = r#"{"kind":"mlp","image_size":8,"hidden":[32,16],"meprop_k":4}"#;
+    assert_trains(json, 8, 0, 0.05);
+    let mut model = common::build(json, 7);
+    let b = common::random_batch(model.as_ref(), 8, 0, 11);
+    let mut grads = vec![0f32; model.table().num_params()];
+    model.forward_backward(b, &mut grads).unwrap();
+    let weights: Vec<_> = model
+        .table()
+        .params()
+        .filter(|e| e.name.ends_with("weight"))
+        .cloned()
+        .collect();
+    assert_eq!(weights.len(), 3);
+    for e in &weights {
+        let g = &grads[e.offset..e.offset + e.numel];
+        let cols = e.shape[1];
+        let nz = nonzero_columns(g, cols);
+        // Every layer (32, 16 and 10 outputs) is wider than k = 4 and keeps exactly k
+        // columns (with random data none of the kept columns is all-zero).
+        assert_eq!(
+            nz,
+            4.min(cols),
+            "{}: {nz} non-zero columns of {cols}",
+            e.name
+        );
+    }
+}
+
+#[test]
+fn lstm_with_meprop_on_the_decoder_trains() {
+    let json = r#"{"kind":"lstm","variant":"char","vocab":12,"embed":8,"hidden":16,"dropout":0.0,"meprop_k":3}"#;
+    assert_trains(json, 4, 5, 0.5);
+    let mut model = common::build(json, 7);
+    let b = common::random_batch(model.as_ref(), 4, 5, 11);
+    let mut grads = vec![0f32; model.table().num_params()];
+    model.forward_backward(b, &mut grads).unwrap();
+    let dec = model
+        .table()
+        .params()
+        .find(|e| e.name == "decoder.weight")
+        .cloned()
+        .expect("an untied decoder");
+    let g = &grads[dec.offset..dec.offset + dec.numel];
+    assert_eq!(nonzero_columns(g, dec.shape[1]), 3);
+}
