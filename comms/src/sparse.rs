@@ -14,11 +14,17 @@
 //! ```text
 //! pairs:  u8 = 1 | u32 nnz | nnz × u32 index (strictly increasing, inside the chunk) | nnz × f32 value
 //! dense:  u8 = 2 | len × f32 value
+//! delta:  u8 = 3 | u32 nnz | nnz × LEB128 gap | nnz × f32 value
 //! ```
 //!
-//! all little-endian, indices absolute (not relative to the chunk). The sender picks dense
-//! once `nnz · 8 ≥ len · 4` bytes, i.e. once pairs would be at least as large (the Kylix
-//! density switch). The encoding never changes the numeric result: a dense chunk carries
+//! all little-endian; `pairs` indices are absolute (not relative to the chunk). A `delta`
+//! gap is the distance to the previous index minus one, the first one counted from the
+//! chunk's start (`index₀ = start + gap₀`, `indexᵢ = indexᵢ₋₁ + 1 + gapᵢ`), as an unsigned
+//! LEB128 varint (7 bits per byte, at most 5 bytes, no redundant trailing zero bytes): at 1 %
+//! density a gap takes one or two bytes instead of four, and the merged partitions of the
+//! reduction, denser still, take about one. The sender picks the smallest of the three
+//! (ties: dense, then delta), so dense once its `4·len` bytes are no more than the sparse
+//! forms (the Kylix density switch). The encoding never changes the numeric result: a dense chunk carries
 //! `+0.0` for absent entries, and the sums these chunks feed start at `+0.0` and so are
 //! never `−0.0`, which makes adding `+0.0` an exact no-op (see the summation order in
 //! [`crate::algo::sparse_allreduce`]). Decoding checks the tag, the count against the chunk
@@ -38,6 +44,8 @@ pub const MAX_DIM: u64 = 1 << 32;
 const PAIRS: u8 = 1;
 /// Tag of a chunk encoded densely.
 const DENSE: u8 = 2;
+/// Tag of a chunk encoded as LEB128 index gaps and values.
+const DELTA: u8 = 3;
 
 /// Why a list of indices and values is not a valid sparse vector.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -283,10 +291,26 @@ fn push_nonzero(dense: &[f32], base: usize, indices: &mut Vec<u32>, values: &mut
     }
 }
 
-/// Whether a chunk of `len` elements with `nnz` entries is sent densely: once the pairs
-/// (8 bytes each) would take at least as many bytes as the dense values (4 bytes each).
-pub(crate) fn dense_is_cheaper(nnz: usize, len: usize) -> bool {
-    nnz as u64 * 8 >= len as u64 * 4
+/// Bytes of `v` as an unsigned LEB128 varint.
+fn varint_len(v: u32) -> usize {
+    match v {
+        0..=0x7f => 1,
+        0x80..=0x3fff => 2,
+        0x4000..=0x1f_ffff => 3,
+        0x20_0000..=0xfff_ffff => 4,
+        _ => 5,
+    }
+}
+
+/// The gaps of the strictly increasing `indices` (all `≥ start`) as the delta encoding
+/// defines them.
+fn gaps(start: usize, indices: &[u32]) -> impl Iterator<Item = u32> + '_ {
+    let mut next = start as u64;
+    indices.iter().map(move |&i| {
+        let gap = (i as u64 - next) as u32;
+        next = i as u64 + 1;
+        gap
+    })
 }
 
 /// Payload length of `nnz` pairs.
@@ -294,21 +318,57 @@ fn pairs_len(nnz: usize) -> usize {
     1 + 4 + 8 * nnz
 }
 
-/// Encodes the entries `(indices, values)`, all inside `range`, as one chunk message.
+/// Which encoding a chunk is sent in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    Pairs,
+    Delta,
+    Dense,
+}
+
+/// The smallest encoding of a chunk of `len` elements whose entries have the (strictly
+/// increasing) `indices` from `start` on: dense if it is no larger than both sparse forms,
+/// else delta unless pairs is strictly smaller (gaps of 2²⁸ and more).
+fn choose(start: usize, len: usize, indices: &[u32]) -> Form {
+    let dense = 1 + 4 * len as u64;
+    let pairs = pairs_len(indices.len()) as u64;
+    if dense <= pairs.min(1 + 4 + 5 * indices.len() as u64) {
+        // Even one-byte gaps cannot beat dense.
+        return Form::Dense;
+    }
+    let delta = 1
+        + 4
+        + 4 * indices.len() as u64
+        + gaps(start, indices)
+            .map(|g| varint_len(g) as u64)
+            .sum::<u64>();
+    if dense <= delta.min(pairs) {
+        Form::Dense
+    } else if pairs < delta {
+        Form::Pairs
+    } else {
+        Form::Delta
+    }
+}
+
+/// Encodes the entries `(indices, values)`, all inside `range`, as one chunk message in the
+/// smallest encoding.
 pub(crate) fn encode_entries(
     header: Header,
     range: &Range<usize>,
     indices: &[u32],
     values: &[f32],
 ) -> Message {
-    if dense_is_cheaper(indices.len(), range.len()) {
-        let mut dense = vec![0.0f32; range.len()];
-        for (&i, &v) in indices.iter().zip(values) {
-            dense[i as usize - range.start] = v;
+    match choose(range.start, range.len(), indices) {
+        Form::Dense => {
+            let mut dense = vec![0.0f32; range.len()];
+            for (&i, &v) in indices.iter().zip(values) {
+                dense[i as usize - range.start] = v;
+            }
+            dense_message(header, &dense)
         }
-        dense_message(header, &dense)
-    } else {
-        pairs_message(header, indices, values)
+        Form::Pairs => pairs_message(header, indices, values),
+        Form::Delta => delta_message(header, range.start, indices, values),
     }
 }
 
@@ -330,6 +390,22 @@ fn pairs_message(header: Header, indices: &[u32], values: &[f32]) -> Message {
     })
 }
 
+fn delta_message(header: Header, start: usize, indices: &[u32], values: &[f32]) -> Message {
+    let gap_bytes: usize = gaps(start, indices).map(varint_len).sum();
+    Message::build(header, 1 + 4 + gap_bytes + 4 * values.len(), |out| {
+        out.push(DELTA);
+        out.extend_from_slice(&(indices.len() as u32).to_le_bytes());
+        for mut g in gaps(start, indices) {
+            while g >= 0x80 {
+                out.push((g as u8 & 0x7f) | 0x80);
+                g >>= 7;
+            }
+            out.push(g as u8);
+        }
+        extend_f32_le(out, values);
+    })
+}
+
 /// A decoded chunk: the entries of one index range, in either encoding.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Chunk {
@@ -345,23 +421,27 @@ pub(crate) enum Chunk {
 }
 
 impl Chunk {
-    /// The chunk of a sum over `[base, base + sum.len())`, in the cheaper encoding; only
-    /// entries that are not `+0.0` count (and are listed) as stored.
+    /// The chunk of a sum over `[base, base + sum.len())`, stored densely when that is its
+    /// smallest encoding; only entries that are not `+0.0` count (and are listed) as stored.
     pub(crate) fn from_sum(base: usize, sum: Vec<f32>) -> Chunk {
         let nnz = sum.iter().filter(|v| v.to_bits() != 0).count();
-        if dense_is_cheaper(nnz, sum.len()) {
+        // Even one-byte gaps (5 bytes an entry) cannot beat dense.
+        if 4 * sum.len() <= 4 + 5 * nnz {
             return Chunk::Dense(sum);
         }
         let mut indices = Vec::with_capacity(nnz);
         let mut values = Vec::with_capacity(nnz);
         push_nonzero(&sum, base, &mut indices, &mut values);
+        if choose(base, sum.len(), &indices) == Form::Dense {
+            return Chunk::Dense(sum);
+        }
         Chunk::Pairs { indices, values }
     }
 
-    /// The chunk of the entries `(indices, values)` (all inside `range`, none `+0.0`) in the
-    /// cheaper encoding: the same chunk [`Chunk::from_sum`] gives for their dense form.
+    /// The chunk of the entries `(indices, values)` (all inside `range`, none `+0.0`), stored
+    /// as [`Chunk::from_sum`] stores their dense form.
     pub(crate) fn from_entries(range: &Range<usize>, indices: Vec<u32>, values: Vec<f32>) -> Chunk {
-        if !dense_is_cheaper(indices.len(), range.len()) {
+        if choose(range.start, range.len(), &indices) != Form::Dense {
             return Chunk::Pairs { indices, values };
         }
         let mut dense = vec![0.0f32; range.len()];
@@ -371,10 +451,10 @@ impl Chunk {
         Chunk::Dense(dense)
     }
 
-    /// The chunk as a message with `header`.
-    pub(crate) fn to_message(&self, header: Header) -> Message {
+    /// The chunk, which covers `range`, as a message with `header` in its smallest encoding.
+    pub(crate) fn to_message(&self, header: Header, range: &Range<usize>) -> Message {
         match self {
-            Chunk::Pairs { indices, values } => pairs_message(header, indices, values),
+            Chunk::Pairs { indices, values } => encode_entries(header, range, indices, values),
             Chunk::Dense(values) => dense_message(header, values),
         }
     }
@@ -493,8 +573,72 @@ pub(crate) fn decode_chunk(payload: &[u8], range: &Range<usize>) -> Result<Chunk
                 .collect();
             Ok(Chunk::Pairs { indices, values })
         }
+        DELTA => decode_delta(body, range),
         _ => Err(WireError::Payload("unknown sparse chunk encoding")),
     }
+}
+
+/// Decodes the body of a delta chunk (after the tag) covering `range`.
+fn decode_delta(body: &[u8], range: &Range<usize>) -> Result<Chunk, WireError> {
+    if body.len() < 4 {
+        return Err(WireError::Payload("sparse chunk shorter than its count"));
+    }
+    let nnz = u32_at(body, 0) as usize;
+    if nnz > range.len() {
+        return Err(WireError::Payload(
+            "sparse chunk counts more entries than the chunk has elements",
+        ));
+    }
+    // Every gap takes at least one byte: the values start at or before len − 4·nnz.
+    let Some(gap_end) = body.len().checked_sub(4 * nnz) else {
+        return Err(WireError::Payload("delta chunk shorter than its values"));
+    };
+    if gap_end < 4 + nnz {
+        return Err(WireError::Payload("delta chunk shorter than its gaps"));
+    }
+    let (gb, vb) = body[4..].split_at(gap_end - 4);
+    let mut indices = Vec::with_capacity(nnz);
+    let mut next = range.start as u64;
+    let mut pos = 0;
+    for _ in 0..nnz {
+        let mut gap = 0u64;
+        let mut shift = 0;
+        loop {
+            let Some(&b) = gb.get(pos) else {
+                return Err(WireError::Payload("delta chunk gap runs past its gaps"));
+            };
+            pos += 1;
+            if shift == 28 && b > 0x0f {
+                return Err(WireError::Payload("delta chunk gap exceeds 32 bits"));
+            }
+            if shift > 0 && b == 0 {
+                return Err(WireError::Payload(
+                    "delta chunk gap has a redundant zero byte",
+                ));
+            }
+            gap |= ((b & 0x7f) as u64) << shift;
+            if b & 0x80 == 0 {
+                break;
+            }
+            shift += 7;
+        }
+        let i = next + gap;
+        if i >= range.end as u64 {
+            return Err(WireError::Payload("sparse chunk index outside the chunk"));
+        }
+        indices.push(i as u32);
+        next = i + 1;
+    }
+    if pos != gb.len() {
+        return Err(WireError::Payload(
+            "delta chunk length does not match its gaps and count",
+        ));
+    }
+    let values = vb
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    Ok(Chunk::Pairs { indices, values })
 }
 
 #[cfg(test)]
@@ -534,23 +678,55 @@ mod tests {
     }
 
     #[test]
-    fn encoding_switches_to_dense_at_half_density() {
-        let range = 10..18; // 8 elements: dense once nnz >= 4
+    fn encoding_picks_the_smallest_form() {
+        let range = 10..18; // 8 elements: dense is 33 bytes
         let m = encode_entries(header(), &range, &[11, 12, 15], &[1.0, 2.0, 3.0]);
-        assert_eq!(m.payload()[0], PAIRS);
-        assert_eq!(m.payload().len(), pairs_len(3));
-        let m4 = encode_entries(header(), &range, &[11, 12, 15, 17], &[1.0, 2.0, 3.0, 4.0]);
-        assert_eq!(m4.payload()[0], DENSE);
-        assert_eq!(m4.payload().len(), 1 + 8 * 4);
-        // Both decode to the same dense values.
-        for m in [m, m4] {
+        assert_eq!(m.payload()[0], DELTA);
+        // tag, count, gaps 1, 0, 2 (one byte each), three values.
+        assert_eq!(m.payload().len(), 1 + 4 + 3 + 12);
+        assert_eq!(m.payload()[5..8], [1, 0, 2]);
+        // 6 of 8: delta 1 + 4 + 6 + 24 = 35 > 33.
+        let idx6 = [10, 11, 12, 14, 15, 17];
+        let m6 = encode_entries(header(), &range, &idx6, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(m6.payload()[0], DENSE);
+        assert_eq!(m6.payload().len(), 1 + 8 * 4);
+        // Both decode to the same dense values as the entries.
+        for (m, idx) in [(m, &[11u32, 12, 15][..]), (m6, &idx6[..])] {
             let mut out = vec![9.0; 8];
             decode_chunk(m.payload(), &range)
                 .unwrap()
                 .write_dense(&mut out, 10);
-            assert_eq!(out[1..4], [1.0, 2.0, 0.0]);
-            assert_eq!(out[5], 3.0);
+            let mut want = vec![0.0; 8];
+            for (k, &i) in idx.iter().enumerate() {
+                want[i as usize - 10] = k as f32 + 1.0;
+            }
+            assert_eq!(out, want);
         }
+        // Gaps of 2^28 and more take 5 bytes: pairs are smaller there.
+        let far = 0..(1usize << 30);
+        let idx = [(1u32 << 28) + 5, (1 << 29) + 10];
+        assert_eq!(choose(far.start, far.len(), &idx), Form::Pairs);
+        let m = encode_entries(header(), &far, &idx, &[1.0, 2.0]);
+        assert_eq!(m.payload()[0], PAIRS);
+        assert_eq!(
+            decode_chunk(m.payload(), &far),
+            Ok(Chunk::Pairs {
+                indices: idx.to_vec(),
+                values: vec![1.0, 2.0]
+            })
+        );
+        // Multi-byte gaps round-trip through delta.
+        let idx = [3u32, 200, 20_000, 3_000_000, (1 << 28) - 1];
+        let m = encode_entries(header(), &far, &idx, &[1.0; 5]);
+        assert_eq!(m.payload()[0], DELTA);
+        assert_eq!(m.payload().len(), 1 + 4 + (1 + 2 + 3 + 4 + 4) + 20);
+        assert_eq!(
+            decode_chunk(m.payload(), &far),
+            Ok(Chunk::Pairs {
+                indices: idx.to_vec(),
+                values: vec![1.0; 5]
+            })
+        );
         let c = Chunk::from_sum(10, vec![0.0, 1.0, 0.0, 0.0]);
         assert_eq!(
             c,
@@ -560,7 +736,7 @@ mod tests {
             }
         );
         assert_eq!(
-            decode_chunk(c.to_message(header()).payload(), &(10..14)),
+            decode_chunk(c.to_message(header(), &(10..14)).payload(), &(10..14)),
             Ok(c)
         );
         assert!(matches!(
@@ -585,7 +761,7 @@ mod tests {
         for bad in [
             vec![],
             vec![PAIRS],
-            vec![3, 0, 0, 0, 0],
+            vec![4, 0, 0, 0, 0], // unknown tag
             vec![DENSE, 0, 0, 0],
             pairs(2, &[4]),        // count says 2, one entry
             pairs(1, &[4, 5]),     // count says 1, two entries
@@ -601,13 +777,33 @@ mod tests {
         let mut truncated = pairs(2, &[4, 7]);
         truncated.pop();
         assert!(decode_chunk(&truncated, &r).is_err());
+        let delta = |n: u32, gaps: &[u8], values: usize| {
+            let mut b = vec![DELTA];
+            b.extend_from_slice(&n.to_le_bytes());
+            b.extend_from_slice(gaps);
+            b.extend(std::iter::repeat_n(0u8, 4 * values));
+            b
+        };
+        assert!(decode_chunk(&delta(2, &[0, 2], 2), &r).is_ok()); // 4, 7
+        for bad in [
+            delta(2, &[0, 3], 2),                         // 4, 8: past the end
+            delta(2, &[0], 2),                            // one gap for two entries
+            delta(1, &[0, 0], 1),                         // a gap byte left over
+            delta(1, &[0x80], 1),                         // gap runs past the gaps
+            delta(1, &[0x81, 0x00], 1),                   // redundant zero byte
+            delta(1, &[0xff, 0xff, 0xff, 0xff, 0x1f], 1), // over 32 bits
+            delta(5, &[0, 0, 0, 0, 0], 5),                // more entries than elements
+            delta(2, &[0, 0], 1),                         // a value short
+        ] {
+            assert!(decode_chunk(&bad, &r).is_err(), "{bad:?}");
+        }
     }
 
     proptest! {
         #[test]
         fn hostile_chunks_never_panic(
             bytes in proptest::collection::vec(any::<u8>(), 0..80),
-            tag in prop_oneof![Just(PAIRS), Just(DENSE), any::<u8>()],
+            tag in prop_oneof![Just(PAIRS), Just(DENSE), Just(DELTA), any::<u8>()],
             nnz in prop_oneof![0u32..12, any::<u32>()],
             start in prop_oneof![0usize..20, Just(u32::MAX as usize - 40)],
             len in 0usize..20,
@@ -648,6 +844,36 @@ mod tests {
             }
             prop_assert_eq!(dense, want);
             prop_assert!(m.payload().len() <= 1 + 4 * len);
+            prop_assert!(m.payload().len() <= pairs_len(indices.len()));
+        }
+
+        #[test]
+        fn sparse_chunks_round_trip_exactly(
+            start in 0usize..1000,
+            gaps in proptest::collection::vec(prop_oneof![0u32..4, 0u32..300, 0u32..70_000, 0u32..(1 << 29)], 0..30),
+        ) {
+            // Indices with gaps of every varint width; the chunk ends one past the last.
+            let mut indices = Vec::new();
+            let mut next = start as u64;
+            for g in gaps {
+                let i = next + g as u64;
+                if i >= u32::MAX as u64 { break; }
+                indices.push(i as u32);
+                next = i + 1;
+            }
+            let range = start..(next as usize).max(start);
+            let values: Vec<f32> = (0..indices.len()).map(|k| k as f32 * 0.5 - 3.0).collect();
+            let c = Chunk::from_entries(&range, indices.clone(), values.clone());
+            let m = c.to_message(header(), &range);
+            let back = decode_chunk(m.payload(), &range).unwrap();
+            let (mut i, mut v) = (Vec::new(), Vec::new());
+            back.push_nonzero(range.start, &mut i, &mut v);
+            let (mut wi, mut wv) = (Vec::new(), Vec::new());
+            for (&a, &b) in indices.iter().zip(&values) {
+                if b.to_bits() != 0 { wi.push(a); wv.push(b); }
+            }
+            prop_assert_eq!(i, wi);
+            prop_assert_eq!(v, wv);
         }
     }
 }

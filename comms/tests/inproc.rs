@@ -230,7 +230,11 @@ fn sparse_all_reduce_receives_less_than_all_gather_of_the_pairs() {
         }
         (out, k, union)
     };
-    let model = |k: usize, union: usize| ((p - 1) as f64 / p as f64) * (k + union) as f64 * 8.0;
+    // Bytes per entry on the wire: a 4-byte value and a LEB128 gap of 1–2 bytes at these
+    // densities (the delta encoding), against 8 for the all-gather's (u32, f32) pairs.
+    let model = |k: usize, union: usize, per_entry: f64| {
+        ((p - 1) as f64 / p as f64) * (k + union) as f64 * per_entry
+    };
     // Half of every rank's entries on shared indices: |sum| ≈ 2.5 k.
     let (out, k, union) = measure(Pattern::Shared {
         density: 0.01,
@@ -238,24 +242,28 @@ fn sparse_all_reduce_receives_less_than_all_gather_of_the_pairs() {
     });
     for (r, (gather, sparse, _)) in out.iter().enumerate() {
         assert!(sparse < gather, "rank {r}: {sparse} >= {gather}");
-        assert!((*sparse as f64) < model(k, union) * 1.1 + 1e4, "rank {r}");
+        assert!(
+            (*sparse as f64) < model(k, union, 6.0) * 1.1 + 1e4,
+            "rank {r}"
+        );
     }
     // Fully overlapping index sets: the sum is no larger than one input, so the sparse
-    // all-reduce receives about 2/P of the all-gather.
+    // all-reduce receives well under 2/P of the all-gather.
     let (out, _, _) = measure(Pattern::Overlapping(0.01));
     for (r, (gather, sparse, _)) in out.iter().enumerate() {
-        assert!(10 * sparse < 6 * gather, "rank {r}: {sparse} vs {gather}");
+        assert!(10 * sparse < 5 * gather, "rank {r}: {sparse} vs {gather}");
     }
-    // Independent indices: |sum| ≈ P·k, so the sparse all-reduce receives ≈ (P+1)/P times
-    // the all-gather (the model, within the balance of the segments).
+    // Independent indices: |sum| ≈ P·k, so with 8-byte entries the sparse all-reduce would
+    // receive (P+1)/P times the all-gather; with 5–6-byte entries it receives less (the
+    // acceptance point of issue 9: 1 % density, P = 4).
     let (out, k, union) = measure(Pattern::Independent(0.01));
     for (r, (gather, sparse, _)) in out.iter().enumerate() {
-        let m = model(k, union);
+        let (lo, hi) = (model(k, union, 5.0), model(k, union, 6.0));
         assert!(
-            (*sparse as f64 - m).abs() < 0.05 * m,
-            "rank {r}: {sparse} vs model {m}"
+            (*sparse as f64) > 0.95 * lo && (*sparse as f64) < 1.05 * hi,
+            "rank {r}: {sparse} outside the model's [{lo}, {hi}]"
         );
-        assert!(sparse > gather, "rank {r}");
+        assert!(sparse < gather, "rank {r}: {sparse} >= {gather}");
     }
     // Independent but dense enough that the sum goes dense (25% per rank, |sum| ≈ 68%):
     // the dense encoding caps the sum at 4 bytes per element.

@@ -42,10 +42,13 @@
 //! With `[compress] collective = "sparse-allreduce"` a gather method uses dtrain-comms' sparse
 //! all-reduce instead ([`Collective::SparseAllReduce`]): each rank sends every owner its share
 //! of its `k` non-zeros and receives the owners' reduced ranges, two rounds of direct
-//! messages. Per rank and step it receives `(P−1)/P · (k + |sum|)` entries of 8 bytes (a
-//! range goes dense, 4 bytes per element, once that is cheaper), so
-//! `comm(P) = 2·α·B + (P−1)/P · min((k + |sum|)·8, k·8 + n_dense) / β`, with `k` =
-//! payload / 8 and `|sum|(P) = min(k·(1 + u·(P−1)), params)`. `u`, the fraction of another
+//! messages. Per rank and step it receives `(P−1)/P · k` entries at density `k/n` and
+//! `(P−1)/P · |sum|` entries at density `|sum|/n`. An entry is a 4-byte value and a LEB128
+//! index gap ([`entry_bytes`]: 1 byte plus one per power of 2⁷ the gap reaches, for gaps
+//! geometric at that density); a range goes dense, 4 bytes per element, once that is
+//! cheaper. So `comm(P) = 2·α·B + (P−1)/P · (k·e(k/n) + min(|sum|·e(|sum|/n), 4n)) / β`,
+//! with `k` = payload / 8 (the gathered (u32, f32) pairs) and
+//! `|sum|(P) = min(k·(1 + u·(P−1)), params)`. `u`, the fraction of another
 //! rank's entries that are new to the sum, is read off the measured run when it used the
 //! sparse all-reduce (from the bytes it received at P₀), else taken as 1 (independent index
 //! sets: the upper bound).
@@ -424,7 +427,9 @@ impl StepModel {
                 let sum = (k * (1.0 + new_fraction * (pf - 1.0))).min(n);
                 // Phase 1 brings the shares (k/P from each peer); phase 2 the reduced ranges,
                 // sparse or dense, whichever is smaller.
-                let bytes = (pf - 1.0) / pf * (k * 8.0 + (sum * 8.0).min(n * 4.0));
+                let share = k * entry_bytes(k / n.max(1.0));
+                let reduced = (sum * entry_bytes(sum / n.max(1.0))).min(n * 4.0);
+                let bytes = (pf - 1.0) / pf * (share + reduced);
                 let secs = link.bandwidth.map_or(0.0, |bw| bytes / bw);
                 2.0 * b * link.latency.as_secs_f64() + secs
             }
@@ -896,12 +901,42 @@ pub fn validate_runs(runs: &[Run]) -> Result<ValidationOutput> {
     })
 }
 
+/// Expected wire bytes of one sparse all-reduce entry in a range of density `d` (entries per
+/// element): a 4-byte value and a LEB128 gap, whose length is 1 byte plus one for each of
+/// 2⁷, 2¹⁴, 2²¹, 2²⁸ the gap reaches, with gaps geometric (`P(gap ≥ g) = (1 − d)^g`); never
+/// more than the 8 bytes of a (u32, f32) pair, which the encoder falls back to.
+pub fn entry_bytes(d: f64) -> f64 {
+    let d = d.clamp(0.0, 1.0);
+    if d == 0.0 {
+        return 8.0;
+    }
+    let q = (1.0 - d).ln();
+    let gap: f64 = 1.0
+        + [7, 14, 21, 28]
+            .iter()
+            .map(|&e| (q * 2f64.powi(e)).exp())
+            .sum::<f64>();
+    (4.0 + gap).min(8.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn sparse_all_reduce_model_beats_all_gather_only_with_overlap() {
+    fn entry_bytes_follow_the_gap_length() {
+        // 1 %: mean gap 100, a quarter of the gaps need a second byte.
+        let e = entry_bytes(0.01);
+        assert!((5.2..5.35).contains(&e), "{e}");
+        // Dense ranges: one-byte gaps.
+        assert!((entry_bytes(0.5) - 5.0).abs() < 1e-9);
+        // Very sparse: capped at a pair.
+        assert_eq!(entry_bytes(1e-12), 8.0);
+        assert_eq!(entry_bytes(0.0), 8.0);
+    }
+
+    #[test]
+    fn sparse_all_reduce_model_beats_all_gather_at_one_percent() {
         let link = LinkSpec::parse(Some("10Gbit"), Some("10us")).unwrap();
         let model = |c: Collective| StepModel {
             label: "x".into(),
@@ -923,9 +958,10 @@ mod tests {
         for p in [4usize, 16, 64] {
             assert!(shared.comm_s(&link, p) < gather.comm_s(&link, p), "P={p}");
         }
-        // Independent sets: more than the all-gather until the sum goes dense …
-        assert!(independent.comm_s(&link, 4) > gather.comm_s(&link, 4));
-        // … after which the sparse all-reduce's cost stops growing with P.
+        // Independent sets at 1 %: the delta-coded entries (≈ 5 bytes against the pairs' 8)
+        // already beat the all-gather at P = 4, and the margin grows with P …
+        assert!(independent.comm_s(&link, 4) < gather.comm_s(&link, 4));
+        // … and once the sum goes dense its cost stops growing with P.
         let (a, b) = (
             independent.comm_s(&link, 128),
             independent.comm_s(&link, 256),

@@ -194,7 +194,7 @@ impl<'a> SparseAllReduce<'a> {
             Chunk::from_sum(range.start, acc)
         };
         if self.world > 1 {
-            let msg = sum.to_message(self.header(REDUCED, self.rank, range.start));
+            let msg = sum.to_message(self.header(REDUCED, self.rank, range.start), &range);
             for s in 1..self.world - 1 {
                 self.out
                     .push_back(((self.rank + s) % self.world, msg.clone()));
