@@ -349,6 +349,37 @@ pub struct ClusterConfig {
     /// (default 120).
     #[serde(default = "default_timeout")]
     pub timeout_s: f64,
+    /// How gradients are combined: `"allreduce"` (default: collectives, lock-step) or
+    /// `"ps"` (a parameter server co-located with the workers, see [`ClusterConfig::servers`]
+    /// and [`ClusterConfig::staleness`]).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub mode: ClusterMode,
+    /// `mode = "ps"`: how many ranks (the first ones) also serve a shard of the model
+    /// (default: every worker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub servers: Option<usize>,
+    /// `mode = "ps"`: staleness bound `s` of stale-synchronous parallel — a worker may run
+    /// at most `s` steps ahead of the slowest (0 = synchronous, the default; a large value
+    /// is asynchronous, as in Project Adam).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub staleness: u64,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+/// `[cluster] mode`: how the workers combine gradients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ClusterMode {
+    /// Collectives (all-reduce / all-gather), every worker in lock-step.
+    #[default]
+    AllReduce,
+    /// Parameter server: every worker pushes its gradient shards to the servers and applies
+    /// the aggregates it pulls, in step order; with a staleness bound > 0 workers run ahead
+    /// of each other by up to that many steps (stale-synchronous parallel).
+    Ps,
 }
 
 fn one_usize() -> usize {
@@ -365,6 +396,9 @@ impl Default for ClusterConfig {
             transport: TransportKind::Tcp,
             threads: 1,
             timeout_s: default_timeout(),
+            mode: ClusterMode::AllReduce,
+            servers: None,
+            staleness: 0,
         }
     }
 }
@@ -643,6 +677,28 @@ impl RunConfig {
                 "cluster.timeout_s",
                 format!("must be > 0, got {}", c.timeout_s),
             ));
+        }
+        if c.mode == ClusterMode::AllReduce {
+            if c.servers.is_some() {
+                return Err(err(
+                    "cluster.servers",
+                    "applies to mode = \"ps\" only".into(),
+                ));
+            }
+            if c.staleness != 0 {
+                return Err(err(
+                    "cluster.staleness",
+                    "applies to mode = \"ps\" only".into(),
+                ));
+            }
+        }
+        if let Some(n) = c.servers {
+            if n == 0 || n > c.workers {
+                return Err(err(
+                    "cluster.servers",
+                    format!("must be in 1..={} (the workers), got {n}", c.workers),
+                ));
+            }
         }
         if let Some(b) = &self.network.bandwidth {
             dtrain_comms::shaping::parse_bandwidth(b)
@@ -934,6 +990,27 @@ impl RunConfig {
                     built.aggregation()
                 ),
             ));
+        }
+        if c.mode == ClusterMode::Ps {
+            if !matches!(method, CompressorConfig::None(_)) {
+                return Err(err(
+                    "compress.kind",
+                    format!(
+                        "mode = \"ps\" pushes dense f32 gradients (kind = \"none\"); {:?} \
+                         payloads would need a server that decodes them, which the parameter \
+                         server does not have yet",
+                        method.name()
+                    ),
+                ));
+            }
+            if f.non_finite == NonFinitePolicy::Recover {
+                return Err(err(
+                    "failure.non_finite",
+                    "\"recover\" rolls every rank back to a checkpoint, which a parameter \
+                     server's step clock cannot follow; use \"skip\" or \"abort\" with mode = \"ps\""
+                        .into(),
+                ));
+            }
         }
         Ok(Plan {
             config: self.clone(),

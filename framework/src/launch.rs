@@ -27,7 +27,7 @@ use dtrain_comms::{
     TcpTransport, Transport,
 };
 
-use crate::config::{Plan, RunConfig, TransportKind};
+use crate::config::{ClusterMode, Plan, RunConfig, TransportKind};
 use crate::data::TrainData;
 use crate::trainer::{Observer, RunDir, Summary, Trainer};
 
@@ -331,6 +331,14 @@ pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, String>
         &token,
         RENDEZVOUS_TIMEOUT,
     )?;
+    // Parameter-server mode: the server's messages share the connections of the collectives.
+    let (transport, ps_lane): (Box<dyn Transport>, Option<Box<dyn Transport>>) =
+        if cfg.cluster.mode == ClusterMode::Ps {
+            let (coll, ps) = dtrain_comms::split_ps(transport);
+            (Box::new(coll), Some(Box::new(ps)))
+        } else {
+            (transport, None)
+        };
     let comm = Communicator::new(
         transport,
         CommConfig {
@@ -344,6 +352,9 @@ pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, String>
     };
     let mut t =
         Trainer::new(plan, data, comm, &device, Some(out.clone())).map_err(|e| e.to_string())?;
+    if let Some(lane) = ps_lane {
+        t.attach_parameter_server(lane).map_err(|e| e.to_string())?;
+    }
     if a.resume {
         let dir = out
             .latest()

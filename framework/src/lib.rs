@@ -32,4 +32,5 @@ pub mod exchange;
 pub mod launch;
 pub mod lr;
 pub mod optim;
+pub mod ps_mode;
 pub mod trainer;

@@ -37,6 +37,7 @@ use crate::config::{NonFinitePolicy, Plan};
 use crate::data::TrainData;
 use crate::exchange::{ExchangeError, Exchanger};
 use crate::optim::{GroupState, Optimizer};
+use crate::ps_mode::{PsState, Ready};
 
 /// Why a run stopped.
 #[derive(Debug, thiserror::Error)]
@@ -358,6 +359,8 @@ pub struct Trainer<T: Transport> {
     last_checkpoint: Option<PathBuf>,
     start_step: u64,
     evals: Vec<EvalRecord>,
+    /// Parameter-server mode (`[cluster] mode = "ps"`), once attached.
+    ps: Option<PsState<T>>,
 }
 
 impl<T: Transport> Trainer<T> {
@@ -429,6 +432,7 @@ impl<T: Transport> Trainer<T> {
             last_checkpoint: None,
             start_step: 0,
             evals: Vec::new(),
+            ps: None,
             out,
             plan,
         };
@@ -446,6 +450,70 @@ impl<T: Transport> Trainer<T> {
         }
         t.model.write_params(&params);
         Ok(t)
+    }
+
+    /// Switches this worker to parameter-server mode (`[cluster] mode = "ps"`, see
+    /// [`crate::ps_mode`]): gradients are pushed to the servers over `transport` — the
+    /// parameter-server lane of the same connections as the communicator's
+    /// ([`dtrain_comms::split_ps`]) — instead of going through the exchanger. Every worker
+    /// of the run must attach before its first step.
+    pub fn attach_parameter_server(&mut self, transport: T) -> Result<(), TrainError> {
+        let c = &self.plan.config.cluster;
+        if c.mode != crate::config::ClusterMode::Ps {
+            return Err(TrainError::Config(
+                "cluster.mode is not \"ps\": the trainer exchanges gradients with collectives"
+                    .into(),
+            ));
+        }
+        let step = self.step;
+        let ps = PsState::new(transport, c, self.num_params())
+            .map_err(|source| TrainError::Comm { step, source })?;
+        self.ps = Some(ps);
+        Ok(())
+    }
+
+    /// Applies one parameter-server aggregate (the mean gradient of `r.step`) with that
+    /// step's learning rate. A non-finite aggregate is the same on every worker, so every
+    /// worker skips it alike.
+    fn apply_aggregate(&mut self, r: Ready) {
+        if r.grad.iter().any(|g| !g.is_finite()) {
+            self.skipped += 1;
+            return;
+        }
+        let lr = self.lr_at(r.step);
+        self.optimizer.begin(0, self.num_params());
+        let optimizer = &mut self.optimizer;
+        let grads = &r.grad;
+        self.model.update_params(&mut |offset, p| {
+            optimizer.apply(0, offset, p, &grads[offset..offset + p.len()], lr as f32)
+        });
+    }
+
+    /// The learning rate of `step`.
+    fn lr_at(&self, step: u64) -> f64 {
+        let global_batch = self.plan.config.data.batch_size * self.world;
+        self.plan.lr.at(
+            step as f64 / self.plan.steps_per_epoch as f64,
+            self.plan.config.train.epochs as f64,
+            global_batch,
+        )
+    }
+
+    /// Parameter-server mode: waits for and applies the aggregates of every step pushed so
+    /// far, so that every replica is identical and no server traffic is in flight (before
+    /// collectives: evaluation, checkpoints). A no-op otherwise.
+    fn ps_sync(&mut self) -> Result<(), TrainError> {
+        let step = self.step;
+        let Some(ps) = self.ps.as_mut() else {
+            return Ok(());
+        };
+        let ready = ps
+            .drain()
+            .map_err(|source| TrainError::Comm { step, source })?;
+        for r in ready {
+            self.apply_aggregate(r);
+        }
+        Ok(())
     }
 
     /// This worker's rank.
@@ -613,6 +681,7 @@ impl<T: Transport> Trainer<T> {
     /// `checkpoints/LATEST` at it (after a barrier, so LATEST only ever names complete
     /// checkpoints) and prunes old ones.
     pub fn save_checkpoint(&mut self) -> Result<Option<PathBuf>, TrainError> {
+        self.ps_sync()?;
         let Some(out) = self.out.clone() else {
             return Ok(None);
         };
@@ -824,6 +893,16 @@ impl<T: Transport> Trainer<T> {
                 }
             }
         }
+        if let Some(ps) = self.ps.as_mut() {
+            // Leave the parameter server (serving the others until they leave too).
+            let step = self.step;
+            let ready = ps
+                .finish()
+                .map_err(|source| TrainError::Comm { step, source })?;
+            for r in ready {
+                self.apply_aggregate(r);
+            }
+        }
         let wall = t_start.elapsed().as_secs_f64();
         let n_session = self.step - session_start;
         let mean = if timed > 0 {
@@ -917,9 +996,14 @@ impl<T: Transport> Trainer<T> {
             bad_loss as u8 as f32,
             bad_grad as u8 as f32,
         ];
-        self.comm
-            .all_reduce_sum(&mut ctl)
-            .map_err(|source| TrainError::Comm { step, source })?;
+        // Asynchronous parameter server: no lock-step control all-reduce; the record holds
+        // this worker's own loss and accuracy.
+        let async_ps = self.ps.as_ref().is_some_and(|p| p.staleness() > 0);
+        if !async_ps {
+            self.comm
+                .all_reduce_sum(&mut ctl)
+                .map_err(|source| TrainError::Comm { step, source })?;
+        }
         let t4 = Instant::now();
         let count = ctl[1].max(1.0) as f64;
         let loss = if ctl[3] > 0.0 {
@@ -963,7 +1047,12 @@ impl<T: Transport> Trainer<T> {
             samples: ctl[1] as u64,
             time,
         };
-        if ctl[3] > 0.0 || ctl[4] > 0.0 || spike {
+        if async_ps && (ctl[3] > 0.0 || ctl[4] > 0.0) {
+            // The servers' step clock needs this step's push from every worker: push zeros.
+            self.grads.fill(0.0);
+            self.skipped += 1;
+            record.skipped = true;
+        } else if ctl[3] > 0.0 || ctl[4] > 0.0 || spike {
             let what = if ctl[3] > 0.0 || spike {
                 "loss"
             } else {
@@ -974,6 +1063,26 @@ impl<T: Transport> Trainer<T> {
         self.consecutive_bad = 0;
         if loss.is_finite() {
             self.best_loss = Some(self.best_loss.map_or(loss, |b| b.min(loss)));
+        }
+        if let Some(ps) = self.ps.as_mut() {
+            let (ready, pst) = ps
+                .step(step, &self.grads)
+                .map_err(|source| TrainError::Comm { step, source })?;
+            time.compress_s = pst.encode_s;
+            time.communicate_s += pst.communicate_s;
+            time.wait_s = pst.communicate_s;
+            time.decompress_s = pst.decode_s;
+            let t5 = Instant::now();
+            for r in ready {
+                self.apply_aggregate(r);
+            }
+            time.optimizer_s = t5.elapsed().as_secs_f64();
+            time.step_s = t0.elapsed().as_secs_f64();
+            record.bytes_sent = pst.bytes_sent;
+            record.bytes_received = pst.bytes_received;
+            record.payload_bytes = pst.payload_bytes;
+            record.time = time;
+            return Ok(StepOutcome::Done(record));
         }
         let st = self
             .exchanger
@@ -1087,6 +1196,7 @@ impl<T: Transport> Trainer<T> {
     /// Evaluates on this rank's part of the test set, with BatchNorm running statistics
     /// averaged over the workers first; the result is the global one on every rank.
     pub fn evaluate(&mut self, epochs_done: u64) -> Result<EvalRecord, TrainError> {
+        self.ps_sync()?;
         let step = self.step;
         if !self.buffers.is_empty() {
             self.model.read_buffers(&mut self.buffers);

@@ -18,6 +18,7 @@
 pub mod channel;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod mux;
 #[cfg(feature = "quic")]
 pub mod quic;
 #[cfg(all(feature = "shm", target_os = "linux"))]

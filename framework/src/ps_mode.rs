@@ -1,0 +1,170 @@
+//! The trainer's parameter-server mode (`[cluster] mode = "ps"`): gradients go to servers
+//! co-located with the workers instead of through an all-reduce.
+//!
+//! * Every rank is a worker; the first `cluster.servers` ranks (default: all) also serve one
+//!   contiguous shard of the flat gradient each ([`dtrain_comms::ps`]).
+//! * A step pushes the worker's gradient, one f32 shard per server; a server averages the
+//!   workers' shards of a step in worker order ([`DenseF32`], mean) and every worker pulls the
+//!   aggregate. Every worker applies **every** step's aggregate exactly once, in step order,
+//!   with the learning rate of that step — so the replicas stay identical even when they run
+//!   at different speeds; staleness only delays when a worker sees an aggregate.
+//! * With `cluster.staleness = s > 0` (stale-synchronous parallel) a worker may push step `t`
+//!   once the aggregates of every step `< t − s` have arrived, and applies whatever aggregates
+//!   are ready after each push; its gradient may therefore be computed on parameters up to
+//!   `s` updates old. The lock-step per-step control all-reduce is skipped (the step records
+//!   carry the worker's own loss and accuracy), and a worker whose gradient is not finite
+//!   pushes zeros for that step (counted as skipped) so that the servers' step clock goes on.
+//! * The parameter-server messages share the connections of the collectives
+//!   ([`dtrain_comms::split_ps`]). Before an evaluation, a checkpoint and at the end of the run
+//!   every worker [drains](PsState::drain) the server — waits for and applies the aggregates
+//!   of every step it pushed — so that the collectives there see identical replicas and no
+//!   parameter-server traffic is in flight.
+
+use std::time::{Duration, Instant};
+
+use dtrain_comms::ps::{
+    AggregateError, Aggregation, Aggregator, DenseF32, PsConfig, PsLayout, PsNode, ShardPushes,
+};
+use dtrain_comms::{CommError, Transport};
+
+use crate::config::ClusterConfig;
+
+/// The servers' aggregator.
+#[derive(Debug)]
+pub(crate) enum ServerAggregator {
+    /// Mean of dense f32 shards.
+    Dense(DenseF32),
+}
+
+impl Aggregator for ServerAggregator {
+    fn aggregate(&mut self, input: &ShardPushes<'_>) -> Result<Vec<u8>, AggregateError> {
+        match self {
+            ServerAggregator::Dense(a) => a.aggregate(input),
+        }
+    }
+}
+
+/// One applied-or-to-apply aggregate: the mean gradient of a step.
+#[derive(Debug)]
+pub(crate) struct Ready {
+    /// The trainer step whose gradients it averages.
+    pub step: u64,
+    /// The mean gradient (the whole model).
+    pub grad: Vec<f32>,
+}
+
+/// Time and bytes of one push + pull.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct PsStats {
+    /// Seconds slicing the gradient into shard payloads.
+    pub encode_s: f64,
+    /// Seconds inside the parameter server (push, serving, waiting for aggregates).
+    pub communicate_s: f64,
+    /// Seconds decoding the aggregates.
+    pub decode_s: f64,
+    /// Bytes sent and received meanwhile.
+    pub bytes_sent: u64,
+    /// Bytes received meanwhile.
+    pub bytes_received: u64,
+    /// Payload bytes this worker pushed.
+    pub payload_bytes: u64,
+}
+
+/// A worker's parameter-server state (see the [module docs](self)).
+pub(crate) struct PsState<T: Transport> {
+    node: PsNode<T, ServerAggregator>,
+    staleness: u64,
+    /// The trainer step of the server's step 0 (set at the first push: a resumed run starts
+    /// a fresh server clock).
+    base: Option<u64>,
+}
+
+impl<T: Transport> PsState<T> {
+    /// Joins the parameter server of a run of `world` workers over `transport` (the
+    /// parameter-server lane of the rank's connections) for a model of `len` parameters.
+    pub fn new(transport: T, cluster: &ClusterConfig, len: usize) -> Result<Self, CommError> {
+        let world = transport.world_size();
+        let servers = cluster.servers.unwrap_or(world).clamp(1, world);
+        let layout = PsLayout::new(world, (0..world).collect(), (0..servers).collect(), len)?;
+        let cfg = PsConfig {
+            timeout: Duration::from_secs_f64(cluster.timeout_s),
+            staleness: cluster.staleness,
+            ..PsConfig::default()
+        };
+        let node = PsNode::new(transport, layout, cfg, ServerAggregator::Dense(DenseF32))?;
+        Ok(PsState {
+            node,
+            staleness: cluster.staleness,
+            base: None,
+        })
+    }
+
+    /// The staleness bound.
+    pub fn staleness(&self) -> u64 {
+        self.staleness
+    }
+
+    fn ready(&self, aggs: Vec<dtrain_comms::ps::Aggregate>) -> Vec<Ready> {
+        let base = self.base.unwrap_or(0);
+        aggs.into_iter()
+            .map(|a| Ready {
+                step: base + a.step,
+                grad: a.dense(),
+            })
+            .collect()
+    }
+
+    /// Pushes the gradient of trainer step `step` and returns the aggregates that are ready
+    /// (exactly this step's when the bound is 0), in step order.
+    pub fn step(&mut self, step: u64, grad: &[f32]) -> Result<(Vec<Ready>, PsStats), CommError> {
+        let pushed = self.node.pushed();
+        let base = *self.base.get_or_insert(step.saturating_sub(pushed));
+        if base + pushed != step {
+            return Err(CommError::InvalidArgument(format!(
+                "parameter server at step {} but the trainer pushes step {step}",
+                base + pushed
+            )));
+        }
+        let before = self.node.transport().bytes();
+        let t0 = Instant::now();
+        let layout = self.node.layout().clone();
+        let payloads: Vec<Vec<u8>> = (0..layout.num_shards())
+            .map(|j| dtrain_comms::ps::f32_payload(&grad[layout.shard_range(j)]))
+            .collect();
+        let payload_bytes = payloads.iter().map(|p| p.len() as u64).sum();
+        let t1 = Instant::now();
+        let aggs = self.node.step(payloads, Aggregation::MEAN)?;
+        let t2 = Instant::now();
+        let ready = self.ready(aggs);
+        let after = self.node.transport().bytes();
+        Ok((
+            ready,
+            PsStats {
+                encode_s: (t1 - t0).as_secs_f64(),
+                communicate_s: (t2 - t1).as_secs_f64(),
+                decode_s: t2.elapsed().as_secs_f64(),
+                bytes_sent: after.sent - before.sent,
+                bytes_received: after.received - before.received,
+                payload_bytes,
+            },
+        ))
+    }
+
+    /// Waits for the aggregates of every step pushed so far (serving meanwhile) and returns
+    /// those not returned before.
+    pub fn drain(&mut self) -> Result<Vec<Ready>, CommError> {
+        let pushed = self.node.pushed();
+        if pushed == 0 {
+            return Ok(Vec::new());
+        }
+        let aggs = self.node.pull(pushed - 1)?;
+        Ok(self.ready(aggs))
+    }
+
+    /// Leaves the parameter server: returns the last aggregates and serves until every
+    /// worker has left.
+    pub fn finish(&mut self) -> Result<Vec<Ready>, CommError> {
+        let aggs = self.node.finish()?;
+        Ok(self.ready(aggs))
+    }
+}
