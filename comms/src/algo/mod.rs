@@ -31,6 +31,7 @@ pub mod ring;
 pub mod sparse_allreduce;
 
 use std::ops::Range;
+use std::time::Instant;
 
 use thiserror::Error;
 
@@ -89,6 +90,18 @@ pub trait Machine {
     /// Whether this machine still expects a message from `peer` (lets a driver tell a peer
     /// that finished and left from one whose loss breaks this collective).
     fn expects_from(&self, peer: usize) -> bool;
+    /// The time at which this machine wants [`Machine::handle_timeout`] called (a deadline
+    /// or a held packet's release), if any. Default: none — the collectives that need
+    /// every message have no timers; only lossy ones ([`crate::dlcp`]) do.
+    fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
+    /// Tells the machine the current time; the driver calls it before every
+    /// [`Machine::poll_transmit`] round, so a machine with timers fires those that are due
+    /// (the only way a machine learns the time: it never reads the clock). Default: no-op.
+    fn handle_timeout(&mut self, now: Instant) {
+        let _ = now;
+    }
 }
 
 /// The element-wise reduction of an all-reduce.
