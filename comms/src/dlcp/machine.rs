@@ -16,7 +16,9 @@
 //! * 2 **used**, owner → everyone: payload = bitmap of `P · K` bits (LSB first), bit
 //!   `s · K + k` set if slot `k` of sender `s` was used (`K` = slots in the segment);
 //! * 3 **reduced**, owner → everyone: payload = f32 LE of the reduced segment from element
-//!   `offset`, in chunks; always after the bitmap on the same link.
+//!   `offset`, in chunks; always after the bitmap on the same link;
+//! * 4 **sent**, sender → owner: empty; the end-of-transmission marker, sent right after the
+//!   sender's last first transmission to that owner (see [`super`] on the round rule).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
@@ -32,6 +34,7 @@ const DATA: u8 = 0;
 const NACK: u8 = 1;
 const USED: u8 = 2;
 const REDUCED: u8 = 3;
+const SENT: u8 = 4;
 
 /// One rank's DLCP all-reduce of a flat buffer in place (see the [module docs](self)).
 #[derive(Debug)]
@@ -51,6 +54,9 @@ pub struct DlcpAllReduce<'a> {
     /// First transmissions in strict priority order (owner, slot), after the budget.
     order: Vec<(u32, u32)>,
     next_first: usize,
+    /// Per owner: the position in `order` after which its end-of-transmission marker goes
+    /// out (`None`: nothing to send it, so the marker goes first).
+    last_pos: Vec<Option<usize>>,
     /// Priority of every packet, per owner and slot.
     prios: Vec<Vec<f32>>,
     /// Transmissions of every packet so far, per owner and slot.
@@ -71,6 +77,9 @@ pub struct DlcpAllReduce<'a> {
     total_missing: usize,
     owner_done: bool,
     deadline_passed: bool,
+    /// Per peer: whether its end-of-transmission marker arrived.
+    fin: Vec<bool>,
+    fins_left: usize,
     next_nack: Option<Instant>,
 
     // Gather.
@@ -164,6 +173,10 @@ impl<'a> DlcpAllReduce<'a> {
             report.capacity_dropped = order.len() - keep;
             order.truncate(keep);
         }
+        let mut last_pos = vec![None; world];
+        for (i, (q, _)) in order.iter().enumerate() {
+            last_pos[*q as usize] = Some(i);
+        }
         let attempts = (0..world)
             .map(|q| {
                 if q == rank {
@@ -215,6 +228,7 @@ impl<'a> DlcpAllReduce<'a> {
             gather_chunk: chunk,
             order,
             next_first: 0,
+            last_pos,
             prios,
             attempts,
             out: VecDeque::new(),
@@ -227,6 +241,8 @@ impl<'a> DlcpAllReduce<'a> {
             total_missing,
             owner_done: false,
             deadline_passed: false,
+            fin: vec![false; world],
+            fins_left: world - 1,
             next_nack: None,
             used_in: vec![false; world],
             reduced_got,
@@ -235,9 +251,11 @@ impl<'a> DlcpAllReduce<'a> {
             dropped_vals: vec![Vec::new(); world],
             report,
         };
-        if m.total_missing == 0 {
-            m.complete_owner();
+        for q in (0..world).filter(|&q| q != rank && m.last_pos[q].is_none()) {
+            let fin = Message::new(m.header(SENT, q, 0), &[]);
+            m.out.push_back((q, fin));
         }
+        m.progress();
         m
     }
 
@@ -295,17 +313,38 @@ impl<'a> DlcpAllReduce<'a> {
         }
     }
 
-    /// Applies the loss bound (at the deadline, then every retransmit interval): completes
-    /// the segment if it holds, else NACKs the missing packets of the tensors over it.
-    fn check_bound(&mut self) {
-        if self.over == 0 {
+    /// Applies the round rule after any event: complete when every packet arrived; at a
+    /// decision point (the deadline passed, or every peer's end-of-transmission marker
+    /// arrived) complete if every tensor is within the loss bound, else NACK (once at the
+    /// decision point, then every retransmit interval, see `handle_timeout`).
+    fn progress(&mut self) {
+        if self.owner_done {
+            return;
+        }
+        if self.total_missing == 0 {
             self.complete_owner();
             return;
         }
+        if !(self.deadline_passed || self.fins_left == 0) {
+            return;
+        }
+        if self.over == 0 {
+            self.complete_owner();
+        } else if self.next_nack.is_none() {
+            self.nack();
+        }
+    }
+
+    /// NACKs the missing packets of the tensors over the loss bound, to the senders whose
+    /// end-of-transmission marker arrived (the others' may still be in flight), and arms
+    /// the retransmit timer.
+    fn nack(&mut self) {
         let layout = self.layouts[self.rank].clone();
         let mut nacks = Vec::new();
         for (q, r) in self.recv.iter().enumerate() {
-            let Some(r) = r else { continue };
+            let Some(r) = r.as_ref().filter(|_| self.fin[q]) else {
+                continue;
+            };
             let slots: Vec<u32> = r
                 .missing()
                 .filter(|&k| {
@@ -318,6 +357,9 @@ impl<'a> DlcpAllReduce<'a> {
                 nacks.push((q, slots));
             }
         }
+        if !nacks.is_empty() {
+            self.report.nack_rounds += 1;
+        }
         for (q, slots) in nacks {
             let msg = Message::build(self.header(NACK, self.rank, 0), slots.len() * 4, |out| {
                 for s in &slots {
@@ -327,7 +369,6 @@ impl<'a> DlcpAllReduce<'a> {
             self.out.push_back((q, msg));
             self.report.nacks_sent += 1;
         }
-        self.report.nack_rounds += 1;
         self.next_nack = Some(self.now + self.cfg.retransmit_interval);
     }
 
@@ -335,7 +376,7 @@ impl<'a> DlcpAllReduce<'a> {
     fn complete_owner(&mut self) {
         self.owner_done = true;
         self.next_nack = None;
-        self.report.completed_by_deadline = self.total_missing > 0;
+        self.report.completed_with_loss = self.total_missing > 0;
         let layout = self.layouts[self.rank].clone();
         let seg = layout.range();
         let mut acc = vec![0.0f32; seg.len()];
@@ -440,12 +481,26 @@ impl<'a> DlcpAllReduce<'a> {
                     self.over -= 1;
                 }
                 self.total_missing -= 1;
-                if self.total_missing == 0 || (self.deadline_passed && self.over == 0) {
-                    self.complete_owner();
-                }
+                self.progress();
             }
             Inserted::Duplicate(_) | Inserted::Stale => self.report.ignored += 1,
         }
+        Ok(())
+    }
+
+    fn on_sent(&mut self, from: usize, h: &Header) -> Result<(), AlgoError> {
+        if h.root as usize != self.rank || self.fin[from] {
+            return Err(AlgoError::protocol(
+                from,
+                format!(
+                    "unexpected end-of-transmission marker for segment {}",
+                    h.root
+                ),
+            ));
+        }
+        self.fin[from] = true;
+        self.fins_left -= 1;
+        self.progress();
         Ok(())
     }
 
@@ -576,7 +631,7 @@ impl Machine for DlcpAllReduce<'_> {
                 format!("DLCP message from rank {from}, not a peer"),
             ));
         }
-        if h.phase != DATA && h.root as usize != from {
+        if !matches!(h.phase, DATA | SENT) && h.root as usize != from {
             return Err(AlgoError::protocol(
                 from,
                 format!(
@@ -590,6 +645,7 @@ impl Machine for DlcpAllReduce<'_> {
             NACK => self.on_nack(from, msg.payload()),
             USED => self.on_used(from, msg.payload()),
             REDUCED => self.on_reduced(from, &h, msg.payload()),
+            SENT => self.on_sent(from, &h),
             other => Err(AlgoError::protocol(
                 from,
                 format!("unknown DLCP phase {other}"),
@@ -602,9 +658,15 @@ impl Machine for DlcpAllReduce<'_> {
             if let Some(m) = self.out.pop_front() {
                 return Some(m);
             }
-            let &(q, k) = self.order.get(self.next_first)?;
+            let i = self.next_first;
+            let &(q, k) = self.order.get(i)?;
             self.next_first += 1;
-            self.transmit(q as usize, k as usize);
+            let q = q as usize;
+            self.transmit(q, k as usize);
+            if self.last_pos[q] == Some(i) {
+                let fin = Message::new(self.header(SENT, q, 0), &[]);
+                self.out.push_back((q, fin));
+            }
         }
     }
 
@@ -620,7 +682,8 @@ impl Machine for DlcpAllReduce<'_> {
             && peer != self.rank
             && (!self.used_in[peer]
                 || self.reduced_left[peer] > 0
-                || self.recv[peer].as_ref().is_some_and(|r| !r.is_complete()))
+                || self.recv[peer].as_ref().is_some_and(|r| !r.is_complete())
+                || (!self.owner_done && !self.fin[peer]))
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
@@ -628,7 +691,8 @@ impl Machine for DlcpAllReduce<'_> {
         let owner = if self.owner_done {
             None
         } else if !self.deadline_passed {
-            Some(self.start + self.cfg.deadline)
+            let d = self.start + self.cfg.deadline;
+            Some(self.next_nack.map_or(d, |t| t.min(d)))
         } else {
             self.next_nack
         };
@@ -653,9 +717,10 @@ impl Machine for DlcpAllReduce<'_> {
         }
         if !self.deadline_passed && self.now >= self.start + self.cfg.deadline {
             self.deadline_passed = true;
-            self.check_bound();
-        } else if self.deadline_passed && self.next_nack.is_some_and(|t| self.now >= t) {
-            self.check_bound();
+            self.progress();
+        }
+        if !self.owner_done && self.next_nack.is_some_and(|t| self.now >= t) {
+            self.nack();
         }
     }
 }
@@ -673,6 +738,7 @@ mod tests {
         from: usize,
         to: usize,
         msg: Message,
+        at: Instant,
     }
 
     /// What a simulated run saw.
@@ -702,16 +768,16 @@ mod tests {
     }
 
     /// Runs the machines over a simulated network: `deliver(from, to, msg)` decides
-    /// whether a message is delivered (false = lost on the wire); messages are delivered
-    /// one at a time in an order drawn from `order_seed` that keeps only the per-link order
-    /// of the used-bitmap and reduced chunks; time jumps to the next timer when nothing is
-    /// in flight.
+    /// whether a message is delivered, and after how long (`None` = lost on the wire);
+    /// messages that are due are delivered one at a time in an order drawn from
+    /// `order_seed` that keeps only the per-link order of the used-bitmap and reduced
+    /// chunks; time jumps to the next timer or arrival when nothing is due.
     fn simulate(
         inputs: &[Vec<f32>],
         tensors: &[DlcpTensor],
         cfg: &DlcpConfig,
         order_seed: u64,
-        mut deliver: impl FnMut(usize, usize, &Message) -> bool,
+        mut deliver: impl FnMut(usize, usize, &Message) -> Option<Duration>,
     ) -> Run {
         let world = inputs.len();
         let mut datas: Vec<Vec<f32>> = inputs.to_vec();
@@ -736,8 +802,13 @@ mod tests {
                             let (h, _) = packet::decode(msg.payload()).unwrap();
                             sent.push((i, to, h.index as usize, h.prio));
                         }
-                        if deliver(i, to, &msg) {
-                            flight.push(InFlight { from: i, to, msg });
+                        if let Some(d) = deliver(i, to, &msg) {
+                            flight.push(InFlight {
+                                from: i,
+                                to,
+                                msg,
+                                at: now + d,
+                            });
                         }
                     }
                     if m.is_done() && finished[i].is_none() {
@@ -747,24 +818,36 @@ mod tests {
                 if ms.iter().all(|m| m.is_done()) && flight.is_empty() {
                     break;
                 }
-                if flight.is_empty() {
+                // Pick a due message. Links are FIFO (as the Transport promises) only where
+                // the protocol relies on it: the used-bitmap and reduced chunks keep their
+                // order, and an end-of-transmission marker does not overtake data.
+                let eligible: Vec<usize> = (0..flight.len())
+                    .filter(|&i| {
+                        let f = &flight[i];
+                        let p = f.msg.header().phase;
+                        let blocks = |g: &InFlight| {
+                            let q = g.msg.header().phase;
+                            match p {
+                                USED | REDUCED => q == USED || q == REDUCED,
+                                SENT => q == DATA,
+                                _ => false,
+                            }
+                        };
+                        f.at <= now
+                            && !flight[..i]
+                                .iter()
+                                .any(|g| g.from == f.from && g.to == f.to && blocks(g))
+                    })
+                    .collect();
+                if eligible.is_empty() {
                     now = ms
                         .iter()
                         .filter_map(|m| m.poll_timeout())
+                        .chain(flight.iter().map(|f| f.at))
                         .min()
                         .expect("stuck: nothing in flight and no timer");
                     continue;
                 }
-                // Pick a deliverable message: control messages 2/3 keep their link order.
-                let eligible: Vec<usize> = (0..flight.len())
-                    .filter(|&i| {
-                        let f = &flight[i];
-                        f.msg.header().phase < USED
-                            || !flight[..i].iter().any(|g| {
-                                g.from == f.from && g.to == f.to && g.msg.header().phase >= USED
-                            })
-                    })
-                    .collect();
                 let pick = eligible[(splitmix(&mut s) % eligible.len() as u64) as usize];
                 let f = flight.remove(pick);
                 ms[f.to].handle(f.from, f.msg).unwrap();
@@ -803,6 +886,8 @@ mod tests {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
+    const NOW: Option<Duration> = Some(Duration::ZERO);
+
     fn cfg(p_max: f64) -> DlcpConfig {
         DlcpConfig {
             p_max,
@@ -824,14 +909,14 @@ mod tests {
                 let x = inputs(world, n, 11 + n as u64);
                 let t = if n == 0 { Vec::new() } else { tensors(n) };
                 for seed in 0..3 {
-                    let run = simulate(&x, &t, &cfg(0.05), seed, |_, _, _| true);
+                    let run = simulate(&x, &t, &cfg(0.05), seed, |_, _, _| NOW);
                     let want = reference(&x, |_, _| false);
                     for (r, got) in run.results.iter().enumerate() {
                         assert_eq!(bits(got), bits(&want), "world {world} n {n} rank {r}");
                         let rep = &run.reports[r];
                         assert!(rep.dropped.is_empty());
                         assert_eq!((rep.nack_rounds, rep.retransmitted), (0, 0));
-                        assert!(!rep.completed_by_deadline);
+                        assert!(!rep.completed_with_loss);
                         assert_eq!(rep.dropped_fraction(), 0.0);
                     }
                     // Nothing was lost, so nobody waited for the deadline.
@@ -844,7 +929,7 @@ mod tests {
     /// Owner 0's segment of n = 100 over 3 ranks is 0..34: tensors 0..20 and 20..34 (with
     /// mtu 4: 5 + 4 slots per sender, 10 + 8 over both senders).
     #[test]
-    fn drop_within_p_max_completes_at_the_deadline_without_retransmission() {
+    fn drop_within_p_max_completes_without_retransmission() {
         let x = inputs(3, 100, 3);
         let t = tensors(100);
         // p_max 0.1: tensor 0 may miss ⌊0.1 · 10⌋ = 1 packet: drop slot 2 from rank 1.
@@ -852,9 +937,9 @@ mod tests {
         let run = simulate(&x, &t, &cfg(0.1), 1, |from, to, msg| {
             if from == 1 && to == 0 && is_data(msg) == Some(2) {
                 dropped += 1;
-                return false;
+                return None;
             }
-            true
+            NOW
         });
         assert_eq!(dropped, 1, "dropped once, never resent");
         let want = reference(&x, |q, i| q == 1 && (8..12).contains(&i));
@@ -868,8 +953,10 @@ mod tests {
             assert_eq!(run.reports[r].dropped_packets_all, 1);
         }
         assert_eq!(run.reports[0].nack_rounds, 0);
-        assert!(run.reports[0].completed_by_deadline);
-        assert_eq!(run.finished[0], Duration::from_millis(20));
+        assert!(run.reports[0].completed_with_loss);
+        // Every sender's end-of-transmission marker was in: the loss is known, and within
+        // the bound, so the owner did not wait for the deadline.
+        assert!(run.finished[0] < Duration::from_millis(20));
         // The sender learns exactly what was dropped, with its values (for EF).
         assert_eq!(run.reports[1].dropped, vec![8..12]);
         assert_eq!(run.reports[1].dropped_values, x[1][8..12].to_vec());
@@ -887,7 +974,7 @@ mod tests {
             // Lose only the first transmission.
             let n = first.entry((from, to, is_data(msg))).or_insert(0);
             *n += 1;
-            !(lose && *n == 1)
+            (!(lose && *n == 1)).then_some(Duration::ZERO)
         });
         assert_eq!(run.reports[0].nack_rounds, 1);
         assert_eq!(run.reports[0].nacks_sent, 2);
@@ -895,7 +982,8 @@ mod tests {
             (run.reports[1].retransmitted, run.reports[2].retransmitted),
             (1, 1)
         );
-        assert!(run.finished[0] >= Duration::from_millis(20));
+        // The loss was known (markers in) before the deadline: NACKed at once.
+        assert!(run.finished[0] < Duration::from_millis(20));
         // The owner completes as soon as the bound holds again: with the first of the two
         // retransmissions, so at most one packet (the bound) is left out.
         let dropped: Vec<Vec<Range<usize>>> =
@@ -918,7 +1006,7 @@ mod tests {
             delay: Duration::from_millis(35),
             seed: 9,
         };
-        let run = simulate(&x, &t, &c, 3, |_, _, _| true);
+        let run = simulate(&x, &t, &c, 3, |_, _, _| NOW);
         let want = reference(&x, |_, _| false);
         for got in &run.results {
             assert_eq!(bits(got), bits(&want));
@@ -939,7 +1027,7 @@ mod tests {
             delay: Duration::from_millis(50),
             seed: 1,
         };
-        let run = simulate(&x, &t, &c, 4, |_, _, _| true);
+        let run = simulate(&x, &t, &c, 4, |_, _, _| NOW);
         // Every rank's dropped ranges, zeroed, reproduce the result exactly.
         let dropped: Vec<Vec<Range<usize>>> =
             run.reports.iter().map(|r| r.dropped.clone()).collect();
@@ -960,8 +1048,8 @@ mod tests {
             .sum();
         assert_eq!(mine, r0.dropped_elems_all);
         assert_eq!(r0.elems_all, 3 * 400);
-        // Every round ended by the deadline (no tensor exceeded 30 %), before any delayed
-        // packet came out.
+        // Every round ended once the markers were in (no tensor exceeded 30 %), before any
+        // delayed packet came out.
         assert!(
             run.finished.iter().all(|&f| f < Duration::from_millis(50)),
             "{:?}",
@@ -983,7 +1071,7 @@ mod tests {
         // Rank 0 may send 10 packets of 4 elements (36 + 36 + 16 bytes each).
         let per = crate::wire::HEADER_LEN + packet::encoded_len(4);
         c.budget_bytes = Some(10 * per + per / 2);
-        let run = simulate(&x, &t, &c, 5, |_, _, _| true);
+        let run = simulate(&x, &t, &c, 5, |_, _, _| NOW);
         let r0 = &run.reports[0];
         assert_eq!(r0.capacity_dropped, r0.packets - 10);
         // Priorities of rank 0's packets, all of them.
@@ -1037,7 +1125,7 @@ mod tests {
             seed: 3,
             ..LossModel::default()
         };
-        let step1 = simulate(&g1, &t, &lossy, 0, |_, _, _| true);
+        let step1 = simulate(&g1, &t, &lossy, 0, |_, _, _| NOW);
         assert!(step1.reports.iter().any(|r| !r.dropped.is_empty()));
         // Each rank's residual gets what it lost; step 2 sends g2 + residual without loss.
         let next: Vec<Vec<f32>> = (0..world)
@@ -1047,8 +1135,8 @@ mod tests {
                 g2[r].iter().zip(&e).map(|(a, b)| a + b).collect()
             })
             .collect();
-        let step2 = simulate(&next, &t, &cfg(0.4), 0, |_, _, _| true);
-        let plain = simulate(&g2, &t, &cfg(0.4), 0, |_, _, _| true);
+        let step2 = simulate(&next, &t, &cfg(0.4), 0, |_, _, _| NOW);
+        let plain = simulate(&g2, &t, &cfg(0.4), 0, |_, _, _| NOW);
         let total = reference(
             &(0..world)
                 .map(|r| g1[r].iter().zip(&g2[r]).map(|(a, b)| a + b).collect())
@@ -1070,6 +1158,43 @@ mod tests {
             without > 0.1,
             "without EF the dropped mass is lost: {without}"
         );
+    }
+
+    /// Rank 2's marker and one of its packets to owner 0 straggle by 100 ms.
+    fn straggle(from: usize, to: usize, msg: &Message) -> Option<Duration> {
+        let late = from == 2 && to == 0 && (msg.header().phase == SENT || is_data(msg) == Some(3));
+        Some(Duration::from_millis(if late { 100 } else { 0 }))
+    }
+
+    #[test]
+    fn a_straggler_within_the_bound_is_cut_at_the_deadline() {
+        let x = inputs(3, 100, 9);
+        let t = tensors(100);
+        let run = simulate(&x, &t, &cfg(0.1), 3, straggle);
+        assert_eq!(run.finished[0], Duration::from_millis(20));
+        assert!(run.reports[0].completed_with_loss);
+        assert!(run.reports.iter().all(|r| r.retransmitted == 0));
+        assert_eq!(run.reports[2].dropped, vec![12..16]);
+        let want = reference(&x, |q, i| q == 2 && (12..16).contains(&i));
+        for got in &run.results {
+            assert_eq!(bits(got), bits(&want));
+        }
+    }
+
+    #[test]
+    fn reliable_mode_waits_for_a_straggler_without_nacking_packets_in_flight() {
+        let x = inputs(3, 100, 9);
+        let t = tensors(100);
+        let run = simulate(&x, &t, &cfg(0.0), 3, straggle);
+        assert_eq!(run.finished[0], Duration::from_millis(100));
+        assert!(run
+            .reports
+            .iter()
+            .all(|r| r.retransmitted == 0 && r.nack_rounds == 0));
+        let want = reference(&x, |_, _| false);
+        for got in &run.results {
+            assert_eq!(bits(got), bits(&want));
+        }
     }
 
     /// A machine of rank 0 in a world of 3 (n = 30, mtu 4) and a valid packet from rank 1.
@@ -1099,6 +1224,17 @@ mod tests {
         let (mut m, pk) = victim(&mut d);
         let h = *pk.header();
         let cases: Vec<(&str, Message)> = vec![
+            (
+                "marker for another",
+                Message::new(
+                    Header {
+                        phase: SENT,
+                        root: 2,
+                        ..h
+                    },
+                    &[],
+                ),
+            ),
             ("truncated", with_payload(&pk, |p| p.truncate(20))),
             ("odd body", with_payload(&pk, |p| p.push(0))),
             (

@@ -33,16 +33,26 @@
 //!    each a priority, sorts all of them by priority (strict priority queue: highest first,
 //!    ties by slot then owner), drops the tail beyond [`DlcpConfig::budget_bytes`] (the
 //!    emulated switch queue), and hands the rest to the [`LossModel`] and then the transport.
-//! 2. **Round rule at each owner.** The owner's round is complete as soon as every packet
-//!    from every peer arrived; or, once [`DlcpConfig::deadline`] (from the owner's start of
-//!    the round) has passed, as soon as for *each tensor* the owner's segment touches, at most
-//!    `⌊p_max · expected⌋` of its packets (over all senders) are missing. If at the deadline
-//!    some tensor misses more, the owner NACKs that tensor's missing packets to their senders,
-//!    and NACKs what is still missing every [`DlcpConfig::retransmit_interval`] after that. So
-//!    a drop fraction ≤ p_max completes without retransmission and > p_max retransmits;
-//!    `p_max = 0` is a reliable transport (wait for everything, retransmit what is lost).
-//!    Retransmissions go through the loss model again (they may be lost too) but not through
-//!    the capacity budget.
+//! 2. **Round rule at each owner.** After its last first transmission to an owner, a
+//!    sender sends it an end-of-transmission marker (reliable, and behind the data on the
+//!    link, which the [`crate::Transport`] keeps in order): once it is in, whatever of that
+//!    sender's packets is missing was lost, delayed or dropped by the budget, not merely in
+//!    flight. The owner's round is complete as soon as every packet from every peer arrived.
+//!    Otherwise it decides at the first **decision point** — every peer's marker arrived, or
+//!    [`DlcpConfig::deadline`] (from the owner's start of the round) passed: if for *each
+//!    tensor* the owner's segment touches at most `⌊p_max · expected⌋` of its packets (over
+//!    all senders) are missing, it completes without them; else it NACKs those tensors'
+//!    missing packets to the senders whose marker arrived (never a packet that may still be
+//!    in flight), again every [`DlcpConfig::retransmit_interval`] while the bound is
+//!    exceeded, and completes as soon as the bound holds. So a drop fraction ≤ p_max
+//!    completes without retransmission and > p_max retransmits; `p_max = 0` is a reliable
+//!    transport with NACK-based fast retransmission. The deadline is what cuts a straggler:
+//!    a sender whose marker is late (a slow link, a late start, held-back packets ahead of
+//!    it do not delay it) is left out of the round at the deadline as far as the bound
+//!    allows. Retransmissions go through the loss model again (they may be lost too) but not
+//!    through the capacity budget. (The marker is the one addition to ALGORITHMS.md §13's
+//!    rule; without it an owner cannot tell a lost packet from one in flight, and would
+//!    either always wait for the deadline or NACK packets still on their way.)
 //! 3. **Reduce.** The owner sums its segment in **rank order** 0..P−1 from `+0.0`, each
 //!    rank's contribution as reassembled (missing packets are zeros; the owner's own
 //!    contribution never crosses the network and is always complete). Packets that arrive
@@ -65,8 +75,11 @@
 //! arrive late and be ignored.
 //!
 //! Ranks are assumed to enter a round at about the same time (synchronous data
-//! parallelism); the deadline must cover that skew plus the transfer time, or owners NACK
-//! packets that were merely not sent yet (harmless — the copies are ignored — but wasteful).
+//! parallelism): the deadline counts from the owner's own start, so it should cover the
+//! usual skew plus the transfer time; a shorter one leaves out (up to the bound) packets of
+//! senders that were merely slow. The bound is per tensor and per owner segment, so a small
+//! tensor may allow no loss at all (`⌊p_max · expected⌋ = 0`): with 3 senders and 20
+//! packets each, `p_max = 0.01` is reliable for that tensor.
 
 pub mod machine;
 pub mod packet;
@@ -296,9 +309,8 @@ pub struct DlcpReport {
     pub nacks_sent: usize,
     /// NACK rounds of this rank's own segment (0 = completed without retransmission).
     pub nack_rounds: usize,
-    /// Whether this rank's segment completed at (after) the deadline rather than with
-    /// every packet.
-    pub completed_by_deadline: bool,
+    /// Whether this rank's segment was reduced with packets missing (within the bound).
+    pub completed_with_loss: bool,
     /// Duplicate or late packets this rank received and ignored (this round).
     pub ignored: usize,
     /// Packets (all senders, all segments) the owners did not use, from the bitmaps: the
