@@ -1160,6 +1160,39 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        /// Whatever the delivery order and loss pattern, every rank holds the same bits:
+        /// the rank-order sum with exactly the reported dropped ranges zeroed; without loss,
+        /// the plain rank-order sum.
+        #[test]
+        fn any_delivery_order_and_loss_gives_consistent_bits(
+            world in 2usize..5,
+            n in 1usize..120,
+            order_seed in proptest::prelude::any::<u64>(),
+            loss_seed in proptest::prelude::any::<u64>(),
+            drop_prob in 0.0f64..0.3,
+            p_max in 0.0f64..0.5,
+        ) {
+            let x = inputs(world, n, loss_seed);
+            let t = tensors(n);
+            let mut c = cfg(p_max);
+            c.loss = LossModel { drop_prob, seed: loss_seed, ..LossModel::default() };
+            let run = simulate(&x, &t, &c, order_seed, |_, _, _| NOW);
+            let dropped: Vec<Vec<Range<usize>>> =
+                run.reports.iter().map(|r| r.dropped.clone()).collect();
+            let want = reference(&x, |q, i| dropped[q].iter().any(|r| r.contains(&i)));
+            for got in &run.results {
+                proptest::prop_assert_eq!(bits(got), bits(&want));
+            }
+            let clean = simulate(&x, &t, &cfg(p_max), order_seed, |_, _, _| NOW);
+            for got in &clean.results {
+                proptest::prop_assert_eq!(bits(got), bits(&reference(&x, |_, _| false)));
+            }
+        }
+    }
+
     /// Rank 2's marker and one of its packets to owner 0 straggle by 100 ms.
     fn straggle(from: usize, to: usize, msg: &Message) -> Option<Duration> {
         let late = from == 2 && to == 0 && (msg.header().phase == SENT || is_data(msg) == Some(3));

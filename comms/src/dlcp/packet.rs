@@ -192,6 +192,27 @@ impl DlcpTensor {
     }
 }
 
+impl DlcpTensor {
+    /// Tensors for the given consecutive ranges (a bucket's layer boundaries, as the
+    /// `segments: &[Range<usize>]` of ALGORITHMS.md §0.2), numbered from `first_layer`.
+    ///
+    /// ```
+    /// use dtrain_comms::dlcp::DlcpTensor;
+    /// let t = DlcpTensor::from_segments(&[0..3, 3..10], 2);
+    /// assert_eq!(t, DlcpTensor::from_ends(&[3, 10], 2));
+    /// ```
+    pub fn from_segments(segments: &[Range<usize>], first_layer: u32) -> Vec<DlcpTensor> {
+        segments
+            .iter()
+            .enumerate()
+            .map(|(i, r)| DlcpTensor {
+                range: r.clone(),
+                layer: first_layer.saturating_add(i as u32),
+            })
+            .collect()
+    }
+}
+
 /// Checks that `tensors` tile `0..n` in order (each starts where the previous ended, the
 /// first at 0, the last ends at `n`), with at most `u32::MAX` tensors and elements each.
 pub fn check_tensors(n: usize, tensors: &[DlcpTensor]) -> Result<(), String> {
