@@ -22,6 +22,7 @@
 //! | broadcast | [`broadcast::Broadcast`] | 1 chain hop, chunked |
 //! | barrier | [`barrier::Barrier`] | ⌈log2 P⌉ |
 //! | sparse all-reduce | [`sparse_allreduce::SparseAllReduce`] | 2(P−1) per chunk column, direct |
+//! | DLCP bounded-loss all-reduce | [`crate::dlcp::DlcpAllReduce`] (the one with timers) | one per packet to each owner, + markers, NACKs, bitmaps, sums |
 
 pub mod allgather;
 pub mod barrier;
