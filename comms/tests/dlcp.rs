@@ -384,3 +384,67 @@ fn invalid_arguments_are_rejected_before_sending() {
         assert_eq!(ok.unwrap(), 2.0);
     }
 }
+
+/// The same over TCP on 127.0.0.1 with a shaped link: the timers (deadline, held packets,
+/// NACK interval) run in real time and replicas still agree bit for bit.
+#[cfg(feature = "tcp")]
+#[test]
+fn over_shaped_tcp_replicas_agree_and_the_drops_reconstruct_the_result() {
+    use dtrain_comms::shaping::LinkSpec;
+    use dtrain_comms::{TcpConfig, TcpTransport};
+    use std::net::TcpListener;
+
+    let (world, n) = (3, 30_000);
+    let ls: Vec<TcpListener> = (0..world)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let addrs: Vec<_> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+    let hs: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| {
+            let addrs = addrs.clone();
+            thread::spawn(move || {
+                let mut cfg = TcpConfig::new(b"dlcp-test".to_vec());
+                cfg.link = LinkSpec::parse(Some("1Gbit"), Some("200us")).unwrap();
+                let t = TcpTransport::connect(r, &addrs, l, cfg).unwrap();
+                let mut c = Communicator::new(t, CommConfig::default());
+                let mut out = Vec::new();
+                for (step, p_max) in [(2u64, 0.05), (3, 0.0)] {
+                    let mut g = grad(n, r, step);
+                    let rep = c
+                        .dlcp_all_reduce(&mut g, &layers(n), &lossy(p_max, step))
+                        .expect("dlcp over tcp");
+                    out.push((g, rep));
+                }
+                out
+            })
+        })
+        .collect();
+    let per_rank: Vec<Vec<(Vec<f32>, DlcpReport)>> =
+        hs.into_iter().map(|h| h.join().unwrap()).collect();
+    for (i, step) in [2u64, 3].into_iter().enumerate() {
+        let mut zeroed: Vec<Vec<f32>> = (0..world).map(|r| grad(n, r, step)).collect();
+        for (r, runs) in per_rank.iter().enumerate() {
+            assert_eq!(
+                bits(&runs[i].0),
+                bits(&per_rank[0][i].0),
+                "step {step} rank {r}"
+            );
+            for range in &runs[i].1.dropped {
+                zeroed[r][range.clone()].fill(0.0);
+            }
+        }
+        assert_eq!(bits(&per_rank[0][i].0), bits(&rank_order_sum(&zeroed)));
+    }
+    // The reliable step lost packets and still delivered everything.
+    let reliable = &per_rank[0][1].1;
+    assert_eq!(reliable.dropped_fraction(), 0.0);
+    assert!(
+        per_rank
+            .iter()
+            .map(|r| r[1].1.lost + r[1].1.delayed)
+            .sum::<usize>()
+            > 0
+    );
+}
