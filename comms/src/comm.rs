@@ -39,6 +39,8 @@ use crate::algo::recursive_doubling::RecursiveDoubling;
 use crate::algo::ring::Ring;
 use crate::algo::sparse_allreduce::SparseAllReduce;
 use crate::algo::{AlgoError, Machine, ReduceOp};
+use crate::dlcp::packet::check_tensors;
+use crate::dlcp::{DlcpAllReduce, DlcpConfig, DlcpReport, DlcpTensor};
 use crate::sparse::{SparseSlice, SparseVec};
 use crate::transport::{ByteCount, Transport, TransportError};
 use crate::wire::{AbortInfo, AbortReason, Algo, Kind, Message};
@@ -398,6 +400,64 @@ impl<T: Transport> Communicator<T> {
         SparseAllReduce::new(self.rank(), self.world_size(), self.seq, input, chunk)
     }
 
+    /// DLCP all-reduce (sum) with bounded loss (see [`crate::dlcp`]): on return `data` holds
+    /// the sum over all ranks, bit-identical on every rank, in which each owner may have left
+    /// out up to `cfg.p_max` of each tensor's packets (as zeros) to finish its segment at
+    /// the deadline instead of waiting for stragglers or retransmissions. `tensors` tile
+    /// `data` in order and give each tensor's layer, for packet priorities (empty = one
+    /// tensor of layer 0). With nothing lost the result is the sum in rank order 0..P−1 from
+    /// `+0.0` (it equals [`Communicator::all_reduce_sum`] up to summation order).
+    ///
+    /// The returned report says what was sent, lost, retransmitted and dropped; its
+    /// [`DlcpReport::dropped`] ranges (with values) are the parts of this rank's `data` that
+    /// did not make it into the sum, for error feedback ([`DlcpReport::add_dropped_to`]).
+    /// All ranks must pass the same length, tensor boundaries and `cfg.mtu`.
+    ///
+    /// ```
+    /// use dtrain_comms::dlcp::{DlcpConfig, DlcpTensor};
+    /// use dtrain_comms::{channel_mesh, CommConfig, Communicator};
+    /// let handles: Vec<_> = channel_mesh(3)
+    ///     .into_iter()
+    ///     .map(|t| {
+    ///         std::thread::spawn(move || {
+    ///             let mut c = Communicator::new(t, CommConfig::default());
+    ///             let mut g = vec![c.rank() as f32 + 1.0; 1000];
+    ///             let layers = DlcpTensor::from_ends(&[400, 1000], 0);
+    ///             let report = c.dlcp_all_reduce(&mut g, &layers, &DlcpConfig::default()).unwrap();
+    ///             (g, report.dropped)
+    ///         })
+    ///     })
+    ///     .collect();
+    /// for h in handles {
+    ///     let (g, dropped) = h.join().unwrap();
+    ///     assert_eq!(g, vec![6.0; 1000]);
+    ///     assert!(dropped.is_empty());
+    /// }
+    /// ```
+    pub fn dlcp_all_reduce(
+        &mut self,
+        data: &mut [f32],
+        tensors: &[DlcpTensor],
+        cfg: &DlcpConfig,
+    ) -> Result<DlcpReport, CommError> {
+        cfg.validate().map_err(CommError::InvalidArgument)?;
+        if !tensors.is_empty() {
+            check_tensors(data.len(), tensors).map_err(CommError::InvalidArgument)?;
+        }
+        if self.world_size() > 1 << 16 {
+            return Err(CommError::InvalidArgument(
+                "DLCP supports at most 65536 ranks".into(),
+            ));
+        }
+        let (rank, world, seq) = (self.rank(), self.world_size(), self.seq);
+        let chunk = self.chunk_elems();
+        let mut m = DlcpAllReduce::new(rank, world, seq, data, tensors, cfg, chunk, Instant::now());
+        self.drive(&mut m)?;
+        let mut report = m.into_report();
+        report.bytes = self.last;
+        Ok(report)
+    }
+
     /// Broadcasts `data` from `root`: on other ranks `data` is replaced by the root's bytes.
     pub fn broadcast(&mut self, data: &mut Vec<u8>, root: usize) -> Result<(), CommError> {
         if root >= self.world_size() {
@@ -470,6 +530,7 @@ impl<T: Transport> Communicator<T> {
         let stall = self.cfg.timeout - self.grace();
         let mut deadline = Instant::now() + stall;
         loop {
+            m.handle_timeout(Instant::now());
             while let Some((to, msg)) = m.poll_transmit() {
                 if self.lost[to].is_some() {
                     return Err(self.fail_peer_lost(to));
@@ -487,7 +548,8 @@ impl<T: Transport> Communicator<T> {
                 return Ok(());
             }
             let before = self.transport.bytes().received;
-            match self.transport.recv(deadline) {
+            let wake = m.poll_timeout().map_or(deadline, |t| t.min(deadline));
+            match self.transport.recv(wake) {
                 Ok((from, bytes)) => {
                     let n = self.transport.bytes().received - before;
                     let msg = match Message::decode(bytes) {
@@ -503,6 +565,9 @@ impl<T: Transport> Communicator<T> {
                     if seq > self.seq {
                         self.stashed_out += n;
                         self.stash.push_back((from, msg, n));
+                    } else if seq < self.seq && msg.header().kind == Kind::Dlcp {
+                        // A late packet of an earlier lossy round: legal, and useless now.
+                        continue;
                     } else if seq < self.seq {
                         return Err(self.fail_algo(AlgoError::Mismatch {
                             peer: from,
@@ -525,6 +590,8 @@ impl<T: Transport> Communicator<T> {
                         return Err(self.fail_peer_lost(rank));
                     }
                 }
+                // The machine's own timer is due (handled at the top of the loop).
+                Err(TransportError::Timeout) if Instant::now() < deadline => {}
                 Err(TransportError::Timeout) => {
                     // Blame only a peer that sent nothing at all of this collective: one
                     // that sent part of it may itself be waiting for the stalled rank.

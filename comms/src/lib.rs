@@ -63,6 +63,10 @@
 //! * [`frame`]: length-prefixed stream framing with a cursor parser (`Incomplete` until a
 //!   whole, size-bounded frame is buffered).
 //! * [`comm`]: the blocking [`Communicator`] facade, [`CommConfig`], [`CommError`].
+//! * [`dlcp`]: DLCP, bounded-loss gradient exchange: self-describing prioritized packets,
+//!   order-independent reassembly, a deadline/NACK round rule, emulated loss and tail
+//!   latency, and the lossy reduce-scatter + reliable all-gather behind
+//!   [`Communicator::dlcp_all_reduce`].
 //! * [`ps`]: the parameter-server mode (push / pull, sharded servers, synchronous or
 //!   bounded-staleness), as IO-free worker and server machines plus the [`ps::PsNode`] facade.
 //! * `transport::mpi` (feature `mpi`): [`Transport`] over MPI point-to-point, and MPI's
@@ -73,6 +77,7 @@
 
 pub mod algo;
 pub mod comm;
+pub mod dlcp;
 pub mod frame;
 pub(crate) mod pool;
 pub mod ps;

@@ -70,6 +70,9 @@ pub enum Kind {
     /// Sparse all-reduce with f32 sum (payloads are sparse chunks, see
     /// [`crate::algo::sparse_allreduce`]).
     SparseAllReduce = 8,
+    /// DLCP lossy all-reduce (packets, NACKs, reduced segments and used-bitmaps, see
+    /// [`crate::dlcp`]). Late messages of an earlier DLCP round are legal and ignored.
+    Dlcp = 9,
 }
 
 impl Kind {
@@ -83,6 +86,7 @@ impl Kind {
             6 => Kind::Barrier,
             7 => Kind::Abort,
             8 => Kind::SparseAllReduce,
+            9 => Kind::Dlcp,
             other => return Err(WireError::Kind(other)),
         })
     }

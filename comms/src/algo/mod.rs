@@ -22,6 +22,7 @@
 //! | broadcast | [`broadcast::Broadcast`] | 1 chain hop, chunked |
 //! | barrier | [`barrier::Barrier`] | ⌈log2 P⌉ |
 //! | sparse all-reduce | [`sparse_allreduce::SparseAllReduce`] | 2(P−1) per chunk column, direct |
+//! | DLCP bounded-loss all-reduce | [`crate::dlcp::DlcpAllReduce`] (the one with timers) | one per packet to each owner, + markers, NACKs, bitmaps, sums |
 
 pub mod allgather;
 pub mod barrier;
@@ -31,6 +32,7 @@ pub mod ring;
 pub mod sparse_allreduce;
 
 use std::ops::Range;
+use std::time::Instant;
 
 use thiserror::Error;
 
@@ -89,6 +91,18 @@ pub trait Machine {
     /// Whether this machine still expects a message from `peer` (lets a driver tell a peer
     /// that finished and left from one whose loss breaks this collective).
     fn expects_from(&self, peer: usize) -> bool;
+    /// The time at which this machine wants [`Machine::handle_timeout`] called (a deadline
+    /// or a held packet's release), if any. Default: none — the collectives that need
+    /// every message have no timers; only lossy ones ([`crate::dlcp`]) do.
+    fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
+    /// Tells the machine the current time; the driver calls it before every
+    /// [`Machine::poll_transmit`] round, so a machine with timers fires those that are due
+    /// (the only way a machine learns the time: it never reads the clock). Default: no-op.
+    fn handle_timeout(&mut self, now: Instant) {
+        let _ = now;
+    }
 }
 
 /// The element-wise reduction of an all-reduce.
