@@ -365,6 +365,12 @@ fn train_check(a: CheckArgs) -> Result<()> {
 }
 
 fn train_worker(a: TrainWorkerArgs) -> Result<()> {
+    // Under mpirun (cluster.transport = "mpi") every process gets the same arguments; MPI's
+    // rank decides which one shows progress.
+    let rank = std::env::var("OMPI_COMM_WORLD_RANK")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(a.rank);
     let w = launch::WorkerArgs {
         run_dir: a.run_dir,
         rendezvous: a.rendezvous,
@@ -375,8 +381,8 @@ fn train_worker(a: TrainWorkerArgs) -> Result<()> {
     let mut quiet = dtrain_framework::trainer::Quiet;
     let mut prog = progress::Progress::new();
     let obs: &mut dyn dtrain_framework::trainer::Observer =
-        if a.rank == 0 { &mut prog } else { &mut quiet };
-    launch::worker(&w, obs).map_err(|e| anyhow::anyhow!("rank {}: {e}", a.rank))?;
+        if rank == 0 { &mut prog } else { &mut quiet };
+    launch::worker(&w, obs).map_err(|e| anyhow::anyhow!("rank {rank}: {e}"))?;
     Ok(())
 }
 

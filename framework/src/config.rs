@@ -307,6 +307,10 @@ pub enum TransportKind {
     /// Shared memory between processes on one host (Linux `/dev/shm` rings; every rank
     /// must be on the same host). The fastest choice for a standalone run.
     Shm,
+    /// MPI point-to-point messages (dtrain's own collectives on top): the ranks are MPI's,
+    /// started by `mpirun` (`dtrain run` starts it itself on one node). Needs a `dtrain`
+    /// built with the `mpi` feature.
+    Mpi,
 }
 
 impl std::str::FromStr for TransportKind {
@@ -316,8 +320,8 @@ impl std::str::FromStr for TransportKind {
             "tcp" => Ok(TransportKind::Tcp),
             "quic" => Ok(TransportKind::Quic),
             "shm" => Ok(TransportKind::Shm),
-            "mpi" => Err("transport mpi is not available here yet (tcp, quic, shm)".into()),
-            _ => Err(format!("unknown transport {s:?} (tcp, quic, shm)")),
+            "mpi" => Ok(TransportKind::Mpi),
+            _ => Err(format!("unknown transport {s:?} (tcp, quic, shm, mpi)")),
         }
     }
 }
@@ -328,6 +332,7 @@ impl std::fmt::Display for TransportKind {
             TransportKind::Tcp => "tcp",
             TransportKind::Quic => "quic",
             TransportKind::Shm => "shm",
+            TransportKind::Mpi => "mpi",
         })
     }
 }

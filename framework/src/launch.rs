@@ -29,6 +29,7 @@ use dtrain_comms::{
 
 use crate::config::{ClusterMode, Plan, RunConfig, TransportKind};
 use crate::data::TrainData;
+use crate::mpi_env::MpiEnv;
 use crate::trainer::{Observer, RunDir, Summary, Trainer};
 
 /// The environment variable carrying the run token to the workers.
@@ -267,6 +268,13 @@ pub fn connect(
             };
             Box::new(ShmTransport::connect(rank, world, cfg).map_err(|e| e.to_string())?)
         }
+        TransportKind::Mpi => {
+            return Err(
+                "transport mpi: the ranks and their connections are MPI's (started by \
+                        mpirun), not the rendezvous's; see crate::mpi_env"
+                    .into(),
+            )
+        }
     })
 }
 
@@ -281,7 +289,7 @@ pub(crate) fn host_rendezvous(
 ) -> Result<Host, String> {
     let identity = match kind {
         TransportKind::Quic => RunIdentity::generate().map_err(|e| e.to_string())?,
-        TransportKind::Tcp | TransportKind::Shm => RunIdentity::default(),
+        TransportKind::Tcp | TransportKind::Shm | TransportKind::Mpi => RunIdentity::default(),
     };
     let listener =
         TcpListener::bind(addr).map_err(|e| format!("rendezvous: binding {addr}: {e}"))?;
@@ -310,10 +318,20 @@ pub struct WorkerArgs {
 /// Runs one worker to the end: loads the run's config, opens its data shard, connects,
 /// trains. The token comes from [`TOKEN_ENV`].
 pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, String> {
-    let token = std::env::var(TOKEN_ENV).map_err(|_| format!("{TOKEN_ENV} is not set"))?;
+    let token = std::env::var(TOKEN_ENV).map_err(|_| format!("{TOKEN_ENV} is not set"));
     let path = a.run_dir.join("config.toml");
     let file = path.display().to_string();
     let cfg = RunConfig::load(&path, &[]).map_err(|e| e.to_string())?;
+    // With MPI the rank is MPI's (every process got the same arguments from mpirun); the
+    // environment lives until the end of the run (MPI is finalised when it is dropped).
+    let mpi = match cfg.cluster.transport {
+        TransportKind::Mpi => Some(MpiEnv::init_for(a.world)?),
+        _ => None,
+    };
+    let a = &WorkerArgs {
+        rank: mpi.as_ref().map_or(a.rank, MpiEnv::rank),
+        ..a.clone()
+    };
     let data = TrainData::open(&cfg, a.rank, a.world).map_err(|e| format!("{file}: data: {e}"))?;
     let plan = cfg
         .validate(&file, Some(data.train_examples()))
@@ -322,15 +340,26 @@ pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, String>
         cfg.network.bandwidth.as_deref(),
         cfg.network.latency.as_deref(),
     )?;
-    let transport = connect(
-        cfg.cluster.transport,
-        a.rendezvous,
-        a.rank,
-        a.world,
-        link,
-        &token,
-        RENDEZVOUS_TIMEOUT,
-    )?;
+    let transport = match &mpi {
+        Some(env) => {
+            if link.is_shaped() {
+                return Err(format!(
+                    "{file}: network.bandwidth / latency are emulated by the tcp, quic and shm \
+                     transports, not by mpi"
+                ));
+            }
+            env.transport()?
+        }
+        None => connect(
+            cfg.cluster.transport,
+            a.rendezvous,
+            a.rank,
+            a.world,
+            link,
+            &token?,
+            RENDEZVOUS_TIMEOUT,
+        )?,
+    };
     // Parameter-server mode: the server's messages share the connections of the collectives.
     let (transport, ps_lane): (Box<dyn Transport>, Option<Box<dyn Transport>>) =
         if cfg.cluster.mode == ClusterMode::Ps {
@@ -361,7 +390,11 @@ pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, String>
             .ok_or_else(|| format!("{}: no checkpoint to resume from", a.run_dir.display()))?;
         t.resume_from(&dir).map_err(|e| e.to_string())?;
     }
-    t.run(obs).map_err(|e| e.to_string())
+    let summary = t.run(obs).map_err(|e| e.to_string());
+    // The trainer (and its transport) goes before MPI is finalised.
+    drop(t);
+    drop(mpi);
+    summary
 }
 
 /// Stops and reaps every child.
@@ -473,6 +506,16 @@ pub fn launch(
     };
     let dir = prepare_dir(opts, &plan)?;
     let kind = plan.config.cluster.transport;
+    if kind == TransportKind::Mpi {
+        if nnodes > 1 {
+            return Err(
+                "transport mpi: start multi-node runs with your own mpirun (or srun) \
+                        around `dtrain run … --rendezvous HOST:PORT --run-dir DIR`"
+                    .into(),
+            );
+        }
+        return launch_mpi(opts, &plan, &dir, exe, worker_cmd, &token);
+    }
     let addr = opts
         .rendezvous
         .unwrap_or_else(|| "127.0.0.1:0".parse().expect("addr"));
@@ -561,6 +604,74 @@ pub fn launch(
     })
 }
 
+/// [`launch`] for `cluster.transport = "mpi"` on one node: one `mpirun` starts every worker
+/// (each learns its rank from MPI).
+fn launch_mpi(
+    opts: &RunOptions,
+    plan: &Plan,
+    dir: &RunDir,
+    exe: &Path,
+    worker_cmd: &[&str],
+    token: &str,
+) -> Result<Launched, String> {
+    let world = plan.config.cluster.workers;
+    let mut args: Vec<String> = worker_cmd.iter().map(|s| s.to_string()).collect();
+    args.extend([
+        "--run-dir".into(),
+        dir.root.display().to_string(),
+        // Unused with MPI (every rank learns its rank and peers from MPI).
+        "--rendezvous".into(),
+        "127.0.0.1:1".into(),
+        "--rank".into(),
+        "0".into(),
+        "--world".into(),
+        world.to_string(),
+    ]);
+    if opts.resume.is_some() {
+        args.push("--resume".into());
+    }
+    let mut cmd = crate::mpi_env::mpirun_command(world, exe, &args);
+    cmd.env(TOKEN_ENV, token)
+        .env("RAYON_NUM_THREADS", plan.config.cluster.threads.to_string());
+    let child = cmd.spawn().map_err(|e| {
+        format!(
+            "transport mpi: starting {:?}: {e} (is Open MPI installed? set {} to its mpirun)",
+            cmd.get_program(),
+            crate::mpi_env::MPIRUN_ENV
+        )
+    })?;
+    let mut children = vec![(0, child)];
+    let started = Instant::now();
+    supervise(&mut children, None, Duration::from_secs(5)).map_err(|f| {
+        let ck = dir.latest().map_or_else(
+            || {
+                format!(
+                    "no checkpoint was written; run directory {}",
+                    dir.root.display()
+                )
+            },
+            |p| {
+                format!(
+                    "last complete checkpoint: {} (continue with --resume {})",
+                    p.display(),
+                    dir.root.display()
+                )
+            },
+        );
+        format!(
+            "mpirun: {f} after {:.1} s; {ck}",
+            started.elapsed().as_secs_f64()
+        )
+    })?;
+    let p = dir.root.join("summary.json");
+    let text = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+    let summary = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+    Ok(Launched {
+        run_dir: dir.root.clone(),
+        summary: Some(summary),
+    })
+}
+
 /// This process's rank and world size when it was started by Slurm or Open MPI's
 /// `mpirun` (`None` when neither set its variables).
 pub fn scheduler_placement() -> Option<Result<rendezvous::Placement, String>> {
@@ -580,16 +691,12 @@ pub fn run_as_rank(
     obs: &mut dyn Observer,
     log: &mut dyn FnMut(&str),
 ) -> Result<Summary, String> {
-    let rdv = opts
-        .rendezvous
-        .ok_or("under a scheduler, --rendezvous HOST:PORT (rank 0's host) is required")?;
     let run_dir = opts
         .run_dir
         .clone()
         .ok_or("under a scheduler, --run-dir (shared by all ranks) is required")?;
-    let token = std::env::var(TOKEN_ENV).map_err(|_| {
-        format!("under a scheduler, set {TOKEN_ENV} to the same value on every rank")
-    })?;
+    let token = std::env::var(TOKEN_ENV)
+        .map_err(|_| format!("under a scheduler, set {TOKEN_ENV} to the same value on every rank"));
     let plan = check(opts, log)?;
     if plan.config.cluster.workers != world {
         return Err(format!(
@@ -597,13 +704,30 @@ pub fn run_as_rank(
             plan.config.cluster.workers
         ));
     }
-    let host = if rank == 0 {
+    let mpi = plan.config.cluster.transport == TransportKind::Mpi;
+    // With MPI the connections are MPI's; the address is not used.
+    let rdv = match (opts.rendezvous, mpi) {
+        (Some(a), _) => a,
+        (None, true) => "127.0.0.1:1".parse().expect("address"),
+        (None, false) => {
+            return Err(
+                "under a scheduler, --rendezvous HOST:PORT (rank 0's host) is required".into(),
+            )
+        }
+    };
+    if !mpi {
+        token.as_ref().map_err(Clone::clone)?;
+    }
+    let host = if rank == 0 && mpi {
+        prepare_dir(opts, &plan)?;
+        None
+    } else if rank == 0 {
         prepare_dir(opts, &plan)?;
         Some(host_rendezvous(
             rdv,
             world,
             plan.config.cluster.transport,
-            &token,
+            &token?,
             RENDEZVOUS_TIMEOUT,
         )?)
     } else {

@@ -31,6 +31,7 @@ pub mod data;
 pub mod exchange;
 pub mod launch;
 pub mod lr;
+pub mod mpi_env;
 pub mod optim;
 pub mod ps_mode;
 pub mod trainer;

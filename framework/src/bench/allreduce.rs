@@ -210,6 +210,9 @@ pub fn parse_sizes(s: &str) -> Result<Vec<usize>, String> {
 /// arguments must be parsed into [`WorkerArgs`]), and returns rank 0's rows.
 pub fn launch(opts: &Options, exe: &Path, args: &[&str]) -> Result<Vec<Row>, String> {
     opts.validate()?;
+    if opts.transport == TransportKind::Mpi {
+        return launch_mpi(opts, exe, args);
+    }
     let token = rendezvous::random_token().map_err(|e| e.to_string())?;
     let host = crate::launch::host_rendezvous(
         "127.0.0.1:0".parse().expect("loopback address"),
@@ -218,27 +221,11 @@ pub fn launch(opts: &Options, exe: &Path, args: &[&str]) -> Result<Vec<Row>, Str
         &token,
         Duration::from_secs(60).min(opts.timeout),
     )?;
-    let sizes: Vec<String> = opts.sizes.iter().map(|s| s.to_string()).collect();
     let mut children: Vec<(usize, Child)> = Vec::new();
     for rank in 0..opts.workers {
         let mut cmd = Command::new(exe);
         cmd.args(args)
-            .arg("--rendezvous")
-            .arg(host.addr().to_string())
-            .arg("--rank")
-            .arg(rank.to_string())
-            .arg("--world")
-            .arg(opts.workers.to_string())
-            .arg("--transport")
-            .arg(opts.transport.to_string())
-            .arg("--op")
-            .arg(opts.op.to_string())
-            .arg("--sizes")
-            .arg(sizes.join(","))
-            .arg("--iters")
-            .arg(opts.iters.to_string())
-            .arg("--warmup")
-            .arg(opts.warmup.to_string())
+            .args(worker_args(opts, &host.addr().to_string(), rank))
             .env(TOKEN_ENV, &token)
             .stdin(Stdio::null())
             .stdout(if rank == 0 {
@@ -246,12 +233,6 @@ pub fn launch(opts: &Options, exe: &Path, args: &[&str]) -> Result<Vec<Row>, Str
             } else {
                 Stdio::null()
             });
-        if let Some(b) = &opts.bandwidth {
-            cmd.arg("--bandwidth").arg(b);
-        }
-        if let Some(l) = &opts.latency {
-            cmd.arg("--latency").arg(l);
-        }
         match cmd.spawn() {
             Ok(c) => children.push((rank, c)),
             Err(e) => {
@@ -261,15 +242,7 @@ pub fn launch(opts: &Options, exe: &Path, args: &[&str]) -> Result<Vec<Row>, Str
         }
     }
     let out = children[0].1.stdout.take().expect("rank 0 stdout is piped");
-    let reader = std::thread::spawn(move || {
-        let mut rows = None;
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if let Some(j) = line.strip_prefix(ROWS_PREFIX) {
-                rows = Some(serde_json::from_str::<Vec<Row>>(j).map_err(|e| e.to_string()));
-            }
-        }
-        rows
-    });
+    let reader = std::thread::spawn(move || read_rows(out));
     let deadline = Instant::now() + opts.timeout;
     crate::launch::supervise(&mut children, Some(deadline), Duration::ZERO).map_err(|f| {
         format!(
@@ -282,6 +255,84 @@ pub fn launch(opts: &Options, exe: &Path, args: &[&str]) -> Result<Vec<Row>, Str
         Ok(Some(rows)) => rows,
         _ => Err("rank 0 printed no results".into()),
     }
+}
+
+/// The worker arguments shared by every rank (`--rank` and `--rendezvous` included, which
+/// MPI ranks ignore).
+fn worker_args(opts: &Options, rendezvous: &str, rank: usize) -> Vec<String> {
+    let sizes: Vec<String> = opts.sizes.iter().map(|s| s.to_string()).collect();
+    let mut v: Vec<String> = vec![
+        "--rendezvous".into(),
+        rendezvous.into(),
+        "--rank".into(),
+        rank.to_string(),
+        "--world".into(),
+        opts.workers.to_string(),
+        "--transport".into(),
+        opts.transport.to_string(),
+        "--op".into(),
+        opts.op.to_string(),
+        "--sizes".into(),
+        sizes.join(","),
+        "--iters".into(),
+        opts.iters.to_string(),
+        "--warmup".into(),
+        opts.warmup.to_string(),
+    ];
+    if let Some(b) = &opts.bandwidth {
+        v.extend(["--bandwidth".into(), b.clone()]);
+    }
+    if let Some(l) = &opts.latency {
+        v.extend(["--latency".into(), l.clone()]);
+    }
+    v
+}
+
+/// [`launch`] for `--transport mpi`: one `mpirun` starts every worker; MPI rank 0 prints
+/// the rows (mpirun forwards every rank's output; only rank 0 prints the results line).
+fn launch_mpi(opts: &Options, exe: &Path, args: &[&str]) -> Result<Vec<Row>, String> {
+    if opts.bandwidth.is_some() || opts.latency.is_some() {
+        return Err(
+            "--bandwidth / --latency are emulated by the tcp, quic and shm transports, not by mpi"
+                .into(),
+        );
+    }
+    let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    all.extend(worker_args(opts, "127.0.0.1:1", 0));
+    let mut cmd = crate::mpi_env::mpirun_command(opts.workers, exe, &all);
+    cmd.stdout(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| {
+        format!(
+            "starting {:?}: {e} (is Open MPI installed? set {} to its mpirun)",
+            cmd.get_program(),
+            crate::mpi_env::MPIRUN_ENV
+        )
+    })?;
+    let out = child.stdout.take().expect("stdout is piped");
+    let reader = std::thread::spawn(move || read_rows(out));
+    let mut children = vec![(0, child)];
+    let deadline = Instant::now() + opts.timeout;
+    crate::launch::supervise(&mut children, Some(deadline), Duration::ZERO).map_err(|f| {
+        format!(
+            "benchmark stopped (limit {:?}): mpirun: {f}; see the workers' messages above",
+            opts.timeout
+        )
+    })?;
+    match reader.join() {
+        Ok(Some(rows)) => rows,
+        _ => Err("MPI rank 0 printed no results".into()),
+    }
+}
+
+/// The rows on a worker's output, if it printed them.
+fn read_rows(out: impl std::io::Read) -> Option<Result<Vec<Row>, String>> {
+    let mut rows = None;
+    for line in BufReader::new(out).lines().map_while(Result::ok) {
+        if let Some(j) = line.strip_prefix(ROWS_PREFIX) {
+            rows = Some(serde_json::from_str::<Vec<Row>>(j).map_err(|e| e.to_string()));
+        }
+    }
+    rows
 }
 
 /// A worker's arguments (what [`launch`] passes).
@@ -300,24 +351,37 @@ pub struct WorkerArgs {
 /// Runs one worker: joins the rendezvous, builds the mesh, measures every size; rank 0
 /// prints the rows for the launcher. The token comes from [`TOKEN_ENV`].
 pub fn worker(a: &WorkerArgs) -> Result<(), String> {
-    let token = std::env::var(TOKEN_ENV).map_err(|_| format!("{TOKEN_ENV} is not set"))?;
     let link = a.opts.link()?;
-    let transport = crate::launch::connect(
-        a.opts.transport,
-        a.rendezvous,
-        a.rank,
-        a.world,
-        link,
-        &token,
-        Duration::from_secs(60),
-    )?;
+    // MPI ranks learn their rank from MPI; the environment outlives the communicator.
+    let mpi = match a.opts.transport {
+        TransportKind::Mpi => Some(crate::mpi_env::MpiEnv::init_for(a.world)?),
+        _ => None,
+    };
+    let rank = mpi.as_ref().map_or(a.rank, crate::mpi_env::MpiEnv::rank);
+    let transport = match &mpi {
+        Some(env) => env.transport()?,
+        None => {
+            let token = std::env::var(TOKEN_ENV).map_err(|_| format!("{TOKEN_ENV} is not set"))?;
+            crate::launch::connect(
+                a.opts.transport,
+                a.rendezvous,
+                a.rank,
+                a.world,
+                link,
+                &token,
+                Duration::from_secs(60),
+            )?
+        }
+    };
     let cfg = CommConfig {
         timeout: Duration::from_secs(60),
         ..CommConfig::default()
     };
     let mut c = Communicator::new(transport, cfg);
     let rows = measure(&mut c, &a.opts, &link).map_err(|e| e.to_string())?;
-    if a.rank == 0 {
+    drop(c);
+    drop(mpi);
+    if rank == 0 {
         let j = serde_json::to_string(&rows).map_err(|e| e.to_string())?;
         println!("{ROWS_PREFIX}{j}");
     }
@@ -459,7 +523,8 @@ mod tests {
         assert_eq!(Op::AllReduce.bus_factor(4), 1.5);
         assert_eq!(Op::AllGather.bus_factor(4), 0.75);
         assert_eq!(Op::Broadcast.bus_factor(4), 1.0);
-        assert!("mpi".parse::<TransportKind>().is_err());
+        assert_eq!("mpi".parse::<TransportKind>().unwrap(), TransportKind::Mpi);
+        assert!("udp".parse::<TransportKind>().is_err());
         assert_eq!(
             "quic".parse::<TransportKind>().unwrap(),
             TransportKind::Quic
