@@ -408,6 +408,144 @@ impl Default for ClusterConfig {
     }
 }
 
+/// `[compress.dlcp]`: DLCP (ALGORITHMS.md §13), the bounded-loss all-reduce of dense
+/// gradients selected by `[compress] collective = "dlcp"` (see
+/// [`dtrain_comms::dlcp`]). Gradients travel as self-describing prioritized packets; a
+/// round completes once every tensor has at least `1 − p_max` of its packets (or all of
+/// them), missing packets count as zeros, and with `error_feedback` each worker adds what
+/// it lost to its next gradient.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DlcpSettings {
+    /// Largest fraction of a tensor's packets a round may complete without, in `[0, 1)`
+    /// (default 0.01; 0 = reliable, retransmitting every loss).
+    #[serde(default = "dlcp_p_max")]
+    pub p_max: f64,
+    /// Packet body bytes (default 1400: 350 f32).
+    #[serde(default = "dlcp_mtu")]
+    pub mtu: usize,
+    /// When an owner applies the loss bound, from the start of the round (default "20ms").
+    #[serde(default = "dlcp_deadline")]
+    pub deadline: String,
+    /// How often missing packets are asked for again while the bound is exceeded (default
+    /// "10ms").
+    #[serde(default = "dlcp_retransmit")]
+    pub retransmit: String,
+    /// Bytes each worker may send per round before the lowest-priority packets are dropped
+    /// (the emulated switch queue; default unlimited).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_bytes: Option<usize>,
+    /// Priority boost of the input layer over the output layer (default 1; 0 = by gradient
+    /// magnitude only).
+    #[serde(default = "dlcp_layer_weight")]
+    pub layer_weight: f32,
+    /// Return this worker's dropped values to its next gradient (default true).
+    #[serde(default = "yes")]
+    pub error_feedback: bool,
+    /// Emulated packet loss: probability that a packet is lost (default 0).
+    #[serde(default)]
+    pub loss: f64,
+    /// Emulated tail latency: probability that a packet straggles (default 0)…
+    #[serde(default)]
+    pub tail: f64,
+    /// …by this much (default "50ms").
+    #[serde(default = "dlcp_tail_delay")]
+    pub tail_delay: String,
+}
+
+fn dlcp_p_max() -> f64 {
+    0.01
+}
+fn dlcp_mtu() -> usize {
+    1400
+}
+fn dlcp_deadline() -> String {
+    "20ms".into()
+}
+fn dlcp_retransmit() -> String {
+    "10ms".into()
+}
+fn dlcp_layer_weight() -> f32 {
+    1.0
+}
+fn dlcp_tail_delay() -> String {
+    "50ms".into()
+}
+
+impl Default for DlcpSettings {
+    fn default() -> Self {
+        DlcpSettings {
+            p_max: dlcp_p_max(),
+            mtu: dlcp_mtu(),
+            deadline: dlcp_deadline(),
+            retransmit: dlcp_retransmit(),
+            budget_bytes: None,
+            layer_weight: dlcp_layer_weight(),
+            error_feedback: true,
+            loss: 0.0,
+            tail: 0.0,
+            tail_delay: dlcp_tail_delay(),
+        }
+    }
+}
+
+impl DlcpSettings {
+    /// The collective's configuration for a model of `num_layers` parameter tensors; the
+    /// emulated losses are seeded by `seed`. Errors name the `[compress.dlcp]` field.
+    pub fn to_config(
+        &self,
+        num_layers: usize,
+        seed: u64,
+    ) -> Result<dtrain_comms::dlcp::DlcpConfig, (String, String)> {
+        use dtrain_comms::shaping::parse_duration;
+        let dur = |field: &str, v: &str| {
+            parse_duration(v).map_err(|e| (format!("compress.dlcp.{field}"), e.to_string()))
+        };
+        let cfg = dtrain_comms::dlcp::DlcpConfig {
+            p_max: self.p_max,
+            mtu: self.mtu,
+            deadline: dur("deadline", &self.deadline)?,
+            retransmit_interval: dur("retransmit", &self.retransmit)?,
+            budget_bytes: self.budget_bytes,
+            priority: dtrain_comms::dlcp::Priority::LayerMagnitude {
+                layer_weight: self.layer_weight,
+                num_layers: num_layers.min(u32::MAX as usize) as u32,
+            },
+            loss: dtrain_comms::dlcp::LossModel {
+                drop_prob: self.loss,
+                delay_prob: self.tail,
+                delay: dur("tail_delay", &self.tail_delay)?,
+                seed,
+            },
+        };
+        if !(self.layer_weight.is_finite() && self.layer_weight >= 0.0) {
+            return Err((
+                "compress.dlcp.layer_weight".into(),
+                format!("must be ≥ 0, got {}", self.layer_weight),
+            ));
+        }
+        if self.loss + self.tail > 1.0 {
+            return Err((
+                "compress.dlcp.tail".into(),
+                format!("loss + tail must be ≤ 1, got {} + {}", self.loss, self.tail),
+            ));
+        }
+        cfg.validate().map_err(|e| {
+            let field = ["p_max", "mtu", "retransmit", "loss", "tail", "drop_prob", "delay_prob"]
+                .into_iter()
+                .find(|f| e.contains(f))
+                .map(|f| match f {
+                    "drop_prob" => "loss",
+                    "delay_prob" => "tail",
+                    f => f,
+                })
+                .unwrap_or("p_max");
+            (format!("compress.dlcp.{field}"), e)
+        })?;
+        Ok(cfg)
+    }
+}
+
 /// `[network]`: link emulation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -532,13 +670,14 @@ impl Default for OutputConfig {
 }
 
 /// The trainer's keys inside `[compress]`.
-const TRAINER_KEYS: [&str; 6] = [
+const TRAINER_KEYS: [&str; 7] = [
     "error_feedback",
     "memory",
     "bucket_mb",
     "dense_below",
     "dense_1d",
     "collective",
+    "dlcp",
 ];
 
 /// Everything the trainer builds, validated and with derived values filled in.
@@ -554,6 +693,9 @@ pub struct Plan {
     pub buckets: BucketPolicy,
     /// The collective for gathered payloads (`compress.collective`).
     pub collective: GatherCollective,
+    /// DLCP bounded-loss all-reduce of the dense gradient (`compress.collective = "dlcp"`,
+    /// settings in `[compress.dlcp]`).
+    pub dlcp: Option<DlcpSettings>,
     /// The optimizer (plain SGD where the memory owns the momentum).
     pub optimizer: OptimizerConfig,
     /// The learning-rate schedule.
@@ -922,7 +1064,7 @@ impl RunConfig {
             }
         }
         // Compression.
-        let (mut method, memory, buckets, collective) = self.compress_section(file)?;
+        let (mut method, memory, buckets, collective, dlcp) = self.compress_section(file)?;
         let memory = match memory {
             Some(m) => m,
             None => method.default_memory(),
@@ -996,6 +1138,26 @@ impl RunConfig {
                 ),
             ));
         }
+        if let Some(d) = &dlcp {
+            if !matches!(method, CompressorConfig::None(_)) {
+                return Err(err(
+                    "compress.collective",
+                    format!(
+                        "\"dlcp\" is the bounded-loss all-reduce of dense f32 gradients (kind = \
+                         \"none\"); {:?} payloads have their own collective",
+                        method.name()
+                    ),
+                ));
+            }
+            if c.mode == ClusterMode::Ps {
+                return Err(err(
+                    "compress.collective",
+                    "\"dlcp\" is a collective; mode = \"ps\" pushes to servers".into(),
+                ));
+            }
+            d.to_config(1, self.seed)
+                .map_err(|(field, m)| err(&field, m))?;
+        }
         if c.mode == ClusterMode::Ps {
             if !matches!(method, CompressorConfig::None(_)) {
                 return Err(err(
@@ -1023,6 +1185,7 @@ impl RunConfig {
             memory,
             buckets,
             collective,
+            dlcp,
             optimizer: opt,
             lr,
             steps_per_epoch,
@@ -1042,6 +1205,7 @@ impl RunConfig {
             Option<MemoryConfig>,
             BucketPolicy,
             GatherCollective,
+            Option<DlcpSettings>,
         ),
         ConfigError,
     > {
@@ -1058,6 +1222,7 @@ impl RunConfig {
         let dense_below = extract("dense_below");
         let dense_1d = extract("dense_1d");
         let collective = extract("collective");
+        let dlcp = extract("dlcp");
         if !table.contains_key("kind") {
             return Err(err(
                 "compress.kind",
@@ -1130,12 +1295,32 @@ impl RunConfig {
                 )
             })?;
         }
+        let is_dlcp = collective.as_ref().and_then(|v| v.as_str()) == Some("dlcp");
         let collective = match collective {
             None => GatherCollective::default(),
-            Some(v) => GatherCollective::deserialize(v)
-                .map_err(|e| err("compress.collective", one_line(&e.to_string())))?,
+            Some(_) if is_dlcp => GatherCollective::default(),
+            Some(v) => GatherCollective::deserialize(v).map_err(|e| {
+                err(
+                    "compress.collective",
+                    format!("{} (or \"dlcp\")", one_line(&e.to_string())),
+                )
+            })?,
         };
-        Ok((method, memory, policy, collective))
+        let dlcp = match (is_dlcp, dlcp) {
+            (false, None) => None,
+            (false, Some(_)) => {
+                return Err(err(
+                    "compress.dlcp",
+                    "applies to collective = \"dlcp\" only".into(),
+                ))
+            }
+            (true, None) => Some(DlcpSettings::default()),
+            (true, Some(v)) => Some(
+                DlcpSettings::deserialize(v)
+                    .map_err(|e| err("compress.dlcp", one_line(&e.to_string())))?,
+            ),
+        };
+        Ok((method, memory, policy, collective, dlcp))
     }
 
     /// The model's input must match the data: image shape / classes, or a text kind.

@@ -55,6 +55,7 @@ use std::ops::Range;
 use std::sync::mpsc;
 use std::time::Instant;
 
+use dtrain_comms::dlcp::{DlcpConfig, DlcpReport, DlcpTensor};
 use dtrain_comms::{CommError, Communicator, SparseSlice, Transport};
 use dtrain_compress::{
     summable_lanes, Aggregation, CompressError, CompressorConfig, ConfigError, Ctx, MemoryConfig,
@@ -140,6 +141,16 @@ pub struct ExchangeStats {
     pub payload_bytes: u64,
     /// Elements exchanged (the model size).
     pub elements: u64,
+    /// DLCP: gradient elements (all workers' contributions) the bounded-loss all-reduce
+    /// completed without, this exchange.
+    #[serde(default)]
+    pub lossy_dropped: u64,
+    /// DLCP: gradient elements (all workers' contributions) it carried.
+    #[serde(default)]
+    pub lossy_elems: u64,
+    /// DLCP: packets this worker retransmitted.
+    #[serde(default)]
+    pub retransmitted: u64,
 }
 
 struct Slot {
@@ -186,6 +197,8 @@ enum Op {
     Broadcast(Vec<u8>, usize),
     /// Sparse all-reduce of (indices, values) into the dense output buffer.
     Sparse(Vec<u32>, Vec<f32>, Vec<f32>),
+    /// DLCP bounded-loss all-reduce of a dense bucket with its tensors.
+    Lossy(Vec<f32>, Vec<DlcpTensor>, Box<DlcpConfig>),
 }
 
 /// A collective's result: the buffers, back.
@@ -195,6 +208,8 @@ enum Reply {
     Sparse(Vec<f32>, Vec<u32>, Vec<f32>),
     Gather(Vec<Vec<u8>>),
     Broadcast(Vec<u8>),
+    /// The (lossy) sum and the round's report.
+    Lossy(Vec<f32>, Box<DlcpReport>),
 }
 
 struct Done {
@@ -209,6 +224,9 @@ fn run_op<T: Transport>(comm: &mut Communicator<T>, op: Op) -> Done {
         Op::Sum(mut v) => comm.all_reduce_sum(&mut v).map(|()| Reply::Sum(v)),
         Op::Gather(b) => comm.all_gather(&b).map(Reply::Gather),
         Op::Broadcast(mut b, root) => comm.broadcast(&mut b, root).map(|()| Reply::Broadcast(b)),
+        Op::Lossy(mut v, tensors, cfg) => comm
+            .dlcp_all_reduce(&mut v, &tensors, &cfg)
+            .map(|r| Reply::Lossy(v, Box::new(r))),
         Op::Sparse(idx, vals, mut out) => match SparseSlice::new(out.len(), &idx, &vals) {
             Ok(input) => comm
                 .sparse_all_reduce_dense(input, &mut out)
@@ -358,6 +376,10 @@ pub struct ExchangerState {
     /// carries any.
     #[serde(with = "bits::state_bits")]
     pub compressors: BTreeMap<u64, BTreeMap<String, f64>>,
+    /// DLCP error feedback per dense bucket (values the last round completed without),
+    /// keyed by bucket id; empty without DLCP.
+    #[serde(default, with = "bits::memory_bits")]
+    pub lossy_residual: BTreeMap<u64, Vec<f32>>,
 }
 
 impl ExchangerState {
@@ -461,6 +483,10 @@ pub struct Exchanger {
     theta_scale: f64,
     /// Buffers of finished buckets, reused by the next ones.
     spare: Vec<Flight>,
+    /// DLCP for the dense buckets, and whether dropped values return to the sender.
+    lossy: Option<(DlcpConfig, bool)>,
+    /// DLCP error feedback: per dense bucket, this worker's values no owner used last time.
+    lossy_residual: BTreeMap<u64, Vec<f32>>,
 }
 
 impl Exchanger {
@@ -493,7 +519,19 @@ impl Exchanger {
             gather: GatherCollective::AllGather,
             theta_scale: 1.0,
             spare: Vec::new(),
+            lossy: None,
+            lossy_residual: BTreeMap::new(),
         })
+    }
+
+    /// Sends the uncompressed (dense f32) buckets through DLCP's bounded-loss all-reduce
+    /// ([`Communicator::dlcp_all_reduce`]) instead of the ring: each bucket's parameters are
+    /// its tensors, numbered by their position in the model (layer 0 = input side). With
+    /// `error_feedback`, the values of this worker that a round completed without are added
+    /// to its gradient of the bucket at the next exchange.
+    pub fn set_dlcp(&mut self, cfg: DlcpConfig, error_feedback: bool) {
+        self.lossy = Some((cfg, error_feedback));
+        self.lossy_residual.clear();
     }
 
     /// Chooses the collective for `Gather` methods' payloads (default all-gather). Either
@@ -594,6 +632,8 @@ impl Exchanger {
         let job = Job {
             slots: &mut self.slots,
             spare: &mut self.spare,
+            lossy: self.lossy.as_ref(),
+            lossy_residual: &mut self.lossy_residual,
             gather: self.gather,
             seed: self.seed,
             step,
@@ -687,6 +727,7 @@ impl Exchanger {
             theta_scale: self.theta_scale,
             memory: self.export_memory(),
             compressors,
+            lossy_residual: self.lossy_residual.clone(),
         }
     }
 
@@ -757,6 +798,19 @@ impl Exchanger {
                 None => return Err(format!("memory for bucket {id}, which is not compressed")),
             }
         }
+        for (&id, r) in &state.lossy_residual {
+            match self.slots.iter().find(|s| s.bucket.id == id && s.pipe.is_none()) {
+                Some(s) if s.bucket.len() == r.len() => {}
+                Some(s) => {
+                    return Err(format!(
+                        "DLCP residual of bucket {id} has {} values, the bucket {}",
+                        r.len(),
+                        s.bucket.len()
+                    ))
+                }
+                None => return Err(format!("DLCP residual for bucket {id}, which is compressed")),
+            }
+        }
         if let Some(id) = state.compressors.keys().find(|&&id| len_of(id).is_none()) {
             return Err(format!(
                 "compressor state for bucket {id}, which is not compressed"
@@ -786,6 +840,7 @@ impl Exchanger {
             done.push((i, old));
         }
         self.import_memory(state.memory);
+        self.lossy_residual = state.lossy_residual;
         self.theta_scale = state.theta_scale;
         Ok(())
     }
@@ -795,6 +850,8 @@ impl Exchanger {
 struct Job<'a> {
     slots: &'a mut [Slot],
     spare: &'a mut Vec<Flight>,
+    lossy: Option<&'a (DlcpConfig, bool)>,
+    lossy_residual: &'a mut BTreeMap<u64, Vec<f32>>,
     gather: GatherCollective,
     seed: u64,
     step: u64,
@@ -814,6 +871,8 @@ enum Stage {
     Gathered,
     /// The sparse all-reduce of the decoded payloads.
     SparseSum,
+    /// DLCP's bounded-loss all-reduce of a dense bucket.
+    Lossy,
 }
 
 impl Job<'_> {
@@ -868,6 +927,27 @@ impl Job<'_> {
         };
         let compress_err = |source| ExchangeError::Compress { bucket: id, source };
         let stage = match pipe {
+            None if self.lossy.is_some() => {
+                let (cfg, ef) = self.lossy.expect("checked");
+                if *ef {
+                    if let Some(r) = self.lossy_residual.get_mut(&id) {
+                        for (g, d) in f.buf.iter_mut().zip(r.iter_mut()) {
+                            *g += *d;
+                            *d = 0.0;
+                        }
+                    }
+                }
+                st.payload_bytes += 4 * f.buf.len() as u64;
+                let first = bucket.params.first().copied().unwrap_or(0);
+                let tensors =
+                    DlcpTensor::from_segments(&bucket.segments, first.min(u32::MAX as usize) as u32);
+                comms.submit(Op::Lossy(
+                    std::mem::take(&mut f.buf),
+                    tensors,
+                    Box::new(cfg.clone()),
+                ));
+                Stage::Lossy
+            }
             None => {
                 st.payload_bytes += 4 * f.buf.len() as u64;
                 comms.submit(Op::Sum(std::mem::take(&mut f.buf)));
@@ -958,6 +1038,19 @@ impl Job<'_> {
         };
         match (stage, reply, pipe) {
             (Stage::Dense, Reply::Sum(v), _) => f.buf = v,
+            (Stage::Lossy, Reply::Lossy(v, report), _) => {
+                f.buf = v;
+                st.lossy_dropped += report.dropped_elems_all as u64;
+                st.lossy_elems += report.elems_all as u64;
+                st.retransmitted += report.retransmitted as u64;
+                if self.lossy.is_some_and(|(_, ef)| *ef) && !report.dropped.is_empty() {
+                    let r = self
+                        .lossy_residual
+                        .entry(id)
+                        .or_insert_with(|| vec![0.0; bucket.len()]);
+                    report.add_dropped_to(r);
+                }
+            }
             (Stage::SparseSum, Reply::Sparse(v, idx, vals), _) => {
                 f.buf = v;
                 f.idx = idx;

@@ -186,6 +186,13 @@ pub struct StepRecord {
     pub samples: u64,
     /// Per-phase times of this rank.
     pub time: Phases,
+    /// DLCP (`compress.collective = "dlcp"`): fraction of all workers' gradient elements the
+    /// bounded-loss all-reduce completed without, this step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lossy_dropped: Option<f64>,
+    /// DLCP: packets this rank retransmitted this step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retransmitted: Option<u64>,
 }
 
 /// One line of `eval.jsonl`.
@@ -246,6 +253,9 @@ pub struct Summary {
     pub recoveries: u64,
     /// The factor applied to θ by the recover policy (1 = never lowered).
     pub theta_scale: f64,
+    /// DLCP: mean fraction of the gradient dropped per step (absent without DLCP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lossy_dropped: Option<f64>,
 }
 
 /// What the trainer reports as it goes (progress bars, logs). Every method has a default.
@@ -409,6 +419,12 @@ impl<T: Transport> Trainer<T> {
         )
         .map_err(|e| TrainError::Config(format!("compress.{}: {}", e.field, e.reason)))?;
         exchanger.set_gather_collective(plan.collective);
+        if let Some(d) = &plan.dlcp {
+            let cfg = d
+                .to_config(infos.len(), plan.config.seed)
+                .map_err(|(field, m)| TrainError::Config(format!("{field}: {m}")))?;
+            exchanger.set_dlcp(cfg, d.error_feedback);
+        }
         let optimizer = plan.optimizer.build().map_err(TrainError::Config)?;
         let n = table.num_params();
         let nb = table.num_buffers();
@@ -825,6 +841,8 @@ impl<T: Transport> Trainer<T> {
         let mut sum = Phases::default();
         let mut timed = 0u64;
         let (mut bytes, mut payload) = (0f64, 0f64);
+        // DLCP: sum of per-step dropped fractions, steps.
+        let mut lossy = (0f64, 0u64);
         let mut samples = 0u64;
         let mut epoch_loss = (0f64, 0u64);
         let policy = self.plan.config.failure.non_finite;
@@ -848,6 +866,10 @@ impl<T: Transport> Trainer<T> {
                     }
                     bytes += r.bytes_sent as f64;
                     payload += r.payload_bytes as f64;
+                    if let Some(d) = r.lossy_dropped {
+                        lossy.0 += d;
+                        lossy.1 += 1;
+                    }
                     samples += r.samples;
                     epoch_loss.0 += r.loss;
                     epoch_loss.1 += 1;
@@ -947,6 +969,8 @@ impl<T: Transport> Trainer<T> {
             skipped_steps: self.skipped,
             recoveries: self.recoveries,
             theta_scale: self.exchanger.theta_scale(),
+            lossy_dropped: (self.plan.dlcp.is_some() && lossy.1 > 0)
+                .then(|| lossy.0 / lossy.1 as f64),
         };
         if self.rank == 0 {
             if let Some(out) = &self.out {
@@ -1046,6 +1070,8 @@ impl<T: Transport> Trainer<T> {
             skipped: false,
             samples: ctl[1] as u64,
             time,
+            lossy_dropped: None,
+            retransmitted: None,
         };
         if async_ps && (ctl[3] > 0.0 || ctl[4] > 0.0) {
             // The servers' step clock needs this step's push from every worker: push zeros.
@@ -1114,6 +1140,14 @@ impl<T: Transport> Trainer<T> {
         record.bytes_sent = st.bytes_sent;
         record.bytes_received = st.bytes_received;
         record.payload_bytes = st.payload_bytes;
+        if self.plan.dlcp.is_some() {
+            record.lossy_dropped = Some(if st.lossy_elems > 0 {
+                st.lossy_dropped as f64 / st.lossy_elems as f64
+            } else {
+                0.0
+            });
+            record.retransmitted = Some(st.retransmitted);
+        }
         record.time = time;
         Ok(StepOutcome::Done(record))
     }

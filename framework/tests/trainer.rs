@@ -433,3 +433,63 @@ fn resuming_on_another_worker_count_is_allowed_only_where_well_defined() {
         assert!(e.contains("error-feedback memories are per rank"), "{e}");
     }
 }
+
+#[test]
+fn dlcp_without_loss_is_the_ring_sum_and_with_loss_keeps_replicas_identical() {
+    // No loss, two workers: DLCP's rank-order sum a + b is the ring's, bit for bit.
+    let ring = run(2, &[], None, false);
+    let dlcp = run(2, &["compress.kind=\"none\"", "compress.collective=\"dlcp\""], None, false);
+    same(&dlcp.params, &ring.params, "dlcp vs ring");
+    assert_eq!(dlcp.summary.lossy_dropped, Some(0.0));
+    assert_eq!(ring.summary.lossy_dropped, None);
+    // 2 % of the packets lost, up to 5 % of a tensor's packets may stay missing: the
+    // replicas still agree (run() compares them), some gradient was dropped, and the model
+    // trains; with error feedback and without.
+    for ef in [true, false] {
+        let lossy = run(
+            3,
+            &[
+                "compress.kind=\"none\"", "compress.collective=\"dlcp\"",
+                "compress.dlcp.loss=0.02",
+                "compress.dlcp.p_max=0.05",
+                "compress.dlcp.mtu=64",
+                &format!("compress.dlcp.error_feedback={ef}"),
+            ],
+            None,
+            false,
+        );
+        let d = lossy.summary.lossy_dropped.expect("DLCP reports its drops");
+        assert!(d > 0.0 && d < 0.05, "ef {ef}: dropped fraction {d}");
+        let n = lossy.losses.len();
+        let first: f64 = lossy.losses[..8].iter().sum::<f64>() / 8.0;
+        let last: f64 = lossy.losses[n - 8..].iter().sum::<f64>() / 8.0;
+        assert!(last < first, "ef {ef}: loss {first} → {last}");
+    }
+}
+
+#[test]
+fn dlcp_configuration_is_checked() {
+    let check = |sets: &[&str], field: &str| {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let cfg = RunConfig::parse(BASE, "base.toml", &sets).unwrap();
+        let e = cfg.validate("base.toml", None).unwrap_err();
+        assert_eq!(e.field, field, "{sets:?}: {e}");
+    };
+    check(&["compress.kind=\"none\"", "compress.dlcp.p_max=0.1"], "compress.dlcp");
+    check(
+        &["compress.kind=\"none\"", "compress.collective=\"dlcp\"", "compress.dlcp.p_max=1.5"],
+        "compress.dlcp.p_max",
+    );
+    check(
+        &["compress.kind=\"none\"", "compress.collective=\"dlcp\"", "compress.dlcp.deadline=\"soon\""],
+        "compress.dlcp.deadline",
+    );
+    check(
+        &["compress.kind=\"none\"", "compress.collective=\"dlcp\"", "compress.dlcp.nope=1"],
+        "compress.dlcp",
+    );
+    check(
+        &["compress.collective=\"dlcp\"", "compress.kind=\"topk\""],
+        "compress.collective",
+    );
+}
