@@ -97,8 +97,7 @@ use crate::error::{CompressError, ConfigError, WireError};
 use crate::rng::Rng;
 use crate::select::{abs_key, top_k, Scratch};
 use crate::wire::{
-    bytes_for_bits, elias_gamma_get, elias_gamma_len, elias_gamma_put, f32_at, BitReader,
-    BitWriter, Reader, Writer,
+    bytes_for_bits, elias_gamma_len, elias_gamma_put, f32_at, BitReader, BitWriter, Reader, Writer,
 };
 
 /// Largest code-book size (`b ≤ 16`).
@@ -652,12 +651,13 @@ pub fn decode_layer(
     };
     match layout {
         GAPS => {
-            let mut br = BitReader::new(idx);
+            let mut br = GammaReader { buf: idx, pos: 0 };
             let mut next = 0u64;
             for _ in 0..k {
-                let gap = elias_gamma_get(&mut br)
+                let gap = br
+                    .get()
                     .ok_or(WireError::Invalid("mipd: malformed index gap"))?;
-                if br.bits_read() > 8 * m as u64 {
+                if br.pos > 8 * m as u64 {
                     return Err(WireError::Invalid("mipd: index gaps overrun their bytes"));
                 }
                 let i = next + gap as u64 - 1;
@@ -667,14 +667,13 @@ pub fn decode_layer(
                 visit(i as usize, code()?);
                 next = i + 1;
             }
-            let used = br.bits_read();
-            if bytes_for_bits(used) != m {
+            if bytes_for_bits(br.pos) != m {
                 return Err(WireError::Invalid(
                     "mipd: index gaps do not fill their bytes",
                 ));
             }
-            let pad = (8 - used % 8) % 8;
-            if pad > 0 && br.get(pad as u32) != 0 {
+            let pad = (8 - br.pos % 8) % 8;
+            if br.window() & ((1u64 << pad) - 1) != 0 {
                 return Err(WireError::Invalid("mipd: index padding bits are not zero"));
             }
         }
@@ -712,12 +711,74 @@ pub fn decode_layer(
     Ok(())
 }
 
+/// Elias-gamma reader over an LSB-first bit stream (the layout of
+/// [`crate::wire::elias_gamma_put`]) that decodes a code from one 64-bit window when its
+/// gap is below 2^28 and falls back to a bit at a time for longer ones. Bits past the end
+/// read as zero; `pos` counts the bits consumed, so the caller detects overruns.
+struct GammaReader<'a> {
+    buf: &'a [u8],
+    pos: u64,
+}
+
+impl GammaReader<'_> {
+    /// The next (at least 57) bits, LSB first.
+    #[inline(always)]
+    fn window(&self) -> u64 {
+        let b = (self.pos >> 3) as usize;
+        let w = match self.buf.get(b..b + 8) {
+            Some(s) => u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]),
+            None => {
+                let mut a = [0u8; 8];
+                if let Some(s) = self.buf.get(b..) {
+                    a[..s.len()].copy_from_slice(s);
+                }
+                u64::from_le_bytes(a)
+            }
+        };
+        w >> (self.pos & 7)
+    }
+
+    fn bit(&mut self) -> u32 {
+        let v = (self.window() & 1) as u32;
+        self.pos += 1;
+        v
+    }
+
+    /// One code; `None` if it has more than 31 leading zeros.
+    #[inline]
+    fn get(&mut self) -> Option<u32> {
+        let w = self.window();
+        let z = w.trailing_zeros();
+        if z <= 27 {
+            let nb = z + 1;
+            let x = ((w >> z) & ((1u64 << nb) - 1)) as u32;
+            self.pos += u64::from(z + nb);
+            return Some(x.reverse_bits() >> (32 - nb));
+        }
+        let mut zeros = 0u32;
+        while self.bit() == 0 {
+            zeros += 1;
+            if zeros > 31 {
+                return None;
+            }
+        }
+        let mut v = 1u32;
+        for _ in 0..zeros {
+            v = (v << 1) | self.bit();
+        }
+        Some(v)
+    }
+}
+
 impl Compressor for Mipd {
     fn method(&self) -> MethodId {
         MethodId::Mipd
     }
     fn aggregation(&self) -> Aggregation {
         Aggregation::Gather
+    }
+    fn begin(&mut self, _grad: &[f32], _ctx: &crate::compressor::Ctx<'_>) {
+        self.stats.clear();
     }
     /// Through the generic seam the parameters are unknown: significance is `|g_j|`.
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
@@ -774,20 +835,29 @@ impl Halves {
     /// Calls `f(j)` for every coordinate `j` (relative to the buffer the layers tile) of
     /// half `half` (`None`: all), in ascending order.
     pub fn for_each(self, layers: &[Range<usize>], half: Option<u8>, mut f: impl FnMut(usize)) {
+        self.for_each_run(layers, half, |r, stride| r.step_by(stride).for_each(&mut f));
+    }
+
+    /// Calls `f(run, stride)` for the runs making up half `half` (`None`: all) of the
+    /// layers, in ascending order: the coordinates `run.start, run.start + stride, …` below
+    /// `run.end` (stride 1 or 2; `run` non-empty).
+    pub fn for_each_run(
+        self,
+        layers: &[Range<usize>],
+        half: Option<u8>,
+        mut f: impl FnMut(Range<usize>, usize),
+    ) {
         for l in layers {
-            match (self, half) {
-                (Halves::Off, _) | (_, None) => l.clone().for_each(&mut f),
+            let (run, stride) = match (self, half) {
+                (Halves::Off, _) | (_, None) => (l.clone(), 1),
                 (Halves::Blocked, Some(h)) => {
                     let mid = l.start + l.len().div_ceil(2);
-                    if h == 0 {
-                        (l.start..mid).for_each(&mut f)
-                    } else {
-                        (mid..l.end).for_each(&mut f)
-                    }
+                    (if h == 0 { l.start..mid } else { mid..l.end }, 1)
                 }
-                (Halves::Interleaved, Some(h)) => {
-                    (l.start + h as usize..l.end).step_by(2).for_each(&mut f)
-                }
+                (Halves::Interleaved, Some(h)) => (l.start + h as usize..l.end, 2),
+            };
+            if run.start < run.end {
+                f(run, stride);
             }
         }
     }
@@ -983,17 +1053,27 @@ impl MipdServer {
             &mut self.values,
         );
         values.clear();
-        self.halves.for_each(&self.layers, half, |j| {
-            let g = if received[j] {
-                received[j] = false;
-                std::mem::take(&mut carry[j])
-            } else if lambda == 0.0 {
-                0.0
+        values.resize(self.halves.count(&self.layers, half), 0.0);
+        let mut at = 0;
+        self.halves.for_each_run(&self.layers, half, |run, stride| {
+            let len = run.len().div_ceil(stride);
+            let out = &mut values[at..at + len];
+            at += len;
+            let (s, c, r) = (
+                &mut smoothed[run.clone()],
+                &mut carry[run.clone()],
+                &mut received[run],
+            );
+            if stride == 1 {
+                smooth_run(s.iter_mut(), c.iter_mut(), r.iter_mut(), out, lambda);
             } else {
-                lambda * smoothed[j]
-            };
-            smoothed[j] = g;
-            values.push(g);
+                let (s, c, r) = (
+                    s.iter_mut().step_by(stride),
+                    c.iter_mut().step_by(stride),
+                    r.iter_mut().step_by(stride),
+                );
+                smooth_run(s, c, r, out, lambda);
+            }
         });
         encode_pull(step, half, &self.values, out);
         self.next_step += 1;
@@ -1020,6 +1100,26 @@ impl MipdServer {
     }
 }
 
+/// The smoothing rule over one run: `ĝ = carry` where received, else `λ·ĝ` (`+ 0.0`, so
+/// that λ = 0 gives +0 rather than −0 and the rule stays branch-free); carry and marks are
+/// reset. Carry is 0 wherever nothing was received, so it is reset unconditionally.
+#[inline(always)]
+fn smooth_run<'a>(
+    s: impl Iterator<Item = &'a mut f32>,
+    c: impl Iterator<Item = &'a mut f32>,
+    r: impl Iterator<Item = &'a mut bool>,
+    out: &mut [f32],
+    lambda: f32,
+) {
+    for (((s, c), r), o) in s.zip(c).zip(r).zip(out) {
+        let g = if *r { *c } else { lambda * *s + 0.0 };
+        *s = g;
+        *c = 0.0;
+        *r = false;
+        *o = g;
+    }
+}
+
 fn encode_pull(step: u64, half: Option<u8>, values: &[f32], out: &mut Vec<u8>) {
     out.clear();
     let m = values.len();
@@ -1033,18 +1133,29 @@ fn encode_pull(step: u64, half: Option<u8>, values: &[f32], out: &mut Vec<u8>) {
     w.u64(step);
     w.u32(m as u32);
     if sparse {
+        // Branch-free: the bitmap a byte at a time, the values by compaction (every value
+        // is written, the cursor advances only past non-zero ones; 4 bytes of slack).
         let bm = w.zeroed(m.div_ceil(8));
-        for (i, v) in values.iter().enumerate() {
-            if v.to_bits() != 0 {
-                bm[i >> 3] |= 1 << (i & 7);
+        for (byte, chunk) in bm.iter_mut().zip(values.chunks(8)) {
+            let mut b = 0u8;
+            for (i, v) in chunk.iter().enumerate() {
+                b |= u8::from(v.to_bits() != 0) << i;
             }
+            *byte = b;
         }
-        w.reserve(4 * nnz);
-        for v in values.iter().filter(|v| v.to_bits() != 0) {
-            w.f32(*v);
+        let vals = w.zeroed(4 * nnz + 4);
+        let mut at = 0;
+        for v in values {
+            vals[at..at + 4].copy_from_slice(&v.to_le_bytes());
+            at += 4 * usize::from(v.to_bits() != 0);
         }
+        debug_assert_eq!(at, 4 * nnz);
+        out.truncate(out.len() - 4);
     } else {
-        w.f32_slice(values);
+        let b = w.zeroed(4 * m);
+        for (o, v) in b.chunks_exact_mut(4).zip(values) {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
     }
 }
 
@@ -1234,6 +1345,33 @@ mod tests {
             at += n;
         }
         (w, g, layers)
+    }
+
+    #[test]
+    fn fast_gamma_reader_agrees_with_the_bitwise_decoder() {
+        let vals: Vec<u32> = (1..3000u32)
+            .chain([1 << 27, (1 << 28) - 1, 1 << 28, u32::MAX, 1 << 31, 5, 1])
+            .collect();
+        let bits: u64 = vals.iter().map(|&v| elias_gamma_len(v)).sum();
+        let mut buf = vec![0u8; bytes_for_bits(bits)];
+        let mut w = BitWriter::new(&mut buf);
+        for &v in &vals {
+            elias_gamma_put(&mut w, v);
+        }
+        w.finish();
+        let mut fast = GammaReader { buf: &buf, pos: 0 };
+        let mut slow = BitReader::new(&buf);
+        for &v in &vals {
+            assert_eq!(fast.get(), Some(v));
+            assert_eq!(crate::wire::elias_gamma_get(&mut slow), Some(v));
+            assert_eq!(fast.pos, slow.bits_read());
+        }
+        // 32+ zeros are malformed; reads past the end are zeros.
+        let mut z = GammaReader {
+            buf: &[0u8; 5],
+            pos: 0,
+        };
+        assert_eq!(z.get(), None);
     }
 
     #[test]
@@ -1489,6 +1627,8 @@ mod tests {
             ..Ctx::default()
         };
         let p = compress_new(&mut c, &g, &ctx, &mut Rng::seed_from_u64(0)).unwrap();
+        let p2 = compress_new(&mut c, &g, &ctx, &mut Rng::seed_from_u64(0)).unwrap();
+        assert_eq!((p.as_bytes(), c.last_stats().len()), (p2.as_bytes(), 2));
         let mut mine = MipdConfig {
             significance: Significance::Gradient,
             ..MipdConfig::default()

@@ -31,11 +31,12 @@ use dtrain_comms::ps::{
 };
 use dtrain_comms::{CommError, Transport};
 use dtrain_compress::compressor::effective_segments;
+use dtrain_compress::memory::Residual;
 use dtrain_compress::mipd::{
     decode_pull, layers_in, Mipd, MipdConfig, MipdServer, MipdServerConfig, MipdServerError,
     PullInfo,
 };
-use dtrain_compress::{CompressError, ConfigError, WireError};
+use dtrain_compress::{decompress, CompressError, ConfigError, Memory, WireError};
 
 /// The PS aggregation code of MIPD pushes. Codes below 16 are reserved for dtrain's own
 /// aggregations in [`dtrain_comms::ps`] (which must not depend on compress), so MIPD takes
@@ -125,7 +126,7 @@ impl Aggregator for MipdAggregator {
                 },
                 detail: format!("MIPD: {e}"),
             })?;
-        Ok(self.out.clone())
+        Ok(std::mem::take(&mut self.out))
     }
 }
 
@@ -137,6 +138,11 @@ pub struct MipdWorker {
     shards: Vec<(Range<usize>, Vec<Range<usize>>)>,
     halves: dtrain_compress::mipd::Halves,
     encoder: Mipd,
+    /// Worker-side error feedback (residual memory keyed by shard), if enabled.
+    memory: Option<Residual>,
+    /// Scratch: compensated gradient and the decoded own payload of one shard.
+    compensated: Vec<f32>,
+    transmitted: Vec<f32>,
 }
 
 impl MipdWorker {
@@ -164,12 +170,29 @@ impl MipdWorker {
             shards,
             halves: server.halves,
             encoder: cfg.init()?,
+            memory: None,
+            compensated: Vec::new(),
+            transmitted: Vec::new(),
         })
     }
 
     /// The encoder (its [`Mipd::last_stats`] describe the last shard encoded).
     pub fn encoder(&self) -> &Mipd {
         &self.encoder
+    }
+
+    /// Turns worker-side error feedback on or off (default off). On, each shard's gradient
+    /// is compensated with the residual of what earlier payloads did not carry (dropped
+    /// entries and quantization error: `p = e + g`, `e ← p − D(C(p))`, the
+    /// [`Residual`] memory with β = γ = 1), in addition to the server's smoothing. Turning
+    /// it off clears the residuals.
+    pub fn set_error_feedback(&mut self, on: bool) {
+        self.memory = on.then(|| Residual::new(1.0, 1.0));
+    }
+
+    /// The error-feedback memory, when enabled (its state is what a checkpoint must hold).
+    pub fn memory(&self) -> Option<&Residual> {
+        self.memory.as_ref()
     }
 
     /// One MIPD payload per shard for the flat `params` and `grads` of the whole model.
@@ -186,15 +209,26 @@ impl MipdWorker {
                 grads.len()
             )));
         }
-        self.shards
-            .iter()
-            .map(|(r, pieces)| {
-                let mut out = Vec::new();
-                self.encoder
-                    .encode(&params[r.clone()], &grads[r.clone()], pieces, &mut out)?;
-                Ok(out)
-            })
-            .collect()
+        let mut payloads = Vec::with_capacity(self.shards.len());
+        for (j, (r, pieces)) in self.shards.iter().enumerate() {
+            let mut out = Vec::new();
+            let (w, g) = (&params[r.clone()], &grads[r.clone()]);
+            match &mut self.memory {
+                None => self.encoder.encode(w, g, pieces, &mut out)?,
+                Some(mem) => {
+                    self.compensated.resize(g.len(), 0.0);
+                    self.transmitted.resize(g.len(), 0.0);
+                    mem.compensate(j as u64, g, &mut self.compensated);
+                    self.encoder
+                        .encode(w, &self.compensated, pieces, &mut out)?;
+                    decompress(&self.encoder, &out, &mut self.transmitted)
+                        .expect("a payload this encoder just wrote decodes");
+                    mem.update(j as u64, &self.compensated, &self.transmitted);
+                }
+            }
+            payloads.push(out);
+        }
+        Ok(payloads)
     }
 
     /// Pushes this step's payloads through `node` and returns the aggregates that arrived
@@ -336,5 +370,34 @@ mod tests {
         };
         assert!(MipdWorker::new(&l, &layers, &b0, &scfg).is_err());
         assert!(w.payloads(&params[1..], &params).is_err());
+    }
+
+    #[test]
+    fn error_feedback_keeps_what_the_payloads_did_not_carry() {
+        let l = PsLayout::new(2, vec![0], vec![1], 500).unwrap();
+        let layers = vec![0..400, 400..500];
+        let scfg = MipdServerConfig::default();
+        let mut w = MipdWorker::new(&l, &layers, &MipdConfig::default(), &scfg).unwrap();
+        w.set_error_feedback(true);
+        let params = vec![1.0f32; 500];
+        let g: Vec<f32> = (0..500)
+            .map(|i| ((i * 7919) % 997) as f32 / 997.0 - 0.5)
+            .collect();
+        let mut sent = vec![0f32; 500];
+        for step in 0..3 {
+            let p = w.payloads(&params, &g).unwrap();
+            let mut t = vec![0f32; 500];
+            decompress(w.encoder(), &p[0], &mut t).unwrap();
+            sent.iter_mut().zip(&t).for_each(|(s, t)| *s += t);
+            // Invariant of residual EF: everything pushed so far plus the residual is
+            // exactly the sum of the gradients.
+            let e = w.memory().unwrap().residual(0).unwrap();
+            for i in 0..500 {
+                let want = g[i] * (step + 1) as f32;
+                assert!((sent[i] + e[i] - want).abs() < 1e-5, "step {step} i {i}");
+            }
+        }
+        w.set_error_feedback(false);
+        assert!(w.memory().is_none());
     }
 }
