@@ -31,7 +31,7 @@ use dtrain_comms::ps::{
     PsNode, ShardPushes,
 };
 use dtrain_comms::{channel_mesh, Transport};
-use dtrain_compress::mipd::{Halves, MipdConfig, MipdServerConfig};
+use dtrain_compress::mipd::{Halves, MipdConfig, MipdServerConfig, Significance};
 use dtrain_framework::mipd::{MipdAggregator, MipdWorker, MIPD_AGGREGATION};
 
 /// CPU time of the calling thread, in nanoseconds.
@@ -322,8 +322,13 @@ fn run(mode: &Mode, task: &Task, workers: usize, steps: u64) -> Row {
 }
 
 fn mipd(bits: u32, lambda: f64, halves: Halves, ef: bool) -> Mode {
+    mipd_with(Significance::Taylor, bits, lambda, halves, ef)
+}
+
+fn mipd_with(significance: Significance, bits: u32, lambda: f64, halves: Halves, ef: bool) -> Mode {
     Mode::Mipd(
         MipdConfig {
+            significance,
             bits,
             ..MipdConfig::default()
         },
@@ -358,6 +363,14 @@ fn modes() -> Vec<(String, Mode)> {
         (
             "MIPD b=4 λ=0 halves=blocked + worker EF".into(),
             mipd(4, 0.0, Halves::Blocked, true),
+        ),
+        (
+            "MIPD \\|g\\| significance b=4 λ=0.5 halves=blocked".into(),
+            mipd_with(Significance::Gradient, 4, 0.5, Halves::Blocked, false),
+        ),
+        (
+            "MIPD \\|g\\| significance b=4 λ=0.5 halves=blocked + worker EF".into(),
+            mipd_with(Significance::Gradient, 4, 0.5, Halves::Blocked, true),
         ),
     ]
 }
