@@ -19,6 +19,9 @@
 //! and b) on a synthetic 10-class Gaussian-mixture data set, trained with plain SGD over
 //! the same PS (dense mean vs MIPD, whose sum is divided by the worker count); test
 //! accuracy and loss are reported.
+//!
+//! Both parts also run MIPD with worker-side error feedback ([`MipdWorker::set_error_feedback`])
+//! and with `|g|` instead of the Taylor significance `|w·g|`.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
