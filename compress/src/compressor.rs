@@ -70,6 +70,7 @@ pub enum MethodId {
     Fft = 12,
     Dgc = 13,
     ScaleCom = 14,
+    Mipd = 15,
 }
 
 /// Per-call context: where this buffer sits in the training run.

@@ -18,6 +18,8 @@
 //! * One file per method: [`none`], [`fp16`], [`topk`], [`randomk`], [`dgc`],
 //!   [`scalecom`], …
 //! * [`meprop`]: top-k column selection for meProp-style sparse back-propagation.
+//! * [`mipd`]: MIPD (parameter-significance sparsification with per-layer code-books) and its
+//!   parameter-server side (smoothing of dropped coordinates, alternating-half updates).
 //! * Helpers: [`select`] (exact O(n) top-k selection), [`sparse`] (index list / bitmap
 //!   bodies), [`wire`] (bounded readers, bit packing, Elias-gamma), [`rng`] (explicit
 //!   seeded RNG).
@@ -56,6 +58,7 @@ pub mod fft;
 pub mod fp16;
 pub mod memory;
 pub mod meprop;
+pub mod mipd;
 pub mod none;
 pub mod pipeline;
 pub mod randomk;

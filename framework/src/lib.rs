@@ -14,6 +14,8 @@
 //! * [`exchange`]: one step's gradient exchange (compress → collective → decompress →
 //!   average) for every aggregation kind.
 //! * [`optim`]: SGD / momentum / Nesterov / Adam / AdamW on flat buffers (PyTorch semantics).
+//! * [`mipd`]: MIPD over the parameter server — the PS aggregator around the pure MIPD
+//!   server state, and the worker's per-shard encoder / pull decoder.
 //! * [`lr`]: learning-rate schedules (step, cosine, gradual warm-up, linear scaling rule).
 //! * [`config`]: the run configuration (TOML, two-stage validation into a [`config::Plan`]).
 //! * [`data`]: per-rank training / evaluation batches addressed by `(epoch, index)`.
@@ -31,6 +33,7 @@ pub mod data;
 pub mod exchange;
 pub mod launch;
 pub mod lr;
+pub mod mipd;
 pub mod mpi_env;
 pub mod optim;
 pub mod ps_mode;
