@@ -351,6 +351,46 @@ fn render_markdown(runs: &[Run], rows: &[RunRow], plots: &[PathBuf]) -> String {
     }
     out.push_str(&t.render());
 
+    if runs.iter().any(|r| r.steps.len() >= 20) {
+        let lossy = runs.iter().any(|r| r.mean_lossy_dropped().is_some());
+        let _ = writeln!(
+            out,
+            "\n## Step-time tail\n\nWall time per step of rank 0 (first step excluded), \
+             nearest-rank quantiles.{}\n",
+            if lossy {
+                " Dropped = mean fraction of the gradient DLCP's bounded-loss all-reduce \
+                 completed without."
+            } else {
+                ""
+            }
+        );
+        let mut head = vec!["run", "steps", "mean ms", "p50 ms", "p95 ms", "p99 ms", "max ms"];
+        if lossy {
+            head.push("dropped");
+        }
+        let mut t = Table::new(&head);
+        for (r, row) in runs.iter().zip(rows) {
+            let q = |x: f64| r.step_quantile(x).map_or_else(|| "–".into(), md::ms);
+            let mut cells = vec![
+                row.label.clone(),
+                r.steps.len().saturating_sub(1).to_string(),
+                md::ms(row.mean_step.step_s),
+                q(0.5),
+                q(0.95),
+                q(0.99),
+                q(1.0),
+            ];
+            if lossy {
+                cells.push(
+                    r.mean_lossy_dropped()
+                        .map_or_else(|| "–".into(), |d| format!("{:.3} %", 100.0 * d)),
+                );
+            }
+            t.row(&cells);
+        }
+        out.push_str(&t.render());
+    }
+
     if rows.len() > 1 {
         let _ = writeln!(
             out,

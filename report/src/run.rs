@@ -144,6 +144,9 @@ pub struct StepRecord {
     /// Per-phase times.
     #[serde(default)]
     pub time: Phases,
+    /// DLCP: fraction of the gradient the bounded-loss all-reduce completed without.
+    #[serde(default)]
+    pub lossy_dropped: Option<f64>,
 }
 
 /// One line of `eval.jsonl` (also `summary.json`'s `final_eval`).
@@ -653,6 +656,29 @@ impl Run {
             p.scale(1.0 / recs.len() as f64);
         }
         p
+    }
+
+    /// The `q`-quantile (0..=1, nearest rank) of the step wall times in seconds, first
+    /// (warm-up) step excluded; `None` without step records.
+    pub fn step_quantile(&self, q: f64) -> Option<f64> {
+        let recs = if self.steps.len() > 1 {
+            &self.steps[1..]
+        } else {
+            &self.steps[..]
+        };
+        let mut t: Vec<f64> = recs.iter().map(|r| r.time.step_s).collect();
+        if t.is_empty() {
+            return None;
+        }
+        t.sort_by(|a, b| a.total_cmp(b));
+        let i = ((q.clamp(0.0, 1.0) * t.len() as f64).ceil() as usize).clamp(1, t.len()) - 1;
+        Some(t[i])
+    }
+
+    /// Mean of the DLCP dropped fraction over the steps that report one.
+    pub fn mean_lossy_dropped(&self) -> Option<f64> {
+        let v: Vec<f64> = self.steps.iter().filter_map(|r| r.lossy_dropped).collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
     }
 
     fn mean_of(&self, f: impl Fn(&StepRecord) -> f64) -> f64 {

@@ -334,3 +334,36 @@ fn parent_dirs_take_the_newest_stamp_and_links_label_runs() {
     assert_eq!(out.runs[0].label, "mlp/none P=2 (20261121-230000)");
     assert_eq!(out.runs[1].label, "mlp/none P=2 (20261122-010000)");
 }
+
+#[test]
+fn step_time_tail_quantiles_and_dlcp_drops_are_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut spec = Spec::new("tail", "none");
+    spec.steps = 41;
+    let dir = spec.write(tmp.path(), "runs/tail/20261122-090000");
+    // Steps 1..=40 take 1..=40 ms (step 0, the warm-up, is excluded); step 7 dropped 2 %.
+    let path = dir.join("metrics.jsonl");
+    let lines: Vec<String> = fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let s = v["step"].as_u64().unwrap();
+            v["time"]["step_s"] = serde_json::json!(s as f64 * 1e-3);
+            v["lossy_dropped"] = serde_json::json!(if s == 7 { 0.02 } else { 0.0 });
+            v.to_string()
+        })
+        .collect();
+    fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let run = Run::load(&dir).unwrap();
+    assert_eq!(run.step_quantile(0.5), Some(0.020));
+    assert_eq!(run.step_quantile(0.95), Some(0.038));
+    assert_eq!(run.step_quantile(0.99), Some(0.040));
+    assert_eq!(run.step_quantile(1.0), Some(0.040));
+    let d = run.mean_lossy_dropped().unwrap();
+    assert!((d - 0.02 / 41.0).abs() < 1e-12, "{d}");
+    let out = report(std::slice::from_ref(&dir), &opts(tmp.path())).unwrap();
+    let md = &out.markdown;
+    assert!(md.contains("## Step-time tail"), "{md}");
+    assert!(md.contains("| 40 | 10.0 | 20.0 | 38.0 | 40.0 | 40.0 | 0.049 % |"), "{md}");
+}
