@@ -76,6 +76,11 @@ pub enum CompressorConfig {
     /// FFT-domain sparsification with range-float quantization.
     #[serde(rename = "fft")]
     Fft(FftConfig),
+    /// MIPD: layer-wise significance sparsification with per-layer Lloyd-Max code-books;
+    /// with `[cluster] mode = "ps"` the servers smooth dropped coordinates and update
+    /// alternating halves (ALGORITHMS.md §14).
+    #[serde(rename = "mipd")]
+    Mipd(crate::mipd::MipdConfig),
 }
 
 /// One registry entry: the `kind` name, a one-line description, and its default config.
@@ -160,6 +165,11 @@ pub const METHODS: &[MethodInfo] = &[
         about: "FFT sparsification: keep the (1-theta) highest-energy rfft bins, RF-quantized",
         default: || CompressorConfig::Fft(FftConfig::default()),
     },
+    MethodInfo {
+        name: "mipd",
+        about: "MIPD: per-layer adaptive significance sparsification + Lloyd-Max code-book (PS: smoothing, halves)",
+        default: || CompressorConfig::Mipd(crate::mipd::MipdConfig::default()),
+    },
 ];
 
 impl CompressorConfig {
@@ -188,6 +198,7 @@ impl CompressorConfig {
             CompressorConfig::ScaleCom(_) => "scalecom",
             CompressorConfig::RangeFloat(_) => "range-float",
             CompressorConfig::Fft(_) => "fft",
+            CompressorConfig::Mipd(_) => "mipd",
         }
     }
 
@@ -208,6 +219,10 @@ impl CompressorConfig {
             CompressorConfig::ScaleCom(c) => Box::new(c.init()?),
             CompressorConfig::RangeFloat(c) => Box::new(c.init()?),
             CompressorConfig::Fft(c) => Box::new(c.init()?),
+            CompressorConfig::Mipd(c) => {
+                c.server().validate()?;
+                Box::new(c.init()?)
+            }
         })
     }
 
@@ -240,6 +255,8 @@ impl CompressorConfig {
             },
             // The paper relies on a diminishing θ rather than EF (ALGORITHMS.md §1.2).
             CompressorConfig::Fft(_) => MemoryConfig::None,
+            // The template compensates on the server (smoothing); worker EF is opt-in.
+            CompressorConfig::Mipd(_) => MemoryConfig::None,
         }
     }
 }

@@ -145,6 +145,13 @@ pub struct MipdConfig {
     /// Lloyd-Max iterations per code-book fit, 0..=1000 (0: the initial grids). Default 10.
     #[serde(default = "default_lloyd_iters")]
     pub lloyd_iters: u32,
+    /// Server side (parameter-server mode): smoothing factor λ of [`MipdServerConfig`].
+    /// Default 0.5.
+    #[serde(default = "default_lambda")]
+    pub lambda: f64,
+    /// Server side (parameter-server mode): the alternating-half rule. Default `blocked`.
+    #[serde(default)]
+    pub halves: Halves,
 }
 
 fn default_mass() -> f64 {
@@ -172,6 +179,8 @@ impl Default for MipdConfig {
             max_ratio: default_max_ratio(),
             bits: default_bits(),
             lloyd_iters: default_lloyd_iters(),
+            lambda: default_lambda(),
+            halves: Halves::default(),
         }
     }
 }
@@ -187,6 +196,14 @@ fn check_unit(field: &'static str, v: f64) -> Result<(), ConfigError> {
 }
 
 impl MipdConfig {
+    /// The servers' configuration (λ and the half rule) carried by this method config.
+    pub fn server(&self) -> MipdServerConfig {
+        MipdServerConfig {
+            lambda: self.lambda,
+            halves: self.halves,
+        }
+    }
+
     /// Checks the parameters and builds the worker-side encoder.
     pub fn init(&self) -> Result<Mipd, ConfigError> {
         check_unit("mass", self.mass)?;

@@ -1159,15 +1159,21 @@ impl RunConfig {
                 .map_err(|(field, m)| err(&field, m))?;
         }
         if c.mode == ClusterMode::Ps {
-            if !matches!(method, CompressorConfig::None(_)) {
+            if !matches!(method, CompressorConfig::None(_) | CompressorConfig::Mipd(_)) {
                 return Err(err(
                     "compress.kind",
                     format!(
-                        "mode = \"ps\" pushes dense f32 gradients (kind = \"none\"); {:?} \
-                         payloads would need a server that decodes them, which the parameter \
-                         server does not have yet",
+                        "mode = \"ps\" pushes dense f32 gradients (kind = \"none\") or MIPD \
+                         payloads (kind = \"mipd\"); {:?} payloads would need a server that \
+                         decodes them, which the parameter server does not have yet",
                         method.name()
                     ),
+                ));
+            }
+            if !matches!(memory, MemoryConfig::None | MemoryConfig::Residual { .. }) {
+                return Err(err(
+                    "compress.memory",
+                    "mode = \"ps\" supports error_feedback = true (MIPD's residual) only".into(),
                 ));
             }
             if f.non_finite == NonFinitePolicy::Recover {

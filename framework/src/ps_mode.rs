@@ -19,34 +19,68 @@
 //!   3 and more. Measured on the MNIST MLP (2 workers, lr 0.05, 50 steps): with momentum 0.9,
 //!   s = 0 reaches 90.8 % and s = 1 diverges (35 %); without momentum s = 0 / 1 / 3 reach
 //!   81.8 / 82.4 / 68.1 %. Lower the momentum (or the learning rate) as `s` grows.
+//! * `[compress] kind = "mipd"` (ALGORITHMS.md §14) pushes MIPD payloads instead: per layer
+//!   the most significant coordinates (`|w·g|` by default, so the push carries the
+//!   parameters' view too) quantized with a Lloyd-Max code-book; each server smooths the
+//!   coordinates nobody sent (`λ`) and returns only the step's alternating half of every
+//!   layer. Coordinates outside the half get a zero gradient that step (with momentum they
+//!   still move by their velocity). `error_feedback = true` adds MIPD's worker-side
+//!   residual.
+//! * Each step record carries the seconds this rank's server spent aggregating.
 //! * The parameter-server messages share the connections of the collectives
 //!   ([`dtrain_comms::split_ps`]). Before an evaluation, a checkpoint and at the end of the run
 //!   every worker [drains](PsState::drain) the server — waits for and applies the aggregates
 //!   of every step it pushed — so that the collectives there see identical replicas and no
 //!   parameter-server traffic is in flight.
 
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dtrain_comms::ps::{
-    AggregateError, Aggregation, Aggregator, DenseF32, PsConfig, PsLayout, PsNode, ShardPushes,
+    Aggregate, AggregateError, Aggregation, Aggregator, DenseF32, PsConfig, PsLayout, PsNode,
+    ShardPushes,
 };
 use dtrain_comms::{CommError, Transport};
+use dtrain_compress::CompressorConfig;
 
 use crate::config::ClusterConfig;
+use crate::mipd::{MipdAggregator, MipdWorker, MIPD_AGGREGATION};
 
-/// The servers' aggregator.
-#[derive(Debug)]
-pub(crate) enum ServerAggregator {
+/// The servers' aggregator, timing itself (nanoseconds spent aggregating, for the metrics).
+pub(crate) struct ServerAggregator {
+    kind: ServerKind,
+    spent_ns: Arc<AtomicU64>,
+}
+
+enum ServerKind {
     /// Mean of dense f32 shards.
     Dense(DenseF32),
+    /// MIPD: decode, sum, smooth the dropped coordinates, send the step's half.
+    Mipd(Box<MipdAggregator>),
 }
 
 impl Aggregator for ServerAggregator {
     fn aggregate(&mut self, input: &ShardPushes<'_>) -> Result<Vec<u8>, AggregateError> {
-        match self {
-            ServerAggregator::Dense(a) => a.aggregate(input),
-        }
+        let t = Instant::now();
+        let r = match &mut self.kind {
+            ServerKind::Dense(a) => a.aggregate(input),
+            ServerKind::Mipd(a) => a.aggregate(input),
+        };
+        self.spent_ns
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r
     }
+}
+
+/// How a worker encodes its pushes and decodes its pulls.
+enum Codec {
+    /// f32 shards, mean on the server.
+    Dense,
+    /// MIPD payloads (they need the parameters: significance `|w·g|`); the pull is the
+    /// sum over workers on the step's half.
+    Mipd(Box<MipdWorker>),
 }
 
 /// One applied-or-to-apply aggregate: the mean gradient of a step.
@@ -61,23 +95,28 @@ pub(crate) struct Ready {
 /// Time and bytes of one push + pull.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct PsStats {
-    /// Seconds slicing the gradient into shard payloads.
+    /// Seconds encoding the gradient into shard payloads.
     pub encode_s: f64,
     /// Seconds inside the parameter server (push, serving, waiting for aggregates).
     pub communicate_s: f64,
     /// Seconds decoding the aggregates.
     pub decode_s: f64,
-    /// Bytes sent and received meanwhile.
+    /// Bytes sent meanwhile.
     pub bytes_sent: u64,
     /// Bytes received meanwhile.
     pub bytes_received: u64,
     /// Payload bytes this worker pushed.
     pub payload_bytes: u64,
+    /// Seconds this rank's server spent aggregating since the previous step.
+    pub server_s: f64,
 }
 
 /// A worker's parameter-server state (see the [module docs](self)).
 pub(crate) struct PsState<T: Transport> {
     node: PsNode<T, ServerAggregator>,
+    codec: Codec,
+    workers: usize,
+    server_ns: Arc<AtomicU64>,
     staleness: u64,
     /// The trainer step of the server's step 0 (set at the first push: a resumed run starts
     /// a fresh server clock).
@@ -85,10 +124,19 @@ pub(crate) struct PsState<T: Transport> {
 }
 
 impl<T: Transport> PsState<T> {
-    /// Joins the parameter server of a run of `world` workers over `transport` (the
-    /// parameter-server lane of the rank's connections) for a model of `len` parameters.
-    pub fn new(transport: T, cluster: &ClusterConfig, len: usize) -> Result<Self, CommError> {
+    /// Joins the parameter server of a run over `transport` (the parameter-server lane of
+    /// the rank's connections) for a model whose parameter tensors lie at `layers` of the
+    /// flat buffer, pushing with `method` (`none`: dense f32; `mipd`; with `error_feedback`,
+    /// MIPD's worker-side residual).
+    pub fn new(
+        transport: T,
+        cluster: &ClusterConfig,
+        method: &CompressorConfig,
+        error_feedback: bool,
+        layers: Vec<Range<usize>>,
+    ) -> Result<Self, CommError> {
         let world = transport.world_size();
+        let len = layers.last().map_or(0, |l| l.end);
         let servers = cluster.servers.unwrap_or(world).clamp(1, world);
         let layout = PsLayout::new(world, (0..world).collect(), (0..servers).collect(), len)?;
         let cfg = PsConfig {
@@ -96,12 +144,37 @@ impl<T: Transport> PsState<T> {
             staleness: cluster.staleness,
             ..PsConfig::default()
         };
-        let node = PsNode::new(transport, layout, cfg, ServerAggregator::Dense(DenseF32))?;
+        let bad = |e: dtrain_compress::ConfigError| {
+            CommError::InvalidArgument(format!("compress.{}: {}", e.field, e.reason))
+        };
+        let (kind, codec) = match method {
+            CompressorConfig::Mipd(m) => {
+                let mut w = MipdWorker::new(&layout, &layers, m, &m.server()).map_err(bad)?;
+                w.set_error_feedback(error_feedback);
+                let a = MipdAggregator::new(&layout, layers.clone(), m.server()).map_err(bad)?;
+                (ServerKind::Mipd(Box::new(a)), Codec::Mipd(Box::new(w)))
+            }
+            _ => (ServerKind::Dense(DenseF32), Codec::Dense),
+        };
+        let server_ns = Arc::new(AtomicU64::new(0));
+        let agg = ServerAggregator {
+            kind,
+            spent_ns: server_ns.clone(),
+        };
+        let node = PsNode::new(transport, layout, cfg, agg)?;
         Ok(PsState {
             node,
+            codec,
+            workers: world,
+            server_ns,
             staleness: cluster.staleness,
             base: None,
         })
+    }
+
+    /// Whether pushes need the parameters (MIPD's significance).
+    pub fn needs_params(&self) -> bool {
+        matches!(self.codec, Codec::Mipd(_))
     }
 
     /// The staleness bound.
@@ -109,19 +182,43 @@ impl<T: Transport> PsState<T> {
         self.staleness
     }
 
-    fn ready(&self, aggs: Vec<dtrain_comms::ps::Aggregate>) -> Vec<Ready> {
+    fn ready(&self, aggs: Vec<Aggregate>) -> Result<Vec<Ready>, CommError> {
         let base = self.base.unwrap_or(0);
         aggs.into_iter()
-            .map(|a| Ready {
-                step: base + a.step,
-                grad: a.dense(),
+            .map(|a| {
+                let grad = match &self.codec {
+                    Codec::Dense => a.dense(),
+                    Codec::Mipd(w) => {
+                        let mut g = vec![0.0; self.node.layout().len()];
+                        w.apply(&a, &mut g).map_err(|e| {
+                            CommError::InvalidArgument(format!(
+                                "MIPD aggregate of step {}: {e}",
+                                a.step
+                            ))
+                        })?;
+                        // The pull is the sum over workers; the trainer applies means.
+                        let inv = 1.0 / self.workers as f32;
+                        g.iter_mut().for_each(|v| *v *= inv);
+                        g
+                    }
+                };
+                Ok(Ready {
+                    step: base + a.step,
+                    grad,
+                })
             })
             .collect()
     }
 
-    /// Pushes the gradient of trainer step `step` and returns the aggregates that are ready
-    /// (exactly this step's when the bound is 0), in step order.
-    pub fn step(&mut self, step: u64, grad: &[f32]) -> Result<(Vec<Ready>, PsStats), CommError> {
+    /// Pushes the gradient of trainer step `step` (with the parameters it was computed at,
+    /// which MIPD needs) and returns the aggregates that are ready (exactly this step's
+    /// when the bound is 0), in step order.
+    pub fn step(
+        &mut self,
+        step: u64,
+        params: Option<&[f32]>,
+        grad: &[f32],
+    ) -> Result<(Vec<Ready>, PsStats), CommError> {
         let pushed = self.node.pushed();
         let base = *self.base.get_or_insert(step.saturating_sub(pushed));
         if base + pushed != step {
@@ -133,14 +230,28 @@ impl<T: Transport> PsState<T> {
         let before = self.node.transport().bytes();
         let t0 = Instant::now();
         let layout = self.node.layout().clone();
-        let payloads: Vec<Vec<u8>> = (0..layout.num_shards())
-            .map(|j| dtrain_comms::ps::f32_payload(&grad[layout.shard_range(j)]))
-            .collect();
+        let (payloads, aggregation): (Vec<Vec<u8>>, Aggregation) = match &mut self.codec {
+            Codec::Dense => (
+                (0..layout.num_shards())
+                    .map(|j| dtrain_comms::ps::f32_payload(&grad[layout.shard_range(j)]))
+                    .collect(),
+                Aggregation::MEAN,
+            ),
+            Codec::Mipd(w) => {
+                let params = params.ok_or_else(|| {
+                    CommError::InvalidArgument("MIPD pushes need the parameters".into())
+                })?;
+                let p = w
+                    .payloads(params, grad)
+                    .map_err(|e| CommError::InvalidArgument(format!("MIPD encode: {e}")))?;
+                (p, MIPD_AGGREGATION)
+            }
+        };
         let payload_bytes = payloads.iter().map(|p| p.len() as u64).sum();
         let t1 = Instant::now();
-        let aggs = self.node.step(payloads, Aggregation::MEAN)?;
+        let aggs = self.node.step(payloads, aggregation)?;
         let t2 = Instant::now();
-        let ready = self.ready(aggs);
+        let ready = self.ready(aggs)?;
         let after = self.node.transport().bytes();
         Ok((
             ready,
@@ -151,6 +262,7 @@ impl<T: Transport> PsState<T> {
                 bytes_sent: after.sent - before.sent,
                 bytes_received: after.received - before.received,
                 payload_bytes,
+                server_s: self.server_ns.swap(0, Ordering::Relaxed) as f64 * 1e-9,
             },
         ))
     }
@@ -163,13 +275,13 @@ impl<T: Transport> PsState<T> {
             return Ok(Vec::new());
         }
         let aggs = self.node.pull(pushed - 1)?;
-        Ok(self.ready(aggs))
+        self.ready(aggs)
     }
 
     /// Leaves the parameter server: returns the last aggregates and serves until every
     /// worker has left.
     pub fn finish(&mut self) -> Result<Vec<Ready>, CommError> {
         let aggs = self.node.finish()?;
-        Ok(self.ready(aggs))
+        self.ready(aggs)
     }
 }

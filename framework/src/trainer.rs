@@ -193,6 +193,9 @@ pub struct StepRecord {
     /// DLCP: packets this rank retransmitted this step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retransmitted: Option<u64>,
+    /// Parameter-server mode: seconds this rank's server spent aggregating this step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_s: Option<f64>,
 }
 
 /// One line of `eval.jsonl`.
@@ -482,7 +485,14 @@ impl<T: Transport> Trainer<T> {
             ));
         }
         let step = self.step;
-        let ps = PsState::new(transport, c, self.num_params())
+        let layers: Vec<std::ops::Range<usize>> = self
+            .model
+            .table()
+            .params()
+            .map(|p| p.offset..p.offset + p.numel)
+            .collect();
+        let ef = !matches!(self.plan.memory, dtrain_compress::MemoryConfig::None);
+        let ps = PsState::new(transport, c, &self.plan.method, ef, layers)
             .map_err(|source| TrainError::Comm { step, source })?;
         self.ps = Some(ps);
         Ok(())
@@ -1072,6 +1082,7 @@ impl<T: Transport> Trainer<T> {
             time,
             lossy_dropped: None,
             retransmitted: None,
+            server_s: None,
         };
         if async_ps && (ctl[3] > 0.0 || ctl[4] > 0.0) {
             // The servers' step clock needs this step's push from every worker: push zeros.
@@ -1091,9 +1102,15 @@ impl<T: Transport> Trainer<T> {
             self.best_loss = Some(self.best_loss.map_or(loss, |b| b.min(loss)));
         }
         if let Some(ps) = self.ps.as_mut() {
+            let params = ps.needs_params().then(|| {
+                let mut p = vec![0.0; self.grads.len()];
+                self.model.read_params(&mut p);
+                p
+            });
             let (ready, pst) = ps
-                .step(step, &self.grads)
+                .step(step, params.as_deref(), &self.grads)
                 .map_err(|source| TrainError::Comm { step, source })?;
+            record.server_s = Some(pst.server_s);
             time.compress_s = pst.encode_s;
             time.communicate_s += pst.communicate_s;
             time.wait_s = pst.communicate_s;

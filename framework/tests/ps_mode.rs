@@ -164,3 +164,35 @@ fn ps_configuration_is_checked() {
         "failure.non_finite",
     );
 }
+
+#[test]
+fn mipd_over_the_parameter_server_keeps_replicas_identical_and_trains() {
+    for sets in [
+        vec!["compress.kind=\"mipd\"", "compress.significance=\"gradient\""],
+        vec![
+            "compress.kind=\"mipd\"",
+            "compress.significance=\"gradient\"",
+            "compress.error_feedback=true",
+            "cluster.staleness=1",
+        ],
+        vec!["compress.kind=\"mipd\"", "compress.lambda=0.0", "compress.halves=\"off\""],
+    ] {
+        let mut all = vec!["cluster.mode=\"ps\"", "train.momentum=0.0", "train.lr=0.2"];
+        all.extend(sets.iter().copied());
+        let runs = run(3, &all);
+        assert_replicas_identical(&runs, &format!("{sets:?}"));
+        let r = &runs[0];
+        let n = r.losses.len();
+        let first: f64 = r.losses[..8].iter().sum::<f64>() / 8.0;
+        let last: f64 = r.losses[n - 8..].iter().sum::<f64>() / 8.0;
+        assert!(last < first, "{sets:?}: loss {first} → {last}");
+        // Fewer bytes than dense PS: a worker pushes two thirds of a 4-byte-per-parameter
+        // gradient and serves a third to two peers.
+        let dense_bytes = 4.0 * r.summary.params as f64 * (2.0 / 3.0) * 2.0;
+        assert!(
+            r.summary.bytes_sent_per_step < 0.5 * dense_bytes,
+            "{sets:?}: {} bytes/step vs dense ≈ {dense_bytes}",
+            r.summary.bytes_sent_per_step
+        );
+    }
+}
