@@ -531,15 +531,23 @@ impl DlcpSettings {
             ));
         }
         cfg.validate().map_err(|e| {
-            let field = ["p_max", "mtu", "retransmit", "loss", "tail", "drop_prob", "delay_prob"]
-                .into_iter()
-                .find(|f| e.contains(f))
-                .map(|f| match f {
-                    "drop_prob" => "loss",
-                    "delay_prob" => "tail",
-                    f => f,
-                })
-                .unwrap_or("p_max");
+            let field = [
+                "p_max",
+                "mtu",
+                "retransmit",
+                "loss",
+                "tail",
+                "drop_prob",
+                "delay_prob",
+            ]
+            .into_iter()
+            .find(|f| e.contains(f))
+            .map(|f| match f {
+                "drop_prob" => "loss",
+                "delay_prob" => "tail",
+                f => f,
+            })
+            .unwrap_or("p_max");
             (format!("compress.dlcp.{field}"), e)
         })?;
         Ok(cfg)
@@ -1159,7 +1167,10 @@ impl RunConfig {
                 .map_err(|(field, m)| err(&field, m))?;
         }
         if c.mode == ClusterMode::Ps {
-            if !matches!(method, CompressorConfig::None(_) | CompressorConfig::Mipd(_)) {
+            if !matches!(
+                method,
+                CompressorConfig::None(_) | CompressorConfig::Mipd(_)
+            ) {
                 return Err(err(
                     "compress.kind",
                     format!(

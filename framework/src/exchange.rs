@@ -799,7 +799,11 @@ impl Exchanger {
             }
         }
         for (&id, r) in &state.lossy_residual {
-            match self.slots.iter().find(|s| s.bucket.id == id && s.pipe.is_none()) {
+            match self
+                .slots
+                .iter()
+                .find(|s| s.bucket.id == id && s.pipe.is_none())
+            {
                 Some(s) if s.bucket.len() == r.len() => {}
                 Some(s) => {
                     return Err(format!(
@@ -808,7 +812,11 @@ impl Exchanger {
                         s.bucket.len()
                     ))
                 }
-                None => return Err(format!("DLCP residual for bucket {id}, which is compressed")),
+                None => {
+                    return Err(format!(
+                        "DLCP residual for bucket {id}, which is compressed"
+                    ))
+                }
             }
         }
         if let Some(id) = state.compressors.keys().find(|&&id| len_of(id).is_none()) {
@@ -939,8 +947,10 @@ impl Job<'_> {
                 }
                 st.payload_bytes += 4 * f.buf.len() as u64;
                 let first = bucket.params.first().copied().unwrap_or(0);
-                let tensors =
-                    DlcpTensor::from_segments(&bucket.segments, first.min(u32::MAX as usize) as u32);
+                let tensors = DlcpTensor::from_segments(
+                    &bucket.segments,
+                    first.min(u32::MAX as usize) as u32,
+                );
                 comms.submit(Op::Lossy(
                     std::mem::take(&mut f.buf),
                     tensors,

@@ -168,14 +168,21 @@ fn ps_configuration_is_checked() {
 #[test]
 fn mipd_over_the_parameter_server_keeps_replicas_identical_and_trains() {
     for sets in [
-        vec!["compress.kind=\"mipd\"", "compress.significance=\"gradient\""],
+        vec![
+            "compress.kind=\"mipd\"",
+            "compress.significance=\"gradient\"",
+        ],
         vec![
             "compress.kind=\"mipd\"",
             "compress.significance=\"gradient\"",
             "compress.error_feedback=true",
             "cluster.staleness=1",
         ],
-        vec!["compress.kind=\"mipd\"", "compress.lambda=0.0", "compress.halves=\"off\""],
+        vec![
+            "compress.kind=\"mipd\"",
+            "compress.lambda=0.0",
+            "compress.halves=\"off\"",
+        ],
     ] {
         let mut all = vec!["cluster.mode=\"ps\"", "train.momentum=0.0", "train.lr=0.2"];
         all.extend(sets.iter().copied());

@@ -438,7 +438,12 @@ fn resuming_on_another_worker_count_is_allowed_only_where_well_defined() {
 fn dlcp_without_loss_is_the_ring_sum_and_with_loss_keeps_replicas_identical() {
     // No loss, two workers: DLCP's rank-order sum a + b is the ring's, bit for bit.
     let ring = run(2, &[], None, false);
-    let dlcp = run(2, &["compress.kind=\"none\"", "compress.collective=\"dlcp\""], None, false);
+    let dlcp = run(
+        2,
+        &["compress.kind=\"none\"", "compress.collective=\"dlcp\""],
+        None,
+        false,
+    );
     same(&dlcp.params, &ring.params, "dlcp vs ring");
     assert_eq!(dlcp.summary.lossy_dropped, Some(0.0));
     assert_eq!(ring.summary.lossy_dropped, None);
@@ -449,7 +454,8 @@ fn dlcp_without_loss_is_the_ring_sum_and_with_loss_keeps_replicas_identical() {
         let lossy = run(
             3,
             &[
-                "compress.kind=\"none\"", "compress.collective=\"dlcp\"",
+                "compress.kind=\"none\"",
+                "compress.collective=\"dlcp\"",
                 "compress.dlcp.loss=0.02",
                 "compress.dlcp.p_max=0.05",
                 "compress.dlcp.mtu=64",
@@ -475,17 +481,32 @@ fn dlcp_configuration_is_checked() {
         let e = cfg.validate("base.toml", None).unwrap_err();
         assert_eq!(e.field, field, "{sets:?}: {e}");
     };
-    check(&["compress.kind=\"none\"", "compress.dlcp.p_max=0.1"], "compress.dlcp");
     check(
-        &["compress.kind=\"none\"", "compress.collective=\"dlcp\"", "compress.dlcp.p_max=1.5"],
+        &["compress.kind=\"none\"", "compress.dlcp.p_max=0.1"],
+        "compress.dlcp",
+    );
+    check(
+        &[
+            "compress.kind=\"none\"",
+            "compress.collective=\"dlcp\"",
+            "compress.dlcp.p_max=1.5",
+        ],
         "compress.dlcp.p_max",
     );
     check(
-        &["compress.kind=\"none\"", "compress.collective=\"dlcp\"", "compress.dlcp.deadline=\"soon\""],
+        &[
+            "compress.kind=\"none\"",
+            "compress.collective=\"dlcp\"",
+            "compress.dlcp.deadline=\"soon\"",
+        ],
         "compress.dlcp.deadline",
     );
     check(
-        &["compress.kind=\"none\"", "compress.collective=\"dlcp\"", "compress.dlcp.nope=1"],
+        &[
+            "compress.kind=\"none\"",
+            "compress.collective=\"dlcp\"",
+            "compress.dlcp.nope=1",
+        ],
         "compress.dlcp",
     );
     check(

@@ -351,6 +351,29 @@ fn render_markdown(runs: &[Run], rows: &[RunRow], plots: &[PathBuf]) -> String {
     }
     out.push_str(&t.render());
 
+    if runs.iter().any(|r| r.mean_server_s().is_some()) {
+        let _ = writeln!(
+            out,
+            "\n## Parameter server\n\nPer step: time rank 0's co-located server spent \
+             aggregating its shard, bytes rank 0 sent and received.\n"
+        );
+        let mut t = Table::new(&["run", "server aggregate ms", "sent/step", "received/step"]);
+        for (r, row) in runs.iter().zip(rows) {
+            let recv = if r.steps.is_empty() {
+                0.0
+            } else {
+                r.steps.iter().map(|s| s.bytes_received as f64).sum::<f64>() / r.steps.len() as f64
+            };
+            t.row(&[
+                row.label.clone(),
+                r.mean_server_s().map_or_else(|| "–".into(), md::ms),
+                md::bytes(row.bytes_sent_per_step),
+                md::bytes(recv),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
+
     if runs.iter().any(|r| r.steps.len() >= 20) {
         let lossy = runs.iter().any(|r| r.mean_lossy_dropped().is_some());
         let _ = writeln!(
@@ -364,7 +387,9 @@ fn render_markdown(runs: &[Run], rows: &[RunRow], plots: &[PathBuf]) -> String {
                 ""
             }
         );
-        let mut head = vec!["run", "steps", "mean ms", "p50 ms", "p95 ms", "p99 ms", "max ms"];
+        let mut head = vec![
+            "run", "steps", "mean ms", "p50 ms", "p95 ms", "p99 ms", "max ms",
+        ];
         if lossy {
             head.push("dropped");
         }

@@ -147,6 +147,9 @@ pub struct StepRecord {
     /// DLCP: fraction of the gradient the bounded-loss all-reduce completed without.
     #[serde(default)]
     pub lossy_dropped: Option<f64>,
+    /// Parameter-server mode: seconds rank 0's server spent aggregating.
+    #[serde(default)]
+    pub server_s: Option<f64>,
 }
 
 /// One line of `eval.jsonl` (also `summary.json`'s `final_eval`).
@@ -673,6 +676,18 @@ impl Run {
         t.sort_by(|a, b| a.total_cmp(b));
         let i = ((q.clamp(0.0, 1.0) * t.len() as f64).ceil() as usize).clamp(1, t.len()) - 1;
         Some(t[i])
+    }
+
+    /// Mean seconds per step rank 0's parameter server spent aggregating (steps that report
+    /// it, the first excluded).
+    pub fn mean_server_s(&self) -> Option<f64> {
+        let v: Vec<f64> = self
+            .steps
+            .iter()
+            .skip(1)
+            .filter_map(|r| r.server_s)
+            .collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
     }
 
     /// Mean of the DLCP dropped fraction over the steps that report one.

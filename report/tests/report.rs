@@ -351,6 +351,7 @@ fn step_time_tail_quantiles_and_dlcp_drops_are_reported() {
             let s = v["step"].as_u64().unwrap();
             v["time"]["step_s"] = serde_json::json!(s as f64 * 1e-3);
             v["lossy_dropped"] = serde_json::json!(if s == 7 { 0.02 } else { 0.0 });
+            v["server_s"] = serde_json::json!(if s == 0 { 1.0 } else { 0.002 });
             v.to_string()
         })
         .collect();
@@ -365,5 +366,12 @@ fn step_time_tail_quantiles_and_dlcp_drops_are_reported() {
     let out = report(std::slice::from_ref(&dir), &opts(tmp.path())).unwrap();
     let md = &out.markdown;
     assert!(md.contains("## Step-time tail"), "{md}");
-    assert!(md.contains("| 40 | 10.0 | 20.0 | 38.0 | 40.0 | 40.0 | 0.049 % |"), "{md}");
+    assert!(
+        md.contains("| 40 | 10.0 | 20.0 | 38.0 | 40.0 | 40.0 | 0.049 % |"),
+        "{md}"
+    );
+    // The parameter server's aggregate time, warm-up step excluded.
+    assert!((run.mean_server_s().unwrap() - 0.002).abs() < 1e-12);
+    assert!(md.contains("## Parameter server"), "{md}");
+    assert!(md.contains("| 2.00 |"), "{md}");
 }
