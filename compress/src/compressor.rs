@@ -71,6 +71,7 @@ pub enum MethodId {
     Dgc = 13,
     ScaleCom = 14,
     Mipd = 15,
+    Columns = 16,
 }
 
 /// Per-call context: where this buffer sits in the training run.
@@ -205,6 +206,12 @@ pub trait Compressor: Send {
     fn max_segment_len(&self) -> usize {
         MAX_ELEMS
     }
+
+    /// Called once when the compressor is set up for a bucket, with the shapes of the
+    /// bucket's segments in order (the parameter tensors, burn layout: a `Linear` weight is
+    /// `[d_in, d_out]`). Methods that exploit a tensor's structure keep them; the default
+    /// ignores them.
+    fn set_segment_shapes(&mut self, _shapes: &[Vec<usize>]) {}
 
     /// Called once per buffer before its segments are encoded; lets a method compute a
     /// statistic over the whole buffer (e.g. a global threshold). Default: nothing.

@@ -81,6 +81,9 @@ pub enum CompressorConfig {
     /// alternating halves (ALGORITHMS.md §14).
     #[serde(rename = "mipd")]
     Mipd(crate::mipd::MipdConfig),
+    /// Lossless column-sparse encoding of 2-D gradients (meProp's `dW`), dense otherwise.
+    #[serde(rename = "columns")]
+    Columns(crate::columns::ColumnsConfig),
 }
 
 /// One registry entry: the `kind` name, a one-line description, and its default config.
@@ -170,6 +173,11 @@ pub const METHODS: &[MethodInfo] = &[
         about: "MIPD: per-layer adaptive significance sparsification + Lloyd-Max code-book (PS: smoothing, halves)",
         default: || CompressorConfig::Mipd(crate::mipd::MipdConfig::default()),
     },
+    MethodInfo {
+        name: "columns",
+        about: "lossless column-sparse encoding of 2-D gradients (meProp's dW: k columns + in×k values)",
+        default: || CompressorConfig::Columns(crate::columns::ColumnsConfig::default()),
+    },
 ];
 
 impl CompressorConfig {
@@ -199,6 +207,7 @@ impl CompressorConfig {
             CompressorConfig::RangeFloat(_) => "range-float",
             CompressorConfig::Fft(_) => "fft",
             CompressorConfig::Mipd(_) => "mipd",
+            CompressorConfig::Columns(_) => "columns",
         }
     }
 
@@ -223,6 +232,7 @@ impl CompressorConfig {
                 c.server().validate()?;
                 Box::new(c.init()?)
             }
+            CompressorConfig::Columns(c) => Box::new(c.init()),
         })
     }
 
@@ -257,6 +267,8 @@ impl CompressorConfig {
             CompressorConfig::Fft(_) => MemoryConfig::None,
             // The template compensates on the server (smoothing); worker EF is opt-in.
             CompressorConfig::Mipd(_) => MemoryConfig::None,
+            // Lossless.
+            CompressorConfig::Columns(_) => MemoryConfig::None,
         }
     }
 }

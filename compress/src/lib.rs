@@ -50,6 +50,7 @@
 //!    automatically; `dtrain bench compress` lists it too.
 //! 3. Put the method's own tests from ALGORITHMS.md at the bottom of its file.
 
+pub mod columns;
 pub mod compressor;
 pub mod config;
 pub mod dgc;

@@ -677,6 +677,16 @@ impl Default for OutputConfig {
     }
 }
 
+/// `[compress]` split into its parts ([`RunConfig::validate`]'s input).
+struct CompressSection {
+    method: CompressorConfig,
+    /// An explicit memory, if any.
+    memory: Option<MemoryConfig>,
+    policy: BucketPolicy,
+    collective: GatherCollective,
+    dlcp: Option<DlcpSettings>,
+}
+
 /// The trainer's keys inside `[compress]`.
 const TRAINER_KEYS: [&str; 7] = [
     "error_feedback",
@@ -1072,7 +1082,13 @@ impl RunConfig {
             }
         }
         // Compression.
-        let (mut method, memory, buckets, collective, dlcp) = self.compress_section(file)?;
+        let CompressSection {
+            mut method,
+            memory,
+            policy: buckets,
+            collective,
+            dlcp,
+        } = self.compress_section(file)?;
         let memory = match memory {
             Some(m) => m,
             None => method.default_memory(),
@@ -1213,19 +1229,7 @@ impl RunConfig {
 
     /// Splits `[compress]` into the method, an explicit memory (if any) and the bucket
     /// policy.
-    fn compress_section(
-        &self,
-        file: &str,
-    ) -> Result<
-        (
-            CompressorConfig,
-            Option<MemoryConfig>,
-            BucketPolicy,
-            GatherCollective,
-            Option<DlcpSettings>,
-        ),
-        ConfigError,
-    > {
+    fn compress_section(&self, file: &str) -> Result<CompressSection, ConfigError> {
         let err = |field: &str, message: String| ConfigError {
             file: file.to_string(),
             field: field.to_string(),
@@ -1337,7 +1341,13 @@ impl RunConfig {
                     .map_err(|e| err("compress.dlcp", one_line(&e.to_string())))?,
             ),
         };
-        Ok((method, memory, policy, collective, dlcp))
+        Ok(CompressSection {
+            method,
+            memory,
+            policy,
+            collective,
+            dlcp,
+        })
     }
 
     /// The model's input must match the data: image shape / classes, or a text kind.

@@ -503,7 +503,11 @@ impl Exchanger {
         let mut slots = Vec::new();
         for b in bucket::plan(params, policy) {
             let pipe = if b.compressed && !uncompressed {
-                Some(Pipeline::new(method.build()?, memory.build()?))
+                let mut c = method.build()?;
+                let shapes: Vec<Vec<usize>> =
+                    b.params.iter().map(|&i| params[i].shape.clone()).collect();
+                c.set_segment_shapes(&shapes);
+                Some(Pipeline::new(c, memory.build()?))
             } else {
                 None
             };

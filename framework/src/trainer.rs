@@ -1125,7 +1125,7 @@ impl<T: Transport> Trainer<T> {
             record.bytes_received = pst.bytes_received;
             record.payload_bytes = pst.payload_bytes;
             record.time = time;
-            return Ok(StepOutcome::Done(record));
+            return Ok(StepOutcome::Done(Box::new(record)));
         }
         let st = self
             .exchanger
@@ -1166,7 +1166,7 @@ impl<T: Transport> Trainer<T> {
             record.retransmitted = Some(st.retransmitted);
         }
         record.time = time;
-        Ok(StepOutcome::Done(record))
+        Ok(StepOutcome::Done(Box::new(record)))
     }
 
     fn bad_step(
@@ -1205,7 +1205,7 @@ impl<T: Transport> Trainer<T> {
                 self.skipped += 1;
                 record.skipped = true;
                 record.time.step_s = t0.elapsed().as_secs_f64();
-                Ok(StepOutcome::Done(record))
+                Ok(StepOutcome::Done(Box::new(record)))
             }
             NonFinitePolicy::Recover => {
                 if self.recoveries >= f.max_recoveries {
@@ -1309,6 +1309,6 @@ fn broadcast_f32<T: Transport>(comm: &mut Communicator<T>, v: &mut [f32]) -> Res
 }
 
 enum StepOutcome {
-    Done(StepRecord),
+    Done(Box<StepRecord>),
     RolledBack,
 }

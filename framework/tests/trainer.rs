@@ -514,3 +514,23 @@ fn dlcp_configuration_is_checked() {
         "compress.collective",
     );
 }
+
+#[test]
+fn meprop_gradients_sent_as_columns_train_exactly_like_dense_with_fewer_bytes() {
+    // meProp (k = 4 of 32 and 16 hidden columns, all 10 outputs) makes dW column-sparse;
+    // `columns` sends it losslessly as k indices + in × k values.
+    let sets = ["model.meprop_k=4"];
+    let dense = run(2, &sets, None, false);
+    let cols = run(
+        2,
+        &["model.meprop_k=4", "compress.kind=\"columns\""],
+        None,
+        false,
+    );
+    same(&cols.params, &dense.params, "columns vs dense");
+    let (d, c) = (
+        dense.summary.payload_bytes_per_step,
+        cols.summary.payload_bytes_per_step,
+    );
+    assert!(c < 0.4 * d, "payload {c} vs dense {d}");
+}
