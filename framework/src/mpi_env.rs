@@ -1,7 +1,7 @@
 //! Ranks started by `mpirun`: `cluster.transport = "mpi"` and `bench allreduce --transport mpi`.
 //!
 //! With the `mpi` feature, [`MpiEnv::init`] initialises MPI (threading level `Serialized`,
-//! which [`dtrain_comms::MpiTransport`] needs) and hands out this process's rank, the world
+//! which `dtrain_comms::MpiTransport` needs) and hands out this process's rank, the world
 //! size and the transport. The environment must outlive every transport made from it: MPI is
 //! finalised when it is dropped. Without the feature every entry point fails with a message
 //! that says how to build a `dtrain` that has it.

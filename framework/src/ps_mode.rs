@@ -29,7 +29,7 @@
 //! * Each step record carries the seconds this rank's server spent aggregating.
 //! * The parameter-server messages share the connections of the collectives
 //!   ([`dtrain_comms::split_ps`]). Before an evaluation, a checkpoint and at the end of the run
-//!   every worker [drains](PsState::drain) the server — waits for and applies the aggregates
+//!   every worker drains the server — waits for and applies the aggregates
 //!   of every step it pushed — so that the collectives there see identical replicas and no
 //!   parameter-server traffic is in flight.
 
