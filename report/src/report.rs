@@ -9,7 +9,8 @@
 //!   bytes per worker vs P;
 //! * plots, each as `.svg` and `.png`: `loss_vs_time`, `loss_vs_step`,
 //!   `accuracy_vs_epoch` (and `perplexity_vs_epoch` for language models), `step_breakdown`,
-//!   and `bytes_vs_workers` (at least two worker counts).
+//!   `step_time_cdf` (runs of at least 20 steps: the step-time distribution) and
+//!   `bytes_vs_workers` (at least two worker counts).
 //!
 //! ## Definitions
 //! * **Label**: `name/method P=workers`, plus `@bandwidth,latency` when `[network]` shapes
@@ -570,6 +571,42 @@ fn write_plots(runs: &[Run], rows: &[RunRow], dir: &Path) -> Result<Vec<PathBuf>
             by_time,
         );
         files.extend(plot::line_plot(dir, "loss_vs_time", &p)?);
+    }
+
+    // Step-time distribution (the tail a bounded-loss transport cuts): the empirical CDF of
+    // each run's step times, warm-up step excluded.
+    if runs.iter().any(|r| r.steps.len() >= 20) {
+        let cdf: Vec<Series> = runs
+            .iter()
+            .zip(rows)
+            .map(|(r, row)| {
+                let mut t: Vec<f64> = r
+                    .steps
+                    .iter()
+                    .skip(1)
+                    .map(|s| s.time.step_s * 1e3)
+                    .collect();
+                t.sort_by(|a, b| a.total_cmp(b));
+                let n = t.len() as f64;
+                Series {
+                    label: row.label.clone(),
+                    points: t
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &ms)| (ms, 100.0 * (i + 1) as f64 / n))
+                        .collect(),
+                }
+            })
+            .collect();
+        let mut p = line(
+            "Step-time distribution",
+            "step time (ms)",
+            "steps at or below (%)",
+            cdf,
+        );
+        p.y_format = fmt_percent;
+        p.legend = Legend::LowerRight;
+        files.extend(plot::line_plot(dir, "step_time_cdf", &p)?);
     }
 
     let by_step: Vec<Series> = runs

@@ -370,6 +370,8 @@ fn step_time_tail_quantiles_and_dlcp_drops_are_reported() {
         md.contains("| 40 | 10.0 | 20.0 | 38.0 | 40.0 | 40.0 | 0.049 % |"),
         "{md}"
     );
+    let n = names(&out.files);
+    assert!(n.contains(&"step_time_cdf.svg".to_string()), "{n:?}");
     // The parameter server's aggregate time, warm-up step excluded.
     assert!((run.mean_server_s().unwrap() - 0.002).abs() < 1e-12);
     assert!(md.contains("## Parameter server"), "{md}");
