@@ -368,6 +368,31 @@ pub struct ClusterConfig {
     /// is asynchronous, as in Project Adam).
     #[serde(default, skip_serializing_if = "is_default")]
     pub staleness: u64,
+    /// Seconds of silence after which a connection sends a heartbeat (tcp, quic; default 1).
+    #[serde(default = "default_heartbeat")]
+    pub heartbeat_s: f64,
+    /// Seconds without anything from a peer — no data, no heartbeat — after which it counts
+    /// as lost and the run stops naming it (tcp, quic; default 10; at least twice
+    /// `heartbeat_s`). Catches frozen or unreachable peers whose connection stays open.
+    #[serde(default = "default_peer_timeout")]
+    pub peer_timeout_s: f64,
+}
+
+fn default_heartbeat() -> f64 {
+    1.0
+}
+fn default_peer_timeout() -> f64 {
+    10.0
+}
+
+impl ClusterConfig {
+    /// The transports' heartbeat interval and peer timeout.
+    pub fn liveness(&self) -> crate::launch::Liveness {
+        crate::launch::Liveness {
+            heartbeat: std::time::Duration::from_secs_f64(self.heartbeat_s),
+            peer_timeout: std::time::Duration::from_secs_f64(self.peer_timeout_s),
+        }
+    }
 }
 
 fn is_default<T: Default + PartialEq>(v: &T) -> bool {
@@ -404,6 +429,8 @@ impl Default for ClusterConfig {
             mode: ClusterMode::AllReduce,
             servers: None,
             staleness: 0,
+            heartbeat_s: default_heartbeat(),
+            peer_timeout_s: default_peer_timeout(),
         }
     }
 }
@@ -841,6 +868,21 @@ impl RunConfig {
             return Err(err(
                 "cluster.timeout_s",
                 format!("must be > 0, got {}", c.timeout_s),
+            ));
+        }
+        if !(c.heartbeat_s.is_finite() && c.heartbeat_s > 0.0) {
+            return Err(err(
+                "cluster.heartbeat_s",
+                format!("must be > 0, got {}", c.heartbeat_s),
+            ));
+        }
+        if !(c.peer_timeout_s.is_finite() && c.peer_timeout_s >= 2.0 * c.heartbeat_s) {
+            return Err(err(
+                "cluster.peer_timeout_s",
+                format!(
+                    "must be at least twice heartbeat_s ({} s), got {}",
+                    c.heartbeat_s, c.peer_timeout_s
+                ),
             ));
         }
         if c.mode == ClusterMode::AllReduce {
@@ -1649,6 +1691,8 @@ bucket_mb = 1
             (&["train.lrr=0.1"], "train.lrr"),
             (&["train.lr=-1"], "train.lr"),
             (&["cluster.workers=0"], "cluster.workers"),
+            (&["cluster.heartbeat_s=0"], "cluster.heartbeat_s"),
+            (&["cluster.peer_timeout_s=1.5"], "cluster.peer_timeout_s"),
             (&["data.batch_size=1000"], "data.batch_size"),
             (&["compress.ratio=2.0"], "compress.ratio"),
             (&["compress.error_feedback=3"], "compress.error_feedback"),

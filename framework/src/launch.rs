@@ -211,8 +211,29 @@ pub fn prepare_dir(opts: &RunOptions, plan: &Plan) -> Result<RunDir, String> {
     Ok(RunDir { root })
 }
 
+/// How the network transports notice a silent peer (`[cluster] heartbeat_s`,
+/// `peer_timeout_s`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Liveness {
+    /// An idle connection sends a heartbeat this often.
+    pub heartbeat: Duration,
+    /// A peer silent this long is lost.
+    pub peer_timeout: Duration,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Liveness {
+            heartbeat: Duration::from_secs(1),
+            peer_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
 /// Builds the transport of one rank through the rendezvous at `host` (waiting at most
-/// `timeout` for the other ranks).
+/// `timeout` for the other ranks); tcp and quic connections watch their peers with
+/// `liveness`.
+#[allow(clippy::too_many_arguments)]
 pub fn connect(
     kind: TransportKind,
     host: SocketAddr,
@@ -221,6 +242,7 @@ pub fn connect(
     link: LinkSpec,
     token: &str,
     timeout: Duration,
+    liveness: Liveness,
 ) -> Result<Box<dyn Transport>, String> {
     let rcfg = RendezvousConfig {
         timeout,
@@ -234,6 +256,8 @@ pub fn connect(
             let j = rendezvous::join(host, rank, world, me, &rcfg).map_err(|e| e.to_string())?;
             let cfg = TcpConfig {
                 link,
+                heartbeat_interval: Some(liveness.heartbeat),
+                peer_timeout: Some(liveness.peer_timeout),
                 ..TcpConfig::new(token.as_bytes().to_vec())
             };
             Box::new(TcpTransport::connect(rank, &j.peers, l, cfg).map_err(|e| e.to_string())?)
@@ -244,6 +268,8 @@ pub fn connect(
             let j = rendezvous::join(host, rank, world, me, &rcfg).map_err(|e| e.to_string())?;
             let cfg = QuicConfig {
                 link,
+                heartbeat_interval: Some(liveness.heartbeat),
+                peer_timeout: Some(liveness.peer_timeout),
                 ..QuicConfig::new(token.as_bytes().to_vec(), j.identity)
             };
             Box::new(QuicTransport::connect(rank, &j.peers, s, cfg).map_err(|e| e.to_string())?)
@@ -358,6 +384,7 @@ pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, String>
             link,
             &token?,
             RENDEZVOUS_TIMEOUT,
+            cfg.cluster.liveness(),
         )?,
     };
     // Parameter-server mode: the server's messages share the connections of the collectives.

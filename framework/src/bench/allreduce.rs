@@ -370,6 +370,7 @@ pub fn worker(a: &WorkerArgs) -> Result<(), String> {
                 link,
                 &token,
                 Duration::from_secs(60),
+                crate::launch::Liveness::default(),
             )?
         }
     };
