@@ -27,6 +27,10 @@
 //!   still move by their velocity). `error_feedback = true` adds MIPD's worker-side
 //!   residual.
 //! * Each step record carries the seconds this rank's server spent aggregating.
+//! * Checkpoints hold the replicas, the optimizer and the data position; a resumed run starts
+//!   a fresh server clock. MIPD's server state (smoothed values, and the pushed gradients of
+//!   the half not yet sent) and its worker residual are not checkpointed yet, so a resumed
+//!   MIPD run continues from the replicas but not bit-identically to an uninterrupted one.
 //! * The parameter-server messages share the connections of the collectives
 //!   ([`dtrain_comms::split_ps`]). Before an evaluation, a checkpoint and at the end of the run
 //!   every worker drains the server — waits for and applies the aggregates
