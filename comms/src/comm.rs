@@ -440,7 +440,8 @@ impl<T: Transport> Communicator<T> {
         tensors: &[DlcpTensor],
         cfg: &DlcpConfig,
     ) -> Result<DlcpReport, CommError> {
-        cfg.validate().map_err(CommError::InvalidArgument)?;
+        cfg.validate()
+            .map_err(|e| CommError::InvalidArgument(e.to_string()))?;
         if !tensors.is_empty() {
             check_tensors(data.len(), tensors).map_err(CommError::InvalidArgument)?;
         }

@@ -460,6 +460,28 @@ pub fn read_frame(
     Ok((r, segs))
 }
 
+/// Writes the framing every payload starts with: magic, version, method id, a reserved
+/// byte, the element count, the segment count and (for more than one segment) the segment
+/// lengths. The segment bodies follow.
+pub(crate) fn write_frame_header(
+    w: &mut Writer<'_>,
+    method: MethodId,
+    n: usize,
+    segs: &[Range<usize>],
+) {
+    w.u8(MAGIC);
+    w.u8(VERSION);
+    w.u8(method as u8);
+    w.u8(0);
+    w.u32(n as u32);
+    w.u32(segs.len() as u32);
+    if segs.len() > 1 {
+        for s in segs {
+            w.u32(s.len() as u32);
+        }
+    }
+}
+
 /// Compresses `grad` into `out` (cleared first; its allocation is reused).
 ///
 /// Fails on non-finite input, on buffers over [`MAX_ELEMS`], on segments longer than
@@ -485,17 +507,7 @@ pub fn compress(
     c.begin(grad, ctx);
     out.bytes.clear();
     let mut w = Writer::new(&mut out.bytes);
-    w.u8(MAGIC);
-    w.u8(VERSION);
-    w.u8(c.method() as u8);
-    w.u8(0);
-    w.u32(n as u32);
-    w.u32(segs.len() as u32);
-    if segs.len() > 1 {
-        for s in &segs {
-            w.u32(s.len() as u32);
-        }
-    }
+    write_frame_header(&mut w, c.method(), n, &segs);
     for s in &segs {
         c.encode_segment(&grad[s.clone()], rng, &mut w);
     }

@@ -90,8 +90,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::compressor::{
-    effective_segments, first_non_finite, read_frame, Aggregation, Compressor, MethodId, MAGIC,
-    MAX_ELEMS, VERSION,
+    effective_segments, first_non_finite, read_frame, write_frame_header, Aggregation, Compressor,
+    MethodId, MAX_ELEMS,
 };
 use crate::error::{CompressError, ConfigError, WireError};
 use crate::rng::Rng;
@@ -531,17 +531,7 @@ impl Mipd {
         out.clear();
         self.stats.clear();
         let mut w = Writer::new(out);
-        w.u8(MAGIC);
-        w.u8(VERSION);
-        w.u8(MethodId::Mipd as u8);
-        w.u8(0);
-        w.u32(n as u32);
-        w.u32(segs.len() as u32);
-        if segs.len() > 1 {
-            for s in &segs {
-                w.u32(s.len() as u32);
-            }
-        }
+        write_frame_header(&mut w, MethodId::Mipd, n, &segs);
         for s in &segs {
             let p = params.map(|p| &p[s.clone()]);
             self.encode_layer(p, &grads[s.clone()], &mut w);
@@ -2021,7 +2011,12 @@ mod tests {
             // Arbitrary bytes, and arbitrary bodies behind a valid header.
             let mut out = vec![0f32; n];
             let _ = decompress_add(&c, &body, &mut out);
-            let mut framed = vec![MAGIC, VERSION, MethodId::Mipd as u8, 0];
+            let mut framed = vec![
+                crate::compressor::MAGIC,
+                crate::compressor::VERSION,
+                MethodId::Mipd as u8,
+                0,
+            ];
             framed.extend_from_slice(&(n as u32).to_le_bytes());
             framed.extend_from_slice(&(if n == 0 { 0 } else { segs.clamp(1, n as u32) }).to_le_bytes());
             framed.extend_from_slice(&body);

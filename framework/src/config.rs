@@ -551,31 +551,15 @@ impl DlcpSettings {
                 format!("must be ≥ 0, got {}", self.layer_weight),
             ));
         }
-        if self.loss + self.tail > 1.0 {
-            return Err((
-                "compress.dlcp.tail".into(),
-                format!("loss + tail must be ≤ 1, got {} + {}", self.loss, self.tail),
-            ));
-        }
         cfg.validate().map_err(|e| {
-            let field = [
-                "p_max",
-                "mtu",
-                "retransmit",
-                "loss",
-                "tail",
-                "drop_prob",
-                "delay_prob",
-            ]
-            .into_iter()
-            .find(|f| e.contains(f))
-            .map(|f| match f {
-                "drop_prob" => "loss",
-                "delay_prob" => "tail",
+            // The collective's field names, as this table spells them.
+            let field = match e.field {
+                "retransmit_interval" => "retransmit",
+                "loss.drop_prob" => "loss",
+                "loss.delay_prob" => "tail",
                 f => f,
-            })
-            .unwrap_or("p_max");
-            (format!("compress.dlcp.{field}"), e)
+            };
+            (format!("compress.dlcp.{field}"), e.reason)
         })?;
         Ok(cfg)
     }

@@ -53,6 +53,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::Instant;
 
 use dtrain_comms::dlcp::{DlcpConfig, DlcpReport, DlcpTensor};
@@ -198,7 +199,7 @@ enum Op {
     /// Sparse all-reduce of (indices, values) into the dense output buffer.
     Sparse(Vec<u32>, Vec<f32>, Vec<f32>),
     /// DLCP bounded-loss all-reduce of a dense bucket with its tensors.
-    Lossy(Vec<f32>, Vec<DlcpTensor>, Box<DlcpConfig>),
+    Lossy(Vec<f32>, Arc<[DlcpTensor]>, Arc<DlcpConfig>),
 }
 
 /// A collective's result: the buffers, back.
@@ -471,6 +472,16 @@ fn memory_words(m: &MemoryConfig) -> usize {
     }
 }
 
+/// DLCP for the dense buckets ([`Exchanger::set_dlcp`]), built once: the configuration and
+/// each bucket's tensors are shared with every round instead of rebuilt per step.
+struct Lossy {
+    cfg: Arc<DlcpConfig>,
+    /// Whether dropped values return to the next gradient.
+    error_feedback: bool,
+    /// Per bucket id: its parameters as DLCP tensors, numbered by model position.
+    tensors: BTreeMap<u64, Arc<[DlcpTensor]>>,
+}
+
 /// Compresses and exchanges flat gradients, bucket by bucket. One per worker.
 pub struct Exchanger {
     slots: Vec<Slot>,
@@ -484,7 +495,7 @@ pub struct Exchanger {
     /// Buffers of finished buckets, reused by the next ones.
     spare: Vec<Flight>,
     /// DLCP for the dense buckets, and whether dropped values return to the sender.
-    lossy: Option<(DlcpConfig, bool)>,
+    lossy: Option<Lossy>,
     /// DLCP error feedback: per dense bucket, this worker's values no owner used last time.
     lossy_residual: BTreeMap<u64, Vec<f32>>,
 }
@@ -534,7 +545,23 @@ impl Exchanger {
     /// `error_feedback`, the values of this worker that a round completed without are added
     /// to its gradient of the bucket at the next exchange.
     pub fn set_dlcp(&mut self, cfg: DlcpConfig, error_feedback: bool) {
-        self.lossy = Some((cfg, error_feedback));
+        let tensors = self
+            .slots
+            .iter()
+            .map(|s| {
+                let first = s.bucket.params.first().copied().unwrap_or(0);
+                let first = first.min(u32::MAX as usize) as u32;
+                (
+                    s.bucket.id,
+                    DlcpTensor::from_segments(&s.bucket.segments, first).into(),
+                )
+            })
+            .collect();
+        self.lossy = Some(Lossy {
+            cfg: Arc::new(cfg),
+            error_feedback,
+            tensors,
+        });
         self.lossy_residual.clear();
     }
 
@@ -862,7 +889,7 @@ impl Exchanger {
 struct Job<'a> {
     slots: &'a mut [Slot],
     spare: &'a mut Vec<Flight>,
-    lossy: Option<&'a (DlcpConfig, bool)>,
+    lossy: Option<&'a Lossy>,
     lossy_residual: &'a mut BTreeMap<u64, Vec<f32>>,
     gather: GatherCollective,
     seed: u64,
@@ -940,8 +967,8 @@ impl Job<'_> {
         let compress_err = |source| ExchangeError::Compress { bucket: id, source };
         let stage = match pipe {
             None if self.lossy.is_some() => {
-                let (cfg, ef) = self.lossy.expect("checked");
-                if *ef {
+                let lossy = self.lossy.expect("checked");
+                if lossy.error_feedback {
                     if let Some(r) = self.lossy_residual.get_mut(&id) {
                         for (g, d) in f.buf.iter_mut().zip(r.iter_mut()) {
                             *g += *d;
@@ -950,15 +977,10 @@ impl Job<'_> {
                     }
                 }
                 st.payload_bytes += 4 * f.buf.len() as u64;
-                let first = bucket.params.first().copied().unwrap_or(0);
-                let tensors = DlcpTensor::from_segments(
-                    &bucket.segments,
-                    first.min(u32::MAX as usize) as u32,
-                );
                 comms.submit(Op::Lossy(
                     std::mem::take(&mut f.buf),
-                    tensors,
-                    Box::new(cfg.clone()),
+                    lossy.tensors[&id].clone(),
+                    lossy.cfg.clone(),
                 ));
                 Stage::Lossy
             }
@@ -1057,7 +1079,7 @@ impl Job<'_> {
                 st.lossy_dropped += report.dropped_elems_all as u64;
                 st.lossy_elems += report.elems_all as u64;
                 st.retransmitted += report.retransmitted as u64;
-                if self.lossy.is_some_and(|(_, ef)| *ef) && !report.dropped.is_empty() {
+                if self.lossy.is_some_and(|l| l.error_feedback) && !report.dropped.is_empty() {
                     let r = self
                         .lossy_residual
                         .entry(id)

@@ -592,29 +592,8 @@ pub fn launch(
     }
     let started = Instant::now();
     // Others get 5 s to notice a failed peer (they name it) before they are stopped.
-    if let Err(f) = supervise(&mut children, None, Duration::from_secs(5)) {
-        {
-            let ck = dir
-                .latest()
-                .map(|p| {
-                    format!(
-                        "last complete checkpoint: {} (continue with --resume {})",
-                        p.display(),
-                        dir.root.display()
-                    )
-                })
-                .unwrap_or_else(|| {
-                    format!(
-                        "no checkpoint was written; run directory {}",
-                        dir.root.display()
-                    )
-                });
-            return Err(format!(
-                "{f} after {:.1} s; {ck}",
-                started.elapsed().as_secs_f64()
-            ));
-        }
-    }
+    supervise(&mut children, None, Duration::from_secs(5))
+        .map_err(|f| run_failure(&f, started, &dir))?;
     if let Some(h) = host {
         h.wait().map_err(|e| e.to_string())?;
     }
@@ -629,6 +608,30 @@ pub fn launch(
         run_dir: dir.root,
         summary,
     })
+}
+
+/// Why a run stopped (`failure`, after the time since `started`) and where its state is:
+/// the last complete checkpoint and how to continue from it, or the run directory.
+fn run_failure(failure: &str, started: Instant, dir: &RunDir) -> String {
+    let ck = dir.latest().map_or_else(
+        || {
+            format!(
+                "no checkpoint was written; run directory {}",
+                dir.root.display()
+            )
+        },
+        |p| {
+            format!(
+                "last complete checkpoint: {} (continue with --resume {})",
+                p.display(),
+                dir.root.display()
+            )
+        },
+    );
+    format!(
+        "{failure} after {:.1} s; {ck}",
+        started.elapsed().as_secs_f64()
+    )
 }
 
 /// [`launch`] for `cluster.transport = "mpi"` on one node: one `mpirun` starts every worker
@@ -669,27 +672,8 @@ fn launch_mpi(
     })?;
     let mut children = vec![(0, child)];
     let started = Instant::now();
-    supervise(&mut children, None, Duration::from_secs(5)).map_err(|f| {
-        let ck = dir.latest().map_or_else(
-            || {
-                format!(
-                    "no checkpoint was written; run directory {}",
-                    dir.root.display()
-                )
-            },
-            |p| {
-                format!(
-                    "last complete checkpoint: {} (continue with --resume {})",
-                    p.display(),
-                    dir.root.display()
-                )
-            },
-        );
-        format!(
-            "mpirun: {f} after {:.1} s; {ck}",
-            started.elapsed().as_secs_f64()
-        )
-    })?;
+    supervise(&mut children, None, Duration::from_secs(5))
+        .map_err(|f| format!("mpirun: {}", run_failure(&f, started, dir)))?;
     let p = dir.root.join("summary.json");
     let text = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
     let summary = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;

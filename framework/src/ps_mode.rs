@@ -84,7 +84,11 @@ enum Codec {
     Dense,
     /// MIPD payloads (they need the parameters: significance `|w·g|`); the pull is the
     /// sum over workers on the step's half.
-    Mipd(Box<MipdWorker>),
+    Mipd {
+        worker: Box<MipdWorker>,
+        /// The parameters a step's gradient was computed at, reused across steps.
+        params: Vec<f32>,
+    },
 }
 
 /// One applied-or-to-apply aggregate: the mean gradient of a step.
@@ -156,7 +160,13 @@ impl<T: Transport> PsState<T> {
                 let mut w = MipdWorker::new(&layout, &layers, m, &m.server()).map_err(bad)?;
                 w.set_error_feedback(error_feedback);
                 let a = MipdAggregator::new(&layout, layers.clone(), m.server()).map_err(bad)?;
-                (ServerKind::Mipd(Box::new(a)), Codec::Mipd(Box::new(w)))
+                (
+                    ServerKind::Mipd(Box::new(a)),
+                    Codec::Mipd {
+                        worker: Box::new(w),
+                        params: vec![0.0; len],
+                    },
+                )
             }
             _ => (ServerKind::Dense(DenseF32), Codec::Dense),
         };
@@ -176,11 +186,6 @@ impl<T: Transport> PsState<T> {
         })
     }
 
-    /// Whether pushes need the parameters (MIPD's significance).
-    pub fn needs_params(&self) -> bool {
-        matches!(self.codec, Codec::Mipd(_))
-    }
-
     /// The staleness bound.
     pub fn staleness(&self) -> u64 {
         self.staleness
@@ -192,7 +197,7 @@ impl<T: Transport> PsState<T> {
             .map(|a| {
                 let grad = match &self.codec {
                     Codec::Dense => a.dense(),
-                    Codec::Mipd(w) => {
+                    Codec::Mipd { worker: w, .. } => {
                         let mut g = vec![0.0; self.node.layout().len()];
                         w.apply(&a, &mut g).map_err(|e| {
                             CommError::InvalidArgument(format!(
@@ -214,13 +219,14 @@ impl<T: Transport> PsState<T> {
             .collect()
     }
 
-    /// Pushes the gradient of trainer step `step` (with the parameters it was computed at,
-    /// which MIPD needs) and returns the aggregates that are ready (exactly this step's
-    /// when the bound is 0), in step order.
+    /// Pushes the gradient of trainer step `step` and returns the aggregates that are ready
+    /// (exactly this step's when the bound is 0), in step order. `read_params` fills a
+    /// buffer with the parameters the gradient was computed at; it is called only when the
+    /// codec needs them (MIPD's significance).
     pub fn step(
         &mut self,
         step: u64,
-        params: Option<&[f32]>,
+        read_params: impl FnOnce(&mut [f32]),
         grad: &[f32],
     ) -> Result<(Vec<Ready>, PsStats), CommError> {
         let pushed = self.node.pushed();
@@ -241,10 +247,8 @@ impl<T: Transport> PsState<T> {
                     .collect(),
                 Aggregation::MEAN,
             ),
-            Codec::Mipd(w) => {
-                let params = params.ok_or_else(|| {
-                    CommError::InvalidArgument("MIPD pushes need the parameters".into())
-                })?;
+            Codec::Mipd { worker: w, params } => {
+                read_params(params);
                 let p = w
                     .payloads(params, grad)
                     .map_err(|e| CommError::InvalidArgument(format!("MIPD encode: {e}")))?;

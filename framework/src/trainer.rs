@@ -1102,13 +1102,9 @@ impl<T: Transport> Trainer<T> {
             self.best_loss = Some(self.best_loss.map_or(loss, |b| b.min(loss)));
         }
         if let Some(ps) = self.ps.as_mut() {
-            let params = ps.needs_params().then(|| {
-                let mut p = vec![0.0; self.grads.len()];
-                self.model.read_params(&mut p);
-                p
-            });
+            let model = &self.model;
             let (ready, pst) = ps
-                .step(step, params.as_deref(), &self.grads)
+                .step(step, |p| model.read_params(p), &self.grads)
                 .map_err(|source| TrainError::Comm { step, source })?;
             record.server_s = Some(pst.server_s);
             time.compress_s = pst.encode_s;

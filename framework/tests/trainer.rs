@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use dtrain_comms::{channel_mesh, CommConfig, Communicator};
+use dtrain_comms::{channel_mesh, split_ps, CommConfig, Communicator};
 use dtrain_framework::config::RunConfig;
 use dtrain_framework::data::TrainData;
 use dtrain_framework::trainer::{Quiet, RunDir, Summary, Trainer};
@@ -34,6 +34,8 @@ struct Run {
     params: Vec<f32>,
     summary: Summary,
     losses: Vec<f64>,
+    /// Steps this rank recorded as skipped.
+    skipped: usize,
 }
 
 /// Runs `world` in-process ranks of BASE + `sets`; returns rank 0's result. With `out`, rank
@@ -44,9 +46,17 @@ fn run(world: usize, sets: &[&str], out: Option<&Path>, resume: bool) -> Run {
 
 /// [`run`] on another base configuration.
 fn run_on(base: &str, world: usize, sets: &[&str], out: Option<&Path>, resume: bool) -> Run {
+    run_all(base, world, sets, out, resume).swap_remove(0)
+}
+
+/// Every rank's result of [`run_on`] (checked to have identical replicas). Each rank's
+/// connections are split into a collectives lane and a parameter-server lane; with
+/// `cluster.mode = "ps"` the trainer attaches the latter.
+fn run_all(base: &str, world: usize, sets: &[&str], out: Option<&Path>, resume: bool) -> Vec<Run> {
     let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     sets.push(format!("cluster.workers={world}"));
     let cfg = RunConfig::parse(base, "base.toml", &sets).unwrap();
+    let ps = cfg.cluster.mode == dtrain_framework::config::ClusterMode::Ps;
     let handles: Vec<_> = channel_mesh(world)
         .into_iter()
         .enumerate()
@@ -60,34 +70,40 @@ fn run_on(base: &str, world: usize, sets: &[&str], out: Option<&Path>, resume: b
                 let plan = cfg
                     .validate("base.toml", Some(data.train_examples()))
                     .unwrap();
-                let comm = Communicator::new(t, CommConfig::default());
+                let (coll, lane) = split_ps(t);
+                let comm = Communicator::new(coll, CommConfig::default());
                 let device = dtrain_models::cpu_device();
                 let mut tr = Trainer::new(plan, data, comm, &device, out.clone()).unwrap();
+                if ps {
+                    tr.attach_parameter_server(lane).unwrap();
+                }
                 if resume {
                     let dir = out.as_ref().unwrap().latest().expect("a checkpoint");
                     tr.resume_from(&dir).unwrap();
                 }
-                struct Losses(Vec<f64>);
-                impl dtrain_framework::trainer::Observer for Losses {
+                struct Record(Vec<f64>, usize);
+                impl dtrain_framework::trainer::Observer for Record {
                     fn on_step(&mut self, r: &dtrain_framework::trainer::StepRecord) {
                         self.0.push(r.loss);
+                        self.1 += r.skipped as usize;
                     }
                 }
-                let mut obs = Losses(Vec::new());
+                let mut obs = Record(Vec::new(), 0);
                 let summary = tr.run(&mut obs).unwrap();
                 Run {
                     params: tr.params(),
                     summary,
                     losses: obs.0,
+                    skipped: obs.1,
                 }
             })
         })
         .collect();
-    let mut runs: Vec<Run> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    for r in &runs[1..] {
-        same(&r.params, &runs[0].params, "replicas");
+    let runs: Vec<Run> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    for (r, run) in runs.iter().enumerate().skip(1) {
+        same(&run.params, &runs[0].params, &format!("replica {r}"));
     }
-    runs.swap_remove(0)
+    runs
 }
 
 /// Bit-identical, or a short message naming the first difference.
@@ -533,4 +549,145 @@ fn meprop_gradients_sent_as_columns_train_exactly_like_dense_with_fewer_bytes() 
         cols.summary.payload_bytes_per_step,
     );
     assert!(c < 0.4 * d, "payload {c} vs dense {d}");
+}
+
+/// Every replica equals rank 0's, bit for bit ([`run_all`] checks it too; the PS tests say
+/// it where it is their point).
+fn assert_replicas_identical(runs: &[Run], what: &str) {
+    for (r, run) in runs.iter().enumerate().skip(1) {
+        same(&run.params, &runs[0].params, &format!("{what}: rank {r}"));
+    }
+}
+
+#[test]
+fn synchronous_ps_reproduces_the_all_reduce_trainer_exactly() {
+    // Two workers: the all-reduce's a + b and the server's a + b in worker order, then the
+    // same halving, are the same floats.
+    let ar = run_all(BASE, 2, &["train.epochs=2"], None, false);
+    let ps = run_all(
+        BASE,
+        2,
+        &["train.epochs=2", "cluster.mode=\"ps\""],
+        None,
+        false,
+    );
+    assert_replicas_identical(&ar, "all-reduce");
+    assert_replicas_identical(&ps, "ps");
+    assert_eq!(
+        ar[0].params, ps[0].params,
+        "PS and all-reduce trained differently"
+    );
+    assert_eq!(ar[0].losses, ps[0].losses);
+    // One server holding the whole model gives the same result too.
+    let one = run_all(
+        BASE,
+        2,
+        &["train.epochs=2", "cluster.mode=\"ps\"", "cluster.servers=1"],
+        None,
+        false,
+    );
+    assert_eq!(one[0].params, ps[0].params);
+    // The bytes are reported: each worker pushes its shards and pulls the aggregates.
+    assert!(ps[0].summary.bytes_sent_per_step > 0.0);
+}
+
+#[test]
+fn asynchronous_ps_keeps_replicas_identical_and_trains() {
+    let runs = run_all(
+        BASE,
+        3,
+        &[
+            "train.epochs=2",
+            "cluster.mode=\"ps\"",
+            "cluster.staleness=2",
+        ],
+        None,
+        false,
+    );
+    assert_replicas_identical(&runs, "staleness 2");
+    for (r, run) in runs.iter().enumerate() {
+        assert_eq!(run.skipped, 0, "rank {r}");
+        let n = run.losses.len();
+        let first: f64 = run.losses[..8].iter().sum::<f64>() / 8.0;
+        let last: f64 = run.losses[n - 8..].iter().sum::<f64>() / 8.0;
+        assert!(last < first, "rank {r}: loss {first} → {last}");
+    }
+    // Every worker applied every step's aggregate: the final evaluation is the same on all.
+    let acc: Vec<_> = runs
+        .iter()
+        .map(|r| r.summary.final_eval.as_ref().unwrap().accuracy)
+        .collect();
+    assert!(acc.iter().all(|&a| a == acc[0]), "{acc:?}");
+}
+
+#[test]
+fn ps_configuration_is_checked() {
+    let check = |sets: &[&str], field: &str| {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let cfg = RunConfig::parse(BASE, "base.toml", &sets).unwrap();
+        let e = cfg.validate("base.toml", None).unwrap_err();
+        assert_eq!(e.field, field, "{sets:?}: {e}");
+    };
+    check(&["cluster.staleness=2"], "cluster.staleness");
+    check(&["cluster.servers=1"], "cluster.servers");
+    check(
+        &[
+            "cluster.mode=\"ps\"",
+            "cluster.workers=2",
+            "cluster.servers=3",
+        ],
+        "cluster.servers",
+    );
+    check(
+        &["cluster.mode=\"ps\"", "compress.kind=\"topk\""],
+        "compress.kind",
+    );
+    check(
+        &["cluster.mode=\"ps\"", "failure.non_finite=\"recover\""],
+        "failure.non_finite",
+    );
+}
+
+#[test]
+fn mipd_over_the_parameter_server_keeps_replicas_identical_and_trains() {
+    for sets in [
+        vec![
+            "compress.kind=\"mipd\"",
+            "compress.significance=\"gradient\"",
+        ],
+        vec![
+            "compress.kind=\"mipd\"",
+            "compress.significance=\"gradient\"",
+            "compress.error_feedback=true",
+            "cluster.staleness=1",
+        ],
+        vec![
+            "compress.kind=\"mipd\"",
+            "compress.lambda=0.0",
+            "compress.halves=\"off\"",
+        ],
+    ] {
+        let mut all = vec![
+            "train.epochs=2",
+            "cluster.mode=\"ps\"",
+            "train.momentum=0.0",
+            "train.lr=0.2",
+        ];
+        all.extend(sets.iter().copied());
+        let runs = run_all(BASE, 3, &all, None, false);
+        assert_replicas_identical(&runs, &format!("{sets:?}"));
+        let r = &runs[0];
+        let n = r.losses.len();
+        let first: f64 = r.losses[..8].iter().sum::<f64>() / 8.0;
+        let last: f64 = r.losses[n - 8..].iter().sum::<f64>() / 8.0;
+        assert!(last < first, "{sets:?}: loss {first} → {last}");
+        // Fewer bytes than dense PS: a worker pushes two thirds of a 4-byte-per-parameter
+        // gradient and serves a third to two peers.
+        let dense_bytes = 4.0 * r.summary.params as f64 * (2.0 / 3.0) * 2.0;
+        assert!(
+            r.summary.bytes_sent_per_step < 0.5 * dense_bytes,
+            "{sets:?}: {} bytes/step vs dense ≈ {dense_bytes}",
+            r.summary.bytes_sent_per_step
+        );
+    }
 }

@@ -640,17 +640,23 @@ impl Run {
         self.model.eq_ignore_ascii_case("lstm")
     }
 
+    /// The step records timing statistics use: all but the first (warm-up) one, unless it is
+    /// the only one.
+    pub fn timed_steps(&self) -> &[StepRecord] {
+        if self.steps.len() > 1 {
+            &self.steps[1..]
+        } else {
+            &self.steps
+        }
+    }
+
     /// Mean per-phase times per step: the summary's, else the mean of the step records
     /// without the first (warm-up) one, as the trainer computes it.
     pub fn mean_step(&self) -> Phases {
         if let Some(m) = self.summary.as_ref().and_then(|s| s.mean_step) {
             return m;
         }
-        let recs = if self.steps.len() > 1 {
-            &self.steps[1..]
-        } else {
-            &self.steps[..]
-        };
+        let recs = self.timed_steps();
         let mut p = Phases::default();
         for r in recs {
             p.add(&r.time);
@@ -664,12 +670,7 @@ impl Run {
     /// The `q`-quantile (0..=1, nearest rank) of the step wall times in seconds, first
     /// (warm-up) step excluded; `None` without step records.
     pub fn step_quantile(&self, q: f64) -> Option<f64> {
-        let recs = if self.steps.len() > 1 {
-            &self.steps[1..]
-        } else {
-            &self.steps[..]
-        };
-        let mut t: Vec<f64> = recs.iter().map(|r| r.time.step_s).collect();
+        let mut t: Vec<f64> = self.timed_steps().iter().map(|r| r.time.step_s).collect();
         if t.is_empty() {
             return None;
         }
@@ -679,21 +680,14 @@ impl Run {
     }
 
     /// Mean seconds per step rank 0's parameter server spent aggregating (steps that report
-    /// it, the first excluded).
+    /// it, the warm-up step excluded).
     pub fn mean_server_s(&self) -> Option<f64> {
-        let v: Vec<f64> = self
-            .steps
-            .iter()
-            .skip(1)
-            .filter_map(|r| r.server_s)
-            .collect();
-        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+        mean_where(self.timed_steps(), |r| r.server_s)
     }
 
     /// Mean of the DLCP dropped fraction over the steps that report one.
     pub fn mean_lossy_dropped(&self) -> Option<f64> {
-        let v: Vec<f64> = self.steps.iter().filter_map(|r| r.lossy_dropped).collect();
-        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+        mean_where(&self.steps, |r| r.lossy_dropped)
     }
 
     fn mean_of(&self, f: impl Fn(&StepRecord) -> f64) -> f64 {
@@ -802,6 +796,15 @@ impl Run {
             .or_else(|| ev.and_then(|e| e.loss).map(FinalMetric::TestLoss))
             .or_else(|| self.final_train_loss().map(FinalMetric::TrainLoss))
     }
+}
+
+/// Mean of `f` over the records that have a value; `None` when none has.
+fn mean_where(recs: &[StepRecord], f: impl Fn(&StepRecord) -> Option<f64>) -> Option<f64> {
+    let (sum, n) = recs
+        .iter()
+        .filter_map(f)
+        .fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    (n > 0).then(|| sum / n as f64)
 }
 
 #[cfg(test)]

@@ -264,29 +264,57 @@ impl DlcpConfig {
         (self.mtu / 4).max(1)
     }
 
-    /// Checks the ranges of the fields.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the ranges of the fields; an error names the field.
+    pub fn validate(&self) -> Result<(), DlcpConfigError> {
+        let bad = |field: &'static str, reason: String| Err(DlcpConfigError { field, reason });
         if !(0.0..1.0).contains(&self.p_max) {
-            return Err(format!("p_max {} is not in [0, 1)", self.p_max));
+            return bad("p_max", format!("{} is not in [0, 1)", self.p_max));
         }
         if self.mtu < 4 || self.mtu > 1 << 20 {
-            return Err(format!("mtu {} is not in [4, 1 MiB]", self.mtu));
+            return bad("mtu", format!("{} is not in [4, 1 MiB]", self.mtu));
         }
         if self.retransmit_interval.is_zero() {
-            return Err("retransmit_interval must be positive".into());
+            return bad("retransmit_interval", "must be positive".into());
         }
         let l = &self.loss;
-        for (name, p) in [("drop_prob", l.drop_prob), ("delay_prob", l.delay_prob)] {
+        for (field, p) in [
+            ("loss.drop_prob", l.drop_prob),
+            ("loss.delay_prob", l.delay_prob),
+        ] {
             if !(0.0..=1.0).contains(&p) {
-                return Err(format!("loss.{name} {p} is not in [0, 1]"));
+                return bad(field, format!("{p} is not in [0, 1]"));
             }
         }
         if l.drop_prob + l.delay_prob > 1.0 {
-            return Err("loss.drop_prob + loss.delay_prob exceeds 1".into());
+            return bad(
+                "loss.delay_prob",
+                format!(
+                    "drop_prob + delay_prob = {} exceeds 1",
+                    l.drop_prob + l.delay_prob
+                ),
+            );
         }
         Ok(())
     }
 }
+
+/// A [`DlcpConfig`] field out of range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DlcpConfigError {
+    /// The field (`p_max`, `mtu`, `retransmit_interval`, `loss.drop_prob`,
+    /// `loss.delay_prob`).
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl std::fmt::Display for DlcpConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DLCP {}: {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for DlcpConfigError {}
 
 /// What one DLCP all-reduce did, as seen by one rank.
 #[derive(Debug, Clone, Default, PartialEq)]
