@@ -443,6 +443,12 @@ struct CollectiveArgs {
     /// Untimed calls per size before timing.
     #[arg(long, default_value_t = 1)]
     warmup: usize,
+    /// Time one layer's whole compressed exchange per method instead of the bare
+    /// collective (Dryden et al.'s layer-size benchmark): comma-separated or repeated,
+    /// `name` or `name:key=value;key=value`, e.g. `--compress none,onebit,adaptive-threshold`.
+    /// Speed-ups are against `none` at the same size.
+    #[arg(long)]
+    compress: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -490,6 +496,7 @@ fn collective_options(
         iters: c.iters,
         warmup: c.warmup,
         timeout: std::time::Duration::from_secs(timeout),
+        methods: c.compress.iter().flat_map(|m| split_methods(m)).collect(),
     })
 }
 
@@ -505,6 +512,7 @@ fn bench_allreduce(a: AllreduceArgs) -> Result<()> {
             "workers": opts.workers,
             "bandwidth": opts.bandwidth,
             "latency": opts.latency,
+            "methods": opts.methods,
             "results": rows,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);

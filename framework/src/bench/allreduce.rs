@@ -112,6 +112,10 @@ pub struct Options {
     pub warmup: usize,
     /// Limit for the whole run.
     pub timeout: Duration,
+    /// Compression methods (`name` or `name:key=value,…`): when given, each size is one
+    /// layer's whole compressed exchange per method instead of a bare collective (see
+    /// [`super::exchange`]).
+    pub methods: Vec<String>,
 }
 
 impl Options {
@@ -127,6 +131,7 @@ impl Options {
         if self.sizes.is_empty() {
             return Err("no sizes to measure".into());
         }
+        super::exchange::validate(self)?;
         self.link().map(|_| ())
     }
 
@@ -159,6 +164,12 @@ pub struct Row {
     pub predicted_us: Option<f64>,
     /// Bytes rank 0 sent per call (framing included).
     pub sent_per_call: u64,
+    /// The compression method, for an exchange row (`--compress`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// The exchange's time split, for an exchange row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breakdown: Option<super::exchange::Breakdown>,
 }
 
 /// Parses a size such as `1K`, `64M`, `1G`, `4096` (binary multiples).
@@ -285,6 +296,10 @@ fn worker_args(opts: &Options, rendezvous: &str, rank: usize) -> Vec<String> {
     if let Some(l) = &opts.latency {
         v.extend(["--latency".into(), l.clone()]);
     }
+    for m in &opts.methods {
+        // One method per flag; `;` keeps its parameters together through the CLI's split.
+        v.extend(["--compress".into(), m.replace(',', ";")]);
+    }
     v
 }
 
@@ -379,7 +394,11 @@ pub fn worker(a: &WorkerArgs) -> Result<(), String> {
         ..CommConfig::default()
     };
     let mut c = Communicator::new(transport, cfg);
-    let rows = measure(&mut c, &a.opts, &link).map_err(|e| e.to_string())?;
+    let rows = if a.opts.methods.is_empty() {
+        measure(&mut c, &a.opts, &link).map_err(|e| e.to_string())?
+    } else {
+        super::exchange::measure(&mut c, &a.opts, &link)?
+    };
     drop(c);
     drop(mpi);
     if rank == 0 {
@@ -457,6 +476,8 @@ pub fn measure<T: Transport>(
                 .is_shaped()
                 .then(|| opts.op.predict(link, bytes, world) * 1e6),
             sent_per_call: sent,
+            method: None,
+            breakdown: None,
         });
     }
     Ok(rows)
@@ -464,6 +485,9 @@ pub fn measure<T: Transport>(
 
 /// Formats rows as an nccl-tests-style table.
 pub fn table(opts: &Options, rows: &[Row]) -> String {
+    if !opts.methods.is_empty() {
+        return super::exchange::table(opts, rows);
+    }
     let shaped = rows.iter().any(|r| r.predicted_us.is_some());
     let mut s = format!(
         "# dtrain bench {}: transport {}, {} worker processes on 127.0.0.1{}\n",
@@ -545,6 +569,7 @@ mod tests {
             iters: 2,
             warmup: 1,
             timeout: Duration::from_secs(30),
+            methods: Vec::new(),
         }
     }
 

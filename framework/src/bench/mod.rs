@@ -2,4 +2,5 @@
 
 pub mod allreduce;
 pub mod compress;
+pub mod exchange;
 pub mod gradient;
