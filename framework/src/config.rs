@@ -289,6 +289,13 @@ pub struct TrainConfig {
     /// Evaluate every N epochs (default 1; 0 = only at the end).
     #[serde(default = "one_u64")]
     pub eval_every_epochs: u64,
+    /// Gradient clipping by global L2 norm (PyTorch's `clip_grad_norm_`): the averaged
+    /// gradient is scaled to norm at most `clip_norm` before the optimizer. Default off.
+    /// With DGC's momentum memory this becomes DGC's *local* clipping (ALGORITHMS.md
+    /// §10.2): each worker scales its own gradient to norm at most `clip_norm / √workers`
+    /// before accumulating it, unless `compress.memory.clip` is set explicitly.
+    #[serde(default)]
+    pub clip_norm: Option<f32>,
 }
 
 fn one_u64() -> u64 {
@@ -735,6 +742,9 @@ pub struct Plan {
     pub total_steps: u64,
     /// Training examples per epoch (after `train_limit`), for the data check.
     pub train_examples: usize,
+    /// Global-norm clipping of the averaged gradient before the optimizer (`train.clip_norm`;
+    /// `None` when off or when DGC's local clipping took it over).
+    pub clip_norm: Option<f32>,
 }
 
 impl RunConfig {
@@ -1031,6 +1041,13 @@ impl RunConfig {
             return Err(err("train.beta1", "applies to adam / adamw only".into()));
         }
         opt.validate().map_err(|m| split_field(file, &m))?;
+        if let Some(c) = t.clip_norm {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(err("train.clip_norm", format!("must be > 0, got {c}")));
+            }
+        }
+        let mut clip_norm = t.clip_norm;
+        let c_workers = c.workers as u32;
         let decay = match &t.lr_schedule {
             DecaySpec::Table(d) => {
                 if !t.lr_milestones.is_empty() || t.lr_gamma.is_some() {
@@ -1157,6 +1174,22 @@ impl RunConfig {
             }
             opt.momentum = 0.0;
             opt.nesterov = false;
+            // Clipping moves too: DGC clips each worker's gradient before accumulation.
+            if let (Some(c), MemoryConfig::DgcMomentum { clip, .. }) = (t.clip_norm, &mut memory) {
+                if *clip != dtrain_compress::dgc::Clip::None {
+                    return Err(err(
+                        "train.clip_norm",
+                        "with the dgc-momentum memory clipping is DGC's local clipping; \
+                         set either train.clip_norm or compress.memory.clip, not both"
+                            .into(),
+                    ));
+                }
+                *clip = dtrain_compress::dgc::Clip::Norm {
+                    max_norm: c,
+                    workers: c_workers,
+                };
+                clip_norm = None;
+            }
         }
         memory
             .build()
@@ -1250,6 +1283,7 @@ impl RunConfig {
             steps_per_epoch,
             total_steps,
             train_examples: train_examples.unwrap_or(0),
+            clip_norm,
         })
     }
 
@@ -1804,6 +1838,48 @@ bucket_mb = 1
         )
         .unwrap_err();
         assert_eq!(e.field, "train.optimizer");
+    }
+
+    #[test]
+    fn clip_norm_clips_the_average_or_becomes_dgcs_local_clipping() {
+        use dtrain_compress::dgc::Clip;
+        for bad in ["0", "-1", "nan"] {
+            let e = parse(GOOD, &[&format!("train.clip_norm={bad}")]).unwrap_err();
+            assert_eq!(e.field, "train.clip_norm", "{e}");
+        }
+        let p = parse(GOOD, &["train.clip_norm=5"]).unwrap();
+        assert_eq!(p.clip_norm, Some(5.0));
+        assert!(parse(GOOD, &[]).unwrap().clip_norm.is_none());
+        // DGC: local clipping at clip_norm/√N inside the memory, not a second clip after.
+        let p = parse(
+            GOOD,
+            &[
+                "compress.kind=dgc",
+                "train.clip_norm=5",
+                "cluster.workers=4",
+            ],
+        )
+        .unwrap();
+        assert_eq!(p.clip_norm, None);
+        let MemoryConfig::DgcMomentum { clip, .. } = p.memory else {
+            panic!("{:?}", p.memory)
+        };
+        assert_eq!(
+            clip,
+            Clip::Norm {
+                max_norm: 5.0,
+                workers: 4
+            }
+        );
+        // Both an explicit memory clip and clip_norm: ambiguous, refused.
+        let mem = "compress.memory={kind=\"dgc-momentum\", clip={kind=\"value\", max=0.5}}";
+        let e = parse(GOOD, &["compress.kind=dgc", "train.clip_norm=5", mem]).unwrap_err();
+        assert_eq!(e.field, "train.clip_norm", "{e}");
+        let p = parse(GOOD, &["compress.kind=dgc", mem]).unwrap();
+        let MemoryConfig::DgcMomentum { clip, .. } = p.memory else {
+            panic!()
+        };
+        assert_eq!(clip, Clip::Value { max: 0.5 });
     }
 
     #[test]

@@ -501,10 +501,13 @@ impl<T: Transport> Trainer<T> {
     /// Applies one parameter-server aggregate (the mean gradient of `r.step`) with that
     /// step's learning rate. A non-finite aggregate is the same on every worker, so every
     /// worker skips it alike.
-    fn apply_aggregate(&mut self, r: Ready) {
+    fn apply_aggregate(&mut self, mut r: Ready) {
         if r.grad.iter().any(|g| !g.is_finite()) {
             self.skipped += 1;
             return;
+        }
+        if let Some(c) = self.plan.clip_norm {
+            clip_to_norm(&mut r.grad, c);
         }
         let lr = self.lr_at(r.step);
         self.optimizer.begin(0, self.num_params());
@@ -1141,6 +1144,10 @@ impl<T: Transport> Trainer<T> {
             return self.bad_step("gradient", record, t0);
         }
         let t5 = Instant::now();
+        if let Some(c) = self.plan.clip_norm {
+            // The averaged gradient is identical on every rank, so is its clipping.
+            clip_to_norm(&mut self.grads, c);
+        }
         // The update is written straight into each parameter tensor's storage: no flat
         // parameter buffer, no copy back into the module.
         self.optimizer.begin(0, self.num_params());
@@ -1307,4 +1314,19 @@ fn broadcast_f32<T: Transport>(comm: &mut Communicator<T>, v: &mut [f32]) -> Res
 enum StepOutcome {
     Done(Box<StepRecord>),
     RolledBack,
+}
+
+/// Scales `g` to L2 norm at most `max` (`train.clip_norm`; the norm is accumulated in f64
+/// in index order, so every rank computes the same factor). Returns the norm before.
+pub fn clip_to_norm(g: &mut [f32], max: f32) -> f64 {
+    let norm = g
+        .iter()
+        .map(|&x| (x as f64) * (x as f64))
+        .sum::<f64>()
+        .sqrt();
+    if norm > max as f64 {
+        let scale = (max as f64 / norm) as f32;
+        g.iter_mut().for_each(|x| *x *= scale);
+    }
+    norm
 }

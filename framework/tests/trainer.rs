@@ -172,6 +172,39 @@ fn data_parallel_equals_one_worker_with_the_global_batch() {
     assert!(acc > 0.3, "accuracy {acc}, losses {:?}", r.losses);
 }
 
+/// `train.clip_norm`: with plain SGD every step moves the parameters by exactly
+/// `lr · min(‖ḡ‖, c)`, so k clipped steps move them at most `k · lr · c` in L2.
+#[test]
+fn clip_norm_bounds_every_update() {
+    let dist = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| ((x - y) as f64).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    };
+    let moved = |sets: &[&str]| {
+        let mut base = vec!["train.max_steps=3", "train.momentum=0", "train.lr=0.05"];
+        base.extend_from_slice(sets);
+        let mut tr = single(&base, None);
+        let p0 = tr.params();
+        tr.run(&mut Quiet).unwrap();
+        dist(&p0, &tr.params())
+    };
+    let free = moved(&[]);
+    let clipped = moved(&["train.clip_norm=0.001"]);
+    let bound = 3.0 * 0.05 * 0.001;
+    assert!(clipped <= bound * (1.0 + 1e-4), "moved {clipped} > {bound}");
+    assert!(
+        clipped > bound / 3.0,
+        "moved {clipped}: clipping is not a no-op"
+    );
+    assert!(free > 10.0 * bound, "unclipped moved only {free}");
+    // A loose bound changes nothing.
+    let loose = moved(&["train.clip_norm=1e6"]);
+    assert_eq!(loose, free);
+}
+
 fn resume_is_exact(world: usize, sets: &[&str]) {
     resume_is_exact_on(BASE, world, sets)
 }
