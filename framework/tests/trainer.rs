@@ -205,6 +205,39 @@ fn clip_norm_bounds_every_update() {
     assert_eq!(loose, free);
 }
 
+/// DGC's momentum correction is momentum SGD moved into the memory: at density 1 without
+/// momentum-factor masking every worker sends its whole velocity each step, which makes the
+/// update `lr · mean_k(u_k)` with `u_k = m·u_k + g_k` — momentum SGD on the mean gradient,
+/// up to float summation order. (With masking, density 1 resets the momentum every step:
+/// plain SGD.)
+#[test]
+fn dgc_at_full_density_without_masking_is_momentum_sgd() {
+    let steps = "train.max_steps=12";
+    let sgd = run(2, &[steps], None, false);
+    let dgc = run(
+        2,
+        &[
+            steps,
+            "compress.kind=dgc",
+            "compress.ratio=1",
+            "compress.memory={kind=\"dgc-momentum\", masking=false}",
+        ],
+        None,
+        false,
+    );
+    let d = max_rel_diff(&sgd.params, &dgc.params);
+    assert!(d < 1e-5, "max relative difference {d}");
+    let masked = run(
+        2,
+        &[steps, "compress.kind=dgc", "compress.ratio=1"],
+        None,
+        false,
+    );
+    let plain = run(2, &[steps, "train.momentum=0"], None, false);
+    let d = max_rel_diff(&plain.params, &masked.params);
+    assert!(d < 1e-5, "masked vs plain SGD: max relative difference {d}");
+}
+
 fn resume_is_exact(world: usize, sets: &[&str]) {
     resume_is_exact_on(BASE, world, sets)
 }
