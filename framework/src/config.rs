@@ -1242,24 +1242,21 @@ impl RunConfig {
                 .map_err(|(field, m)| err(&field, m))?;
         }
         if c.mode == ClusterMode::Ps {
-            if !matches!(
-                method,
-                CompressorConfig::None(_) | CompressorConfig::Mipd(_)
-            ) {
+            if matches!(method, CompressorConfig::ScaleCom(_)) {
                 return Err(err(
                     "compress.kind",
-                    format!(
-                        "mode = \"ps\" pushes dense f32 gradients (kind = \"none\") or MIPD \
-                         payloads (kind = \"mipd\"); {:?} payloads would need a server that \
-                         decodes them, which the parameter server does not have yet",
-                        method.name()
-                    ),
+                    "ScaleCom's workers compress at indices a leader broadcasts to them, a \
+                     collective among workers; mode = \"ps\" has none (use mode = \"allreduce\")"
+                        .into(),
                 ));
             }
-            if !matches!(memory, MemoryConfig::None | MemoryConfig::Residual { .. }) {
+            if matches!(method, CompressorConfig::Mipd(_))
+                && !matches!(memory, MemoryConfig::None | MemoryConfig::Residual { .. })
+            {
                 return Err(err(
                     "compress.memory",
-                    "mode = \"ps\" supports error_feedback = true (MIPD's residual) only".into(),
+                    "MIPD on the parameter server supports error_feedback = true (its residual) only"
+                        .into(),
                 ));
             }
             if f.non_finite == NonFinitePolicy::Recover {

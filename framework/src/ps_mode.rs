@@ -26,6 +26,14 @@
 //!   layer. Coordinates outside the half get a zero gradient that step (with momentum they
 //!   still move by their velocity). `error_feedback = true` adds MIPD's worker-side
 //!   residual.
+//! * Every other method except ScaleCom (whose leader-chosen indices need a broadcast
+//!   among the workers) pushes its own payloads ([`COMPRESSED_MEAN`]): each worker runs the
+//!   method's pipeline (its error-feedback memory included: residual, DGC's momentum
+//!   correction, …) on each shard of its gradient, one bucket per shard, and the server
+//!   decodes the workers' payloads of its shard with the method's decoder (the joint one
+//!   where the method has it), sums them in worker order and returns the mean as f32. The
+//!   push is compressed; the pull is dense. The memories and compressor states are part of
+//!   the checkpoint, so a synchronous run resumes bit-identically.
 //! * Each step record carries the seconds this rank's server spent aggregating.
 //! * Checkpoints hold the replicas, the optimizer and the data position; a resumed run starts
 //!   a fresh server clock. MIPD's server state (smoothed values, and the pushed gradients of
@@ -46,8 +54,12 @@ use dtrain_comms::ps::{
     Aggregate, AggregateError, Aggregation, Aggregator, DenseF32, PsConfig, PsLayout, PsNode,
     ShardPushes,
 };
+use std::collections::BTreeMap;
+
 use dtrain_comms::{CommError, Transport};
-use dtrain_compress::CompressorConfig;
+use dtrain_compress::{
+    decompress_sum_add, Compressor, CompressorConfig, Ctx, MemoryConfig, Payload, Pipeline, Rng,
+};
 
 use crate::config::ClusterConfig;
 use crate::mipd::{MipdAggregator, MipdWorker, MIPD_AGGREGATION};
@@ -63,6 +75,45 @@ enum ServerKind {
     Dense(DenseF32),
     /// MIPD: decode, sum, smooth the dropped coordinates, send the step's half.
     Mipd(Box<MipdAggregator>),
+    /// Any other method: decode each worker's payload of the shard, mean as f32. One
+    /// decoder per shard (index = shard).
+    Compressed(Vec<Box<dyn Compressor>>),
+}
+
+/// Aggregation code of [`ServerKind::Compressed`] pushes: a payload of the run's compression
+/// method per worker; the server decodes, sums in worker order and returns the mean as f32.
+pub const COMPRESSED_MEAN: Aggregation = Aggregation(17);
+
+/// The mean of the workers' compressed payloads of one shard (see [`COMPRESSED_MEAN`]).
+fn compressed_mean(
+    decoders: &[Box<dyn Compressor>],
+    input: &ShardPushes<'_>,
+) -> Result<Vec<u8>, AggregateError> {
+    let first = input.pushes.first().map_or(0, |p| p.0);
+    if input.aggregation != COMPRESSED_MEAN {
+        return Err(AggregateError {
+            worker: first,
+            detail: format!(
+                "this server decodes compressed pushes, not aggregation {:?}",
+                input.aggregation
+            ),
+        });
+    }
+    let Some(c) = decoders.get(input.shard) else {
+        return Err(AggregateError {
+            worker: first,
+            detail: format!("no decoder for shard {}", input.shard),
+        });
+    };
+    let mut acc = vec![0f32; input.range.len()];
+    let payloads: Vec<&[u8]> = input.pushes.iter().map(|p| p.1).collect();
+    decompress_sum_add(c.as_ref(), &payloads, &mut acc).map_err(|(i, e)| AggregateError {
+        worker: input.pushes[i].0,
+        detail: format!("shard {} payload: {e}", input.shard),
+    })?;
+    let inv = 1.0 / input.pushes.len().max(1) as f32;
+    acc.iter_mut().for_each(|v| *v *= inv);
+    Ok(dtrain_comms::ps::f32_payload(&acc))
 }
 
 impl Aggregator for ServerAggregator {
@@ -71,6 +122,7 @@ impl Aggregator for ServerAggregator {
         let r = match &mut self.kind {
             ServerKind::Dense(a) => a.aggregate(input),
             ServerKind::Mipd(a) => a.aggregate(input),
+            ServerKind::Compressed(d) => compressed_mean(d, input),
         };
         self.spent_ns
             .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -89,6 +141,23 @@ enum Codec {
         /// The parameters a step's gradient was computed at, reused across steps.
         params: Vec<f32>,
     },
+    /// The method's pipeline per shard (bucket id = shard index); the pull is the mean.
+    Compressed {
+        pipes: Vec<Pipeline>,
+        /// Per shard: its tensors' boundaries, relative to the shard.
+        segments: Vec<Vec<Range<usize>>>,
+        seed: u64,
+        rank: u32,
+    },
+}
+
+/// A worker's compressed-push state for checkpoints ([`PsState::export_state`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct PsCodecState {
+    /// Error-feedback memory per shard (keyed by shard index).
+    pub memory: BTreeMap<u64, Vec<f32>>,
+    /// Compressor state per shard, where the compressor carries any.
+    pub compressors: BTreeMap<u64, BTreeMap<String, f64>>,
 }
 
 /// One applied-or-to-apply aggregate: the mean gradient of a step.
@@ -136,12 +205,15 @@ impl<T: Transport> PsState<T> {
     /// the rank's connections) for a model whose parameter tensors lie at `layers` of the
     /// flat buffer, pushing with `method` (`none`: dense f32; `mipd`; with `error_feedback`,
     /// MIPD's worker-side residual).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         transport: T,
         cluster: &ClusterConfig,
         method: &CompressorConfig,
+        memory: &MemoryConfig,
         error_feedback: bool,
         layers: Vec<Range<usize>>,
+        seed: u64,
     ) -> Result<Self, CommError> {
         let world = transport.world_size();
         let len = layers.last().map_or(0, |l| l.end);
@@ -168,7 +240,40 @@ impl<T: Transport> PsState<T> {
                     },
                 )
             }
-            _ => (ServerKind::Dense(DenseF32), Codec::Dense),
+            CompressorConfig::None(_) => (ServerKind::Dense(DenseF32), Codec::Dense),
+            _ => {
+                let shards = layout.num_shards();
+                let mut decoders = Vec::with_capacity(shards);
+                let mut pipes = Vec::with_capacity(shards);
+                let mut segments = Vec::with_capacity(shards);
+                for j in 0..shards {
+                    let r = layout.shard_range(j);
+                    let mut c = method.build().map_err(bad)?;
+                    c.set_world_size(world);
+                    let mut d = method.build().map_err(bad)?;
+                    d.set_world_size(world);
+                    decoders.push(d);
+                    pipes.push(Pipeline::new(c, memory.build().map_err(bad)?));
+                    // The tensors overlapping the shard, cut to it: per-tensor statistics.
+                    segments.push(
+                        layers
+                            .iter()
+                            .filter(|l| l.start < r.end && l.end > r.start)
+                            .map(|l| l.start.max(r.start) - r.start..l.end.min(r.end) - r.start)
+                            .filter(|l| !l.is_empty())
+                            .collect(),
+                    );
+                }
+                (
+                    ServerKind::Compressed(decoders),
+                    Codec::Compressed {
+                        pipes,
+                        segments,
+                        seed,
+                        rank: transport.rank() as u32,
+                    },
+                )
+            }
         };
         let server_ns = Arc::new(AtomicU64::new(0));
         let agg = ServerAggregator {
@@ -191,12 +296,60 @@ impl<T: Transport> PsState<T> {
         self.staleness
     }
 
+    /// What a checkpoint must hold of this worker's codec: per shard, its error-feedback
+    /// memory and its compressor's state (empty for dense and MIPD pushes).
+    pub fn export_state(&self) -> PsCodecState {
+        let mut st = PsCodecState::default();
+        if let Codec::Compressed { pipes, .. } = &self.codec {
+            for (j, p) in pipes.iter().enumerate() {
+                st.memory.extend(p.memory().export());
+                let c = p.compressor().export_state();
+                if !c.is_empty() {
+                    st.compressors.insert(j as u64, c);
+                }
+            }
+        }
+        st
+    }
+
+    /// Restores [`PsState::export_state`] (same method and shard layout).
+    pub fn import_state(&mut self, mut st: PsCodecState) -> Result<(), String> {
+        let Codec::Compressed { pipes, .. } = &mut self.codec else {
+            return if st.memory.is_empty() && st.compressors.is_empty() {
+                Ok(())
+            } else {
+                Err(
+                    "the checkpoint holds compressed-push state; this run pushes dense or MIPD"
+                        .into(),
+                )
+            };
+        };
+        for (j, p) in pipes.iter_mut().enumerate() {
+            let key = j as u64;
+            if let Some(m) = st.memory.remove(&key) {
+                p.memory_mut().import(BTreeMap::from([(key, m)]));
+            }
+            if let Some(c) = st.compressors.remove(&key) {
+                p.compressor_mut()
+                    .import_state(&c)
+                    .map_err(|e| format!("shard {j} compressor state: {e}"))?;
+            }
+        }
+        if let Some(k) = st.memory.keys().chain(st.compressors.keys()).next() {
+            return Err(format!(
+                "the checkpoint has state for shard {k}, this run has {} shards",
+                pipes.len()
+            ));
+        }
+        Ok(())
+    }
+
     fn ready(&self, aggs: Vec<Aggregate>) -> Result<Vec<Ready>, CommError> {
         let base = self.base.unwrap_or(0);
         aggs.into_iter()
             .map(|a| {
                 let grad = match &self.codec {
-                    Codec::Dense => a.dense(),
+                    Codec::Dense | Codec::Compressed { .. } => a.dense(),
                     Codec::Mipd { worker: w, .. } => {
                         let mut g = vec![0.0; self.node.layout().len()];
                         w.apply(&a, &mut g).map_err(|e| {
@@ -253,6 +406,30 @@ impl<T: Transport> PsState<T> {
                     .payloads(params, grad)
                     .map_err(|e| CommError::InvalidArgument(format!("MIPD encode: {e}")))?;
                 (p, MIPD_AGGREGATION)
+            }
+            Codec::Compressed {
+                pipes,
+                segments,
+                seed,
+                rank,
+            } => {
+                let mut out = Vec::with_capacity(pipes.len());
+                for (j, pipe) in pipes.iter_mut().enumerate() {
+                    let ctx = Ctx {
+                        step,
+                        rank: *rank,
+                        bucket: j as u64,
+                        segments: &segments[j],
+                    };
+                    let mut rng = Rng::for_step(*seed, step, *rank as u64, j as u64);
+                    let mut p = Payload::new();
+                    pipe.compress(&grad[layout.shard_range(j)], &ctx, &mut rng, &mut p)
+                        .map_err(|e| {
+                            CommError::InvalidArgument(format!("compressing shard {j}: {e}"))
+                        })?;
+                    out.push(p.into_bytes());
+                }
+                (out, COMPRESSED_MEAN)
             }
         };
         let payload_bytes = payloads.iter().map(|p| p.len() as u64).sum();

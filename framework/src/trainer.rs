@@ -492,8 +492,16 @@ impl<T: Transport> Trainer<T> {
             .map(|p| p.offset..p.offset + p.numel)
             .collect();
         let ef = !matches!(self.plan.memory, dtrain_compress::MemoryConfig::None);
-        let ps = PsState::new(transport, c, &self.plan.method, ef, layers)
-            .map_err(|source| TrainError::Comm { step, source })?;
+        let ps = PsState::new(
+            transport,
+            c,
+            &self.plan.method,
+            &self.plan.memory,
+            ef,
+            layers,
+            self.plan.config.seed,
+        )
+        .map_err(|source| TrainError::Comm { step, source })?;
         self.ps = Some(ps);
         Ok(())
     }
@@ -680,6 +688,29 @@ impl<T: Transport> Trainer<T> {
             ex.memory.insert(*key, ck.f32(&format!("mem/{key}"))?);
         }
         self.exchanger.import_state(ex).map_err(bad)?;
+        if let Some(ps) = self.ps.as_mut() {
+            let mut st = crate::ps_mode::PsCodecState::default();
+            let names: Vec<String> = ck.names().map(|n| n.to_string()).collect();
+            for n in &names {
+                if let Some(k) = n.strip_prefix("ps/mem/") {
+                    let k: u64 = k
+                        .parse()
+                        .map_err(|_| bad(format!("bad section name {n:?}")))?;
+                    st.memory.insert(k, ck.f32(n)?);
+                }
+            }
+            if names.iter().any(|n| n == "ps/compressors") {
+                let comp: BTreeMap<String, BTreeMap<String, u64>> = ck.json("ps/compressors")?;
+                for (k, m) in comp {
+                    let k: u64 = k
+                        .parse()
+                        .map_err(|_| bad(format!("bad shard key {k:?} in ps/compressors")))?;
+                    let vals = m.into_iter().map(|(n, b)| (n, f64::from_bits(b))).collect();
+                    st.compressors.insert(k, vals);
+                }
+            }
+            ps.import_state(st).map_err(bad)?;
+        }
         self.model.write_params(&params);
         if !self.buffers.is_empty() {
             self.model.write_buffers(&self.buffers);
@@ -756,6 +787,22 @@ impl<T: Transport> Trainer<T> {
         }
         for (k, v) in &mem {
             ck.put_f32(&format!("mem/{k}"), v);
+        }
+        if let Some(ps) = &self.ps {
+            // Compressed pushes: each shard's error-feedback memory and compressor state.
+            let st = ps.export_state();
+            for (k, v) in &st.memory {
+                ck.put_f32(&format!("ps/mem/{k}"), v);
+            }
+            let comp: BTreeMap<String, BTreeMap<String, u64>> = st
+                .compressors
+                .iter()
+                .map(|(k, m)| {
+                    let bits = m.iter().map(|(n, v)| (n.clone(), v.to_bits())).collect();
+                    (k.to_string(), bits)
+                })
+                .collect();
+            ck.put_json("ps/compressors", &comp);
         }
         ck.put_bytes("config.toml", self.plan.config.to_toml().into_bytes());
         ck.save(&dir.join(format!("rank-{}.ckpt", self.rank)))?;
