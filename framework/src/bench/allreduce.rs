@@ -527,7 +527,6 @@ pub fn table(opts: &Options, rows: &[Row]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dtrain_comms::channel_mesh;
 
     #[test]
     fn sizes_parse_like_nccl_tests() {
@@ -579,17 +578,10 @@ mod tests {
     fn measure_reports_consistent_rows() {
         for op in [Op::AllReduce, Op::AllGather, Op::Broadcast] {
             let o = opts(op);
-            let hs: Vec<_> = channel_mesh(3)
-                .into_iter()
-                .map(|t| {
-                    let o = o.clone();
-                    std::thread::spawn(move || {
-                        let mut c = Communicator::new(t, CommConfig::default());
-                        measure(&mut c, &o, &LinkSpec::default()).unwrap()
-                    })
-                })
-                .collect();
-            let rows: Vec<Vec<Row>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+            let oc = o.clone();
+            let rows: Vec<Vec<Row>> = super::super::on_channel_mesh(3, move |c| {
+                measure(c, &oc, &LinkSpec::default()).unwrap()
+            });
             for (rank, rs) in rows.iter().enumerate() {
                 assert_eq!(rs.len(), 2);
                 for (r, &bytes) in rs.iter().zip(&o.sizes) {

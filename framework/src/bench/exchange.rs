@@ -258,7 +258,6 @@ pub fn table(opts: &Options, rows: &[Row]) -> String {
 mod tests {
     use super::*;
     use crate::config::TransportKind;
-    use dtrain_comms::{channel_mesh, CommConfig};
     use std::time::Duration;
 
     #[test]
@@ -301,17 +300,10 @@ mod tests {
             "topk:ratio=0.01",
         ]);
         validate(&o).unwrap();
-        let hs: Vec<_> = channel_mesh(3)
-            .into_iter()
-            .map(|t| {
-                let o = o.clone();
-                std::thread::spawn(move || {
-                    let mut c = Communicator::new(t, CommConfig::default());
-                    measure(&mut c, &o, &LinkSpec::default()).unwrap()
-                })
-            })
-            .collect();
-        let rows: Vec<Vec<Row>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        let oc = o.clone();
+        let rows: Vec<Vec<Row>> = super::super::on_channel_mesh(3, move |c| {
+            measure(c, &oc, &LinkSpec::default()).unwrap()
+        });
         for rs in &rows {
             assert_eq!(rs.len(), 2 * 5);
             for (r, r0) in rs.iter().zip(&rows[0]) {
