@@ -80,8 +80,9 @@ enum ServerKind {
     Compressed(Vec<Box<dyn Compressor>>),
 }
 
-/// Aggregation code of [`ServerKind::Compressed`] pushes: a payload of the run's compression
-/// method per worker; the server decodes, sums in worker order and returns the mean as f32.
+/// Aggregation code of compressed pushes (any method but none, MIPD and ScaleCom): a
+/// payload of the run's compression method per worker; the server decodes, sums in worker
+/// order and returns the mean as f32.
 pub const COMPRESSED_MEAN: Aggregation = Aggregation(17);
 
 /// The mean of the workers' compressed payloads of one shard (see [`COMPRESSED_MEAN`]).

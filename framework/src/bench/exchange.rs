@@ -6,7 +6,7 @@
 //! layer benchmark times one-bit, threshold and adaptive quantization against
 //! `MPI_Allreduce` for layers of growing size, and finds adaptive quantization fastest on
 //! the largest layers. Here every method runs through the trainer's own
-//! [`Exchanger`](crate::exchange::Exchanger) on real worker processes, over any transport
+//! [`Exchanger`] on real worker processes, over any transport
 //! and any emulated link, so the crossover size where compression starts to pay shows up
 //! per fabric.
 //!
