@@ -357,6 +357,17 @@ pub struct AggregateError {
     pub detail: String,
 }
 
+impl AggregateError {
+    /// Refuses the aggregation the workers asked for in `input` (blaming the first pusher):
+    /// `server` says what this aggregator applies instead.
+    pub fn unsupported(input: &ShardPushes<'_>, server: &str) -> Self {
+        AggregateError {
+            worker: input.pushes.first().map_or(0, |p| p.0),
+            detail: format!("{server} cannot apply {:?}", input.aggregation),
+        }
+    }
+}
+
 /// Combines the pushes of one step for one shard into the bytes every worker pulls.
 /// Must be deterministic (same inputs, same bytes). Closures
 /// `FnMut(&ShardPushes) -> Result<Vec<u8>, AggregateError>` are aggregators too.

@@ -87,13 +87,10 @@ impl Aggregator for MipdAggregator {
     fn aggregate(&mut self, input: &ShardPushes<'_>) -> Result<Vec<u8>, AggregateError> {
         let first = input.pushes.first().map_or(0, |p| p.0);
         if input.aggregation != MIPD_AGGREGATION {
-            return Err(AggregateError {
-                worker: first,
-                detail: format!(
-                    "the MIPD server cannot apply {:?} (expects {MIPD_AGGREGATION:?})",
-                    input.aggregation
-                ),
-            });
+            return Err(AggregateError::unsupported(
+                input,
+                &format!("the MIPD server (expects {MIPD_AGGREGATION:?})"),
+            ));
         }
         if self.server.is_none() {
             let pieces = layers_in(&self.layers, input.range.clone());

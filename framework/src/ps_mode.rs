@@ -90,19 +90,15 @@ fn compressed_mean(
     decoders: &[Box<dyn Compressor>],
     input: &ShardPushes<'_>,
 ) -> Result<Vec<u8>, AggregateError> {
-    let first = input.pushes.first().map_or(0, |p| p.0);
     if input.aggregation != COMPRESSED_MEAN {
-        return Err(AggregateError {
-            worker: first,
-            detail: format!(
-                "this server decodes compressed pushes, not aggregation {:?}",
-                input.aggregation
-            ),
-        });
+        return Err(AggregateError::unsupported(
+            input,
+            "a server of compressed pushes (expects COMPRESSED_MEAN)",
+        ));
     }
     let Some(c) = decoders.get(input.shard) else {
         return Err(AggregateError {
-            worker: first,
+            worker: input.pushes.first().map_or(0, |p| p.0),
             detail: format!("no decoder for shard {}", input.shard),
         });
     };
