@@ -45,6 +45,7 @@
 //!   of every step it pushed — so that the collectives there see identical replicas and no
 //!   parameter-server traffic is in flight.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -54,8 +55,6 @@ use dtrain_comms::ps::{
     Aggregate, AggregateError, Aggregation, Aggregator, DenseF32, PsConfig, PsLayout, PsNode,
     ShardPushes,
 };
-use std::collections::BTreeMap;
-
 use dtrain_comms::{CommError, Transport};
 use dtrain_compress::{
     decompress_sum_add, Compressor, CompressorConfig, Ctx, MemoryConfig, Payload, Pipeline, Rng,
@@ -200,8 +199,10 @@ pub(crate) struct PsState<T: Transport> {
 impl<T: Transport> PsState<T> {
     /// Joins the parameter server of a run over `transport` (the parameter-server lane of
     /// the rank's connections) for a model whose parameter tensors lie at `layers` of the
-    /// flat buffer, pushing with `method` (`none`: dense f32; `mipd`; with `error_feedback`,
-    /// MIPD's worker-side residual).
+    /// flat buffer, pushing with `method`: `none` pushes dense f32; `mipd` its payloads
+    /// (with `error_feedback`, MIPD's worker-side residual); any other method its own
+    /// payloads through a pipeline with `memory` per shard, its RNG streams seeded by
+    /// `seed`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         transport: T,
