@@ -135,6 +135,18 @@ impl Options {
         self.link().map(|_| ())
     }
 
+    /// `", emulated egress link B / L per worker"` for table titles (empty when unshaped).
+    pub fn link_note(&self) -> String {
+        match (&self.bandwidth, &self.latency) {
+            (None, None) => String::new(),
+            (b, l) => format!(
+                ", emulated egress link {} / {} per worker",
+                b.as_deref().unwrap_or("unlimited"),
+                l.as_deref().unwrap_or("0")
+            ),
+        }
+    }
+
     /// Timed calls for `bytes`.
     pub fn iters_for(&self, bytes: usize) -> usize {
         if self.iters > 0 {
@@ -494,14 +506,7 @@ pub fn table(opts: &Options, rows: &[Row]) -> String {
         opts.op,
         opts.transport,
         opts.workers,
-        match (&opts.bandwidth, &opts.latency) {
-            (None, None) => String::new(),
-            (b, l) => format!(
-                ", emulated egress link {} / {} per worker",
-                b.as_deref().unwrap_or("unlimited"),
-                l.as_deref().unwrap_or("0")
-            ),
-        }
+        opts.link_note()
     );
     s += &format!(
         "# {:>12} {:>12} {:>6} {:>12} {:>11} {:>11}",

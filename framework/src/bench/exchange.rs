@@ -195,14 +195,7 @@ pub fn table(opts: &Options, rows: &[Row]) -> String {
         "# dtrain bench allreduce --compress: one layer per size, transport {}, {} worker processes on 127.0.0.1{}\n",
         opts.transport,
         opts.workers,
-        match (&opts.bandwidth, &opts.latency) {
-            (None, None) => String::new(),
-            (b, l) => format!(
-                ", emulated egress link {} / {} per worker",
-                b.as_deref().unwrap_or("unlimited"),
-                l.as_deref().unwrap_or("0")
-            ),
-        }
+        opts.link_note()
     );
     s += "# time: per exchange (memory + compress + collective + decompress), max over ranks; \
           speed-up vs none at the same size\n";
