@@ -1046,8 +1046,6 @@ impl RunConfig {
                 return Err(err("train.clip_norm", format!("must be > 0, got {c}")));
             }
         }
-        let mut clip_norm = t.clip_norm;
-        let c_workers = c.workers as u32;
         let decay = match &t.lr_schedule {
             DecaySpec::Table(d) => {
                 if !t.lr_milestones.is_empty() || t.lr_gamma.is_some() {
@@ -1175,7 +1173,9 @@ impl RunConfig {
             opt.momentum = 0.0;
             opt.nesterov = false;
             // Clipping moves too: DGC clips each worker's gradient before accumulation.
-            if let (Some(c), MemoryConfig::DgcMomentum { clip, .. }) = (t.clip_norm, &mut memory) {
+            if let (Some(max_norm), MemoryConfig::DgcMomentum { clip, .. }) =
+                (t.clip_norm, &mut memory)
+            {
                 if *clip != dtrain_compress::dgc::Clip::None {
                     return Err(err(
                         "train.clip_norm",
@@ -1185,10 +1185,9 @@ impl RunConfig {
                     ));
                 }
                 *clip = dtrain_compress::dgc::Clip::Norm {
-                    max_norm: c,
-                    workers: c_workers,
+                    max_norm,
+                    workers: c.workers as u32,
                 };
-                clip_norm = None;
             }
         }
         memory
@@ -1280,7 +1279,8 @@ impl RunConfig {
             steps_per_epoch,
             total_steps,
             train_examples: train_examples.unwrap_or(0),
-            clip_norm,
+            // Under DGC's momentum memory the clipping happened locally, before accumulation.
+            clip_norm: t.clip_norm.filter(|_| !memory.owns_momentum()),
         })
     }
 

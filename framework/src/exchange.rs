@@ -389,7 +389,7 @@ impl ExchangerState {
 }
 
 /// Exact serde for floats: IEEE bit patterns.
-mod bits {
+pub(crate) mod bits {
     use std::collections::BTreeMap;
 
     use serde::{Deserialize, Deserializer, Serialize, Serializer};

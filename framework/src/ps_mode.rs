@@ -62,6 +62,7 @@ use dtrain_compress::{
 
 use crate::config::ClusterConfig;
 use crate::mipd::{MipdAggregator, MipdWorker, MIPD_AGGREGATION};
+use dtrain_compress::mipd::layers_in;
 
 /// The servers' aggregator, timing itself (nanoseconds spent aggregating, for the metrics).
 pub(crate) struct ServerAggregator {
@@ -74,9 +75,9 @@ enum ServerKind {
     Dense(DenseF32),
     /// MIPD: decode, sum, smooth the dropped coordinates, send the step's half.
     Mipd(Box<MipdAggregator>),
-    /// Any other method: decode each worker's payload of the shard, mean as f32. One
-    /// decoder per shard (index = shard).
-    Compressed(Vec<Box<dyn Compressor>>),
+    /// Any other method: decode each worker's payload of the shard, mean as f32. Payloads
+    /// are self-describing, so one decoder serves every shard.
+    Compressed(Box<dyn Compressor>),
 }
 
 /// Aggregation code of compressed pushes (any method but none, MIPD and ScaleCom): a
@@ -85,25 +86,16 @@ enum ServerKind {
 pub const COMPRESSED_MEAN: Aggregation = Aggregation(17);
 
 /// The mean of the workers' compressed payloads of one shard (see [`COMPRESSED_MEAN`]).
-fn compressed_mean(
-    decoders: &[Box<dyn Compressor>],
-    input: &ShardPushes<'_>,
-) -> Result<Vec<u8>, AggregateError> {
+fn compressed_mean(c: &dyn Compressor, input: &ShardPushes<'_>) -> Result<Vec<u8>, AggregateError> {
     if input.aggregation != COMPRESSED_MEAN {
         return Err(AggregateError::unsupported(
             input,
             "a server of compressed pushes (expects COMPRESSED_MEAN)",
         ));
     }
-    let Some(c) = decoders.get(input.shard) else {
-        return Err(AggregateError {
-            worker: input.pushes.first().map_or(0, |p| p.0),
-            detail: format!("no decoder for shard {}", input.shard),
-        });
-    };
     let mut acc = vec![0f32; input.range.len()];
     let payloads: Vec<&[u8]> = input.pushes.iter().map(|p| p.1).collect();
-    decompress_sum_add(c.as_ref(), &payloads, &mut acc).map_err(|(i, e)| AggregateError {
+    decompress_sum_add(c, &payloads, &mut acc).map_err(|(i, e)| AggregateError {
         worker: input.pushes[i].0,
         detail: format!("shard {} payload: {e}", input.shard),
     })?;
@@ -118,7 +110,7 @@ impl Aggregator for ServerAggregator {
         let r = match &mut self.kind {
             ServerKind::Dense(a) => a.aggregate(input),
             ServerKind::Mipd(a) => a.aggregate(input),
-            ServerKind::Compressed(d) => compressed_mean(d, input),
+            ServerKind::Compressed(d) => compressed_mean(d.as_ref(), input),
         };
         self.spent_ns
             .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -147,12 +139,16 @@ enum Codec {
     },
 }
 
-/// A worker's compressed-push state for checkpoints ([`PsState::export_state`]).
-#[derive(Debug, Clone, Default, PartialEq)]
+/// A worker's compressed-push state for checkpoints ([`PsState::export_state`]). The
+/// compressor states serialize exactly (IEEE bits, as the exchanger's); the memories are
+/// large and travel as raw f32 checkpoint sections instead.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct PsCodecState {
     /// Error-feedback memory per shard (keyed by shard index).
+    #[serde(skip)]
     pub memory: BTreeMap<u64, Vec<f32>>,
     /// Compressor state per shard, where the compressor carries any.
+    #[serde(with = "crate::exchange::bits::state_bits")]
     pub compressors: BTreeMap<u64, BTreeMap<String, f64>>,
 }
 
@@ -200,16 +196,14 @@ impl<T: Transport> PsState<T> {
     /// Joins the parameter server of a run over `transport` (the parameter-server lane of
     /// the rank's connections) for a model whose parameter tensors lie at `layers` of the
     /// flat buffer, pushing with `method`: `none` pushes dense f32; `mipd` its payloads
-    /// (with `error_feedback`, MIPD's worker-side residual); any other method its own
-    /// payloads through a pipeline with `memory` per shard, its RNG streams seeded by
+    /// (with a residual `memory`, MIPD's worker-side error feedback); any other method its
+    /// own payloads through a pipeline with `memory` per shard, its RNG streams seeded by
     /// `seed`.
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         transport: T,
         cluster: &ClusterConfig,
         method: &CompressorConfig,
         memory: &MemoryConfig,
-        error_feedback: bool,
         layers: Vec<Range<usize>>,
         seed: u64,
     ) -> Result<Self, CommError> {
@@ -228,7 +222,7 @@ impl<T: Transport> PsState<T> {
         let (kind, codec) = match method {
             CompressorConfig::Mipd(m) => {
                 let mut w = MipdWorker::new(&layout, &layers, m, &m.server()).map_err(bad)?;
-                w.set_error_feedback(error_feedback);
+                w.set_error_feedback(!matches!(memory, MemoryConfig::None));
                 let a = MipdAggregator::new(&layout, layers.clone(), m.server()).map_err(bad)?;
                 (
                     ServerKind::Mipd(Box::new(a)),
@@ -241,29 +235,20 @@ impl<T: Transport> PsState<T> {
             CompressorConfig::None(_) => (ServerKind::Dense(DenseF32), Codec::Dense),
             _ => {
                 let shards = layout.num_shards();
-                let mut decoders = Vec::with_capacity(shards);
                 let mut pipes = Vec::with_capacity(shards);
-                let mut segments = Vec::with_capacity(shards);
-                for j in 0..shards {
-                    let r = layout.shard_range(j);
+                for _ in 0..shards {
                     let mut c = method.build().map_err(bad)?;
                     c.set_world_size(world);
-                    let mut d = method.build().map_err(bad)?;
-                    d.set_world_size(world);
-                    decoders.push(d);
                     pipes.push(Pipeline::new(c, memory.build().map_err(bad)?));
-                    // The tensors overlapping the shard, cut to it: per-tensor statistics.
-                    segments.push(
-                        layers
-                            .iter()
-                            .filter(|l| l.start < r.end && l.end > r.start)
-                            .map(|l| l.start.max(r.start) - r.start..l.end.min(r.end) - r.start)
-                            .filter(|l| !l.is_empty())
-                            .collect(),
-                    );
                 }
+                // The tensors overlapping each shard, cut to it: per-tensor statistics.
+                let segments = (0..shards)
+                    .map(|j| layers_in(&layers, layout.shard_range(j)))
+                    .collect();
+                let mut decoder = method.build().map_err(bad)?;
+                decoder.set_world_size(world);
                 (
-                    ServerKind::Compressed(decoders),
+                    ServerKind::Compressed(decoder),
                     Codec::Compressed {
                         pipes,
                         segments,

@@ -491,13 +491,11 @@ impl<T: Transport> Trainer<T> {
             .params()
             .map(|p| p.offset..p.offset + p.numel)
             .collect();
-        let ef = !matches!(self.plan.memory, dtrain_compress::MemoryConfig::None);
         let ps = PsState::new(
             transport,
             c,
             &self.plan.method,
             &self.plan.memory,
-            ef,
             layers,
             self.plan.config.seed,
         )
@@ -689,24 +687,18 @@ impl<T: Transport> Trainer<T> {
         }
         self.exchanger.import_state(ex).map_err(bad)?;
         if let Some(ps) = self.ps.as_mut() {
-            let mut st = crate::ps_mode::PsCodecState::default();
             let names: Vec<String> = ck.names().map(|n| n.to_string()).collect();
+            let mut st: crate::ps_mode::PsCodecState = if names.iter().any(|n| n == "ps/state") {
+                ck.json("ps/state")?
+            } else {
+                Default::default()
+            };
             for n in &names {
                 if let Some(k) = n.strip_prefix("ps/mem/") {
                     let k: u64 = k
                         .parse()
                         .map_err(|_| bad(format!("bad section name {n:?}")))?;
                     st.memory.insert(k, ck.f32(n)?);
-                }
-            }
-            if names.iter().any(|n| n == "ps/compressors") {
-                let comp: BTreeMap<String, BTreeMap<String, u64>> = ck.json("ps/compressors")?;
-                for (k, m) in comp {
-                    let k: u64 = k
-                        .parse()
-                        .map_err(|_| bad(format!("bad shard key {k:?} in ps/compressors")))?;
-                    let vals = m.into_iter().map(|(n, b)| (n, f64::from_bits(b))).collect();
-                    st.compressors.insert(k, vals);
                 }
             }
             ps.import_state(st).map_err(bad)?;
@@ -789,20 +781,12 @@ impl<T: Transport> Trainer<T> {
             ck.put_f32(&format!("mem/{k}"), v);
         }
         if let Some(ps) = &self.ps {
-            // Compressed pushes: each shard's error-feedback memory and compressor state.
+            // Compressed pushes: each shard's compressor state (JSON) and memory (raw f32).
             let st = ps.export_state();
+            ck.put_json("ps/state", &st);
             for (k, v) in &st.memory {
                 ck.put_f32(&format!("ps/mem/{k}"), v);
             }
-            let comp: BTreeMap<String, BTreeMap<String, u64>> = st
-                .compressors
-                .iter()
-                .map(|(k, m)| {
-                    let bits = m.iter().map(|(n, v)| (n.clone(), v.to_bits())).collect();
-                    (k.to_string(), bits)
-                })
-                .collect();
-            ck.put_json("ps/compressors", &comp);
         }
         ck.put_bytes("config.toml", self.plan.config.to_toml().into_bytes());
         ck.save(&dir.join(format!("rank-{}.ckpt", self.rank)))?;
@@ -1364,8 +1348,8 @@ enum StepOutcome {
 }
 
 /// Scales `g` to L2 norm at most `max` (`train.clip_norm`; the norm is accumulated in f64
-/// in index order, so every rank computes the same factor). Returns the norm before.
-pub fn clip_to_norm(g: &mut [f32], max: f32) -> f64 {
+/// in index order, so every rank computes the same factor).
+fn clip_to_norm(g: &mut [f32], max: f32) {
     let norm = g
         .iter()
         .map(|&x| (x as f64) * (x as f64))
@@ -1375,5 +1359,4 @@ pub fn clip_to_norm(g: &mut [f32], max: f32) -> f64 {
         let scale = (max as f64 / norm) as f32;
         g.iter_mut().for_each(|x| *x *= scale);
     }
-    norm
 }

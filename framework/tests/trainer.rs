@@ -548,26 +548,17 @@ fn dlcp_without_loss_is_the_ring_sum_and_with_loss_keeps_replicas_identical() {
         );
         let d = lossy.summary.lossy_dropped.expect("DLCP reports its drops");
         assert!(d > 0.0 && d < 0.05, "ef {ef}: dropped fraction {d}");
-        let n = lossy.losses.len();
-        let first: f64 = lossy.losses[..8].iter().sum::<f64>() / 8.0;
-        let last: f64 = lossy.losses[n - 8..].iter().sum::<f64>() / 8.0;
-        assert!(last < first, "ef {ef}: loss {first} → {last}");
+        assert_loss_falls(&lossy.losses, &format!("ef {ef}"));
     }
 }
 
 #[test]
 fn dlcp_configuration_is_checked() {
-    let check = |sets: &[&str], field: &str| {
-        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        let cfg = RunConfig::parse(BASE, "base.toml", &sets).unwrap();
-        let e = cfg.validate("base.toml", None).unwrap_err();
-        assert_eq!(e.field, field, "{sets:?}: {e}");
-    };
-    check(
+    refused_at(
         &["compress.kind=\"none\"", "compress.dlcp.p_max=0.1"],
         "compress.dlcp",
     );
-    check(
+    refused_at(
         &[
             "compress.kind=\"none\"",
             "compress.collective=\"dlcp\"",
@@ -575,7 +566,7 @@ fn dlcp_configuration_is_checked() {
         ],
         "compress.dlcp.p_max",
     );
-    check(
+    refused_at(
         &[
             "compress.kind=\"none\"",
             "compress.collective=\"dlcp\"",
@@ -583,7 +574,7 @@ fn dlcp_configuration_is_checked() {
         ],
         "compress.dlcp.deadline",
     );
-    check(
+    refused_at(
         &[
             "compress.kind=\"none\"",
             "compress.collective=\"dlcp\"",
@@ -591,7 +582,7 @@ fn dlcp_configuration_is_checked() {
         ],
         "compress.dlcp",
     );
-    check(
+    refused_at(
         &["compress.collective=\"dlcp\"", "compress.kind=\"topk\""],
         "compress.collective",
     );
@@ -615,6 +606,22 @@ fn meprop_gradients_sent_as_columns_train_exactly_like_dense_with_fewer_bytes() 
         cols.summary.payload_bytes_per_step,
     );
     assert!(c < 0.4 * d, "payload {c} vs dense {d}");
+}
+
+/// The mean loss of the last 8 steps is below that of the first 8.
+fn assert_loss_falls(losses: &[f64], what: &str) {
+    let n = losses.len();
+    let first: f64 = losses[..8].iter().sum::<f64>() / 8.0;
+    let last: f64 = losses[n - 8..].iter().sum::<f64>() / 8.0;
+    assert!(last < first, "{what}: loss {first} → {last}");
+}
+
+/// BASE + `sets` parses but fails validation with an error naming `field`.
+fn refused_at(sets: &[&str], field: &str) {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    let cfg = RunConfig::parse(BASE, "base.toml", &sets).unwrap();
+    let e = cfg.validate("base.toml", None).unwrap_err();
+    assert_eq!(e.field, field, "{sets:?}: {e}");
 }
 
 /// Every replica equals rank 0's, bit for bit ([`run_all`] checks it too; the PS tests say
@@ -673,10 +680,7 @@ fn asynchronous_ps_keeps_replicas_identical_and_trains() {
     assert_replicas_identical(&runs, "staleness 2");
     for (r, run) in runs.iter().enumerate() {
         assert_eq!(run.skipped, 0, "rank {r}");
-        let n = run.losses.len();
-        let first: f64 = run.losses[..8].iter().sum::<f64>() / 8.0;
-        let last: f64 = run.losses[n - 8..].iter().sum::<f64>() / 8.0;
-        assert!(last < first, "rank {r}: loss {first} → {last}");
+        assert_loss_falls(&run.losses, &format!("rank {r}"));
     }
     // Every worker applied every step's aggregate: the final evaluation is the same on all.
     let acc: Vec<_> = runs
@@ -725,10 +729,7 @@ fn compressed_pushes_over_the_parameter_server() {
             r.summary.payload_bytes_per_step,
             dense[0].summary.payload_bytes_per_step
         );
-        let n = r.losses.len();
-        let first: f64 = r.losses[..8].iter().sum::<f64>() / 8.0;
-        let last: f64 = r.losses[n - 8..].iter().sum::<f64>() / 8.0;
-        assert!(last < first, "{extra:?}: loss {first} → {last}");
+        assert_loss_falls(&r.losses, &format!("{extra:?}"));
     }
     // The memories and compressor states are checkpointed: a synchronous run resumes
     // bit-identically.
@@ -744,15 +745,9 @@ fn compressed_pushes_over_the_parameter_server() {
 
 #[test]
 fn ps_configuration_is_checked() {
-    let check = |sets: &[&str], field: &str| {
-        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        let cfg = RunConfig::parse(BASE, "base.toml", &sets).unwrap();
-        let e = cfg.validate("base.toml", None).unwrap_err();
-        assert_eq!(e.field, field, "{sets:?}: {e}");
-    };
-    check(&["cluster.staleness=2"], "cluster.staleness");
-    check(&["cluster.servers=1"], "cluster.servers");
-    check(
+    refused_at(&["cluster.staleness=2"], "cluster.staleness");
+    refused_at(&["cluster.servers=1"], "cluster.servers");
+    refused_at(
         &[
             "cluster.mode=\"ps\"",
             "cluster.workers=2",
@@ -760,11 +755,11 @@ fn ps_configuration_is_checked() {
         ],
         "cluster.servers",
     );
-    check(
+    refused_at(
         &["cluster.mode=\"ps\"", "compress.kind=\"scalecom\""],
         "compress.kind",
     );
-    check(
+    refused_at(
         &["cluster.mode=\"ps\"", "failure.non_finite=\"recover\""],
         "failure.non_finite",
     );
@@ -799,10 +794,7 @@ fn mipd_over_the_parameter_server_keeps_replicas_identical_and_trains() {
         let runs = run_all(BASE, 3, &all, None, false);
         assert_replicas_identical(&runs, &format!("{sets:?}"));
         let r = &runs[0];
-        let n = r.losses.len();
-        let first: f64 = r.losses[..8].iter().sum::<f64>() / 8.0;
-        let last: f64 = r.losses[n - 8..].iter().sum::<f64>() / 8.0;
-        assert!(last < first, "{sets:?}: loss {first} → {last}");
+        assert_loss_falls(&r.losses, &format!("{sets:?}"));
         // Fewer bytes than dense PS: a worker pushes two thirds of a 4-byte-per-parameter
         // gradient and serves a third to two peers.
         let dense_bytes = 4.0 * r.summary.params as f64 * (2.0 / 3.0) * 2.0;

@@ -409,7 +409,7 @@ pub fn worker(a: &WorkerArgs) -> Result<(), String> {
     let rows = if a.opts.methods.is_empty() {
         measure(&mut c, &a.opts, &link).map_err(|e| e.to_string())?
     } else {
-        super::exchange::measure(&mut c, &a.opts, &link)?
+        super::exchange::measure(&mut c, &a.opts)?
     };
     drop(c);
     drop(mpi);

@@ -20,7 +20,6 @@
 
 use std::time::Instant;
 
-use dtrain_comms::shaping::LinkSpec;
 use dtrain_comms::{Communicator, Transport};
 use dtrain_compress::CompressorConfig;
 
@@ -36,7 +35,7 @@ use crate::exchange::Exchanger;
 pub const GRAD_SCALE: f32 = 1e-3;
 
 /// Time split of one compressed exchange, microseconds per call (maximum over ranks).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Breakdown {
     /// Error-feedback compensation and encoding.
     pub compress_us: f64,
@@ -100,11 +99,7 @@ pub fn validate(opts: &Options) -> Result<(), String> {
 
 /// Measures every (size, method) pair of `opts` on a connected communicator (every rank
 /// calls this with the same options). Rows come size by size, methods in the given order.
-pub fn measure<T: Transport>(
-    c: &mut Communicator<T>,
-    opts: &Options,
-    _link: &LinkSpec,
-) -> Result<Vec<Row>, String> {
+pub fn measure<T: Transport>(c: &mut Communicator<T>, opts: &Options) -> Result<Vec<Row>, String> {
     let world = c.world_size();
     let rank = c.rank();
     let mut rows = Vec::new();
@@ -219,11 +214,7 @@ pub fn table(opts: &Options, rows: &[Row]) -> String {
             .find(|x| x.method.as_deref() == Some("none"))
             .or_else(|| rows.iter().find(|x| x.bytes == r.bytes));
         let speedup = base.map_or(1.0, |b| b.time_us / r.time_us);
-        let b = r.breakdown.unwrap_or(Breakdown {
-            compress_us: 0.0,
-            communicate_us: 0.0,
-            decompress_us: 0.0,
-        });
+        let b = r.breakdown.unwrap_or_default();
         let shape = layer_shape(r.count);
         let layer = shape
             .iter()
@@ -294,9 +285,8 @@ mod tests {
         ]);
         validate(&o).unwrap();
         let oc = o.clone();
-        let rows: Vec<Vec<Row>> = super::super::on_channel_mesh(3, move |c| {
-            measure(c, &oc, &LinkSpec::default()).unwrap()
-        });
+        let rows: Vec<Vec<Row>> =
+            super::super::on_channel_mesh(3, move |c| measure(c, &oc).unwrap());
         for rs in &rows {
             assert_eq!(rs.len(), 2 * 5);
             for (r, r0) in rs.iter().zip(&rows[0]) {
