@@ -17,8 +17,9 @@
 //! With [`DgcMemory`] the momentum lives **in the memory**: what a worker transmits is
 //! already the (sparsified) momentum-accumulated velocity. The trainer must therefore apply
 //! a **plain SGD** step with the aggregated result, `x ← x − η·(1/P)·Σ_k D(msg_k)`, and must
-//! not apply momentum a second time. Weight decay, if any, is added into the gradient
-//! *before* [`Memory::compensate`]. [`MemoryConfig::owns_momentum`](crate::memory::MemoryConfig::owns_momentum)
+//! not apply momentum to it a second time. Weight decay is the same on every worker and is
+//! not sent: the trainer's optimizer keeps a momentum for the decay term alone, as the
+//! authors' `DGCSGD` does. [`MemoryConfig::owns_momentum`](crate::memory::MemoryConfig::owns_momentum)
 //! tells the trainer when this applies. With sparsity 0, one worker and masking off this
 //! reproduces momentum SGD exactly (tested below).
 //!
@@ -604,7 +605,8 @@ struct DgcState {
 /// u ← m·u + g            (Nesterov: u ← m·(u + g); v ← v + u + g)
 /// v ← v + u              compensate returns p = v
 /// v ← p − D(C(p))        update: keep what was not sent (zero at sent coordinates)
-/// u[j] ← 0 where sent    momentum-factor masking (if enabled)
+/// u[j] ← 0 where sent    momentum-factor masking (if enabled), in segments that held
+///                        something back (see `update_segments`)
 /// ```
 /// A coordinate counts as *sent* when its transmitted value is non-zero (DGC transmits the
 /// exact `v[j]`, and a selected `v[j] == 0` leaves `v` unchanged anyway).
@@ -693,6 +695,21 @@ impl Memory for DgcMemory {
     }
 
     fn update(&mut self, key: u64, compensated: &[f32], transmitted: &[f32]) {
+        self.update_segments(key, compensated, transmitted, &[]);
+    }
+
+    /// Keeps `v = p − D(C(p))` and masks the momentum of the sent coordinates of every
+    /// segment that held something back. A segment sent in full (`D(C(p)) == p`: a dense
+    /// bias or BN segment, or density 1) delayed nothing, so it carries no stale momentum to
+    /// stop; masking it would only turn its momentum SGD into plain SGD. The authors' code
+    /// likewise applies plain momentum to the tensors it sends dense.
+    fn update_segments(
+        &mut self,
+        key: u64,
+        compensated: &[f32],
+        transmitted: &[f32],
+        segments: &[std::ops::Range<usize>],
+    ) {
         let n = compensated.len();
         let st = self.state.entry(key).or_default();
         if st.u.len() != n {
@@ -700,16 +717,26 @@ impl Memory for DgcMemory {
             st.u.resize(n, 0.0);
         }
         st.v.resize(n, 0.0);
-        let masking = self.masking;
-        for (((v, u), &p), &t) in
-            st.v.iter_mut()
-                .zip(st.u.iter_mut())
-                .zip(compensated)
-                .zip(transmitted)
-        {
-            *v = p - t;
-            if masking && t != 0.0 {
-                *u = 0.0;
+        let whole = 0..n;
+        let segments = if segments.is_empty() {
+            std::slice::from_ref(&whole)
+        } else {
+            segments
+        };
+        for r in segments {
+            let (p, t) = (&compensated[r.clone()], &transmitted[r.clone()]);
+            let held_back = p.iter().zip(t).any(|(p, t)| p != t);
+            let mask = self.masking && held_back;
+            for (((v, u), &p), &t) in st.v[r.clone()]
+                .iter_mut()
+                .zip(st.u[r.clone()].iter_mut())
+                .zip(p)
+                .zip(t)
+            {
+                *v = p - t;
+                if mask && t != 0.0 {
+                    *u = 0.0;
+                }
             }
         }
     }
@@ -989,8 +1016,11 @@ mod tests {
                 assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
             }
         }
-        // Masking on at sparsity 0 erases the momentum every step: plain SGD.
-        assert_eq!(dgc_trajectory(n, false, true, steps), plain);
+        // Masking on at sparsity 0: nothing is held back, so nothing is masked and the
+        // trajectory stays momentum SGD (the paper's literal masking would erase the momentum
+        // every step and give plain SGD; the authors' code sends such tensors through its
+        // dense momentum path, as we do).
+        assert_eq!(dgc_trajectory(n, false, true, steps), heavy);
         // And the momentum actually matters on this problem.
         assert_ne!(heavy, plain);
     }
@@ -1040,6 +1070,60 @@ mod tests {
                 }
                 assert!(sent > 0 && sent <= keep_count(n, 0.01));
             }
+        }
+    }
+
+    /// Through the pipeline with layer segments: a short segment goes dense, so it keeps its
+    /// momentum (momentum SGD); the long sparse segment masks exactly its sent coordinates.
+    #[test]
+    fn segments_sent_in_full_keep_their_momentum() {
+        let (short, long) = (16usize, 8192usize);
+        let n = short + long;
+        let segs = [0..short, short..n];
+        let c = DgcConfig {
+            min_sparse_len: 1000,
+            ..cfg(0.01, Adaptation::Exact)
+        }
+        .init()
+        .unwrap();
+        let mem = DgcMemory::new(0.9, false, true, Clip::None);
+        let mut pipe = Pipeline::new(Box::new(c), Box::new(mem));
+        let mut payload = Payload::new();
+        let mut u_short = vec![0f32; short];
+        for step in 0..4u64 {
+            let g = data(n, 40 + step);
+            let ctx = Ctx {
+                step,
+                bucket: 3,
+                segments: &segs,
+                ..Ctx::default()
+            };
+            pipe.compress(&g, &ctx, &mut Rng::seed_from_u64(step), &mut payload)
+                .unwrap();
+            let mut t = vec![0f32; n];
+            pipe.decompress_add(payload.as_bytes(), &mut t).unwrap();
+            for (u, &g) in u_short.iter_mut().zip(&g[..short]) {
+                *u = 0.9 * *u + g;
+            }
+            // The dense segment sends its whole velocity, which is its momentum: u.
+            assert_eq!(&t[..short], &u_short[..], "step {step}");
+            let (mut masked, mut kept) = (0, 0);
+            // The exported state is u followed by v.
+            let state = pipe.memory().export();
+            let u = &state[&3][..n];
+            assert_eq!(&u[..short], &u_short[..]);
+            for j in short..n {
+                if t[j] != 0.0 {
+                    assert_eq!(u[j], 0.0, "sent coordinate {j} keeps momentum");
+                    masked += 1;
+                } else if u[j] != 0.0 {
+                    kept += 1;
+                }
+            }
+            assert!(
+                masked > 0 && kept > long / 2,
+                "{masked} masked, {kept} kept"
+            );
         }
     }
 

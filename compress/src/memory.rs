@@ -24,6 +24,20 @@ pub trait Memory: Send {
     /// returned by [`Memory::compensate`].
     fn update(&mut self, key: u64, compensated: &[f32], transmitted: &[f32]);
 
+    /// [`Memory::update`] for a buffer made of the layer `segments` (as in
+    /// [`Ctx::segments`](crate::compressor::Ctx::segments); empty means one segment). A memory
+    /// whose update depends on the layer split overrides it; the default ignores the split.
+    fn update_segments(
+        &mut self,
+        key: u64,
+        compensated: &[f32],
+        transmitted: &[f32],
+        segments: &[std::ops::Range<usize>],
+    ) {
+        let _ = segments;
+        self.update(key, compensated, transmitted)
+    }
+
     /// Whether this memory does anything (lets callers skip the decode of their own payload).
     fn is_active(&self) -> bool {
         true
@@ -128,8 +142,9 @@ pub enum MemoryConfig {
         #[serde(default = "one")]
         gamma: f32,
     },
-    /// DGC's momentum-corrected memory ([`crate::dgc::DgcMemory`]): the momentum lives here
-    /// and the optimizer must do plain SGD (see [`MemoryConfig::owns_momentum`]).
+    /// DGC's momentum-corrected memory ([`crate::dgc::DgcMemory`]): the gradient's momentum
+    /// lives here and the optimizer must not apply it again (see
+    /// [`MemoryConfig::owns_momentum`]).
     DgcMomentum {
         /// Momentum `m` in [0, 1) (default 0.9).
         #[serde(default = "momentum_default")]
@@ -173,8 +188,9 @@ impl MemoryConfig {
     };
 
     /// Whether the memory applies the optimizer's momentum itself (DGC's momentum
-    /// correction): the trainer must then take a plain SGD step with the aggregated
-    /// gradient instead of a momentum step.
+    /// correction): the trainer must then step with the aggregated gradient as it is, with
+    /// no momentum on it (a momentum on terms that are not sent, such as weight decay,
+    /// stays in the optimizer).
     pub fn owns_momentum(&self) -> bool {
         matches!(self, MemoryConfig::DgcMomentum { .. })
     }

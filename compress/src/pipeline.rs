@@ -133,8 +133,12 @@ impl Pipeline {
             &mut self.transmitted,
         )
         .expect("a payload this process just encoded decodes");
-        self.memory
-            .update(ctx.bucket, &self.compensated, &self.transmitted);
+        self.memory.update_segments(
+            ctx.bucket,
+            &self.compensated,
+            &self.transmitted,
+            ctx.segments,
+        );
         Ok(())
     }
 

@@ -732,7 +732,8 @@ pub struct Plan {
     /// DLCP bounded-loss all-reduce of the dense gradient (`compress.collective = "dlcp"`,
     /// settings in `[compress.dlcp]`).
     pub dlcp: Option<DlcpSettings>,
-    /// The optimizer (plain SGD where the memory owns the momentum).
+    /// The optimizer (momentum on the weight-decay term alone where the memory owns the
+    /// gradient's momentum).
     pub optimizer: OptimizerConfig,
     /// The learning-rate schedule.
     pub lr: LrSchedule,
@@ -1170,8 +1171,16 @@ impl RunConfig {
                     *nesterov = t.nesterov;
                 }
             }
-            opt.momentum = 0.0;
-            opt.nesterov = false;
+            // The weight-decay term is the same on every worker and is not sent: it keeps
+            // its momentum in the optimizer (as in the DGC authors' optimizer), so that the
+            // decay is as strong as in the momentum-SGD baseline. Without decay the
+            // optimizer is plain SGD.
+            if opt.weight_decay > 0.0 {
+                opt.decay_momentum_only = true;
+            } else {
+                opt.momentum = 0.0;
+                opt.nesterov = false;
+            }
             // Clipping moves too: DGC clips each worker's gradient before accumulation.
             if let (Some(max_norm), MemoryConfig::DgcMomentum { clip, .. }) =
                 (t.clip_norm, &mut memory)

@@ -5,7 +5,8 @@
 //! batch (epoch, j) of this rank ─► forward ─► backward into the flat gradient
 //! ─► control all-reduce [loss·n, n, non-finite flag]   (global loss; every rank decides alike)
 //! ─► Exchanger: buckets → compensate → compress → collective → decompress → average
-//! ─► optimizer on the flat parameters (plain SGD where the DGC memory owns the momentum)
+//! ─► optimizer on the flat parameters (where the DGC memory owns the gradient's momentum,
+//!    the optimizer keeps only the weight-decay term's)
 //! ─► parameters written back into the model
 //! ```
 //!
