@@ -39,13 +39,17 @@
 //! later communicator would receive them.
 //!
 //! # Peer loss
-//! MPI has no per-peer connection: when a process dies, `mpirun` aborts the whole job
-//! (fault-tolerant MPI, ULFM, is not in Open MPI's default build). What this driver does
-//! report is a peer that *drops its transport*: the drop sends a close message to every
-//! peer, delivered after everything it sent before (MPI keeps the order of messages
-//! between two ranks on one communicator), and reported once as
-//! [`TransportError::Closed`] — the same contract as the channel and TCP drivers. A stalled
-//! peer is caught by [`crate::Communicator`]'s timeout as everywhere else.
+//! MPI has no per-peer connection. By default, when a process dies `mpirun` aborts the
+//! whole job (fault-tolerant MPI, ULFM, is not in Open MPI's default build). Started with
+//! `mpirun --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0` (Open MPI
+//! 4), the survivors keep running and a killed rank is simply silent: this driver only
+//! uses non-blocking calls, so [`crate::Communicator`]'s timeout fires on the rank waiting
+//! for it and the abort notices name it on every survivor (test `mpi_killed`, run by CI
+//! for 2 and 4 ranks). A peer that *drops its transport* is reported sooner: the drop
+//! sends a close message to every peer, delivered after everything it sent before (MPI
+//! keeps the order of messages between two ranks on one communicator), and reported once
+//! as [`TransportError::Closed`] — the same contract as the channel and TCP drivers. A
+//! stalled peer is caught by the timeout as everywhere else.
 
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
