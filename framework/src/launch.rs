@@ -143,9 +143,10 @@ pub fn utc_stamp(t: std::time::SystemTime) -> String {
 
 /// Keys that may differ between a run and its resumption (they do not change the
 /// trajectory up to the checkpoint).
-const RESUMABLE_CHANGES: [&str; 5] = [
+const RESUMABLE_CHANGES: [&str; 6] = [
     "train.epochs",
     "train.max_steps",
+    "data.test_limit (evaluation only: a finished run can be re-evaluated on more samples)",
     "checkpoint",
     "output",
     "cluster (a different worker count is checked against the checkpoint)",
@@ -161,6 +162,9 @@ fn compare_for_resume(old: &RunConfig, new: &RunConfig) -> Result<(), String> {
         if let Some(tr) = t.get_mut("train").and_then(|x| x.as_table_mut()) {
             tr.remove("epochs");
             tr.remove("max_steps");
+        }
+        if let Some(d) = t.get_mut("data").and_then(|x| x.as_table_mut()) {
+            d.remove("test_limit");
         }
         Ok::<_, String>(v)
     };
@@ -781,5 +785,23 @@ mod tests {
         assert_eq!(utc_stamp(std::time::UNIX_EPOCH), "19700101-000000");
         let leap = std::time::UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(utc_stamp(leap), "20000229-000000");
+    }
+
+    #[test]
+    fn resume_allows_only_changes_that_keep_the_trajectory() {
+        let base = "name = \"r\"\n[model]\nkind = \"mlp\"\n[data]\nkind = \"synthetic\"\n\
+                    batch_size = 8\n[train]\nepochs = 1\nlr = 0.1\n";
+        let cfg = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            RunConfig::parse(base, "r.toml", &sets).unwrap()
+        };
+        let old = cfg(&[]);
+        for ok in ["train.epochs=3", "data.test_limit=100", "cluster.workers=2"] {
+            compare_for_resume(&old, &cfg(&[ok])).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        let e = compare_for_resume(&old, &cfg(&["train.lr=0.5"])).unwrap_err();
+        assert!(e.contains("[train]"), "{e}");
+        let e = compare_for_resume(&old, &cfg(&["data.batch_size=4"])).unwrap_err();
+        assert!(e.contains("[data]"), "{e}");
     }
 }

@@ -960,6 +960,14 @@ impl<T: Transport> Trainer<T> {
                 }
             }
         }
+        if session_start == total && total > 0 {
+            // Resumed at the end: a finished run is re-evaluated (e.g. with a larger
+            // `data.test_limit`); its training is not repeated.
+            let e = self.evaluate(total / per_epoch)?;
+            Self::log_line(&mut self.eval_file, self.out.as_ref(), "eval.jsonl", &e)?;
+            obs.on_eval(&e);
+            self.evals.push(e);
+        }
         if let Some(ps) = self.ps.as_mut() {
             // Leave the parameter server (serving the others until they leave too).
             let step = self.step;
@@ -1016,6 +1024,23 @@ impl<T: Transport> Trainer<T> {
             theta_scale: self.exchanger.theta_scale(),
             lossy_dropped: (self.plan.dlcp.is_some() && lossy.1 > 0)
                 .then(|| lossy.0 / lossy.1 as f64),
+        };
+        // A session that trained nothing keeps the finished run's figures (bytes, step
+        // times, wall time) and only brings the new evaluation.
+        let summary = match (&self.out, n_session) {
+            (Some(out), 0) => match std::fs::read(out.root.join("summary.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Summary>(&b).ok())
+            {
+                Some(old) => Summary {
+                    final_eval: summary.final_eval.or(old.final_eval.clone()),
+                    steps_this_session: 0,
+                    resumed_from: session_start,
+                    ..old
+                },
+                None => summary,
+            },
+            _ => summary,
         };
         if self.rank == 0 {
             if let Some(out) = &self.out {

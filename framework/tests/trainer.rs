@@ -238,6 +238,25 @@ fn dgc_at_full_density_is_momentum_sgd_with_weight_decay() {
     assert!(d > 1e-4, "weight decay moved the parameters only {d}");
 }
 
+/// Resuming a finished run trains nothing, evaluates it once more (here on fewer test
+/// samples) and keeps the run's training figures in `summary.json`.
+#[test]
+fn resuming_a_finished_run_re_evaluates_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = "train.max_steps=6";
+    let a = run(2, &[steps], Some(dir.path()), false);
+    let b = run(2, &[steps, "data.test_limit=32"], Some(dir.path()), true);
+    assert_eq!(b.summary.steps_this_session, 0);
+    assert!(b.losses.is_empty());
+    same(&b.params, &a.params, "parameters");
+    assert!(a.summary.bytes_sent_per_step > 0.0);
+    assert_eq!(b.summary.bytes_sent_per_step, a.summary.bytes_sent_per_step);
+    assert_eq!(b.summary.mean_step, a.summary.mean_step);
+    let (ea, eb) = (a.summary.final_eval.unwrap(), b.summary.final_eval.unwrap());
+    assert_eq!((ea.step, eb.step), (6, 6));
+    assert_eq!((ea.count, eb.count), (64, 32));
+}
+
 fn resume_is_exact(world: usize, sets: &[&str]) {
     resume_is_exact_on(BASE, world, sets)
 }
