@@ -358,18 +358,7 @@ fn native(sub: &SimpleCommunicator, world: usize) {
 type Check = fn(&SimpleCommunicator, usize);
 
 fn main() {
-    // Never hang: a stuck check ends the process (and mpirun the job) with an error, and
-    // so does a failed one (unwinding would run MPI_Finalize, which waits for the others).
-    thread::spawn(|| {
-        thread::sleep(Duration::from_secs(120));
-        eprintln!("mpi conformance: watchdog fired after 120 s");
-        std::process::exit(124);
-    });
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        default_hook(info);
-        std::process::exit(101);
-    }));
+    exit_on_hang_or_panic("mpi conformance", Duration::from_secs(120));
     let (universe, threading) =
         mpi::initialize_with_threading(Threading::Serialized).expect("MPI initialises once");
     assert!(matches!(

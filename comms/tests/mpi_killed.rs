@@ -15,25 +15,19 @@
 //! that waits for it, and the abort notices carry its name to every other survivor. Run
 //! without `mpirun` (a singleton) there is no peer to kill and it passes trivially.
 
+mod common;
+
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::exit_on_hang_or_panic;
 use dtrain_comms::{CommConfig, CommError, Communicator, MpiTransport};
 use mpi::environment::Threading;
 use mpi::topology::Communicator as _;
 
 fn main() {
-    // Never hang: the survivors must be done long before this fires.
-    thread::spawn(|| {
-        thread::sleep(Duration::from_secs(60));
-        eprintln!("mpi_killed: watchdog fired after 60 s");
-        std::process::exit(124);
-    });
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        default_hook(info);
-        std::process::exit(101);
-    }));
+    // The survivors must be done long before the watchdog fires.
+    exit_on_hang_or_panic("mpi_killed", Duration::from_secs(60));
     let (universe, _) =
         mpi::initialize_with_threading(Threading::Serialized).expect("MPI initialises once");
     let world = universe.world();

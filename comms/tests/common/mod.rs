@@ -13,6 +13,23 @@ use dtrain_comms::algo::{AlgoError, Machine};
 use dtrain_comms::wire::Algo;
 use dtrain_comms::{segment_range, CommConfig, CommError, Communicator, ReduceOp, Transport};
 
+/// For the harness-less programs run under `mpirun`: never hang and never unwind. A check
+/// still running after `limit` ends the process with status 124 (and mpirun the job), and a
+/// panic exits with 101 at once (unwinding would run MPI_Finalize, which waits for the
+/// other ranks).
+pub fn exit_on_hang_or_panic(name: &'static str, limit: Duration) {
+    thread::spawn(move || {
+        thread::sleep(limit);
+        eprintln!("{name}: watchdog fired after {limit:?}");
+        std::process::exit(124);
+    });
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        std::process::exit(101);
+    }));
+}
+
 /// SplitMix64: small deterministic generator for test data.
 pub struct Rng(pub u64);
 
