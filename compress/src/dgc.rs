@@ -606,7 +606,7 @@ struct DgcState {
 /// v ← v + u              compensate returns p = v
 /// v ← p − D(C(p))        update: keep what was not sent (zero at sent coordinates)
 /// u[j] ← 0 where sent    momentum-factor masking (if enabled), in segments that held
-///                        something back (see `update_segments`)
+///                        something back (see `update`)
 /// ```
 /// A coordinate counts as *sent* when its transmitted value is non-zero (DGC transmits the
 /// exact `v[j]`, and a selected `v[j] == 0` leaves `v` unchanged anyway).
@@ -694,16 +694,12 @@ impl Memory for DgcMemory {
         }
     }
 
-    fn update(&mut self, key: u64, compensated: &[f32], transmitted: &[f32]) {
-        self.update_segments(key, compensated, transmitted, &[]);
-    }
-
     /// Keeps `v = p − D(C(p))` and masks the momentum of the sent coordinates of every
     /// segment that held something back. A segment sent in full (`D(C(p)) == p`: a dense
     /// bias or BN segment, or density 1) delayed nothing, so it carries no stale momentum to
     /// stop; masking it would only turn its momentum SGD into plain SGD. The authors' code
     /// likewise applies plain momentum to the tensors it sends dense.
-    fn update_segments(
+    fn update(
         &mut self,
         key: u64,
         compensated: &[f32],
@@ -1051,7 +1047,7 @@ mod tests {
                 let payload =
                     compress_new(&mut c, &p, &ctx, &mut Rng::seed_from_u64(step)).unwrap();
                 decompress(&c, payload.as_bytes(), &mut t).unwrap();
-                mem.update(7, &p, &t);
+                mem.update(7, &p, &t, &[]);
                 let (u, v) = (mem.momentum_of(7).unwrap(), mem.velocity_of(7).unwrap());
                 let mut sent = 0;
                 for j in 0..n {

@@ -10,6 +10,7 @@
 //! checkpoints ([`Memory::export`] / [`Memory::import`]).
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
@@ -21,22 +22,15 @@ pub trait Memory: Send {
     fn compensate(&mut self, key: u64, grad: &[f32], out: &mut [f32]);
 
     /// Records what was transmitted: `transmitted` is `D(C(p))` for the `compensated` buffer
-    /// returned by [`Memory::compensate`].
-    fn update(&mut self, key: u64, compensated: &[f32], transmitted: &[f32]);
-
-    /// [`Memory::update`] for a buffer made of the layer `segments` (as in
-    /// [`Ctx::segments`](crate::compressor::Ctx::segments); empty means one segment). A memory
-    /// whose update depends on the layer split overrides it; the default ignores the split.
-    fn update_segments(
+    /// returned by [`Memory::compensate`], whose layer boundaries are `segments` (as in
+    /// [`Ctx::segments`](crate::compressor::Ctx::segments); empty means one segment).
+    fn update(
         &mut self,
         key: u64,
         compensated: &[f32],
         transmitted: &[f32],
-        segments: &[std::ops::Range<usize>],
-    ) {
-        let _ = segments;
-        self.update(key, compensated, transmitted)
-    }
+        segments: &[Range<usize>],
+    );
 
     /// Whether this memory does anything (lets callers skip the decode of their own payload).
     fn is_active(&self) -> bool {
@@ -58,7 +52,7 @@ impl Memory for NoMemory {
     fn compensate(&mut self, _key: u64, grad: &[f32], out: &mut [f32]) {
         out.copy_from_slice(grad);
     }
-    fn update(&mut self, _key: u64, _compensated: &[f32], _transmitted: &[f32]) {}
+    fn update(&mut self, _key: u64, _p: &[f32], _t: &[f32], _segments: &[Range<usize>]) {}
     fn is_active(&self) -> bool {
         false
     }
@@ -109,7 +103,7 @@ impl Memory for Residual {
         }
     }
 
-    fn update(&mut self, key: u64, compensated: &[f32], transmitted: &[f32]) {
+    fn update(&mut self, key: u64, compensated: &[f32], transmitted: &[f32], _: &[Range<usize>]) {
         let e = self.residuals.entry(key).or_default();
         e.resize(compensated.len(), 0.0);
         for ((e, &p), &t) in e.iter_mut().zip(compensated).zip(transmitted) {

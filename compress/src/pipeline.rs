@@ -133,7 +133,7 @@ impl Pipeline {
             &mut self.transmitted,
         )
         .expect("a payload this process just encoded decodes");
-        self.memory.update_segments(
+        self.memory.update(
             ctx.bucket,
             &self.compensated,
             &self.transmitted,

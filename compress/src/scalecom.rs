@@ -685,8 +685,12 @@ impl ScaleComWorker {
         self.transmitted.resize(self.compensated.len(), 0.0);
         compressor::decompress_add(&self.sc, out.as_bytes(), &mut self.transmitted)
             .expect("a payload this process just encoded decodes");
-        self.memory
-            .update(ctx.bucket, &self.compensated, &self.transmitted);
+        self.memory.update(
+            ctx.bucket,
+            &self.compensated,
+            &self.transmitted,
+            ctx.segments,
+        );
         Ok(())
     }
 
@@ -777,7 +781,7 @@ impl Memory for LowPass {
         }
     }
 
-    fn update(&mut self, key: u64, compensated: &[f32], transmitted: &[f32]) {
+    fn update(&mut self, key: u64, compensated: &[f32], transmitted: &[f32], _: &[Range<usize>]) {
         let m = self.mem.entry(key).or_default();
         if m.len() != compensated.len() {
             m.clear();
@@ -1273,7 +1277,7 @@ mod tests {
                 m.compensate(0, &g, &mut p);
                 let before = m.memory_of(0).map(|x| x.to_vec()).unwrap_or(vec![0.0; 4]);
                 let sent: Vec<f32> = p.iter().zip(&r).map(|(p, r)| p - r).collect();
-                m.update(0, &p, &sent);
+                m.update(0, &p, &sent, &[]);
                 let now = m.memory_of(0).unwrap();
                 let f = 1.0 - (1.0 - beta as f64).powi(t);
                 for j in 0..4 {

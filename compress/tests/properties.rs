@@ -359,7 +359,7 @@ fn memory_state_round_trips_for_checkpoints() {
     let mut m = Residual::new(1.0, 1.0);
     let mut p = vec![0f32; 3];
     m.compensate(5, &[1.0, 2.0, 3.0], &mut p);
-    m.update(5, &p, &[1.0, 0.0, 0.0]);
+    m.update(5, &p, &[1.0, 0.0, 0.0], &[]);
     let state = m.export();
     let mut m2 = Residual::new(1.0, 1.0);
     m2.import(state.clone());

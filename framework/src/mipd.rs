@@ -220,7 +220,7 @@ impl MipdWorker {
                         .encode(w, &self.compensated, pieces, &mut out)?;
                     decompress(&self.encoder, &out, &mut self.transmitted)
                         .expect("a payload this encoder just wrote decodes");
-                    mem.update(j as u64, &self.compensated, &self.transmitted);
+                    mem.update(j as u64, &self.compensated, &self.transmitted, &[]);
                 }
             }
             payloads.push(out);
