@@ -382,26 +382,14 @@ mod tests {
     /// momentum SGD with weight decay on `g` (linearity), up to float rounding.
     #[test]
     fn decay_momentum_only_plus_accumulated_gradient_is_momentum_sgd() {
-        for nest in [false, true] {
-            let (mu, wd, lr) = (0.9f32, 1e-2f32, 0.05f32);
-            let full = OptimizerConfig {
-                momentum: mu,
-                weight_decay: wd,
-                nesterov: nest,
-                ..Default::default()
-            };
-            let split = OptimizerConfig {
-                decay_momentum_only: true,
-                ..full.clone()
-            };
-            let (mut a, mut b) = (full.build().unwrap(), split.build().unwrap());
-            let mut pa: Vec<f32> = vec![0.5, -1.0, 2.0, 0.0, 3.0];
-            let mut pb = pa.clone();
-            let mut u = vec![0f32; 5];
+        let (mu, wd, lr) = (0.9f32, 1e-2f32, 0.05f32);
+        let p0: Vec<f32> = vec![0.5, -1.0, 2.0, 0.0, 3.0];
+        // 25 steps of `cfg` fed what a DGC memory at density 1 sends for `grads(t)`.
+        let fed_accumulated = |cfg: OptimizerConfig, nest: bool| {
+            let mut opt = cfg.build().unwrap();
+            let (mut p, mut u) = (p0.clone(), vec![0f32; 5]);
             for t in 0..25 {
-                let g = grads(t);
-                a.step(2, &mut pa, &g, lr);
-                let sent: Vec<f32> = g
+                let sent: Vec<f32> = grads(t)
                     .iter()
                     .zip(&mut u)
                     .map(|(&g, u)| {
@@ -414,8 +402,27 @@ mod tests {
                         }
                     })
                     .collect();
-                b.step(2, &mut pb, &sent, lr);
+                opt.step(2, &mut p, &sent, lr);
             }
+            p
+        };
+        for nest in [false, true] {
+            let full = OptimizerConfig {
+                momentum: mu,
+                weight_decay: wd,
+                nesterov: nest,
+                ..Default::default()
+            };
+            let mut a = full.build().unwrap();
+            let mut pa = p0.clone();
+            for t in 0..25 {
+                a.step(2, &mut pa, &grads(t), lr);
+            }
+            let split = OptimizerConfig {
+                decay_momentum_only: true,
+                ..full.clone()
+            };
+            let pb = fed_accumulated(split, nest);
             for (x, y) in pa.iter().zip(&pb) {
                 assert!((x - y).abs() < 1e-5, "nesterov {nest}: {x} vs {y}");
             }
@@ -425,21 +432,7 @@ mod tests {
                 nesterov: false,
                 ..full.clone()
             };
-            let mut c = plain.build().unwrap();
-            let mut pc: Vec<f32> = vec![0.5, -1.0, 2.0, 0.0, 3.0];
-            let mut u = vec![0f32; 5];
-            for t in 0..25 {
-                let g = grads(t);
-                let sent: Vec<f32> = g
-                    .iter()
-                    .zip(&mut u)
-                    .map(|(&g, u)| {
-                        *u = mu * *u + g;
-                        *u
-                    })
-                    .collect();
-                c.step(2, &mut pc, &sent, lr);
-            }
+            let pc = fed_accumulated(plain, false);
             let drift = pa
                 .iter()
                 .zip(&pc)

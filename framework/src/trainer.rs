@@ -1033,7 +1033,7 @@ impl<T: Transport> Trainer<T> {
                 .and_then(|b| serde_json::from_slice::<Summary>(&b).ok())
             {
                 Some(old) => Summary {
-                    final_eval: summary.final_eval.or(old.final_eval.clone()),
+                    final_eval: summary.final_eval.or(old.final_eval),
                     steps_this_session: 0,
                     resumed_from: session_start,
                     ..old
