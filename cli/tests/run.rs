@@ -53,7 +53,7 @@ fn bad_configs_fail_with_one_line_naming_file_and_field_and_write_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("runs");
     let good = config(&out);
-    let cases = [
+    let mut cases = vec![
         (
             "unknown.toml",
             good.replace("momentum = 0.9", "momentun = 0.9"),
@@ -84,7 +84,20 @@ fn bad_configs_fail_with_one_line_naming_file_and_field_and_write_nothing() {
             ),
             "data",
         ),
+        (
+            "device.toml",
+            good.replace("workers = 2", "workers = 2\ndevice = \"tpu\""),
+            "cluster.device",
+        ),
     ];
+    if !cfg!(feature = "cuda") {
+        // A build without CUDA refuses a GPU at validation, naming the field.
+        cases.push((
+            "cuda.toml",
+            good.replace("workers = 2", "workers = 2\ndevice = \"cuda\""),
+            "cluster.device",
+        ));
+    }
     for (name, text, field) in cases {
         let p = write(tmp.path(), name, &text);
         for cmd in ["check", "run"] {

@@ -50,6 +50,7 @@ use dtrain_models::ModelSpec;
 use serde::{Deserialize, Serialize};
 
 use crate::bucket::BucketPolicy;
+use crate::device::DeviceKind;
 use crate::lr::{Decay, LrSchedule};
 use crate::optim::{OptimizerConfig, OptimizerKind};
 
@@ -357,6 +358,10 @@ pub struct ClusterConfig {
     /// Compute threads per worker (default 1).
     #[serde(default = "one_usize")]
     pub threads: usize,
+    /// Where each worker computes: `"cpu"` (default), `"cuda"` (the GPU of the worker's
+    /// rank on its node) or `"cuda:N"` (see [`crate::device`]).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub device: DeviceKind,
     /// Seconds a collective may stall before the run stops naming the silent rank
     /// (default 120).
     #[serde(default = "default_timeout")]
@@ -432,6 +437,7 @@ impl Default for ClusterConfig {
             workers: 1,
             transport: TransportKind::Tcp,
             threads: 1,
+            device: DeviceKind::Cpu,
             timeout_s: default_timeout(),
             mode: ClusterMode::AllReduce,
             servers: None,
@@ -858,6 +864,9 @@ impl RunConfig {
         }
         if c.threads == 0 {
             return Err(err("cluster.threads", "must be at least 1".into()));
+        }
+        if matches!(c.device, DeviceKind::Cuda(_)) && !crate::device::CUDA_BUILT {
+            return Err(err("cluster.device", crate::device::NO_CUDA.into()));
         }
         if !(c.timeout_s.is_finite() && c.timeout_s > 0.0) {
             return Err(err(
@@ -1724,11 +1733,24 @@ bucket_mb = 1
             (&["train.lr_schedule=\"wavy\""], "train.lr_schedule"),
             (&["network.bandwidth=\"fast\""], "network.bandwidth"),
             (&["train.optimizer=\"adam\""], "train.momentum"),
+            (&["cluster.device=\"tpu\""], "cluster.device"),
         ];
         for (sets, field) in cases {
             let e = parse(GOOD, sets).unwrap_err();
             assert_eq!(e.file, "t.toml");
             assert!(e.field.starts_with(field), "{sets:?}: {e}");
+        }
+        // A GPU in a build without the `cuda` feature is refused at validation.
+        let cuda = parse(GOOD, &["cluster.device=\"cuda:1\""]);
+        if crate::device::CUDA_BUILT {
+            assert_eq!(
+                cuda.unwrap().config.cluster.device,
+                DeviceKind::Cuda(Some(1))
+            );
+        } else {
+            let e = cuda.unwrap_err();
+            assert_eq!(e.field, "cluster.device");
+            assert!(e.message.contains("--features cuda"), "{e}");
         }
         let e = parse("name = \"x\"\n[model]\nkind = \"mlp\"\n", &[]).unwrap_err();
         assert!(e.message.contains("data"), "{e}");

@@ -406,7 +406,9 @@ pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, String>
             ..CommConfig::default()
         },
     );
-    let device = dtrain_models::cpu_device();
+    let device =
+        crate::device::worker_device(cfg.cluster.device, crate::device::local_rank(a.rank))
+            .map_err(|e| format!("{file}: {e}"))?;
     let out = RunDir {
         root: a.run_dir.clone(),
     };
@@ -579,6 +581,7 @@ pub fn launch(
             .arg(world.to_string())
             .env(TOKEN_ENV, &token)
             .env("RAYON_NUM_THREADS", &threads)
+            .env(crate::device::LOCAL_RANK_ENV, (rank - ranks[0]).to_string())
             .stdin(Stdio::null());
         if opts.resume.is_some() {
             cmd.arg("--resume");

@@ -18,6 +18,7 @@
 //!   server state, and the worker's per-shard encoder / pull decoder.
 //! * [`lr`]: learning-rate schedules (step, cosine, gradual warm-up, linear scaling rule).
 //! * [`config`]: the run configuration (TOML, two-stage validation into a [`config::Plan`]).
+//! * [`device`]: `[cluster] device` — the CPU, or a CUDA GPU per worker (`cuda` feature).
 //! * [`data`]: per-rank training / evaluation batches addressed by `(epoch, index)`.
 //! * [`trainer`]: one worker of a data-parallel run — the step, evaluation, checkpoints,
 //!   exact resume, failure policies, metrics.
@@ -30,6 +31,7 @@ pub mod bucket;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod device;
 pub mod exchange;
 pub mod launch;
 pub mod lr;

@@ -67,3 +67,29 @@ pub use burn::prelude::Device;
 pub fn cpu_device() -> Device {
     Device::flex().autodiff()
 }
+
+/// CUDA GPU `index` with autodiff (the `cuda` feature). The device is initialised here
+/// with a one-element probe, so that a missing driver or GPU comes back as an error instead
+/// of a panic inside the first training step.
+#[cfg(feature = "cuda")]
+pub fn cuda_device(index: usize) -> Result<Device, String> {
+    let probe = std::panic::catch_unwind(move || {
+        let device = Device::cuda(index).autodiff();
+        let zero = burn::tensor::Tensor::<1>::zeros([1], &device);
+        zero.into_data()
+            .to_vec::<f32>()
+            .map(|_| device)
+            .map_err(|e| format!("{e:?}"))
+    });
+    match probe {
+        Ok(r) => r.map_err(|e| format!("CUDA device {index}: {e}")),
+        Err(panic) => {
+            let text = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "initialisation failed".into());
+            Err(format!("CUDA device {index}: {text}"))
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! Where a worker computes: `[cluster] device`.
+//!
+//! * `"cpu"` (default): burn's `flex` CPU backend with autodiff.
+//! * `"cuda"`: a CUDA GPU per worker, the one numbered by the worker's rank on its node
+//!   (the usual one-process-per-GPU layout: `cluster.workers` = GPUs per node × nodes).
+//! * `"cuda:N"`: every worker of this node on GPU `N`.
+//!
+//! CUDA needs a `dtrain` built with the `cuda` feature
+//! (`cargo build --release -p dtrain-cli --features cuda`, which downloads burn-cuda's LLVM
+//! bundle and needs the CUDA driver at run time). A build without it refuses the setting at
+//! validation, naming the field, before anything runs.
+//!
+//! A worker's rank on its node comes from [`LOCAL_RANK_ENV`] (set by `dtrain run` for the
+//! workers it starts), Open MPI's `OMPI_COMM_WORLD_LOCAL_RANK` or Slurm's `SLURM_LOCALID`,
+//! in that order; a process with none of them counts as alone on its node (its global rank).
+
+use std::fmt;
+use std::str::FromStr;
+
+use dtrain_models::Device;
+use serde::{Deserialize, Serialize};
+
+/// Environment variable carrying a worker's rank on its node (set by the launcher).
+pub const LOCAL_RANK_ENV: &str = "DTRAIN_LOCAL_RANK";
+
+/// Whether this build can place workers on CUDA GPUs (the `cuda` feature).
+pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
+
+/// The error for `cluster.device = "cuda…"` in a build without the `cuda` feature.
+pub const NO_CUDA: &str = "this dtrain was built without CUDA support; rebuild it with \
+     `cargo build --release -p dtrain-cli --features cuda` (needs the CUDA toolkit and, for \
+     burn-cuda's build script, internet access)";
+
+/// `[cluster] device` (see the [module docs](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum DeviceKind {
+    /// burn's `flex` CPU backend (default).
+    #[default]
+    Cpu,
+    /// A CUDA GPU: `None` = the worker's rank on its node, `Some(n)` = GPU `n`.
+    Cuda(Option<usize>),
+}
+
+impl DeviceKind {
+    /// The GPU ordinal a worker with rank `local_rank` on its node uses (`None` on the CPU).
+    pub fn gpu_index(self, local_rank: usize) -> Option<usize> {
+        match self {
+            DeviceKind::Cpu => None,
+            DeviceKind::Cuda(pinned) => Some(pinned.unwrap_or(local_rank)),
+        }
+    }
+}
+
+impl FromStr for DeviceKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("unknown device {s:?} (cpu, cuda, cuda:N)");
+        match s {
+            "cpu" => Ok(DeviceKind::Cpu),
+            "cuda" => Ok(DeviceKind::Cuda(None)),
+            _ => {
+                let n = s.strip_prefix("cuda:").ok_or_else(bad)?;
+                // Only plain decimal ordinals: "cuda:+1" or "cuda: 1" are typos.
+                if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(bad());
+                }
+                n.parse()
+                    .map(|i| DeviceKind::Cuda(Some(i)))
+                    .map_err(|_| bad())
+            }
+        }
+    }
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceKind::Cpu => f.write_str("cpu"),
+            DeviceKind::Cuda(None) => f.write_str("cuda"),
+            DeviceKind::Cuda(Some(n)) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl TryFrom<String> for DeviceKind {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<DeviceKind> for String {
+    fn from(d: DeviceKind) -> String {
+        d.to_string()
+    }
+}
+
+/// This process's rank on its node (see the [module docs](self)); `rank` when no launcher
+/// or scheduler said.
+pub fn local_rank(rank: usize) -> usize {
+    local_rank_from(rank, |k| std::env::var(k).ok())
+}
+
+fn local_rank_from(rank: usize, var: impl Fn(&str) -> Option<String>) -> usize {
+    [
+        LOCAL_RANK_ENV,
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "SLURM_LOCALID",
+    ]
+    .iter()
+    .find_map(|k| var(k).and_then(|v| v.trim().parse().ok()))
+    .unwrap_or(rank)
+}
+
+/// The autodiff device a worker trains on. For CUDA the device is initialised here (a
+/// one-element probe), so a missing driver or GPU is an error naming the device rather than
+/// a panic in the first step.
+pub fn worker_device(kind: DeviceKind, local_rank: usize) -> Result<Device, String> {
+    match kind.gpu_index(local_rank) {
+        None => Ok(dtrain_models::cpu_device()),
+        Some(index) => cuda(index).map_err(|e| format!("cluster.device = \"{kind}\": {e}")),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(index: usize) -> Result<Device, String> {
+    dtrain_models::cuda_device(index)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(_index: usize) -> Result<Device, String> {
+    Err(NO_CUDA.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_prints_every_form() {
+        for (text, kind) in [
+            ("cpu", DeviceKind::Cpu),
+            ("cuda", DeviceKind::Cuda(None)),
+            ("cuda:0", DeviceKind::Cuda(Some(0))),
+            ("cuda:3", DeviceKind::Cuda(Some(3))),
+        ] {
+            assert_eq!(text.parse::<DeviceKind>().unwrap(), kind);
+            assert_eq!(kind.to_string(), text);
+        }
+        for bad in [
+            "", "gpu", "cuda:", "cuda:x", "cuda:+1", "cuda: 1", "CPU", "cuda:0:1",
+        ] {
+            let e = bad.parse::<DeviceKind>().unwrap_err();
+            assert!(e.contains("cpu, cuda, cuda:N"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn each_worker_gets_the_gpu_of_its_local_rank_unless_one_is_pinned() {
+        assert_eq!(DeviceKind::Cpu.gpu_index(2), None);
+        assert_eq!(DeviceKind::Cuda(None).gpu_index(2), Some(2));
+        assert_eq!(DeviceKind::Cuda(Some(1)).gpu_index(2), Some(1));
+    }
+
+    #[test]
+    fn local_rank_prefers_the_launcher_then_mpi_then_slurm() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(name, _)| *name == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(local_rank_from(5, env(&[])), 5);
+        assert_eq!(local_rank_from(5, env(&[("SLURM_LOCALID", "1")])), 1);
+        assert_eq!(
+            local_rank_from(
+                5,
+                env(&[("SLURM_LOCALID", "1"), ("OMPI_COMM_WORLD_LOCAL_RANK", "2")])
+            ),
+            2
+        );
+        assert_eq!(
+            local_rank_from(
+                5,
+                env(&[(LOCAL_RANK_ENV, "3"), ("OMPI_COMM_WORLD_LOCAL_RANK", "2")])
+            ),
+            3
+        );
+        // Garbage in one variable falls through to the next.
+        assert_eq!(
+            local_rank_from(5, env(&[(LOCAL_RANK_ENV, "x"), ("SLURM_LOCALID", "4")])),
+            4
+        );
+    }
+
+    #[test]
+    fn the_cpu_device_needs_no_feature_and_cuda_without_it_is_a_clear_error() {
+        assert!(worker_device(DeviceKind::Cpu, 0).is_ok());
+        if !CUDA_BUILT {
+            let e = worker_device(DeviceKind::Cuda(Some(1)), 0).unwrap_err();
+            assert!(e.starts_with("cluster.device = \"cuda:1\": "), "{e}");
+            assert!(e.contains("--features cuda"), "{e}");
+        }
+    }
+}
