@@ -9,7 +9,8 @@
 //!   [`crate::segment_range`]). Server `j` (the `j`-th rank of the server list) owns shard `j`.
 //! * Every worker pushes, for each step, one payload per shard — opaque bytes (a dense
 //!   f32 slice, or a compressed encoding of the shard) plus the [`Aggregation`] the server
-//!   must apply. Workers push steps 0, 1, 2, … in order.
+//!   must apply. Workers push steps 0, 1, 2, … in order — or, for a run resumed from a
+//!   checkpoint, from [`PsConfig::first_step`] on, so that step numbers stay global.
 //! * A server aggregates step `t` of its shard once every worker has pushed it, in worker
 //!   order (deterministic: every worker receives the same bytes), with a pluggable
 //!   [`Aggregator`] (default [`DenseF32`]: sum or mean of f32 slices; compressed
@@ -496,7 +497,33 @@ impl<A: Aggregator> ServerMachine<A> {
         }
     }
 
-    /// Steps aggregated so far.
+    /// Starts the clock at `step` instead of 0 (every worker's next push is `step`, as for
+    /// a run resumed after `step` steps; see [`PsConfig::first_step`]).
+    pub fn starting_at(mut self, step: u64) -> Self {
+        self.next_push.iter_mut().for_each(|n| *n = step);
+        self.completed = step;
+        self
+    }
+
+    /// Whether nothing was pushed, aggregated or left yet.
+    fn is_fresh(&self) -> bool {
+        self.pending.is_empty()
+            && self.out.is_empty()
+            && self.left.iter().all(Option::is_none)
+            && self.next_push.iter().all(|&n| n == self.completed)
+    }
+
+    /// The aggregator.
+    pub fn aggregator(&self) -> &A {
+        &self.aggregator
+    }
+
+    /// The aggregator, mutably (to restore its state before the first step).
+    pub fn aggregator_mut(&mut self) -> &mut A {
+        &mut self.aggregator
+    }
+
+    /// Steps aggregated so far (counting from the first step, 0 unless started later).
     pub fn completed(&self) -> u64 {
         self.completed
     }
@@ -737,6 +764,16 @@ impl WorkerMachine {
         }
     }
 
+    /// Starts the clock at `step` instead of 0: the next push is `step` (a run resumed
+    /// after `step` steps; see [`PsConfig::first_step`]).
+    pub fn starting_at(mut self, step: u64) -> Self {
+        self.pushed = step;
+        self.received.iter_mut().for_each(|r| *r = step);
+        self.complete = step;
+        self.taken = step;
+        self
+    }
+
     /// Steps pushed so far (the worker's clock; the next push is this step).
     pub fn pushed(&self) -> u64 {
         self.pushed
@@ -893,6 +930,10 @@ pub struct PsConfig {
     pub abort_grace: Duration,
     /// Staleness bound `s` (0 = synchronous, `u64::MAX` = unbounded). Default 0.
     pub staleness: u64,
+    /// The step every clock starts at (default 0): a run resumed from a checkpoint taken
+    /// after `k` steps starts at `k` on every rank, so that servers whose state depends on
+    /// the step number (MIPD's alternating halves) continue where they stopped.
+    pub first_step: u64,
 }
 
 impl Default for PsConfig {
@@ -901,6 +942,7 @@ impl Default for PsConfig {
             timeout: Duration::from_secs(30),
             abort_grace: Duration::from_secs(2),
             staleness: 0,
+            first_step: 0,
         }
     }
 }
@@ -936,12 +978,13 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
                 transport.world_size()
             )));
         }
-        let server = layout
-            .shard_of(me)
-            .map(|j| ServerMachine::new(layout.clone(), j, cfg.staleness, aggregator));
+        let server = layout.shard_of(me).map(|j| {
+            ServerMachine::new(layout.clone(), j, cfg.staleness, aggregator)
+                .starting_at(cfg.first_step)
+        });
         let worker = layout
             .worker_index(me)
-            .map(|_| WorkerMachine::new(layout.clone(), cfg.staleness));
+            .map(|_| WorkerMachine::new(layout.clone(), cfg.staleness).starting_at(cfg.first_step));
         if server.is_none() && worker.is_none() {
             return Err(CommError::InvalidArgument(format!(
                 "rank {me} is neither a worker nor a server"
@@ -962,6 +1005,40 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
     /// This rank.
     pub fn rank(&self) -> usize {
         self.transport.rank()
+    }
+
+    /// Restarts this rank's clocks at `step` (see [`PsConfig::first_step`]) when nothing
+    /// has been pushed or served yet: a run resumed from a checkpoint taken after `step`
+    /// steps. Every rank of the run must start at the same step.
+    pub fn start_at(&mut self, step: u64) -> Result<(), CommError> {
+        let fresh = self.worker.as_ref().is_none_or(|w| {
+            w.pushed == w.taken && w.out.is_empty() && !w.left && w.ready.is_empty()
+        }) && self.server.as_ref().is_none_or(ServerMachine::is_fresh);
+        if !fresh {
+            return Err(CommError::InvalidArgument(format!(
+                "the parameter server of rank {} cannot restart its clock at step {step}: it \
+                 has already pushed or served",
+                self.rank()
+            )));
+        }
+        let staleness = self.cfg.staleness;
+        self.server = self.server.take().map(|m| m.starting_at(step));
+        if self.worker.is_some() {
+            self.worker =
+                Some(WorkerMachine::new(self.layout.clone(), staleness).starting_at(step));
+        }
+        self.cfg.first_step = step;
+        Ok(())
+    }
+
+    /// This rank's aggregator, if it serves a shard.
+    pub fn aggregator(&self) -> Option<&A> {
+        self.server.as_ref().map(ServerMachine::aggregator)
+    }
+
+    /// This rank's aggregator, mutably (to restore its state before the first step).
+    pub fn aggregator_mut(&mut self) -> Option<&mut A> {
+        self.server.as_mut().map(ServerMachine::aggregator_mut)
     }
 
     /// The layout.

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use dtrain_comms::ps::{
-    Aggregate, AggregateError, Aggregation, DenseF32, PsConfig, PsLayout, PsNode, ShardPushes,
+    Aggregate, AggregateError, Aggregation, Aggregator, DenseF32, PsConfig, PsLayout, PsMsg,
+    PsNode, ServerMachine, ShardPushes,
 };
 use dtrain_comms::{channel_mesh, CommError, Transport};
 
@@ -306,6 +307,7 @@ fn cfg5() -> PsConfig {
         timeout: Duration::from_secs(5),
         abort_grace: Duration::from_millis(500),
         staleness: 1,
+        ..PsConfig::default()
     }
 }
 
@@ -344,6 +346,7 @@ fn stalled_worker_is_named_by_every_rank_within_the_timeout() {
         timeout: Duration::from_millis(300),
         abort_grace: Duration::from_millis(1000),
         staleness: 0,
+        ..PsConfig::default()
     };
     let out = run_failure(&l, cfg, victim, Instant::now(), |_node| {
         // Connected but silent for longer than everyone's patience.
@@ -443,4 +446,86 @@ fn invalid_calls_are_refused_without_poisoning() {
     let l2 = layout(2, 1, false, 4);
     let t = channel_mesh(1).pop().unwrap();
     assert!(PsNode::new(t, l2, PsConfig::default(), DenseF32).is_err());
+}
+
+/// A run resumed after `k` steps starts every clock at `k` (from the configuration, or with
+/// `start_at` before the first call): aggregates carry the global step numbers, servers hand
+/// their aggregator those steps, a push of an earlier step is a protocol error, and a node
+/// that has pushed or served cannot restart its clock.
+#[test]
+fn clocks_start_at_the_first_step_of_a_resumed_run() {
+    let (first, steps, len) = (5u64, 3u64, 100);
+    for colocated in [false, true] {
+        let l = layout(3, 2, colocated, len);
+        // Separate servers: the clock starts from the configuration; co-located: restarted.
+        let cfg = PsConfig {
+            first_step: if colocated { 0 } else { first },
+            ..PsConfig::default()
+        };
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s2 = seen.clone();
+        let recording = move || {
+            let s = s2.clone();
+            move |i: &ShardPushes<'_>| -> Result<Vec<u8>, AggregateError> {
+                s.lock().unwrap().push((i.shard, i.step));
+                DenseF32.aggregate(i)
+            }
+        };
+        let out = run_nodes(
+            channel_mesh(l.world_size()),
+            &l,
+            &cfg,
+            recording,
+            move |node| {
+                if colocated {
+                    node.start_at(first).unwrap();
+                }
+                let Some(wi) = node.layout().worker_index(node.rank()) else {
+                    node.serve().unwrap();
+                    assert!(node.start_at(0).is_err());
+                    return Vec::new();
+                };
+                assert_eq!(node.pushed(), first);
+                let mut got = Vec::new();
+                for t in first..first + steps {
+                    got.extend(node.step_dense(&grad(t, wi, len), agg_of(t)).unwrap());
+                }
+                assert!(node.finish().unwrap().is_empty());
+                let e = node.start_at(0).unwrap_err();
+                assert!(e.to_string().contains("already pushed or served"), "{e}");
+                got
+            },
+        );
+        for got in out.iter().take(3) {
+            let got_steps: Vec<u64> = got.iter().map(|a| a.step).collect();
+            assert_eq!(got_steps, (first..first + steps).collect::<Vec<_>>());
+            for a in got {
+                assert_eq!(
+                    bits(&a.dense()),
+                    bits(&reference(a.step, 3, len, agg_of(a.step)))
+                );
+            }
+        }
+        let mut seen = seen.lock().unwrap().clone();
+        seen.sort();
+        let want: Vec<(usize, u64)> = (0..2)
+            .flat_map(|j| (first..first + steps).map(move |t| (j, t)))
+            .collect();
+        assert_eq!(seen, want, "co-located {colocated}");
+    }
+    // A server started at step 5 refuses a push of step 0.
+    let l = layout(1, 1, false, 4);
+    let mut server = ServerMachine::new(l, 0, 0, DenseF32).starting_at(first);
+    let e = server
+        .handle(
+            0,
+            PsMsg::Push {
+                shard: 0,
+                step: 0,
+                aggregation: Aggregation::SUM,
+                payload: dtrain_comms::ps::f32_payload(&[0.0; 4]),
+            },
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("expected step 5"), "{e}");
 }

@@ -986,6 +986,22 @@ pub struct MipdServer {
     values: Vec<f32>,
 }
 
+/// What a checkpoint must hold of a [`MipdServer`] ([`MipdServer::export_state`]): the
+/// smoothed aggregate, the carry of gradients pushed but not yet sent back, the received
+/// marks and the next step. The configuration (λ, halves, layers) is not part of it: it
+/// comes from the run's configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MipdServerState {
+    /// The next step to aggregate.
+    pub next_step: u64,
+    /// The smoothed aggregate ĝ.
+    pub smoothed: Vec<f32>,
+    /// Received gradients not yet emitted (their half comes later).
+    pub carry: Vec<f32>,
+    /// Which coordinates were pushed since their half was last emitted.
+    pub received: Vec<bool>,
+}
+
 /// Header of a decoded pull payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PullInfo {
@@ -1024,6 +1040,39 @@ impl MipdServer {
     /// The smoothed aggregate ĝ as last updated (per coordinate, at its half's last step).
     pub fn smoothed(&self) -> &[f32] {
         &self.smoothed
+    }
+
+    /// The state a checkpoint must hold (see [`MipdServerState`]).
+    pub fn export_state(&self) -> MipdServerState {
+        MipdServerState {
+            next_step: self.next_step,
+            smoothed: self.smoothed.clone(),
+            carry: self.carry.clone(),
+            received: self.received.clone(),
+        }
+    }
+
+    /// Restores [`MipdServer::export_state`] into a server of the same shard length; the
+    /// next aggregated step must then be `state.next_step`. On error nothing changes.
+    pub fn import_state(&mut self, state: MipdServerState) -> Result<(), ConfigError> {
+        let n = self.len();
+        for (what, len) in [
+            ("smoothed", state.smoothed.len()),
+            ("carry", state.carry.len()),
+            ("received", state.received.len()),
+        ] {
+            if len != n {
+                return Err(ConfigError::new(
+                    "state",
+                    format!("{what} has {len} values, the shard has {n}"),
+                ));
+            }
+        }
+        self.next_step = state.next_step;
+        self.smoothed = state.smoothed;
+        self.carry = state.carry;
+        self.received = state.received;
+        Ok(())
     }
 
     /// Aggregates `step` from the workers' pushes (payloads of [`Mipd`], in worker order)
@@ -1947,6 +1996,52 @@ mod tests {
         assert!(decode_pull(Halves::Off, &layers, &pull, &mut out).is_err());
         assert!(decode_pull(Halves::Blocked, &layers, &pull, &mut out[..99]).is_err());
         decode_pull(Halves::Blocked, &layers, &pull, &mut out).unwrap();
+    }
+
+    #[test]
+    fn a_restored_server_continues_bit_for_bit() {
+        let (n, layers) = (200usize, vec![0..120, 120..200]);
+        let cfg = MipdServerConfig {
+            lambda: 0.5,
+            halves: Halves::Interleaved,
+        };
+        let mut c = MipdConfig {
+            max_ratio: 0.3,
+            ..MipdConfig::default()
+        }
+        .init()
+        .unwrap();
+        let pushes: Vec<Vec<Vec<u8>>> = (0..7u64)
+            .map(|t| (0..2).map(|wk| push(&mut c, n, &layers, t, wk)).collect())
+            .collect();
+        let run = |server: &mut MipdServer, steps: std::ops::Range<u64>| -> Vec<Vec<u8>> {
+            steps
+                .map(|t| {
+                    let p: Vec<&[u8]> = pushes[t as usize].iter().map(Vec::as_slice).collect();
+                    let mut out = Vec::new();
+                    server.aggregate(t, &p, &mut out).unwrap();
+                    out
+                })
+                .collect()
+        };
+        let mut straight = cfg.init(n, &layers).unwrap();
+        let all = run(&mut straight, 0..7);
+        // Stop after an odd number of steps: the carry holds the half not yet emitted.
+        let mut first = cfg.init(n, &layers).unwrap();
+        let mut pulls = run(&mut first, 0..3);
+        let state = first.export_state();
+        assert_eq!(state.next_step, 3);
+        assert!(state.received.iter().any(|&r| r), "nothing carried over");
+        let mut resumed = cfg.init(n, &layers).unwrap();
+        resumed.import_state(state.clone()).unwrap();
+        pulls.extend(run(&mut resumed, 3..7));
+        assert_eq!(pulls, all);
+        assert_eq!(resumed.export_state(), straight.export_state());
+        // A state of another shard length is refused and changes nothing.
+        let mut other = cfg.init(n + 1, &[0..120, 120..201]).unwrap();
+        let e = other.import_state(state).unwrap_err();
+        assert!(e.to_string().contains("the shard has 201"), "{e}");
+        assert_eq!(other.next_step(), 0);
     }
 
     #[test]

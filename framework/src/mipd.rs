@@ -34,7 +34,7 @@ use dtrain_compress::compressor::effective_segments;
 use dtrain_compress::memory::Residual;
 use dtrain_compress::mipd::{
     decode_pull, layers_in, Mipd, MipdConfig, MipdServer, MipdServerConfig, MipdServerError,
-    PullInfo,
+    MipdServerState, PullInfo,
 };
 use dtrain_compress::{decompress, CompressError, ConfigError, Memory, WireError};
 
@@ -53,6 +53,7 @@ fn check_layers(layout: &PsLayout, layers: &[Range<usize>]) -> Result<(), Config
 /// Its [`MipdServer`] is built on the first step, for the shard the PS hands it.
 #[derive(Debug)]
 pub struct MipdAggregator {
+    layout: PsLayout,
     layers: Vec<Range<usize>>,
     cfg: MipdServerConfig,
     server: Option<(usize, MipdServer)>,
@@ -70,6 +71,7 @@ impl MipdAggregator {
         check_layers(layout, &layers)?;
         cfg.validate()?;
         Ok(MipdAggregator {
+            layout: layout.clone(),
             layers,
             cfg,
             server: None,
@@ -77,9 +79,38 @@ impl MipdAggregator {
         })
     }
 
-    /// The server state, once the first step was aggregated.
+    /// The server state, once the first step was aggregated (or a state was restored).
     pub fn server(&self) -> Option<&MipdServer> {
         self.server.as_ref().map(|(_, s)| s)
+    }
+
+    /// What a checkpoint must hold: the shard served and its server state (`None` before
+    /// the first step).
+    pub fn export_state(&self) -> Option<(usize, MipdServerState)> {
+        self.server.as_ref().map(|(j, s)| (*j, s.export_state()))
+    }
+
+    /// Restores [`MipdAggregator::export_state`]: the server of `shard` continues from
+    /// `state` (its next step is `state.next_step`, which the parameter server's clock must
+    /// match). Errors if the shard does not exist or the state does not fit it.
+    pub fn import_state(&mut self, shard: usize, state: MipdServerState) -> Result<(), String> {
+        if shard >= self.layout.num_shards() {
+            return Err(format!(
+                "MIPD server state of shard {shard}; this run has {} shards",
+                self.layout.num_shards()
+            ));
+        }
+        let range = self.layout.shard_range(shard);
+        let pieces = layers_in(&self.layers, range.clone());
+        let mut server = self
+            .cfg
+            .init(range.len(), &pieces)
+            .map_err(|e| e.to_string())?;
+        server
+            .import_state(state)
+            .map_err(|e| format!("MIPD server of shard {shard}: {e}"))?;
+        self.server = Some((shard, server));
+        Ok(())
     }
 }
 
@@ -190,6 +221,11 @@ impl MipdWorker {
     /// The error-feedback memory, when enabled (its state is what a checkpoint must hold).
     pub fn memory(&self) -> Option<&Residual> {
         self.memory.as_ref()
+    }
+
+    /// The error-feedback memory, mutably (to restore it from a checkpoint).
+    pub fn memory_mut(&mut self) -> Option<&mut Residual> {
+        self.memory.as_mut()
     }
 
     /// One MIPD payload per shard for the flat `params` and `grads` of the whole model.

@@ -35,10 +35,13 @@
 //!   push is compressed; the pull is dense. The memories and compressor states are part of
 //!   the checkpoint, so a synchronous run resumes bit-identically.
 //! * Each step record carries the seconds this rank's server spent aggregating.
-//! * Checkpoints hold the replicas, the optimizer and the data position; a resumed run starts
-//!   a fresh server clock. MIPD's server state (smoothed values, and the pushed gradients of
-//!   the half not yet sent) and its worker residual are not checkpointed yet, so a resumed
-//!   MIPD run continues from the replicas but not bit-identically to an uninterrupted one.
+//! * Checkpoints hold the replicas, the optimizer, the data position and every rank's
+//!   parameter-server state: the compressed pushes' memories and compressor states, MIPD's
+//!   worker residual and the MIPD server state of the rank's shard (smoothed values, the
+//!   pushed gradients of the half not yet sent, the received marks). The servers' clock
+//!   counts trainer steps, so a resumed run restarts it at the checkpoint's step and MIPD's
+//!   alternating halves continue where they stopped: a synchronous run resumes
+//!   bit-identically with every method.
 //! * The parameter-server messages share the connections of the collectives
 //!   ([`dtrain_comms::split_ps`]). Before an evaluation, a checkpoint and at the end of the run
 //!   every worker drains the server — waits for and applies the aggregates
@@ -57,12 +60,13 @@ use dtrain_comms::ps::{
 };
 use dtrain_comms::{CommError, Transport};
 use dtrain_compress::{
-    decompress_sum_add, Compressor, CompressorConfig, Ctx, MemoryConfig, Payload, Pipeline, Rng,
+    decompress_sum_add, Compressor, CompressorConfig, Ctx, Memory, MemoryConfig, Payload, Pipeline,
+    Rng,
 };
 
 use crate::config::ClusterConfig;
 use crate::mipd::{MipdAggregator, MipdWorker, MIPD_AGGREGATION};
-use dtrain_compress::mipd::layers_in;
+use dtrain_compress::mipd::{layers_in, MipdServerState};
 
 /// The servers' aggregator, timing itself (nanoseconds spent aggregating, for the metrics).
 pub(crate) struct ServerAggregator {
@@ -139,17 +143,22 @@ enum Codec {
     },
 }
 
-/// A worker's compressed-push state for checkpoints ([`PsState::export_state`]). The
-/// compressor states serialize exactly (IEEE bits, as the exchanger's); the memories are
-/// large and travel as raw f32 checkpoint sections instead.
+/// A rank's parameter-server state for checkpoints ([`PsState::export_state`]). The
+/// compressor states serialize exactly (IEEE bits, as the exchanger's); the memories and
+/// MIPD's server vectors are large and travel as raw checkpoint sections instead.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct PsCodecState {
-    /// Error-feedback memory per shard (keyed by shard index).
+    /// Error-feedback memory per shard (keyed by shard index): the compressed pushes'
+    /// pipelines, or MIPD's worker-side residual.
     #[serde(skip)]
     pub memory: BTreeMap<u64, Vec<f32>>,
     /// Compressor state per shard, where the compressor carries any.
     #[serde(with = "crate::exchange::bits::state_bits")]
     pub compressors: BTreeMap<u64, BTreeMap<String, f64>>,
+    /// MIPD: the shard this rank serves and its server state (smoothed aggregate, carry,
+    /// received marks, next step).
+    #[serde(skip)]
+    pub mipd_server: Option<(usize, MipdServerState)>,
 }
 
 /// One applied-or-to-apply aggregate: the mean gradient of a step.
@@ -187,9 +196,6 @@ pub(crate) struct PsState<T: Transport> {
     workers: usize,
     server_ns: Arc<AtomicU64>,
     staleness: u64,
-    /// The trainer step of the server's step 0 (set at the first push: a resumed run starts
-    /// a fresh server clock).
-    base: Option<u64>,
 }
 
 impl<T: Transport> PsState<T> {
@@ -270,7 +276,6 @@ impl<T: Transport> PsState<T> {
             workers: world,
             server_ns,
             staleness: cluster.staleness,
-            base: None,
         })
     }
 
@@ -279,56 +284,125 @@ impl<T: Transport> PsState<T> {
         self.staleness
     }
 
-    /// What a checkpoint must hold of this worker's codec: per shard, its error-feedback
-    /// memory and its compressor's state (empty for dense and MIPD pushes).
+    /// Restarts the parameter server's clock at trainer step `step` on this rank (a run
+    /// resumed from a checkpoint of that step; every rank does the same before its first
+    /// push). The servers' step numbers are the trainer's, so MIPD's alternating halves
+    /// continue where they stopped.
+    pub fn start_at(&mut self, step: u64) -> Result<(), CommError> {
+        self.node.start_at(step)
+    }
+
+    /// What a checkpoint must hold of this rank's parameter-server state: per shard, the
+    /// error-feedback memory and the compressor's state of compressed pushes; MIPD's
+    /// worker residual and the server state of the shard this rank serves. Empty for dense
+    /// pushes.
     pub fn export_state(&self) -> PsCodecState {
         let mut st = PsCodecState::default();
-        if let Codec::Compressed { pipes, .. } = &self.codec {
-            for (j, p) in pipes.iter().enumerate() {
-                st.memory.extend(p.memory().export());
-                let c = p.compressor().export_state();
-                if !c.is_empty() {
-                    st.compressors.insert(j as u64, c);
+        match &self.codec {
+            Codec::Compressed { pipes, .. } => {
+                for (j, p) in pipes.iter().enumerate() {
+                    st.memory.extend(p.memory().export());
+                    let c = p.compressor().export_state();
+                    if !c.is_empty() {
+                        st.compressors.insert(j as u64, c);
+                    }
                 }
             }
+            Codec::Mipd { worker, .. } => {
+                if let Some(m) = worker.memory() {
+                    st.memory = m.export();
+                }
+                if let Some(ServerAggregator {
+                    kind: ServerKind::Mipd(a),
+                    ..
+                }) = self.node.aggregator()
+                {
+                    st.mipd_server = a.export_state();
+                }
+            }
+            Codec::Dense => {}
         }
         st
     }
 
-    /// Restores [`PsState::export_state`] (same method and shard layout).
+    /// Restores [`PsState::export_state`] (same method and shard layout), before the first
+    /// step.
     pub fn import_state(&mut self, mut st: PsCodecState) -> Result<(), String> {
-        let Codec::Compressed { pipes, .. } = &mut self.codec else {
-            return if st.memory.is_empty() && st.compressors.is_empty() {
-                Ok(())
-            } else {
-                Err(
-                    "the checkpoint holds compressed-push state; this run pushes dense or MIPD"
-                        .into(),
-                )
-            };
-        };
-        for (j, p) in pipes.iter_mut().enumerate() {
-            let key = j as u64;
-            if let Some(m) = st.memory.remove(&key) {
-                p.memory_mut().import(BTreeMap::from([(key, m)]));
+        let shards = self.node.layout().num_shards();
+        match &mut self.codec {
+            Codec::Compressed { pipes, .. } => {
+                if st.mipd_server.is_some() {
+                    return Err("the checkpoint holds MIPD server state; this run pushes \
+                                compressed payloads of another method"
+                        .into());
+                }
+                for (j, p) in pipes.iter_mut().enumerate() {
+                    let key = j as u64;
+                    if let Some(m) = st.memory.remove(&key) {
+                        p.memory_mut().import(BTreeMap::from([(key, m)]));
+                    }
+                    if let Some(c) = st.compressors.remove(&key) {
+                        p.compressor_mut()
+                            .import_state(&c)
+                            .map_err(|e| format!("shard {j} compressor state: {e}"))?;
+                    }
+                }
             }
-            if let Some(c) = st.compressors.remove(&key) {
-                p.compressor_mut()
-                    .import_state(&c)
-                    .map_err(|e| format!("shard {j} compressor state: {e}"))?;
+            Codec::Mipd { worker, .. } => {
+                if !st.compressors.is_empty() {
+                    return Err(
+                        "the checkpoint holds compressor state of compressed pushes; \
+                                this run pushes MIPD"
+                            .into(),
+                    );
+                }
+                let memory = std::mem::take(&mut st.memory);
+                if let Some(&k) = memory.keys().find(|&&k| k >= shards as u64) {
+                    return Err(format!(
+                        "the checkpoint has state for shard {k}, this run has {shards} shards"
+                    ));
+                }
+                match worker.memory_mut() {
+                    Some(m) => m.import(memory),
+                    None if memory.is_empty() => {}
+                    None => {
+                        return Err("the checkpoint holds MIPD's worker residual; this run \
+                                    has error feedback off"
+                            .into())
+                    }
+                }
+                if let Some((shard, server)) = st.mipd_server.take() {
+                    match self.node.aggregator_mut() {
+                        Some(ServerAggregator {
+                            kind: ServerKind::Mipd(a),
+                            ..
+                        }) => a.import_state(shard, server)?,
+                        _ => {
+                            return Err(format!(
+                                "the checkpoint holds the MIPD server of shard {shard}; this \
+                                 rank serves none"
+                            ))
+                        }
+                    }
+                }
+            }
+            Codec::Dense => {
+                if !st.memory.is_empty() || !st.compressors.is_empty() || st.mipd_server.is_some() {
+                    return Err(
+                        "the checkpoint holds compressed-push state; this run pushes dense".into(),
+                    );
+                }
             }
         }
         if let Some(k) = st.memory.keys().chain(st.compressors.keys()).next() {
             return Err(format!(
-                "the checkpoint has state for shard {k}, this run has {} shards",
-                pipes.len()
+                "the checkpoint has state for shard {k}, this run has {shards} shards"
             ));
         }
         Ok(())
     }
 
     fn ready(&self, aggs: Vec<Aggregate>) -> Result<Vec<Ready>, CommError> {
-        let base = self.base.unwrap_or(0);
         aggs.into_iter()
             .map(|a| {
                 let grad = match &self.codec {
@@ -347,10 +421,7 @@ impl<T: Transport> PsState<T> {
                         g
                     }
                 };
-                Ok(Ready {
-                    step: base + a.step,
-                    grad,
-                })
+                Ok(Ready { step: a.step, grad })
             })
             .collect()
     }
@@ -366,11 +437,9 @@ impl<T: Transport> PsState<T> {
         grad: &[f32],
     ) -> Result<(Vec<Ready>, PsStats), CommError> {
         let pushed = self.node.pushed();
-        let base = *self.base.get_or_insert(step.saturating_sub(pushed));
-        if base + pushed != step {
+        if pushed != step {
             return Err(CommError::InvalidArgument(format!(
-                "parameter server at step {} but the trainer pushes step {step}",
-                base + pushed
+                "parameter server at step {pushed} but the trainer pushes step {step}"
             )));
         }
         let before = self.node.transport().bytes();

@@ -350,6 +350,16 @@ struct Meta {
     steps_per_epoch: u64,
 }
 
+/// The scalar part of a MIPD server's checkpointed state (section `ps/mipd/server`; its
+/// vectors are the raw sections `ps/mipd/smoothed`, `ps/mipd/carry`, `ps/mipd/received`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct MipdServerMeta {
+    /// The shard the rank serves.
+    shard: usize,
+    /// The server's next step (the checkpoint's step).
+    next_step: u64,
+}
+
 /// One worker of a data-parallel run.
 pub struct Trainer<T: Transport> {
     plan: Plan,
@@ -612,6 +622,11 @@ impl<T: Transport> Trainer<T> {
             let meta0: Meta = ck0.json("meta")?;
             let why = if !meta0.memory_keys.is_empty() {
                 Some("its error-feedback memories are per rank".to_string())
+            } else if ck0
+                .names()
+                .any(|n| n.starts_with("ps/mem/") || n.starts_with("ps/mipd/"))
+            {
+                Some("its parameter-server state is per rank and per shard".to_string())
             } else if meta0.steps_per_epoch == 0 || meta0.step % meta0.steps_per_epoch != 0 {
                 Some(format!(
                     "it was written at step {} inside an epoch (data shards are per rank)",
@@ -702,6 +717,28 @@ impl<T: Transport> Trainer<T> {
                     st.memory.insert(k, ck.f32(n)?);
                 }
             }
+            if names.iter().any(|n| n == "ps/mipd/server") {
+                let m: MipdServerMeta = ck.json("ps/mipd/server")?;
+                if m.next_step != meta.step {
+                    return Err(bad(format!(
+                        "its MIPD server state is at step {}, the checkpoint at step {}",
+                        m.next_step, meta.step
+                    )));
+                }
+                let received = ck.bytes("ps/mipd/received")?;
+                if let Some(b) = received.iter().find(|&&b| b > 1) {
+                    return Err(bad(format!("ps/mipd/received holds {b}, not 0 or 1")));
+                }
+                st.mipd_server = Some((
+                    m.shard,
+                    dtrain_compress::mipd::MipdServerState {
+                        next_step: m.next_step,
+                        smoothed: ck.f32("ps/mipd/smoothed")?,
+                        carry: ck.f32("ps/mipd/carry")?,
+                        received: received.iter().map(|&b| b == 1).collect(),
+                    },
+                ));
+            }
             ps.import_state(st).map_err(bad)?;
         }
         self.model.write_params(&params);
@@ -723,6 +760,13 @@ impl<T: Transport> Trainer<T> {
             meta.step
         };
         self.start_step = self.step;
+        if let Some(ps) = self.ps.as_mut() {
+            // The servers count trainer steps: every rank restarts the clock here.
+            ps.start_at(self.step).map_err(|source| TrainError::Comm {
+                step: self.step,
+                source,
+            })?;
+        }
         self.skipped = meta.skipped;
         self.recoveries = meta.recoveries;
         self.best_loss = meta.best_loss_bits.map(f64::from_bits);
@@ -782,11 +826,27 @@ impl<T: Transport> Trainer<T> {
             ck.put_f32(&format!("mem/{k}"), v);
         }
         if let Some(ps) = &self.ps {
-            // Compressed pushes: each shard's compressor state (JSON) and memory (raw f32).
+            // Compressed pushes: each shard's compressor state (JSON) and memory (raw f32);
+            // MIPD: the worker residual, and the server state of the shard this rank serves.
             let st = ps.export_state();
             ck.put_json("ps/state", &st);
             for (k, v) in &st.memory {
                 ck.put_f32(&format!("ps/mem/{k}"), v);
+            }
+            if let Some((shard, server)) = &st.mipd_server {
+                ck.put_json(
+                    "ps/mipd/server",
+                    &MipdServerMeta {
+                        shard: *shard,
+                        next_step: server.next_step,
+                    },
+                );
+                ck.put_f32("ps/mipd/smoothed", &server.smoothed);
+                ck.put_f32("ps/mipd/carry", &server.carry);
+                ck.put_bytes(
+                    "ps/mipd/received",
+                    server.received.iter().map(|&r| r as u8).collect(),
+                );
             }
         }
         ck.put_bytes("config.toml", self.plan.config.to_toml().into_bytes());

@@ -272,17 +272,23 @@ fn resume_is_exact(world: usize, sets: &[&str]) {
 }
 
 fn resume_is_exact_on(base: &str, world: usize, sets: &[&str]) {
+    resume_is_exact_at(base, world, sets, 6)
+}
+
+/// 12 steps straight vs `split` steps, a checkpoint, and a resumed run to step 12.
+fn resume_is_exact_at(base: &str, world: usize, sets: &[&str], split: u64) {
     let dir = tempfile::tempdir().unwrap();
     let mut straight: Vec<&str> = sets.to_vec();
     straight.push("train.max_steps=12");
     let full = run_on(base, world, &straight, None, false);
 
     let mut first: Vec<&str> = sets.to_vec();
-    first.push("train.max_steps=6");
+    let stop = format!("train.max_steps={split}");
+    first.push(&stop);
     let a = run_on(base, world, &first, Some(dir.path()), false);
-    assert_eq!(a.summary.steps, 6);
+    assert_eq!(a.summary.steps, split);
     let b = run_on(base, world, &straight, Some(dir.path()), true);
-    assert_eq!(b.summary.resumed_from, 6);
+    assert_eq!(b.summary.resumed_from, split);
     assert_eq!(b.summary.steps, 12);
     let mut joined = a.losses.clone();
     joined.extend(&b.losses);
@@ -792,6 +798,25 @@ fn ps_configuration_is_checked() {
         &["cluster.mode=\"ps\"", "failure.non_finite=\"recover\""],
         "failure.non_finite",
     );
+}
+
+/// MIPD's server state (smoothed values, the carry of the half not yet sent, the received
+/// marks) and its worker residual are checkpointed, and the servers' clock restarts at the
+/// checkpoint's step: a resumed run equals an uninterrupted one, also when it stops after
+/// an odd step (the other half is then still in the carry).
+#[test]
+fn mipd_over_the_parameter_server_resumes_exactly() {
+    let sets = [
+        "cluster.mode=\"ps\"",
+        "compress.kind=\"mipd\"",
+        "compress.error_feedback=true",
+        "train.momentum=0.0",
+        "train.lr=0.2",
+    ];
+    resume_is_exact_at(BASE, 3, &sets, 5);
+    let mut two_servers = sets.to_vec();
+    two_servers.push("cluster.servers=2");
+    resume_is_exact_at(BASE, 3, &two_servers, 6);
 }
 
 #[test]
