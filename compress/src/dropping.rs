@@ -336,6 +336,13 @@ mod tests {
 
     /// Checks `dropped |p| < thr ≤ kept |p|` with `thr` the smallest kept magnitude, and
     /// returns the number kept.
+    /// Positions of the non-zero entries of `v`.
+    fn nonzero(v: &[f32]) -> Vec<u32> {
+        (0..v.len() as u32)
+            .filter(|&i| v[i as usize] != 0.0)
+            .collect()
+    }
+
     fn check_split(x: &[f32], out: &[f32]) -> usize {
         let kept_min = x
             .iter()
@@ -382,7 +389,7 @@ mod tests {
                 }
                 assert_eq!(
                     p.encoded_len() as u64 * 8,
-                    HEADER_BITS + sparse::indexed_bits(n, kept)
+                    HEADER_BITS + 8 * sparse::indexed_len(n, &nonzero(&out)) as u64
                 );
             }
         }
@@ -412,7 +419,7 @@ mod tests {
         assert_eq!(out, sparse_x);
         assert_eq!(
             p.encoded_len() as u64 * 8,
-            HEADER_BITS + sparse::indexed_bits(100, 1)
+            HEADER_BITS + 8 * sparse::indexed_len(100, &[17]) as u64
         );
     }
 

@@ -1,38 +1,102 @@
-//! The (index, value) body shared by sparsifiers: an ascending index set as either a `u32`
-//! list or a bitmap, whichever is smaller, followed by the values.
+//! The (index, value) body shared by sparsifiers: an ascending index set as a `u32` list, a
+//! bitmap, or Golomb–Rice-coded gaps — whichever is smallest for the set at hand — followed
+//! by the values.
 //!
 //! ```text
-//! u8  layout   0 = list, 1 = bitmap
+//! u8  layout   0 = list, 1 = bitmap, 2 = rice
 //! u32 k
-//! list:   k × u32 index (strictly ascending), k × f32 value
-//! bitmap: ⌈n/8⌉ bytes, k × f32 value
+//! list:   k × u32 index (strictly ascending)
+//! bitmap: ⌈n/8⌉ bytes (bit i of byte i/8, LSB first)
+//! rice:   u8 b (≤ 31) | u32 bytes | that many bytes of bits, LSB first: for each gap
+//!         g (the first index, then index − previous index − 1), g >> b ones, a zero,
+//!         and the low b bits of g
+//! then k × f32 value
 //! ```
+//!
+//! Top-k style index sets have roughly geometric gaps, for which a Rice code with the
+//! parameter near log₂(mean gap · ln 2) is within a few percent of the entropy: at a
+//! density of 0.1 % an index costs about 12 bits instead of 32, so an (index, value) pair
+//! shrinks from 8 to about 5.5 bytes. The encoder tries the parameters around that estimate
+//! and keeps the smallest exact size; the sizes are therefore data-dependent.
 
 use crate::error::WireError;
-use crate::wire::{f32_at, u32_at, Reader, Writer};
+use crate::wire::{f32_at, u32_at, BitReader, BitWriter, Reader, Writer};
 
 const LIST: u8 = 0;
 const BITMAP: u8 = 1;
+const RICE: u8 = 2;
 
-fn use_bitmap(n: usize, k: usize) -> bool {
-    // bitmap + values < list + values  ⇔  8⌈n/8⌉ < 32k
-    (n.div_ceil(8) as u64) * 8 < 32 * k as u64
+/// Gaps between the strictly ascending indices: the first index, then each index minus
+/// the previous one minus one.
+fn gaps(idx: &[u32]) -> impl Iterator<Item = u32> + '_ {
+    let mut next = 0u32;
+    idx.iter().map(move |&i| {
+        let g = i - next;
+        next = i + 1;
+        g
+    })
 }
 
-/// Bits of a body with `k` entries out of `n`.
-pub fn indexed_bits(n: usize, k: usize) -> u64 {
-    let idx = if use_bitmap(n, k) {
-        8 * n.div_ceil(8) as u64
-    } else {
-        32 * k as u64
-    };
-    8 + 32 + idx + 32 * k as u64
+/// Bits of the Rice code of `idx`'s gaps with parameter `b`.
+fn rice_bits(idx: &[u32], b: u32) -> u64 {
+    gaps(idx).map(|g| (g >> b) as u64 + 1 + b as u64).sum()
 }
 
-/// Writes the ascending indices `idx` of a segment of length `n` and `value(i)` for each.
+/// The Rice parameter giving the fewest bits for `idx` in a segment of length `n`, and
+/// that many bits.
+fn rice_choice(n: usize, idx: &[u32]) -> (u32, u64) {
+    let k = idx.len().max(1) as f64;
+    let mean_gap = (n as f64 - k).max(0.0) / k;
+    let guess = (mean_gap * std::f64::consts::LN_2).max(1.0).log2().floor() as i64;
+    (guess - 1..=guess + 1)
+        .filter(|b| (0..=31).contains(b))
+        .map(|b| (b as u32, rice_bits(idx, b as u32)))
+        .min_by_key(|&(b, bits)| (bits, b))
+        .unwrap_or((0, rice_bits(idx, 0)))
+}
+
+/// Bytes of the index part (after layout and count) of each layout.
+fn index_bytes(n: usize, idx: &[u32]) -> (u64, u64, (u32, u64)) {
+    let list = 4 * idx.len() as u64;
+    let bitmap = n.div_ceil(8) as u64;
+    let (b, bits) = rice_choice(n, idx);
+    (list, bitmap, (b, 1 + 4 + bits.div_ceil(8)))
+}
+
+/// Bytes [`write_indexed`] writes for the ascending indices `idx` of a segment of length
+/// `n`.
+pub fn indexed_len(n: usize, idx: &[u32]) -> usize {
+    let (list, bitmap, (_, rice)) = index_bytes(n, idx);
+    1 + 4 + list.min(bitmap).min(rice) as usize + 4 * idx.len()
+}
+
+/// Writes the ascending indices `idx` of a segment of length `n` and `value(i)` for each,
+/// in the smallest layout.
 pub fn write_indexed(n: usize, idx: &[u32], value: impl Fn(u32) -> f32, w: &mut Writer<'_>) {
     let k = idx.len();
-    if use_bitmap(n, k) {
+    let (list, bitmap, (b, rice)) = index_bytes(n, idx);
+    if rice < list.min(bitmap) {
+        w.u8(RICE);
+        w.u32(k as u32);
+        w.u8(b as u8);
+        let nbytes = (rice - 5) as usize;
+        w.u32(nbytes as u32);
+        let out = w.zeroed(nbytes);
+        let mut bw = BitWriter::new(out);
+        for g in gaps(idx) {
+            let mut q = g >> b;
+            while q > 0 {
+                let c = q.min(32);
+                bw.put(u32::MAX >> (32 - c), c);
+                q -= c;
+            }
+            bw.put(0, 1);
+            if b > 0 {
+                bw.put(g & (u32::MAX >> (32 - b)), b);
+            }
+        }
+        bw.finish();
+    } else if bitmap < list {
         w.u8(BITMAP);
         w.u32(k as u32);
         let bm = w.zeroed(n.div_ceil(8));
@@ -48,6 +112,78 @@ pub fn write_indexed(n: usize, idx: &[u32], value: impl Fn(u32) -> f32, w: &mut 
     for (o, &i) in vals.chunks_exact_mut(4).zip(idx) {
         o.copy_from_slice(&value(i).to_le_bytes());
     }
+}
+
+/// Decodes the Rice-coded gaps of `k` indices (a segment of length `n`) from `bits`,
+/// calling `each(j, index)` in order. Every index is checked against `n`.
+fn read_rice(
+    bits: &[u8],
+    b: u32,
+    k: usize,
+    n: usize,
+    mut each: impl FnMut(usize, usize),
+) -> Result<(), WireError> {
+    let avail = 8 * bits.len() as u64;
+    let mut r = BitReader::new(bits);
+    let mut next = 0u64;
+    for j in 0..k {
+        let mut q = 0u64;
+        while r.bit() {
+            q += 1;
+            if (q << b) >= n as u64 || r.bits_read() > avail {
+                return Err(WireError::Invalid("rice gap past the segment end"));
+            }
+        }
+        let low = if b > 0 { r.get(b) as u64 } else { 0 };
+        if r.bits_read() > avail {
+            return Err(WireError::Invalid("rice code runs past its bytes"));
+        }
+        let i = next + ((q << b) | low);
+        if i >= n as u64 {
+            return Err(WireError::IndexOutOfRange { index: i, len: n });
+        }
+        each(j, i as usize);
+        next = i + 1;
+    }
+    // Only zero padding may follow the last code.
+    if avail - r.bits_read() >= 8 {
+        return Err(WireError::Invalid("rice code has trailing bytes"));
+    }
+    Ok(())
+}
+
+/// Reads a rice layout's parameter and bit section.
+fn rice_section<'a>(r: &mut Reader<'a>) -> Result<(u32, &'a [u8]), WireError> {
+    let b = r.u8("rice parameter")? as u32;
+    if b > 31 {
+        return Err(WireError::Invalid("rice parameter above 31"));
+    }
+    let nbytes = r.u32("rice byte count")? as usize;
+    Ok((b, r.take(nbytes, "rice bits")?))
+}
+
+/// Skips the index part of a body of a segment of length `len` (after reading its layout
+/// and count, which it returns as `k`), leaving `r` at the values.
+pub fn skip_indices(r: &mut Reader<'_>, len: usize) -> Result<usize, WireError> {
+    let layout = r.u8("sparse layout")?;
+    let k = r.u32("sparse count")? as usize;
+    if k > len {
+        return Err(WireError::Invalid("more sparse entries than elements"));
+    }
+    match layout {
+        LIST => {
+            r.take_items(k, 4, "sparse indices")?;
+        }
+        BITMAP => {
+            r.take(len.div_ceil(8), "sparse bitmap")?;
+        }
+        RICE => {
+            let (b, bits) = rice_section(r)?;
+            read_rice(bits, b, k, len, |_, _| {})?;
+        }
+        _ => return Err(WireError::Invalid("unknown sparse layout")),
+    }
+    Ok(k)
 }
 
 /// Reads a body written by [`write_indexed`] and adds the values into `out`.
@@ -102,7 +238,123 @@ pub fn read_indexed_add(r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireE
                 }
             }
         }
+        RICE => {
+            let (b, bits) = rice_section(r)?;
+            let vals = r.take_items(k, 4, "sparse values")?;
+            // Values are checked first; an index past the end stops the decode (as the list
+            // layout does, entries before it are already added).
+            if (0..k).any(|j| !f32_at(vals, j).is_finite()) {
+                return Err(WireError::Invalid("non-finite sparse value"));
+            }
+            read_rice(bits, b, k, n, |j, i| out[i] += f32_at(vals, j))?;
+        }
         _ => return Err(WireError::Invalid("unknown sparse layout")),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    /// A random strictly ascending index set of about `density · n` entries.
+    fn random_set(rng: &mut Rng, n: usize, density: f64) -> Vec<u32> {
+        let scale = 1u64 << 32;
+        let cut = (density * scale as f64) as u64;
+        (0..n as u32).filter(|_| rng.below(scale) < cut).collect()
+    }
+
+    fn encode(n: usize, idx: &[u32]) -> Vec<u8> {
+        let mut buf = Vec::new();
+        let mut w = Writer::new(&mut buf);
+        write_indexed(n, idx, |i| i as f32 + 0.5, &mut w);
+        buf
+    }
+
+    #[test]
+    fn every_layout_round_trips_and_the_smallest_is_chosen() {
+        let mut rng = Rng::seed_from_u64(5);
+        let mut seen = [false; 3];
+        for &(n, density) in &[
+            (0usize, 0.5),
+            (1, 1.0),
+            (37, 0.0),
+            (1000, 0.001),
+            (1000, 0.01),
+            (4096, 0.03),
+            (4096, 0.2),
+            (4096, 0.9),
+            (100_000, 0.001),
+            (100_000, 0.05),
+        ] {
+            for _ in 0..4 {
+                let idx = random_set(&mut rng, n, density);
+                let buf = encode(n, &idx);
+                assert_eq!(buf.len(), indexed_len(n, &idx), "n {n} k {}", idx.len());
+                let (list, bitmap, (_, rice)) = index_bytes(n, &idx);
+                assert_eq!(
+                    buf.len() - 5 - 4 * idx.len(),
+                    list.min(bitmap).min(rice) as usize
+                );
+                seen[buf[0] as usize] = true;
+                let mut out = vec![0f32; n];
+                let mut r = Reader::new(&buf);
+                read_indexed_add(&mut r, &mut out).unwrap();
+                assert_eq!(r.remaining(), 0);
+                let mut want = vec![0f32; n];
+                for &i in &idx {
+                    want[i as usize] = i as f32 + 0.5;
+                }
+                assert_eq!(out, want);
+                let mut r = Reader::new(&buf);
+                assert_eq!(skip_indices(&mut r, n).unwrap(), idx.len());
+                assert_eq!(r.remaining(), 4 * idx.len());
+            }
+        }
+        assert_eq!(seen, [true; 3], "each layout was chosen somewhere");
+    }
+
+    #[test]
+    fn damaged_rice_sections_are_errors() {
+        let n = 50_000;
+        let idx = random_set(&mut Rng::seed_from_u64(8), n, 0.002);
+        let buf = encode(n, &idx);
+        assert_eq!(buf[0], RICE);
+        let decode = |b: &[u8], len: usize| {
+            let mut out = vec![0f32; len];
+            read_indexed_add(&mut Reader::new(b), &mut out)
+        };
+        assert!(decode(&buf, n).is_ok());
+        // A shorter segment: some index lands past its end.
+        assert!(decode(&buf, idx[idx.len() - 1] as usize).is_err());
+        // Parameter out of range; one byte fewer or more of bits; a count the bits lack.
+        let mut bad = buf.clone();
+        bad[5] = 32;
+        assert!(decode(&bad, n).is_err());
+        for delta in [-1i64, 1] {
+            let mut bad = buf.clone();
+            let nbytes = u32::from_le_bytes(bad[6..10].try_into().unwrap()) as i64 + delta;
+            bad[6..10].copy_from_slice(&(nbytes as u32).to_le_bytes());
+            assert!(decode(&bad, n).is_err(), "byte count {delta:+}");
+        }
+        let mut bad = buf.clone();
+        bad[1..5].copy_from_slice(&(idx.len() as u32 + 1).to_le_bytes());
+        assert!(decode(&bad, n).is_err());
+        // All-ones bits: unary runs past the segment end.
+        let mut bad = buf.clone();
+        let nbytes = u32::from_le_bytes(bad[6..10].try_into().unwrap()) as usize;
+        bad[10..10 + nbytes].fill(0xFF);
+        assert!(decode(&bad, n).is_err());
+        // Every truncation and every single-byte change: an error or a valid decode, never a
+        // panic.
+        for cut in 0..buf.len() {
+            let _ = decode(&buf[..cut], n);
+        }
+        for at in 0..buf.len().min(400) {
+            let mut b = buf.clone();
+            b[at] ^= 0x5A;
+            let _ = decode(&b, n);
+        }
+    }
 }

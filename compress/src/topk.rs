@@ -107,8 +107,9 @@ impl Compressor for TopK {
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
         sparse::read_indexed_add(r, out)
     }
-    fn segment_bits(&self, n: usize) -> Option<u64> {
-        Some(sparse::indexed_bits(n, k_for(n, self.ratio)))
+    /// `None`: the index set's size depends on where the entries are (see [`sparse`]).
+    fn segment_bits(&self, _n: usize) -> Option<u64> {
+        None
     }
 }
 
@@ -170,15 +171,30 @@ mod tests {
     }
 
     #[test]
-    fn layout_switches_to_bitmap_above_one_in_32() {
+    fn index_sets_take_the_smallest_layout() {
         let x: Vec<f32> = (0..1024).map(|i| i as f32).collect();
         let mut sparse = TopKConfig { ratio: 0.01 }.init().unwrap();
         let mut dense = TopKConfig { ratio: 0.25 }.init().unwrap();
         let (_, l1) = run(&mut sparse, &x);
         let (_, l2) = run(&mut dense, &x);
-        // header 12 bytes; list: 5 + 8k; bitmap: 5 + 128 + 4k
-        assert_eq!(l1, 12 + 5 + 8 * 11);
-        assert_eq!(l2, 12 + 5 + 128 + 4 * 256);
+        // Header 12 bytes. The kept entries are the last ones: one long gap, then gaps of
+        // zero, which Rice codes in a few bits each (a u32 list would be 5 + 8k bytes).
+        let idx = |k: u32| (1024 - k..1024).collect::<Vec<u32>>();
+        assert_eq!(l1, 12 + sparse::indexed_len(1024, &idx(11)));
+        assert!(l1 < 12 + 5 + 8 * 11);
+        assert_eq!(l2, 12 + sparse::indexed_len(1024, &idx(256)));
+        assert!(l2 <= 12 + 5 + 128 + 4 * 256, "no worse than the bitmap");
+        // Spread entries of a long segment: about 1.5 bytes per index instead of 4.
+        let n = 1_000_000;
+        let y: Vec<f32> = (0..n as u64)
+            .map(|i| ((i * 7919) % 10_007) as f32)
+            .collect();
+        let mut c = TopKConfig { ratio: 0.001 }.init().unwrap();
+        let (out, len) = run(&mut c, &y);
+        let k = out.iter().filter(|v| **v != 0.0).count();
+        assert_eq!(k, 1000);
+        let per_index = (len - 12 - 5 - 4 * k) as f64 / k as f64;
+        assert!(per_index < 2.0, "{per_index} bytes per index");
     }
 
     #[test]
