@@ -73,6 +73,17 @@ pub fn indexed_len(n: usize, idx: &[u32]) -> usize {
 /// Writes the ascending indices `idx` of a segment of length `n` and `value(i)` for each,
 /// in the smallest layout.
 pub fn write_indexed(n: usize, idx: &[u32], value: impl Fn(u32) -> f32, w: &mut Writer<'_>) {
+    write_indices(n, idx, w);
+    let vals = w.zeroed(4 * idx.len());
+    for (o, &i) in vals.chunks_exact_mut(4).zip(idx) {
+        o.copy_from_slice(&value(i).to_le_bytes());
+    }
+}
+
+/// Writes only the index part of a body — layout, count and the ascending indices `idx` of
+/// a segment of length `n`, in the smallest layout — for messages that carry an index set
+/// without values (ScaleCom's leader broadcast). [`read_indices`] reads it back.
+pub fn write_indices(n: usize, idx: &[u32], w: &mut Writer<'_>) {
     let k = idx.len();
     let (list, bitmap, (b, rice)) = index_bytes(n, idx);
     if rice < list.min(bitmap) {
@@ -108,10 +119,66 @@ pub fn write_indexed(n: usize, idx: &[u32], value: impl Fn(u32) -> f32, w: &mut 
         w.u32(k as u32);
         w.u32_slice(idx);
     }
-    let vals = w.zeroed(4 * k);
-    for (o, &i) in vals.chunks_exact_mut(4).zip(idx) {
-        o.copy_from_slice(&value(i).to_le_bytes());
+}
+
+/// Reads an index part written by [`write_indices`] for a segment of length `n`, appending
+/// the indices to `out`; returns how many. Every index is checked to be below `n` and the
+/// list strictly ascending.
+pub fn read_indices(r: &mut Reader<'_>, n: usize, out: &mut Vec<u32>) -> Result<usize, WireError> {
+    let layout = r.u8("sparse layout")?;
+    let k = r.u32("sparse count")? as usize;
+    if k > n {
+        return Err(WireError::Invalid("more sparse entries than elements"));
     }
+    // Reserve only once the bytes are there: a count never allocates more than the message
+    // length allows.
+    match layout {
+        LIST => {
+            let raw = r.take_items(k, 4, "sparse indices")?;
+            out.reserve(k);
+            let mut next = 0u64;
+            for j in 0..k {
+                let i = u32_at(raw, j) as u64;
+                if i >= n as u64 {
+                    return Err(WireError::IndexOutOfRange { index: i, len: n });
+                }
+                if i < next {
+                    return Err(WireError::Invalid("indices not strictly ascending"));
+                }
+                out.push(i as u32);
+                next = i + 1;
+            }
+        }
+        BITMAP => {
+            let bm = r.take(n.div_ceil(8), "sparse bitmap")?;
+            if n % 8 != 0 && (bm[bm.len() - 1] >> (n % 8)) != 0 {
+                return Err(WireError::Invalid("bitmap has bits past the segment end"));
+            }
+            let set: usize = bm.iter().map(|b| b.count_ones() as usize).sum();
+            if set != k {
+                return Err(WireError::Invalid("bitmap population differs from count"));
+            }
+            out.reserve(k);
+            for (byte_i, &b) in bm.iter().enumerate() {
+                let mut b = b;
+                while b != 0 {
+                    out.push((byte_i * 8 + b.trailing_zeros() as usize) as u32);
+                    b &= b - 1;
+                }
+            }
+        }
+        RICE => {
+            let (b, bits) = rice_section(r)?;
+            // Every code takes at least one bit.
+            if k as u64 > 8 * bits.len() as u64 {
+                return Err(WireError::Invalid("rice code shorter than its count"));
+            }
+            out.reserve(k);
+            read_rice(bits, b, k, n, |_, i| out.push(i as u32))?;
+        }
+        _ => return Err(WireError::Invalid("unknown sparse layout")),
+    }
+    Ok(k)
 }
 
 /// Decodes the Rice-coded gaps of `k` indices (a segment of length `n`) from `bits`,
@@ -310,9 +377,34 @@ mod tests {
                 let mut r = Reader::new(&buf);
                 assert_eq!(skip_indices(&mut r, n).unwrap(), idx.len());
                 assert_eq!(r.remaining(), 4 * idx.len());
+                // The index part alone reads back to the same set.
+                let mut got = vec![7u32];
+                let mut r = Reader::new(&buf);
+                assert_eq!(read_indices(&mut r, n, &mut got).unwrap(), idx.len());
+                assert_eq!(got[1..], idx[..]);
+                assert_eq!(r.remaining(), 4 * idx.len());
             }
         }
         assert_eq!(seen, [true; 3], "each layout was chosen somewhere");
+    }
+
+    #[test]
+    fn index_lists_must_ascend_and_counts_cannot_outgrow_their_bytes() {
+        let list = |idx: &[u32]| {
+            let mut buf = vec![LIST];
+            buf.extend((idx.len() as u32).to_le_bytes());
+            idx.iter().for_each(|i| buf.extend(i.to_le_bytes()));
+            buf
+        };
+        let read = |b: &[u8]| read_indices(&mut Reader::new(b), 100, &mut Vec::new());
+        assert_eq!(read(&list(&[1, 5, 99])), Ok(3));
+        assert!(read(&list(&[5, 5])).is_err());
+        assert!(read(&list(&[6, 5])).is_err());
+        assert!(read(&list(&[100])).is_err());
+        // A Rice count of 80 in one byte of bits, and a list count without its bytes.
+        let rice = [RICE, 80, 0, 0, 0, 0, 1, 0, 0, 0, 0];
+        assert!(read(&rice).is_err());
+        assert!(read(&[LIST, 90, 0, 0, 0]).is_err());
     }
 
     #[test]
