@@ -121,34 +121,25 @@ pub fn write_indices(n: usize, idx: &[u32], w: &mut Writer<'_>) {
     }
 }
 
-/// Reads an index part written by [`write_indices`] for a segment of length `n`, appending
-/// the indices to `out`; returns how many. Every index is checked to be below `n` and the
-/// list strictly ascending.
-pub fn read_indices(r: &mut Reader<'_>, n: usize, out: &mut Vec<u32>) -> Result<usize, WireError> {
+/// The index part of a body, located and size-checked but not yet decoded.
+enum IndexPart<'a> {
+    List(&'a [u8]),
+    Bitmap(&'a [u8]),
+    Rice { b: u32, bits: &'a [u8] },
+}
+
+/// Reads the layout, the count `k` and the index part of a body of a segment of length `n`,
+/// leaving `r` at the values. Everything that needs no decoding is checked here (the
+/// count against `n` and against the bytes present, the bitmap's population and tail), so
+/// `k` never asks for more memory than the message holds.
+fn index_part<'a>(r: &mut Reader<'a>, n: usize) -> Result<(usize, IndexPart<'a>), WireError> {
     let layout = r.u8("sparse layout")?;
     let k = r.u32("sparse count")? as usize;
     if k > n {
         return Err(WireError::Invalid("more sparse entries than elements"));
     }
-    // Reserve only once the bytes are there: a count never allocates more than the message
-    // length allows.
-    match layout {
-        LIST => {
-            let raw = r.take_items(k, 4, "sparse indices")?;
-            out.reserve(k);
-            let mut next = 0u64;
-            for j in 0..k {
-                let i = u32_at(raw, j) as u64;
-                if i >= n as u64 {
-                    return Err(WireError::IndexOutOfRange { index: i, len: n });
-                }
-                if i < next {
-                    return Err(WireError::Invalid("indices not strictly ascending"));
-                }
-                out.push(i as u32);
-                next = i + 1;
-            }
-        }
+    let part = match layout {
+        LIST => IndexPart::List(r.take_items(k, 4, "sparse indices")?),
         BITMAP => {
             let bm = r.take(n.div_ceil(8), "sparse bitmap")?;
             if n % 8 != 0 && (bm[bm.len() - 1] >> (n % 8)) != 0 {
@@ -158,26 +149,75 @@ pub fn read_indices(r: &mut Reader<'_>, n: usize, out: &mut Vec<u32>) -> Result<
             if set != k {
                 return Err(WireError::Invalid("bitmap population differs from count"));
             }
-            out.reserve(k);
-            for (byte_i, &b) in bm.iter().enumerate() {
-                let mut b = b;
-                while b != 0 {
-                    out.push((byte_i * 8 + b.trailing_zeros() as usize) as u32);
-                    b &= b - 1;
-                }
-            }
+            IndexPart::Bitmap(bm)
         }
         RICE => {
-            let (b, bits) = rice_section(r)?;
+            let b = r.u8("rice parameter")? as u32;
+            if b > 31 {
+                return Err(WireError::Invalid("rice parameter above 31"));
+            }
+            let nbytes = r.u32("rice byte count")? as usize;
+            let bits = r.take(nbytes, "rice bits")?;
             // Every code takes at least one bit.
             if k as u64 > 8 * bits.len() as u64 {
                 return Err(WireError::Invalid("rice code shorter than its count"));
             }
-            out.reserve(k);
-            read_rice(bits, b, k, n, |_, i| out.push(i as u32))?;
+            IndexPart::Rice { b, bits }
         }
         _ => return Err(WireError::Invalid("unknown sparse layout")),
+    };
+    Ok((k, part))
+}
+
+impl IndexPart<'_> {
+    /// Decodes the `k` indices in ascending order, calling `each(j, index)`; every index is
+    /// checked to be below `n` and the list strictly ascending. Stops at the first bad
+    /// index (the calls before it have happened).
+    fn for_each(
+        &self,
+        k: usize,
+        n: usize,
+        mut each: impl FnMut(usize, usize),
+    ) -> Result<(), WireError> {
+        match *self {
+            IndexPart::List(raw) => {
+                let mut next = 0u64;
+                for j in 0..k {
+                    let i = u32_at(raw, j) as u64;
+                    if i >= n as u64 {
+                        return Err(WireError::IndexOutOfRange { index: i, len: n });
+                    }
+                    if i < next {
+                        return Err(WireError::Invalid("indices not strictly ascending"));
+                    }
+                    each(j, i as usize);
+                    next = i + 1;
+                }
+            }
+            IndexPart::Bitmap(bm) => {
+                let mut j = 0;
+                for (byte_i, &b) in bm.iter().enumerate() {
+                    let mut b = b;
+                    while b != 0 {
+                        each(j, byte_i * 8 + b.trailing_zeros() as usize);
+                        b &= b - 1;
+                        j += 1;
+                    }
+                }
+            }
+            IndexPart::Rice { b, bits } => read_rice(bits, b, k, n, each)?,
+        }
+        Ok(())
     }
+}
+
+/// Reads an index part written by [`write_indices`] for a segment of length `n`, appending
+/// the indices to `out`; returns how many. Every index is checked to be below `n` and the
+/// list strictly ascending.
+pub fn read_indices(r: &mut Reader<'_>, n: usize, out: &mut Vec<u32>) -> Result<usize, WireError> {
+    let (k, part) = index_part(r, n)?;
+    out.reserve(k);
+    part.for_each(k, n, |_, i| out.push(i as u32))?;
     Ok(k)
 }
 
@@ -219,105 +259,22 @@ fn read_rice(
     Ok(())
 }
 
-/// Reads a rice layout's parameter and bit section.
-fn rice_section<'a>(r: &mut Reader<'a>) -> Result<(u32, &'a [u8]), WireError> {
-    let b = r.u8("rice parameter")? as u32;
-    if b > 31 {
-        return Err(WireError::Invalid("rice parameter above 31"));
-    }
-    let nbytes = r.u32("rice byte count")? as usize;
-    Ok((b, r.take(nbytes, "rice bits")?))
-}
-
 /// Skips the index part of a body of a segment of length `len` (after reading its layout
 /// and count, which it returns as `k`), leaving `r` at the values.
 pub fn skip_indices(r: &mut Reader<'_>, len: usize) -> Result<usize, WireError> {
-    let layout = r.u8("sparse layout")?;
-    let k = r.u32("sparse count")? as usize;
-    if k > len {
-        return Err(WireError::Invalid("more sparse entries than elements"));
-    }
-    match layout {
-        LIST => {
-            r.take_items(k, 4, "sparse indices")?;
-        }
-        BITMAP => {
-            r.take(len.div_ceil(8), "sparse bitmap")?;
-        }
-        RICE => {
-            let (b, bits) = rice_section(r)?;
-            read_rice(bits, b, k, len, |_, _| {})?;
-        }
-        _ => return Err(WireError::Invalid("unknown sparse layout")),
-    }
-    Ok(k)
+    index_part(r, len).map(|(k, _)| k)
 }
 
-/// Reads a body written by [`write_indexed`] and adds the values into `out`.
+/// Reads a body written by [`write_indexed`] and adds the values into `out`. The values are
+/// checked first; an index past the end stops the decode with the entries before it added.
 pub fn read_indexed_add(r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
     let n = out.len();
-    let layout = r.u8("sparse layout")?;
-    let k = r.u32("sparse count")? as usize;
-    if k > n {
-        return Err(WireError::Invalid("more sparse entries than elements"));
+    let (k, part) = index_part(r, n)?;
+    let vals = r.take_items(k, 4, "sparse values")?;
+    if (0..k).any(|j| !f32_at(vals, j).is_finite()) {
+        return Err(WireError::Invalid("non-finite sparse value"));
     }
-    match layout {
-        LIST => {
-            let idx = r.take_items(k, 4, "sparse indices")?;
-            let vals = r.take_items(k, 4, "sparse values")?;
-            for j in 0..k {
-                let i = u32_at(idx, j) as usize;
-                let v = f32_at(vals, j);
-                if i >= n {
-                    return Err(WireError::IndexOutOfRange {
-                        index: i as u64,
-                        len: n,
-                    });
-                }
-                if !v.is_finite() {
-                    return Err(WireError::Invalid("non-finite sparse value"));
-                }
-                out[i] += v;
-            }
-        }
-        BITMAP => {
-            let bm = r.take(n.div_ceil(8), "sparse bitmap")?;
-            let vals = r.take_items(k, 4, "sparse values")?;
-            let set: usize = bm.iter().map(|b| b.count_ones() as usize).sum();
-            if set != k {
-                return Err(WireError::Invalid("bitmap population differs from count"));
-            }
-            if n % 8 != 0 && (bm[bm.len() - 1] >> (n % 8)) != 0 {
-                return Err(WireError::Invalid("bitmap has bits past the segment end"));
-            }
-            let mut j = 0;
-            for (byte_i, &b) in bm.iter().enumerate() {
-                let mut b = b;
-                while b != 0 {
-                    let bit = b.trailing_zeros() as usize;
-                    b &= b - 1;
-                    let v = f32_at(vals, j);
-                    if !v.is_finite() {
-                        return Err(WireError::Invalid("non-finite sparse value"));
-                    }
-                    out[byte_i * 8 + bit] += v;
-                    j += 1;
-                }
-            }
-        }
-        RICE => {
-            let (b, bits) = rice_section(r)?;
-            let vals = r.take_items(k, 4, "sparse values")?;
-            // Values are checked first; an index past the end stops the decode (as the list
-            // layout does, entries before it are already added).
-            if (0..k).any(|j| !f32_at(vals, j).is_finite()) {
-                return Err(WireError::Invalid("non-finite sparse value"));
-            }
-            read_rice(bits, b, k, n, |j, i| out[i] += f32_at(vals, j))?;
-        }
-        _ => return Err(WireError::Invalid("unknown sparse layout")),
-    }
-    Ok(())
+    part.for_each(k, n, |j, i| out[i] += f32_at(vals, j))
 }
 
 #[cfg(test)]
