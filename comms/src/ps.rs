@@ -505,12 +505,13 @@ impl<A: Aggregator> ServerMachine<A> {
         self
     }
 
-    /// Whether nothing was pushed, aggregated or left yet.
-    fn is_fresh(&self) -> bool {
-        self.pending.is_empty()
+    /// Whether nothing was pushed, aggregated or left since the clock started at `first`.
+    fn is_fresh(&self, first: u64) -> bool {
+        self.completed == first
+            && self.pending.is_empty()
             && self.out.is_empty()
             && self.left.iter().all(Option::is_none)
-            && self.next_push.iter().all(|&n| n == self.completed)
+            && self.next_push.iter().all(|&n| n == first)
     }
 
     /// The aggregator.
@@ -774,6 +775,11 @@ impl WorkerMachine {
         self
     }
 
+    /// Whether nothing was pushed or left since the clock started at `first`.
+    fn is_fresh(&self, first: u64) -> bool {
+        self.pushed == first && !self.left && self.out.is_empty()
+    }
+
     /// Steps pushed so far (the worker's clock; the next push is this step).
     pub fn pushed(&self) -> u64 {
         self.pushed
@@ -1011,9 +1017,9 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
     /// has been pushed or served yet: a run resumed from a checkpoint taken after `step`
     /// steps. Every rank of the run must start at the same step.
     pub fn start_at(&mut self, step: u64) -> Result<(), CommError> {
-        let fresh = self.worker.as_ref().is_none_or(|w| {
-            w.pushed == w.taken && w.out.is_empty() && !w.left && w.ready.is_empty()
-        }) && self.server.as_ref().is_none_or(ServerMachine::is_fresh);
+        let first = self.cfg.first_step;
+        let fresh = self.worker.as_ref().is_none_or(|w| w.is_fresh(first))
+            && self.server.as_ref().is_none_or(|s| s.is_fresh(first));
         if !fresh {
             return Err(CommError::InvalidArgument(format!(
                 "the parameter server of rank {} cannot restart its clock at step {step}: it \
@@ -1021,12 +1027,8 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
                 self.rank()
             )));
         }
-        let staleness = self.cfg.staleness;
         self.server = self.server.take().map(|m| m.starting_at(step));
-        if self.worker.is_some() {
-            self.worker =
-                Some(WorkerMachine::new(self.layout.clone(), staleness).starting_at(step));
-        }
+        self.worker = self.worker.take().map(|m| m.starting_at(step));
         self.cfg.first_step = step;
         Ok(())
     }

@@ -490,6 +490,8 @@ fn clocks_start_at_the_first_step_of_a_resumed_run() {
                 for t in first..first + steps {
                     got.extend(node.step_dense(&grad(t, wi, len), agg_of(t)).unwrap());
                 }
+                // Every pushed step is aggregated and taken, yet the clock has moved.
+                assert!(node.start_at(0).is_err());
                 assert!(node.finish().unwrap().is_empty());
                 let e = node.start_at(0).unwrap_err();
                 assert!(e.to_string().contains("already pushed or served"), "{e}");
