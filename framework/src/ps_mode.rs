@@ -329,6 +329,13 @@ impl<T: Transport> PsState<T> {
     /// step.
     pub fn import_state(&mut self, mut st: PsCodecState) -> Result<(), String> {
         let shards = self.node.layout().num_shards();
+        if let Some(k) =
+            (st.memory.keys().chain(st.compressors.keys())).find(|&&k| k >= shards as u64)
+        {
+            return Err(format!(
+                "the checkpoint has state for shard {k}, this run has {shards} shards"
+            ));
+        }
         match &mut self.codec {
             Codec::Compressed { pipes, .. } => {
                 if st.mipd_server.is_some() {
@@ -357,11 +364,6 @@ impl<T: Transport> PsState<T> {
                     );
                 }
                 let memory = std::mem::take(&mut st.memory);
-                if let Some(&k) = memory.keys().find(|&&k| k >= shards as u64) {
-                    return Err(format!(
-                        "the checkpoint has state for shard {k}, this run has {shards} shards"
-                    ));
-                }
                 match worker.memory_mut() {
                     Some(m) => m.import(memory),
                     None if memory.is_empty() => {}
@@ -393,11 +395,6 @@ impl<T: Transport> PsState<T> {
                     );
                 }
             }
-        }
-        if let Some(k) = st.memory.keys().chain(st.compressors.keys()).next() {
-            return Err(format!(
-                "the checkpoint has state for shard {k}, this run has {shards} shards"
-            ));
         }
         Ok(())
     }
