@@ -152,6 +152,43 @@ fn large_frames_stay_exact() {
 }
 
 #[test]
+fn large_mtus_connect_and_carry_large_frames() {
+    // Above ~6.5 kB quinn's 10-segment GSO batches exceed a datagram and are lost, and from
+    // ~12 kB its default initial congestion window lets no packet out: without the driver's
+    // segment cap and initial window these stall (set-up or transfer time out).
+    let n = 1 << 20;
+    let inputs: Vec<Vec<f32>> = (0..2).map(|r| Rng(7 + r as u64).f32s(n)).collect();
+    let want = ring_reference(&inputs, ReduceOp::Sum);
+    for mtu in [8_000u16, 12_000, 30_000, 60_000] {
+        let id = RunIdentity::generate().unwrap();
+        let mut cfg = config(TOKEN, id);
+        cfg.mtu = Some(mtu);
+        cfg.connect_timeout = Duration::from_secs(5);
+        let mesh: Vec<QuicTransport> = try_mesh(vec![cfg; 2])
+            .into_iter()
+            .map(|t| t.unwrap_or_else(|e| panic!("MTU {mtu}: set-up failed: {e}")))
+            .collect();
+        let ins = inputs.clone();
+        let cc = CommConfig {
+            timeout: Duration::from_secs(5),
+            ..CommConfig::default()
+        };
+        let out = run_ranks(mesh, cc, move |c| {
+            let mut v = ins[c.rank()].clone();
+            for _ in 0..3 {
+                v.copy_from_slice(&ins[c.rank()]);
+                c.all_reduce_sum(&mut v)
+                    .unwrap_or_else(|e| panic!("MTU {mtu}: {e}"));
+            }
+            v
+        });
+        for v in &out {
+            assert_eq!(bits(v), bits(&want), "MTU {mtu}");
+        }
+    }
+}
+
+#[test]
 fn emulated_link_follows_the_alpha_beta_model() {
     check_emulated_link(|world, link| {
         let id = RunIdentity::generate().unwrap();

@@ -21,6 +21,8 @@ pub mod mpi;
 pub mod mux;
 #[cfg(feature = "quic")]
 pub mod quic;
+#[cfg(feature = "quic")]
+mod quic_stream;
 #[cfg(all(feature = "shm", target_os = "linux"))]
 pub mod shm;
 #[cfg(feature = "tcp")]

@@ -19,11 +19,19 @@
 //! * UDP socket buffers are raised to [`QuicConfig::socket_buffer`] (16 MiB; the kernel
 //!   caps the value at `net.core.{r,w}mem_max` unless running privileged).
 //! * MTU: quinn's default initial MTU is 1200 bytes with discovery up to 1452. On a mesh
-//!   whose peers are all loopback addresses the driver uses [`LOOPBACK_MTU`] instead
-//!   (fewer, larger packets). `EndpointConfig::max_udp_payload_size` is raised on every
-//!   endpoint before the larger `initial_mtu` is used (a peer whose limit is lower would
-//!   drop the packets), and the value stays below the ~6500-byte point above which
-//!   UDP segmentation offload (GSO) batches stop working on loopback.
+//!   whose peers are all loopback addresses the driver uses [`LOOPBACK_MTU`] (60 000 bytes)
+//!   instead: per-packet work (packet building, header protection, acknowledgements, one
+//!   system call per batch) is most of quinn's cost besides AES-GCM and copies.
+//!   `EndpointConfig::max_udp_payload_size` is raised on every endpoint before the larger
+//!   `initial_mtu` is used (a peer whose limit is lower would drop the packets). Two quinn
+//!   limits otherwise stall MTUs above ~6.5 kB, and both are lifted for a raised MTU:
+//!   - quinn puts up to 10 segments in one GSO send whatever their size, and a send over
+//!     64 KiB is refused, so every full batch is lost: a wrapper around quinn's socket caps
+//!     the segments per send at 65 000 bytes;
+//!   - Cubic's fixed 14 720-byte initial window: quinn sends only if the window has room
+//!     for the packet being built and one more full packet, so above ~7 kB sending waits
+//!     for loss timers, and from ~12 kB the handshake never completes. The initial window
+//!     is 10 packets instead.
 //! * Default flow-control windows.
 //!
 //! # Liveness
@@ -61,7 +69,8 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, warn};
 
-use super::stream::{check_liveness, read_frame, reader, write_hello, writer, Outgoing, Shaper};
+use super::quic_stream::{reader, writer};
+use super::stream::{check_liveness, read_frame, write_hello, Outgoing, Shaper};
 use super::{check_peer, ByteCount, Event, Inbox, Transport, TransportError};
 use crate::frame::{Frame, FRAME_HEADER_LEN, MAX_HELLO_FRAME, MAX_TOKEN_LEN};
 use crate::rendezvous::RunIdentity;
@@ -72,7 +81,7 @@ const SERVER_NAME: &str = "dtrain";
 /// ALPN protocol of the dtrain mesh.
 const ALPN: &[u8] = b"dtrain/1";
 /// MTU used when every peer is a loopback address.
-pub const LOOPBACK_MTU: u16 = 6000;
+pub const LOOPBACK_MTU: u16 = 60_000;
 /// Application error code of a refused connection.
 const REFUSED: u32 = 1;
 /// Application error code of a normal close.
@@ -325,6 +334,9 @@ fn transport_config(
         let mut d = quinn::MtuDiscoveryConfig::default();
         d.upper_bound(m);
         t.mtu_discovery_config(Some(d));
+        let mut cc = quinn::congestion::CubicConfig::default();
+        cc.initial_window(10 * u64::from(m));
+        t.congestion_controller_factory(Arc::new(cc));
     }
     Ok(t)
 }
@@ -368,6 +380,55 @@ fn client_crypto(identity: &RunIdentity, pin: &[u8]) -> Result<QuicClientConfig,
     QuicClientConfig::try_from(client).map_err(config_error)
 }
 
+/// Largest number of bytes one GSO send may carry: the segments of a batch travel as one
+/// UDP datagram until the kernel splits them, so their total must fit a datagram (64 KiB
+/// minus headers). quinn batches up to 10 segments whatever their size, which stops working
+/// above ~6.5 kB segments (every full batch is refused: the transfer stalls).
+const MAX_GSO_BATCH: usize = 65_000;
+
+/// quinn's UDP socket with the number of segments per send capped so that a batch stays
+/// within [`MAX_GSO_BATCH`] bytes, which lets the MTU go beyond ~6.5 kB.
+#[derive(Debug)]
+struct SegmentCap {
+    inner: Arc<dyn quinn::AsyncUdpSocket>,
+    max: usize,
+}
+
+impl quinn::AsyncUdpSocket for SegmentCap {
+    fn create_io_poller(self: Arc<Self>) -> std::pin::Pin<Box<dyn quinn::UdpPoller>> {
+        self.inner.clone().create_io_poller()
+    }
+
+    fn try_send(&self, transmit: &quinn::udp::Transmit) -> std::io::Result<()> {
+        self.inner.try_send(transmit)
+    }
+
+    fn poll_recv(
+        &self,
+        cx: &mut std::task::Context,
+        bufs: &mut [std::io::IoSliceMut<'_>],
+        meta: &mut [quinn::udp::RecvMeta],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.inner.poll_recv(cx, bufs, meta)
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+
+    fn max_transmit_segments(&self) -> usize {
+        self.inner.max_transmit_segments().min(self.max).max(1)
+    }
+
+    fn max_receive_segments(&self) -> usize {
+        self.inner.max_receive_segments()
+    }
+
+    fn may_fragment(&self) -> bool {
+        self.inner.may_fragment()
+    }
+}
+
 /// Builds this rank's endpoint around `socket` (server side `server`) and the client
 /// config for dialing (client side `client`), with the socket and MTU tuning.
 fn endpoint(
@@ -396,7 +457,12 @@ fn endpoint(
         ecfg.max_udp_payload_size(m.max(1200))
             .map_err(config_error)?;
     }
-    let ep = Endpoint::new(ecfg, Some(server), socket, Arc::new(quinn::TokioRuntime))?;
+    let runtime = Arc::new(quinn::TokioRuntime);
+    let socket = Arc::new(SegmentCap {
+        max: MAX_GSO_BATCH / usize::from(mtu.unwrap_or(1200).max(1200)),
+        inner: quinn::Runtime::wrap_udp_socket(&*runtime, socket)?,
+    });
+    let ep = Endpoint::new_with_abstract_socket(ecfg, Some(server), socket, runtime)?;
     Ok((ep, client))
 }
 
