@@ -422,7 +422,9 @@ enum BenchCommand {
 /// Options shared by the `bench allreduce` launcher and its workers.
 #[derive(Args, Debug)]
 struct CollectiveArgs {
-    /// Transport: tcp or quic.
+    /// Transport: tcp, quic, shm, or mpi (dtrain's ring over MPI point-to-point under
+    /// mpirun; needs the `mpi` feature; native `MPI_Allreduce` is compared side by side by
+    /// the comms example `mpi_allreduce`).
     #[arg(long, default_value = "tcp")]
     transport: bench::allreduce::TransportKind,
     /// Collective: allreduce, allgather or broadcast.
