@@ -230,13 +230,15 @@ fn print_summary(dir: &Path, s: &dtrain_framework::trainer::Summary) {
     );
     println!(
         "mean step {:.1} ms: data {:.1}, forward {:.1}, backward {:.1}, compress {:.1}, \
-         communicate {:.1}, decompress {:.1}, optimizer {:.1} (non-compute {overhead:.1}%)",
+         communicate {:.1} (of which {:.1} waiting for the slowest rank), decompress {:.1}, \
+         optimizer {:.1} (non-compute {overhead:.1}%)",
         1e3 * t.step_s,
         1e3 * t.data_s,
         1e3 * t.forward_s,
         1e3 * t.backward_s,
         1e3 * t.compress_s,
         1e3 * t.communicate_s,
+        1e3 * t.sync_s,
         1e3 * t.decompress_s,
         1e3 * t.optimizer_s
     );

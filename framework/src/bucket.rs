@@ -136,6 +136,16 @@ pub fn scatter(bucket: &Bucket, buf: &[f32], flat: &mut [f32]) {
     }
 }
 
+/// [`scatter`] with every value multiplied by `k` on the way (the same products as scaling
+/// the buffer first, in one pass).
+pub fn scatter_scaled(bucket: &Bucket, buf: &[f32], k: f32, flat: &mut [f32]) {
+    for (r, s) in bucket.flat_ranges.iter().zip(&bucket.segments) {
+        for (d, v) in flat[r.clone()].iter_mut().zip(&buf[s.clone()]) {
+            *d = *v * k;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,5 +220,12 @@ mod tests {
             scatter(b, &buf, &mut back);
         }
         assert_eq!(back, flat);
+        let mut halves = vec![0f32; 12];
+        for b in &plan {
+            gather(b, &flat, &mut buf);
+            scatter_scaled(b, &buf, 0.5, &mut halves);
+        }
+        let want: Vec<f32> = flat.iter().map(|v| v * 0.5).collect();
+        assert_eq!(halves, want);
     }
 }

@@ -29,6 +29,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use dtrain_comms::{CommError, Communicator, Transport};
+use dtrain_compress::compressor::first_non_finite;
 use dtrain_models::{Device, Metrics, Model};
 use serde::{Deserialize, Serialize};
 
@@ -124,6 +125,12 @@ pub struct Phases {
     /// `communicate_s` without).
     #[serde(default)]
     pub wait_s: f64,
+    /// The part of `communicate_s` spent in the step's control all-reduce, right after the
+    /// backward pass. A rank waits there until the slowest rank has finished its backward,
+    /// so this is mostly load imbalance and jitter between ranks (the call itself is a few
+    /// floats); 0 where there is no lock-step control all-reduce (asynchronous PS).
+    #[serde(default)]
+    pub sync_s: f64,
     /// Optimizer update and writing the parameters back into the model.
     pub optimizer_s: f64,
     /// The whole step, wall clock.
@@ -139,6 +146,7 @@ impl Phases {
         self.communicate_s += o.communicate_s;
         self.decompress_s += o.decompress_s;
         self.wait_s += o.wait_s;
+        self.sync_s += o.sync_s;
         self.optimizer_s += o.optimizer_s;
         self.step_s += o.step_s;
     }
@@ -152,6 +160,7 @@ impl Phases {
             communicate_s: self.communicate_s * k,
             decompress_s: self.decompress_s * k,
             wait_s: self.wait_s * k,
+            sync_s: self.sync_s * k,
             optimizer_s: self.optimizer_s * k,
             step_s: self.step_s * k,
         }
@@ -519,7 +528,7 @@ impl<T: Transport> Trainer<T> {
     /// step's learning rate. A non-finite aggregate is the same on every worker, so every
     /// worker skips it alike.
     fn apply_aggregate(&mut self, mut r: Ready) {
-        if r.grad.iter().any(|g| !g.is_finite()) {
+        if first_non_finite(&r.grad).is_some() {
             self.skipped += 1;
             return;
         }
@@ -1137,7 +1146,9 @@ impl<T: Transport> Trainer<T> {
         let m: Metrics = out.metrics;
         self.model.backward_into(out.loss, &mut self.grads);
         let t3 = Instant::now();
-        let bad_grad = self.grads.iter().any(|g| !g.is_finite());
+        // A vectorised scan: `iter().any(!is_finite)` is a scalar loop that cost ~0.15 ms
+        // per scan on the 535 k-parameter MLP, 5 % of its step.
+        let bad_grad = first_non_finite(&self.grads).is_some();
         let bad_loss = !m.loss.is_finite();
         let mut ctl = [
             if bad_loss {
@@ -1153,6 +1164,7 @@ impl<T: Transport> Trainer<T> {
         // Asynchronous parameter server: no lock-step control all-reduce; the record holds
         // this worker's own loss and accuracy.
         let async_ps = self.ps.as_ref().is_some_and(|p| p.staleness() > 0);
+        let t_sync = Instant::now();
         if !async_ps {
             self.comm
                 .all_reduce_sum(&mut ctl)
@@ -1179,6 +1191,7 @@ impl<T: Transport> Trainer<T> {
             forward_s: (t2 - t1).as_secs_f64(),
             backward_s: (t3 - t2).as_secs_f64(),
             communicate_s: (t4 - t3).as_secs_f64(),
+            sync_s: (t4 - t_sync).as_secs_f64(),
             ..Phases::default()
         };
         let lr = self.plan.lr.at(
@@ -1255,7 +1268,7 @@ impl<T: Transport> Trainer<T> {
             record.ratio_name = Some(name.to_string());
             record.ratio = Some(v);
         }
-        if self.grads.iter().any(|g| !g.is_finite()) {
+        if first_non_finite(&self.grads).is_some() {
             // Identical on every rank (the averaged gradient is), so every rank decides alike.
             record.time = time;
             return self.bad_step("gradient", record, t0);

@@ -257,6 +257,9 @@ fn resuming_a_finished_run_re_evaluates_it() {
         a.summary.bytes_sent_per_step
     ));
     assert!(a.summary.mean_step.step_s > 0.0);
+    // The control all-reduce's share is recorded, and is part of the communication time.
+    let m = a.summary.mean_step;
+    assert!(m.sync_s > 0.0 && m.sync_s <= m.communicate_s, "{m:?}");
     assert!(close(
         b.summary.mean_step.step_s,
         a.summary.mean_step.step_s

@@ -300,6 +300,7 @@ fn render_markdown(runs: &[Run], rows: &[RunRow], plots: &[PathBuf]) -> String {
         "compress ms",
         "communicate ms",
         "wait ms",
+        "sync ms",
         "sent/step",
         "compression",
         "samples/s",
@@ -342,6 +343,7 @@ fn render_markdown(runs: &[Run], rows: &[RunRow], plots: &[PathBuf]) -> String {
             md::ms(m.codec_s()),
             md::ms(m.communicate_s),
             md::ms(m.wait_s),
+            md::ms(m.sync_s),
             md::bytes(row.bytes_sent_per_step),
             opt(row.compression_ratio, |c| format!("{}×", md::sig(c))),
             opt(row.samples_per_s, md::sig),
@@ -668,6 +670,7 @@ fn write_plots(runs: &[Run], rows: &[RunRow], dir: &Path) -> Result<Vec<PathBuf>
             ("compute".into(), ms(Phases::compute_s)),
             ("compress + decompress".into(), ms(Phases::codec_s)),
             ("communicate (waited)".into(), ms(|p| p.wait_s)),
+            ("waiting for the slowest rank".into(), ms(|p| p.sync_s)),
             ("other".into(), ms(Phases::other_s)),
         ],
     };

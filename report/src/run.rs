@@ -31,9 +31,10 @@ use crate::error::{ReportError, Result};
 /// Per-phase seconds of one step (or the mean over steps), as the trainer records them.
 ///
 /// `communicate_s` is the communication thread's busy time; with overlap on it runs
-/// alongside compression, and `wait_s` is the part the step actually waited for. The step
-/// wall time is therefore about `compute + compress + decompress + wait` ([`Phases::other_s`]
-/// is the remainder).
+/// alongside compression, and `wait_s` is the part the step actually waited for. `sync_s`
+/// is the step's control all-reduce, where a rank waits for the slowest rank to finish its
+/// backward (load imbalance, jitter). The step wall time is therefore about
+/// `compute + compress + decompress + wait + sync` ([`Phases::other_s`] is the remainder).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Phases {
@@ -49,8 +50,11 @@ pub struct Phases {
     pub communicate_s: f64,
     /// Decoding and summing received payloads, averaging.
     pub decompress_s: f64,
-    /// Time the step was blocked on communication.
+    /// Time the step was blocked on the gradient exchange.
     pub wait_s: f64,
+    /// Time in the step's control all-reduce: waiting for the slowest rank's backward
+    /// (part of `communicate_s`; 0 in records written before it was split out).
+    pub sync_s: f64,
     /// Optimizer update.
     pub optimizer_s: f64,
     /// Wall time of the whole step.
@@ -68,10 +72,10 @@ impl Phases {
         self.compress_s + self.decompress_s
     }
 
-    /// What the step's wall time holds beyond compute, codec and waiting (bookkeeping,
-    /// metrics, synchronisation not attributed to a phase); never negative.
+    /// What the step's wall time holds beyond compute, codec, waiting on the exchange and
+    /// the control all-reduce (bookkeeping, metrics); never negative.
     pub fn other_s(&self) -> f64 {
-        (self.step_s - self.compute_s() - self.codec_s() - self.wait_s).max(0.0)
+        (self.step_s - self.compute_s() - self.codec_s() - self.wait_s - self.sync_s).max(0.0)
     }
 
     fn add(&mut self, o: &Phases) {
@@ -82,6 +86,7 @@ impl Phases {
         self.communicate_s += o.communicate_s;
         self.decompress_s += o.decompress_s;
         self.wait_s += o.wait_s;
+        self.sync_s += o.sync_s;
         self.optimizer_s += o.optimizer_s;
         self.step_s += o.step_s;
     }
@@ -95,6 +100,7 @@ impl Phases {
             &mut self.communicate_s,
             &mut self.decompress_s,
             &mut self.wait_s,
+            &mut self.sync_s,
             &mut self.optimizer_s,
             &mut self.step_s,
         ] {
@@ -831,7 +837,8 @@ mod tests {
             decompress_s: 0.25,
             communicate_s: 9.0,
             wait_s: 2.0,
-            step_s: 13.0,
+            sync_s: 0.5,
+            step_s: 13.5,
         };
         assert_eq!(p.compute_s(), 10.0);
         assert_eq!(p.codec_s(), 0.75);

@@ -327,7 +327,8 @@ pub struct StepModel {
     pub compress_s: f64,
     /// Measured decompress seconds per step (at P₀).
     pub decompress_s: f64,
-    /// Measured remainder of the step.
+    /// Measured remainder of the step, including the wait at the control all-reduce
+    /// (load imbalance between ranks; kept as a fixed per-step cost).
     pub other_s: f64,
     /// Payload bytes per rank per step.
     pub payload_bytes: f64,
@@ -378,7 +379,7 @@ impl StepModel {
             compute_s: m.compute_s(),
             compress_s: m.compress_s,
             decompress_s: m.decompress_s,
-            other_s: m.other_s(),
+            other_s: m.other_s() + m.sync_s,
             payload_bytes: payload,
             dense_bytes: dense,
             buckets: ((dense / bucket).ceil() as usize).max(1),

@@ -36,7 +36,7 @@ fn complete_run_renders_tables_and_plots() {
         "{md}"
     );
     assert!(
-        md.contains("| 10.0 | 6.00 | 1.00 | 3.00 | 3.00 | 4.00 MB | 1.00× |"),
+        md.contains("| 10.0 | 6.00 | 1.00 | 3.00 | 3.00 | 0 | 4.00 MB | 1.00× |"),
         "{md}"
     );
     assert!(md.contains("![loss vs time](loss_vs_time.svg)"), "{md}");
