@@ -49,6 +49,12 @@ fn main() {
     c.all_reduce_sum(&mut v)
         .expect("all-reduce with every rank alive");
     assert!(v.iter().all(|&x| x == size as f32));
+    // Everyone must also have finished receiving that call before the victim dies: Open MPI
+    // moves larger messages between local ranks by reading the sender's memory (CMA single
+    // copy), and a rank still reading from a killed process hangs inside MPI. Seen in CI: the
+    // victim's return from the all-reduce did not mean rank 0 had copied its 16 KB message.
+    // A barrier's messages are small (copied eagerly), so after it the victim owes nothing.
+    c.barrier().expect("barrier with every rank alive");
     if me == victim {
         // Die the hard way: no destructor, no close notice, no MPI_Finalize.
         let pid = std::process::id().to_string();
