@@ -129,16 +129,9 @@ pub fn gather(bucket: &Bucket, flat: &[f32], buf: &mut Vec<f32>) {
     }
 }
 
-/// Writes a bucket buffer back into the model's flat gradient.
-pub fn scatter(bucket: &Bucket, buf: &[f32], flat: &mut [f32]) {
-    for (r, s) in bucket.flat_ranges.iter().zip(&bucket.segments) {
-        flat[r.clone()].copy_from_slice(&buf[s.clone()]);
-    }
-}
-
-/// [`scatter`] with every value multiplied by `k` on the way (the same products as scaling
-/// the buffer first, in one pass).
-pub fn scatter_scaled(bucket: &Bucket, buf: &[f32], k: f32, flat: &mut [f32]) {
+/// Writes a bucket buffer back into the model's flat gradient, every value multiplied by
+/// `k` on the way (the exchange's averaging, fused into the copy; `k = 1` copies exactly).
+pub fn scatter(bucket: &Bucket, buf: &[f32], k: f32, flat: &mut [f32]) {
     for (r, s) in bucket.flat_ranges.iter().zip(&bucket.segments) {
         for (d, v) in flat[r.clone()].iter_mut().zip(&buf[s.clone()]) {
             *d = *v * k;
@@ -217,13 +210,13 @@ mod tests {
         for b in &plan {
             gather(b, &flat, &mut buf);
             assert_eq!(buf.len(), b.len());
-            scatter(b, &buf, &mut back);
+            scatter(b, &buf, 1.0, &mut back);
         }
         assert_eq!(back, flat);
         let mut halves = vec![0f32; 12];
         for b in &plan {
             gather(b, &flat, &mut buf);
-            scatter_scaled(b, &buf, 0.5, &mut halves);
+            scatter(b, &buf, 0.5, &mut halves);
         }
         let want: Vec<f32> = flat.iter().map(|v| v * 0.5).collect();
         assert_eq!(halves, want);

@@ -1118,7 +1118,7 @@ impl Job<'_> {
             _ => unreachable!("replies come in submission order"),
         }
         // Averaging fused into the copy back: one pass over the bucket instead of two.
-        bucket::scatter_scaled(bucket, &f.buf, self.inv, grad);
+        bucket::scatter(bucket, &f.buf, self.inv, grad);
         self.spare.push(f);
         st.decompress_s += t0.elapsed().as_secs_f64();
         Ok(())
@@ -1485,7 +1485,7 @@ mod tests {
                             (u.iter().map(|ur| ur[j] as f64).sum::<f64>() / world as f64) as f32;
                     }
                 }
-                bucket::scatter(b, &avg, &mut want);
+                bucket::scatter(b, &avg, 1.0, &mut want);
             }
             out.push(want);
         }
