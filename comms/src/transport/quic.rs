@@ -458,8 +458,10 @@ fn endpoint(
             .map_err(config_error)?;
     }
     let runtime = Arc::new(quinn::TokioRuntime);
+    // No datagram is larger than the endpoint's payload limit, so no batch of this many
+    // exceeds MAX_GSO_BATCH.
     let socket = Arc::new(SegmentCap {
-        max: MAX_GSO_BATCH / usize::from(mtu.unwrap_or(1200).max(1200)),
+        max: (MAX_GSO_BATCH as u64 / ecfg.get_max_udp_payload_size()) as usize,
         inner: quinn::Runtime::wrap_udp_socket(&*runtime, socket)?,
     });
     let ep = Endpoint::new_with_abstract_socket(ecfg, Some(server), socket, runtime)?;
