@@ -1268,7 +1268,10 @@ impl<T: Transport> Trainer<T> {
             record.ratio_name = Some(name.to_string());
             record.ratio = Some(v);
         }
-        if first_non_finite(&self.grads).is_some() {
+        let bad_average = st
+            .non_finite
+            .unwrap_or_else(|| first_non_finite(&self.grads).is_some());
+        if bad_average {
             // Identical on every rank (the averaged gradient is), so every rank decides alike.
             record.time = time;
             return self.bad_step("gradient", record, t0);
