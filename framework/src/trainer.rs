@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! batch (epoch, j) of this rank ─► forward ─► backward into the flat gradient
-//! ─► control all-reduce [loss·n, n, non-finite flag]   (global loss; every rank decides alike)
+//! ─► control all-reduce [loss·n, n, correct, non-finite flags, each rank's local time]
+//!    (global loss; every rank decides alike; names the rank the others waited for)
 //! ─► Exchanger: buckets → compensate → compress → collective → decompress → average
 //! ─► optimizer on the flat parameters (where the DGC memory owns the gradient's momentum,
 //!    the optimizer keeps only the weight-decay term's)
@@ -206,6 +207,17 @@ pub struct StepRecord {
     /// Parameter-server mode: seconds this rank's server spent aggregating this step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_s: Option<f64>,
+    /// The rank that reached this step's control all-reduce last: the one whose local work
+    /// since it left the previous step's gradient exchange (optimizer, logging, data,
+    /// forward, backward) took longest, so the one every other rank waited for in
+    /// [`Phases::sync_s`]. Every rank's time travels in the control all-reduce (one float
+    /// per rank). Absent with one worker and in the asynchronous PS mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slowest_rank: Option<usize>,
+    /// How much longer the slowest rank's local work took than this rank's: the part of
+    /// `sync_s` that is load imbalance or jitter rather than the call itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub behind_slowest_s: Option<f64>,
 }
 
 /// One line of `eval.jsonl`.
@@ -269,6 +281,11 @@ pub struct Summary {
     /// DLCP: mean fraction of the gradient dropped per step (absent without DLCP).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lossy_dropped: Option<f64>,
+    /// Per rank, the steps of this session in which it was the slowest to reach the
+    /// control all-reduce ([`StepRecord::slowest_rank`]); empty where that is not measured
+    /// (one worker, asynchronous PS). A rank far above `1/workers` is a straggler.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slowest_rank_steps: Vec<u64>,
 }
 
 /// What the trainer reports as it goes (progress bars, logs). Every method has a default.
@@ -394,7 +411,17 @@ pub struct Trainer<T: Transport> {
     evals: Vec<EvalRecord>,
     /// Parameter-server mode (`[cluster] mode = "ps"`), once attached.
     ps: Option<PsState<T>>,
+    /// The control all-reduce's buffer: [`CTL_LEN`] values, then one slot per rank for
+    /// its local time (see [`StepRecord::slowest_rank`]) where the world has two ranks or
+    /// more.
+    ctl: Vec<f32>,
+    /// When this rank last left the gradient exchange (the step's last collective).
+    left_exchange: Option<Instant>,
 }
+
+/// Values of the control all-reduce before the per-rank slots: loss·n, n, correct, the
+/// loss and the gradient non-finite flags.
+const CTL_LEN: usize = 5;
 
 impl<T: Transport> Trainer<T> {
     /// Builds the worker: model (seeded, then rank 0's parameters and buffers broadcast),
@@ -468,6 +495,8 @@ impl<T: Transport> Trainer<T> {
             consecutive_bad: 0,
             recoveries: 0,
             best_loss: None,
+            ctl: Vec::new(),
+            left_exchange: None,
             last_checkpoint: None,
             start_step: 0,
             evals: Vec::new(),
@@ -958,6 +987,7 @@ impl<T: Transport> Trainer<T> {
         // DLCP: sum of per-step dropped fractions, steps.
         let mut lossy = (0f64, 0u64);
         let mut samples = 0u64;
+        let mut slowest = Vec::new();
         let mut epoch_loss = (0f64, 0u64);
         let policy = self.plan.config.failure.non_finite;
         if policy == NonFinitePolicy::Recover && self.last_checkpoint.is_none() {
@@ -985,6 +1015,10 @@ impl<T: Transport> Trainer<T> {
                         lossy.1 += 1;
                     }
                     samples += r.samples;
+                    if let Some(k) = r.slowest_rank {
+                        slowest.resize(self.world, 0u64);
+                        slowest[k] += 1;
+                    }
                     epoch_loss.0 += r.loss;
                     epoch_loss.1 += 1;
                     if step % self.plan.config.output.log_every.max(1) == 0 {
@@ -1093,6 +1127,7 @@ impl<T: Transport> Trainer<T> {
             theta_scale: self.exchanger.theta_scale(),
             lossy_dropped: (self.plan.dlcp.is_some() && lossy.1 > 0)
                 .then(|| lossy.0 / lossy.1 as f64),
+            slowest_rank_steps: slowest,
         };
         // A session that trained nothing keeps the finished run's figures (bytes, step
         // times, wall time) and only brings the new evaluation.
@@ -1150,7 +1185,15 @@ impl<T: Transport> Trainer<T> {
         // per scan on the 535 k-parameter MLP, 5 % of its step.
         let bad_grad = first_non_finite(&self.grads).is_some();
         let bad_loss = !m.loss.is_finite();
-        let mut ctl = [
+        // Asynchronous parameter server: no lock-step control all-reduce; the record holds
+        // this worker's own loss and accuracy.
+        let async_ps = self.ps.as_ref().is_some_and(|p| p.staleness() > 0);
+        let per_rank = self.world > 1 && !async_ps;
+        let t_sync = Instant::now();
+        let local_s = (t_sync - self.left_exchange.unwrap_or(t0)).as_secs_f64();
+        let ctl = &mut self.ctl;
+        ctl.clear();
+        ctl.extend([
             if bad_loss {
                 0.0
             } else {
@@ -1160,17 +1203,32 @@ impl<T: Transport> Trainer<T> {
             m.correct as f32,
             bad_loss as u8 as f32,
             bad_grad as u8 as f32,
-        ];
-        // Asynchronous parameter server: no lock-step control all-reduce; the record holds
-        // this worker's own loss and accuracy.
-        let async_ps = self.ps.as_ref().is_some_and(|p| p.staleness() > 0);
-        let t_sync = Instant::now();
+        ]);
+        if per_rank {
+            // Each rank fills its own slot; the sum delivers every rank's time to all.
+            ctl.resize(CTL_LEN + self.world, 0.0);
+            ctl[CTL_LEN + self.rank] = local_s as f32;
+        }
         if !async_ps {
             self.comm
-                .all_reduce_sum(&mut ctl)
+                .all_reduce_sum(ctl)
                 .map_err(|source| TrainError::Comm { step, source })?;
         }
         let t4 = Instant::now();
+        // Until the exchange (or the PS round) ends the step, this was the last collective.
+        self.left_exchange = Some(t4);
+        let ctl = &self.ctl;
+        let (slowest_rank, behind_slowest_s) = if per_rank {
+            // The first of equal maxima: every rank picks the same one.
+            let (r, max) = ctl[CTL_LEN..]
+                .iter()
+                .enumerate()
+                .fold((0, f32::MIN), |a, (r, &v)| if v > a.1 { (r, v) } else { a });
+            (Some(r), Some((max as f64 - local_s).max(0.0)))
+        } else {
+            (None, None)
+        };
+        let ctl: [f32; CTL_LEN] = ctl[..CTL_LEN].try_into().expect("control values");
         let count = ctl[1].max(1.0) as f64;
         let loss = if ctl[3] > 0.0 {
             f64::NAN
@@ -1216,6 +1274,8 @@ impl<T: Transport> Trainer<T> {
             lossy_dropped: None,
             retransmitted: None,
             server_s: None,
+            slowest_rank,
+            behind_slowest_s,
         };
         if async_ps && (ctl[3] > 0.0 || ctl[4] > 0.0) {
             // The servers' step clock needs this step's push from every worker: push zeros.
@@ -1239,6 +1299,7 @@ impl<T: Transport> Trainer<T> {
             let (ready, pst) = ps
                 .step(step, |p| model.read_params(p), &self.grads)
                 .map_err(|source| TrainError::Comm { step, source })?;
+            self.left_exchange = Some(Instant::now());
             record.server_s = Some(pst.server_s);
             time.compress_s = pst.encode_s;
             time.communicate_s += pst.communicate_s;
@@ -1260,6 +1321,7 @@ impl<T: Transport> Trainer<T> {
             .exchanger
             .exchange(&mut self.comm, &mut self.grads, step)
             .map_err(|source| TrainError::Exchange { step, source })?;
+        self.left_exchange = Some(Instant::now());
         time.compress_s = st.compress_s;
         time.communicate_s += st.communicate_s;
         time.decompress_s = st.decompress_s;

@@ -53,6 +53,19 @@ fn run_on(base: &str, world: usize, sets: &[&str], out: Option<&Path>, resume: b
 /// connections are split into a collectives lane and a parameter-server lane; with
 /// `cluster.mode = "ps"` the trainer attaches the latter.
 fn run_all(base: &str, world: usize, sets: &[&str], out: Option<&Path>, resume: bool) -> Vec<Run> {
+    run_all_slow(base, world, sets, out, resume, None)
+}
+
+/// [`run_all`], where rank `slow.0` (if any) sleeps `slow.1` after every step, between
+/// the steps' collectives: a straggler.
+fn run_all_slow(
+    base: &str,
+    world: usize,
+    sets: &[&str],
+    out: Option<&Path>,
+    resume: bool,
+    slow: Option<(usize, std::time::Duration)>,
+) -> Vec<Run> {
     let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     sets.push(format!("cluster.workers={world}"));
     let cfg = RunConfig::parse(base, "base.toml", &sets).unwrap();
@@ -81,14 +94,18 @@ fn run_all(base: &str, world: usize, sets: &[&str], out: Option<&Path>, resume: 
                     let dir = out.as_ref().unwrap().latest().expect("a checkpoint");
                     tr.resume_from(&dir).unwrap();
                 }
-                struct Record(Vec<f64>, usize);
+                struct Record(Vec<f64>, usize, Option<std::time::Duration>);
                 impl dtrain_framework::trainer::Observer for Record {
                     fn on_step(&mut self, r: &dtrain_framework::trainer::StepRecord) {
                         self.0.push(r.loss);
                         self.1 += r.skipped as usize;
+                        if let Some(d) = self.2 {
+                            std::thread::sleep(d);
+                        }
                     }
                 }
-                let mut obs = Record(Vec::new(), 0);
+                let nap = slow.filter(|s| s.0 == rank).map(|s| s.1);
+                let mut obs = Record(Vec::new(), 0, nap);
                 let summary = tr.run(&mut obs).unwrap();
                 Run {
                     params: tr.params(),
@@ -268,6 +285,36 @@ fn resuming_a_finished_run_re_evaluates_it() {
     let (ea, eb) = (a.summary.final_eval.unwrap(), b.summary.final_eval.unwrap());
     assert_eq!((ea.step, eb.step), (6, 6));
     assert_eq!((ea.count, eb.count), (64, 32));
+}
+
+/// The per-rank times in the control all-reduce name the straggler, on every rank, and
+/// account for the others' wait.
+#[test]
+fn the_slowest_rank_is_named_and_its_lead_measured() {
+    let nap = std::time::Duration::from_millis(20);
+    let steps = 8u64;
+    let runs = run_all_slow(
+        BASE,
+        3,
+        &[&format!("train.max_steps={steps}")],
+        None,
+        false,
+        Some((2, nap)),
+    );
+    for (r, run) in runs.iter().enumerate() {
+        let s = &run.summary.slowest_rank_steps;
+        assert_eq!(s.len(), 3, "rank {r}: {s:?}");
+        assert_eq!(s.iter().sum::<u64>(), steps, "rank {r}: {s:?}");
+        // Step 0 precedes the first nap; every later step waits for rank 2.
+        assert!(s[2] >= steps - 1, "rank {r}: {s:?}");
+        let m = run.summary.mean_step;
+        if r != 2 {
+            // Timed steps exclude step 0: each waited ~20 ms for rank 2.
+            assert!(m.sync_s > 0.015, "rank {r} waited only {} s", m.sync_s);
+        }
+    }
+    let one = run(1, &["train.max_steps=2"], None, false);
+    assert!(one.summary.slowest_rank_steps.is_empty());
 }
 
 fn resume_is_exact(world: usize, sets: &[&str]) {
