@@ -206,10 +206,22 @@ fn variants(check: &CheckArgs) -> Result<Vec<Option<String>>> {
 fn print_summary(dir: &Path, s: &dtrain_framework::trainer::Summary) {
     let t = &s.mean_step;
     let compute = t.forward_s + t.backward_s + t.optimizer_s;
-    let overhead = if t.step_s > 0.0 {
-        100.0 * (t.step_s - compute) / t.step_s
+    let share = |x: f64| {
+        if t.step_s > 0.0 {
+            100.0 * x / t.step_s
+        } else {
+            0.0
+        }
+    };
+    let overhead = share(t.step_s - compute);
+    // The wait for the slowest rank is the ranks' imbalance, not work of this rank.
+    let own = if t.sync_s > 0.0 {
+        format!(
+            "; {:.1}% without the wait for the slowest rank",
+            share(t.step_s - compute - t.sync_s)
+        )
     } else {
-        0.0
+        String::new()
     };
     println!("run directory: {}", dir.display());
     println!(
@@ -231,7 +243,7 @@ fn print_summary(dir: &Path, s: &dtrain_framework::trainer::Summary) {
     println!(
         "mean step {:.1} ms: data {:.1}, forward {:.1}, backward {:.1}, compress {:.1}, \
          communicate {:.1} (of which {:.1} waiting for the slowest rank), decompress {:.1}, \
-         optimizer {:.1} (non-compute {overhead:.1}%)",
+         optimizer {:.1} (non-compute {overhead:.1}%{own})",
         1e3 * t.step_s,
         1e3 * t.data_s,
         1e3 * t.forward_s,
