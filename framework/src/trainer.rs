@@ -207,11 +207,12 @@ pub struct StepRecord {
     /// Parameter-server mode: seconds this rank's server spent aggregating this step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_s: Option<f64>,
-    /// The rank that reached this step's control all-reduce last: the one whose local work
-    /// since it left the previous step's gradient exchange (optimizer, logging, data,
-    /// forward, backward) took longest, so the one every other rank waited for in
-    /// [`Phases::sync_s`]. Every rank's time travels in the control all-reduce (one float
-    /// per rank). Absent with one worker and in the asynchronous PS mode.
+    /// The rank whose local work since it left the previous step's gradient exchange
+    /// (optimizer, logging, data, forward, backward) took longest. Ranks leave a collective
+    /// nearly together (a wake-up apart), so this is the rank that reached the step's
+    /// control all-reduce last: the one the others waited for in [`Phases::sync_s`]. Every
+    /// rank's time travels in the control all-reduce (one float per rank). Absent with one
+    /// worker and in the asynchronous PS mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slowest_rank: Option<usize>,
     /// How much longer the slowest rank's local work took than this rank's: the part of
