@@ -394,21 +394,41 @@ pub fn effective_segments(
     Ok(segments.to_vec())
 }
 
+/// Whether a short block holds a NaN or an infinity: a branch-free OR-reduction over the
+/// exponent bits, which vectorises (a per-element `is_finite` early exit does not).
+fn block_non_finite(block: &[f32]) -> bool {
+    const EXP: u32 = 0x7F80_0000;
+    let mut bad = false;
+    for v in block {
+        bad |= (v.to_bits() & EXP) == EXP;
+    }
+    bad
+}
+
 /// Index and value of the first non-finite element, if any.
 pub fn first_non_finite(x: &[f32]) -> Option<(usize, f32)> {
-    // Branch-free OR-reduction over 64-element blocks vectorises; only a hit is rescanned.
-    const EXP: u32 = 0x7F80_0000;
+    // 64-element blocks; only a hit is rescanned.
     for (bi, block) in x.chunks(64).enumerate() {
-        let mut bad = false;
-        for v in block {
-            bad |= (v.to_bits() & EXP) == EXP;
-        }
-        if bad {
+        if block_non_finite(block) {
             let j = block.iter().position(|v| !v.is_finite()).unwrap_or(0);
             return Some((bi * 64 + j, block[j]));
         }
     }
     None
+}
+
+/// Multiplies every element by `k`; returns whether the result holds a NaN or an infinity,
+/// in one pass over memory (each 64-element block is checked while it is still in L1): an
+/// average and its finiteness check at the cost of the average alone.
+pub fn scale_has_non_finite(x: &mut [f32], k: f32) -> bool {
+    let mut bad = false;
+    for block in x.chunks_mut(64) {
+        for v in block.iter_mut() {
+            *v *= k;
+        }
+        bad |= block_non_finite(block);
+    }
+    bad
 }
 
 /// Parses and validates the framing of `bytes` (header and segment table) for a decoder of
@@ -680,6 +700,32 @@ pub fn payload_bits(c: &dyn Compressor, segment_lens: &[usize]) -> Option<u64> {
 mod tests {
     use super::*;
     use crate::none::NoCompression;
+
+    /// Both block scans find a bad value wherever it sits (first block, block edge, tail
+    /// block), and scaling can create one (overflow) or remove none.
+    #[test]
+    fn non_finite_scans_find_every_position_and_scaling_overflow() {
+        for n in [1usize, 63, 64, 65, 200] {
+            for at in [0, n / 2, n - 1] {
+                for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                    let mut x: Vec<f32> = (0..n).map(|i| i as f32 - 7.5).collect();
+                    assert_eq!(first_non_finite(&x), None);
+                    x[at] = bad;
+                    let (i, v) = first_non_finite(&x).expect("found");
+                    assert_eq!(i, at);
+                    assert_eq!(v.to_bits(), bad.to_bits());
+                    let mut y = x.clone();
+                    assert!(scale_has_non_finite(&mut y, 0.5));
+                }
+                let mut x: Vec<f32> = (0..n).map(|i| i as f32 - 7.5).collect();
+                let want: Vec<f32> = x.iter().map(|v| v * 0.25).collect();
+                assert!(!scale_has_non_finite(&mut x, 0.25));
+                assert_eq!(x, want, "the same products as a plain multiply");
+                x[at] = 3e38;
+                assert!(scale_has_non_finite(&mut x, 2.0), "overflow at {at} of {n}");
+            }
+        }
+    }
 
     /// The identity compressor with a tiny segment limit, to exercise the framing's check.
     struct Limited(NoCompression);

@@ -58,6 +58,7 @@ use std::time::Instant;
 
 use dtrain_comms::dlcp::{DlcpConfig, DlcpReport, DlcpTensor};
 use dtrain_comms::{CommError, Communicator, SparseSlice, Transport};
+use dtrain_compress::compressor::scale_has_non_finite;
 use dtrain_compress::{
     summable_lanes, Aggregation, CompressError, CompressorConfig, ConfigError, Ctx, MemoryConfig,
     Payload, Pipeline, Rng, WireError,
@@ -170,38 +171,21 @@ fn contiguous(b: &Bucket) -> Option<Range<usize>> {
 }
 
 /// An uncompressed bucket's exchange on `data` where it lies (the bucket's own range of the
-/// flat gradient when the bucket is contiguous there): the sum all-reduce in place, then
-/// the average. Bit-identical to the pipelined path's gather, sum and scatter times `1/P`
-/// (the same sum, then the same product), without its two copies: on the 535 k-parameter
-/// MLP they were ~0.3 ms of a 5–7 ms step. One rank: the gradient is its own average.
-/// Sets `st.non_finite` to `Some(true)` when the average holds a NaN or an infinity (a sum
-/// can overflow even when every rank's gradient is finite).
+/// flat gradient when the bucket is contiguous there), with two ranks or more: the sum
+/// all-reduce in place, then the average. Bit-identical to the pipelined path's gather, sum
+/// and scatter times `1/P` (the same sum, then the same product), without its two copies:
+/// on the 535 k-parameter MLP they were ~0.3 ms of a 5–7 ms step. The averaging pass also
+/// checks finiteness (a sum can overflow even when every rank's gradient is finite) and
+/// sets `st.non_finite` to `Some(true)` on a NaN or an infinity.
 fn average_in_place<T: Transport>(
     comm: &mut Communicator<T>,
     data: &mut [f32],
     st: &mut ExchangeStats,
 ) -> Result<(), CommError> {
-    st.payload_bytes += 4 * data.len() as u64;
-    let world = comm.world_size();
-    if world == 1 {
-        return Ok(());
-    }
     let t0 = Instant::now();
     comm.all_reduce_sum(data)?;
     let t1 = Instant::now();
-    let inv = 1.0 / world as f32;
-    // The finiteness check rides along (branch-free per block, so it still vectorises).
-    const EXP: u32 = 0x7F80_0000;
-    let mut bad = false;
-    for block in data.chunks_mut(64) {
-        let mut b = false;
-        for v in block {
-            *v *= inv;
-            b |= (v.to_bits() & EXP) == EXP;
-        }
-        bad |= b;
-    }
-    if bad {
+    if scale_has_non_finite(data, 1.0 / comm.world_size() as f32) {
         st.non_finite = Some(true);
     }
     let comm_s = (t1 - t0).as_secs_f64();
@@ -708,7 +692,6 @@ impl Exchanger {
             });
         }
         let world = comm.world_size();
-        let rank = comm.rank();
         for p in self.pipes_mut() {
             p.compressor_mut().set_world_size(world);
         }
@@ -718,37 +701,65 @@ impl Exchanger {
         };
         let before = comm.total_bytes();
         if self.lossy.is_none() && self.slots.iter().all(|s| s.pipe.is_none()) {
-            // Nothing to compress, so nothing to overlap the collectives with: no pipeline,
-            // no second thread, and a bucket that is one range of the flat gradient is
-            // summed right there.
-            let mut buf = self.spare.pop().unwrap_or_default();
-            st.non_finite = (world > 1).then_some(false);
-            for slot in &self.slots {
-                let b = &slot.bucket;
-                let res = match contiguous(b) {
-                    Some(r) => average_in_place(comm, &mut grad[r], &mut st),
-                    None => {
-                        let t0 = Instant::now();
-                        bucket::gather(b, grad, &mut buf.buf);
-                        st.compress_s += t0.elapsed().as_secs_f64();
-                        let res = average_in_place(comm, &mut buf.buf, &mut st);
-                        let t1 = Instant::now();
-                        bucket::scatter(b, &buf.buf, 1.0, grad);
-                        st.decompress_s += t1.elapsed().as_secs_f64();
-                        res
-                    }
-                };
-                res.map_err(|source| ExchangeError::Comm {
-                    bucket: b.id,
-                    source,
-                })?;
-            }
-            self.spare.push(buf);
-            let d = comm.total_bytes() - before;
-            st.bytes_sent = d.sent;
-            st.bytes_received = d.received;
-            return Ok(st);
+            self.average_dense(comm, grad, &mut st)?;
+        } else {
+            self.pipelined(comm, grad, step, &mut st)?;
         }
+        let d = comm.total_bytes() - before;
+        st.bytes_sent = d.sent;
+        st.bytes_received = d.received;
+        Ok(st)
+    }
+
+    /// Every bucket uncompressed: nothing to overlap the collectives with, so no pipeline,
+    /// no second thread, and a bucket that is one range of the flat gradient is summed and
+    /// averaged right there (one rank: the gradient is already its average).
+    fn average_dense<T: Transport>(
+        &mut self,
+        comm: &mut Communicator<T>,
+        grad: &mut [f32],
+        st: &mut ExchangeStats,
+    ) -> Result<(), ExchangeError> {
+        st.payload_bytes += 4 * self.total as u64;
+        if comm.world_size() == 1 {
+            return Ok(());
+        }
+        st.non_finite = Some(false);
+        let mut buf = self.spare.pop().unwrap_or_default();
+        for slot in &self.slots {
+            let b = &slot.bucket;
+            let res = match contiguous(b) {
+                Some(r) => average_in_place(comm, &mut grad[r], st),
+                None => {
+                    let t0 = Instant::now();
+                    bucket::gather(b, grad, &mut buf.buf);
+                    st.compress_s += t0.elapsed().as_secs_f64();
+                    let res = average_in_place(comm, &mut buf.buf, st);
+                    let t1 = Instant::now();
+                    bucket::scatter(b, &buf.buf, 1.0, grad);
+                    st.decompress_s += t1.elapsed().as_secs_f64();
+                    res
+                }
+            };
+            res.map_err(|source| ExchangeError::Comm {
+                bucket: b.id,
+                source,
+            })?;
+        }
+        self.spare.push(buf);
+        Ok(())
+    }
+
+    /// The compressed (or DLCP) exchange: per bucket gather, compress, collective,
+    /// decompress, average, with the collectives on a second thread when overlapping.
+    fn pipelined<T: Transport>(
+        &mut self,
+        comm: &mut Communicator<T>,
+        grad: &mut [f32],
+        step: u64,
+        st: &mut ExchangeStats,
+    ) -> Result<(), ExchangeError> {
+        let (world, rank) = (comm.world_size(), comm.rank());
         let job = Job {
             slots: &mut self.slots,
             spare: &mut self.spare,
@@ -775,7 +786,7 @@ impl Exchanger {
                     blocked: 0.0,
                     busy: 0.0,
                 };
-                let res = job.run(&mut comms, grad, &mut st);
+                let res = job.run(&mut comms, grad, st);
                 // Dropping the link closes the job channel: the thread finishes what was
                 // submitted (on an error) and ends; the scope joins it.
                 (res, comms.blocked, comms.busy)
@@ -789,16 +800,13 @@ impl Exchanger {
                 blocked: 0.0,
                 busy: 0.0,
             };
-            let res = job.run(&mut comms, grad, &mut st);
+            let res = job.run(&mut comms, grad, st);
             (res, comms.blocked, comms.busy)
         };
         res?;
         st.wait_s = blocked;
         st.communicate_s = busy;
-        let d = comm.total_bytes() - before;
-        st.bytes_sent = d.sent;
-        st.bytes_received = d.received;
-        Ok(st)
+        Ok(())
     }
 
     /// Error-feedback state of every compressed bucket (part of [`Exchanger::export_state`]).
