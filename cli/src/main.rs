@@ -215,7 +215,7 @@ fn print_summary(dir: &Path, s: &dtrain_framework::trainer::Summary) {
     };
     let overhead = share(t.step_s - compute);
     // The wait for the slowest rank is the ranks' imbalance, not work of this rank.
-    let own = if t.sync_s > 0.0 {
+    let own = if s.workers > 1 && t.sync_s > 0.0 {
         format!(
             "; {:.1}% without the wait for the slowest rank",
             share(t.step_s - compute - t.sync_s)
