@@ -146,8 +146,24 @@ fn a_two_worker_run_writes_its_directory_and_resumes() {
     for k in ["loss", "lr", "bytes_sent", "payload_bytes", "time"] {
         assert!(first.get(k).is_some(), "metrics line lacks {k}: {first}");
     }
-    // Resume to the end of the epoch (256 / 2 / 8 = 16 steps), over shared memory this time
-    // (the transport may change on resume; the trajectory may not).
+    // The default transport, auto, was resolved by the launcher: the log says to what and
+    // why, and the run's config.toml names it (shm here, tcp where /dev/shm is too small).
+    let written = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    let chosen = written
+        .lines()
+        .find_map(|l| l.strip_prefix("transport = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .expect("config.toml names the transport")
+        .to_string();
+    assert!(chosen == "shm" || chosen == "tcp", "transport {chosen}");
+    let log = String::from_utf8_lossy(&o.stderr).to_string() + &String::from_utf8_lossy(&o.stdout);
+    assert!(
+        log.contains(&format!("cluster.transport = \"auto\": {chosen} (")),
+        "{log}"
+    );
+    // Resume to the end of the epoch (256 / 2 / 8 = 16 steps) over the other transport (the
+    // transport may change on resume; the trajectory may not).
+    let other = if chosen == "shm" { "tcp" } else { "shm" };
     let o = dtrain()
         .args([
             "run",
@@ -155,7 +171,7 @@ fn a_two_worker_run_writes_its_directory_and_resumes() {
             "--resume",
             run.to_str().unwrap(),
             "--set",
-            "cluster.transport=\"shm\"",
+            &format!("cluster.transport=\"{other}\""),
         ])
         .output()
         .unwrap();

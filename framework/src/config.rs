@@ -307,8 +307,14 @@ fn one_u64() -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum TransportKind {
-    /// TCP with the run token (default).
+    /// The default: `shm` when every rank is a worker process of one `dtrain run` on this
+    /// host (no `--nnodes`, no scheduler) and the shared-memory file system has room for
+    /// the rings, else `tcp`. The launcher resolves it before the workers start: the run
+    /// directory's `config.toml` names the transport chosen, and the launch log says why
+    /// (see [`crate::launch::resolve_transport`]).
     #[default]
+    Auto,
+    /// TCP with the run token.
     Tcp,
     /// QUIC (quinn) with TLS and pinned run certificate.
     Quic,
@@ -325,11 +331,14 @@ impl std::str::FromStr for TransportKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
+            "auto" => Ok(TransportKind::Auto),
             "tcp" => Ok(TransportKind::Tcp),
             "quic" => Ok(TransportKind::Quic),
             "shm" => Ok(TransportKind::Shm),
             "mpi" => Ok(TransportKind::Mpi),
-            _ => Err(format!("unknown transport {s:?} (tcp, quic, shm, mpi)")),
+            _ => Err(format!(
+                "unknown transport {s:?} (auto, tcp, quic, shm, mpi)"
+            )),
         }
     }
 }
@@ -337,6 +346,7 @@ impl std::str::FromStr for TransportKind {
 impl std::fmt::Display for TransportKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            TransportKind::Auto => "auto",
             TransportKind::Tcp => "tcp",
             TransportKind::Quic => "quic",
             TransportKind::Shm => "shm",
@@ -352,7 +362,8 @@ pub struct ClusterConfig {
     /// Worker processes (default 1).
     #[serde(default = "one_usize")]
     pub workers: usize,
-    /// Transport (default `tcp`).
+    /// Transport (default `auto`: shared memory for a standalone run on one host, else
+    /// tcp).
     #[serde(default)]
     pub transport: TransportKind,
     /// Compute threads per worker (default 1).
@@ -435,7 +446,7 @@ impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
             workers: 1,
-            transport: TransportKind::Tcp,
+            transport: TransportKind::Auto,
             threads: 1,
             device: DeviceKind::Cpu,
             timeout_s: default_timeout(),
@@ -1716,6 +1727,25 @@ bucket_mb = 1
         assert!(p.is_err(), "none has no ratio");
         let p = parse(GOOD, &["name=other"]).unwrap();
         assert_eq!(p.config.name, "other");
+    }
+
+    #[test]
+    fn the_transport_defaults_to_auto_and_every_kind_round_trips() {
+        let p = parse(GOOD, &[]).unwrap();
+        assert_eq!(p.config.cluster.transport, TransportKind::Auto);
+        for k in ["auto", "tcp", "quic", "shm", "mpi"] {
+            let p = parse(GOOD, &[&format!("cluster.transport=\"{k}\"")]).unwrap();
+            assert_eq!(p.config.cluster.transport.to_string(), k);
+            assert_eq!(
+                k.parse::<TransportKind>().unwrap(),
+                p.config.cluster.transport
+            );
+            // What the run directory's config.toml holds reads back the same.
+            let again = RunConfig::parse(&p.config.to_toml(), "c.toml", &[]).unwrap();
+            assert_eq!(again.cluster.transport, p.config.cluster.transport);
+        }
+        let e = parse(GOOD, &["cluster.transport=\"udp\""]).unwrap_err();
+        assert!(e.to_string().contains("transport"), "{e}");
     }
 
     #[test]

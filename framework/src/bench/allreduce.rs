@@ -131,6 +131,13 @@ impl Options {
         if self.sizes.is_empty() {
             return Err("no sizes to measure".into());
         }
+        if self.transport == TransportKind::Auto {
+            return Err(
+                "--transport auto is for training runs; a benchmark names its transport \
+                 (tcp, quic, shm or mpi)"
+                    .into(),
+            );
+        }
         super::exchange::validate(self)?;
         self.link().map(|_| ())
     }

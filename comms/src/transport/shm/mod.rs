@@ -187,6 +187,13 @@ impl ShmConfig {
         })
     }
 
+    /// Bytes of [`ShmConfig::dir`] a mesh of `world` ranks reserves with this configuration
+    /// (every rank's segment: a header page, and a control page and a ring per peer), so a
+    /// launcher can check the space before it picks this driver.
+    pub fn mesh_bytes(&self, world: usize) -> u64 {
+        world as u64 * segment::segment_len(world, self.ring_capacity()) as u64
+    }
+
     fn ring_capacity(&self) -> usize {
         self.ring_bytes
             .clamp(segment::PAGE, 1 << 30)
@@ -1007,6 +1014,13 @@ pub fn same_host(addrs: &[std::net::SocketAddr]) -> bool {
     all_loopback || addrs.windows(2).all(|w| w[0].ip() == w[1].ip())
 }
 
+/// Free bytes of the file system holding `dir` that an unprivileged process may use
+/// (`statvfs`: available blocks × fragment size). On Docker's default `/dev/shm` this is
+/// 64 MiB, less what other processes hold.
+pub fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
+    sys::free_bytes(dir)
+}
+
 /// The segment files of the run of `cfg` (ranks `0..world`) that still exist: none once
 /// a mesh is up or its set-up failed (a process killed during set-up leaves its own).
 pub fn leftover_segments(cfg: &ShmConfig, world: usize) -> Vec<PathBuf> {
@@ -1019,6 +1033,20 @@ pub fn leftover_segments(cfg: &ShmConfig, world: usize) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mesh_bytes_counts_every_segment_with_rounded_rings() {
+        let page = 4096u64;
+        let cfg = ShmConfig::new(b"t".to_vec(), b"r".to_vec());
+        assert_eq!(cfg.mesh_bytes(2), 2 * (page + page + (4 << 20)));
+        assert_eq!(cfg.mesh_bytes(1), page);
+        // 5000 bytes round up to an 8 KiB ring; 3 ranks hold 2 rings each.
+        let small = ShmConfig {
+            ring_bytes: 5000,
+            ..cfg
+        };
+        assert_eq!(small.mesh_bytes(3), 3 * (page + 2 * (page + 8192)));
+    }
 
     #[test]
     fn same_host_by_address_and_config_derivations() {

@@ -1,13 +1,16 @@
 //! The system calls of the shared-memory driver, each behind a safe wrapper: shared
-//! mappings, `posix_fallocate`, process-shared futex waits and wakes, and peer liveness
+//! mappings, `posix_fallocate`, `statvfs`, process-shared futex waits and wakes, and peer liveness
 //! (pidfd, or `kill(pid, 0)` where pidfds are unavailable).
 //!
 //! Every `unsafe` block of the driver is in this file.
 
+use std::ffi::CString;
 use std::fs::File;
 use std::io;
 use std::mem::{align_of, size_of};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
@@ -137,6 +140,20 @@ pub(crate) fn allocate(file: &File, len: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Available bytes of the file system holding `dir` (`statvfs`).
+pub(crate) fn free_bytes(dir: &Path) -> io::Result<u64> {
+    let c = CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: an all-zero statvfs is a valid value of the plain C struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a valid out-pointer for the call.
+    let r = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
 /// The effective user id of this process.
 pub(crate) fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -250,6 +267,13 @@ mod tests {
         assert!(t.elapsed() >= Duration::from_millis(15));
         w.store(6, Ordering::SeqCst);
         futex_wake(&w);
+    }
+
+    #[test]
+    fn free_bytes_of_a_directory_and_of_a_missing_one() {
+        assert!(free_bytes(Path::new("/tmp")).expect("statvfs /tmp") > 0);
+        assert!(free_bytes(Path::new("/nonexistent/dtrain")).is_err());
+        assert!(free_bytes(Path::new("nul\0in path")).is_err());
     }
 
     #[test]
