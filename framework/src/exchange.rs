@@ -700,7 +700,7 @@ impl Exchanger {
             ..ExchangeStats::default()
         };
         let before = comm.total_bytes();
-        if self.lossy.is_none() && self.slots.iter().all(|s| s.pipe.is_none()) {
+        if self.is_dense() {
             self.average_dense(comm, grad, &mut st)?;
         } else {
             self.pipelined(comm, grad, step, &mut st)?;
@@ -709,6 +709,16 @@ impl Exchanger {
         st.bytes_sent = d.sent;
         st.bytes_received = d.received;
         Ok(st)
+    }
+
+    /// Whether [`Exchanger::exchange`] takes the dense path: no compressor on any bucket and
+    /// no bounded-loss transport. Its result is then a plain sum (times 1/P) in which a NaN
+    /// or infinity on any rank's gradient stays non-finite, and it is checked as it is
+    /// averaged ([`ExchangeStats::non_finite`]; with one rank the gradient is its own
+    /// average), so a caller need not scan the gradient before the exchange. A compressor
+    /// may drop a non-finite value, so compressed exchanges need that scan.
+    pub fn is_dense(&self) -> bool {
+        self.lossy.is_none() && self.slots.iter().all(|s| s.pipe.is_none())
     }
 
     /// Every bucket uncompressed: nothing to overlap the collectives with, so no pipeline,
@@ -1544,6 +1554,35 @@ mod tests {
             assert_eq!(ok, Some(false));
             assert_eq!(overflow, Some(true));
             assert!(last.is_infinite());
+        }
+    }
+
+    #[test]
+    fn a_non_finite_gradient_on_one_rank_makes_every_ranks_dense_average_non_finite() {
+        // What lets the trainer skip its scan before a dense exchange.
+        let setup = Setup::new(parse_method("none").unwrap());
+        let n = setup.n();
+        assert!(setup.exchanger().is_dense());
+        assert!(!Setup::new(parse_method("topk:ratio=0.1").unwrap())
+            .exchanger()
+            .is_dense());
+        for world in [2, 3] {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                for at in [0, n / 2, n - 1] {
+                    let res = on_ranks(world, |rank, comm| {
+                        let mut ex = setup.exchanger();
+                        let mut g = grad(rank, n, 0);
+                        if rank == world - 1 {
+                            g[at] = bad;
+                        }
+                        ex.exchange(comm, &mut g, 0).unwrap().non_finite
+                    });
+                    assert!(
+                        res.iter().all(|&r| r == Some(true)),
+                        "world {world}, {bad} at {at}: {res:?}"
+                    );
+                }
+            }
         }
     }
 
