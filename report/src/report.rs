@@ -5,8 +5,10 @@
 //!
 //! * `report.md`: the summary table (final metric, wall time, steps, mean step time and its
 //!   breakdown, bytes sent per step, compression ratio, throughput, speed-up vs the
-//!   baseline), the pairwise speed-up matrix, and — when the runs differ in worker count —
-//!   bytes per worker vs P;
+//!   baseline), the step-time tail (runs of at least 20 steps), the rank the others waited
+//!   for (runs that record it: how often each rank reached the step's barrier last), the
+//!   pairwise speed-up matrix, and — when the runs differ in worker count — bytes per
+//!   worker vs P;
 //! * plots, each as `.svg` and `.png`: `loss_vs_time`, `loss_vs_step`,
 //!   `accuracy_vs_epoch` (and `perplexity_vs_epoch` for language models), `step_breakdown`,
 //!   `step_time_cdf` (runs of at least 20 steps: the step-time distribution) and
@@ -419,6 +421,37 @@ fn render_markdown(runs: &[Run], rows: &[RunRow], plots: &[PathBuf]) -> String {
         out.push_str(&t.render());
     }
 
+    if runs.iter().any(|r| r.slowest_rank_steps().is_some()) {
+        let _ = writeln!(
+            out,
+            "\n## The rank the others waited for\n\nPer run: the share of steps each rank \
+             reached the step's barrier last (even is 1/P each; a rank far above it is a \
+             straggler), rank 0's mean wait there (sync) and the slowest rank's mean lead \
+             over rank 0.\n"
+        );
+        let mut t = Table::new(&[
+            "run",
+            "P",
+            "slowest rank: share of steps",
+            "sync ms",
+            "lead ms",
+        ])
+        .align(2, md::Align::Left);
+        for (r, row) in runs.iter().zip(rows) {
+            let Some(counts) = r.slowest_rank_steps() else {
+                continue;
+            };
+            t.row(&[
+                row.label.clone(),
+                row.workers.to_string(),
+                slowest_shares(&counts),
+                md::ms(row.mean_step.sync_s),
+                r.mean_behind_slowest_s().map_or_else(|| "–".into(), md::ms),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
+
     if rows.len() > 1 {
         let _ = writeln!(
             out,
@@ -524,6 +557,26 @@ fn bytes_by_group(runs: &[Run], rows: &[RunRow]) -> BTreeMap<String, BTreeMap<us
             .insert(r.workers, row.bytes_sent_per_step);
     }
     m
+}
+
+/// `"rank 1 63 %, rank 0 37 %"`: the ranks by share of steps, largest first (ties by
+/// rank), at most four and then the count of the rest.
+fn slowest_shares(counts: &[u64]) -> String {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return "–".into();
+    }
+    let mut by: Vec<(usize, u64)> = counts.iter().copied().enumerate().collect();
+    by.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut parts: Vec<String> = by
+        .iter()
+        .take(4)
+        .map(|&(r, n)| format!("rank {r} {:.0} %", 100.0 * n as f64 / total as f64))
+        .collect();
+    if by.len() > 4 {
+        parts.push(format!("{} more", by.len() - 4));
+    }
+    parts.join(", ")
 }
 
 fn fmt_percent(v: f64) -> String {

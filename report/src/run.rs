@@ -156,6 +156,13 @@ pub struct StepRecord {
     /// Parameter-server mode: seconds rank 0's server spent aggregating.
     #[serde(default)]
     pub server_s: Option<f64>,
+    /// The rank that reached the step's control all-reduce last: the one the others waited
+    /// for (absent with one worker or an asynchronous parameter server).
+    #[serde(default)]
+    pub slowest_rank: Option<usize>,
+    /// That rank's lead over rank 0 in local work this step, seconds.
+    #[serde(default)]
+    pub behind_slowest_s: Option<f64>,
 }
 
 /// One line of `eval.jsonl` (also `summary.json`'s `final_eval`).
@@ -222,6 +229,8 @@ pub struct Summary {
     pub skipped_steps: Option<u64>,
     /// Rollbacks of the recover policy.
     pub recoveries: Option<u64>,
+    /// Per rank, the steps it was the one the others waited for.
+    pub slowest_rank_steps: Option<Vec<u64>>,
 }
 
 /// The emulated link of a run (`[network]`).
@@ -689,6 +698,34 @@ impl Run {
     /// it, the warm-up step excluded).
     pub fn mean_server_s(&self) -> Option<f64> {
         mean_where(self.timed_steps(), |r| r.server_s)
+    }
+
+    /// Per rank, the steps it was the slowest to reach the step's barrier: `summary.json`'s
+    /// count for the whole run, else counted from the step records; `None` when the run
+    /// does not say (one worker, asynchronous PS, or a trainer before this was recorded).
+    pub fn slowest_rank_steps(&self) -> Option<Vec<u64>> {
+        if let Some(v) = self
+            .summary
+            .as_ref()
+            .and_then(|s| s.slowest_rank_steps.clone())
+            .filter(|v| v.iter().any(|&n| n > 0))
+        {
+            return Some(v);
+        }
+        let mut v = vec![0u64; self.workers.max(1)];
+        for r in self.steps.iter().filter_map(|s| s.slowest_rank) {
+            if r >= v.len() {
+                v.resize(r + 1, 0);
+            }
+            v[r] += 1;
+        }
+        v.iter().any(|&n| n > 0).then_some(v)
+    }
+
+    /// Mean lead of the slowest rank over rank 0 per step (steps that report it, the
+    /// warm-up step excluded).
+    pub fn mean_behind_slowest_s(&self) -> Option<f64> {
+        mean_where(self.timed_steps(), |r| r.behind_slowest_s)
     }
 
     /// Mean of the DLCP dropped fraction over the steps that report one.

@@ -377,3 +377,52 @@ fn step_time_tail_quantiles_and_dlcp_drops_are_reported() {
     assert!(md.contains("## Parameter server"), "{md}");
     assert!(md.contains("| 2.00 |"), "{md}");
 }
+
+#[test]
+fn the_rank_the_others_waited_for_is_reported_from_steps_or_summary() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Old runs record no slowest rank: no section.
+    let old = Spec::new("old", "none").write(tmp.path(), "runs/old/20261122-080000");
+    let out = report(std::slice::from_ref(&old), &opts(tmp.path())).unwrap();
+    assert!(!out.markdown.contains("The rank the others waited for"));
+
+    // Steps 0..10: rank 1 slowest in steps 3..10 (7 steps), rank 0 in 0..3, with a lead of
+    // 2 ms over rank 0 in every step but the warm-up one (excluded from the mean).
+    let spec = Spec::new("strag", "none").no_summary();
+    let dir = spec.write(tmp.path(), "runs/strag/20261122-090000");
+    let path = dir.join("metrics.jsonl");
+    let lines: Vec<String> = fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let s = v["step"].as_u64().unwrap();
+            v["slowest_rank"] = serde_json::json!(if s < 3 { 0 } else { 1 });
+            v["behind_slowest_s"] = serde_json::json!(if s == 0 { 1.0 } else { 0.002 });
+            v.to_string()
+        })
+        .collect();
+    fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let run = Run::load(&dir).unwrap();
+    assert_eq!(run.slowest_rank_steps(), Some(vec![3, 7]));
+    assert!((run.mean_behind_slowest_s().unwrap() - 0.002).abs() < 1e-12);
+    let out = report(std::slice::from_ref(&dir), &opts(tmp.path())).unwrap();
+    let md = &out.markdown;
+    assert!(md.contains("## The rank the others waited for"), "{md}");
+    assert!(md.contains("| rank 1 70 %, rank 0 30 % |"), "{md}");
+    assert!(md.contains("| 2.00 |"), "{md}");
+
+    // summary.json's count covers the whole run (a resumed run's metrics may not): it wins.
+    let mut s: serde_json::Value = spec.summary_json();
+    s["slowest_rank_steps"] = serde_json::json!([1, 1, 6, 0, 0, 2]);
+    fs::write(dir.join("summary.json"), s.to_string()).unwrap();
+    let run = Run::load(&dir).unwrap();
+    assert_eq!(run.slowest_rank_steps(), Some(vec![1, 1, 6, 0, 0, 2]));
+    let out = report(std::slice::from_ref(&dir), &opts(tmp.path())).unwrap();
+    assert!(
+        out.markdown
+            .contains("| rank 2 60 %, rank 5 20 %, rank 0 10 %, rank 1 10 %, 2 more |"),
+        "{}",
+        out.markdown
+    );
+}
