@@ -259,24 +259,12 @@ fn print_summary(dir: &Path, s: &dtrain_framework::trainer::Summary) {
     }
 }
 
-/// Which ranks the others waited for, most often first (at most four named).
+/// Which ranks the others waited for, most often first ([`dtrain_report::md::rank_shares`]).
 fn slowest_line(steps: &[u64]) -> Option<String> {
-    let total: u64 = steps.iter().sum();
-    if total == 0 {
-        return None;
-    }
-    let mut by: Vec<(usize, u64)> = steps.iter().copied().enumerate().collect();
-    by.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let named: Vec<String> = by
-        .iter()
-        .take(4)
-        .filter(|(_, n)| *n > 0)
-        .map(|(r, n)| format!("rank {r} {:.0}%", 100.0 * *n as f64 / total as f64))
-        .collect();
-    let more = if by.len() > 4 { ", …" } else { "" };
+    let shares = dtrain_report::md::rank_shares(steps)?;
     Some(format!(
-        "slowest rank to reach the step's barrier: {}{more} of {total} steps (even is {:.0}% each)",
-        named.join(", "),
+        "slowest rank to reach the step's barrier: {shares} of {} steps (even is {:.0} % each)",
+        steps.iter().sum::<u64>(),
         100.0 / steps.len() as f64
     ))
 }

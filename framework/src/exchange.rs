@@ -198,6 +198,9 @@ fn average_in_place<T: Transport>(
 struct Slot {
     bucket: Bucket,
     pipe: Option<Pipeline>,
+    /// The bucket's range of the flat gradient when it is one ([`contiguous`]), fixed by
+    /// the plan: an uncompressed bucket is then averaged in place.
+    range: Option<Range<usize>>,
 }
 
 /// One bucket in flight: its buffers travel with it (and to the communication thread and
@@ -563,7 +566,12 @@ impl Exchanger {
             } else {
                 None
             };
-            slots.push(Slot { bucket: b, pipe });
+            let range = contiguous(&b);
+            slots.push(Slot {
+                bucket: b,
+                pipe,
+                range,
+            });
         }
         Ok(Exchanger {
             slots,
@@ -738,8 +746,8 @@ impl Exchanger {
         let mut buf = self.spare.pop().unwrap_or_default();
         for slot in &self.slots {
             let b = &slot.bucket;
-            let res = match contiguous(b) {
-                Some(r) => average_in_place(comm, &mut grad[r], st),
+            let res = match &slot.range {
+                Some(r) => average_in_place(comm, &mut grad[r.clone()], st),
                 None => {
                     let t0 = Instant::now();
                     bucket::gather(b, grad, &mut buf.buf);
@@ -1062,7 +1070,7 @@ impl Job<'_> {
         let b0 = comms.blocked;
         let (step, rank, seed) = (self.step, self.rank, self.seed);
         let mut f = self.spare.pop().unwrap_or_default();
-        let Slot { bucket, pipe } = &mut self.slots[i];
+        let Slot { bucket, pipe, .. } = &mut self.slots[i];
         bucket::gather(bucket, grad, &mut f.buf);
         let id = bucket.id;
         let ctx = Ctx {
@@ -1129,7 +1137,7 @@ impl Job<'_> {
         comms: &mut Comms<'_, T>,
         st: &mut ExchangeStats,
     ) -> Result<(Flight, Stage), ExchangeError> {
-        let Slot { bucket, pipe } = &mut self.slots[i];
+        let Slot { bucket, pipe, .. } = &mut self.slots[i];
         let id = bucket.id;
         let msg = match comms.wait() {
             Ok(Reply::Broadcast(m)) => m,
@@ -1166,7 +1174,7 @@ impl Job<'_> {
         grad: &mut [f32],
         st: &mut ExchangeStats,
     ) -> Result<(), ExchangeError> {
-        let Slot { bucket, pipe } = &self.slots[i];
+        let Slot { bucket, pipe, .. } = &self.slots[i];
         let id = bucket.id;
         let reply = comms
             .wait()

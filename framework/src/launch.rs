@@ -251,40 +251,36 @@ pub fn resolve_transport(
     if kind != TransportKind::Auto {
         return (kind, None);
     }
-    let cfg = ShmConfig::new(Vec::new(), Vec::new());
-    let free = if one_host && world > 1 {
-        Some(dtrain_comms::transport::shm::free_bytes(&cfg.dir))
+    let (k, why) = if !one_host {
+        (
+            TransportKind::Tcp,
+            "the ranks may be on several hosts".into(),
+        )
+    } else if world <= 1 {
+        (TransportKind::Tcp, "one worker: nothing to connect".into())
     } else {
-        None
+        let cfg = ShmConfig::new(Vec::new(), Vec::new());
+        let free = dtrain_comms::transport::shm::free_bytes(&cfg.dir);
+        shm_if_room(world, cfg.mesh_bytes(world), &cfg.dir, free)
     };
-    let (k, why) = choose_auto(world, one_host, cfg.mesh_bytes(world), &cfg.dir, free);
     (
         k,
         Some(format!("cluster.transport = \"auto\": {k} ({why})")),
     )
 }
 
-/// The decision of [`resolve_transport`], given the bytes the rings need in `dir` and the
-/// free bytes there (`None`: not looked up).
-fn choose_auto(
+/// The choice of [`resolve_transport`] for two or more ranks on one host, given the bytes
+/// their rings need in `dir` and what `statvfs` said is free there.
+fn shm_if_room(
     world: usize,
-    one_host: bool,
     need: u64,
     dir: &Path,
-    free: Option<std::io::Result<u64>>,
+    free: std::io::Result<u64>,
 ) -> (TransportKind, String) {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    if !one_host {
-        return (
-            TransportKind::Tcp,
-            "the ranks may be on several hosts".into(),
-        );
-    }
-    if world <= 1 {
-        return (TransportKind::Tcp, "one worker: nothing to connect".into());
-    }
+    let want = need.saturating_add(need / 4);
     match free {
-        Some(Ok(free)) if free >= need.saturating_add(need / 4) => (
+        Ok(free) if free >= want => (
             TransportKind::Shm,
             format!(
                 "{world} workers on this host; their rings take {:.1} MiB of {}, {:.1} MiB free",
@@ -293,24 +289,20 @@ fn choose_auto(
                 mib(free)
             ),
         ),
-        Some(Ok(free)) => (
+        Ok(free) => (
             TransportKind::Tcp,
             format!(
                 "the shared-memory rings of {world} workers need {:.1} MiB of {} and only \
                  {:.1} MiB are free; enlarge it (e.g. docker run --shm-size=1g) for the faster \
                  \"shm\"",
-                mib(need.saturating_add(need / 4)),
+                mib(want),
                 dir.display(),
                 mib(free)
             ),
         ),
-        Some(Err(e)) => (
+        Err(e) => (
             TransportKind::Tcp,
             format!("{} is not usable for shared memory: {e}", dir.display()),
-        ),
-        None => (
-            TransportKind::Tcp,
-            "shared memory was not considered".into(),
         ),
     }
 }
@@ -888,29 +880,29 @@ mod tests {
     fn auto_transport_is_shm_only_on_one_host_with_room_for_the_rings() {
         let dir = Path::new("/dev/shm");
         let need = 8 << 20;
-        let ok = |free: u64| Some(Ok(free));
+        let ok = |free: u64| Ok(free);
         // Room with a quarter to spare: shared memory.
-        let (k, why) = choose_auto(2, true, need, dir, ok(10 << 20));
+        let (k, why) = shm_if_room(2, need, dir, ok(10 << 20));
         assert_eq!(k, TransportKind::Shm, "{why}");
         assert!(why.contains("8.0 MiB of /dev/shm"), "{why}");
         // Enough for the rings but not the spare quarter, or too little: tcp, saying why.
         for free in [(9 << 20) + (1 << 19), 1 << 20, 0] {
-            let (k, why) = choose_auto(2, true, need, dir, ok(free));
+            let (k, why) = shm_if_room(2, need, dir, ok(free));
             assert_eq!(k, TransportKind::Tcp);
             assert!(why.contains("need 10.0 MiB of /dev/shm"), "{why}");
             assert!(why.contains("--shm-size"), "{why}");
         }
-        let gone = Some(Err(std::io::Error::from(std::io::ErrorKind::NotFound)));
-        let (k, why) = choose_auto(2, true, need, dir, gone);
+        let gone = Err(std::io::Error::from(std::io::ErrorKind::NotFound));
+        let (k, why) = shm_if_room(2, need, dir, gone);
         assert_eq!(k, TransportKind::Tcp);
         assert!(why.contains("/dev/shm is not usable"), "{why}");
         // Several hosts possible, or nothing to connect: tcp without looking.
         assert_eq!(
-            choose_auto(4, false, need, dir, ok(u64::MAX)).0,
+            resolve_transport(TransportKind::Auto, 4, false).0,
             TransportKind::Tcp
         );
         assert_eq!(
-            choose_auto(1, true, need, dir, ok(u64::MAX)).0,
+            resolve_transport(TransportKind::Auto, 1, true).0,
             TransportKind::Tcp
         );
         // Other kinds pass through untouched, with nothing to log.

@@ -6,8 +6,8 @@
 //!
 //! * [`report()`] renders a comparison of runs as markdown tables (final metric, step-time
 //!   breakdown, bytes, compression, speed-up vs a baseline and vs each peer, stragglers,
-//!   bytes per worker vs P) and plots (loss vs time / step, accuracy vs epoch, step breakdown, bytes
-//!   vs P) as SVG and PNG;
+//!   bytes per worker vs P) and plots (loss vs time / step, accuracy vs epoch, step
+//!   breakdown, bytes vs P) as SVG and PNG;
 //! * [`simulate()`] projects each run's step time onto other fabrics and worker counts with
 //!   the α–β cost of its method's collective, and [`validate`] checks that model against
 //!   runs made on an emulated link.

@@ -162,6 +162,27 @@ pub fn factor(v: f64) -> String {
     }
 }
 
+/// Each rank's share of `counts` (steps per rank), largest first, ties by rank: `"rank 1 63 %,
+/// rank 0 37 %"`; at most four named, then how many ranks more. `None` when every count is
+/// zero. Used for the rank the others waited for, by the report and by `dtrain run`.
+pub fn rank_shares(counts: &[u64]) -> Option<String> {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let mut by: Vec<(usize, u64)> = counts.iter().copied().enumerate().collect();
+    by.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut parts: Vec<String> = by
+        .iter()
+        .take(4)
+        .map(|&(r, n)| format!("rank {r} {:.0} %", 100.0 * n as f64 / total as f64))
+        .collect();
+    if by.len() > 4 {
+        parts.push(format!("{} more", by.len() - 4));
+    }
+    Some(parts.join(", "))
+}
+
 /// Checks that `md` holds only well-formed pipe tables: every table has a header row, a
 /// separator row of `---` cells and body rows, all with the same number of cells. Returns
 /// the number of tables, or the 1-based line of the first problem. Used by the tests and

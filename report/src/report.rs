@@ -444,7 +444,7 @@ fn render_markdown(runs: &[Run], rows: &[RunRow], plots: &[PathBuf]) -> String {
             t.row(&[
                 row.label.clone(),
                 row.workers.to_string(),
-                slowest_shares(&counts),
+                md::rank_shares(&counts).unwrap_or_else(|| "–".into()),
                 md::ms(row.mean_step.sync_s),
                 r.mean_behind_slowest_s().map_or_else(|| "–".into(), md::ms),
             ]);
@@ -557,26 +557,6 @@ fn bytes_by_group(runs: &[Run], rows: &[RunRow]) -> BTreeMap<String, BTreeMap<us
             .insert(r.workers, row.bytes_sent_per_step);
     }
     m
-}
-
-/// `"rank 1 63 %, rank 0 37 %"`: the ranks by share of steps, largest first (ties by
-/// rank), at most four and then the count of the rest.
-fn slowest_shares(counts: &[u64]) -> String {
-    let total: u64 = counts.iter().sum();
-    if total == 0 {
-        return "–".into();
-    }
-    let mut by: Vec<(usize, u64)> = counts.iter().copied().enumerate().collect();
-    by.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let mut parts: Vec<String> = by
-        .iter()
-        .take(4)
-        .map(|&(r, n)| format!("rank {r} {:.0} %", 100.0 * n as f64 / total as f64))
-        .collect();
-    if by.len() > 4 {
-        parts.push(format!("{} more", by.len() - 4));
-    }
-    parts.join(", ")
 }
 
 fn fmt_percent(v: f64) -> String {

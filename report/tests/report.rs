@@ -4,7 +4,7 @@ mod common;
 
 use std::fs;
 
-use common::{check_plots, names, Spec, Times};
+use common::{check_plots, edit_steps, names, Spec, Times};
 use dtrain_report::md::check_tables;
 use dtrain_report::{report, FinalMetric, ReportError, ReportOptions, Run};
 
@@ -342,20 +342,11 @@ fn step_time_tail_quantiles_and_dlcp_drops_are_reported() {
     spec.steps = 41;
     let dir = spec.write(tmp.path(), "runs/tail/20261122-090000");
     // Steps 1..=40 take 1..=40 ms (step 0, the warm-up, is excluded); step 7 dropped 2 %.
-    let path = dir.join("metrics.jsonl");
-    let lines: Vec<String> = fs::read_to_string(&path)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            let s = v["step"].as_u64().unwrap();
-            v["time"]["step_s"] = serde_json::json!(s as f64 * 1e-3);
-            v["lossy_dropped"] = serde_json::json!(if s == 7 { 0.02 } else { 0.0 });
-            v["server_s"] = serde_json::json!(if s == 0 { 1.0 } else { 0.002 });
-            v.to_string()
-        })
-        .collect();
-    fs::write(&path, lines.join("\n") + "\n").unwrap();
+    edit_steps(&dir, |s, v| {
+        v["time"]["step_s"] = serde_json::json!(s as f64 * 1e-3);
+        v["lossy_dropped"] = serde_json::json!(if s == 7 { 0.02 } else { 0.0 });
+        v["server_s"] = serde_json::json!(if s == 0 { 1.0 } else { 0.002 });
+    });
     let run = Run::load(&dir).unwrap();
     assert_eq!(run.step_quantile(0.5), Some(0.020));
     assert_eq!(run.step_quantile(0.95), Some(0.038));
@@ -390,19 +381,10 @@ fn the_rank_the_others_waited_for_is_reported_from_steps_or_summary() {
     // 2 ms over rank 0 in every step but the warm-up one (excluded from the mean).
     let spec = Spec::new("strag", "none").no_summary();
     let dir = spec.write(tmp.path(), "runs/strag/20261122-090000");
-    let path = dir.join("metrics.jsonl");
-    let lines: Vec<String> = fs::read_to_string(&path)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            let s = v["step"].as_u64().unwrap();
-            v["slowest_rank"] = serde_json::json!(if s < 3 { 0 } else { 1 });
-            v["behind_slowest_s"] = serde_json::json!(if s == 0 { 1.0 } else { 0.002 });
-            v.to_string()
-        })
-        .collect();
-    fs::write(&path, lines.join("\n") + "\n").unwrap();
+    edit_steps(&dir, |s, v| {
+        v["slowest_rank"] = serde_json::json!(if s < 3 { 0 } else { 1 });
+        v["behind_slowest_s"] = serde_json::json!(if s == 0 { 1.0 } else { 0.002 });
+    });
     let run = Run::load(&dir).unwrap();
     assert_eq!(run.slowest_rank_steps(), Some(vec![3, 7]));
     assert!((run.mean_behind_slowest_s().unwrap() - 0.002).abs() < 1e-12);

@@ -194,6 +194,22 @@ impl Spec {
     }
 }
 
+/// Rewrites every step record of `dir/metrics.jsonl` with `edit(step, record)`.
+pub fn edit_steps(dir: &Path, edit: impl Fn(u64, &mut serde_json::Value)) {
+    let path = dir.join("metrics.jsonl");
+    let lines: Vec<String> = fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let step = v["step"].as_u64().unwrap();
+            edit(step, &mut v);
+            v.to_string()
+        })
+        .collect();
+    fs::write(&path, lines.join("\n") + "\n").unwrap();
+}
+
 /// Checks a PNG file: signature, and it decodes to a non-empty image.
 pub fn check_png(path: &Path) {
     let bytes = fs::read(path).unwrap();
