@@ -378,9 +378,98 @@ pub fn elias_gamma_get(r: &mut BitReader<'_>) -> Option<u32> {
     Some((1u32 << zeros) | rest_msb)
 }
 
+/// Fast Elias-gamma reader over an LSB-first bit stream (the layout of
+/// [`elias_gamma_put`]): it decodes a code from one 64-bit window when the code has at most
+/// 27 leading zeros (values below 2^28) and falls back to a bit at a time for longer ones.
+///
+/// Over any bytes it reads exactly what a [`BitReader`] with [`elias_gamma_get`] and
+/// [`BitReader::bit`] reads: the same codes, the same `None` for malformed ones, and the
+/// same [`GammaReader::bits_read`] after every call. Bits past the end read as zero and are
+/// counted, so the caller detects an overrun by comparing `bits_read` with the bits
+/// present. Use it where a stream is mostly gamma codes (index gaps, QSGD's gap, sign,
+/// level triples); [`BitReader`] stays the reader for fixed-width codes.
+#[derive(Debug, Clone)]
+pub struct GammaReader<'a> {
+    buf: &'a [u8],
+    pos: u64,
+}
+
+impl<'a> GammaReader<'a> {
+    /// A reader at the start of `buf`.
+    #[inline]
+    pub fn new(buf: &'a [u8]) -> Self {
+        GammaReader { buf, pos: 0 }
+    }
+
+    /// The next (at least 57) bits, LSB first, without consuming them; bits past the end
+    /// are zero.
+    #[inline(always)]
+    pub fn peek(&self) -> u64 {
+        let b = (self.pos >> 3) as usize;
+        let w = match self.buf.get(b..b + 8) {
+            Some(s) => u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]),
+            None => {
+                let mut a = [0u8; 8];
+                if let Some(s) = self.buf.get(b..) {
+                    a[..s.len()].copy_from_slice(s);
+                }
+                u64::from_le_bytes(a)
+            }
+        };
+        w >> (self.pos & 7)
+    }
+
+    #[inline]
+    fn next_bit(&mut self) -> u32 {
+        let v = (self.peek() & 1) as u32;
+        self.pos += 1;
+        v
+    }
+
+    /// One bit.
+    #[inline]
+    pub fn bit(&mut self) -> bool {
+        self.next_bit() != 0
+    }
+
+    /// One Elias-gamma code; `None` if it is malformed (more than 31 leading zeros).
+    #[inline]
+    pub fn get(&mut self) -> Option<u32> {
+        let w = self.peek();
+        let z = w.trailing_zeros();
+        if z <= 27 {
+            let nb = z + 1;
+            let x = ((w >> z) & ((1u64 << nb) - 1)) as u32;
+            self.pos += u64::from(z + nb);
+            return Some(x.reverse_bits() >> (32 - nb));
+        }
+        let mut zeros = 0u32;
+        while self.next_bit() == 0 {
+            zeros += 1;
+            if zeros > 31 {
+                return None;
+            }
+        }
+        let mut v = 1u32;
+        for _ in 0..zeros {
+            v = (v << 1) | self.next_bit();
+        }
+        Some(v)
+    }
+
+    /// Total bits consumed so far (reads past the end count too).
+    #[inline]
+    pub fn bits_read(&self) -> u64 {
+        self.pos
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::{
+        any, prop_assert_eq, prop_oneof, proptest, ProptestConfig, TestCaseError,
+    };
 
     #[test]
     fn bits_round_trip_all_widths() {
@@ -426,5 +515,93 @@ mod tests {
         assert!(r.take_items(usize::MAX / 2, 4, "x").is_err());
         assert!(r.u32("x").is_err());
         assert_eq!(r.u8("x").unwrap(), 1);
+    }
+
+    #[test]
+    fn fast_gamma_reader_agrees_with_the_bitwise_decoder() {
+        let vals: Vec<u32> = (1..3000u32)
+            .chain([1 << 27, (1 << 28) - 1, 1 << 28, u32::MAX, 1 << 31, 5, 1])
+            .collect();
+        let bits: u64 = vals.iter().map(|&v| elias_gamma_len(v)).sum();
+        let mut buf = vec![0u8; bytes_for_bits(bits)];
+        let mut w = BitWriter::new(&mut buf);
+        for &v in &vals {
+            elias_gamma_put(&mut w, v);
+        }
+        w.finish();
+        let mut fast = GammaReader::new(&buf);
+        let mut slow = BitReader::new(&buf);
+        for &v in &vals {
+            assert_eq!(fast.get(), Some(v));
+            assert_eq!(elias_gamma_get(&mut slow), Some(v));
+            assert_eq!(fast.bits_read(), slow.bits_read());
+        }
+        // 32+ zeros are malformed; reads past the end are zeros.
+        let mut z = GammaReader::new(&[0u8; 5]);
+        assert_eq!(z.get(), None);
+    }
+
+    /// The old bit-at-a-time decoding, step by step beside the fast reader: the same codes,
+    /// bits and positions, and `peek` shows the bits that follow.
+    fn agree(buf: &[u8], ops: &[bool]) -> Result<(), TestCaseError> {
+        let mut fast = GammaReader::new(buf);
+        let mut slow = BitReader::new(buf);
+        for &gamma in ops {
+            if gamma {
+                prop_assert_eq!(fast.get(), elias_gamma_get(&mut slow));
+            } else {
+                prop_assert_eq!(fast.bit(), slow.bit());
+            }
+            prop_assert_eq!(fast.bits_read(), slow.bits_read());
+            let mut next = BitReader::new(buf);
+            let mut skip = slow.bits_read();
+            while skip > 0 {
+                let c = skip.min(32) as u32;
+                next.get(c);
+                skip -= c as u64;
+            }
+            let ahead = u64::from(next.get(32)) | u64::from(next.get(25)) << 32;
+            prop_assert_eq!(fast.peek() & ((1u64 << 57) - 1), ahead);
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, .. ProptestConfig::default() })]
+
+        #[test]
+        fn gamma_reader_matches_the_bitwise_decoder_on_arbitrary_bytes(
+            buf in proptest::collection::vec(any::<u8>(), 0..48),
+            ops in proptest::collection::vec(any::<bool>(), 0..64),
+        ) {
+            agree(&buf, &ops)?;
+            // Mostly zeros: long and malformed codes, reads past the end.
+            let sparse: Vec<u8> = buf.iter().map(|&b| if b % 5 == 0 { b } else { 0 }).collect();
+            agree(&sparse, &ops)?;
+        }
+
+        #[test]
+        fn gamma_reader_decodes_what_the_writer_wrote(
+            vals in proptest::collection::vec(prop_oneof![1u32..64, 1u32..=u32::MAX], 0..40),
+            signs in any::<u64>(),
+        ) {
+            // Codes interleaved with single bits, as in QSGD's gap, sign, level triples.
+            let bits: u64 = vals.iter().map(|&v| elias_gamma_len(v) + 1).sum();
+            let mut buf = vec![0u8; bytes_for_bits(bits)];
+            let mut w = BitWriter::new(&mut buf);
+            for (i, &v) in vals.iter().enumerate() {
+                elias_gamma_put(&mut w, v);
+                w.put((signs >> (i % 64)) as u32 & 1, 1);
+            }
+            w.finish();
+            let mut r = GammaReader::new(&buf);
+            for (i, &v) in vals.iter().enumerate() {
+                prop_assert_eq!(r.get(), Some(v));
+                prop_assert_eq!(r.bit(), (signs >> (i % 64)) & 1 == 1);
+            }
+            prop_assert_eq!(r.bits_read(), bits);
+            let ops: Vec<bool> = (0..2 * vals.len()).map(|i| i % 2 == 0).collect();
+            agree(&buf, &ops)?;
+        }
     }
 }

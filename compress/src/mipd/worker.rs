@@ -15,7 +15,8 @@ use crate::error::{CompressError, WireError};
 use crate::rng::Rng;
 use crate::select::{abs_key, top_k, Scratch};
 use crate::wire::{
-    bytes_for_bits, elias_gamma_len, elias_gamma_put, f32_at, BitReader, BitWriter, Reader, Writer,
+    bytes_for_bits, elias_gamma_len, elias_gamma_put, f32_at, BitReader, BitWriter, GammaReader,
+    Reader, Writer,
 };
 
 const GAPS: u8 = 0;
@@ -352,13 +353,13 @@ pub fn decode_layer(
     };
     match layout {
         GAPS => {
-            let mut br = GammaReader { buf: idx, pos: 0 };
+            let mut br = GammaReader::new(idx);
             let mut next = 0u64;
             for _ in 0..k {
                 let gap = br
                     .get()
                     .ok_or(WireError::Invalid("mipd: malformed index gap"))?;
-                if br.pos > 8 * m as u64 {
+                if br.bits_read() > 8 * m as u64 {
                     return Err(WireError::Invalid("mipd: index gaps overrun their bytes"));
                 }
                 let i = next + gap as u64 - 1;
@@ -368,13 +369,13 @@ pub fn decode_layer(
                 visit(i as usize, code()?);
                 next = i + 1;
             }
-            if bytes_for_bits(br.pos) != m {
+            if bytes_for_bits(br.bits_read()) != m {
                 return Err(WireError::Invalid(
                     "mipd: index gaps do not fill their bytes",
                 ));
             }
-            let pad = (8 - br.pos % 8) % 8;
-            if br.window() & ((1u64 << pad) - 1) != 0 {
+            let pad = (8 - br.bits_read() % 8) % 8;
+            if br.peek() & ((1u64 << pad) - 1) != 0 {
                 return Err(WireError::Invalid("mipd: index padding bits are not zero"));
             }
         }
@@ -410,65 +411,6 @@ pub fn decode_layer(
         return Err(WireError::Invalid("mipd: code padding bits are not zero"));
     }
     Ok(())
-}
-
-/// Elias-gamma reader over an LSB-first bit stream (the layout of
-/// [`crate::wire::elias_gamma_put`]) that decodes a code from one 64-bit window when its
-/// gap is below 2^28 and falls back to a bit at a time for longer ones. Bits past the end
-/// read as zero; `pos` counts the bits consumed, so the caller detects overruns.
-struct GammaReader<'a> {
-    buf: &'a [u8],
-    pos: u64,
-}
-
-impl GammaReader<'_> {
-    /// The next (at least 57) bits, LSB first.
-    #[inline(always)]
-    fn window(&self) -> u64 {
-        let b = (self.pos >> 3) as usize;
-        let w = match self.buf.get(b..b + 8) {
-            Some(s) => u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]),
-            None => {
-                let mut a = [0u8; 8];
-                if let Some(s) = self.buf.get(b..) {
-                    a[..s.len()].copy_from_slice(s);
-                }
-                u64::from_le_bytes(a)
-            }
-        };
-        w >> (self.pos & 7)
-    }
-
-    fn bit(&mut self) -> u32 {
-        let v = (self.window() & 1) as u32;
-        self.pos += 1;
-        v
-    }
-
-    /// One code; `None` if it has more than 31 leading zeros.
-    #[inline]
-    fn get(&mut self) -> Option<u32> {
-        let w = self.window();
-        let z = w.trailing_zeros();
-        if z <= 27 {
-            let nb = z + 1;
-            let x = ((w >> z) & ((1u64 << nb) - 1)) as u32;
-            self.pos += u64::from(z + nb);
-            return Some(x.reverse_bits() >> (32 - nb));
-        }
-        let mut zeros = 0u32;
-        while self.bit() == 0 {
-            zeros += 1;
-            if zeros > 31 {
-                return None;
-            }
-        }
-        let mut v = 1u32;
-        for _ in 0..zeros {
-            v = (v << 1) | self.bit();
-        }
-        Some(v)
-    }
 }
 
 impl Compressor for Mipd {
@@ -548,33 +490,6 @@ mod tests {
             at += n;
         }
         (w, g, layers)
-    }
-
-    #[test]
-    fn fast_gamma_reader_agrees_with_the_bitwise_decoder() {
-        let vals: Vec<u32> = (1..3000u32)
-            .chain([1 << 27, (1 << 28) - 1, 1 << 28, u32::MAX, 1 << 31, 5, 1])
-            .collect();
-        let bits: u64 = vals.iter().map(|&v| elias_gamma_len(v)).sum();
-        let mut buf = vec![0u8; bytes_for_bits(bits)];
-        let mut w = BitWriter::new(&mut buf);
-        for &v in &vals {
-            elias_gamma_put(&mut w, v);
-        }
-        w.finish();
-        let mut fast = GammaReader { buf: &buf, pos: 0 };
-        let mut slow = BitReader::new(&buf);
-        for &v in &vals {
-            assert_eq!(fast.get(), Some(v));
-            assert_eq!(crate::wire::elias_gamma_get(&mut slow), Some(v));
-            assert_eq!(fast.pos, slow.bits_read());
-        }
-        // 32+ zeros are malformed; reads past the end are zeros.
-        let mut z = GammaReader {
-            buf: &[0u8; 5],
-            pos: 0,
-        };
-        assert_eq!(z.get(), None);
     }
 
     #[test]
