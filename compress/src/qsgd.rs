@@ -40,8 +40,8 @@ use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
 use crate::rng::Rng;
 use crate::wire::{
-    bytes_for_bits, elias_gamma_get, elias_gamma_len, elias_gamma_put, f32_at, BitReader,
-    BitWriter, Reader, Writer,
+    bytes_for_bits, elias_gamma_len, elias_gamma_put, f32_at, BitReader, BitWriter, GammaReader,
+    Reader, Writer,
 };
 
 /// Largest accepted number of levels `s` (levels are computed in `f32`, exact up to 2²⁴).
@@ -601,10 +601,10 @@ impl Qsgd {
         if 3 * k as u64 > avail {
             return Err(WireError::Invalid("qsgd stream too short for its count"));
         }
-        let mut br = BitReader::new(stream);
+        let mut br = GammaReader::new(stream);
         let mut next = 0usize;
         for _ in 0..k {
-            let gap = elias_gamma_get(&mut br).ok_or(WireError::Invalid("bad qsgd gap code"))?;
+            let gap = br.get().ok_or(WireError::Invalid("bad qsgd gap code"))?;
             let idx = next + gap as usize - 1;
             if idx >= n {
                 return Err(WireError::IndexOutOfRange {
@@ -613,8 +613,7 @@ impl Qsgd {
                 });
             }
             let neg = br.bit();
-            let level =
-                elias_gamma_get(&mut br).ok_or(WireError::Invalid("bad qsgd level code"))?;
+            let level = br.get().ok_or(WireError::Invalid("bad qsgd level code"))?;
             if br.bits_read() > avail {
                 return Err(WireError::Truncated {
                     what: "qsgd stream",
