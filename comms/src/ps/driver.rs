@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::layout::PsLayout;
 use super::server::{Aggregator, ServerMachine};
-use super::wire::{f32_payload, AbortKind, Aggregation, PsMsg};
+use super::wire::{f32_payload, AbortKind, PsMsg, Reduction};
 use super::worker::{Aggregate, WorkerMachine};
 use crate::algo::AlgoError;
 use crate::comm::CommError;
@@ -156,7 +156,7 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
     pub fn push(
         &mut self,
         payloads: Vec<Vec<u8>>,
-        aggregation: Aggregation,
+        aggregation: Reduction,
     ) -> Result<u64, CommError> {
         let shards = self.layout.num_shards();
         if self.worker_mut()?.has_left() {
@@ -205,7 +205,7 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
     pub fn step(
         &mut self,
         payloads: Vec<Vec<u8>>,
-        aggregation: Aggregation,
+        aggregation: Reduction,
     ) -> Result<Vec<Aggregate>, CommError> {
         self.push(payloads, aggregation)?;
         self.pump_until(|n| n.worker.as_ref().is_some_and(WorkerMachine::can_push))?;
@@ -219,7 +219,7 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
     pub fn step_dense(
         &mut self,
         grad: &[f32],
-        aggregation: Aggregation,
+        aggregation: Reduction,
     ) -> Result<Vec<Aggregate>, CommError> {
         if grad.len() != self.layout.len() {
             return Err(CommError::InvalidArgument(format!(

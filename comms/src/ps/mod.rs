@@ -8,7 +8,7 @@
 //!   contiguous ranges ([`PsLayout::shard_range`], the same split as
 //!   [`crate::segment_range`]). Server `j` (the `j`-th rank of the server list) owns shard `j`.
 //! * Every worker pushes, for each step, one payload per shard — opaque bytes (a dense
-//!   f32 slice, or a compressed encoding of the shard) plus the [`Aggregation`] the server
+//!   f32 slice, or a compressed encoding of the shard) plus the [`Reduction`] the server
 //!   must apply. Workers push steps 0, 1, 2, … in order — or, for a run resumed from a
 //!   checkpoint, from [`PsConfig::first_step`] on, so that step numbers stay global.
 //! * A server aggregates step `t` of its shard once every worker has pushed it, in worker
@@ -38,7 +38,7 @@
 //!   Workers wait `timeout + abort_grace` before blaming the servers themselves, so a
 //!   stalled worker is named by the servers' abort rather than a server being blamed.
 //! * protocol violations (out-of-order or duplicate pushes, a broken staleness bound, a
-//!   payload the aggregator rejects, different aggregations for one step) →
+//!   payload the aggregator rejects, different reductions for one step) →
 //!   [`CommError::Protocol`] / [`CommError::Mismatch`] naming the worker.
 //!
 //! A rank that is only a server calls [`PsNode::serve`]; a worker calls [`PsNode::step`]
@@ -49,7 +49,7 @@
 //! steps (use separate server ranks, e.g. threads with their own transport, to avoid it).
 //!
 //! # Files
-//! * `wire.rs`: [`PsMsg`], its header ([`PS_MAGIC`], [`PS_HEADER_LEN`]), [`Aggregation`]
+//! * `wire.rs`: [`PsMsg`], its header ([`PS_MAGIC`], [`PS_HEADER_LEN`]), [`Reduction`]
 //!   codes and the f32 payloads of [`DenseF32`] ([`f32_payload`], [`f32_values`]).
 //! * `layout.rs`: [`PsLayout`] (roles and shards) and the staleness bound.
 //! * `server.rs`: the [`Aggregator`] seam, [`DenseF32`] and [`ServerMachine`].
@@ -72,5 +72,5 @@ mod worker;
 pub use driver::{PsConfig, PsNode};
 pub use layout::PsLayout;
 pub use server::{AggregateError, Aggregator, DenseF32, ServerMachine, ShardPushes};
-pub use wire::{f32_payload, f32_values, AbortKind, Aggregation, PsMsg, PS_HEADER_LEN, PS_MAGIC};
+pub use wire::{f32_payload, f32_values, AbortKind, PsMsg, Reduction, PS_HEADER_LEN, PS_MAGIC};
 pub use worker::{Aggregate, WorkerMachine};

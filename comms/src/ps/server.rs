@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 
 use super::layout::{saturating_bound, PsLayout};
-use super::wire::{Aggregation, PsMsg};
+use super::wire::{PsMsg, Reduction};
 use crate::algo::AlgoError;
 
 /// What an [`Aggregator`] combines: the pushes of one step for one shard.
@@ -17,8 +17,8 @@ pub struct ShardPushes<'a> {
     pub range: Range<usize>,
     /// Step.
     pub step: u64,
-    /// The aggregation every worker asked for.
-    pub aggregation: Aggregation,
+    /// The reduction every worker asked for.
+    pub aggregation: Reduction,
     /// `(worker rank, payload)` in worker order.
     pub pushes: &'a [(usize, &'a [u8])],
 }
@@ -26,14 +26,14 @@ pub struct ShardPushes<'a> {
 /// A push an [`Aggregator`] could not use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AggregateError {
-    /// The worker whose payload (or requested aggregation) is at fault.
+    /// The worker whose payload (or requested reduction) is at fault.
     pub worker: usize,
     /// What was wrong.
     pub detail: String,
 }
 
 impl AggregateError {
-    /// Refuses the aggregation the workers asked for in `input` (blaming the first pusher):
+    /// Refuses the reduction the workers asked for in `input` (blaming the first pusher):
     /// `server` says what this aggregator applies instead.
     pub fn unsupported(input: &ShardPushes<'_>, server: &str) -> Self {
         AggregateError {
@@ -61,8 +61,8 @@ where
 }
 
 /// The default aggregator: payloads are the shard's elements as little-endian f32;
-/// [`Aggregation::SUM`] adds them in worker order, [`Aggregation::MEAN`] then divides by
-/// the number of workers. Other aggregations, and payloads of the wrong length, are
+/// [`Reduction::SUM`] adds them in worker order, [`Reduction::MEAN`] then divides by
+/// the number of workers. Other reductions, and payloads of the wrong length, are
 /// errors naming the worker.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DenseF32;
@@ -72,7 +72,7 @@ impl Aggregator for DenseF32 {
         let n = input.range.len();
         let mut acc = vec![0f32; n];
         for (i, &(worker, p)) in input.pushes.iter().enumerate() {
-            if input.aggregation != Aggregation::SUM && input.aggregation != Aggregation::MEAN {
+            if input.aggregation != Reduction::SUM && input.aggregation != Reduction::MEAN {
                 return Err(AggregateError {
                     worker,
                     detail: format!("DenseF32 cannot apply {:?}", input.aggregation),
@@ -95,7 +95,7 @@ impl Aggregator for DenseF32 {
                 *a = if i == 0 { v } else { *a + v };
             }
         }
-        if input.aggregation == Aggregation::MEAN {
+        if input.aggregation == Reduction::MEAN {
             let w = input.pushes.len() as f32;
             acc.iter_mut().for_each(|a| *a /= w);
         }
@@ -104,7 +104,7 @@ impl Aggregator for DenseF32 {
 }
 
 /// One worker's push as a server keeps it until its step is complete.
-type Push = (Aggregation, Vec<u8>);
+type Push = (Reduction, Vec<u8>);
 
 /// The server of one shard, as an IO-free state machine (see the [module docs](crate::ps)).
 pub struct ServerMachine<A: Aggregator> {
@@ -389,7 +389,7 @@ mod tests {
         let push = |v: &[f32]| PsMsg::Push {
             shard: 0,
             step: 0,
-            aggregation: Aggregation::MEAN,
+            aggregation: Reduction::MEAN,
             payload: f32_payload(v),
         };
         s.handle(1, push(&[1.0, 2.0])).unwrap();
@@ -417,7 +417,7 @@ mod tests {
         let push = |step, agg: u8, n: usize| PsMsg::Push {
             shard: 0,
             step,
-            aggregation: Aggregation(agg),
+            aggregation: Reduction(agg),
             payload: vec![0; 4 * n],
         };
         // Out of order.
@@ -430,7 +430,7 @@ mod tests {
         s.handle(0, push(1, 0, 1)).unwrap();
         let e = s.handle(0, push(2, 0, 1)).unwrap_err();
         assert!(matches!(e, AlgoError::Protocol { peer: 0, .. }), "{e}");
-        // Different aggregations for one step.
+        // Different reductions for one step.
         let mut s = ServerMachine::new(layout(2, 1, 1), 0, 0, DenseF32);
         s.handle(0, push(0, 0, 1)).unwrap();
         let e = s.handle(1, push(0, 1, 1)).unwrap_err();
@@ -461,7 +461,7 @@ mod tests {
             shard: 0,
             range: 0..1,
             step: 0,
-            aggregation: Aggregation(42),
+            aggregation: Reduction(42),
             pushes: &[(0, &[1u8][..]), (1, &[2u8][..])],
         };
         assert_eq!(last.aggregate(&input).unwrap(), vec![2]);

@@ -1,5 +1,5 @@
 //! The parameter-server wire format: [`PsMsg`] and its 16-byte header, the
-//! [`Aggregation`] code a push carries, and the little-endian f32 payloads of [`DenseF32`].
+//! [`Reduction`] code a push carries, and the little-endian f32 payloads of [`DenseF32`].
 //!
 //! [`DenseF32`]: super::DenseF32
 
@@ -9,22 +9,23 @@ pub const PS_MAGIC: u8 = 0xD5;
 /// Length of the parameter-server message header.
 pub const PS_HEADER_LEN: usize = 16;
 
-/// Which aggregation a server applies to the pushes of one step and shard. Codes below 16
-/// are reserved for dtrain; [`DenseF32`] implements [`Aggregation::SUM`] and
-/// [`Aggregation::MEAN`]. All workers must push the same aggregation for a step and shard.
+/// Which reduction a server applies to the pushes of one step and shard (one byte on the
+/// wire). Codes below 16 are reserved for dtrain; [`DenseF32`] implements
+/// [`Reduction::SUM`] and [`Reduction::MEAN`]. All workers must push the same reduction
+/// for a step and shard.
 ///
 /// [`DenseF32`]: super::DenseF32
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Aggregation(pub u8);
+pub struct Reduction(pub u8);
 
-impl Aggregation {
+impl Reduction {
     /// Element-wise f32 sum, in worker order.
-    pub const SUM: Aggregation = Aggregation(0);
+    pub const SUM: Reduction = Reduction(0);
     /// Element-wise f32 sum in worker order, then divided by the number of workers.
-    pub const MEAN: Aggregation = Aggregation(1);
+    pub const MEAN: Reduction = Reduction(1);
 }
 
-/// A parameter-server message (wire layout: magic, type, aggregation or reason, 0,
+/// A parameter-server message (wire layout: magic, type, reduction or reason, 0,
 /// shard u32, step u64, payload; little-endian).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PsMsg {
@@ -34,8 +35,8 @@ pub enum PsMsg {
         shard: u32,
         /// Step.
         step: u64,
-        /// Aggregation to apply.
-        aggregation: Aggregation,
+        /// Reduction to apply.
+        aggregation: Reduction,
         /// Opaque payload.
         payload: Vec<u8>,
     },
@@ -70,7 +71,7 @@ pub enum PsMsg {
 pub enum AbortKind {
     /// The culprit's transport closed.
     PeerLost = 1,
-    /// The culprit disagrees (different aggregation, different number of steps).
+    /// The culprit disagrees (different reduction, different number of steps).
     Mismatch = 2,
     /// The culprits did not answer in time.
     Timeout = 3,
@@ -148,7 +149,7 @@ impl PsMsg {
             T_PUSH => PsMsg::Push {
                 shard,
                 step,
-                aggregation: Aggregation(b2),
+                aggregation: Reduction(b2),
                 payload,
             },
             T_AGGREGATE => PsMsg::Aggregate {
@@ -213,7 +214,7 @@ mod tests {
             PsMsg::Push {
                 shard: 3,
                 step: 1 << 40,
-                aggregation: Aggregation(77),
+                aggregation: Reduction(77),
                 payload: vec![1, 2, 3],
             },
             PsMsg::Aggregate {

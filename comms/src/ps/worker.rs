@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::layout::{saturating_bound, PsLayout};
-use super::wire::{f32_values, Aggregation, PsMsg};
+use super::wire::{f32_values, PsMsg, Reduction};
 use crate::algo::AlgoError;
 
 /// The aggregate of one step: one payload per shard, in shard order.
@@ -101,11 +101,7 @@ impl WorkerMachine {
     /// Queues the pushes of the next step (one payload per shard); returns the step.
     /// Errors (nothing queued) if the bound does not allow it yet, the worker has left, or
     /// the number of payloads is not the number of shards.
-    pub fn push(
-        &mut self,
-        aggregation: Aggregation,
-        payloads: Vec<Vec<u8>>,
-    ) -> Result<u64, String> {
+    pub fn push(&mut self, aggregation: Reduction, payloads: Vec<Vec<u8>>) -> Result<u64, String> {
         if payloads.len() != self.layout.num_shards() {
             return Err(format!(
                 "{} payloads for {} shards",
@@ -242,11 +238,11 @@ mod tests {
         let l = layout(1, 2, 4);
         let mut w = WorkerMachine::new(l, 1);
         let p = || vec![vec![0u8; 8], vec![0u8; 8]];
-        assert_eq!(w.push(Aggregation::SUM, p()).unwrap(), 0);
-        assert_eq!(w.push(Aggregation::SUM, p()).unwrap(), 1);
+        assert_eq!(w.push(Reduction::SUM, p()).unwrap(), 0);
+        assert_eq!(w.push(Reduction::SUM, p()).unwrap(), 1);
         assert!(!w.can_push());
-        assert!(w.push(Aggregation::SUM, p()).is_err());
-        assert!(w.push(Aggregation::SUM, vec![]).is_err());
+        assert!(w.push(Reduction::SUM, p()).is_err());
+        assert!(w.push(Reduction::SUM, vec![]).is_err());
         assert_eq!(std::iter::from_fn(|| w.poll_transmit()).count(), 4);
         let agg = |shard, step| PsMsg::Aggregate {
             shard,
