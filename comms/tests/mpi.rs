@@ -17,7 +17,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::*;
-use dtrain_comms::ps::{Aggregation, DenseF32, PsConfig, PsLayout, PsNode};
+use dtrain_comms::ps::{DenseF32, PsConfig, PsLayout, PsNode, Reduction};
 use dtrain_comms::wire::Algo;
 use dtrain_comms::{
     segment_range, CommConfig, CommError, Communicator, MpiCollectives, MpiTransport, ReduceOp,
@@ -276,7 +276,7 @@ fn parameter_server(sub: &SimpleCommunicator, world: usize) {
         let workers = layout.workers().len();
         let mut got = Vec::new();
         for step in 0..3u64 {
-            got.extend(node.step_dense(&grads(step, wi), Aggregation::SUM).unwrap());
+            got.extend(node.step_dense(&grads(step, wi), Reduction::SUM).unwrap());
         }
         got.extend(node.finish().unwrap());
         assert_eq!(got.len(), 3);

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use dtrain_comms::ps::{
-    Aggregate, AggregateError, Aggregation, Aggregator, DenseF32, PsConfig, PsLayout, PsMsg,
-    PsNode, ServerMachine, ShardPushes,
+    Aggregate, AggregateError, Aggregator, DenseF32, PsConfig, PsLayout, PsMsg, PsNode, Reduction,
+    ServerMachine, ShardPushes,
 };
 use dtrain_comms::{channel_mesh, CommError, Transport};
 
@@ -51,20 +51,20 @@ fn grad(step: u64, w: usize, len: usize) -> Vec<f32> {
 
 /// The aggregate every worker must get: sum in worker order (then mean, if asked), as
 /// [`DenseF32`] computes it per element.
-fn reference(step: u64, workers: usize, len: usize, agg: Aggregation) -> Vec<f32> {
+fn reference(step: u64, workers: usize, len: usize, agg: Reduction) -> Vec<f32> {
     let inputs: Vec<Vec<f32>> = (0..workers).map(|w| grad(step, w, len)).collect();
     let mut s = rank_order_sum(&inputs);
-    if agg == Aggregation::MEAN {
+    if agg == Reduction::MEAN {
         s.iter_mut().for_each(|x| *x /= workers as f32);
     }
     s
 }
 
-fn agg_of(step: u64) -> Aggregation {
+fn agg_of(step: u64) -> Reduction {
     if step % 2 == 0 {
-        Aggregation::SUM
+        Reduction::SUM
     } else {
-        Aggregation::MEAN
+        Reduction::MEAN
     }
 }
 
@@ -194,10 +194,7 @@ fn check_ssp(
                 }
                 thread::sleep(Duration::from_micros(delay_us(wi, t)));
                 c2.lock().unwrap()[wi] = t + 1;
-                got.extend(
-                    node.step_dense(&grad(t, wi, len), Aggregation::SUM)
-                        .unwrap(),
-                );
+                got.extend(node.step_dense(&grad(t, wi, len), Reduction::SUM).unwrap());
                 // Sees every step up to t - s, nothing it has not pushed.
                 let seen = got.len() as u64;
                 assert!(
@@ -215,7 +212,7 @@ fn check_ssp(
             assert_eq!(a.step, t as u64);
             assert_eq!(
                 bits(&a.dense()),
-                bits(&reference(t as u64, w, len, Aggregation::SUM))
+                bits(&reference(t as u64, w, len, Reduction::SUM))
             );
         }
     }
@@ -290,7 +287,7 @@ fn run_failure(
                 return Some((e, start.elapsed()));
             };
             for t in 0..1000 {
-                if let Err(e) = node.step_dense(&grad(t, wi, len), Aggregation::SUM) {
+                if let Err(e) = node.step_dense(&grad(t, wi, len), Reduction::SUM) {
                     let took = start.elapsed();
                     // The node stays failed.
                     assert!(matches!(node.finish(), Err(CommError::Poisoned(_))));
@@ -319,7 +316,7 @@ fn dead_worker_is_named_by_every_rank() {
         let start = Instant::now();
         let out = run_failure(&l, cfg5(), victim, start, move |node| {
             // One step, then the worker dies (its transport is dropped).
-            node.step_dense(&grad(0, victim, 100), Aggregation::SUM)
+            node.step_dense(&grad(0, victim, 100), Reduction::SUM)
                 .unwrap();
         });
         expect_named(out, victim, Duration::from_secs(3), |e| {
@@ -365,7 +362,7 @@ fn custom_aggregators_get_opaque_payloads_in_worker_order() {
     let l = layout(3, 2, true, 10);
     let concat = || {
         |i: &ShardPushes<'_>| -> Result<Vec<u8>, AggregateError> {
-            assert_eq!(i.aggregation, Aggregation(42));
+            assert_eq!(i.aggregation, Reduction(42));
             let mut v = vec![i.shard as u8];
             for (w, p) in i.pushes {
                 v.push(*w as u8);
@@ -377,7 +374,7 @@ fn custom_aggregators_get_opaque_payloads_in_worker_order() {
     let out = run_nodes(channel_mesh(3), &l, &PsConfig::default(), concat, |node| {
         let me = node.rank() as u8;
         let got = node
-            .step(vec![vec![me; me as usize], vec![100 + me]], Aggregation(42))
+            .step(vec![vec![me; me as usize], vec![100 + me]], Reduction(42))
             .unwrap();
         node.finish().unwrap();
         got
@@ -405,7 +402,7 @@ fn a_payload_the_aggregator_rejects_is_blamed_on_its_worker_everywhere() {
             };
             // Worker 1 sends one element too few.
             let n = if wi == 1 { 7 } else { 8 };
-            node.step(vec![vec![0; 4 * n]], Aggregation::SUM)
+            node.step(vec![vec![0; 4 * n]], Reduction::SUM)
                 .and_then(|_| node.finish())
                 .unwrap_err()
         },
@@ -427,21 +424,21 @@ fn invalid_calls_are_refused_without_poisoning() {
     let t = channel_mesh(1).pop().unwrap();
     let mut node = PsNode::new(t, l, PsConfig::default(), DenseF32).unwrap();
     assert!(matches!(
-        node.step_dense(&[1.0; 3], Aggregation::SUM),
+        node.step_dense(&[1.0; 3], Reduction::SUM),
         Err(CommError::InvalidArgument(_))
     ));
     assert!(matches!(
-        node.step(vec![], Aggregation::SUM),
+        node.step(vec![], Reduction::SUM),
         Err(CommError::InvalidArgument(_))
     ));
     assert!(matches!(node.pull(0), Err(CommError::InvalidArgument(_))));
     let got = node
-        .step_dense(&[1.0, 2.0, 3.0, 4.0], Aggregation::SUM)
+        .step_dense(&[1.0, 2.0, 3.0, 4.0], Reduction::SUM)
         .unwrap();
     assert_eq!(got[0].dense(), vec![1.0, 2.0, 3.0, 4.0]);
     assert!(node.try_pull().unwrap().is_empty());
     node.finish().unwrap();
-    assert!(node.step_dense(&[0.0; 4], Aggregation::SUM).is_err());
+    assert!(node.step_dense(&[0.0; 4], Reduction::SUM).is_err());
     // A layout whose world size differs from the transport's.
     let l2 = layout(2, 1, false, 4);
     let t = channel_mesh(1).pop().unwrap();
@@ -524,7 +521,7 @@ fn clocks_start_at_the_first_step_of_a_resumed_run() {
             PsMsg::Push {
                 shard: 0,
                 step: 0,
-                aggregation: Aggregation::SUM,
+                aggregation: Reduction::SUM,
                 payload: dtrain_comms::ps::f32_payload(&[0.0; 4]),
             },
         )

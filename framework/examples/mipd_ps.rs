@@ -30,8 +30,8 @@ use std::thread;
 use std::time::Duration;
 
 use dtrain_comms::ps::{
-    f32_payload, Aggregate, AggregateError, Aggregation, Aggregator, DenseF32, PsConfig, PsLayout,
-    PsNode, ShardPushes,
+    f32_payload, Aggregate, AggregateError, Aggregator, DenseF32, PsConfig, PsLayout, PsNode,
+    Reduction, ShardPushes,
 };
 use dtrain_comms::{channel_mesh, Transport};
 use dtrain_compress::mipd::{Halves, MipdConfig, MipdServerConfig, Significance};
@@ -276,7 +276,7 @@ fn run(mode: &Mode, task: &Task, workers: usize, steps: u64) -> Row {
                             (0..layout.num_shards())
                                 .map(|j| f32_payload(&g[layout.shard_range(j)]))
                                 .collect(),
-                            Aggregation::SUM,
+                            Reduction::SUM,
                         ),
                         Some(w) => (w.payloads(&params, &g).expect("encode"), MIPD_AGGREGATION),
                     };

@@ -27,7 +27,7 @@
 use std::ops::Range;
 
 use dtrain_comms::ps::{
-    Aggregate, AggregateError, Aggregation, Aggregator, PsLayout, PsNode, ShardPushes,
+    Aggregate, AggregateError, Aggregator, PsLayout, PsNode, Reduction, ShardPushes,
 };
 use dtrain_comms::{CommError, Transport};
 use dtrain_compress::compressor::effective_segments;
@@ -38,10 +38,10 @@ use dtrain_compress::mipd::{
 };
 use dtrain_compress::{decompress, CompressError, ConfigError, Memory, WireError};
 
-/// The PS aggregation code of MIPD pushes. Codes below 16 are reserved for dtrain's own
-/// aggregations in [`dtrain_comms::ps`] (which must not depend on compress), so MIPD takes
+/// The PS reduction code of MIPD pushes. Codes below 16 are reserved for dtrain's own
+/// reductions in [`dtrain_comms::ps`] (which must not depend on compress), so MIPD takes
 /// the first code above them.
-pub const MIPD_AGGREGATION: Aggregation = Aggregation(16);
+pub const MIPD_AGGREGATION: Reduction = Reduction(16);
 
 fn check_layers(layout: &PsLayout, layers: &[Range<usize>]) -> Result<(), ConfigError> {
     effective_segments(layout.len(), layers)
@@ -375,7 +375,7 @@ mod tests {
             aggregation,
             pushes,
         };
-        let e = agg.aggregate(&mk(Aggregation::SUM, 1, &bad)).unwrap_err();
+        let e = agg.aggregate(&mk(Reduction::SUM, 1, &bad)).unwrap_err();
         assert_eq!(e.worker, 0);
         let e = agg.aggregate(&mk(MIPD_AGGREGATION, 1, &bad)).unwrap_err();
         assert_eq!(e.worker, 0);

@@ -55,7 +55,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dtrain_comms::ps::{
-    Aggregate, AggregateError, Aggregation, Aggregator, DenseF32, PsConfig, PsLayout, PsNode,
+    Aggregate, AggregateError, Aggregator, DenseF32, PsConfig, PsLayout, PsNode, Reduction,
     ShardPushes,
 };
 use dtrain_comms::{CommError, Transport};
@@ -84,10 +84,10 @@ enum ServerKind {
     Compressed(Box<dyn Compressor>),
 }
 
-/// Aggregation code of compressed pushes (any method but none, MIPD and ScaleCom): a
+/// Reduction code of compressed pushes (any method but none, MIPD and ScaleCom): a
 /// payload of the run's compression method per worker; the server decodes, sums in worker
 /// order and returns the mean as f32.
-pub const COMPRESSED_MEAN: Aggregation = Aggregation(17);
+pub const COMPRESSED_MEAN: Reduction = Reduction(17);
 
 /// The mean of the workers' compressed payloads of one shard (see [`COMPRESSED_MEAN`]).
 fn compressed_mean(c: &dyn Compressor, input: &ShardPushes<'_>) -> Result<Vec<u8>, AggregateError> {
@@ -442,12 +442,12 @@ impl<T: Transport> PsState<T> {
         let before = self.node.transport().bytes();
         let t0 = Instant::now();
         let layout = self.node.layout().clone();
-        let (payloads, aggregation): (Vec<Vec<u8>>, Aggregation) = match &mut self.codec {
+        let (payloads, aggregation): (Vec<Vec<u8>>, Reduction) = match &mut self.codec {
             Codec::Dense => (
                 (0..layout.num_shards())
                     .map(|j| dtrain_comms::ps::f32_payload(&grad[layout.shard_range(j)]))
                     .collect(),
-                Aggregation::MEAN,
+                Reduction::MEAN,
             ),
             Codec::Mipd { worker: w, params } => {
                 read_params(params);

@@ -20,6 +20,8 @@
 //! wakes if the sleeper's flag is set; the sleeper reads the word *before* looking for
 //! work, sets its flag, re-reads the word and only then sleeps on the value it first read
 //! — so a change made after it looked is either seen or wakes it (all `SeqCst`).
+//! Before setting its flag, a sleeper may spin on the word for a while
+//! ([`spin_until_changed`]).
 
 use std::fs::OpenOptions;
 use std::io;
@@ -27,6 +29,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::sys::{self, futex_wake, Mapping, Shared};
 use crate::transport::TransportError;
@@ -59,6 +62,25 @@ impl Wake {
         self.word.fetch_add(1, SeqCst);
         if self.sleeping.load(SeqCst) != 0 {
             futex_wake(&self.word);
+        }
+    }
+}
+
+/// Spins until `word` differs from `seen` or `spin` passes; returns whether it changed.
+pub(crate) fn spin_until_changed(word: &AtomicU32, seen: u32, spin: Duration) -> bool {
+    if spin.is_zero() {
+        return false;
+    }
+    let end = Instant::now() + spin;
+    loop {
+        for _ in 0..64 {
+            if word.load(Relaxed) != seen {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if Instant::now() >= end {
+            return false;
         }
     }
 }
