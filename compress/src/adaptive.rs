@@ -41,6 +41,8 @@ use serde::{Deserialize, Serialize};
 use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::dropping::gather_at_least;
 use crate::error::{ConfigError, WireError};
+use crate::memory::MemoryConfig;
+use crate::registry::Method;
 use crate::rng::Rng;
 use crate::select::{abs_key, top_k, Scratch};
 use crate::threshold::{read_sign_words_add, write_sign_words, MAX_SIGN_WORD_SEGMENT};
@@ -76,6 +78,20 @@ impl Default for AdaptiveThresholdConfig {
             proportion: default_proportion(),
             sampled: false,
         }
+    }
+}
+
+impl Method for AdaptiveThresholdConfig {
+    const NAME: &'static str = "adaptive-threshold";
+    const ABOUT: &'static str = "Dryden's adaptive threshold: top 1/proportion of each sign, sent as sign words, reconstructed as per-sign means";
+    const ID: MethodId = MethodId(6);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(Box::new(self.init()?))
+    }
+
+    fn default_memory(&self) -> MemoryConfig {
+        MemoryConfig::RESIDUAL
     }
 }
 
@@ -331,7 +347,7 @@ impl AdaptiveThreshold {
 
 impl Compressor for AdaptiveThreshold {
     fn method(&self) -> MethodId {
-        MethodId::AdaptiveThreshold
+        AdaptiveThresholdConfig::ID
     }
     fn aggregation(&self) -> Aggregation {
         Aggregation::Gather
@@ -369,8 +385,8 @@ impl Compressor for AdaptiveThreshold {
 mod tests {
     use super::*;
     use crate::compressor::{decompress, HEADER_BITS};
-    use crate::config::CompressorConfig;
     use crate::threshold::test_support::*;
+    use crate::CompressorConfig;
 
     fn build(proportion: u32, sampled: bool) -> AdaptiveThreshold {
         AdaptiveThresholdConfig {
@@ -612,7 +628,7 @@ mod tests {
     fn decoder_rejects_bad_means() {
         let c = build(2, false);
         let body = |mp: f32, mn: f32| {
-            let mut b = vec![0xD7, 1, MethodId::AdaptiveThreshold as u8, 0];
+            let mut b = vec![0xD7, 1, AdaptiveThresholdConfig::ID.0, 0];
             b.extend(4u32.to_le_bytes());
             b.extend(1u32.to_le_bytes());
             b.extend(mp.to_le_bytes());

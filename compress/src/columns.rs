@@ -23,7 +23,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, Ctx, MethodId};
+use crate::error::ConfigError;
 use crate::error::WireError;
+use crate::registry::Method;
 use crate::rng::Rng;
 use crate::wire::{f32_at, u32_at, Reader, Writer};
 
@@ -34,6 +36,17 @@ const COLUMNS: u8 = 1;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ColumnsConfig {}
+
+impl Method for ColumnsConfig {
+    const NAME: &'static str = "columns";
+    const ABOUT: &'static str =
+        "lossless column-sparse encoding of 2-D gradients (meProp's dW: k columns + in×k values)";
+    const ID: MethodId = MethodId(16);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(Box::new(self.init()))
+    }
+}
 
 impl ColumnsConfig {
     /// Builds the compressor.
@@ -70,7 +83,7 @@ impl Columns {
 
 impl Compressor for Columns {
     fn method(&self) -> MethodId {
-        MethodId::Columns
+        ColumnsConfig::ID
     }
 
     fn aggregation(&self) -> Aggregation {

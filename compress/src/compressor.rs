@@ -51,27 +51,20 @@ pub enum Aggregation {
     Gather,
 }
 
-/// Stable one-byte identifiers of the methods, written into every payload header.
+/// A method's stable one-byte identifier, written into every payload header. Each method
+/// declares its own ([`crate::Method::ID`]); the registry's tests check that no two
+/// registered methods share one, and 0 is never used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-#[allow(missing_docs)]
-pub enum MethodId {
-    None = 1,
-    Fp16 = 2,
-    TopK = 3,
-    RandomK = 4,
-    Threshold = 5,
-    AdaptiveThreshold = 6,
-    GradientDropping = 7,
-    Qsgd = 8,
-    TernGrad = 9,
-    OneBit = 10,
-    RangeFloat = 11,
-    Fft = 12,
-    Dgc = 13,
-    ScaleCom = 14,
-    Mipd = 15,
-    Columns = 16,
+pub struct MethodId(pub u8);
+
+impl std::fmt::Display for MethodId {
+    /// The registered method's name and the byte, e.g. `topk (id 3)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match crate::MethodInfo::by_id(*self) {
+            Some(m) => write!(f, "{} (id {})", m.name, self.0),
+            None => write!(f, "unregistered method id {}", self.0),
+        }
+    }
 }
 
 /// Per-call context: where this buffer sits in the training run.
@@ -345,7 +338,7 @@ pub trait Compressor: Send {
         match state.keys().next() {
             None => Ok(()),
             Some(k) => Err(format!(
-                "method {:?} carries no state, but the checkpoint has {k:?}",
+                "method {} carries no state, but the checkpoint has {k:?}",
                 self.method()
             )),
         }
@@ -443,9 +436,9 @@ pub fn read_frame(
 ) -> Result<(Reader<'_>, Vec<Range<usize>>), WireError> {
     let mut r = Reader::new(bytes);
     let h = Header::parse(&mut r)?;
-    if h.method != method as u8 {
+    if h.method != method.0 {
         return Err(WireError::WrongMethod {
-            expected: method as u8,
+            expected: method.0,
             found: h.method,
         });
     }
@@ -491,7 +484,7 @@ pub(crate) fn write_frame_header(
 ) {
     w.u8(MAGIC);
     w.u8(VERSION);
-    w.u8(method as u8);
+    w.u8(method.0);
     w.u8(0);
     w.u32(n as u32);
     w.u32(segs.len() as u32);
@@ -570,9 +563,9 @@ pub fn decompress_sum_add(
 pub fn decompress_add(c: &dyn Compressor, bytes: &[u8], out: &mut [f32]) -> Result<(), WireError> {
     let mut r = Reader::new(bytes);
     let h = Header::parse(&mut r)?;
-    if h.method != c.method() as u8 {
+    if h.method != c.method().0 {
         return Err(WireError::WrongMethod {
-            expected: c.method() as u8,
+            expected: c.method().0,
             found: h.method,
         });
     }
@@ -623,9 +616,9 @@ pub fn decompress_add(c: &dyn Compressor, bytes: &[u8], out: &mut [f32]) -> Resu
 pub fn summable_lanes(c: &dyn Compressor, bytes: &[u8]) -> Result<Vec<Range<usize>>, WireError> {
     let mut r = Reader::new(bytes);
     let h = Header::parse(&mut r)?;
-    if h.method != c.method() as u8 {
+    if h.method != c.method().0 {
         return Err(WireError::WrongMethod {
-            expected: c.method() as u8,
+            expected: c.method().0,
             found: h.method,
         });
     }
@@ -783,7 +776,7 @@ mod tests {
 
     #[test]
     fn exchanger_hooks_default_to_not_applicable() {
-        for m in crate::config::METHODS {
+        for m in crate::METHODS {
             let mut c = (m.default)().build().unwrap();
             let ctx = Ctx::default();
             let two_phase = m.name == "scalecom";

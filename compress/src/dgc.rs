@@ -44,7 +44,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, Ctx, MethodId};
 use crate::error::{ConfigError, WireError};
-use crate::memory::Memory;
+use crate::memory::{Memory, MemoryConfig};
+use crate::registry::{Method, RunFacts};
 use crate::rng::Rng;
 use crate::select::abs_key;
 use crate::sparse;
@@ -232,6 +233,33 @@ impl Default for DgcConfig {
             min_sparse_len: default_min_sparse(),
             steps_per_epoch: 0,
             warmup: Warmup::None,
+        }
+    }
+}
+
+impl Method for DgcConfig {
+    const NAME: &'static str = "dgc";
+    const ABOUT: &'static str =
+        "DGC: sampled-threshold top-k, momentum-corrected memory, warm-up schedule";
+    const ID: MethodId = MethodId(13);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(Box::new(self.init()?))
+    }
+
+    fn default_memory(&self) -> MemoryConfig {
+        MemoryConfig::DgcMomentum {
+            momentum: 0.9,
+            nesterov: false,
+            masking: true,
+            clip: Clip::None,
+        }
+    }
+
+    /// The warm-up counts epochs: `steps_per_epoch` comes from the run when unset.
+    fn resolve(&mut self, run: &RunFacts) {
+        if self.steps_per_epoch == 0 {
+            self.steps_per_epoch = run.steps_per_epoch;
         }
     }
 }
@@ -469,7 +497,7 @@ pub fn select_sampled(
 
 impl Compressor for Dgc {
     fn method(&self) -> MethodId {
-        MethodId::Dgc
+        DgcConfig::ID
     }
     fn ratio_metric(&self) -> Option<(&'static str, f64)> {
         Some(("density", self.density))
@@ -1167,7 +1195,7 @@ mod tests {
 
     #[test]
     fn registry_config_with_warmup_round_trips_through_toml() {
-        use crate::config::CompressorConfig;
+        use crate::CompressorConfig;
         for text in [
             "kind = \"dgc\"\nsteps_per_epoch = 100\n[warmup]\nkind = \"exponential\"\n",
             "kind = \"dgc\"\nratio = 0.01\nadaptation = \"synxlin\"\nsteps_per_epoch = 5\n[warmup]\nkind = \"list\"\nsparsity = [0.5, 0.9]\n",
@@ -1310,7 +1338,7 @@ mod tests {
                     let len = rng.below(64) as usize;
                     b = (0..len).map(|_| rng.next_u64() as u8).collect();
                     if len > 4 {
-                        b[..4].copy_from_slice(&[0xD7, 1, MethodId::Dgc as u8, 0]);
+                        b[..4].copy_from_slice(&[0xD7, 1, DgcConfig::ID.0, 0]);
                     }
                 }
             }

@@ -42,6 +42,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, Ctx, MethodId};
 use crate::error::{ConfigError, WireError};
+use crate::memory::MemoryConfig;
+use crate::registry::Method;
 use crate::rng::Rng;
 use crate::select::{abs_key, top_k, Scratch};
 use crate::sparse;
@@ -105,6 +107,20 @@ impl Default for GradientDroppingConfig {
             scope: ThresholdScope::Tensor,
             one_bit: false,
         }
+    }
+}
+
+impl Method for GradientDroppingConfig {
+    const NAME: &'static str = "gradient-dropping";
+    const ABOUT: &'static str = "Aji & Heafield gradient dropping: drop the drop_ratio smallest |p| (sampled or exact threshold, per tensor or global)";
+    const ID: MethodId = MethodId(7);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(Box::new(self.init()?))
+    }
+
+    fn default_memory(&self) -> MemoryConfig {
+        MemoryConfig::RESIDUAL
     }
 }
 
@@ -271,7 +287,7 @@ impl GradientDropping {
 
 impl Compressor for GradientDropping {
     fn method(&self) -> MethodId {
-        MethodId::GradientDropping
+        GradientDroppingConfig::ID
     }
     fn ratio_metric(&self) -> Option<(&'static str, f64)> {
         Some(("density", self.keep))
@@ -316,8 +332,8 @@ impl Compressor for GradientDropping {
 mod tests {
     use super::*;
     use crate::compressor::{compress_new, decompress, HEADER_BITS};
-    use crate::config::CompressorConfig;
     use crate::threshold::test_support::*;
+    use crate::CompressorConfig;
 
     fn cfg(
         drop_ratio: f64,
@@ -599,7 +615,7 @@ mod tests {
     fn one_bit_decoder_rejects_malformed_bodies() {
         let c = cfg(0.5, true, ThresholdScope::Tensor, true).init().unwrap();
         let body = |mp: f32, mn: f32, idx: &[u32], signs: u8| {
-            let mut b = vec![0xD7, 1, MethodId::GradientDropping as u8, 0];
+            let mut b = vec![0xD7, 1, GradientDroppingConfig::ID.0, 0];
             b.extend(4u32.to_le_bytes());
             b.extend(1u32.to_le_bytes());
             b.extend(mp.to_le_bytes());

@@ -55,6 +55,7 @@ use crate::error::{ConfigError, WireError};
 use crate::rangefloat::{
     default_exp_bits, default_mantissa_bits, emax_of, RfDecoder, RfEncoder, RfFormat, Rounding,
 };
+use crate::registry::{Collective, Method, RunFacts, RunUse};
 use crate::rng::Rng;
 use crate::schedule::ThetaSchedule;
 use crate::select::{top_k, Scratch};
@@ -152,6 +153,37 @@ fn check_theta(theta: f64) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
+}
+
+impl Method for FftConfig {
+    const NAME: &'static str = "fft";
+    const ABOUT: &'static str =
+        "FFT sparsification: keep the (1-theta) highest-energy rfft bins, RF-quantized";
+    const ID: MethodId = MethodId(12);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(Box::new(self.init()?))
+    }
+
+    /// The θ schedule counts epochs: `steps_per_epoch` comes from the run when unset.
+    fn resolve(&mut self, run: &RunFacts) {
+        if self.steps_per_epoch == 0 {
+            self.steps_per_epoch = run.steps_per_epoch;
+        }
+    }
+
+    /// A sparse all-reduce would carry FFT's dense reconstruction densely.
+    fn check(&self, run: &RunUse<'_>) -> Result<(), ConfigError> {
+        if run.collective == Collective::SparseAllReduce {
+            return Err(ConfigError::new(
+                "collective",
+                "fft reconstructs a dense gradient, so a sparse all-reduce would carry it \
+                 densely; fft payloads are gathered and decoded with one inverse transform \
+                 (collective = \"allgather\")",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl FftConfig {
@@ -619,7 +651,7 @@ fn pow2_f32(e: i32) -> f32 {
 
 impl Compressor for Fft {
     fn method(&self) -> MethodId {
-        MethodId::Fft
+        FftConfig::ID
     }
     fn aggregation(&self) -> Aggregation {
         Aggregation::Gather
@@ -770,7 +802,7 @@ impl FftSum<'_> {
         if self.failed {
             return Err(WireError::Invalid("fft sum already failed"));
         }
-        let (mut r, segs) = read_frame(MethodId::Fft, bytes, self.n)?;
+        let (mut r, segs) = read_frame(FftConfig::ID, bytes, self.n)?;
         match &self.segs {
             None => {
                 let total: usize = segs

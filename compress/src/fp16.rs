@@ -9,7 +9,9 @@ use half::slice::HalfFloatSliceExt;
 use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, MethodId};
+use crate::error::ConfigError;
 use crate::error::WireError;
+use crate::registry::Method;
 use crate::rng::Rng;
 use crate::wire::{Reader, Writer};
 
@@ -17,6 +19,16 @@ use crate::wire::{Reader, Writer};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fp16Config {}
+
+impl Method for Fp16Config {
+    const NAME: &'static str = "fp16";
+    const ABOUT: &'static str = "IEEE half precision (16 bits/element)";
+    const ID: MethodId = MethodId(2);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(Box::new(self.init()))
+    }
+}
 
 impl Fp16Config {
     /// Builds the compressor.
@@ -35,7 +47,7 @@ const BLOCK: usize = 4096;
 
 impl Compressor for Fp16 {
     fn method(&self) -> MethodId {
-        MethodId::Fp16
+        Fp16Config::ID
     }
     fn aggregation(&self) -> Aggregation {
         Aggregation::Dense

@@ -14,7 +14,9 @@
 //! * [`memory`]: the error-feedback seam ([`Memory`]): none, residual (β, γ), DGC momentum
 //!   correction, ScaleCom low-pass.
 //! * [`pipeline`]: compressor + memory composed as the trainer uses them.
-//! * [`config`]: the registry, a serde enum tagged `kind` ([`CompressorConfig`]).
+//! * [`registry`]: the [`Method`] trait each method's config implements, and what the
+//!   one-line registration generates: [`CompressorConfig`] (a `[compress]` table tagged
+//!   `kind`) and [`METHODS`]; also the [`Collective`] a run records per bucket.
 //! * One file per method: [`none`], [`fp16`], [`topk`], [`randomk`], [`dgc`],
 //!   [`scalecom`], …
 //! * [`meprop`]: top-k column selection for meProp-style sparse back-propagation.
@@ -37,56 +39,74 @@
 //! ```
 //!
 //! ## Adding a compressor
-//! 1. Write `src/mymethod.rs` with a `MyMethodConfig` (serde, `deny_unknown_fields`,
-//!    documented defaults, an `init()` that validates and returns `Result<MyMethod,
-//!    ConfigError>`) and a `MyMethod` implementing [`Compressor`]: `encode_segment` writes
-//!    one segment's body with the [`wire::Writer`]; `decode_segment_add` reads it back with
-//!    the bounds-checked [`wire::Reader`] and adds into the output, returning a
-//!    [`WireError`] (never panicking) on malformed bytes; `segment_bits` returns the exact
-//!    size formula when it depends only on `n`. Add a [`MethodId`] byte.
-//! 2. Add one variant to [`CompressorConfig`] (and its arms in `name`, `build`,
-//!    `default_memory`) and one [`config::METHODS`] entry. The shared property suite
-//!    (`tests/properties.rs`) and the wire fuzz test pick the method up from `METHODS`
-//!    automatically; `dtrain bench compress` lists it too.
-//! 3. Put the method's own tests from ALGORITHMS.md at the bottom of its file.
+//! One file and two lines of this file: see `compress/README.md` for the worked example.
+//! In short, `src/mymethod.rs` holds `MyMethodConfig` (serde, `deny_unknown_fields`,
+//! documented defaults) implementing [`Method`] (name, description, wire id, `build`,
+//! default memory, what it derives from the run and what it refuses), and `MyMethod`
+//! implementing [`Compressor`]; then `pub mod mymethod;` and `MyMethod(mymethod::MyMethodConfig),`
+//! in the `methods!` list below. The property suite (`tests/properties.rs`), the wire fuzz
+//! test, `dtrain list` and `dtrain bench compress` pick the method up from [`METHODS`].
 
-pub mod columns;
+// The seams and helpers.
 pub mod compressor;
-pub mod config;
-pub mod dgc;
 pub mod error;
-pub mod fft;
-pub mod fp16;
 pub mod memory;
 pub mod meprop;
-pub mod mipd;
-pub mod none;
 pub mod pipeline;
-pub mod randomk;
-pub mod rangefloat;
+#[macro_use]
+pub mod registry;
 pub mod rng;
-pub mod scalecom;
 pub mod schedule;
 pub mod select;
 pub mod sparse;
-pub mod topk;
-pub mod wire;
-
-pub mod adaptive;
-pub mod dropping;
-pub mod onebit;
-pub mod qsgd;
-pub mod terngrad;
 #[cfg(test)]
 mod test_util;
+pub mod wire;
+
+// The methods: a `mod` line each, and one registry line each below.
+pub mod adaptive;
+pub mod columns;
+pub mod dgc;
+pub mod dropping;
+pub mod fft;
+pub mod fp16;
+pub mod mipd;
+pub mod none;
+pub mod onebit;
+pub mod qsgd;
+pub mod randomk;
+pub mod rangefloat;
+pub mod scalecom;
+pub mod terngrad;
 pub mod threshold;
+pub mod topk;
+
+// The registry, in listing order (`dtrain list`).
+methods! {
+    None(none::NoneConfig),
+    Fp16(fp16::Fp16Config),
+    TopK(topk::TopKConfig),
+    RandomK(randomk::RandomKConfig),
+    Qsgd(qsgd::QsgdConfig),
+    TernGrad(terngrad::TernGradConfig),
+    OneBit(onebit::OneBitConfig),
+    Threshold(threshold::ThresholdConfig),
+    AdaptiveThreshold(adaptive::AdaptiveThresholdConfig),
+    GradientDropping(dropping::GradientDroppingConfig),
+    Dgc(dgc::DgcConfig),
+    ScaleCom(scalecom::ScaleComConfig),
+    RangeFloat(rangefloat::RangeFloatConfig),
+    Fft(fft::FftConfig),
+    Mipd(mipd::MipdConfig),
+    Columns(columns::ColumnsConfig),
+}
 
 pub use compressor::{
     compress, compress_new, decompress, decompress_add, decompress_sum_add, payload_bits,
     sum_lanes, summable_lanes, Aggregation, Compressor, Ctx, MethodId, Payload, HEADER_BITS,
 };
-pub use config::{CompressorConfig, METHODS};
 pub use error::{CompressError, ConfigError, WireError};
 pub use memory::{Memory, MemoryConfig};
 pub use pipeline::Pipeline;
+pub use registry::{Collective, Method, MethodInfo, RunFacts, RunUse};
 pub use rng::Rng;

@@ -5,7 +5,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, MethodId};
+use crate::error::ConfigError;
 use crate::error::WireError;
+use crate::registry::Method;
 use crate::rng::Rng;
 use crate::wire::{f32_at, Reader, Writer};
 
@@ -13,6 +15,20 @@ use crate::wire::{f32_at, Reader, Writer};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NoneConfig {}
+
+impl Method for NoneConfig {
+    const NAME: &'static str = "none";
+    const ABOUT: &'static str = "uncompressed fp32 (32 bits/element)";
+    const ID: MethodId = MethodId(1);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(Box::new(self.init()))
+    }
+
+    fn passthrough(&self) -> bool {
+        true
+    }
+}
 
 impl NoneConfig {
     /// Builds the compressor.
@@ -27,7 +43,7 @@ pub struct NoCompression;
 
 impl Compressor for NoCompression {
     fn method(&self) -> MethodId {
-        MethodId::None
+        NoneConfig::ID
     }
     fn aggregation(&self) -> Aggregation {
         Aggregation::Dense

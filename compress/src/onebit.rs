@@ -25,6 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
+use crate::memory::MemoryConfig;
+use crate::registry::Method;
 use crate::rng::Rng;
 use crate::wire::{f32_at, Reader, Writer};
 
@@ -36,6 +38,21 @@ pub struct OneBitConfig {
     /// each segment is a single column.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub column: Option<usize>,
+}
+
+impl Method for OneBitConfig {
+    const NAME: &'static str = "onebit";
+    const ABOUT: &'static str =
+        "1-bit SGD: sign bit + per-column means (1 + 64/c bits/element), error feedback";
+    const ID: MethodId = MethodId(10);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(Box::new(self.init()?))
+    }
+
+    fn default_memory(&self) -> MemoryConfig {
+        MemoryConfig::RESIDUAL
+    }
 }
 
 impl OneBitConfig {
@@ -114,7 +131,7 @@ fn column_means(x: &[f32]) -> (f32, f32) {
 
 impl Compressor for OneBit {
     fn method(&self) -> MethodId {
-        MethodId::OneBit
+        OneBitConfig::ID
     }
     fn aggregation(&self) -> Aggregation {
         Aggregation::Gather

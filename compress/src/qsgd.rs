@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
+use crate::registry::Method;
 use crate::rng::Rng;
 use crate::wire::{
     bytes_for_bits, elias_gamma_len, elias_gamma_put, f32_at, BitReader, BitWriter, GammaReader,
@@ -112,6 +113,17 @@ pub fn code_width(s: u32) -> u32 {
 
 /// Widths up to this use a per-bucket lookup table in the decoder.
 const TABLE_MAX_WIDTH: u32 = 9;
+
+impl Method for QsgdConfig {
+    const NAME: &'static str = "qsgd";
+    const ABOUT: &'static str =
+        "QSGD unbiased stochastic quantization, s levels per bucket norm (fixed or Elias)";
+    const ID: MethodId = MethodId(8);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(Box::new(self.init()?))
+    }
+}
 
 impl QsgdConfig {
     /// Checks the parameters and builds the compressor.
@@ -647,7 +659,7 @@ impl Qsgd {
 
 impl Compressor for Qsgd {
     fn method(&self) -> MethodId {
-        MethodId::Qsgd
+        QsgdConfig::ID
     }
     fn aggregation(&self) -> Aggregation {
         Aggregation::Gather

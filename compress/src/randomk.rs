@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, Ctx, MethodId};
 use crate::error::{ConfigError, WireError};
+use crate::registry::Method;
 use crate::rng::{derive_seed, Rng};
 use crate::topk::{check_ratio, k_for};
 use crate::wire::{f32_at, Reader, Writer};
@@ -49,6 +50,17 @@ impl Default for RandomKConfig {
             shared: true,
             seed: 0,
         }
+    }
+}
+
+impl Method for RandomKConfig {
+    const NAME: &'static str = "randomk";
+    const ABOUT: &'static str =
+        "seeded unbiased Random-k; indices regenerated from the seed, not sent";
+    const ID: MethodId = MethodId(4);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(Box::new(self.init()?))
     }
 }
 
@@ -103,7 +115,7 @@ impl RandomK {
 
 impl Compressor for RandomK {
     fn method(&self) -> MethodId {
-        MethodId::RandomK
+        RandomKConfig::ID
     }
     fn ratio_metric(&self) -> Option<(&'static str, f64)> {
         Some(("density", self.cfg.ratio))

@@ -31,6 +31,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
+use crate::memory::MemoryConfig;
+use crate::registry::Method;
 use crate::rng::Rng;
 use crate::wire::{bytes_for_bits, BitReader, BitWriter, Reader, Writer};
 
@@ -519,6 +521,26 @@ impl Default for RangeFloatConfig {
     }
 }
 
+impl Method for RangeFloatConfig {
+    const NAME: &'static str = "range-float";
+    const ABOUT: &'static str =
+        "range-based float: 1+e+q-bit codes under one per-tensor Emax (default 8 bits)";
+    const ID: MethodId = MethodId(11);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(Box::new(self.init()?))
+    }
+
+    fn default_memory(&self) -> MemoryConfig {
+        match self.rounding {
+            // Round-to-nearest is biased (and zeroes values below the window): residual;
+            // stochastic rounding is unbiased inside the window: none.
+            Rounding::Nearest => MemoryConfig::RESIDUAL,
+            Rounding::Stochastic => MemoryConfig::None,
+        }
+    }
+}
+
 impl RangeFloatConfig {
     /// Checks the parameters and builds the compressor.
     pub fn init(&self) -> Result<RangeFloat, ConfigError> {
@@ -548,7 +570,7 @@ const BLOCK: usize = 4096;
 
 impl Compressor for RangeFloat {
     fn method(&self) -> MethodId {
-        MethodId::RangeFloat
+        RangeFloatConfig::ID
     }
     fn aggregation(&self) -> Aggregation {
         Aggregation::Dense

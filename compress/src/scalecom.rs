@@ -61,6 +61,8 @@ use crate::compressor::{
 };
 use crate::error::{CompressError, ConfigError, WireError};
 use crate::memory::Memory;
+use crate::memory::MemoryConfig;
+use crate::registry::{Method, RunFacts, RunUse};
 use crate::rng::Rng;
 use crate::select::{abs_key, top_k, Scratch};
 use crate::sparse;
@@ -98,6 +100,38 @@ impl Default for ScaleComConfig {
             ratio: default_ratio(),
             workers: 1,
         }
+    }
+}
+
+impl Method for ScaleComConfig {
+    const NAME: &'static str = "scalecom";
+    const ABOUT: &'static str =
+        "ScaleCom cyclic local top-k: leader-chosen shared indices, all-reduce summable";
+    const ID: MethodId = MethodId(14);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(Box::new(self.init()?))
+    }
+
+    fn default_memory(&self) -> MemoryConfig {
+        MemoryConfig::LowPass { beta: 1.0 }
+    }
+
+    /// The leader rotates over the run's workers.
+    fn resolve(&mut self, run: &RunFacts) {
+        self.workers = run.workers as u32;
+    }
+
+    /// The leader's index set is broadcast among workers: a collective.
+    fn check(&self, run: &RunUse<'_>) -> Result<(), ConfigError> {
+        if run.parameter_server {
+            return Err(ConfigError::new(
+                "kind",
+                "ScaleCom's workers compress at indices a leader broadcasts to them, a \
+                 collective among workers; mode = \"ps\" has none (use mode = \"allreduce\")",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -404,7 +438,7 @@ impl ScaleCom {
 
 impl Compressor for ScaleCom {
     fn method(&self) -> MethodId {
-        MethodId::ScaleCom
+        ScaleComConfig::ID
     }
     fn aggregation(&self) -> Aggregation {
         Aggregation::Summable
@@ -507,9 +541,9 @@ pub fn value_lanes(payload: &[u8]) -> Result<Vec<Range<usize>>, WireError> {
     let mut r = Reader::new(payload);
     // The fixed header is 12 bytes; Payload::decode validates it.
     let h = Payload::decode(payload[..payload.len().min(12)].to_vec())?.header()?;
-    if h.method != MethodId::ScaleCom as u8 {
+    if h.method != ScaleComConfig::ID.0 {
         return Err(WireError::WrongMethod {
-            expected: MethodId::ScaleCom as u8,
+            expected: ScaleComConfig::ID.0,
             found: h.method,
         });
     }

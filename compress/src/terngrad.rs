@@ -39,6 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::compressor::{effective_segments, Aggregation, Compressor, Ctx, MethodId, Payload};
 use crate::error::{CompressError, ConfigError, WireError};
+use crate::registry::Method;
 use crate::rng::Rng;
 use crate::wire::{Reader, Writer};
 
@@ -61,6 +62,17 @@ impl Default for TernGradConfig {
         TernGradConfig {
             clip: default_clip(),
         }
+    }
+}
+
+impl Method for TernGradConfig {
+    const NAME: &'static str = "terngrad";
+    const ABOUT: &'static str =
+        "TernGrad: per-layer scaler, clip to ±cσ, stochastic {-1,0,1} (2 bits/element)";
+    const ID: MethodId = MethodId(9);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(Box::new(self.init()?))
     }
 }
 
@@ -255,7 +267,7 @@ fn read_segment<'a>(r: &mut Reader<'a>, n: usize) -> Result<(f32, &'a [u8]), Wir
 
 impl Compressor for TernGrad {
     fn method(&self) -> MethodId {
-        MethodId::TernGrad
+        TernGradConfig::ID
     }
     fn aggregation(&self) -> Aggregation {
         Aggregation::Gather
@@ -350,9 +362,9 @@ impl TernarySum {
 /// Reads a TernGrad payload's header and segment lengths.
 fn segment_lens(r: &mut Reader<'_>, bytes: &[u8]) -> Result<(usize, Vec<usize>), WireError> {
     let h = Payload::decode(bytes.to_vec())?.header()?;
-    if h.method != MethodId::TernGrad as u8 {
+    if h.method != TernGradConfig::ID.0 {
         return Err(WireError::WrongMethod {
-            expected: MethodId::TernGrad as u8,
+            expected: TernGradConfig::ID.0,
             found: h.method,
         });
     }

@@ -38,6 +38,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
+use crate::memory::MemoryConfig;
+use crate::registry::Method;
 use crate::rng::Rng;
 use crate::wire::{u32_at, BitReader, BitWriter, Reader, Writer};
 
@@ -80,6 +82,21 @@ impl Default for ThresholdConfig {
             tau: default_tau(),
             coding: IndexCoding::Words,
         }
+    }
+}
+
+impl Method for ThresholdConfig {
+    const NAME: &'static str = "threshold";
+    const ABOUT: &'static str =
+        "Strom's fixed threshold: send (index, sign) of |p| >= tau, reconstruct ±tau";
+    const ID: MethodId = MethodId(5);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(Box::new(self.init()?))
+    }
+
+    fn default_memory(&self) -> MemoryConfig {
+        MemoryConfig::RESIDUAL
     }
 }
 
@@ -287,7 +304,7 @@ pub fn read_golomb_rice_add(
 
 impl Compressor for Threshold {
     fn method(&self) -> MethodId {
-        MethodId::Threshold
+        ThresholdConfig::ID
     }
     fn aggregation(&self) -> Aggregation {
         Aggregation::Gather
@@ -317,9 +334,9 @@ impl Compressor for Threshold {
 #[cfg(test)]
 pub(crate) mod test_support {
     use crate::compressor::{compress_new, decompress, Compressor, Ctx};
-    use crate::config::CompressorConfig;
     use crate::pipeline::Pipeline;
     use crate::rng::Rng;
+    use crate::CompressorConfig;
     use crate::Payload;
 
     /// Standard normal draws (Box–Muller), scaled.
@@ -478,7 +495,7 @@ mod tests {
     use super::test_support::*;
     use super::*;
     use crate::compressor::{decompress, Ctx, HEADER_BITS};
-    use crate::config::CompressorConfig;
+    use crate::CompressorConfig;
 
     fn build(tau: f32) -> Threshold {
         ThresholdConfig {
@@ -616,7 +633,7 @@ mod tests {
     fn decoder_rejects_malformed_sign_words() {
         let c = build(1.0);
         let body = |words: &[u32], count: u32| {
-            let mut b = vec![0xD7, 1, MethodId::Threshold as u8, 0];
+            let mut b = vec![0xD7, 1, ThresholdConfig::ID.0, 0];
             b.extend(4u32.to_le_bytes());
             b.extend(1u32.to_le_bytes());
             b.extend(count.to_le_bytes());
@@ -691,7 +708,7 @@ mod tests {
     fn golomb_rice_decoder_is_bounded_by_its_bits() {
         let c = rice(1.0);
         let body = |count: u32, k: u8, stream: &[u8]| {
-            let mut b = vec![0xD7, 1, MethodId::Threshold as u8, 0];
+            let mut b = vec![0xD7, 1, ThresholdConfig::ID.0, 0];
             b.extend(8u32.to_le_bytes());
             b.extend(1u32.to_le_bytes());
             b.extend(count.to_le_bytes());

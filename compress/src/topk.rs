@@ -17,6 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
+use crate::memory::MemoryConfig;
+use crate::registry::Method;
 use crate::rng::Rng;
 use crate::select::{abs_key, top_k, Scratch};
 use crate::sparse;
@@ -40,6 +42,21 @@ impl Default for TopKConfig {
         TopKConfig {
             ratio: default_ratio(),
         }
+    }
+}
+
+impl Method for TopKConfig {
+    const NAME: &'static str = "topk";
+    const ABOUT: &'static str =
+        "exact Top-k sparsification, index list or bitmap (ratio = density)";
+    const ID: MethodId = MethodId(3);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(Box::new(self.init()?))
+    }
+
+    fn default_memory(&self) -> MemoryConfig {
+        MemoryConfig::RESIDUAL
     }
 }
 
@@ -84,7 +101,7 @@ pub struct TopK {
 
 impl Compressor for TopK {
     fn method(&self) -> MethodId {
-        MethodId::TopK
+        TopKConfig::ID
     }
     fn ratio_metric(&self) -> Option<(&'static str, f64)> {
         Some(("density", self.ratio))

@@ -43,7 +43,7 @@
 
 use std::path::{Path, PathBuf};
 
-use dtrain_compress::{CompressorConfig, MemoryConfig};
+use dtrain_compress::{Collective, CompressorConfig, MemoryConfig, RunFacts, RunUse};
 
 use crate::exchange::GatherCollective;
 use dtrain_models::ModelSpec;
@@ -1156,16 +1156,10 @@ impl RunConfig {
             None => method.default_memory(),
         };
         let mut memory = memory;
-        match &mut method {
-            CompressorConfig::ScaleCom(s) => s.workers = c.workers as u32,
-            CompressorConfig::Dgc(g) if g.steps_per_epoch == 0 => {
-                g.steps_per_epoch = steps_per_epoch;
-            }
-            CompressorConfig::Fft(f) if f.steps_per_epoch == 0 => {
-                f.steps_per_epoch = steps_per_epoch;
-            }
-            _ => {}
-        }
+        method.resolve(&RunFacts {
+            workers: c.workers,
+            steps_per_epoch,
+        });
         if memory.owns_momentum() {
             if t.optimizer != OptimizerKind::Sgd {
                 return Err(err(
@@ -1222,44 +1216,18 @@ impl RunConfig {
         memory
             .build()
             .map_err(|e| err(&format!("compress.memory.{}", e.field), e.reason.clone()))?;
-        let built = method
-            .build()
+        method
+            .check(&RunUse {
+                collective: match (&dlcp, collective) {
+                    (Some(_), _) => Collective::Dlcp,
+                    (None, GatherCollective::AllGather) => Collective::AllGather,
+                    (None, GatherCollective::SparseAllReduce) => Collective::SparseAllReduce,
+                },
+                parameter_server: c.mode == ClusterMode::Ps,
+                memory: &memory,
+            })
             .map_err(|e| err(&format!("compress.{}", e.field), e.reason.clone()))?;
-        if collective == GatherCollective::SparseAllReduce
-            && matches!(method, CompressorConfig::Fft(_))
-        {
-            return Err(err(
-                "compress.collective",
-                "fft reconstructs a dense gradient, so a sparse all-reduce would carry it \
-                 densely; fft payloads are gathered and decoded with one inverse transform \
-                 (collective = \"allgather\")"
-                    .into(),
-            ));
-        }
-        if collective == GatherCollective::SparseAllReduce
-            && built.aggregation() != dtrain_compress::Aggregation::Gather
-        {
-            return Err(err(
-                "compress.collective",
-                format!(
-                    "\"sparse-allreduce\" carries gathered payloads (topk, dgc, threshold, \
-                     gradient-dropping, fft, …); {:?} payloads are {:?}-aggregated",
-                    method.name(),
-                    built.aggregation()
-                ),
-            ));
-        }
         if let Some(d) = &dlcp {
-            if !matches!(method, CompressorConfig::None(_)) {
-                return Err(err(
-                    "compress.collective",
-                    format!(
-                        "\"dlcp\" is the bounded-loss all-reduce of dense f32 gradients (kind = \
-                         \"none\"); {:?} payloads have their own collective",
-                        method.name()
-                    ),
-                ));
-            }
             if c.mode == ClusterMode::Ps {
                 return Err(err(
                     "compress.collective",
@@ -1269,32 +1237,13 @@ impl RunConfig {
             d.to_config(1, self.seed)
                 .map_err(|(field, m)| err(&field, m))?;
         }
-        if c.mode == ClusterMode::Ps {
-            if matches!(method, CompressorConfig::ScaleCom(_)) {
-                return Err(err(
-                    "compress.kind",
-                    "ScaleCom's workers compress at indices a leader broadcasts to them, a \
-                     collective among workers; mode = \"ps\" has none (use mode = \"allreduce\")"
-                        .into(),
-                ));
-            }
-            if matches!(method, CompressorConfig::Mipd(_))
-                && !matches!(memory, MemoryConfig::None | MemoryConfig::Residual { .. })
-            {
-                return Err(err(
-                    "compress.memory",
-                    "MIPD on the parameter server supports error_feedback = true (its residual) only"
-                        .into(),
-                ));
-            }
-            if f.non_finite == NonFinitePolicy::Recover {
-                return Err(err(
-                    "failure.non_finite",
-                    "\"recover\" rolls every rank back to a checkpoint, which a parameter \
-                     server's step clock cannot follow; use \"skip\" or \"abort\" with mode = \"ps\""
-                        .into(),
-                ));
-            }
+        if c.mode == ClusterMode::Ps && f.non_finite == NonFinitePolicy::Recover {
+            return Err(err(
+                "failure.non_finite",
+                "\"recover\" rolls every rank back to a checkpoint, which a parameter \
+                 server's step clock cannot follow; use \"skip\" or \"abort\" with mode = \"ps\""
+                    .into(),
+            ));
         }
         Ok(Plan {
             config: self.clone(),

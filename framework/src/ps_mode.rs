@@ -238,7 +238,7 @@ impl<T: Transport> PsState<T> {
                     },
                 )
             }
-            CompressorConfig::None(_) => (ServerKind::Dense(DenseF32), Codec::Dense),
+            _ if method.passthrough() => (ServerKind::Dense(DenseF32), Codec::Dense),
             _ => {
                 let shards = layout.num_shards();
                 let mut pipes = Vec::with_capacity(shards);

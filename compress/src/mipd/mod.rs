@@ -40,7 +40,7 @@
 //!
 //! # Wire format (body of one layer of `n` elements, little-endian)
 //! The payload is the shared framing of [`crate::compressor`] (12-byte header with method
-//! id [`MethodId::Mipd`], segment table when there is more than one layer), then per layer:
+//! id [`MipdConfig::ID`](crate::Method::ID), segment table when there is more than one layer), then per layer:
 //! ```text
 //! u32 k                  kept entries, 0..=n; nothing follows when k = 0
 //! u8  index layout       0 = Elias-gamma gaps, 1 = bitmap
@@ -90,7 +90,6 @@
 //! smoothing, halves and pull payload in `server.rs`. Everything is re-exported here.
 //!
 //! [`Compressor`]: crate::Compressor
-//! [`MethodId::Mipd`]: crate::MethodId::Mipd
 
 mod codebook;
 mod server;
@@ -106,7 +105,10 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
+use crate::compressor::{Compressor, MethodId};
 use crate::error::ConfigError;
+use crate::memory::MemoryConfig;
+use crate::registry::{Method, RunUse};
 use server::default_lambda;
 
 /// Configuration of the MIPD worker side ([`Mipd`]).
@@ -182,6 +184,33 @@ fn check_unit(field: &'static str, v: f64) -> Result<(), ConfigError> {
     Ok(())
 }
 
+impl Method for MipdConfig {
+    const NAME: &'static str = "mipd";
+    const ABOUT: &'static str = "MIPD: per-layer adaptive significance sparsification + Lloyd-Max code-book (PS: smoothing, halves)";
+    const ID: MethodId = MethodId(15);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        self.server().validate()?;
+        Ok(Box::new(self.init()?))
+    }
+
+    /// On the parameter server the worker's error feedback is MIPD's residual only.
+    fn check(&self, run: &RunUse<'_>) -> Result<(), ConfigError> {
+        if run.parameter_server
+            && !matches!(
+                run.memory,
+                MemoryConfig::None | MemoryConfig::Residual { .. }
+            )
+        {
+            return Err(ConfigError::new(
+                "memory",
+                "MIPD on the parameter server supports error_feedback = true (its residual) only",
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl MipdConfig {
     /// The servers' configuration (λ and the half rule) carried by this method config.
     pub fn server(&self) -> MipdServerConfig {
@@ -238,7 +267,7 @@ pub fn layers_in(layers: &[Range<usize>], range: Range<usize>) -> Vec<Range<usiz
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compressor::{decompress, decompress_add, MethodId};
+    use crate::compressor::{decompress, decompress_add};
     use crate::error::CompressError;
     use crate::rng::Rng;
     use crate::wire::Reader;
@@ -390,7 +419,7 @@ mod tests {
             let mut framed = vec![
                 crate::compressor::MAGIC,
                 crate::compressor::VERSION,
-                MethodId::Mipd as u8,
+                MipdConfig::ID.0,
                 0,
             ];
             framed.extend_from_slice(&(n as u32).to_le_bytes());

@@ -7,8 +7,10 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::worker::decode_layer;
-use crate::compressor::{effective_segments, read_frame, MethodId};
+use super::MipdConfig;
+use crate::compressor::{effective_segments, read_frame};
 use crate::error::{ConfigError, WireError};
+use crate::registry::Method;
 use crate::wire::{f32_at, Reader, Writer};
 
 /// Which half of each layer the server updates at step `t` (`H_{t mod 2}`).
@@ -334,7 +336,7 @@ impl MipdServer {
     }
 
     fn decode_push(&mut self, bytes: &[u8], n: usize) -> Result<(), WireError> {
-        let (mut r, segs) = read_frame(MethodId::Mipd, bytes, n)?;
+        let (mut r, segs) = read_frame(MipdConfig::ID, bytes, n)?;
         let expected: &[Range<usize>] = if n == 0 { &[] } else { &self.layers };
         if segs != expected {
             return Err(WireError::BadSegments(
@@ -694,7 +696,7 @@ mod tests {
         let short = push(&mut c, 99, &[0..60, 60..99], 0, 1);
         assert!(server.aggregate(0, &[&good, &short], &mut pull).is_err());
         let mut wrong_method = good.clone();
-        wrong_method[2] = MethodId::TopK as u8;
+        wrong_method[2] = <crate::topk::TopKConfig as Method>::ID.0;
         assert!(server.aggregate(0, &[&wrong_method], &mut pull).is_err());
         assert_eq!(
             server.aggregate(1, &[&good], &mut pull).unwrap_err(),

@@ -12,6 +12,7 @@ use crate::compressor::{
     MAX_ELEMS,
 };
 use crate::error::{CompressError, WireError};
+use crate::registry::Method;
 use crate::rng::Rng;
 use crate::select::{abs_key, top_k, Scratch};
 use crate::wire::{
@@ -221,7 +222,7 @@ impl Mipd {
         out.clear();
         self.stats.clear();
         let mut w = Writer::new(out);
-        write_frame_header(&mut w, MethodId::Mipd, n, &segs);
+        write_frame_header(&mut w, MipdConfig::ID, n, &segs);
         for s in &segs {
             let p = params.map(|p| &p[s.clone()]);
             self.encode_layer(p, &grads[s.clone()], &mut w);
@@ -415,7 +416,7 @@ pub fn decode_layer(
 
 impl Compressor for Mipd {
     fn method(&self) -> MethodId {
-        MethodId::Mipd
+        MipdConfig::ID
     }
     fn aggregation(&self) -> Aggregation {
         Aggregation::Gather
@@ -444,7 +445,7 @@ mod tests {
 
     /// Per layer of the payload: the (index, value) pairs it carries, via the decoder.
     fn kept_entries(bytes: &[u8], n: usize) -> Vec<Vec<(usize, f32)>> {
-        let (mut r, segs) = read_frame(MethodId::Mipd, bytes, n).unwrap();
+        let (mut r, segs) = read_frame(MipdConfig::ID, bytes, n).unwrap();
         let mut out = Vec::new();
         for s in segs {
             let mut v = Vec::new();

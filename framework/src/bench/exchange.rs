@@ -21,7 +21,7 @@
 use std::time::Instant;
 
 use dtrain_comms::{Communicator, Transport};
-use dtrain_compress::CompressorConfig;
+use dtrain_compress::{CompressorConfig, RunFacts};
 
 use super::allreduce::{Op, Options, Row};
 use super::compress::parse_method;
@@ -66,9 +66,10 @@ pub fn layer_shape(n: usize) -> Vec<usize> {
 /// the values the trainer would fill in (ScaleCom's worker count).
 pub fn method_for(spec: &str, world: usize) -> Result<CompressorConfig, String> {
     let mut m = parse_method(spec)?;
-    if let CompressorConfig::ScaleCom(s) = &mut m {
-        s.workers = world as u32;
-    }
+    m.resolve(&RunFacts {
+        workers: world,
+        steps_per_epoch: 0,
+    });
     Ok(m)
 }
 
