@@ -60,8 +60,8 @@ use dtrain_comms::dlcp::{DlcpConfig, DlcpReport, DlcpTensor};
 use dtrain_comms::{CommError, Communicator, SparseSlice, Transport};
 use dtrain_compress::compressor::scale_has_non_finite;
 use dtrain_compress::{
-    summable_lanes, Aggregation, CompressError, CompressorConfig, ConfigError, Ctx, MemoryConfig,
-    Payload, Pipeline, Rng, WireError,
+    summable_lanes, Aggregation, Collective, CompressError, CompressorConfig, ConfigError, Ctx,
+    MemoryConfig, Payload, Pipeline, Rng, WireError,
 };
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -554,7 +554,7 @@ impl Exchanger {
         memory: &MemoryConfig,
         seed: u64,
     ) -> Result<Self, ConfigError> {
-        let uncompressed = matches!(method, CompressorConfig::None(_));
+        let uncompressed = method.passthrough();
         let mut slots = Vec::new();
         for b in bucket::plan(params, policy) {
             let pipe = if b.compressed && !uncompressed {
@@ -623,6 +623,24 @@ impl Exchanger {
     /// The collective for `Gather` methods' payloads.
     pub fn gather_collective(&self) -> GatherCollective {
         self.gather
+    }
+
+    /// The collective each bucket's exchange uses, in bucket order: the compressed buckets'
+    /// follows from their method ([`Collective::of`]) and the gather collective; the
+    /// uncompressed buckets use the dense all-reduce, or DLCP when it is set.
+    pub fn collectives(&self) -> Vec<Collective> {
+        let requested = match self.gather {
+            GatherCollective::AllGather => Collective::AllGather,
+            GatherCollective::SparseAllReduce => Collective::SparseAllReduce,
+        };
+        self.slots
+            .iter()
+            .map(|s| match &s.pipe {
+                Some(pipe) => Collective::of(pipe.compressor(), requested),
+                None if self.lossy.is_some() => Collective::Dlcp,
+                None => Collective::AllReduce,
+            })
+            .collect()
     }
 
     /// The bucket plan.

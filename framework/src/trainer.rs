@@ -31,6 +31,7 @@ use std::time::Instant;
 
 use dtrain_comms::{CommError, Communicator, Transport};
 use dtrain_compress::compressor::first_non_finite;
+use dtrain_compress::Collective;
 use dtrain_models::{Device, Metrics, Model};
 use serde::{Deserialize, Serialize};
 
@@ -287,6 +288,16 @@ pub struct Summary {
     /// (one worker, asynchronous PS). A rank far above `1/workers` is a straggler.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub slowest_rank_steps: Vec<u64>,
+    /// The collective that carried the run's compressed buckets (with no compressed bucket,
+    /// the one of the dense buckets; with `mode = "ps"`, the parameter server): what `dtrain
+    /// simulate` models. `None` in runs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective: Option<Collective>,
+    /// Each bucket's collective, in bucket order, when they differ from one another (a
+    /// compressed run's small dense buckets go through the dense all-reduce); empty when
+    /// every bucket used [`Summary::collective`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bucket_collectives: Vec<Collective>,
 }
 
 /// What the trainer reports as it goes (progress bars, logs). Every method has a default.
@@ -604,6 +615,27 @@ impl<T: Transport> Trainer<T> {
     /// This worker's rank.
     pub fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// The run's collective and, when the buckets differ, each bucket's
+    /// ([`Summary::collective`], [`Summary::bucket_collectives`]).
+    fn collectives(&self) -> (Collective, Vec<Collective>) {
+        if self.ps.is_some() {
+            return (Collective::ParameterServer, Vec::new());
+        }
+        let per_bucket = self.exchanger.collectives();
+        let dense = [Collective::AllReduce, Collective::Dlcp];
+        let main = per_bucket
+            .iter()
+            .copied()
+            .find(|c| !dense.contains(c))
+            .or_else(|| per_bucket.first().copied())
+            .unwrap_or(Collective::AllReduce);
+        if per_bucket.iter().all(|&c| c == main) {
+            (main, Vec::new())
+        } else {
+            (main, per_bucket)
+        }
     }
 
     /// Number of trainable parameters. They live only in the model: the optimizer updates
@@ -1098,6 +1130,7 @@ impl<T: Transport> Trainer<T> {
         };
         let payload_per_step = per(payload);
         let params = self.num_params() as u64;
+        let (collective, bucket_collectives) = self.collectives();
         let summary = Summary {
             name: self.plan.config.name.clone(),
             model: self.plan.config.model.kind().to_string(),
@@ -1129,6 +1162,8 @@ impl<T: Transport> Trainer<T> {
             lossy_dropped: (self.plan.dlcp.is_some() && lossy.1 > 0)
                 .then(|| lossy.0 / lossy.1 as f64),
             slowest_rank_steps: slowest,
+            collective: Some(collective),
+            bucket_collectives,
         };
         // A session that trained nothing keeps the finished run's figures (bytes, step
         // times, wall time) and only brings the new evaluation.

@@ -37,7 +37,7 @@ pub use error::{ReportError, Result};
 pub use report::{report, report_runs, ReportOptions, ReportOutput, RunRow};
 pub use run::{discover, load_runs, FinalMetric, Phases, Run};
 pub use simulate::{
-    collective_for, parse_workers, simulate, simulate_runs, validate, validate_runs, Collective,
+    collective_of, parse_workers, simulate, simulate_runs, validate, validate_runs, Collective,
     Fabric, SimOptions, SimOutput, SimPoint, StepModel, Validation, ValidationOutput,
     DEFAULT_WORKERS,
 };

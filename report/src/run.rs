@@ -24,6 +24,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use dtrain_comms::shaping::LinkSpec;
+use dtrain_compress::{Collective, CompressorConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ReportError, Result};
@@ -231,6 +232,12 @@ pub struct Summary {
     pub recoveries: Option<u64>,
     /// Per rank, the steps it was the one the others waited for.
     pub slowest_rank_steps: Option<Vec<u64>>,
+    /// The collective of the compressed buckets, as the trainer names it
+    /// ([`dtrain_compress::Collective`]); kept as text so that a name from a newer
+    /// trainer still reads (see [`Run::collective`]).
+    pub collective: Option<String>,
+    /// Each bucket's collective, when they differ.
+    pub bucket_collectives: Option<Vec<String>>,
 }
 
 /// The emulated link of a run (`[network]`).
@@ -294,6 +301,11 @@ pub struct Run {
     pub batch_size: Option<u64>,
     /// `summary.json`, when the run finished.
     pub summary: Option<Summary>,
+    /// The collective that carried the compressed buckets: `summary.json`'s record, else
+    /// (runs written before it was recorded, or unfinished runs) derived from the run's
+    /// `[compress]` table through the method registry, with a note; `None` when neither
+    /// tells (an unknown method or collective name, also noted).
+    pub collective: Option<Collective>,
     /// Step records, one per step (the last written), ordered by step.
     pub steps: Vec<StepRecord>,
     /// Evaluations, one per step (the last written), ordered by step.
@@ -476,6 +488,79 @@ struct ConfigInfo {
     latency: Option<String>,
     bucket_mb: Option<f64>,
     compress: toml::Table,
+    parameter_server: bool,
+}
+
+/// The collective of the compressed buckets: `summary.json`'s record when it has one;
+/// else derived from the `[compress]` table through the method registry (what the trainer
+/// of that run would have used), with a note saying so.
+fn recorded_collective(
+    summary: Option<&Summary>,
+    config: &ConfigInfo,
+    notes: &mut Vec<String>,
+) -> Option<Collective> {
+    if let Some(name) = summary.and_then(|s| s.collective.as_deref()) {
+        return match serde_json::from_value(serde_json::Value::String(name.to_owned())) {
+            Ok(c) => Some(c),
+            Err(_) => {
+                notes.push(format!(
+                    "summary.json names collective {name:?}, which this version does not \
+                     know: modelled as an all-gather"
+                ));
+                None
+            }
+        };
+    }
+    let derived = derive_collective(&config.compress, config.parameter_server);
+    match derived {
+        Some(c) => notes.push(format!(
+            "the collective is not recorded (a run written before summary.json recorded \
+             it, or an unfinished one): {c}, derived from its [compress] table"
+        )),
+        None => notes.push(
+            "the collective is not recorded and the [compress] table names no registered \
+             method: modelled as an all-gather"
+                .to_owned(),
+        ),
+    }
+    derived
+}
+
+/// The collective a run with this `[compress]` table (and `mode = "ps"` or not) used, by
+/// the registry's rule ([`CompressorConfig::collective`]). The table also holds the
+/// trainer's keys (bucket sizes, memory, collective); only the keys the method accepts are
+/// passed to it. `None` when `kind` names no registered method.
+pub(crate) fn derive_collective(
+    compress: &toml::Table,
+    parameter_server: bool,
+) -> Option<Collective> {
+    let kind = compress.get("kind")?.clone();
+    let with = |extra: &[(&String, &toml::Value)]| {
+        let mut t = toml::Table::new();
+        t.insert("kind".into(), kind.clone());
+        for (k, v) in extra {
+            t.insert((*k).clone(), (*v).clone());
+        }
+        CompressorConfig::deserialize(toml::Value::Table(t)).ok()
+    };
+    with(&[])?;
+    let own: Vec<_> = compress
+        .iter()
+        .filter(|(k, v)| k.as_str() != "kind" && with(&[(k, v)]).is_some())
+        .collect();
+    let method = with(&own)?;
+    let requested = match compress.get("collective").and_then(|v| v.as_str()) {
+        Some("sparse-allreduce") => Collective::SparseAllReduce,
+        Some("dlcp") => Collective::Dlcp,
+        _ => Collective::AllGather,
+    };
+    method
+        .collective(if parameter_server {
+            Collective::ParameterServer
+        } else {
+            requested
+        })
+        .ok()
 }
 
 fn read_config(path: &Path) -> Result<Option<ConfigInfo>> {
@@ -518,6 +603,7 @@ fn read_config(path: &Path) -> Result<Option<ConfigInfo>> {
         latency: str_in("network", "latency"),
         bucket_mb,
         compress: section("compress").cloned().unwrap_or_default(),
+        parameter_server: str_in("cluster", "mode").as_deref() == Some("ps"),
     }))
 }
 
@@ -591,6 +677,7 @@ impl Run {
         }
 
         let s = summary.as_ref();
+        let collective = recorded_collective(s, &config, &mut notes);
         let stamp = dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -620,6 +707,7 @@ impl Run {
         Ok(Run {
             stamp,
             name,
+            collective,
             model: s
                 .and_then(|s| s.model.clone())
                 .or(config.model)

@@ -29,7 +29,10 @@
 //!   a full-duplex link of the fabric's nominal rate.
 //!
 //! ## Collective per method
-//! Keyed by `[compress] kind` (see [`collective_for`]); the bytes `n` are per rank:
+//! The run records the collective its compressed buckets used (`summary.json`'s
+//! `collective`, [`Run::collective`]; older runs: derived from their `[compress]` table by
+//! the method registry), and [`collective_of`] maps it to the model; the bytes `n` are per
+//! rank:
 //!
 //! | kind | collective | n | comm(P) |
 //! |---|---|---|---|
@@ -37,7 +40,7 @@
 //! | `fp16`, `range-float` (`Dense`: the decoded f32 gradient is all-reduced) | ring all-reduce | 4·params | same |
 //! | `randomk` with `shared = true` (default; `Summable`) | ring all-reduce of the value lanes | payload | same |
 //! | `scalecom` (`Summable`, two-phase) | chain broadcast of the leader's index set, then all-reduce of the value lanes | payload / 2 each | `n/β + (P−1)·α·B` + the ring term |
-//! | `topk`, `dgc`, `qsgd`, `terngrad`, `onebit`, `threshold`, `adaptive-threshold`, `gradient-dropping`, `fft`, `randomk` with `shared = false`, and any unknown kind (`Gather`) | ring all-gatherv of every rank's payload | payload | `(P−1) · n/β + (P−1)·α·B` |
+//! | `topk`, `dgc`, `qsgd`, `terngrad`, `onebit`, `threshold`, `adaptive-threshold`, `gradient-dropping`, `fft`, `randomk` with `shared = false` (`Gather`), and any run whose collective is unknown | ring all-gatherv of every rank's payload | payload | `(P−1) · n/β + (P−1)·α·B` |
 //!
 //! With `[compress] collective = "sparse-allreduce"` a gather method uses dtrain-comms' sparse
 //! all-reduce instead ([`Collective::SparseAllReduce`]): each rank sends every owner its share
@@ -281,27 +284,22 @@ impl Collective {
     }
 }
 
-/// The collective dtrain uses for `[compress] kind = method`, given the `[compress]` table
-/// (random-k's `shared`); unknown kinds are taken as all-gather methods.
-pub fn collective_for(method: &str, options: &toml::Table) -> Collective {
-    match method {
-        "none" | "fp16" | "range-float" => Collective::DenseAllReduce,
-        "randomk" => {
-            if options
-                .get("shared")
-                .and_then(|v| v.as_bool())
-                .unwrap_or(true)
-            {
-                Collective::SummableAllReduce
-            } else {
-                Collective::AllGather
-            }
-        }
-        "scalecom" => Collective::BroadcastAllReduce,
-        _ if options.get("collective").and_then(|v| v.as_str()) == Some("sparse-allreduce") => {
-            Collective::SparseAllReduce { new_fraction: 1.0 }
-        }
-        _ => Collective::AllGather,
+/// The model of the collective `run` used ([`Run::collective`]: recorded in `summary.json`,
+/// or derived from its `[compress]` table for older runs); an all-gather — the most
+/// expensive in P — when neither tells. DLCP is modelled as the dense all-reduce it bounds
+/// (it never sends more); a parameter-server run as one server per worker (dtrain's
+/// default `servers`).
+pub fn collective_of(run: &Run) -> Collective {
+    use dtrain_compress::Collective as Recorded;
+    match run.collective {
+        Some(Recorded::AllReduce | Recorded::Dlcp) => Collective::DenseAllReduce,
+        Some(Recorded::Lanes) => Collective::SummableAllReduce,
+        Some(Recorded::BroadcastAllReduce) => Collective::BroadcastAllReduce,
+        Some(Recorded::SparseAllReduce) => Collective::SparseAllReduce { new_fraction: 1.0 },
+        Some(Recorded::ParameterServer) => Collective::ParameterServer {
+            servers: run.workers,
+        },
+        Some(Recorded::AllGather) | None => Collective::AllGather,
     }
 }
 
@@ -361,7 +359,7 @@ impl StepModel {
             .bucket_bytes
             .filter(|b| *b > 0.0)
             .unwrap_or(DEFAULT_BUCKET);
-        let mut collective = collective_for(&run.method, &run.compress);
+        let mut collective = collective_of(run);
         if let Collective::SparseAllReduce { new_fraction } = &mut collective {
             // Received at P₀: (P₀−1)/P₀·(k + |sum|)·8 ⇒ |sum|, then u from |sum| = k(1 + u(P₀−1)).
             let k = payload / 8.0;
@@ -971,20 +969,6 @@ mod tests {
             b < 1.01 * a && b < gather.comm_s(&link, 256) / 4.0,
             "{a} {b}"
         );
-        // The config key selects it.
-        let mut t = toml::Table::new();
-        t.insert(
-            "collective".into(),
-            toml::Value::String("sparse-allreduce".into()),
-        );
-        assert!(matches!(
-            collective_for("dgc", &t),
-            Collective::SparseAllReduce { .. }
-        ));
-        assert_eq!(
-            collective_for("dgc", &toml::Table::new()),
-            Collective::AllGather
-        );
         assert!(matches!(
             Collective::parse("sparse-allreduce").unwrap(),
             Collective::SparseAllReduce { .. }
@@ -1036,25 +1020,5 @@ mod tests {
         assert!(parse_workers("0").is_err());
         assert!(parse_workers("8..2").is_err());
         assert!(parse_workers("x").is_err());
-    }
-
-    #[test]
-    fn collectives_by_method() {
-        let none = toml::Table::new();
-        assert_eq!(collective_for("none", &none), Collective::DenseAllReduce);
-        assert_eq!(collective_for("fp16", &none), Collective::DenseAllReduce);
-        assert_eq!(
-            collective_for("randomk", &none),
-            Collective::SummableAllReduce
-        );
-        let unshared: toml::Table = toml::from_str("shared = false").unwrap();
-        assert_eq!(collective_for("randomk", &unshared), Collective::AllGather);
-        assert_eq!(
-            collective_for("scalecom", &none),
-            Collective::BroadcastAllReduce
-        );
-        for k in ["topk", "dgc", "qsgd", "terngrad", "fft", "something-new"] {
-            assert_eq!(collective_for(k, &none), Collective::AllGather, "{k}");
-        }
     }
 }

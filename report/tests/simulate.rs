@@ -7,7 +7,7 @@ use std::fs;
 use common::{check_plots, names, Spec, Times};
 use dtrain_report::md::check_tables;
 use dtrain_report::{
-    simulate, validate, Collective, Fabric, ReportError, Run, SimOptions, StepModel,
+    collective_of, simulate, validate, Collective, Fabric, ReportError, Run, SimOptions, StepModel,
     DEFAULT_WORKERS,
 };
 
@@ -254,4 +254,68 @@ fn validation_compares_with_the_emulated_step_time() {
     // Nothing emulated: an error saying so.
     let e = validate(&[plain]).unwrap_err().to_string();
     assert!(e.contains("[network]"), "{e}");
+}
+
+#[test]
+fn the_recorded_collective_is_modelled_and_old_runs_derive_theirs() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Runs written before summary.json recorded it: derived from [compress] through the
+    // method registry (its aggregation and options), with a note.
+    let sparse = Collective::SparseAllReduce { new_fraction: 1.0 };
+    for (i, (method, extra, expected)) in [
+        ("none", "", Collective::DenseAllReduce),
+        ("fp16", "bucket_mb = 4\n", Collective::DenseAllReduce),
+        ("randomk", "", Collective::SummableAllReduce),
+        (
+            "randomk",
+            "ratio = 0.1\nshared = false\n",
+            Collective::AllGather,
+        ),
+        (
+            "scalecom",
+            "error_feedback = true\n",
+            Collective::BroadcastAllReduce,
+        ),
+        ("topk", "collective = \"sparse-allreduce\"\n", sparse),
+        ("dgc", "", Collective::AllGather),
+        ("something-new", "", Collective::AllGather),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut spec = Spec::new("m", method);
+        spec.compress_extra = extra.into();
+        let run = Run::load(&spec.write(tmp.path(), &format!("old{i}"))).unwrap();
+        assert_eq!(collective_of(&run), expected, "{method} {extra:?}");
+        assert!(
+            run.notes.iter().any(|n| n.contains("not recorded")),
+            "{method}: {:?}",
+            run.notes
+        );
+    }
+    // A recorded collective is what the run used, whatever its method's name suggests.
+    let spec = Spec::new("m", "topk");
+    let dir = spec.write(tmp.path(), "new");
+    let mut summary = spec.summary_json();
+    summary["collective"] = "lanes".into();
+    fs::write(dir.join("summary.json"), summary.to_string()).unwrap();
+    let run = Run::load(&dir).unwrap();
+    assert_eq!(collective_of(&run), Collective::SummableAllReduce);
+    assert!(run.notes.is_empty(), "{:?}", run.notes);
+    let ps = Spec::new("m", "none").workers(4);
+    let dir = ps.write(tmp.path(), "ps");
+    let mut summary = ps.summary_json();
+    summary["collective"] = "ps".into();
+    fs::write(dir.join("summary.json"), summary.to_string()).unwrap();
+    let run = Run::load(&dir).unwrap();
+    assert_eq!(
+        collective_of(&run),
+        Collective::ParameterServer { servers: 4 }
+    );
+    // A name from a newer trainer: noted, modelled as the all-gather.
+    summary["collective"] = "carrier-pigeon".into();
+    fs::write(dir.join("summary.json"), summary.to_string()).unwrap();
+    let run = Run::load(&dir).unwrap();
+    assert_eq!(collective_of(&run), Collective::AllGather);
+    assert!(run.notes.iter().any(|n| n.contains("carrier-pigeon")));
 }
