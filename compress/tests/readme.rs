@@ -1,8 +1,8 @@
 //! The worked example of `compress/README.md` ("Adding a compressor"): the method file it
-//! shows is `tests/readme_int8.rs`, compiled and exercised here, and the README must show
+//! shows is `tests/readme/int8.rs`, compiled and exercised here, and the README must show
 //! that file verbatim.
 
-#[path = "readme_int8.rs"]
+#[path = "readme/int8.rs"]
 mod int8;
 
 use dtrain_compress::compressor::HEADER_BITS;
@@ -12,10 +12,10 @@ use int8::Int8Config;
 #[test]
 fn the_readme_shows_the_example_verbatim() {
     let readme = include_str!("../README.md");
-    let example = include_str!("readme_int8.rs");
+    let example = include_str!("readme/int8.rs");
     assert!(
         readme.contains(example),
-        "compress/README.md no longer shows tests/readme_int8.rs verbatim"
+        "compress/README.md no longer shows tests/readme/int8.rs verbatim"
     );
     // The registration step names the real registry and the form of its lines.
     let lib = include_str!("../src/lib.rs");

@@ -278,6 +278,9 @@ fn the_recorded_collective_is_modelled_and_old_runs_derive_theirs() {
         ),
         ("topk", "collective = \"sparse-allreduce\"\n", sparse),
         ("dgc", "", Collective::AllGather),
+        ("qsgd", "", Collective::AllGather),
+        ("terngrad", "", Collective::AllGather),
+        ("fft", "", Collective::AllGather),
         ("something-new", "", Collective::AllGather),
     ]
     .into_iter()
