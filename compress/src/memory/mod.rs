@@ -14,8 +14,10 @@
 //! * `dgc_momentum`: DGC's momentum-corrected memory [`DgcMemory`] and its local gradient
 //!   clipping [`Clip`].
 //! * `lowpass`: ScaleCom's low-pass-filtered memory [`LowPass`].
+//! * `dlcp`: DLCP's dropped-value residual [`DlcpResidual`], which the framework's exchanger
+//!   keeps per dense bucket (it is not a [`Memory`]: see its docs).
 //!
-//! [`MemoryConfig`] selects and builds them.
+//! [`MemoryConfig`] selects and builds the first four.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -25,10 +27,12 @@ use serde::{Deserialize, Serialize};
 use crate::error::ConfigError;
 
 mod dgc_momentum;
+mod dlcp;
 mod lowpass;
 mod residual;
 
 pub use dgc_momentum::{reference_clip_value, Clip, DgcMemory};
+pub use dlcp::DlcpResidual;
 pub use lowpass::LowPass;
 pub use residual::{NoMemory, Residual};
 
