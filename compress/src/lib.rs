@@ -11,8 +11,10 @@
 //! ## Layout
 //! * [`compressor`]: the [`Compressor`] seam, [`Payload`], the framing (header + segment
 //!   table) and the drivers [`compress`] / [`decompress_add`].
-//! * [`memory`]: the error-feedback seam ([`Memory`]): none, residual (β, γ), DGC momentum
-//!   correction, ScaleCom low-pass.
+//! * [`memory`]: the error-feedback seam ([`Memory`], [`MemoryConfig`]), a folder with one
+//!   file per memory: none and residual (β, γ), DGC momentum correction, ScaleCom low-pass,
+//!   DLCP's dropped-value residual. Methods import memories, never the reverse (the old
+//!   paths such as `dgc::DgcMemory` are re-exports).
 //! * [`pipeline`]: compressor + memory composed as the trainer uses them.
 //! * [`registry`]: the [`Method`] trait each method's config implements, and what the
 //!   one-line registration generates: [`CompressorConfig`] (a `[compress]` table tagged

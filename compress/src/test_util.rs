@@ -84,3 +84,18 @@ pub(crate) fn test_vector(n: usize, scale: f32, seed: u64) -> Vec<f32> {
         })
         .collect()
 }
+
+/// Roughly Gaussian data with a few heavy outliers.
+pub(crate) fn outlier_vector(n: usize, seed: u64) -> Vec<f32> {
+    let mut r = Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|i| {
+            let g: f32 = (0..4).map(|_| r.next_f32()).sum::<f32>() - 2.0;
+            if i % 997 == 0 {
+                g * 40.0
+            } else {
+                g
+            }
+        })
+        .collect()
+}

@@ -59,6 +59,7 @@ use std::time::Instant;
 use dtrain_comms::dlcp::{DlcpConfig, DlcpReport, DlcpTensor};
 use dtrain_comms::{CommError, Communicator, SparseSlice, Transport};
 use dtrain_compress::compressor::scale_has_non_finite;
+use dtrain_compress::memory::DlcpResidual;
 use dtrain_compress::{
     summable_lanes, Aggregation, Collective, CompressError, CompressorConfig, ConfigError, Ctx,
     MemoryConfig, Payload, Pipeline, Rng, WireError,
@@ -541,7 +542,7 @@ pub struct Exchanger {
     /// DLCP for the dense buckets, and whether dropped values return to the sender.
     lossy: Option<Lossy>,
     /// DLCP error feedback: per dense bucket, this worker's values no owner used last time.
-    lossy_residual: BTreeMap<u64, Vec<f32>>,
+    lossy_residual: DlcpResidual,
 }
 
 impl Exchanger {
@@ -584,7 +585,7 @@ impl Exchanger {
             theta_scale: 1.0,
             spare: Vec::new(),
             lossy: None,
-            lossy_residual: BTreeMap::new(),
+            lossy_residual: DlcpResidual::new(),
         })
     }
 
@@ -891,7 +892,7 @@ impl Exchanger {
             theta_scale: self.theta_scale,
             memory: self.export_memory(),
             compressors,
-            lossy_residual: self.lossy_residual.clone(),
+            lossy_residual: self.lossy_residual.export(),
         }
     }
 
@@ -1012,7 +1013,7 @@ impl Exchanger {
             done.push((i, old));
         }
         self.import_memory(state.memory);
-        self.lossy_residual = state.lossy_residual;
+        self.lossy_residual.import(state.lossy_residual);
         self.theta_scale = state.theta_scale;
         Ok(())
     }
@@ -1023,7 +1024,7 @@ struct Job<'a> {
     slots: &'a mut [Slot],
     spare: &'a mut Vec<Flight>,
     lossy: Option<&'a Lossy>,
-    lossy_residual: &'a mut BTreeMap<u64, Vec<f32>>,
+    lossy_residual: &'a mut DlcpResidual,
     gather: GatherCollective,
     seed: u64,
     step: u64,
@@ -1102,12 +1103,7 @@ impl Job<'_> {
             None if self.lossy.is_some() => {
                 let lossy = self.lossy.expect("checked");
                 if lossy.error_feedback {
-                    if let Some(r) = self.lossy_residual.get_mut(&id) {
-                        for (g, d) in f.buf.iter_mut().zip(r.iter_mut()) {
-                            *g += *d;
-                            *d = 0.0;
-                        }
-                    }
+                    self.lossy_residual.add_back(id, &mut f.buf);
                 }
                 st.payload_bytes += 4 * f.buf.len() as u64;
                 comms.submit(Op::Lossy(
@@ -1213,11 +1209,7 @@ impl Job<'_> {
                 st.lossy_elems += report.elems_all as u64;
                 st.retransmitted += report.retransmitted as u64;
                 if self.lossy.is_some_and(|l| l.error_feedback) && !report.dropped.is_empty() {
-                    let r = self
-                        .lossy_residual
-                        .entry(id)
-                        .or_insert_with(|| vec![0.0; bucket.len()]);
-                    report.add_dropped_to(r);
+                    report.add_dropped_to(self.lossy_residual.dropped_mut(id, bucket.len()));
                 }
             }
             (Stage::SparseSum, Reply::Sparse(v, idx, vals), _) => {

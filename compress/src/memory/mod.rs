@@ -8,6 +8,16 @@
 //! Memory is its own seam, not part of the compressors, so any biased compressor can be
 //! paired with any memory. State is keyed by a stable bucket id and can be exported for
 //! checkpoints ([`Memory::export`] / [`Memory::import`]).
+//!
+//! One file per memory; methods import memories, never the reverse:
+//! * `residual`: [`NoMemory`] and [`Residual`] (β, γ).
+//! * `dgc_momentum`: DGC's momentum-corrected memory [`DgcMemory`] and its local gradient
+//!   clipping [`Clip`].
+//! * `lowpass`: ScaleCom's low-pass-filtered memory [`LowPass`].
+//! * `dlcp`: DLCP's dropped-value residual [`DlcpResidual`], which the framework's exchanger
+//!   keeps per dense bucket (it is not a [`Memory`]: see its docs).
+//!
+//! [`MemoryConfig`] selects and builds the first four.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -15,6 +25,16 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
+
+mod dgc_momentum;
+mod dlcp;
+mod lowpass;
+mod residual;
+
+pub use dgc_momentum::{reference_clip_value, Clip, DgcMemory};
+pub use dlcp::DlcpResidual;
+pub use lowpass::LowPass;
+pub use residual::{NoMemory, Residual};
 
 /// An error-feedback memory.
 pub trait Memory: Send {
@@ -44,82 +64,6 @@ pub trait Memory: Send {
     fn import(&mut self, state: BTreeMap<u64, Vec<f32>>);
 }
 
-/// No memory: `p = g`, nothing is remembered.
-#[derive(Debug, Default, Clone)]
-pub struct NoMemory;
-
-impl Memory for NoMemory {
-    fn compensate(&mut self, _key: u64, grad: &[f32], out: &mut [f32]) {
-        out.copy_from_slice(grad);
-    }
-    fn update(&mut self, _key: u64, _p: &[f32], _t: &[f32], _segments: &[Range<usize>]) {}
-    fn is_active(&self) -> bool {
-        false
-    }
-    fn export(&self) -> BTreeMap<u64, Vec<f32>> {
-        BTreeMap::new()
-    }
-    fn import(&mut self, _state: BTreeMap<u64, Vec<f32>>) {}
-}
-
-/// Residual memory with decay `β` and gradient gain `γ` (GRACE's `ResidualMemory`).
-#[derive(Debug, Clone)]
-pub struct Residual {
-    beta: f32,
-    gamma: f32,
-    residuals: BTreeMap<u64, Vec<f32>>,
-}
-
-impl Residual {
-    /// A residual memory; `β = γ = 1` is classic error feedback.
-    pub fn new(beta: f32, gamma: f32) -> Self {
-        Residual {
-            beta,
-            gamma,
-            residuals: BTreeMap::new(),
-        }
-    }
-
-    /// The current residual of bucket `key`, if any.
-    pub fn residual(&self, key: u64) -> Option<&[f32]> {
-        self.residuals.get(&key).map(|v| v.as_slice())
-    }
-}
-
-impl Memory for Residual {
-    fn compensate(&mut self, key: u64, grad: &[f32], out: &mut [f32]) {
-        let (beta, gamma) = (self.beta, self.gamma);
-        match self.residuals.get(&key) {
-            Some(e) if e.len() == grad.len() => {
-                for ((o, &g), &e) in out.iter_mut().zip(grad).zip(e) {
-                    *o = beta * e + gamma * g;
-                }
-            }
-            _ => {
-                for (o, &g) in out.iter_mut().zip(grad) {
-                    *o = gamma * g;
-                }
-            }
-        }
-    }
-
-    fn update(&mut self, key: u64, compensated: &[f32], transmitted: &[f32], _: &[Range<usize>]) {
-        let e = self.residuals.entry(key).or_default();
-        e.resize(compensated.len(), 0.0);
-        for ((e, &p), &t) in e.iter_mut().zip(compensated).zip(transmitted) {
-            *e = p - t;
-        }
-    }
-
-    fn export(&self) -> BTreeMap<u64, Vec<f32>> {
-        self.residuals.clone()
-    }
-
-    fn import(&mut self, state: BTreeMap<u64, Vec<f32>>) {
-        self.residuals = state;
-    }
-}
-
 /// Memory configuration, tagged by `kind` in TOML (`kind = "residual"`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
@@ -136,7 +80,7 @@ pub enum MemoryConfig {
         #[serde(default = "one")]
         gamma: f32,
     },
-    /// DGC's momentum-corrected memory ([`crate::dgc::DgcMemory`]): the gradient's momentum
+    /// DGC's momentum-corrected memory ([`DgcMemory`]): the gradient's momentum
     /// lives here and the optimizer must not apply it again (see
     /// [`MemoryConfig::owns_momentum`]).
     DgcMomentum {
@@ -151,9 +95,9 @@ pub enum MemoryConfig {
         masking: bool,
         /// Local gradient clipping before accumulation (default none).
         #[serde(default)]
-        clip: crate::dgc::Clip,
+        clip: Clip,
     },
-    /// ScaleCom's low-pass-filtered memory ([`crate::scalecom::LowPass`]):
+    /// ScaleCom's low-pass-filtered memory ([`LowPass`]):
     /// `p = m + g; m ← (1 − β)·m + β·(p − D(C(p)))`; β = 1 is plain error feedback.
     LowPass {
         /// Filter coefficient β in (0, 1] (default 1).
@@ -221,9 +165,7 @@ impl MemoryConfig {
                     ));
                 }
                 clip.validate()?;
-                Ok(Box::new(crate::dgc::DgcMemory::new(
-                    momentum, nesterov, masking, clip,
-                )))
+                Ok(Box::new(DgcMemory::new(momentum, nesterov, masking, clip)))
             }
             MemoryConfig::LowPass { beta } => {
                 if !(beta.is_finite() && beta > 0.0 && beta <= 1.0) {
@@ -232,7 +174,7 @@ impl MemoryConfig {
                         format!("must be in (0, 1], got {beta}"),
                     ));
                 }
-                Ok(Box::new(crate::scalecom::LowPass::new(beta)))
+                Ok(Box::new(LowPass::new(beta)))
             }
         }
     }
