@@ -707,8 +707,13 @@ fn run() -> Result<()> {
         Command::Simulate(a) => simulate(a),
         Command::Worker(a) => train_worker(a),
         Command::List => {
+            // Name, the collective its payloads take by default (all-gather requested, no
+            // parameter server), and the description.
             for m in dtrain_compress::METHODS {
-                println!("{:<20} {}", m.name, m.about);
+                let collective = (m.default)()
+                    .collective(dtrain_compress::Collective::AllGather)
+                    .map_or("?", |c| c.name());
+                println!("{:<20} {:<20} {}", m.name, collective, m.about);
             }
             Ok(())
         }

@@ -112,3 +112,7 @@ pub use memory::{Memory, MemoryConfig};
 pub use pipeline::Pipeline;
 pub use registry::{Collective, Method, MethodInfo, RunFacts, RunUse};
 pub use rng::Rng;
+
+/// The `kind` of the uncompressed baseline (fp32), the method every table compares against
+/// and the default of `[compress]`.
+pub const BASELINE: &str = <none::NoneConfig as Method>::NAME;

@@ -425,7 +425,7 @@ fn passthrough_name() -> &'static str {
     METHODS
         .iter()
         .find(|m| (m.default)().passthrough())
-        .map_or("none", |m| m.name)
+        .map_or(crate::BASELINE, |m| m.name)
 }
 
 impl Serialize for CompressorConfig {

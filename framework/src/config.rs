@@ -104,7 +104,10 @@ pub struct RunConfig {
 
 fn default_compress() -> toml::Table {
     let mut t = toml::Table::new();
-    t.insert("kind".into(), toml::Value::String("none".into()));
+    t.insert(
+        "kind".into(),
+        toml::Value::String(dtrain_compress::BASELINE.into()),
+    );
     t
 }
 

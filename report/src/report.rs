@@ -231,7 +231,7 @@ pub fn baselines(
             }
         }
         None => (0..runs.len())
-            .filter(|&i| runs[i].method == "none")
+            .filter(|&i| runs[i].method == dtrain_compress::BASELINE)
             .collect(),
     };
     if candidates.is_empty() {

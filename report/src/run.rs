@@ -715,7 +715,7 @@ impl Run {
             method: s
                 .and_then(|s| s.method.clone())
                 .or(config.method)
-                .unwrap_or_else(|| "none".into()),
+                .unwrap_or_else(|| dtrain_compress::BASELINE.into()),
             workers: s
                 .and_then(|s| s.workers)
                 .or(config.workers)

@@ -538,7 +538,7 @@ fn pick_baseline(runs: &[Run], labels: &[String], want: Option<&str>) -> Result<
             }
         }
         None => (0..runs.len())
-            .filter(|&i| runs[i].method == "none")
+            .filter(|&i| runs[i].method == dtrain_compress::BASELINE)
             .collect(),
     };
     match (&matches[..], want) {

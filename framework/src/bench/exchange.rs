@@ -212,7 +212,7 @@ pub fn table(opts: &Options, rows: &[Row]) -> String {
         let base = rows
             .iter()
             .filter(|x| x.bytes == r.bytes)
-            .find(|x| x.method.as_deref() == Some("none"))
+            .find(|x| x.method.as_deref() == Some(dtrain_compress::BASELINE))
             .or_else(|| rows.iter().find(|x| x.bytes == r.bytes));
         let speedup = base.map_or(1.0, |b| b.time_us / r.time_us);
         let b = r.breakdown.unwrap_or_default();
