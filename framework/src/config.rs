@@ -413,10 +413,31 @@ fn default_peer_timeout() -> f64 {
 
 impl ClusterConfig {
     /// The transports' heartbeat interval and peer timeout.
-    pub fn liveness(&self) -> crate::launch::Liveness {
-        crate::launch::Liveness {
+    pub fn liveness(&self) -> Liveness {
+        Liveness {
             heartbeat: std::time::Duration::from_secs_f64(self.heartbeat_s),
             peer_timeout: std::time::Duration::from_secs_f64(self.peer_timeout_s),
+        }
+    }
+}
+
+/// How the network transports notice a silent peer (`[cluster] heartbeat_s`,
+/// `peer_timeout_s`; built by [`ClusterConfig::liveness`]). Defined here, next to the
+/// fields it is made from, so that `config` does not import `launch`; re-exported as
+/// `launch::Liveness`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Liveness {
+    /// An idle connection sends a heartbeat this often.
+    pub heartbeat: std::time::Duration,
+    /// A peer silent this long is lost.
+    pub peer_timeout: std::time::Duration,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Liveness {
+            heartbeat: std::time::Duration::from_secs(1),
+            peer_timeout: std::time::Duration::from_secs(10),
         }
     }
 }

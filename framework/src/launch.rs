@@ -32,6 +32,10 @@ use crate::data::TrainData;
 use crate::mpi_env::MpiEnv;
 use crate::trainer::{Observer, RunDir, Summary, Trainer};
 
+// Defined in `config` (next to the `[cluster]` fields it is built from), so that `config`
+// need not import this module; kept here at its old path.
+pub use crate::config::Liveness;
+
 /// The environment variable carrying the run token to the workers.
 pub const TOKEN_ENV: &str = "DTRAIN_RUN_TOKEN";
 
@@ -213,25 +217,6 @@ pub fn prepare_dir(opts: &RunOptions, plan: &Plan) -> Result<RunDir, String> {
     let p = root.join("config.toml");
     crate::checkpoint::write_atomic(&p, cfg.to_toml().as_bytes()).map_err(|e| e.to_string())?;
     Ok(RunDir { root })
-}
-
-/// How the network transports notice a silent peer (`[cluster] heartbeat_s`,
-/// `peer_timeout_s`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Liveness {
-    /// An idle connection sends a heartbeat this often.
-    pub heartbeat: Duration,
-    /// A peer silent this long is lost.
-    pub peer_timeout: Duration,
-}
-
-impl Default for Liveness {
-    fn default() -> Self {
-        Liveness {
-            heartbeat: Duration::from_secs(1),
-            peer_timeout: Duration::from_secs(10),
-        }
-    }
 }
 
 /// What `cluster.transport = "auto"` becomes for a run of `world` ranks, and why (one line

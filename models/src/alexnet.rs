@@ -22,9 +22,9 @@ use burn::prelude::*;
 
 use serde::{Deserialize, Serialize};
 
+use crate::family::{autodiff, ModelFamily};
 use crate::layers::{check_dropout, check_positive, conv, max_pool, out_size};
 use crate::model::{ImageClassifier, ImageModel, InputSpec, Model};
-use crate::registry::{autodiff, ModelFamily};
 use crate::ModelError;
 
 /// Which AlexNet (registry names `cifar`, `cifar-fc`, `imagenet`).

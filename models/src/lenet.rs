@@ -7,9 +7,9 @@ use burn::prelude::*;
 
 use serde::{Deserialize, Serialize};
 
+use crate::family::{autodiff, ModelFamily};
 use crate::layers::{check_positive, conv, max_pool};
 use crate::model::{ImageClassifier, ImageModel, InputSpec, Model};
-use crate::registry::{autodiff, ModelFamily};
 use crate::ModelError;
 
 /// Configuration of [`LeNet5`]: conv 5×5 (6, padding 2) → pool → conv 5×5 (16) → pool →

@@ -35,6 +35,7 @@
 //! ```
 
 pub mod alexnet;
+mod family;
 pub mod flat;
 mod layers;
 pub mod lenet;

@@ -12,10 +12,10 @@ use burn::prelude::*;
 
 use serde::{Deserialize, Serialize};
 
+use crate::family::{autodiff, ModelFamily};
 use crate::layers::{check_dropout, check_positive};
 use crate::meprop::{meprop_forward, meprop_linear};
 use crate::model::{LanguageModel, LmModel, Model};
-use crate::registry::{autodiff, ModelFamily};
 use crate::ModelError;
 
 /// Configuration of [`LstmLm`].

@@ -5,10 +5,10 @@ use burn::prelude::*;
 
 use serde::{Deserialize, Serialize};
 
+use crate::family::{autodiff, ModelFamily};
 use crate::layers::{check_dropout, check_positive};
 use crate::meprop::meprop_forward;
 use crate::model::{ImageClassifier, ImageModel, InputSpec, Model};
-use crate::registry::{autodiff, ModelFamily};
 use crate::ModelError;
 
 /// Configuration of an [`Mlp`]: `in_channels × image_size²` inputs → `hidden` (ReLU, dropout)

@@ -14,7 +14,6 @@
 //! that `dtrain list models` prints. Unknown keys are rejected.
 
 use burn::prelude::*;
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::alexnet::AlexNetSpec;
@@ -25,27 +24,9 @@ use crate::model::{Model, ModelError};
 use crate::resnet::ResNetSpec;
 use crate::vgg::VggSpec;
 
-/// A family's registry spec: the options a TOML `[model]` table may set (besides `kind`).
-pub trait ModelFamily: Serialize + DeserializeOwned {
-    /// The `variant` names the family accepts.
-    const VARIANTS: &'static [&'static str];
-    /// One line for `dtrain list models`.
-    const SUMMARY: &'static str;
-
-    /// Builds the model on `device` (made an autodiff device if it is not one).
-    fn build(&self, device: &Device) -> Result<Box<dyn Model>, ModelError>;
-}
-
-/// One registered family, for listings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ModelInfo {
-    /// The `kind` tag.
-    pub kind: &'static str,
-    /// Accepted `variant` names.
-    pub variants: &'static [&'static str],
-    /// One-line description.
-    pub summary: &'static str,
-}
+// Defined in `family.rs`, which imports no model file, so that the families depend on it
+// and this file depends on the families, never the reverse; kept here at their old paths.
+pub use crate::family::{ModelFamily, ModelInfo};
 
 macro_rules! registry {
     ($($(#[$doc:meta])* $variant:ident($spec:ty) = $kind:literal,)*) => {
@@ -105,15 +86,6 @@ pub fn model_names() -> Vec<String> {
         .iter()
         .flat_map(|m| m.variants.iter().map(move |v| format!("{}/{v}", m.kind)))
         .collect()
-}
-
-/// Resolves `device` to its autodiff form.
-pub(crate) fn autodiff(device: &Device) -> Device {
-    if device.is_autodiff() {
-        device.clone()
-    } else {
-        device.clone().autodiff()
-    }
 }
 
 #[cfg(test)]

@@ -18,9 +18,9 @@ use burn::prelude::*;
 
 use serde::{Deserialize, Serialize};
 
+use crate::family::{autodiff, ModelFamily};
 use crate::layers::{batch_norm, check_positive, conv, max_pool};
 use crate::model::{ImageClassifier, ImageModel, InputSpec, Model};
-use crate::registry::{autodiff, ModelFamily};
 use crate::ModelError;
 
 /// How a block's shortcut matches a change of shape; registry names `a`, `b`.

@@ -12,9 +12,9 @@ use burn::prelude::*;
 
 use serde::{Deserialize, Serialize};
 
+use crate::family::{autodiff, ModelFamily};
 use crate::layers::{batch_norm, check_dropout, check_positive, conv, max_pool};
 use crate::model::{ImageClassifier, ImageModel, InputSpec, Model};
-use crate::registry::{autodiff, ModelFamily};
 use crate::ModelError;
 
 /// Depth of the network (number of weight layers); registry names `vgg11` … `vgg19`.

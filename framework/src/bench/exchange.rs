@@ -23,27 +23,18 @@ use std::time::Instant;
 use dtrain_comms::{Communicator, Transport};
 use dtrain_compress::{CompressorConfig, RunFacts};
 
-use super::allreduce::{Op, Options, Row};
+use super::common::{Op, Options, Row};
 use super::compress::parse_method;
 use super::gradient::{synthesize, Shape};
 use crate::bucket::{BucketPolicy, ParamInfo};
 use crate::exchange::Exchanger;
 
+pub use super::common::Breakdown;
+
 /// Standard deviation of the synthetic gradient values: gradient-sized, so that the
 /// threshold methods' default τ (0.01) sits at 10 σ and error feedback decides, over the
 /// calls, how much crosses it (Strom's data-dependent size).
 pub const GRAD_SCALE: f32 = 1e-3;
-
-/// Time split of one compressed exchange, microseconds per call (maximum over ranks).
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Breakdown {
-    /// Error-feedback compensation and encoding.
-    pub compress_us: f64,
-    /// Inside the collective (transfer and waiting for peers).
-    pub communicate_us: f64,
-    /// Decoding, summing and averaging.
-    pub decompress_us: f64,
-}
 
 /// The layer shape used for `n` elements: the most square `rows × cols` with a
 /// power-of-two `cols` that divides `n` (a 1-D vector when `n` is odd).

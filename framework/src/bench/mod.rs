@@ -1,6 +1,7 @@
 //! Benchmarks behind `dtrain bench …`.
 
 pub mod allreduce;
+mod common;
 pub mod compress;
 pub mod exchange;
 pub mod gradient;

@@ -1,0 +1,44 @@
+//! What the registry needs of a model family: the [`ModelFamily`] trait each family's spec
+//! implements, the [`ModelInfo`] listing entry, and the device helper the specs' `build`
+//! share.
+//!
+//! This file imports no model file. The families import it, and [`crate::registry`] imports
+//! the families (its `registry!` line per spec), so the dependency runs one way; the trait
+//! and the listing entry are re-exported from `registry` and from the crate root.
+
+use burn::prelude::*;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::model::{Model, ModelError};
+
+/// A family's registry spec: the options a TOML `[model]` table may set (besides `kind`).
+pub trait ModelFamily: Serialize + DeserializeOwned {
+    /// The `variant` names the family accepts.
+    const VARIANTS: &'static [&'static str];
+    /// One line for `dtrain list models`.
+    const SUMMARY: &'static str;
+
+    /// Builds the model on `device` (made an autodiff device if it is not one).
+    fn build(&self, device: &Device) -> Result<Box<dyn Model>, ModelError>;
+}
+
+/// One registered family, for listings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// The `kind` tag.
+    pub kind: &'static str,
+    /// Accepted `variant` names.
+    pub variants: &'static [&'static str],
+    /// One-line description.
+    pub summary: &'static str,
+}
+
+/// Resolves `device` to its autodiff form.
+pub(crate) fn autodiff(device: &Device) -> Device {
+    if device.is_autodiff() {
+        device.clone()
+    } else {
+        device.clone().autodiff()
+    }
+}
