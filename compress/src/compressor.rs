@@ -692,7 +692,6 @@ pub fn payload_bits(c: &dyn Compressor, segment_lens: &[usize]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::none::NoCompression;
 
     /// Both block scans find a bad value wherever it sits (first block, block edge, tail
     /// block), and scaling can create one (overflow) or remove none.
@@ -720,8 +719,9 @@ mod tests {
         }
     }
 
-    /// The identity compressor with a tiny segment limit, to exercise the framing's check.
-    struct Limited(NoCompression);
+    /// The identity compressor (the baseline, built through the registry so that this file
+    /// imports no method) with a tiny segment limit, to exercise the framing's check.
+    struct Limited(Box<dyn Compressor>);
 
     impl Compressor for Limited {
         fn method(&self) -> MethodId {
@@ -746,7 +746,12 @@ mod tests {
 
     #[test]
     fn segments_longer_than_the_method_limit_are_refused() {
-        let mut c = Limited(NoCompression);
+        let mut c = Limited(
+            crate::CompressorConfig::default_for(crate::BASELINE)
+                .unwrap()
+                .build()
+                .unwrap(),
+        );
         let g = [1.0f32; 8];
         let mut rng = Rng::seed_from_u64(0);
         let one = Ctx::default();
