@@ -70,6 +70,7 @@ pub mod adaptive;
 pub mod columns;
 pub mod dgc;
 pub mod dropping;
+pub mod efsignsgd;
 pub mod fft;
 pub mod fp16;
 pub mod mipd;
@@ -101,6 +102,7 @@ methods! {
     Fft(fft::FftConfig),
     Mipd(mipd::MipdConfig),
     Columns(columns::ColumnsConfig),
+    EfSignSgd(efsignsgd::EfSignSgdConfig),
 }
 
 pub use compressor::{

@@ -1,0 +1,215 @@
+//! `ef-signsgd`: the scaled sign of Karimireddy et al., "Error Feedback Fixes SignSGD and
+//! other Gradient Compression Schemes" (ICML 2019), Algorithm 1 (EF-SIGNSGD).
+//!
+//! Per segment (tensor) `p` of `d` elements, the compressed value is
+//! ```text
+//! C(p) = (‖p‖₁ / d) · sign(p)        sign(p_j) = +1 if p_j ≥ 0 (−0.0 and +0 included), else −1
+//! ```
+//! The scale keeps the magnitude that plain signSGD throws away, and the error-feedback
+//! memory (residual, this method's default) carries `p − C(p)` into the next step, which
+//! is what makes the biased sign converge like SGD (the paper's Theorem II). A zero maps to
+//! `+scale` (one bit cannot say 0), as GRACE's `efsignsgd` does; the residual absorbs it.
+//! The scale is accumulated in `f64` and sent as `f32`.
+//!
+//! Payloads differ in scale between workers, so they are all-gathered and each receiver
+//! decodes and sums them: the mean of the workers' scaled signs (the paper's aggregation).
+//!
+//! ## Body, per segment of `n` elements
+//! ```text
+//! f32 scale              finite, ≥ 0
+//! ⌈n/8⌉ bytes            bit j = 1 iff p_j ≥ 0, LSB-first; unused bits of the last byte 0
+//! ```
+//! Bits: `32 + 8⌈n/8⌉`, i.e. 1 bit per element plus 32 per tensor (≤ 1.05 bits per element
+//! from 640 elements on).
+
+use serde::{Deserialize, Serialize};
+
+use crate::compressor::{Aggregation, Compressor, MethodId};
+use crate::error::{ConfigError, WireError};
+use crate::memory::MemoryConfig;
+use crate::registry::Method;
+use crate::rng::Rng;
+use crate::wire::{Reader, Writer};
+
+/// Configuration of [`EfSignSgd`] (it has no parameters; the memory is configured as for
+/// every method, residual by default).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EfSignSgdConfig {}
+
+impl Method for EfSignSgdConfig {
+    const NAME: &'static str = "ef-signsgd";
+    const ABOUT: &'static str =
+        "EF-SignSGD: (|p|_1/d)·sign(p) per tensor, 1 bit/element + one f32, error feedback";
+    const ID: MethodId = MethodId(17);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(Box::new(EfSignSgd))
+    }
+
+    /// The scaled sign is biased: the paper's error feedback is the residual memory.
+    fn default_memory(&self) -> MemoryConfig {
+        MemoryConfig::RESIDUAL
+    }
+}
+
+/// The EF-SignSGD compressor (stateless and deterministic: it ignores the [`Rng`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EfSignSgd;
+
+impl Compressor for EfSignSgd {
+    fn method(&self) -> MethodId {
+        EfSignSgdConfig::ID
+    }
+
+    fn aggregation(&self) -> Aggregation {
+        Aggregation::Gather
+    }
+
+    fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
+        let l1: f64 = x.iter().map(|v| f64::from(v.abs())).sum();
+        let scale = if x.is_empty() {
+            0.0
+        } else {
+            (l1 / x.len() as f64) as f32
+        };
+        w.f32(scale);
+        let bits = w.zeroed(x.len().div_ceil(8));
+        for (byte, chunk) in bits.iter_mut().zip(x.chunks(8)) {
+            let mut b = 0u8;
+            for (k, v) in chunk.iter().enumerate() {
+                // 1 for p_j ≥ 0 (−0.0 included; the framing has checked x is finite).
+                b |= u8::from(*v >= 0.0) << k;
+            }
+            *byte = b;
+        }
+    }
+
+    fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
+        let scale = r.finite_f32("ef-signsgd scale")?;
+        if scale < 0.0 {
+            return Err(WireError::Invalid("ef-signsgd scale is negative"));
+        }
+        let n = out.len();
+        let bits = r.take(n.div_ceil(8), "ef-signsgd sign bits")?;
+        if n % 8 != 0 && bits[n / 8] >> (n % 8) != 0 {
+            return Err(WireError::Invalid(
+                "ef-signsgd: unused sign bits are not zero",
+            ));
+        }
+        for (chunk, &b) in out.chunks_mut(8).zip(bits) {
+            for (k, o) in chunk.iter_mut().enumerate() {
+                *o += if b >> k & 1 == 1 { scale } else { -scale };
+            }
+        }
+        Ok(())
+    }
+
+    fn segment_bits(&self, n: usize) -> Option<u64> {
+        Some(32 + 8 * n.div_ceil(8) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compressor::{compress_new, decompress, Ctx};
+    use crate::memory::{Memory, Residual};
+
+    fn round_trip(g: &[f32], segs: &[std::ops::Range<usize>]) -> Vec<f32> {
+        let mut c = EfSignSgd;
+        let ctx = Ctx {
+            segments: segs,
+            ..Ctx::default()
+        };
+        let p = compress_new(&mut c, g, &ctx, &mut Rng::seed_from_u64(0)).unwrap();
+        let mut out = vec![0f32; g.len()];
+        decompress(&c, p.as_bytes(), &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn scaled_sign_per_tensor_by_hand() {
+        // Tensor 1: ‖p‖₁ = 1 + 2 + 0 + 3 = 6, d = 4 → scale 1.5; zero and −0.0 map to +.
+        // Tensor 2: ‖p‖₁ = 0.5 + 0.25 + 0.75 = 1.5, d = 3 → scale 0.5.
+        let g = [1.0f32, -2.0, 0.0, 3.0, -0.5, -0.25, 0.75];
+        let out = round_trip(&g, &[0..4, 4..7]);
+        assert_eq!(out, [1.5, -1.5, 1.5, 1.5, -0.5, -0.5, 0.5]);
+        let out = round_trip(&[-0.0, 0.0], &[]);
+        assert_eq!(out, [0.0, 0.0], "an all-zero tensor has scale 0");
+    }
+
+    #[test]
+    fn the_scale_preserves_the_l1_norm_and_error_feedback_telescopes() {
+        // ‖C(p)‖₁ = ‖p‖₁ per tensor; with residual memory, Σ_t C(p_t) + e_T = Σ_t g_t.
+        let mut rng = Rng::seed_from_u64(3);
+        let mut mem = Residual::new(1.0, 1.0);
+        let (n, steps) = (1000, 20);
+        let mut sent_sum = vec![0f64; n];
+        let mut grad_sum = vec![0f64; n];
+        let mut c = EfSignSgd;
+        for step in 0..steps {
+            let g: Vec<f32> = (0..n).map(|_| rng.next_f32() * 2.0 - 1.0).collect();
+            let mut p = vec![0f32; n];
+            mem.compensate(0, &g, &mut p);
+            let ctx = Ctx {
+                step,
+                ..Ctx::default()
+            };
+            let payload = compress_new(&mut c, &p, &ctx, &mut Rng::seed_from_u64(0)).unwrap();
+            let mut d = vec![0f32; n];
+            decompress(&c, payload.as_bytes(), &mut d).unwrap();
+            let l1p: f64 = p.iter().map(|v| f64::from(v.abs())).sum();
+            let l1d: f64 = d.iter().map(|v| f64::from(v.abs())).sum();
+            assert!(
+                (l1p - l1d).abs() <= 1e-4 * l1p,
+                "step {step}: {l1p} vs {l1d}"
+            );
+            mem.update(0, &p, &d, &[]);
+            for j in 0..n {
+                sent_sum[j] += f64::from(d[j]);
+                grad_sum[j] += f64::from(g[j]);
+            }
+        }
+        let e = mem.export();
+        let residual = &e[&0];
+        for j in 0..n {
+            let lhs = sent_sum[j] + f64::from(residual[j]);
+            assert!(
+                (lhs - grad_sum[j]).abs() < 1e-3,
+                "{j}: {lhs} vs {}",
+                grad_sum[j]
+            );
+        }
+    }
+
+    #[test]
+    fn one_bit_per_element_plus_the_scale() {
+        let c = EfSignSgd;
+        assert_eq!(c.segment_bits(8), Some(32 + 8));
+        assert_eq!(c.segment_bits(9), Some(32 + 16));
+        let n = 640;
+        let bits = c.segment_bits(n).unwrap() as f64 / n as f64;
+        assert!(bits <= 1.05, "{bits}");
+    }
+
+    #[test]
+    fn malformed_bodies_are_refused() {
+        let c = EfSignSgd;
+        let mut out = [0f32; 3];
+        // Negative scale, non-finite scale, stray bits past n, short body.
+        for body in [
+            [(-1.0f32).to_le_bytes().as_slice(), &[0b101]].concat(),
+            [f32::NAN.to_le_bytes().as_slice(), &[0b101]].concat(),
+            [1.0f32.to_le_bytes().as_slice(), &[0b1101]].concat(),
+            1.0f32.to_le_bytes().to_vec(),
+        ] {
+            let mut r = Reader::new(&body);
+            assert!(c.decode_segment_add(&mut r, &mut out).is_err(), "{body:?}");
+        }
+        let body = [2.0f32.to_le_bytes().as_slice(), &[0b101]].concat();
+        c.decode_segment_add(&mut Reader::new(&body), &mut out)
+            .unwrap();
+        assert_eq!(out, [2.0, -2.0, 2.0]);
+    }
+}
