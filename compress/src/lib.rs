@@ -74,6 +74,7 @@ pub mod efsignsgd;
 pub mod fft;
 pub mod fp16;
 pub mod mipd;
+pub mod natural;
 pub mod none;
 pub mod onebit;
 pub mod qsgd;
@@ -103,6 +104,7 @@ methods! {
     Mipd(mipd::MipdConfig),
     Columns(columns::ColumnsConfig),
     EfSignSgd(efsignsgd::EfSignSgdConfig),
+    Natural(natural::NaturalConfig),
 }
 
 pub use compressor::{
