@@ -10,7 +10,7 @@
 //! * [`DgcMemory`], the momentum-corrected error-feedback memory: local momentum `u`, local
 //!   velocity accumulation `v`, optional Nesterov form, momentum-factor masking and local
 //!   gradient clipping ([`Clip`]). It is configured as
-//!   [`MemoryConfig::DgcMomentum`](crate::memory::MemoryConfig::DgcMomentum) and is the
+//!   [`MemoryConfig::DgcMomentum`] and is the
 //!   default memory of `kind = "dgc"`. It lives in [`crate::memory`] with the other
 //!   memories and is re-exported here.
 //!
