@@ -1242,10 +1242,9 @@ impl RunConfig {
             .map_err(|e| err(&format!("compress.memory.{}", e.field), e.reason.clone()))?;
         method
             .check(&RunUse {
-                collective: match (&dlcp, collective) {
-                    (Some(_), _) => Collective::Dlcp,
-                    (None, GatherCollective::AllGather) => Collective::AllGather,
-                    (None, GatherCollective::SparseAllReduce) => Collective::SparseAllReduce,
+                collective: match &dlcp {
+                    Some(_) => Collective::Dlcp,
+                    None => collective.into(),
                 },
                 parameter_server: c.mode == ClusterMode::Ps,
                 memory: &memory,

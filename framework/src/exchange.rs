@@ -236,6 +236,15 @@ pub enum GatherCollective {
     SparseAllReduce,
 }
 
+impl From<GatherCollective> for Collective {
+    fn from(c: GatherCollective) -> Collective {
+        match c {
+            GatherCollective::AllGather => Collective::AllGather,
+            GatherCollective::SparseAllReduce => Collective::SparseAllReduce,
+        }
+    }
+}
+
 /// A collective, with the buffers it works on.
 enum Op {
     Sum(Vec<f32>),
@@ -630,10 +639,7 @@ impl Exchanger {
     /// follows from their method ([`Collective::of`]) and the gather collective; the
     /// uncompressed buckets use the dense all-reduce, or DLCP when it is set.
     pub fn collectives(&self) -> Vec<Collective> {
-        let requested = match self.gather {
-            GatherCollective::AllGather => Collective::AllGather,
-            GatherCollective::SparseAllReduce => Collective::SparseAllReduce,
-        };
+        let requested = Collective::from(self.gather);
         self.slots
             .iter()
             .map(|s| match &s.pipe {
