@@ -49,8 +49,8 @@ use crate::exchange::GatherCollective;
 use dtrain_models::ModelSpec;
 use serde::{Deserialize, Serialize};
 
-use crate::bucket::BucketPolicy;
 use crate::device::DeviceKind;
+use crate::exchange::bucket::BucketPolicy;
 use crate::lr::{Decay, LrSchedule};
 use crate::optim::{OptimizerConfig, OptimizerKind};
 

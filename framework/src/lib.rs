@@ -9,10 +9,10 @@
 //!   blocks are kept for the next step instead of being unmapped and faulted in again.
 //! * [`bench`](mod@bench): the benchmarks behind `dtrain bench …` (compression throughput, error and
 //!   bits per element).
-//! * [`bucket`]: layer-aligned gradient buckets and the dense bypass for small tensors.
 //! * [`checkpoint`]: checksummed checkpoint container, atomic writes.
 //! * [`exchange`]: one step's gradient exchange (compress → collective → decompress →
-//!   average) for every aggregation kind.
+//!   average) for every aggregation kind, with its layer-aligned buckets
+//!   ([`exchange::bucket`]), schedule, communication thread and checkpoint state.
 //! * [`optim`]: SGD / momentum / Nesterov / Adam / AdamW on flat buffers (PyTorch semantics).
 //! * [`mipd`]: MIPD over the parameter server — the PS aggregator around the pure MIPD
 //!   server state, and the worker's per-shard encoder / pull decoder.
@@ -27,7 +27,6 @@
 
 pub mod alloc;
 pub mod bench;
-pub mod bucket;
 pub mod checkpoint;
 pub mod config;
 pub mod data;

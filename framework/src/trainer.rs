@@ -35,10 +35,10 @@ use dtrain_compress::Collective;
 use dtrain_models::{Device, Metrics, Model};
 use serde::{Deserialize, Serialize};
 
-use crate::bucket::ParamInfo;
 use crate::checkpoint::{self, Checkpoint, CheckpointError};
 use crate::config::{NonFinitePolicy, Plan};
 use crate::data::TrainData;
+use crate::exchange::bucket::ParamInfo;
 use crate::exchange::{ExchangeError, Exchanger};
 use crate::optim::{GroupState, Optimizer};
 use crate::ps_mode::{PsState, Ready};

@@ -26,7 +26,7 @@ use dtrain_compress::{CompressorConfig, RunFacts};
 use super::common::{Op, Options, Row};
 use super::compress::parse_method;
 use super::gradient::{synthesize, Shape};
-use crate::bucket::{BucketPolicy, ParamInfo};
+use crate::exchange::bucket::{BucketPolicy, ParamInfo};
 use crate::exchange::Exchanger;
 
 pub use super::common::Breakdown;

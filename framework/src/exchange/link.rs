@@ -1,0 +1,135 @@
+//! Where the collectives run: inline on the calling thread or on the communication thread,
+//! in submission order either way.
+
+use std::collections::VecDeque;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use dtrain_comms::dlcp::{DlcpConfig, DlcpReport, DlcpTensor};
+use dtrain_comms::{CommError, Communicator, SparseSlice, Transport};
+
+/// A collective, with the buffers it works on.
+pub(super) enum Op {
+    Sum(Vec<f32>),
+    Gather(Vec<u8>),
+    Broadcast(Vec<u8>, usize),
+    /// Sparse all-reduce of (indices, values) into the dense output buffer.
+    Sparse(Vec<u32>, Vec<f32>, Vec<f32>),
+    /// DLCP bounded-loss all-reduce of a dense bucket with its tensors.
+    Lossy(Vec<f32>, Arc<[DlcpTensor]>, Arc<DlcpConfig>),
+}
+
+/// A collective's result: the buffers, back.
+pub(super) enum Reply {
+    Sum(Vec<f32>),
+    /// The dense sum, and the index / value buffers back for reuse.
+    Sparse(Vec<f32>, Vec<u32>, Vec<f32>),
+    Gather(Vec<Vec<u8>>),
+    Broadcast(Vec<u8>),
+    /// The (lossy) sum and the round's report.
+    Lossy(Vec<f32>, Box<DlcpReport>),
+}
+
+pub(super) struct Done {
+    pub(super) result: Result<Reply, CommError>,
+    /// Seconds the collective took where it ran.
+    pub(super) secs: f64,
+}
+
+pub(super) fn run_op<T: Transport>(comm: &mut Communicator<T>, op: Op) -> Done {
+    let t = Instant::now();
+    let result = match op {
+        Op::Sum(mut v) => comm.all_reduce_sum(&mut v).map(|()| Reply::Sum(v)),
+        Op::Gather(b) => comm.all_gather(&b).map(Reply::Gather),
+        Op::Broadcast(mut b, root) => comm.broadcast(&mut b, root).map(|()| Reply::Broadcast(b)),
+        Op::Lossy(mut v, tensors, cfg) => comm
+            .dlcp_all_reduce(&mut v, &tensors, &cfg)
+            .map(|r| Reply::Lossy(v, Box::new(r))),
+        Op::Sparse(idx, vals, mut out) => match SparseSlice::new(out.len(), &idx, &vals) {
+            Ok(input) => comm
+                .sparse_all_reduce_dense(input, &mut out)
+                .map(|()| Reply::Sparse(out, idx, vals)),
+            Err(e) => Err(CommError::InvalidArgument(format!(
+                "sparse all-reduce input: {e}"
+            ))),
+        },
+    };
+    Done {
+        result,
+        secs: t.elapsed().as_secs_f64(),
+    }
+}
+
+/// Where the collectives run: inline on the calling thread, or on the communication
+/// thread (in submission order either way, which is what keeps the ranks in step).
+pub(super) enum Link<'a, T: Transport> {
+    Inline {
+        comm: &'a mut Communicator<T>,
+        done: VecDeque<Done>,
+    },
+    Thread {
+        jobs: mpsc::Sender<Op>,
+        done: mpsc::Receiver<Done>,
+    },
+}
+
+/// The link plus the calling thread's blocked time, so (de)compression timings can leave
+/// it out.
+pub(super) struct Comms<'a, T: Transport> {
+    pub(super) link: Link<'a, T>,
+    /// Seconds blocked on communication so far (→ `wait_s`).
+    pub(super) blocked: f64,
+    /// Seconds inside collectives so far (→ `communicate_s`).
+    pub(super) busy: f64,
+}
+
+impl<T: Transport> Comms<'_, T> {
+    pub(super) fn submit(&mut self, op: Op) {
+        match &mut self.link {
+            Link::Inline { comm, done } => {
+                let d = run_op(comm, op);
+                self.blocked += d.secs;
+                done.push_back(d);
+            }
+            Link::Thread { jobs, .. } => {
+                // A closed channel means the thread stopped after a failed collective; the
+                // failure is the next result `wait` returns.
+                let _ = jobs.send(op);
+            }
+        }
+    }
+
+    pub(super) fn wait(&mut self) -> Result<Reply, CommError> {
+        let d = match &mut self.link {
+            Link::Inline { done, .. } => done.pop_front().expect("a collective was submitted"),
+            Link::Thread { done, .. } => {
+                let t = Instant::now();
+                let d = done
+                    .recv()
+                    .expect("the communication thread answers every submitted collective");
+                self.blocked += t.elapsed().as_secs_f64();
+                d
+            }
+        };
+        self.busy += d.secs;
+        d.result
+    }
+}
+
+/// The communication thread: runs collectives in submission order until the channel
+/// closes or one fails (later ones would only fail or hang; the caller stops at the first
+/// error it receives).
+pub(super) fn comm_thread<T: Transport>(
+    comm: &mut Communicator<T>,
+    jobs: mpsc::Receiver<Op>,
+    done: mpsc::Sender<Done>,
+) {
+    for op in jobs {
+        let d = run_op(comm, op);
+        let failed = d.result.is_err();
+        if done.send(d).is_err() || failed {
+            break;
+        }
+    }
+}

@@ -1,0 +1,428 @@
+//! The gradient exchange of one data-parallel step: bucket → compensate → compress → the
+//! collective the method's aggregation needs → decompress / sum → average.
+//!
+//! | aggregation | collective | receive side |
+//! |---|---|---|
+//! | uncompressed bucket | all-reduce sum (f32) | — |
+//! | `Dense` | decode own payload, all-reduce sum | — |
+//! | `Summable` | all-reduce sum of the payload's f32 value lanes | decode the summed payload once |
+//! | `Gather` | all-gather(v) of payload bytes | decode and add every rank's payload |
+//! | `Gather`, [`GatherCollective::SparseAllReduce`] | decode own payload; sparse all-reduce of its non-zeros | — |
+//! | two-phase (ScaleCom) | broadcast of the root's agreement, then the above | as above |
+//!
+//! Every rank ends with bit-identical averaged gradients: all-reduce sums are bit-identical
+//! by construction in dtrain-comms, and gathered payloads are decoded in rank order.
+//!
+//! ## Sparse all-reduce instead of all-gather
+//! With [`GatherCollective::SparseAllReduce`] (`[compress] collective = "sparse-allreduce"`)
+//! a `Gather` method's bucket is not gathered: every rank decodes its own payload and the
+//! non-zeros of the result go through dtrain-comms' sparse all-reduce (each rank owns an
+//! index range, sums the shares of its range in rank order, and sends the reduced range to
+//! everyone; a range switches to a dense encoding once that is cheaper). Each rank then
+//! receives about `(P−1)/P·(k + |sum|)` delta-coded entries (≈ 5 bytes) instead of `(P−1)·k`
+//! 8-byte pairs: less from P = 3 on even for independent index sets, far less when they
+//! overlap (the usual case for top-k / DGC gradients), and never the
+//! "gradient build-up" of decoding P payloads. The sum is taken in rank order from `+0.0`,
+//! exactly as the gathered payloads are added, so both collectives give bit-identical
+//! gradients (tested for every sparse method).
+//!
+//! ## Two-phase methods (ScaleCom's CLT-k)
+//! A compressor whose [`Compressor::broadcast_root`](dtrain_compress::Compressor::broadcast_root) names a root (ScaleCom: the leader
+//! `step mod P`) runs the agreement protocol of that method before compressing: every rank
+//! compensates its gradient with its memory; the root encodes its message (ScaleCom: the
+//! top-k index set of its compensated gradient); the message is broadcast from the root;
+//! every rank installs it and compresses at it; the memory is updated with the rank's own
+//! decoded payload; the payloads' value lanes are all-reduced and the sum decoded once.
+//! See [`dtrain_compress::Pipeline`] for the calls.
+//!
+//! The world size is the communicator's: before every step the exchanger hands it to every
+//! compressor ([`Compressor::set_world_size`](dtrain_compress::Compressor::set_world_size)), which **overrides** a world size written in
+//! the method's config (ScaleCom's `workers`, whose default is 1), so a config need not
+//! repeat `[cluster] workers`.
+//!
+//! ## Overlap
+//! With [`Exchanger::set_overlap`] on (the default) the collectives run on a second thread
+//! (scoped to the call) while the calling thread compresses and decompresses: bucket `i`'s
+//! communication overlaps the compression of bucket `i + 1` and the decompression of bucket
+//! `i − 1`, the way DDP overlaps buckets with backward. Both paths run the same static
+//! schedule (per bucket `i`: [the second phase of `i`,] the first phase of `i + 1`, then
+//! finish `i`), so the collectives are issued in the same order on every rank and the
+//! results are bit-identical to the sequential path (overlap off). [`ExchangeStats`]
+//! documents what each timing means in both modes.
+//!
+//! ## Layout
+//! The gradient goes out and comes back inside this folder: [`bucket`] plans the
+//! layer-aligned buckets and gathers / scatters them; `dense` is the fast path where no
+//! bucket is compressed; `schedule` the static per-bucket schedule of a compressed (or
+//! DLCP) exchange; `link` runs its collectives inline or on the communication thread;
+//! `state` is what an exchanger carries across steps ([`ExchangerState`]).
+
+pub mod bucket;
+mod dense;
+mod link;
+mod schedule;
+mod state;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use dtrain_comms::dlcp::{DlcpConfig, DlcpTensor};
+use dtrain_comms::{CommError, Communicator, Transport};
+use dtrain_compress::memory::DlcpResidual;
+use dtrain_compress::{
+    Collective, CompressError, CompressorConfig, ConfigError, MemoryConfig, Pipeline, WireError,
+};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use bucket::{Bucket, BucketPolicy, ParamInfo};
+use dense::contiguous;
+use schedule::{Flight, Slot};
+pub(crate) use state::bits;
+pub use state::{BucketShape, ExchangerState};
+
+/// Why an exchange failed.
+#[derive(Debug, Error)]
+pub enum ExchangeError {
+    /// The collective failed (names the peer where one is to blame).
+    #[error("communication failed in bucket {bucket}: {source}")]
+    Comm {
+        /// Bucket id.
+        bucket: u64,
+        /// The collective's error.
+        source: CommError,
+    },
+    /// The local gradient could not be compressed (e.g. non-finite values), or a two-phase
+    /// method's agreement message did not fit.
+    #[error("compression failed in bucket {bucket}: {source}")]
+    Compress {
+        /// Bucket id.
+        bucket: u64,
+        /// The compressor's error.
+        source: CompressError,
+    },
+    /// A payload received from a peer did not decode.
+    #[error("payload from rank {rank} in bucket {bucket} did not decode: {source}")]
+    Decode {
+        /// Sending rank.
+        rank: usize,
+        /// Bucket id.
+        bucket: u64,
+        /// The decoder's error.
+        source: WireError,
+    },
+    /// The flat gradient does not match the parameter listing.
+    #[error("gradient has {got} elements, the model lists {want}")]
+    Length {
+        /// Elements the model's parameters add up to.
+        want: usize,
+        /// Elements given.
+        got: usize,
+    },
+}
+
+/// Time and bytes of one exchange.
+///
+/// The calling thread's wall time of [`Exchanger::exchange`] is about
+/// `compress_s + decompress_s + wait_s` in both modes. With overlap off, every collective
+/// runs on the calling thread and `wait_s == communicate_s`. With overlap on, the
+/// collectives run on the communication thread; `communicate_s` is that thread's busy time,
+/// `wait_s` the part of it the calling thread could not hide behind (de)compression, so
+/// `communicate_s − wait_s` estimates the hidden communication.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ExchangeStats {
+    /// Seconds the calling thread spent before communication: gathering buckets,
+    /// compensate + compress (including the own-payload decode for error feedback), a
+    /// two-phase method's agreement message and install, the own decode of `Dense` methods
+    /// and the extraction of `Summable` value lanes.
+    pub compress_s: f64,
+    /// Seconds inside collectives (sum over collectives of their duration, measured where
+    /// they run). Overlaps `compress_s` / `decompress_s` when overlapping.
+    pub communicate_s: f64,
+    /// Seconds the calling thread was blocked on communication: waiting for a collective's
+    /// result that was not ready (overlap on), or running it (overlap off, then equal to
+    /// `communicate_s`).
+    #[serde(default)]
+    pub wait_s: f64,
+    /// Seconds the calling thread spent after communication: decoding and summing received
+    /// payloads, averaging and scattering into the flat gradient.
+    pub decompress_s: f64,
+    /// Bytes this rank sent (framing included).
+    pub bytes_sent: u64,
+    /// Bytes this rank received (framing included).
+    pub bytes_received: u64,
+    /// Bytes of this rank's encoded payloads (what a perfect transport would send), plus
+    /// the agreement messages this rank broadcast as root.
+    pub payload_bytes: u64,
+    /// Elements exchanged (the model size).
+    pub elements: u64,
+    /// DLCP: gradient elements (all workers' contributions) the bounded-loss all-reduce
+    /// completed without, this exchange.
+    #[serde(default)]
+    pub lossy_dropped: u64,
+    /// DLCP: gradient elements (all workers' contributions) it carried.
+    #[serde(default)]
+    pub lossy_elems: u64,
+    /// DLCP: packets this worker retransmitted.
+    #[serde(default)]
+    pub retransmitted: u64,
+    /// Whether the averaged gradient holds a NaN or an infinity, where the exchange already
+    /// found out while writing it (the uncompressed path checks in its averaging pass, so
+    /// the caller need not scan the gradient again); `None` where it did not look.
+    #[serde(default)]
+    pub non_finite: Option<bool>,
+}
+
+/// Which collective carries the payloads of a `Gather` method.
+/// Its serde names are the config's spelling (`[compress] collective`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum GatherCollective {
+    /// All-gather(v) of the payload bytes; every rank decodes all of them.
+    #[default]
+    #[serde(rename = "allgather")]
+    AllGather,
+    /// Sparse all-reduce of each rank's decoded payload (see the [module docs](self)).
+    #[serde(rename = "sparse-allreduce")]
+    SparseAllReduce,
+}
+
+impl From<GatherCollective> for Collective {
+    fn from(c: GatherCollective) -> Collective {
+        match c {
+            GatherCollective::AllGather => Collective::AllGather,
+            GatherCollective::SparseAllReduce => Collective::SparseAllReduce,
+        }
+    }
+}
+
+/// DLCP for the dense buckets ([`Exchanger::set_dlcp`]), built once: the configuration and
+/// each bucket's tensors are shared with every round instead of rebuilt per step.
+struct Lossy {
+    cfg: Arc<DlcpConfig>,
+    /// Whether dropped values return to the next gradient.
+    error_feedback: bool,
+    /// Per bucket id: its parameters as DLCP tensors, numbered by model position.
+    tensors: BTreeMap<u64, Arc<[DlcpTensor]>>,
+}
+
+/// Compresses and exchanges flat gradients, bucket by bucket. One per worker.
+pub struct Exchanger {
+    slots: Vec<Slot>,
+    total: usize,
+    seed: u64,
+    method: &'static str,
+    memory: MemoryConfig,
+    overlap: bool,
+    gather: GatherCollective,
+    theta_scale: f64,
+    /// Buffers of finished buckets, reused by the next ones.
+    spare: Vec<Flight>,
+    /// DLCP for the dense buckets, and whether dropped values return to the sender.
+    lossy: Option<Lossy>,
+    /// DLCP error feedback: per dense bucket, this worker's values no owner used last time.
+    lossy_residual: DlcpResidual,
+}
+
+impl Exchanger {
+    /// Plans buckets for `params` and builds one compressor + memory per compressed bucket.
+    /// Overlap is on; the world size comes from the communicator at each exchange.
+    pub fn new(
+        params: &[ParamInfo],
+        policy: &BucketPolicy,
+        method: &CompressorConfig,
+        memory: &MemoryConfig,
+        seed: u64,
+    ) -> Result<Self, ConfigError> {
+        let uncompressed = method.passthrough();
+        let mut slots = Vec::new();
+        for b in bucket::plan(params, policy) {
+            let pipe = if b.compressed && !uncompressed {
+                let mut c = method.build()?;
+                let shapes: Vec<Vec<usize>> =
+                    b.params.iter().map(|&i| params[i].shape.clone()).collect();
+                c.set_segment_shapes(&shapes);
+                Some(Pipeline::new(c, memory.build()?))
+            } else {
+                None
+            };
+            let range = contiguous(&b);
+            slots.push(Slot {
+                bucket: b,
+                pipe,
+                range,
+            });
+        }
+        Ok(Exchanger {
+            slots,
+            total: params.iter().map(|p| p.numel()).sum(),
+            seed,
+            method: method.name(),
+            memory: *memory,
+            overlap: true,
+            gather: GatherCollective::AllGather,
+            theta_scale: 1.0,
+            spare: Vec::new(),
+            lossy: None,
+            lossy_residual: DlcpResidual::new(),
+        })
+    }
+
+    /// Sends the uncompressed (dense f32) buckets through DLCP's bounded-loss all-reduce
+    /// ([`Communicator::dlcp_all_reduce`]) instead of the ring: each bucket's parameters are
+    /// its tensors, numbered by their position in the model (layer 0 = input side). With
+    /// `error_feedback`, the values of this worker that a round completed without are added
+    /// to its gradient of the bucket at the next exchange.
+    pub fn set_dlcp(&mut self, cfg: DlcpConfig, error_feedback: bool) {
+        let tensors = self
+            .slots
+            .iter()
+            .map(|s| {
+                let first = s.bucket.params.first().copied().unwrap_or(0);
+                let first = first.min(u32::MAX as usize) as u32;
+                (
+                    s.bucket.id,
+                    DlcpTensor::from_segments(&s.bucket.segments, first).into(),
+                )
+            })
+            .collect();
+        self.lossy = Some(Lossy {
+            cfg: Arc::new(cfg),
+            error_feedback,
+            tensors,
+        });
+        self.lossy_residual.clear();
+    }
+
+    /// Chooses the collective for `Gather` methods' payloads (default all-gather). Either
+    /// gives bit-identical gradients; only bytes and time differ.
+    pub fn set_gather_collective(&mut self, c: GatherCollective) {
+        self.gather = c;
+    }
+
+    /// The collective for `Gather` methods' payloads.
+    pub fn gather_collective(&self) -> GatherCollective {
+        self.gather
+    }
+
+    /// The collective each bucket's exchange uses, in bucket order: the compressed buckets'
+    /// follows from their method ([`Collective::of`]) and the gather collective; the
+    /// uncompressed buckets use the dense all-reduce, or DLCP when it is set.
+    pub fn collectives(&self) -> Vec<Collective> {
+        let requested = Collective::from(self.gather);
+        self.slots
+            .iter()
+            .map(|s| match &s.pipe {
+                Some(pipe) => Collective::of(pipe.compressor(), requested),
+                None if self.lossy.is_some() => Collective::Dlcp,
+                None => Collective::AllReduce,
+            })
+            .collect()
+    }
+
+    /// The bucket plan.
+    pub fn buckets(&self) -> impl Iterator<Item = &Bucket> {
+        self.slots.iter().map(|s| &s.bucket)
+    }
+
+    /// Turns the overlap of communication with (de)compression on (the default) or off.
+    /// Results are bit-identical either way; only the timing changes.
+    pub fn set_overlap(&mut self, on: bool) {
+        self.overlap = on;
+    }
+
+    /// Whether communication overlaps (de)compression.
+    pub fn overlap(&self) -> bool {
+        self.overlap
+    }
+
+    fn pipes(&self) -> impl Iterator<Item = &Pipeline> {
+        self.slots.iter().filter_map(|s| s.pipe.as_ref())
+    }
+
+    fn pipes_mut(&mut self) -> impl Iterator<Item = &mut Pipeline> {
+        self.slots.iter_mut().filter_map(|s| s.pipe.as_mut())
+    }
+
+    /// What to log as the method's compression knob after a step:
+    /// `("theta", θ)` for FFT (θ of the last exchange, after its schedule and
+    /// [`Exchanger::scale_theta`]), `("density", ρ)` for top-k, random-k, ScaleCom,
+    /// gradient dropping and DGC (its warm-up density of the last exchange); `None` for the
+    /// other methods and when nothing is compressed ([`Compressor::ratio_metric`](dtrain_compress::Compressor::ratio_metric)). Before
+    /// the first exchange, the configured starting value.
+    pub fn ratio_metric(&self) -> Option<(&'static str, f64)> {
+        self.pipes().next()?.compressor().ratio_metric()
+    }
+
+    /// The "recover" rule ([`dtrain_compress::schedule::Recover`]): multiplies the drop
+    /// ratio θ of every FFT compressor by `factor`. The scale persists and applies on top
+    /// of the θ schedule at every later step; it is part of [`Exchanger::export_state`].
+    /// Returns `false`, changing nothing, when the method has no θ.
+    ///
+    /// # Panics
+    /// If `factor` is negative or not finite.
+    pub fn scale_theta(&mut self, factor: f64) -> bool {
+        dtrain_compress::compressor::check_factor(factor);
+        let mut any = false;
+        for p in self.pipes_mut() {
+            any |= p.compressor_mut().scale_theta(factor);
+        }
+        if any {
+            self.theta_scale *= factor;
+        }
+        any
+    }
+
+    /// The product of the factors of every successful [`Exchanger::scale_theta`] (1
+    /// initially, and always 1 for methods without θ).
+    pub fn theta_scale(&self) -> f64 {
+        self.theta_scale
+    }
+
+    /// Replaces `grad` (this rank's flat gradient) by the average over all ranks of the
+    /// (compressed) gradients, identically on every rank. `step` must advance identically on
+    /// every rank (it seeds RNG streams, schedules and ScaleCom's leader).
+    pub fn exchange<T: Transport>(
+        &mut self,
+        comm: &mut Communicator<T>,
+        grad: &mut [f32],
+        step: u64,
+    ) -> Result<ExchangeStats, ExchangeError> {
+        if grad.len() != self.total {
+            return Err(ExchangeError::Length {
+                want: self.total,
+                got: grad.len(),
+            });
+        }
+        let world = comm.world_size();
+        for p in self.pipes_mut() {
+            p.compressor_mut().set_world_size(world);
+        }
+        let mut st = ExchangeStats {
+            elements: self.total as u64,
+            ..ExchangeStats::default()
+        };
+        let before = comm.total_bytes();
+        if self.is_dense() {
+            self.average_dense(comm, grad, &mut st)?;
+        } else {
+            self.pipelined(comm, grad, step, &mut st)?;
+        }
+        let d = comm.total_bytes() - before;
+        st.bytes_sent = d.sent;
+        st.bytes_received = d.received;
+        Ok(st)
+    }
+
+    /// Whether [`Exchanger::exchange`] takes the dense path: no compressor on any bucket and
+    /// no bounded-loss transport. Its result is then a plain sum (times 1/P) in which a NaN
+    /// or infinity on any rank's gradient stays non-finite, and it is checked as it is
+    /// averaged ([`ExchangeStats::non_finite`]; with one rank the gradient is its own
+    /// average), so a caller need not scan the gradient before the exchange. A compressor
+    /// may drop a non-finite value, so compressed exchanges need that scan.
+    pub fn is_dense(&self) -> bool {
+        self.lossy.is_none() && self.slots.iter().all(|s| s.pipe.is_none())
+    }
+}
+
+#[cfg(test)]
+mod tests;

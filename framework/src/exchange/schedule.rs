@@ -1,0 +1,400 @@
+//! The static bucket schedule of a compressed (or DLCP) exchange: per bucket gather,
+//! compress, collective, decompress, average.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use dtrain_comms::{Communicator, Transport};
+use dtrain_compress::memory::DlcpResidual;
+use dtrain_compress::{summable_lanes, Aggregation, Ctx, Payload, Pipeline, Rng};
+
+use super::bucket::{self, Bucket};
+use super::link::{comm_thread, Comms, Link, Op, Reply};
+use super::{ExchangeError, ExchangeStats, Exchanger, GatherCollective, Lossy};
+
+pub(super) struct Slot {
+    pub(super) bucket: Bucket,
+    pub(super) pipe: Option<Pipeline>,
+    /// The bucket's range of the flat gradient when it is one ([`contiguous`]), fixed by
+    /// the plan: an uncompressed bucket is then averaged in place.
+    pub(super) range: Option<Range<usize>>,
+}
+
+/// One bucket in flight: its buffers travel with it (and to the communication thread and
+/// back); they return to a pool afterwards, so a steady-state step allocates little.
+#[derive(Default)]
+pub(super) struct Flight {
+    /// The gathered gradient; then what goes into / comes out of a dense all-reduce.
+    pub(super) buf: Vec<f32>,
+    /// Sparse all-reduce input: indices of the decoded payload's non-zeros.
+    pub(super) idx: Vec<u32>,
+    /// Sparse all-reduce input: their values.
+    pub(super) vals: Vec<f32>,
+    /// `Summable`: the value lanes (f32) being all-reduced.
+    pub(super) lane: Vec<f32>,
+    /// The byte ranges of the lanes in `payload`.
+    pub(super) lanes: Vec<Range<usize>>,
+    pub(super) payload: Payload,
+    /// A two-phase method's agreement message.
+    pub(super) msg: Vec<u8>,
+}
+
+impl Exchanger {
+    /// The compressed (or DLCP) exchange: per bucket gather, compress, collective,
+    /// decompress, average, with the collectives on a second thread when overlapping.
+    pub(super) fn pipelined<T: Transport>(
+        &mut self,
+        comm: &mut Communicator<T>,
+        grad: &mut [f32],
+        step: u64,
+        st: &mut ExchangeStats,
+    ) -> Result<(), ExchangeError> {
+        let (world, rank) = (comm.world_size(), comm.rank());
+        let job = Job {
+            slots: &mut self.slots,
+            spare: &mut self.spare,
+            lossy: self.lossy.as_ref(),
+            lossy_residual: &mut self.lossy_residual,
+            gather: self.gather,
+            seed: self.seed,
+            step,
+            rank,
+            inv: 1.0 / world as f32,
+        };
+        // Overlap needs something to overlap with: two buckets and a peer.
+        let (res, blocked, busy) = if self.overlap && job.slots.len() > 1 && world > 1 {
+            let (jobs_tx, jobs_rx) = mpsc::channel();
+            let (done_tx, done_rx) = mpsc::channel();
+            std::thread::scope(|s| {
+                let c = &mut *comm;
+                s.spawn(move || comm_thread(c, jobs_rx, done_tx));
+                let mut comms = Comms::<'_, T> {
+                    link: Link::Thread {
+                        jobs: jobs_tx,
+                        done: done_rx,
+                    },
+                    blocked: 0.0,
+                    busy: 0.0,
+                };
+                let res = job.run(&mut comms, grad, st);
+                // Dropping the link closes the job channel: the thread finishes what was
+                // submitted (on an error) and ends; the scope joins it.
+                (res, comms.blocked, comms.busy)
+            })
+        } else {
+            let mut comms = Comms {
+                link: Link::Inline {
+                    comm: &mut *comm,
+                    done: VecDeque::new(),
+                },
+                blocked: 0.0,
+                busy: 0.0,
+            };
+            let res = job.run(&mut comms, grad, st);
+            (res, comms.blocked, comms.busy)
+        };
+        res?;
+        st.wait_s = blocked;
+        st.communicate_s = busy;
+        Ok(())
+    }
+}
+
+/// One exchange's compute side: the static bucket schedule.
+struct Job<'a> {
+    slots: &'a mut [Slot],
+    spare: &'a mut Vec<Flight>,
+    lossy: Option<&'a Lossy>,
+    lossy_residual: &'a mut DlcpResidual,
+    gather: GatherCollective,
+    seed: u64,
+    step: u64,
+    rank: usize,
+    inv: f32,
+}
+
+/// What the next collective result of a bucket is for.
+enum Stage {
+    /// Uncompressed bucket, or a `Dense` method: a dense sum.
+    Dense,
+    /// A two-phase method's agreement broadcast.
+    Agreement,
+    /// The all-reduce of the value lanes.
+    Lanes,
+    /// The all-gather of the payloads.
+    Gathered,
+    /// The sparse all-reduce of the decoded payloads.
+    SparseSum,
+    /// DLCP's bounded-loss all-reduce of a dense bucket.
+    Lossy,
+}
+
+impl Job<'_> {
+    fn run<T: Transport>(
+        mut self,
+        comms: &mut Comms<'_, T>,
+        grad: &mut [f32],
+        st: &mut ExchangeStats,
+    ) -> Result<(), ExchangeError> {
+        let n = self.slots.len();
+        let mut flights: VecDeque<(Flight, Stage)> = VecDeque::new();
+        if n > 0 {
+            flights.push_back(self.start(0, comms, grad, st)?);
+        }
+        for i in 0..n {
+            if matches!(flights[0].1, Stage::Agreement) {
+                let (f, _) = flights.pop_front().expect("bucket i in flight");
+                let next = self.agree(i, f, comms, st)?;
+                flights.push_front(next);
+            }
+            if i + 1 < n {
+                let next = self.start(i + 1, comms, grad, st)?;
+                flights.push_back(next);
+            }
+            let (f, stage) = flights.pop_front().expect("bucket i in flight");
+            self.finish(i, f, stage, comms, grad, st)?;
+        }
+        Ok(())
+    }
+
+    /// Phase one of bucket `i`: gather, then compress and submit its collective (or, for a
+    /// two-phase method, compensate and submit the agreement broadcast).
+    fn start<T: Transport>(
+        &mut self,
+        i: usize,
+        comms: &mut Comms<'_, T>,
+        grad: &[f32],
+        st: &mut ExchangeStats,
+    ) -> Result<(Flight, Stage), ExchangeError> {
+        let t0 = Instant::now();
+        let b0 = comms.blocked;
+        let (step, rank, seed) = (self.step, self.rank, self.seed);
+        let mut f = self.spare.pop().unwrap_or_default();
+        let Slot { bucket, pipe, .. } = &mut self.slots[i];
+        bucket::gather(bucket, grad, &mut f.buf);
+        let id = bucket.id;
+        let ctx = Ctx {
+            step,
+            rank: rank as u32,
+            bucket: id,
+            segments: &bucket.segments,
+        };
+        let compress_err = |source| ExchangeError::Compress { bucket: id, source };
+        let stage = match pipe {
+            None if self.lossy.is_some() => {
+                let lossy = self.lossy.expect("checked");
+                if lossy.error_feedback {
+                    self.lossy_residual.add_back(id, &mut f.buf);
+                }
+                st.payload_bytes += 4 * f.buf.len() as u64;
+                comms.submit(Op::Lossy(
+                    std::mem::take(&mut f.buf),
+                    lossy.tensors[&id].clone(),
+                    lossy.cfg.clone(),
+                ));
+                Stage::Lossy
+            }
+            None => {
+                st.payload_bytes += 4 * f.buf.len() as u64;
+                comms.submit(Op::Sum(std::mem::take(&mut f.buf)));
+                Stage::Dense
+            }
+            Some(pipe) => match pipe.broadcast_root(&ctx) {
+                Some(root) => {
+                    pipe.compensate(&f.buf, &ctx);
+                    f.msg.clear();
+                    if root == rank {
+                        pipe.broadcast_message(&ctx, &mut f.msg)
+                            .map_err(compress_err)?;
+                        st.payload_bytes += f.msg.len() as u64;
+                    }
+                    comms.submit(Op::Broadcast(std::mem::take(&mut f.msg), root));
+                    Stage::Agreement
+                }
+                None => {
+                    let mut rng = Rng::for_step(seed, step, rank as u64, id);
+                    pipe.compress(&f.buf, &ctx, &mut rng, &mut f.payload)
+                        .map_err(compress_err)?;
+                    submit_payload(pipe, id, rank, self.gather, &mut f, comms, st)?
+                }
+            },
+        };
+        st.compress_s += t0.elapsed().as_secs_f64() - (comms.blocked - b0);
+        Ok((f, stage))
+    }
+
+    /// Phase two of a two-phase bucket: install the broadcast agreement, compress under it
+    /// and submit the payload's collective.
+    fn agree<T: Transport>(
+        &mut self,
+        i: usize,
+        mut f: Flight,
+        comms: &mut Comms<'_, T>,
+        st: &mut ExchangeStats,
+    ) -> Result<(Flight, Stage), ExchangeError> {
+        let Slot { bucket, pipe, .. } = &mut self.slots[i];
+        let id = bucket.id;
+        let msg = match comms.wait() {
+            Ok(Reply::Broadcast(m)) => m,
+            Ok(_) => unreachable!("replies come in submission order"),
+            Err(source) => return Err(ExchangeError::Comm { bucket: id, source }),
+        };
+        let t0 = Instant::now();
+        let b0 = comms.blocked;
+        let mut rng = Rng::for_step(self.seed, self.step, self.rank as u64, id);
+        let pipe = pipe.as_mut().expect("two-phase buckets are compressed");
+        let ctx = Ctx {
+            step: self.step,
+            rank: self.rank as u32,
+            bucket: id,
+            segments: &bucket.segments,
+        };
+        let compress_err = |source| ExchangeError::Compress { bucket: id, source };
+        pipe.install_broadcast(&msg, &ctx).map_err(compress_err)?;
+        pipe.compress_compensated(&ctx, &mut rng, &mut f.payload)
+            .map_err(compress_err)?;
+        f.msg = msg;
+        let stage = submit_payload(pipe, id, self.rank, self.gather, &mut f, comms, st)?;
+        st.compress_s += t0.elapsed().as_secs_f64() - (comms.blocked - b0);
+        Ok((f, stage))
+    }
+
+    /// Waits for bucket `i`'s last collective, decodes, averages and scatters into `grad`.
+    fn finish<T: Transport>(
+        &mut self,
+        i: usize,
+        mut f: Flight,
+        stage: Stage,
+        comms: &mut Comms<'_, T>,
+        grad: &mut [f32],
+        st: &mut ExchangeStats,
+    ) -> Result<(), ExchangeError> {
+        let Slot { bucket, pipe, .. } = &self.slots[i];
+        let id = bucket.id;
+        let reply = comms
+            .wait()
+            .map_err(|source| ExchangeError::Comm { bucket: id, source })?;
+        let t0 = Instant::now();
+        let decode_err = |r: usize| {
+            move |source| ExchangeError::Decode {
+                rank: r,
+                bucket: id,
+                source,
+            }
+        };
+        match (stage, reply, pipe) {
+            (Stage::Dense, Reply::Sum(v), _) => f.buf = v,
+            (Stage::Lossy, Reply::Lossy(v, report), _) => {
+                f.buf = v;
+                st.lossy_dropped += report.dropped_elems_all as u64;
+                st.lossy_elems += report.elems_all as u64;
+                st.retransmitted += report.retransmitted as u64;
+                if self.lossy.is_some_and(|l| l.error_feedback) && !report.dropped.is_empty() {
+                    report.add_dropped_to(self.lossy_residual.dropped_mut(id, bucket.len()));
+                }
+            }
+            (Stage::SparseSum, Reply::Sparse(v, idx, vals), _) => {
+                f.buf = v;
+                f.idx = idx;
+                f.vals = vals;
+            }
+            (Stage::Lanes, Reply::Sum(v), Some(pipe)) => {
+                let bytes = f.payload.bytes_mut();
+                let mut vals = v.iter();
+                for l in &f.lanes {
+                    for c in bytes[l.clone()].chunks_exact_mut(4) {
+                        c.copy_from_slice(&vals.next().expect("lane length").to_le_bytes());
+                    }
+                }
+                f.lane = v;
+                f.buf.clear();
+                f.buf.resize(bucket.len(), 0.0);
+                pipe.decompress_add(f.payload.as_bytes(), &mut f.buf)
+                    .map_err(decode_err(self.rank))?;
+            }
+            (Stage::Gathered, Reply::Gather(all), Some(pipe)) => {
+                f.buf.clear();
+                f.buf.resize(bucket.len(), 0.0);
+                // Rank order; a method with a joint decoder (FFT: one inverse transform of
+                // the summed spectra) uses it.
+                let refs: Vec<&[u8]> = all.iter().map(Vec::as_slice).collect();
+                pipe.decompress_sum_add(&refs, &mut f.buf)
+                    .map_err(|(r, e)| decode_err(r)(e))?;
+            }
+            _ => unreachable!("replies come in submission order"),
+        }
+        // Averaging fused into the copy back: one pass over the bucket instead of two.
+        bucket::scatter(bucket, &f.buf, self.inv, grad);
+        self.spare.push(f);
+        st.decompress_s += t0.elapsed().as_secs_f64();
+        Ok(())
+    }
+}
+
+/// Submits the collective for the compressed payload in `f` by the method's aggregation.
+fn submit_payload<T: Transport>(
+    pipe: &Pipeline,
+    id: u64,
+    rank: usize,
+    gather: GatherCollective,
+    f: &mut Flight,
+    comms: &mut Comms<'_, T>,
+    st: &mut ExchangeStats,
+) -> Result<Stage, ExchangeError> {
+    st.payload_bytes += f.payload.encoded_len() as u64;
+    let own = |source| ExchangeError::Decode {
+        rank,
+        bucket: id,
+        source,
+    };
+    Ok(match pipe.compressor().aggregation() {
+        Aggregation::Dense => {
+            f.buf.fill(0.0);
+            pipe.decompress_add(f.payload.as_bytes(), &mut f.buf)
+                .map_err(own)?;
+            comms.submit(Op::Sum(std::mem::take(&mut f.buf)));
+            Stage::Dense
+        }
+        Aggregation::Summable => {
+            f.lanes = summable_lanes(pipe.compressor(), f.payload.as_bytes()).map_err(own)?;
+            f.lane.clear();
+            let bytes = f.payload.as_bytes();
+            for l in &f.lanes {
+                f.lane.extend(
+                    bytes[l.clone()]
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                );
+            }
+            comms.submit(Op::Sum(std::mem::take(&mut f.lane)));
+            Stage::Lanes
+        }
+        Aggregation::Gather if gather == GatherCollective::SparseAllReduce => {
+            // Decode our own payload and hand its non-zeros (bitwise: −0.0 is kept, so the
+            // sum is exactly the gathered path's) to the sparse all-reduce.
+            f.buf.fill(0.0);
+            pipe.decompress_add(f.payload.as_bytes(), &mut f.buf)
+                .map_err(own)?;
+            f.idx.clear();
+            f.vals.clear();
+            for (i, &v) in f.buf.iter().enumerate() {
+                if v.to_bits() != 0 {
+                    f.idx.push(i as u32);
+                    f.vals.push(v);
+                }
+            }
+            comms.submit(Op::Sparse(
+                std::mem::take(&mut f.idx),
+                std::mem::take(&mut f.vals),
+                std::mem::take(&mut f.buf),
+            ));
+            Stage::SparseSum
+        }
+        Aggregation::Gather => {
+            comms.submit(Op::Gather(f.payload.as_bytes().to_vec()));
+            Stage::Gathered
+        }
+    })
+}
