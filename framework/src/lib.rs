@@ -20,6 +20,8 @@
 //! * [`config`]: the run configuration (TOML, two-stage validation into a [`config::Plan`]).
 //! * [`device`]: `[cluster] device` — the CPU, or a CUDA GPU per worker (`cuda` feature).
 //! * [`data`]: per-rank training / evaluation batches addressed by `(epoch, index)`.
+//! * `sync`: the gradient-synchronisation seam — how a step's gradients become the update
+//!   every replica applies: collectives (the exchanger) or the parameter server ([`ps_mode`]).
 //! * [`trainer`]: one worker of a data-parallel run — the step, evaluation, checkpoints,
 //!   exact resume, failure policies, metrics.
 //! * [`launch`]: `dtrain run` — validation, run directory, worker processes, multi-node and
@@ -38,4 +40,5 @@ pub mod mipd;
 pub mod mpi_env;
 pub mod optim;
 pub mod ps_mode;
+pub(crate) mod sync;
 pub mod trainer;

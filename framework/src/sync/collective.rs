@@ -1,0 +1,135 @@
+//! Synchronisation through collectives: the [`Exchanger`] averages every step's gradient
+//! in place, identically on every rank.
+
+use dtrain_comms::{Communicator, Transport};
+use dtrain_compress::compressor::first_non_finite;
+use dtrain_compress::Collective;
+use dtrain_models::Model;
+
+use super::{GradientSync, SyncError, Update};
+use crate::checkpoint::Checkpoint;
+use crate::exchange::{Exchanger, ExchangerState};
+use crate::ps_mode::Ready;
+use crate::trainer::StepRecord;
+
+/// The collective path (`[cluster] mode = "collective"`).
+pub(crate) struct Collectives {
+    exchanger: Exchanger,
+    /// Whether the dense buckets go through DLCP (the step records then carry its drops).
+    dlcp: bool,
+}
+
+impl Collectives {
+    /// Synchronises through `exchanger`; `dlcp` when its dense buckets use DLCP.
+    pub(crate) fn new(exchanger: Exchanger, dlcp: bool) -> Self {
+        Collectives { exchanger, dlcp }
+    }
+}
+
+impl<T: Transport> GradientSync<T> for Collectives {
+    fn lockstep(&self) -> bool {
+        true
+    }
+
+    fn scans_gradient(&self) -> bool {
+        !self.exchanger.is_dense()
+    }
+
+    fn sync(
+        &mut self,
+        comm: &mut Communicator<T>,
+        _model: &dyn Model,
+        grads: &mut [f32],
+        step: u64,
+        record: &mut StepRecord,
+    ) -> Result<Update, SyncError> {
+        let st = self
+            .exchanger
+            .exchange(comm, grads, step)
+            .map_err(SyncError::Exchange)?;
+        let time = &mut record.time;
+        time.compress_s = st.compress_s;
+        time.communicate_s += st.communicate_s;
+        time.decompress_s = st.decompress_s;
+        time.wait_s = st.wait_s;
+        if let Some((name, v)) = self.exchanger.ratio_metric() {
+            record.ratio_name = Some(name.to_string());
+            record.ratio = Some(v);
+        }
+        record.bytes_sent = st.bytes_sent;
+        record.bytes_received = st.bytes_received;
+        record.payload_bytes = st.payload_bytes;
+        if self.dlcp {
+            record.lossy_dropped = Some(if st.lossy_elems > 0 {
+                st.lossy_dropped as f64 / st.lossy_elems as f64
+            } else {
+                0.0
+            });
+            record.retransmitted = Some(st.retransmitted);
+        }
+        let non_finite = st
+            .non_finite
+            .unwrap_or_else(|| first_non_finite(grads).is_some());
+        Ok(Update::Averaged { non_finite })
+    }
+
+    fn drain(&mut self) -> Result<Vec<Ready>, SyncError> {
+        Ok(Vec::new())
+    }
+
+    fn finish(&mut self) -> Result<Vec<Ready>, SyncError> {
+        Ok(Vec::new())
+    }
+
+    fn start_at(&mut self, _step: u64) -> Result<(), SyncError> {
+        Ok(())
+    }
+
+    fn collectives(&self) -> (Collective, Vec<Collective>) {
+        let per_bucket = self.exchanger.collectives();
+        let dense = [Collective::AllReduce, Collective::Dlcp];
+        let main = per_bucket
+            .iter()
+            .copied()
+            .find(|c| !dense.contains(c))
+            .or_else(|| per_bucket.first().copied())
+            .unwrap_or(Collective::AllReduce);
+        if per_bucket.iter().all(|&c| c == main) {
+            (main, Vec::new())
+        } else {
+            (main, per_bucket)
+        }
+    }
+
+    fn theta_scale(&self) -> f64 {
+        self.exchanger.theta_scale()
+    }
+
+    fn scale_theta(&mut self, factor: f64) {
+        self.exchanger.scale_theta(factor);
+    }
+
+    fn save(&self, ck: &mut Checkpoint) -> Vec<u64> {
+        let mut ex = self.exchanger.export_state();
+        // The memories are large: stored as raw f32 sections, not JSON.
+        let mem = std::mem::take(&mut ex.memory);
+        ck.put_json("exchanger", &ex);
+        for (k, v) in &mem {
+            ck.put_f32(&format!("mem/{k}"), v);
+        }
+        mem.keys().copied().collect()
+    }
+
+    fn restore(
+        &mut self,
+        ck: &Checkpoint,
+        memory_keys: &[u64],
+        _step: u64,
+    ) -> Result<(), SyncError> {
+        let mut ex: ExchangerState = ck.json("exchanger")?;
+        for key in memory_keys {
+            ex.memory.insert(*key, ck.f32(&format!("mem/{key}"))?);
+        }
+        self.exchanger.import_state(ex).map_err(SyncError::State)
+    }
+}

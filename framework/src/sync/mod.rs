@@ -1,0 +1,120 @@
+//! The gradient-synchronisation seam: how the workers of a run turn each step's local
+//! gradients into the update every replica applies.
+//!
+//! The trainer's step computes the gradient, runs its control all-reduce (global loss, the
+//! non-finite flags, every rank's time) and then hands the gradient to its
+//! [`GradientSync`]. What comes back is the [`Update`] to apply: the step's average, in
+//! place and identical on every rank, or aggregates of earlier steps each applied with its
+//! own step's learning rate. The trainer does not know which implementation it has:
+//!
+//! * [`Collectives`] — the [`Exchanger`](crate::exchange::Exchanger): buckets,
+//!   compression with error feedback, the collective each method's aggregation needs,
+//!   the average in place (`[cluster] mode = "collective"`).
+//! * [`ParameterServer`] — pushes to servers co-located with the workers and pulls their
+//!   aggregates, possibly stale (`[cluster] mode = "ps"`, [`crate::ps_mode`]).
+//!
+//! Each implementation also owns its part of a checkpoint (its sections, written and
+//! restored by it) and names the collective a run used for `summary.json`.
+
+mod collective;
+mod parameter_server;
+
+use dtrain_comms::{CommError, Communicator, Transport};
+use dtrain_compress::Collective;
+use dtrain_models::Model;
+
+use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::exchange::ExchangeError;
+use crate::ps_mode::Ready;
+use crate::trainer::StepRecord;
+
+pub(crate) use collective::Collectives;
+pub(crate) use parameter_server::ParameterServer;
+
+/// What a synchronisation produced for the trainer to apply.
+pub(crate) enum Update {
+    /// The trainer's gradient buffer now holds the step's average, identical on every
+    /// rank; `non_finite` says whether it holds a NaN or an infinity (the failure policy
+    /// then decides, alike on every rank).
+    Averaged {
+        /// Whether the average has a non-finite value.
+        non_finite: bool,
+    },
+    /// Aggregates that arrived, oldest first: each is applied with the learning rate of
+    /// its own step, and a non-finite one is skipped (it is the same on every worker).
+    Aggregates(Vec<Ready>),
+}
+
+/// Why a synchronisation (or its part of a checkpoint) failed; the trainer adds the step
+/// or the checkpoint's path.
+#[derive(Debug)]
+pub(crate) enum SyncError {
+    /// A collective or the parameter server's transport failed.
+    Comm(CommError),
+    /// The gradient exchange failed.
+    Exchange(ExchangeError),
+    /// A checkpoint section could not be read.
+    Checkpoint(CheckpointError),
+    /// A checkpoint's state does not fit this run (the reason).
+    State(String),
+}
+
+impl From<CheckpointError> for SyncError {
+    fn from(e: CheckpointError) -> Self {
+        SyncError::Checkpoint(e)
+    }
+}
+
+/// One way of synchronising the workers' gradients (see the [module docs](self)).
+pub(crate) trait GradientSync<T: Transport> {
+    /// Whether the workers run in lock-step: the trainer's control all-reduce runs every
+    /// step. An asynchronous parameter server (staleness > 0) does not wait for the others.
+    fn lockstep(&self) -> bool;
+
+    /// Whether the trainer must scan the local gradient for non-finite values before the
+    /// control all-reduce. A dense all-reduce keeps a NaN of any rank in the average and
+    /// reports it ([`Update::Averaged`]); a compressor may drop one, and a parameter
+    /// server aggregates elsewhere.
+    fn scans_gradient(&self) -> bool;
+
+    /// Synchronises `grads`, this rank's gradient of `step` (the model's parameters are
+    /// those it was computed at), and records the phase times, bytes and the method's
+    /// figures in `record`.
+    fn sync(
+        &mut self,
+        comm: &mut Communicator<T>,
+        model: &dyn Model,
+        grads: &mut [f32],
+        step: u64,
+        record: &mut StepRecord,
+    ) -> Result<Update, SyncError>;
+
+    /// Waits for every update still in flight (before collectives that need identical
+    /// replicas: evaluation, checkpoints). Empty where nothing is ever in flight.
+    fn drain(&mut self) -> Result<Vec<Ready>, SyncError>;
+
+    /// The run ends: what is still in flight, and leaving (a server keeps serving the
+    /// others until they leave too).
+    fn finish(&mut self) -> Result<Vec<Ready>, SyncError>;
+
+    /// The run (re)starts at `step` (after a resume; every rank does the same).
+    fn start_at(&mut self, step: u64) -> Result<(), SyncError>;
+
+    /// The run's collective and, when the buckets differ, each bucket's (`summary.json`).
+    fn collectives(&self) -> (Collective, Vec<Collective>);
+
+    /// The factor the recover policy has applied to θ (1 = never lowered).
+    fn theta_scale(&self) -> f64;
+
+    /// Multiplies θ by `factor` (the recover policy); a no-op without θ.
+    fn scale_theta(&mut self, factor: f64);
+
+    /// Writes this synchronisation's state into `ck` and returns the ids of the
+    /// error-feedback memories that are per rank (the checkpoint's `memory_keys`).
+    fn save(&self, ck: &mut Checkpoint) -> Vec<u64>;
+
+    /// Restores what [`GradientSync::save`] wrote into a checkpoint of `step` whose
+    /// `memory_keys` are given. Refuses a state that does not fit this run.
+    fn restore(&mut self, ck: &Checkpoint, memory_keys: &[u64], step: u64)
+        -> Result<(), SyncError>;
+}

@@ -1,0 +1,263 @@
+//! Checkpoints: what a rank writes, and exact (or elastic) resume from them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use dtrain_comms::Transport;
+use serde::{Deserialize, Serialize};
+
+use super::{RunDir, TrainError, Trainer};
+use crate::checkpoint::{self, Checkpoint};
+use crate::optim::GroupState;
+use crate::sync::SyncError;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct Meta {
+    step: u64,
+    world: usize,
+    rank: usize,
+    seed: u64,
+    params: usize,
+    buffers: usize,
+    method: String,
+    optimizer_steps: BTreeMap<u64, u64>,
+    /// Buckets whose error-feedback memory is stored as `mem/<id>`.
+    memory_keys: Vec<u64>,
+    skipped: u64,
+    recoveries: u64,
+    /// Stored as IEEE bits so that JSON cannot round it.
+    best_loss_bits: Option<u64>,
+    /// Steps per epoch of the run that wrote it (maps the step to an epoch on an elastic
+    /// resume).
+    #[serde(default)]
+    steps_per_epoch: u64,
+}
+
+impl<T: Transport> Trainer<T> {
+    /// Restores the state of checkpoint directory `dir` (this rank's file in it).
+    ///
+    /// With a different worker count the checkpoint is accepted only where that is well
+    /// defined: no per-rank state (no error-feedback memory) and written at an epoch
+    /// boundary. Every rank then starts from rank 0's file (parameters and optimizer state
+    /// are identical on all ranks) at the first step of the next epoch under the new shard
+    /// layout.
+    pub fn resume_from(&mut self, dir: &Path) -> Result<(), TrainError> {
+        let bad_at = |path: &Path, reason: String| TrainError::Resume {
+            path: path.display().to_string(),
+            reason,
+        };
+        // Normally this rank's own file is the only one read; rank 0's file is the fallback
+        // when the worker count changed (its file is missing, or it names another world).
+        let own = dir.join(format!("rank-{}.ckpt", self.rank));
+        let mut loaded = if own.exists() {
+            let ck = Checkpoint::load(&own)?;
+            let world = ck.json::<Meta>("meta")?.world;
+            (world == self.world).then_some((own, ck))
+        } else {
+            None
+        };
+        let elastic = loaded.is_none();
+        if elastic {
+            let rank0 = dir.join("rank-0.ckpt");
+            if !rank0.exists() {
+                return Err(bad_at(&rank0, "missing (incomplete checkpoint?)".into()));
+            }
+            let ck0 = Checkpoint::load(&rank0)?;
+            let meta0: Meta = ck0.json("meta")?;
+            let why = if !meta0.memory_keys.is_empty() {
+                Some("its error-feedback memories are per rank".to_string())
+            } else if ck0
+                .names()
+                .any(|n| n.starts_with("ps/mem/") || n.starts_with("ps/mipd/"))
+            {
+                Some("its parameter-server state is per rank and per shard".to_string())
+            } else if meta0.steps_per_epoch == 0 || meta0.step % meta0.steps_per_epoch != 0 {
+                Some(format!(
+                    "it was written at step {} inside an epoch (data shards are per rank)",
+                    meta0.step
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(bad_at(
+                    dir,
+                    format!(
+                        "written by {} workers, this run has {}: a different cluster.workers is \
+                         only possible from an epoch-boundary checkpoint without per-rank state, \
+                         and {why}",
+                        meta0.world, self.world
+                    ),
+                ));
+            }
+            loaded = Some((rank0, ck0));
+        }
+        let (path, ck) = loaded.expect("a checkpoint file was loaded");
+        let bad = |reason: String| bad_at(&path, reason);
+        let meta: Meta = ck.json("meta")?;
+        if meta.params != self.num_params() || meta.buffers != self.buffers.len() {
+            return Err(bad(format!(
+                "the checkpoint's model has {} parameters / {} buffers, this one {} / {}",
+                meta.params,
+                meta.buffers,
+                self.num_params(),
+                self.buffers.len()
+            )));
+        }
+        if meta.method != self.plan.method.name() {
+            return Err(bad(format!(
+                "written with compress.kind = {:?}, this run uses {:?}",
+                meta.method,
+                self.plan.method.name()
+            )));
+        }
+        if meta.seed != self.plan.config.seed {
+            return Err(bad(format!(
+                "written with seed {}, this run has seed {} (data order would differ)",
+                meta.seed, self.plan.config.seed
+            )));
+        }
+        let params = ck.f32("params")?;
+        let buffers = ck.f32("buffers")?;
+        if params.len() != self.num_params() || buffers.len() != self.buffers.len() {
+            return Err(bad(format!(
+                "its parameter sections hold {} + {} values, this model has {} + {}",
+                params.len(),
+                buffers.len(),
+                self.num_params(),
+                self.buffers.len()
+            )));
+        }
+        self.buffers = buffers;
+        let mut opt = BTreeMap::new();
+        for (&key, &steps) in &meta.optimizer_steps {
+            opt.insert(
+                key,
+                GroupState {
+                    step: steps,
+                    m: ck.f32(&format!("opt/{key}/m"))?,
+                    v: ck.f32(&format!("opt/{key}/v"))?,
+                },
+            );
+        }
+        self.optimizer.import(opt);
+        self.sync
+            .restore(&ck, &meta.memory_keys, meta.step)
+            .map_err(|e| match e {
+                SyncError::State(reason) => bad(reason),
+                e => self.step_error(e),
+            })?;
+        self.model.write_params(&params);
+        if !self.buffers.is_empty() {
+            self.model.write_buffers(&self.buffers);
+        }
+        self.model.reset_state();
+        // A recurrent model's carried state (per rank, its own batch rows) continues where it
+        // was; after an elastic resume the shards changed, so it starts afresh.
+        if !elastic && ck.names().any(|n| n == "model_state") {
+            let state = ck.f32("model_state")?;
+            self.model
+                .set_carried_state(&state)
+                .map_err(|e| bad(e.to_string()))?;
+        }
+        self.step = if elastic {
+            meta.step / meta.steps_per_epoch * self.plan.steps_per_epoch
+        } else {
+            meta.step
+        };
+        self.start_step = self.step;
+        let step = self.step;
+        self.sync.start_at(step).map_err(|e| self.step_error(e))?;
+        self.skipped = meta.skipped;
+        self.recoveries = meta.recoveries;
+        self.best_loss = meta.best_loss_bits.map(f64::from_bits);
+        self.last_checkpoint = Some(dir.to_path_buf());
+        Ok(())
+    }
+
+    /// Writes this rank's checkpoint for the current step; rank 0 then points
+    /// `checkpoints/LATEST` at it (after a barrier, so LATEST only ever names complete
+    /// checkpoints) and prunes old ones.
+    pub fn save_checkpoint(&mut self) -> Result<Option<PathBuf>, TrainError> {
+        self.drain()?;
+        let Some(out) = self.out.clone() else {
+            return Ok(None);
+        };
+        let dir = out.checkpoints().join(format!("step-{:010}", self.step));
+        std::fs::create_dir_all(&dir).map_err(|source| TrainError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        let mut ck = Checkpoint::new();
+        let opt = self.optimizer.export();
+        let memory_keys = self.sync.save(&mut ck);
+        let meta = Meta {
+            step: self.step,
+            world: self.world,
+            rank: self.rank,
+            seed: self.plan.config.seed,
+            params: self.num_params(),
+            buffers: self.buffers.len(),
+            method: self.plan.method.name().to_string(),
+            optimizer_steps: opt.iter().map(|(k, g)| (*k, g.step)).collect(),
+            memory_keys,
+            skipped: self.skipped,
+            recoveries: self.recoveries,
+            best_loss_bits: self.best_loss.map(f64::to_bits),
+            steps_per_epoch: self.plan.steps_per_epoch,
+        };
+        ck.put_json("meta", &meta);
+        ck.put_f32("params", &self.params());
+        let carried = self.model.carried_state();
+        if !carried.is_empty() {
+            ck.put_f32("model_state", &carried);
+        }
+        if !self.buffers.is_empty() {
+            self.model.read_buffers(&mut self.buffers);
+        }
+        ck.put_f32("buffers", &self.buffers);
+        for (k, g) in &opt {
+            ck.put_f32(&format!("opt/{k}/m"), &g.m);
+            ck.put_f32(&format!("opt/{k}/v"), &g.v);
+        }
+        ck.put_bytes("config.toml", self.plan.config.to_toml().into_bytes());
+        ck.save(&dir.join(format!("rank-{}.ckpt", self.rank)))?;
+        let step = self.step;
+        self.comm
+            .barrier()
+            .map_err(|source| TrainError::Comm { step, source })?;
+        if self.rank == 0 {
+            let name = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default();
+            checkpoint::write_atomic(&out.checkpoints().join("LATEST"), name.as_bytes())?;
+            self.prune(&out)?;
+        }
+        self.last_checkpoint = Some(dir.clone());
+        Ok(Some(dir))
+    }
+
+    fn prune(&self, out: &RunDir) -> Result<(), TrainError> {
+        let keep = self.plan.config.checkpoint.keep.max(1);
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(out.checkpoints())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.is_dir()
+                            && p.file_name()
+                                .is_some_and(|n| n.to_string_lossy().starts_with("step-"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        dirs.sort();
+        if dirs.len() > keep {
+            for d in &dirs[..dirs.len() - keep] {
+                let _ = std::fs::remove_dir_all(d);
+            }
+        }
+        Ok(())
+    }
+}

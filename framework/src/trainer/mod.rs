@@ -1,0 +1,394 @@
+//! The data-parallel trainer: one [`Trainer`] per worker, all running the same step in
+//! lock-step over a [`Communicator`].
+//!
+//! ```text
+//! batch (epoch, j) of this rank ─► forward ─► backward into the flat gradient
+//! ─► control all-reduce [loss·n, n, correct, non-finite flags, each rank's local time]
+//!    (global loss; every rank decides alike; names the rank the others waited for)
+//! ─► gradient synchronisation (crate::sync): the Exchanger's buckets → compensate →
+//!    compress → collective → decompress → average, or the parameter server's push / pull
+//! ─► optimizer on the flat parameters (where the DGC memory owns the gradient's momentum,
+//!    the optimizer keeps only the weight-decay term's)
+//! ─► parameters written back into the model
+//! ```
+//!
+//! Every quantity that decides what happens next — the global loss, the non-finite flag,
+//! the averaged gradient — is identical on all ranks, so the ranks never diverge in control
+//! flow, and a failure on one rank becomes the same decision everywhere.
+//!
+//! **Determinism and exact resume.** Parameters are initialised from the run seed and then
+//! broadcast from rank 0; the data of step `s` is a pure function of `(seed, epoch, j)`
+//! ([`crate::data`]); the model's RNG (dropout) is reseeded every step from `(seed, step,
+//! rank)`; stochastic compressors draw from `(seed, step, rank, bucket)`; the learning rate is
+//! a function of the step. A checkpoint therefore only needs the parameters, BatchNorm
+//! buffers, optimizer state, error-feedback memories and the step — and a resumed run repeats
+//! the uninterrupted one bit for bit on the CPU backend.
+//!
+//! ## Layout
+//! This file holds the worker and how it is built; `step` is one training step (the control
+//! all-reduce, the [`GradientSync`](crate::sync) it hands the gradient to, the update);
+//! `failure` the policy for non-finite values; `checkpointing` what a rank writes and how
+//! it resumes; `run` the loop of steps, evaluations and checkpoints; `metrics` the records
+//! of `metrics.jsonl`, `eval.jsonl` and `summary.json`.
+
+mod checkpointing;
+mod failure;
+mod metrics;
+mod run;
+mod step;
+
+pub use metrics::{EvalRecord, Phases, StepRecord, Summary};
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use dtrain_comms::{CommError, Communicator, Transport};
+use dtrain_models::{Device, Model};
+
+use crate::checkpoint::CheckpointError;
+use crate::config::Plan;
+use crate::data::TrainData;
+use crate::exchange::bucket::ParamInfo;
+use crate::exchange::{ExchangeError, Exchanger};
+use crate::optim::Optimizer;
+use crate::ps_mode::PsState;
+use crate::sync::{Collectives, GradientSync, ParameterServer};
+
+/// Why a run stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The configuration could not be turned into objects.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A collective failed (a dead or silent peer is named).
+    #[error("step {step}: {source}")]
+    Comm {
+        /// Step at which it happened.
+        step: u64,
+        /// The communicator's error.
+        source: CommError,
+    },
+    /// The gradient exchange failed.
+    #[error("step {step}: {source}")]
+    Exchange {
+        /// Step at which it happened.
+        step: u64,
+        /// The exchanger's error.
+        source: ExchangeError,
+    },
+    /// The model rejected a batch.
+    #[error("step {step}: {source}")]
+    Model {
+        /// Step.
+        step: u64,
+        /// Message.
+        #[source]
+        source: dtrain_models::ModelError,
+    },
+    /// A non-finite loss or gradient under the `abort` policy (or too many in a row).
+    #[error("step {step}: {what} is not finite ({policy}); last checkpoint: {checkpoint}")]
+    NonFinite {
+        /// Step.
+        step: u64,
+        /// `loss` or `gradient`.
+        what: &'static str,
+        /// What the policy did.
+        policy: String,
+        /// Where the last checkpoint is, or `none`.
+        checkpoint: String,
+    },
+    /// Reading or writing a checkpoint failed.
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] CheckpointError),
+    /// A checkpoint does not fit this run.
+    #[error("cannot resume from {path}: {reason}")]
+    Resume {
+        /// The checkpoint.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// Writing metrics failed.
+    #[error("writing {path}: {source}")]
+    Io {
+        /// File.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// What the trainer reports as it goes (progress bars, logs). Every method has a default.
+pub trait Observer {
+    /// The run starts (or resumes) at `step` of `total` steps, `per_epoch` steps an epoch.
+    fn on_start(&mut self, _step: u64, _total: u64, _per_epoch: u64) {}
+    /// A step finished.
+    fn on_step(&mut self, _r: &StepRecord) {}
+    /// An evaluation finished.
+    fn on_eval(&mut self, _r: &EvalRecord) {}
+    /// A notice (checkpoint written, rollback, skip).
+    fn on_message(&mut self, _msg: &str) {}
+}
+
+/// An observer that reports nothing.
+pub struct Quiet;
+impl Observer for Quiet {}
+
+/// The per-rank files of a run directory.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    /// The run directory.
+    pub root: PathBuf,
+}
+
+impl RunDir {
+    /// `root/checkpoints`.
+    pub fn checkpoints(&self) -> PathBuf {
+        self.root.join("checkpoints")
+    }
+
+    /// The checkpoint directory named in `checkpoints/LATEST`, if any.
+    pub fn latest(&self) -> Option<PathBuf> {
+        let name = std::fs::read_to_string(self.checkpoints().join("LATEST")).ok()?;
+        let dir = self.checkpoints().join(name.trim());
+        dir.is_dir().then_some(dir)
+    }
+}
+
+/// Serialises model construction: burn's CPU RNG is process-global, so seeding and
+/// initialising must not interleave between threads (in-process tests run several ranks).
+static BUILD: Mutex<()> = Mutex::new(());
+
+/// Builds the model of `plan` on `device`, initialised from the run seed.
+pub fn build_model(plan: &Plan, device: &Device) -> Result<Box<dyn Model>, TrainError> {
+    let _g = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    device.seed(plan.config.seed);
+    let model = plan
+        .config
+        .model
+        .build(device)
+        .map_err(|e| TrainError::Config(format!("model: {e}")))?;
+    // burn initialises parameters lazily, on first access: force it while the seeded RNG is
+    // ours.
+    let mut scratch = vec![0f32; model.table().num_params()];
+    model.read_params(&mut scratch);
+    let mut scratch = vec![0f32; model.table().num_buffers()];
+    model.read_buffers(&mut scratch);
+    Ok(model)
+}
+
+/// One worker of a data-parallel run.
+pub struct Trainer<T: Transport> {
+    plan: Plan,
+    rank: usize,
+    world: usize,
+    comm: Communicator<T>,
+    model: Box<dyn Model>,
+    data: TrainData,
+    optimizer: Optimizer,
+    grads: Vec<f32>,
+    buffers: Vec<f32>,
+    step: u64,
+    out: Option<RunDir>,
+    metrics_file: Option<std::fs::File>,
+    eval_file: Option<std::fs::File>,
+    skipped: u64,
+    consecutive_bad: u64,
+    recoveries: u64,
+    best_loss: Option<f64>,
+    last_checkpoint: Option<PathBuf>,
+    start_step: u64,
+    evals: Vec<EvalRecord>,
+    /// How the gradients are synchronised: collectives, or the parameter server once
+    /// attached ([`Trainer::attach_parameter_server`]).
+    sync: Box<dyn GradientSync<T>>,
+    /// The control all-reduce's buffer: [`CTL_LEN`] values, then one slot per rank for
+    /// its local time (see [`StepRecord::slowest_rank`]) where the world has two ranks or
+    /// more.
+    ctl: Vec<f32>,
+    /// When this rank last left the gradient exchange (the step's last collective).
+    left_exchange: Option<Instant>,
+}
+
+/// Values of the control all-reduce before the per-rank slots: loss·n, n, correct, the
+/// loss and the gradient non-finite flags.
+const CTL_LEN: usize = 5;
+
+impl<T: Transport> Trainer<T> {
+    /// Builds the worker: model (seeded, then rank 0's parameters and buffers broadcast),
+    /// data shard, exchanger, optimizer. `out` is the run directory (rank 0 writes the
+    /// metrics there; every rank writes its checkpoints there).
+    pub fn new(
+        plan: Plan,
+        data: TrainData,
+        comm: Communicator<T>,
+        device: &Device,
+        out: Option<RunDir>,
+    ) -> Result<Self, TrainError> {
+        let rank = comm.rank();
+        let world = comm.world_size();
+        if world != plan.config.cluster.workers {
+            return Err(TrainError::Config(format!(
+                "cluster.workers = {} but {world} ranks are connected",
+                plan.config.cluster.workers
+            )));
+        }
+        if let (Some(v), dtrain_models::ModelSpec::Lstm(spec)) = (data.vocab(), &plan.config.model)
+        {
+            if spec.vocab != v {
+                return Err(TrainError::Config(format!(
+                    "model.vocab = {} but the {:?} corpus has {v} tokens: set model.vocab = {v}",
+                    spec.vocab, plan.config.data.kind
+                )));
+            }
+        }
+        let model = build_model(&plan, device)?;
+        let table = model.table();
+        let infos: Vec<ParamInfo> = table
+            .params()
+            .map(|p| ParamInfo {
+                name: p.name.clone(),
+                shape: p.shape.clone(),
+            })
+            .collect();
+        let mut exchanger = Exchanger::new(
+            &infos,
+            &plan.buckets,
+            &plan.method,
+            &plan.memory,
+            plan.config.seed,
+        )
+        .map_err(|e| TrainError::Config(format!("compress.{}: {}", e.field, e.reason)))?;
+        exchanger.set_gather_collective(plan.collective);
+        if let Some(d) = &plan.dlcp {
+            let cfg = d
+                .to_config(infos.len(), plan.config.seed)
+                .map_err(|(field, m)| TrainError::Config(format!("{field}: {m}")))?;
+            exchanger.set_dlcp(cfg, d.error_feedback);
+        }
+        let sync = Box::new(Collectives::new(exchanger, plan.dlcp.is_some()));
+        let optimizer = plan.optimizer.build().map_err(TrainError::Config)?;
+        let n = table.num_params();
+        let nb = table.num_buffers();
+        let mut t = Trainer {
+            rank,
+            world,
+            comm,
+            model,
+            data,
+            optimizer,
+            grads: vec![0.0; n],
+            buffers: vec![0.0; nb],
+            step: 0,
+            metrics_file: None,
+            eval_file: None,
+            skipped: 0,
+            consecutive_bad: 0,
+            recoveries: 0,
+            best_loss: None,
+            ctl: Vec::new(),
+            left_exchange: None,
+            last_checkpoint: None,
+            start_step: 0,
+            evals: Vec::new(),
+            sync,
+            out,
+            plan,
+        };
+        // Identical replicas: rank 0's initial state wins.
+        let mut params = vec![0.0; n];
+        t.model.read_params(&mut params);
+        t.model.read_buffers(&mut t.buffers);
+        let step = 0;
+        broadcast_f32(&mut t.comm, &mut params)
+            .map_err(|source| TrainError::Comm { step, source })?;
+        if nb > 0 {
+            broadcast_f32(&mut t.comm, &mut t.buffers)
+                .map_err(|source| TrainError::Comm { step, source })?;
+            t.model.write_buffers(&t.buffers);
+        }
+        t.model.write_params(&params);
+        Ok(t)
+    }
+
+    /// Switches this worker to parameter-server mode (`[cluster] mode = "ps"`, see
+    /// [`crate::ps_mode`]): gradients are pushed to the servers over `transport` — the
+    /// parameter-server lane of the same connections as the communicator's
+    /// ([`dtrain_comms::split_ps`]) — instead of going through the exchanger. Every worker
+    /// of the run must attach before its first step.
+    pub fn attach_parameter_server(&mut self, transport: T) -> Result<(), TrainError>
+    where
+        T: 'static,
+    {
+        let c = &self.plan.config.cluster;
+        if c.mode != crate::config::ClusterMode::Ps {
+            return Err(TrainError::Config(
+                "cluster.mode is not \"ps\": the trainer exchanges gradients with collectives"
+                    .into(),
+            ));
+        }
+        let step = self.step;
+        let layers: Vec<std::ops::Range<usize>> = self
+            .model
+            .table()
+            .params()
+            .map(|p| p.offset..p.offset + p.numel)
+            .collect();
+        let ps = PsState::new(
+            transport,
+            c,
+            &self.plan.method,
+            &self.plan.memory,
+            layers,
+            self.plan.config.seed,
+        )
+        .map_err(|source| TrainError::Comm { step, source })?;
+        self.sync = Box::new(ParameterServer::new(ps));
+        Ok(())
+    }
+
+    /// This worker's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of trainable parameters. They live only in the model: the optimizer updates
+    /// each tensor's storage in place ([`Model::update_params`]).
+    pub(super) fn num_params(&self) -> usize {
+        self.model.table().num_params()
+    }
+
+    /// A flat copy of the current parameters (identical on every rank).
+    pub fn params(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.num_params()];
+        self.model.read_params(&mut out);
+        out
+    }
+
+    /// Steps completed.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// The evaluations so far.
+    pub fn evals(&self) -> &[EvalRecord] {
+        &self.evals
+    }
+}
+
+/// Broadcasts `v` from rank 0 (f32 little-endian on the wire).
+fn broadcast_f32<T: Transport>(comm: &mut Communicator<T>, v: &mut [f32]) -> Result<(), CommError> {
+    let mut bytes: Vec<u8> = if comm.rank() == 0 {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    } else {
+        Vec::new()
+    };
+    comm.broadcast(&mut bytes, 0)?;
+    if comm.rank() != 0 {
+        for (x, c) in v.iter_mut().zip(bytes.chunks_exact(4)) {
+            *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
+    Ok(())
+}

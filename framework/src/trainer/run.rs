@@ -1,0 +1,151 @@
+//! The run loop: steps, evaluations, checkpoints, the summary.
+
+use std::time::Instant;
+
+use dtrain_comms::Transport;
+use dtrain_models::Metrics;
+
+use super::metrics::Tally;
+use super::step::StepOutcome;
+use super::{EvalRecord, Observer, Summary, TrainError, Trainer};
+use crate::config::NonFinitePolicy;
+
+impl<T: Transport> Trainer<T> {
+    /// Runs to the end of the plan (from the current step) and returns the summary (rank 0
+    /// also writes `summary.json`).
+    pub fn run(&mut self, obs: &mut dyn Observer) -> Result<Summary, TrainError> {
+        self.open_logs()?;
+        let per_epoch = self.plan.steps_per_epoch;
+        let total = self.plan.total_steps;
+        obs.on_start(self.step, total, per_epoch);
+        let t_start = Instant::now();
+        let session_start = self.step;
+        let mut tally = Tally::new(session_start);
+        let policy = self.plan.config.failure.non_finite;
+        if policy == NonFinitePolicy::Recover && self.last_checkpoint.is_none() {
+            // A rollback target from the very start.
+            self.save_checkpoint()?;
+        }
+        while self.step < total {
+            let step = self.step;
+            let epoch = step / per_epoch;
+            let j = (step % per_epoch) as usize;
+            if j == 0 {
+                tally.new_epoch();
+            }
+            let rec = self.train_step(epoch, j)?;
+            match rec {
+                StepOutcome::Done(r) => {
+                    tally.add(&r, self.world);
+                    if step % self.plan.config.output.log_every.max(1) == 0 {
+                        Self::log_line(
+                            &mut self.metrics_file,
+                            self.out.as_ref(),
+                            "metrics.jsonl",
+                            &r,
+                        )?;
+                    }
+                    obs.on_step(&r);
+                }
+                StepOutcome::RolledBack => {
+                    obs.on_message(&format!(
+                        "step {step}: rolled back to step {} (recover policy, θ scale {:.3})",
+                        self.step,
+                        self.sync.theta_scale()
+                    ));
+                    continue;
+                }
+            }
+            self.step += 1;
+            let done_epoch = self.step % per_epoch == 0;
+            let epochs_done = self.step / per_epoch;
+            let last = self.step == total;
+            let eval_every = self.plan.config.train.eval_every_epochs;
+            if (done_epoch && eval_every > 0 && epochs_done % eval_every == 0) || last {
+                self.evaluate_and_log(epochs_done, obs)?;
+            }
+            let ck = &self.plan.config.checkpoint;
+            let by_steps = ck.every_steps.is_some_and(|n| n > 0 && self.step % n == 0);
+            let by_epochs = done_epoch
+                && ck
+                    .every_epochs
+                    .is_some_and(|n| n > 0 && epochs_done % n == 0);
+            if by_steps || by_epochs || (last && self.out.is_some()) {
+                if let Some(d) = self.save_checkpoint()? {
+                    obs.on_message(&format!("checkpoint {}", d.display()));
+                }
+            }
+        }
+        if session_start == total && total > 0 {
+            // Resumed at the end: a finished run is re-evaluated (e.g. with a larger
+            // `data.test_limit`); its training is not repeated.
+            self.evaluate_and_log(total / per_epoch, obs)?;
+        }
+        // Leave the synchronisation (a parameter server keeps serving the others until they
+        // leave too).
+        self.finish_sync()?;
+        let wall = t_start.elapsed().as_secs_f64();
+        self.finish_summary(tally, wall)
+    }
+
+    /// Evaluates ([`Trainer::evaluate`]), logs the record to `eval.jsonl` and the observer,
+    /// and keeps it.
+    fn evaluate_and_log(
+        &mut self,
+        epochs_done: u64,
+        obs: &mut dyn Observer,
+    ) -> Result<(), TrainError> {
+        let e = self.evaluate(epochs_done)?;
+        Self::log_line(&mut self.eval_file, self.out.as_ref(), "eval.jsonl", &e)?;
+        obs.on_eval(&e);
+        self.evals.push(e);
+        Ok(())
+    }
+
+    /// Evaluates on this rank's part of the test set, with BatchNorm running statistics
+    /// averaged over the workers first; the result is the global one on every rank.
+    pub fn evaluate(&mut self, epochs_done: u64) -> Result<EvalRecord, TrainError> {
+        self.drain()?;
+        let step = self.step;
+        if !self.buffers.is_empty() {
+            self.model.read_buffers(&mut self.buffers);
+            self.comm
+                .all_reduce_sum(&mut self.buffers)
+                .map_err(|source| TrainError::Comm { step, source })?;
+            let inv = 1.0 / self.world as f32;
+            for b in self.buffers.iter_mut() {
+                *b *= inv;
+            }
+            self.model.write_buffers(&self.buffers);
+        }
+        let device = self.model.device().clone();
+        let mut m = Metrics::default();
+        self.model.reset_eval_state();
+        for j in 0..self.data.eval_batches() {
+            let b = self.data.eval_batch(j, &device);
+            let r = self
+                .model
+                .evaluate(b)
+                .map_err(|source| TrainError::Model { step, source })?;
+            m.merge(&r);
+        }
+        let mut v = [
+            (m.loss * m.count as f64) as f32,
+            m.correct as f32,
+            m.count as f32,
+        ];
+        self.comm
+            .all_reduce_sum(&mut v)
+            .map_err(|source| TrainError::Comm { step, source })?;
+        let count = v[2].max(1.0) as f64;
+        let loss = v[0] as f64 / count;
+        Ok(EvalRecord {
+            epoch: epochs_done,
+            step,
+            loss,
+            accuracy: v[1] as f64 / count,
+            perplexity: loss.exp(),
+            count: v[2] as u64,
+        })
+    }
+}
