@@ -26,7 +26,7 @@
 //!
 //! ## Layout
 //! This file holds the worker and how it is built; `step` is one training step (the control
-//! all-reduce, the [`GradientSync`](crate::sync) it hands the gradient to, the update);
+//! all-reduce, the `GradientSync` of `crate::sync` it hands the gradient to, the update);
 //! `failure` the policy for non-finite values; `checkpointing` what a rank writes and how
 //! it resumes; `run` the loop of steps, evaluations and checkpoints; `metrics` the records
 //! of `metrics.jsonl`, `eval.jsonl` and `summary.json`.
