@@ -1,0 +1,90 @@
+//! The validated plan: every section checked, derived values filled in.
+
+use dtrain_compress::{CompressorConfig, MemoryConfig};
+
+use super::compress::Compression;
+use super::validate::error;
+use super::{ClusterMode, ConfigError, DlcpSettings, NonFinitePolicy, RunConfig};
+use crate::exchange::bucket::BucketPolicy;
+use crate::exchange::GatherCollective;
+use crate::lr::LrSchedule;
+use crate::optim::OptimizerConfig;
+
+/// Everything the trainer builds, validated and with derived values filled in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The configuration it came from (after overrides).
+    pub config: RunConfig,
+    /// The compression method, with `steps_per_epoch` / `workers` set.
+    pub method: CompressorConfig,
+    /// The error-feedback memory.
+    pub memory: MemoryConfig,
+    /// Bucketing.
+    pub buckets: BucketPolicy,
+    /// The collective for gathered payloads (`compress.collective`).
+    pub collective: GatherCollective,
+    /// DLCP bounded-loss all-reduce of the dense gradient (`compress.collective = "dlcp"`,
+    /// settings in `[compress.dlcp]`).
+    pub dlcp: Option<DlcpSettings>,
+    /// The optimizer (momentum on the weight-decay term alone where the memory owns the
+    /// gradient's momentum).
+    pub optimizer: OptimizerConfig,
+    /// The learning-rate schedule.
+    pub lr: LrSchedule,
+    /// Steps per epoch (every worker runs the same number).
+    pub steps_per_epoch: u64,
+    /// Total steps of the run.
+    pub total_steps: u64,
+    /// Training examples per epoch (after `train_limit`), for the data check.
+    pub train_examples: usize,
+    /// Global-norm clipping of the averaged gradient before the optimizer (`train.clip_norm`;
+    /// `None` when off or when DGC's local clipping took it over).
+    pub clip_norm: Option<f32>,
+}
+
+impl RunConfig {
+    /// Checks everything and derives the trainer's objects. `train_examples` is the size of
+    /// the training set after `train_limit` (the data is opened by the caller; pass `None`
+    /// to skip the checks that need it, e.g. before data are fetched).
+    pub fn validate(&self, file: &str, train_examples: Option<usize>) -> Result<Plan, ConfigError> {
+        // Each section in turn, in this order (the first error is the one reported).
+        self.check_name(file)?;
+        self.check_cluster(file)?;
+        self.check_data(file)?;
+        let (steps_per_epoch, total_steps) = self.steps(file, train_examples)?;
+        let (mut opt, lr) = self.optimizer(file)?;
+        self.check_failure(file)?;
+        let Compression {
+            method,
+            memory,
+            buckets,
+            collective,
+            dlcp,
+        } = self.compression(file, steps_per_epoch, &mut opt)?;
+        let (c, f) = (&self.cluster, &self.failure);
+        if c.mode == ClusterMode::Ps && f.non_finite == NonFinitePolicy::Recover {
+            return Err(error(
+                file,
+                "failure.non_finite",
+                "\"recover\" rolls every rank back to a checkpoint, which a parameter \
+                 server's step clock cannot follow; use \"skip\" or \"abort\" with mode = \"ps\""
+                    .into(),
+            ));
+        }
+        Ok(Plan {
+            config: self.clone(),
+            method,
+            memory,
+            buckets,
+            collective,
+            dlcp,
+            optimizer: opt,
+            lr,
+            steps_per_epoch,
+            total_steps,
+            train_examples: train_examples.unwrap_or(0),
+            // Under DGC's momentum memory the clipping happened locally, before accumulation.
+            clip_norm: self.train.clip_norm.filter(|_| !memory.owns_momentum()),
+        })
+    }
+}

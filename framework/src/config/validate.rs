@@ -1,0 +1,380 @@
+//! One validator per section of the configuration, each naming the field it refuses
+//! ([`RunConfig::validate`] runs them in order).
+
+use dtrain_models::ModelSpec;
+
+use super::overrides::split_field;
+use super::{ClusterMode, ConfigError, DataKind, DecaySpec, NonFinitePolicy, RunConfig};
+use crate::device::DeviceKind;
+use crate::lr::{Decay, LrSchedule};
+use crate::optim::{OptimizerConfig, OptimizerKind};
+
+/// A [`ConfigError`] in `file` on `field`.
+pub(super) fn error(file: &str, field: &str, message: String) -> ConfigError {
+    ConfigError {
+        file: file.to_string(),
+        field: field.to_string(),
+        message,
+    }
+}
+
+impl RunConfig {
+    /// `name`: a path component of the run directory.
+    pub(super) fn check_name(&self, file: &str) -> Result<(), ConfigError> {
+        let err = |field: &str, message: String| error(file, field, message);
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            || self.name.starts_with('.')
+        {
+            return Err(err(
+                "name",
+                format!(
+                    "{:?} must be non-empty and use only letters, digits, '-', '_', '.'",
+                    self.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[cluster]` and `[network]`.
+    pub(super) fn check_cluster(&self, file: &str) -> Result<(), ConfigError> {
+        let err = |field: &str, message: String| error(file, field, message);
+        let c = &self.cluster;
+        if c.workers == 0 || c.workers > 1024 {
+            return Err(err(
+                "cluster.workers",
+                format!("must be in 1..=1024, got {}", c.workers),
+            ));
+        }
+        if c.threads == 0 {
+            return Err(err("cluster.threads", "must be at least 1".into()));
+        }
+        if matches!(c.device, DeviceKind::Cuda(_)) && !crate::device::CUDA_BUILT {
+            return Err(err("cluster.device", crate::device::NO_CUDA.into()));
+        }
+        if !(c.timeout_s.is_finite() && c.timeout_s > 0.0) {
+            return Err(err(
+                "cluster.timeout_s",
+                format!("must be > 0, got {}", c.timeout_s),
+            ));
+        }
+        if !(c.heartbeat_s.is_finite() && c.heartbeat_s > 0.0) {
+            return Err(err(
+                "cluster.heartbeat_s",
+                format!("must be > 0, got {}", c.heartbeat_s),
+            ));
+        }
+        if !(c.peer_timeout_s.is_finite() && c.peer_timeout_s >= 2.0 * c.heartbeat_s) {
+            return Err(err(
+                "cluster.peer_timeout_s",
+                format!(
+                    "must be at least twice heartbeat_s ({} s), got {}",
+                    c.heartbeat_s, c.peer_timeout_s
+                ),
+            ));
+        }
+        if c.mode == ClusterMode::AllReduce {
+            if c.servers.is_some() {
+                return Err(err(
+                    "cluster.servers",
+                    "applies to mode = \"ps\" only".into(),
+                ));
+            }
+            if c.staleness != 0 {
+                return Err(err(
+                    "cluster.staleness",
+                    "applies to mode = \"ps\" only".into(),
+                ));
+            }
+        }
+        if let Some(n) = c.servers {
+            if n == 0 || n > c.workers {
+                return Err(err(
+                    "cluster.servers",
+                    format!("must be in 1..={} (the workers), got {n}", c.workers),
+                ));
+            }
+        }
+        if let Some(b) = &self.network.bandwidth {
+            dtrain_comms::shaping::parse_bandwidth(b)
+                .map_err(|e| err("network.bandwidth", e.to_string()))?;
+        }
+        if let Some(l) = &self.network.latency {
+            dtrain_comms::shaping::parse_duration(l)
+                .map_err(|e| err("network.latency", e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// `[data]`, and that the model fits it.
+    pub(super) fn check_data(&self, file: &str) -> Result<(), ConfigError> {
+        let err = |field: &str, message: String| error(file, field, message);
+        let d = &self.data;
+        if d.batch_size == 0 {
+            return Err(err("data.batch_size", "must be at least 1".into()));
+        }
+        if d.eval_batch_size == Some(0) {
+            return Err(err("data.eval_batch_size", "must be at least 1".into()));
+        }
+        for (name, set) in [
+            ("shape", d.shape.is_some()),
+            ("classes", d.classes.is_some()),
+            ("train_len", d.train_len.is_some()),
+            ("test_len", d.test_len.is_some()),
+        ] {
+            if set && d.kind != DataKind::Synthetic {
+                return Err(err(
+                    &format!("data.{name}"),
+                    "applies to kind = \"synthetic\" only".into(),
+                ));
+            }
+        }
+        for (name, set) in [
+            ("seq_len", d.seq_len.is_some()),
+            ("min_count", d.min_count.is_some()),
+            ("test_fraction", d.test_fraction.is_some()),
+        ] {
+            if set && !d.kind.is_text() {
+                return Err(err(
+                    &format!("data.{name}"),
+                    "applies to text datasets (moby-dick, sotu) only".into(),
+                ));
+            }
+        }
+        if d.augment && d.kind.is_text() {
+            return Err(err("data.augment", "does not apply to text".into()));
+        }
+        if d.kind == DataKind::Synthetic {
+            match &d.shape {
+                Some(s) if s.len() == 3 && s.iter().all(|&x| x > 0) => {}
+                Some(s) => {
+                    return Err(err(
+                        "data.shape",
+                        format!("must be [channels, height, width], got {s:?}"),
+                    ))
+                }
+                None => return Err(err("data.shape", "is required for synthetic data".into())),
+            }
+            if d.classes == Some(0) || d.classes.is_some_and(|c| c > u16::MAX as usize) {
+                return Err(err("data.classes", "must be in 1..=65535".into()));
+            }
+        }
+        if d.seq_len == Some(0) {
+            return Err(err("data.seq_len", "must be at least 1".into()));
+        }
+        if let Some(f) = d.test_fraction {
+            if !(f > 0.0 && f < 1.0) {
+                return Err(err(
+                    "data.test_fraction",
+                    format!("must be in (0, 1), got {f}"),
+                ));
+            }
+        }
+        if d.train_limit == Some(0) {
+            return Err(err("data.train_limit", "must be at least 1".into()));
+        }
+        if d.test_limit == Some(0) {
+            return Err(err("data.test_limit", "must be at least 1".into()));
+        }
+        self.check_model_fits_data().map_err(|(f, m)| err(&f, m))?;
+        Ok(())
+    }
+
+    /// `train.epochs` / `train.max_steps`, and the steps per epoch and in total that
+    /// `train_examples` (when known) give on the run's workers.
+    pub(super) fn steps(
+        &self,
+        file: &str,
+        train_examples: Option<usize>,
+    ) -> Result<(u64, u64), ConfigError> {
+        let err = |field: &str, message: String| error(file, field, message);
+        let (c, d) = (&self.cluster, &self.data);
+        let t = &self.train;
+        if t.epochs == 0 {
+            return Err(err("train.epochs", "must be at least 1".into()));
+        }
+        if t.max_steps == Some(0) {
+            return Err(err("train.max_steps", "must be at least 1".into()));
+        }
+        let steps_per_epoch = match train_examples {
+            Some(n) if d.kind.is_text() => {
+                // BPTT: rows of n / (workers·batch) tokens, cut in seq_len pieces.
+                let rows = c.workers * d.batch_size;
+                let row_len = n / rows;
+                if row_len < 2 {
+                    return Err(err(
+                        "data.batch_size",
+                        format!(
+                            "{n} training tokens cannot fill {rows} BPTT rows \
+                             (workers × batch_size) of at least 2 tokens"
+                        ),
+                    ));
+                }
+                (row_len - 1).div_ceil(d.seq_len.unwrap_or(35)) as u64
+            }
+            Some(n) => {
+                let per = n / c.workers / d.batch_size;
+                if per == 0 {
+                    return Err(err(
+                        "data.batch_size",
+                        format!(
+                            "{n} training examples give no full batch of {} per worker \
+                             on {} workers",
+                            d.batch_size, c.workers
+                        ),
+                    ));
+                }
+                per as u64
+            }
+            None => 1,
+        };
+        let total_steps = (steps_per_epoch * t.epochs).min(t.max_steps.unwrap_or(u64::MAX));
+        Ok((steps_per_epoch, total_steps))
+    }
+
+    /// The optimizer and the learning-rate schedule of `[train]`.
+    pub(super) fn optimizer(
+        &self,
+        file: &str,
+    ) -> Result<(OptimizerConfig, LrSchedule), ConfigError> {
+        let err = |field: &str, message: String| error(file, field, message);
+        let t = &self.train;
+        let mut opt = OptimizerConfig {
+            kind: t.optimizer,
+            momentum: t.momentum,
+            dampening: t.dampening,
+            nesterov: t.nesterov,
+            weight_decay: t.weight_decay,
+            ..OptimizerConfig::default()
+        };
+        if let Some(b) = t.beta1 {
+            opt.beta1 = b;
+        }
+        if let Some(b) = t.beta2 {
+            opt.beta2 = b;
+        }
+        if let Some(e) = t.eps {
+            opt.eps = e;
+        }
+        if t.optimizer == OptimizerKind::Sgd && (t.beta1.is_some() || t.beta2.is_some()) {
+            return Err(err("train.beta1", "applies to adam / adamw only".into()));
+        }
+        opt.validate().map_err(|m| split_field(file, &m))?;
+        if let Some(c) = t.clip_norm {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(err("train.clip_norm", format!("must be > 0, got {c}")));
+            }
+        }
+        let decay = match &t.lr_schedule {
+            DecaySpec::Table(d) => {
+                if !t.lr_milestones.is_empty() || t.lr_gamma.is_some() {
+                    return Err(err(
+                        "train.lr_milestones",
+                        "give milestones inside the lr_schedule table".into(),
+                    ));
+                }
+                d.clone()
+            }
+            DecaySpec::Name(n) => match n.as_str() {
+                "constant" => Decay::Constant,
+                "cosine" => Decay::Cosine { min_factor: 0.0 },
+                "step" => {
+                    if t.lr_milestones.is_empty() {
+                        return Err(err(
+                            "train.lr_milestones",
+                            "lr_schedule = \"step\" needs lr_milestones = [epochs…]".into(),
+                        ));
+                    }
+                    Decay::Step {
+                        milestones: t.lr_milestones.clone(),
+                        gamma: t.lr_gamma.unwrap_or(0.1),
+                    }
+                }
+                other => {
+                    return Err(err(
+                        "train.lr_schedule",
+                        format!("unknown schedule {other:?} (constant, cosine, step, or a table)"),
+                    ))
+                }
+            },
+        };
+        if matches!(decay, Decay::Constant | Decay::Cosine { .. })
+            && (!t.lr_milestones.is_empty() || t.lr_gamma.is_some())
+        {
+            return Err(err(
+                "train.lr_milestones",
+                "applies to lr_schedule = \"step\" only".into(),
+            ));
+        }
+        let lr = LrSchedule {
+            lr: t.lr,
+            decay,
+            warmup_epochs: t.warmup_epochs,
+            warmup_start: t.warmup_start,
+            scale_batch_ref: t.scale_batch_ref,
+        };
+        lr.validate().map_err(|m| split_field(file, &m))?;
+        if t.eval_every_epochs > t.epochs {
+            return Err(err(
+                "train.eval_every_epochs",
+                format!(
+                    "{} exceeds train.epochs = {}",
+                    t.eval_every_epochs, t.epochs
+                ),
+            ));
+        }
+        Ok((opt, lr))
+    }
+
+    /// `[failure]`.
+    pub(super) fn check_failure(&self, file: &str) -> Result<(), ConfigError> {
+        let err = |field: &str, message: String| error(file, field, message);
+        let f = &self.failure;
+        if !(f.theta_factor > 0.0 && f.theta_factor <= 1.0) {
+            return Err(err(
+                "failure.theta_factor",
+                format!("must be in (0, 1], got {}", f.theta_factor),
+            ));
+        }
+        if let Some(r) = f.spike_ratio {
+            if !(r.is_finite() && r > 1.0) {
+                return Err(err("failure.spike_ratio", format!("must be > 1, got {r}")));
+            }
+            if f.non_finite != NonFinitePolicy::Recover {
+                return Err(err(
+                    "failure.spike_ratio",
+                    "applies to non_finite = \"recover\" only".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The model's input must match the data: image shape / classes, or a text kind.
+    fn check_model_fits_data(&self) -> Result<(), (String, String)> {
+        let text_model = matches!(self.model, ModelSpec::Lstm(_));
+        if text_model != self.data.kind.is_text() {
+            return Err((
+                "data.kind".into(),
+                if text_model {
+                    format!(
+                        "model kind {:?} is a language model but data kind {:?} is images",
+                        self.model.kind(),
+                        self.data.kind
+                    )
+                } else {
+                    format!(
+                        "model kind {:?} classifies images but data kind {:?} is text",
+                        self.model.kind(),
+                        self.data.kind
+                    )
+                },
+            ));
+        }
+        Ok(())
+    }
+}
