@@ -203,8 +203,26 @@ fn variants(check: &CheckArgs) -> Result<Vec<Option<String>>> {
         .collect())
 }
 
+/// `loss …, accuracy …%, perplexity …` of an evaluation; a value that was not finite
+/// (a diverged run) reads `not finite`.
+fn eval_line(e: &dtrain_framework::trainer::EvalRecord) -> String {
+    let num = |x: Option<f64>, scale: f64, digits: usize| {
+        x.map_or_else(
+            || "not finite".into(),
+            |v| format!("{:.digits$}", scale * v),
+        )
+    };
+    format!(
+        "loss {}, accuracy {}%, perplexity {}",
+        num(e.loss, 1.0, 4),
+        num(e.accuracy, 100.0, 2),
+        num(e.perplexity, 1.0, 2)
+    )
+}
+
 fn print_summary(dir: &Path, s: &dtrain_framework::trainer::Summary) {
-    let t = &s.mean_step;
+    let t = &s.mean_step.unwrap_or_default();
+    let workers = s.workers.unwrap_or(1);
     let compute = t.forward_s + t.backward_s + t.optimizer_s;
     let share = |x: f64| {
         if t.step_s > 0.0 {
@@ -215,7 +233,7 @@ fn print_summary(dir: &Path, s: &dtrain_framework::trainer::Summary) {
     };
     let overhead = share(t.step_s - compute);
     // The wait for the slowest rank is the ranks' imbalance, not work of this rank.
-    let own = if s.workers > 1 && t.sync_s > 0.0 {
+    let own = if workers > 1 && t.sync_s > 0.0 {
         format!(
             "; {:.1}% without the wait for the slowest rank",
             share(t.step_s - compute - t.sync_s)
@@ -226,19 +244,22 @@ fn print_summary(dir: &Path, s: &dtrain_framework::trainer::Summary) {
     println!("run directory: {}", dir.display());
     println!(
         "{} steps ({} this session), {} workers, {} / {}, wall {:.1} s, {:.1} samples/s",
-        s.steps, s.steps_this_session, s.workers, s.model, s.method, s.wall_s, s.samples_per_s
+        s.steps.unwrap_or(0),
+        s.steps_this_session.unwrap_or(0),
+        workers,
+        s.model.as_deref().unwrap_or("?"),
+        s.method.as_deref().unwrap_or("?"),
+        s.wall_s.unwrap_or(0.0),
+        s.samples_per_s.unwrap_or(0.0)
     );
     if let Some(e) = &s.final_eval {
-        println!(
-            "final eval: loss {:.4}, accuracy {:.2}%, perplexity {:.2}",
-            e.loss,
-            100.0 * e.accuracy,
-            e.perplexity
-        );
+        println!("final eval: {}", eval_line(e));
     }
     println!(
         "bytes/step sent {:.0} (payload {:.0}), compression {:.1}x over fp32",
-        s.bytes_sent_per_step, s.payload_bytes_per_step, s.compression_ratio
+        s.bytes_sent_per_step.unwrap_or(0.0),
+        s.payload_bytes_per_step.unwrap_or(0.0),
+        s.compression_ratio.unwrap_or(0.0)
     );
     println!(
         "mean step {:.1} ms: data {:.1}, forward {:.1}, backward {:.1}, compress {:.1}, \
@@ -254,7 +275,7 @@ fn print_summary(dir: &Path, s: &dtrain_framework::trainer::Summary) {
         1e3 * t.decompress_s,
         1e3 * t.optimizer_s
     );
-    if let Some(line) = slowest_line(&s.slowest_rank_steps) {
+    if let Some(line) = slowest_line(s.slowest_rank_steps.as_deref().unwrap_or_default()) {
         println!("{line}");
     }
 }

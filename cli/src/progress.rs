@@ -109,8 +109,8 @@ impl Observer for Progress {
         if r.epoch != self.epoch {
             self.start_epoch(r.epoch, r.step);
         }
-        if r.loss.is_finite() {
-            self.loss += r.loss;
+        if let Some(l) = r.loss {
+            self.loss += l;
         }
         self.bytes += r.bytes_sent as f64;
         self.samples += r.samples as f64;
@@ -128,12 +128,10 @@ impl Observer for Progress {
 
     fn on_eval(&mut self, r: &EvalRecord) {
         let msg = format!(
-            "eval after epoch {} (step {}): loss {:.4}, accuracy {:.2}%, perplexity {:.2}",
+            "eval after epoch {} (step {}): {}",
             r.epoch,
             r.step,
-            r.loss,
-            100.0 * r.accuracy,
-            r.perplexity
+            crate::eval_line(r)
         );
         match &self.bar {
             Some(b) if self.tty => b.println(msg),

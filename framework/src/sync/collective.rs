@@ -10,7 +10,7 @@ use super::{GradientSync, SyncError, Update};
 use crate::checkpoint::Checkpoint;
 use crate::exchange::{Exchanger, ExchangerState};
 use crate::ps_mode::Ready;
-use crate::trainer::StepRecord;
+use dtrain_records::StepRecord;
 
 /// The collective path (`[cluster] mode = "collective"`).
 pub(crate) struct Collectives {

@@ -26,7 +26,7 @@ use dtrain_models::Model;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::exchange::ExchangeError;
 use crate::ps_mode::Ready;
-use crate::trainer::StepRecord;
+use dtrain_records::StepRecord;
 
 pub(crate) use collective::Collectives;
 pub(crate) use parameter_server::ParameterServer;

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::{GradientSync, SyncError, Update};
 use crate::checkpoint::Checkpoint;
 use crate::ps_mode::{PsCodecState, PsState, Ready};
-use crate::trainer::StepRecord;
+use dtrain_records::StepRecord;
 
 /// The parameter-server path.
 pub(crate) struct ParameterServer<T: Transport> {

@@ -37,7 +37,7 @@ mod metrics;
 mod run;
 mod step;
 
-pub use metrics::{EvalRecord, Phases, StepRecord, Summary};
+pub use dtrain_records::{EvalRecord, Phases, StepRecord, Summary};
 
 use std::path::PathBuf;
 use std::sync::Mutex;

@@ -9,6 +9,7 @@ use super::metrics::Tally;
 use super::step::StepOutcome;
 use super::{EvalRecord, Observer, Summary, TrainError, Trainer};
 use crate::config::NonFinitePolicy;
+use dtrain_records::finite;
 
 impl<T: Transport> Trainer<T> {
     /// Runs to the end of the plan (from the current step) and returns the summary (rank 0
@@ -142,9 +143,9 @@ impl<T: Transport> Trainer<T> {
         Ok(EvalRecord {
             epoch: epochs_done,
             step,
-            loss,
-            accuracy: v[1] as f64 / count,
-            perplexity: loss.exp(),
+            loss: finite(loss),
+            accuracy: finite(v[1] as f64 / count),
+            perplexity: finite(loss.exp()),
             count: v[2] as u64,
         })
     }

@@ -6,6 +6,7 @@ use std::time::Instant;
 use dtrain_comms::Transport;
 use dtrain_compress::compressor::first_non_finite;
 use dtrain_models::Metrics;
+use dtrain_records::finite;
 
 use super::{Phases, StepRecord, TrainError, Trainer, BUILD, CTL_LEN};
 use crate::config::NonFinitePolicy;
@@ -120,9 +121,9 @@ impl<T: Transport> Trainer<T> {
         let mut record = Box::new(StepRecord {
             step,
             epoch,
-            loss,
-            accuracy,
-            lr,
+            loss: finite(loss),
+            accuracy: finite(accuracy),
+            lr: Some(lr),
             ratio_name: None,
             ratio: None,
             bytes_sent: 0,
