@@ -16,6 +16,8 @@
 //!   DLCP's dropped-value residual. Methods import memories, never the reverse (the old
 //!   paths such as `dgc::DgcMemory` are re-exports).
 //! * [`pipeline`]: compressor + memory composed as the trainer uses them.
+//! * [`sharded`]: the seam of methods with a parameter-server protocol of their own
+//!   (servers that keep state, as MIPD's smoothing).
 //! * [`registry`]: the [`Method`] trait each method's config implements, and what the
 //!   one-line registration generates: [`CompressorConfig`] (a `[compress]` table tagged
 //!   `kind`) and [`METHODS`]; also the [`Collective`] a run records per bucket.
@@ -60,6 +62,7 @@ pub mod registry;
 pub mod rng;
 pub mod schedule;
 pub mod select;
+pub mod sharded;
 pub mod sparse;
 #[cfg(test)]
 mod test_util;

@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::compressor::{Aggregation, Compressor, Ctx, MethodId};
 use crate::error::ConfigError;
 use crate::memory::MemoryConfig;
+use crate::sharded::ShardedMethod;
 use crate::{CompressorConfig, METHODS};
 
 /// What a method learns of the run it is configured for, before it is built
@@ -178,6 +179,13 @@ pub trait Method:
     fn passthrough(&self) -> bool {
         false
     }
+
+    /// The method's own parameter-server protocol, when its servers do more than decode
+    /// and average its payloads (MIPD's smoothing; see [`crate::sharded`]). Default: none
+    /// (the servers decode the workers' payloads and return their mean).
+    fn sharded(&self) -> Option<&dyn ShardedMethod> {
+        None
+    }
 }
 
 /// One registry entry, for listings and lookups by name.
@@ -245,6 +253,7 @@ pub(crate) trait DynMethod {
     fn resolve(&mut self, run: &RunFacts);
     fn check(&self, run: &RunUse<'_>) -> Result<(), ConfigError>;
     fn passthrough(&self) -> bool;
+    fn sharded(&self) -> Option<&dyn ShardedMethod>;
     fn to_table(&self) -> Result<toml::Table, String>;
 }
 
@@ -266,6 +275,9 @@ impl<M: Method> DynMethod for M {
     }
     fn passthrough(&self) -> bool {
         Method::passthrough(self)
+    }
+    fn sharded(&self) -> Option<&dyn ShardedMethod> {
+        Method::sharded(self)
     }
     fn to_table(&self) -> Result<toml::Table, String> {
         match toml::Value::try_from(self).map_err(|e| e.to_string())? {
@@ -358,6 +370,11 @@ impl CompressorConfig {
     /// Whether gradients pass through uncompressed ([`Method::passthrough`]).
     pub fn passthrough(&self) -> bool {
         self.method().passthrough()
+    }
+
+    /// The method's own parameter-server protocol, if it has one ([`Method::sharded`]).
+    pub fn sharded(&self) -> Option<&dyn ShardedMethod> {
+        self.method().sharded()
     }
 
     /// Checks that the run may use the method as `run` says: the rules every method obeys

@@ -20,7 +20,7 @@
 //! the same PS (dense mean vs MIPD, whose sum is divided by the worker count); test
 //! accuracy and loss are reported.
 //!
-//! Both parts also run MIPD with worker-side error feedback ([`MipdWorker::set_error_feedback`])
+//! Both parts also run MIPD with worker-side error feedback (`ShardedWorker::new(…, true)`)
 //! and with `|g|` instead of the Taylor significance `|w·g|`.
 
 use std::ops::Range;
@@ -34,8 +34,9 @@ use dtrain_comms::ps::{
     Reduction, ShardPushes,
 };
 use dtrain_comms::{channel_mesh, Transport};
-use dtrain_compress::mipd::{Halves, MipdConfig, MipdServerConfig, Significance};
-use dtrain_framework::mipd::{MipdAggregator, MipdWorker, MIPD_AGGREGATION};
+use dtrain_compress::mipd::{Halves, MipdConfig, Significance};
+use dtrain_compress::CompressorConfig;
+use dtrain_framework::ps_mode::sharded::{ShardedAggregator, ShardedWorker};
 
 /// CPU time of the calling thread, in nanoseconds.
 fn thread_cpu_ns() -> u64 {
@@ -160,7 +161,7 @@ impl<A: Aggregator> Aggregator for Timed<A> {
 /// The aggregator of either mode.
 enum Either {
     Dense(DenseF32),
-    Mipd(Box<MipdAggregator>),
+    Mipd(Box<ShardedAggregator>),
 }
 
 impl Aggregator for Either {
@@ -175,8 +176,8 @@ impl Aggregator for Either {
 #[derive(Clone)]
 enum Mode {
     Dense,
-    /// Encoder config, server config, worker-side error feedback.
-    Mipd(MipdConfig, MipdServerConfig, bool),
+    /// The method (encoder and server settings), worker-side error feedback.
+    Mipd(CompressorConfig, bool),
 }
 
 /// `grad(worker, step, params, out)`.
@@ -231,8 +232,8 @@ fn run(mode: &Mode, task: &Task, workers: usize, steps: u64) -> Row {
             thread::spawn(move || {
                 let inner = match &mode {
                     Mode::Dense => Either::Dense(DenseF32),
-                    Mode::Mipd(_, s, _) => Either::Mipd(Box::new(
-                        MipdAggregator::new(&layout, layers.clone(), s.clone()).expect("config"),
+                    Mode::Mipd(m, _) => Either::Mipd(Box::new(
+                        ShardedAggregator::new(&layout, layers.clone(), m).expect("config"),
                     )),
                 };
                 let agg = Timed { inner, ns: agg_ns };
@@ -244,17 +245,15 @@ fn run(mode: &Mode, task: &Task, workers: usize, steps: u64) -> Row {
                 };
                 let mut worker = match &mode {
                     Mode::Dense => None,
-                    Mode::Mipd(m, s, ef) => {
-                        let mut w = MipdWorker::new(&layout, &layers, m, s).expect("config");
-                        w.set_error_feedback(*ef);
-                        Some(w)
+                    Mode::Mipd(m, ef) => {
+                        Some(ShardedWorker::new(&layout, &layers, m, *ef).expect("config"))
                     }
                 };
                 let scale = lr / workers as f32;
                 let (mut g, mut upd) = (Vec::new(), vec![0f32; len]);
                 let mut encode_ns = 0;
                 let mut apply =
-                    |aggs: Vec<Aggregate>, params: &mut [f32], worker: &Option<MipdWorker>| {
+                    |aggs: Vec<Aggregate>, params: &mut [f32], worker: &Option<ShardedWorker>| {
                         for a in aggs {
                             match worker {
                                 None => upd = a.dense(),
@@ -278,7 +277,7 @@ fn run(mode: &Mode, task: &Task, workers: usize, steps: u64) -> Row {
                                 .collect(),
                             Reduction::SUM,
                         ),
-                        Some(w) => (w.payloads(&params, &g).expect("encode"), MIPD_AGGREGATION),
+                        Some(w) => (w.payloads(&params, &g).expect("encode"), w.reduction()),
                     };
                     encode_ns += thread_cpu_ns() - t0;
                     let aggs = node.step(payloads, how).expect("step");
@@ -333,9 +332,11 @@ fn mipd_with(significance: Significance, bits: u32, lambda: f64, halves: Halves,
         MipdConfig {
             significance,
             bits,
+            lambda,
+            halves,
             ..MipdConfig::default()
-        },
-        MipdServerConfig { lambda, halves },
+        }
+        .into(),
         ef,
     )
 }
@@ -488,21 +489,16 @@ fn main() {
         );
     }
     // Per-layer keep ratios and code-book sizes of one encode.
-    let layout = PsLayout::new(1, vec![0], vec![0], task.init.len()).expect("layout");
-    let mut w = MipdWorker::new(
-        &layout,
-        &task.layers,
-        &MipdConfig::default(),
-        &MipdServerConfig::default(),
-    )
-    .expect("config");
+    // One shard: the whole model, its layers as they are.
+    let mut w = MipdConfig::default().init().expect("config");
     let mut g = Vec::new();
     mlp_grad(0, 0, &mut g);
-    w.payloads(&task.init, &g).expect("encode");
+    w.encode(&task.init, &g, &task.layers, &mut Vec::new())
+        .expect("encode");
     println!("\nPer layer, default MIPD config (one worker, step 0):\n");
     println!("| layer | n | kept | ρ_l | levels | index layout | body bytes | bits/element |");
     println!("|---|---:|---:|---:|---:|---|---:|---:|");
-    for (s, &(name, _, _)) in w.encoder().last_stats().iter().zip(&MLP) {
+    for (s, &(name, _, _)) in w.last_stats().iter().zip(&MLP) {
         println!(
             "| {name} | {} | {} | {:.4} | {} | {} | {} | {:.3} |",
             s.len,

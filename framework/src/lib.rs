@@ -14,8 +14,6 @@
 //!   average) for every aggregation kind, with its layer-aligned buckets
 //!   ([`exchange::bucket`]), schedule, communication thread and checkpoint state.
 //! * [`optim`]: SGD / momentum / Nesterov / Adam / AdamW on flat buffers (PyTorch semantics).
-//! * [`mipd`]: MIPD over the parameter server — the PS aggregator around the pure MIPD
-//!   server state, and the worker's per-shard encoder / pull decoder.
 //! * [`lr`]: learning-rate schedules (step, cosine, gradual warm-up, linear scaling rule).
 //! * [`config`]: the run configuration (TOML, two-stage validation into a [`config::Plan`]).
 //! * [`device`]: `[cluster] device` — the CPU, or a CUDA GPU per worker (`cuda` feature).
@@ -36,7 +34,6 @@ pub mod device;
 pub mod exchange;
 pub mod launch;
 pub mod lr;
-pub mod mipd;
 pub mod mpi_env;
 pub mod optim;
 pub mod ps_mode;

@@ -93,15 +93,16 @@
 
 mod codebook;
 mod server;
+mod sharded;
 mod worker;
 
+pub use crate::sharded::layers_in;
 pub use codebook::{code_width, fit_codebook, quantization_mse, MAX_LEVELS};
 pub use server::{
     decode_pull, Halves, MipdServer, MipdServerConfig, MipdServerError, MipdServerState, PullInfo,
 };
+pub use sharded::{MipdShardServer, MipdShardWorker, MIPD_REDUCTION};
 pub use worker::{decode_layer, keep_count, significance, LayerStats, Mipd, Significance};
-
-use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
@@ -194,6 +195,10 @@ impl Method for MipdConfig {
         Ok(Box::new(self.init()?))
     }
 
+    fn sharded(&self) -> Option<&dyn crate::sharded::ShardedMethod> {
+        Some(self)
+    }
+
     /// On the parameter server the worker's error feedback is MIPD's residual only.
     fn check(&self, run: &RunUse<'_>) -> Result<(), ConfigError> {
         if run.parameter_server
@@ -248,20 +253,6 @@ impl MipdConfig {
         }
         Ok(Mipd::new(self.clone()))
     }
-}
-
-/// The layers of a flat model (`layers`, tiling `0..len`) that fall into `range` (a shard),
-/// clipped to it and made relative to `range.start`: the layer list a shard's encoder and
-/// server use. Pieces are non-empty and tile `0..range.len()`.
-pub fn layers_in(layers: &[Range<usize>], range: Range<usize>) -> Vec<Range<usize>> {
-    layers
-        .iter()
-        .filter_map(|l| {
-            let s = l.start.max(range.start);
-            let e = l.end.min(range.end);
-            (s < e).then(|| s - range.start..e - range.start)
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::{GradientSync, SyncError, Update};
 use crate::checkpoint::Checkpoint;
 use crate::ps_mode::{PsCodecState, PsState, Ready};
+use dtrain_compress::sharded::ServerState;
 use dtrain_records::StepRecord;
 
 /// The parameter-server path.
@@ -24,15 +25,19 @@ impl<T: Transport> ParameterServer<T> {
     }
 }
 
-/// The scalar part of a MIPD server's checkpointed state (section `ps/mipd/server`; its
-/// vectors are the raw sections `ps/mipd/smoothed`, `ps/mipd/carry`, `ps/mipd/received`).
+/// The scalar part of the server state of a method with its own protocol (section
+/// `ps/<kind>/server`; the state's named sections are the raw sections `ps/<kind>/<name>`,
+/// e.g. MIPD's `smoothed`, `carry` and `received`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-struct MipdServerMeta {
+struct ServerMeta {
     /// The shard the rank serves.
     shard: usize,
     /// The server's next step (the checkpoint's step).
     next_step: u64,
 }
+
+/// The name of the meta section among a server's sections.
+const META: &str = "server";
 
 impl<T: Transport> GradientSync<T> for ParameterServer<T> {
     fn lockstep(&self) -> bool {
@@ -91,27 +96,26 @@ impl<T: Transport> GradientSync<T> for ParameterServer<T> {
     fn scale_theta(&mut self, _factor: f64) {}
 
     fn save(&self, ck: &mut Checkpoint) -> Vec<u64> {
-        // Compressed pushes: each shard's compressor state (JSON) and memory (raw f32);
-        // MIPD: the worker residual, and the server state of the shard this rank serves.
+        // Compressed pushes: each shard's compressor state (JSON) and memory (raw f32); a
+        // method with its own protocol: its worker residual, and the server state of the
+        // shard this rank serves.
         let st = self.ps.export_state();
         ck.put_json("ps/state", &st);
         for (k, v) in &st.memory {
             ck.put_f32(&format!("ps/mem/{k}"), v);
         }
-        if let Some((shard, server)) = &st.mipd_server {
+        if let Some((shard, server)) = &st.server {
+            let prefix = format!("ps/{}/", self.ps.method());
             ck.put_json(
-                "ps/mipd/server",
-                &MipdServerMeta {
+                &format!("{prefix}{META}"),
+                &ServerMeta {
                     shard: *shard,
                     next_step: server.next_step,
                 },
             );
-            ck.put_f32("ps/mipd/smoothed", &server.smoothed);
-            ck.put_f32("ps/mipd/carry", &server.carry);
-            ck.put_bytes(
-                "ps/mipd/received",
-                server.received.iter().map(|&r| r as u8).collect(),
-            );
+            for (name, bytes) in &server.sections {
+                ck.put_bytes(&format!("{prefix}{name}"), bytes.clone());
+            }
         }
         // The memories here are per shard, named `ps/mem/…`; none is an exchanger's.
         Vec::new()
@@ -138,27 +142,29 @@ impl<T: Transport> GradientSync<T> for ParameterServer<T> {
                 st.memory.insert(k, ck.f32(n)?);
             }
         }
-        if names.iter().any(|n| n == "ps/mipd/server") {
-            let m: MipdServerMeta = ck.json("ps/mipd/server")?;
+        let prefix = format!("ps/{}/", self.ps.method());
+        let meta = format!("{prefix}{META}");
+        if names.contains(&meta) {
+            let m: ServerMeta = ck.json(&meta)?;
             if m.next_step != step {
                 return Err(bad(format!(
-                    "its MIPD server state is at step {}, the checkpoint at step {step}",
+                    "its {} server state is at step {}, the checkpoint at step {step}",
+                    self.ps.method(),
                     m.next_step
                 )));
             }
-            let received = ck.bytes("ps/mipd/received")?;
-            if let Some(b) = received.iter().find(|&&b| b > 1) {
-                return Err(bad(format!("ps/mipd/received holds {b}, not 0 or 1")));
+            let mut server = ServerState {
+                next_step: m.next_step,
+                ..ServerState::default()
+            };
+            for n in &names {
+                if let Some(name) = n.strip_prefix(&prefix).filter(|&s| s != META) {
+                    server
+                        .sections
+                        .insert(name.to_string(), ck.bytes(n)?.to_vec());
+                }
             }
-            st.mipd_server = Some((
-                m.shard,
-                dtrain_compress::mipd::MipdServerState {
-                    next_step: m.next_step,
-                    smoothed: ck.f32("ps/mipd/smoothed")?,
-                    carry: ck.f32("ps/mipd/carry")?,
-                    received: received.iter().map(|&b| b == 1).collect(),
-                },
-            ));
+            st.server = Some((m.shard, server));
         }
         self.ps.import_state(st).map_err(bad)
     }

@@ -66,10 +66,7 @@ impl<T: Transport> Trainer<T> {
             let meta0: Meta = ck0.json("meta")?;
             let why = if !meta0.memory_keys.is_empty() {
                 Some("its error-feedback memories are per rank".to_string())
-            } else if ck0
-                .names()
-                .any(|n| n.starts_with("ps/mem/") || n.starts_with("ps/mipd/"))
-            {
+            } else if ck0.names().any(|n| n.starts_with("ps/") && n != "ps/state") {
                 Some("its parameter-server state is per rank and per shard".to_string())
             } else if meta0.steps_per_epoch == 0 || meta0.step % meta0.steps_per_epoch != 0 {
                 Some(format!(

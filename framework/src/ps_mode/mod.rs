@@ -19,13 +19,14 @@
 //!   3 and more. Measured on the MNIST MLP (2 workers, lr 0.05, 50 steps): with momentum 0.9,
 //!   s = 0 reaches 90.8 % and s = 1 diverges (35 %); without momentum s = 0 / 1 / 3 reach
 //!   81.8 / 82.4 / 68.1 %. Lower the momentum (or the learning rate) as `s` grows.
-//! * `[compress] kind = "mipd"` (ALGORITHMS.md §14) pushes MIPD payloads instead: per layer
-//!   the most significant coordinates (`|w·g|` by default, so the push carries the
-//!   parameters' view too) quantized with a Lloyd-Max code-book; each server smooths the
-//!   coordinates nobody sent (`λ`) and returns only the step's alternating half of every
-//!   layer. Coordinates outside the half get a zero gradient that step (with momentum they
-//!   still move by their velocity). `error_feedback = true` adds MIPD's worker-side
-//!   residual.
+//! * A method with a parameter-server protocol of its own ([`dtrain_compress::Method::sharded`],
+//!   [`sharded`]) pushes its payloads and runs its servers: MIPD (ALGORITHMS.md §14) pushes
+//!   per layer the most significant coordinates (`|w·g|` by default, so the push carries
+//!   the parameters' view too) quantized with a Lloyd-Max code-book; each server smooths
+//!   the coordinates nobody sent (`λ`) and returns only the step's alternating half of
+//!   every layer. Coordinates outside the half get a zero gradient that step (with momentum
+//!   they still move by their velocity). `error_feedback = true` adds the method's
+//!   worker-side residual.
 //! * Every other method except ScaleCom (whose leader-chosen indices need a broadcast
 //!   among the workers) pushes its own payloads ([`COMPRESSED_MEAN`]): each worker runs the
 //!   method's pipeline (its error-feedback memory included: residual, DGC's momentum
@@ -36,9 +37,10 @@
 //!   the checkpoint, so a synchronous run resumes bit-identically.
 //! * Each step record carries the seconds this rank's server spent aggregating.
 //! * Checkpoints hold the replicas, the optimizer, the data position and every rank's
-//!   parameter-server state: the compressed pushes' memories and compressor states, MIPD's
-//!   worker residual and the MIPD server state of the rank's shard (smoothed values, the
-//!   pushed gradients of the half not yet sent, the received marks). The servers' clock
+//!   parameter-server state: the compressed pushes' memories and compressor states; with a
+//!   protocol of its own, the method's worker residual and the server state of the rank's
+//!   shard (MIPD: smoothed values, the pushed gradients of the half not yet sent, the
+//!   received marks). The servers' clock
 //!   counts trainer steps, so a resumed run restarts it at the checkpoint's step and MIPD's
 //!   alternating halves continue where they stopped: a synchronous run resumes
 //!   bit-identically with every method.
@@ -60,13 +62,14 @@ use dtrain_comms::ps::{
 };
 use dtrain_comms::{CommError, Transport};
 use dtrain_compress::{
-    decompress_sum_add, Compressor, CompressorConfig, Ctx, Memory, MemoryConfig, Payload, Pipeline,
-    Rng,
+    decompress_sum_add, Compressor, CompressorConfig, Ctx, MemoryConfig, Payload, Pipeline, Rng,
 };
 
 use crate::config::ClusterConfig;
-use crate::mipd::{MipdAggregator, MipdWorker, MIPD_AGGREGATION};
-use dtrain_compress::mipd::{layers_in, MipdServerState};
+use dtrain_compress::sharded::{layers_in, ServerState};
+use sharded::{ShardedAggregator, ShardedWorker};
+
+pub mod sharded;
 
 /// The servers' aggregator, timing itself (nanoseconds spent aggregating, for the metrics).
 pub(crate) struct ServerAggregator {
@@ -77,14 +80,16 @@ pub(crate) struct ServerAggregator {
 enum ServerKind {
     /// Mean of dense f32 shards.
     Dense(DenseF32),
-    /// MIPD: decode, sum, smooth the dropped coordinates, send the step's half.
-    Mipd(Box<MipdAggregator>),
+    /// A method with its own protocol: its server of the shard (MIPD: decode, sum, smooth
+    /// the dropped coordinates, send the step's half).
+    Sharded(Box<ShardedAggregator>),
     /// Any other method: decode each worker's payload of the shard, mean as f32. Payloads
     /// are self-describing, so one decoder serves every shard.
     Compressed(Box<dyn Compressor>),
 }
 
-/// Reduction code of compressed pushes (any method but none, MIPD and ScaleCom): a
+/// Reduction code of compressed pushes (any method but none, ScaleCom and those with a
+/// protocol of their own): a
 /// payload of the run's compression method per worker; the server decodes, sums in worker
 /// order and returns the mean as f32.
 pub const COMPRESSED_MEAN: Reduction = Reduction(17);
@@ -113,7 +118,7 @@ impl Aggregator for ServerAggregator {
         let t = Instant::now();
         let r = match &mut self.kind {
             ServerKind::Dense(a) => a.aggregate(input),
-            ServerKind::Mipd(a) => a.aggregate(input),
+            ServerKind::Sharded(a) => a.aggregate(input),
             ServerKind::Compressed(d) => compressed_mean(d.as_ref(), input),
         };
         self.spent_ns
@@ -126,10 +131,10 @@ impl Aggregator for ServerAggregator {
 enum Codec {
     /// f32 shards, mean on the server.
     Dense,
-    /// MIPD payloads (they need the parameters: significance `|w·g|`); the pull is the
-    /// sum over workers on the step's half.
-    Mipd {
-        worker: Box<MipdWorker>,
+    /// A method's own protocol (MIPD's payloads need the parameters: significance
+    /// `|w·g|`); the pull is the sum over workers.
+    Sharded {
+        worker: Box<ShardedWorker>,
         /// The parameters a step's gradient was computed at, reused across steps.
         params: Vec<f32>,
     },
@@ -155,10 +160,9 @@ pub(crate) struct PsCodecState {
     /// Compressor state per shard, where the compressor carries any.
     #[serde(with = "crate::exchange::bits::state_bits")]
     pub compressors: BTreeMap<u64, BTreeMap<String, f64>>,
-    /// MIPD: the shard this rank serves and its server state (smoothed aggregate, carry,
-    /// received marks, next step).
+    /// A method with its own protocol: the shard this rank serves and its server state.
     #[serde(skip)]
-    pub mipd_server: Option<(usize, MipdServerState)>,
+    pub server: Option<(usize, ServerState)>,
 }
 
 /// One applied-or-to-apply aggregate: the mean gradient of a step.
@@ -196,13 +200,16 @@ pub(crate) struct PsState<T: Transport> {
     workers: usize,
     server_ns: Arc<AtomicU64>,
     staleness: u64,
+    /// The method's `kind`, for messages.
+    method: &'static str,
 }
 
 impl<T: Transport> PsState<T> {
     /// Joins the parameter server of a run over `transport` (the parameter-server lane of
     /// the rank's connections) for a model whose parameter tensors lie at `layers` of the
-    /// flat buffer, pushing with `method`: `none` pushes dense f32; `mipd` its payloads
-    /// (with a residual `memory`, MIPD's worker-side error feedback); any other method its
+    /// flat buffer, pushing with `method`: `none` pushes dense f32; a method with its own
+    /// protocol ([`dtrain_compress::Method::sharded`]) its payloads (with a residual
+    /// `memory`, its worker-side error feedback); any other method its
     /// own payloads through a pipeline with `memory` per shard, its RNG streams seeded by
     /// `seed`.
     pub fn new(
@@ -226,13 +233,14 @@ impl<T: Transport> PsState<T> {
             CommError::InvalidArgument(format!("compress.{}: {}", e.field, e.reason))
         };
         let (kind, codec) = match method {
-            CompressorConfig::Mipd(m) => {
-                let mut w = MipdWorker::new(&layout, &layers, m, &m.server()).map_err(bad)?;
-                w.set_error_feedback(!matches!(memory, MemoryConfig::None));
-                let a = MipdAggregator::new(&layout, layers.clone(), m.server()).map_err(bad)?;
+            _ if method.sharded().is_some() => {
+                let error_feedback = !matches!(memory, MemoryConfig::None);
+                let w =
+                    ShardedWorker::new(&layout, &layers, method, error_feedback).map_err(bad)?;
+                let a = ShardedAggregator::new(&layout, layers.clone(), method).map_err(bad)?;
                 (
-                    ServerKind::Mipd(Box::new(a)),
-                    Codec::Mipd {
+                    ServerKind::Sharded(Box::new(a)),
+                    Codec::Sharded {
                         worker: Box::new(w),
                         params: vec![0.0; len],
                     },
@@ -276,7 +284,13 @@ impl<T: Transport> PsState<T> {
             workers: world,
             server_ns,
             staleness: cluster.staleness,
+            method: method.name(),
         })
+    }
+
+    /// The method's `kind` (its own sections of a checkpoint are `ps/<kind>/…`).
+    pub fn method(&self) -> &'static str {
+        self.method
     }
 
     /// The staleness bound.
@@ -308,16 +322,14 @@ impl<T: Transport> PsState<T> {
                     }
                 }
             }
-            Codec::Mipd { worker, .. } => {
-                if let Some(m) = worker.memory() {
-                    st.memory = m.export();
-                }
+            Codec::Sharded { worker, .. } => {
+                st.memory = worker.export_memory();
                 if let Some(ServerAggregator {
-                    kind: ServerKind::Mipd(a),
+                    kind: ServerKind::Sharded(a),
                     ..
                 }) = self.node.aggregator()
                 {
-                    st.mipd_server = a.export_state();
+                    st.server = a.export_state();
                 }
             }
             Codec::Dense => {}
@@ -338,10 +350,12 @@ impl<T: Transport> PsState<T> {
         }
         match &mut self.codec {
             Codec::Compressed { pipes, .. } => {
-                if st.mipd_server.is_some() {
-                    return Err("the checkpoint holds MIPD server state; this run pushes \
-                                compressed payloads of another method"
-                        .into());
+                if st.server.is_some() {
+                    return Err(format!(
+                        "the checkpoint holds a parameter server's own state; this run \
+                         pushes compressed payloads of {}",
+                        self.method
+                    ));
                 }
                 for (j, p) in pipes.iter_mut().enumerate() {
                     let key = j as u64;
@@ -355,41 +369,33 @@ impl<T: Transport> PsState<T> {
                     }
                 }
             }
-            Codec::Mipd { worker, .. } => {
+            Codec::Sharded { worker, .. } => {
                 if !st.compressors.is_empty() {
-                    return Err(
-                        "the checkpoint holds compressor state of compressed pushes; \
-                                this run pushes MIPD"
-                            .into(),
-                    );
+                    return Err(format!(
+                        "the checkpoint holds compressor state of compressed pushes; this \
+                         run pushes {}",
+                        self.method
+                    ));
                 }
-                let memory = std::mem::take(&mut st.memory);
-                match worker.memory_mut() {
-                    Some(m) => m.import(memory),
-                    None if memory.is_empty() => {}
-                    None => {
-                        return Err("the checkpoint holds MIPD's worker residual; this run \
-                                    has error feedback off"
-                            .into())
-                    }
-                }
-                if let Some((shard, server)) = st.mipd_server.take() {
+                worker.import_memory(std::mem::take(&mut st.memory))?;
+                if let Some((shard, server)) = st.server.take() {
                     match self.node.aggregator_mut() {
                         Some(ServerAggregator {
-                            kind: ServerKind::Mipd(a),
+                            kind: ServerKind::Sharded(a),
                             ..
                         }) => a.import_state(shard, server)?,
                         _ => {
                             return Err(format!(
-                                "the checkpoint holds the MIPD server of shard {shard}; this \
-                                 rank serves none"
+                                "the checkpoint holds the {} server of shard {shard}; this \
+                                 rank serves none",
+                                self.method
                             ))
                         }
                     }
                 }
             }
             Codec::Dense => {
-                if !st.memory.is_empty() || !st.compressors.is_empty() || st.mipd_server.is_some() {
+                if !st.memory.is_empty() || !st.compressors.is_empty() || st.server.is_some() {
                     return Err(
                         "the checkpoint holds compressed-push state; this run pushes dense".into(),
                     );
@@ -404,12 +410,12 @@ impl<T: Transport> PsState<T> {
             .map(|a| {
                 let grad = match &self.codec {
                     Codec::Dense | Codec::Compressed { .. } => a.dense(),
-                    Codec::Mipd { worker: w, .. } => {
+                    Codec::Sharded { worker: w, .. } => {
                         let mut g = vec![0.0; self.node.layout().len()];
                         w.apply(&a, &mut g).map_err(|e| {
                             CommError::InvalidArgument(format!(
-                                "MIPD aggregate of step {}: {e}",
-                                a.step
+                                "{} aggregate of step {}: {e}",
+                                self.method, a.step
                             ))
                         })?;
                         // The pull is the sum over workers; the trainer applies means.
@@ -449,12 +455,14 @@ impl<T: Transport> PsState<T> {
                     .collect(),
                 Reduction::MEAN,
             ),
-            Codec::Mipd { worker: w, params } => {
-                read_params(params);
-                let p = w
-                    .payloads(params, grad)
-                    .map_err(|e| CommError::InvalidArgument(format!("MIPD encode: {e}")))?;
-                (p, MIPD_AGGREGATION)
+            Codec::Sharded { worker: w, params } => {
+                if w.needs_params() {
+                    read_params(params);
+                }
+                let p = w.payloads(params, grad).map_err(|e| {
+                    CommError::InvalidArgument(format!("{} encode: {e}", self.method))
+                })?;
+                (p, w.reduction())
             }
             Codec::Compressed {
                 pipes,
