@@ -4,6 +4,9 @@
 
 #![allow(dead_code)]
 
+mod drivers;
+pub use drivers::*;
+
 use std::collections::VecDeque;
 use std::sync::{Arc, Barrier as StdBarrier};
 use std::thread;
@@ -204,6 +207,16 @@ pub fn test_config() -> CommConfig {
 pub trait Mesh: Sync + Send + 'static {
     type T: Transport + 'static;
     fn make(&self, world: usize) -> Vec<Self::T>;
+}
+
+/// The in-process channel driver.
+pub struct Channels;
+
+impl Mesh for Channels {
+    type T = dtrain_comms::ChannelTransport;
+    fn make(&self, world: usize) -> Vec<Self::T> {
+        dtrain_comms::channel_mesh(world)
+    }
 }
 
 pub fn check_all_reduce<M: Mesh>(mesh: &M, world: usize) {
@@ -538,14 +551,16 @@ pub fn check_late_rank<M: Mesh>(mesh: &M, world: usize) {
 /// Liveness traffic is invisible: with heartbeats every 20 ms and a 300 ms peer timeout,
 /// a mesh left idle for 1 s (long past the peer timeout) still works, and the collective
 /// after the pause moves exactly the bytes of the one before it — heartbeats are neither
-/// delivered nor counted. `make(world, heartbeat, peer_timeout)` builds the mesh.
-pub fn check_idle_heartbeats<T, F>(make: F)
-where
-    T: Transport + 'static,
-    F: Fn(usize, Duration, Duration) -> Vec<T>,
-{
+/// delivered nor counted.
+pub fn check_idle_heartbeats<D: Heartbeats>(d: &D) {
     let world = 3;
-    let ts = make(world, Duration::from_millis(20), Duration::from_millis(300));
+    let mut cfg = d.config();
+    D::set_liveness(
+        &mut cfg,
+        Some(Duration::from_millis(20)),
+        Some(Duration::from_millis(300)),
+    );
+    let ts = d.mesh_with(world, cfg);
     let out = run_ranks(ts, test_config(), |c| {
         let mut v = vec![c.rank() as f32; 1000];
         c.all_reduce_sum(&mut v).unwrap();
@@ -928,13 +943,13 @@ pub fn check_run_ahead<M: Mesh>(mesh: &M, world: usize) {
 /// takes at least the α–β prediction (the shaping is a hard floor) and not wildly more
 /// (generous ceiling for loaded hosts); a small all-reduce over a 30 ms link takes ≥ 30 ms
 /// on the slower rank.
-/// `make(world, link)` builds a mesh whose ranks all use `link`.
-pub fn check_emulated_link<T, F>(make: F)
-where
-    T: Transport + 'static,
-    F: Fn(usize, dtrain_comms::shaping::LinkSpec) -> Vec<T>,
-{
+pub fn check_emulated_link<D: Driver>(d: &D) {
     use dtrain_comms::shaping::LinkSpec;
+    let make = |world: usize, link: LinkSpec| {
+        let mut cfg = d.config();
+        D::set_link(&mut cfg, link);
+        d.mesh_with(world, cfg)
+    };
     let spec = LinkSpec::parse(Some("200Mbit"), Some("1ms")).unwrap();
     let n = 1usize << 20; // 4 MiB of f32
     let bytes = (n * 4) as f64;
