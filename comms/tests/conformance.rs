@@ -27,6 +27,10 @@ struct Worlds {
 }
 
 /// The networked and shared-memory drivers: N = 1..=4.
+#[cfg_attr(
+    not(any(feature = "tcp", all(feature = "shm", target_os = "linux"))),
+    allow(dead_code)
+)]
 const NETWORK: Worlds = Worlds {
     all: &[1, 2, 3, 4],
     faults: &[2, 3, 4],
@@ -137,6 +141,10 @@ macro_rules! collectives {
 }
 
 /// The scenarios of a driver set up from a config (a [`common::Driver`]).
+#[cfg_attr(
+    not(any(feature = "tcp", all(feature = "shm", target_os = "linux"))),
+    allow(unused_macros)
+)]
 macro_rules! configured {
     ($driver:expr) => {
         #[test]
@@ -156,6 +164,7 @@ macro_rules! configured {
 /// `$setup` is the set-up deadline of the refused-token mesh; `$seed` seeds the large
 /// frames; `$liveness` is the (heartbeat, peer timeout) of the child-process meshes;
 /// `$killed` and `$stopped` are what the survivors of a killed and a stopped child see.
+#[cfg_attr(not(feature = "tcp"), allow(unused_macros))]
 macro_rules! networked {
     (
         $driver:expr,

@@ -835,11 +835,49 @@ pub fn check_sparse_mismatch<M: Mesh>(mesh: &M, world: usize) {
     );
 }
 
+/// Binds `world` sockets on 127.0.0.1 (ephemeral ports) with `bind`; returns them with
+/// their addresses.
+#[cfg(feature = "tcp")]
+pub fn bind_each<S>(
+    world: usize,
+    bind: impl Fn(&str) -> std::io::Result<S>,
+    addr: impl Fn(&S) -> std::io::Result<std::net::SocketAddr>,
+) -> (Vec<S>, Vec<std::net::SocketAddr>) {
+    let ss: Vec<S> = (0..world).map(|_| bind("127.0.0.1:0").unwrap()).collect();
+    let addrs = ss.iter().map(|s| addr(s).unwrap()).collect();
+    (ss, addrs)
+}
+
+/// Sets up rank `r` with `connect(r, addrs, socks[r], cfgs[r])`, every rank on its own
+/// thread; returns each rank's result in rank order.
+#[cfg(feature = "tcp")]
+pub fn connect_each<S, C, T>(
+    socks: Vec<S>,
+    addrs: Vec<std::net::SocketAddr>,
+    cfgs: Vec<C>,
+    connect: fn(usize, &[std::net::SocketAddr], S, C) -> Result<T, dtrain_comms::TransportError>,
+) -> Vec<Result<T, dtrain_comms::TransportError>>
+where
+    S: Send + 'static,
+    C: Send + 'static,
+    T: Send + 'static,
+{
+    let hs: Vec<_> = socks
+        .into_iter()
+        .zip(cfgs)
+        .enumerate()
+        .map(|(r, (s, cfg))| {
+            let addrs = addrs.clone();
+            thread::spawn(move || connect(r, &addrs, s, cfg))
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 /// TCP meshes over 127.0.0.1 (ephemeral ports), set up concurrently from one thread per rank.
 #[cfg(feature = "tcp")]
 pub mod tcp {
     use std::net::{SocketAddr, TcpListener};
-    use std::thread;
     use std::time::Duration;
 
     use dtrain_comms::{TcpConfig, TcpTransport, TransportError};
@@ -855,26 +893,13 @@ pub mod tcp {
 
     /// Binds `world` listeners and returns them with their addresses.
     pub fn listeners(world: usize) -> (Vec<TcpListener>, Vec<SocketAddr>) {
-        let ls: Vec<TcpListener> = (0..world)
-            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-            .collect();
-        let addrs = ls.iter().map(|l| l.local_addr().unwrap()).collect();
-        (ls, addrs)
+        super::bind_each(world, |a| TcpListener::bind(a), TcpListener::local_addr)
     }
 
     /// Connects every rank with its own config; returns each rank's result.
     pub fn try_mesh(cfgs: Vec<TcpConfig>) -> Vec<Result<TcpTransport, TransportError>> {
         let (ls, addrs) = listeners(cfgs.len());
-        let hs: Vec<_> = ls
-            .into_iter()
-            .zip(cfgs)
-            .enumerate()
-            .map(|(r, (l, cfg))| {
-                let addrs = addrs.clone();
-                thread::spawn(move || TcpTransport::connect(r, &addrs, l, cfg))
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+        super::connect_each(ls, addrs, cfgs, TcpTransport::connect)
     }
 
     pub fn mesh(world: usize) -> Vec<TcpTransport> {
@@ -994,7 +1019,6 @@ pub fn check_emulated_link<D: Driver>(d: &D) {
 #[cfg(feature = "quic")]
 pub mod quic {
     use std::net::{SocketAddr, UdpSocket};
-    use std::thread;
     use std::time::Duration;
 
     use dtrain_comms::rendezvous::RunIdentity;
@@ -1009,27 +1033,15 @@ pub mod quic {
         }
     }
 
+    /// Binds `world` UDP sockets and returns them with their addresses.
     pub fn sockets(world: usize) -> (Vec<UdpSocket>, Vec<SocketAddr>) {
-        let ss: Vec<UdpSocket> = (0..world)
-            .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
-            .collect();
-        let addrs = ss.iter().map(|s| s.local_addr().unwrap()).collect();
-        (ss, addrs)
+        super::bind_each(world, |a| UdpSocket::bind(a), UdpSocket::local_addr)
     }
 
     /// Connects every rank with its own config; returns each rank's result.
     pub fn try_mesh(cfgs: Vec<QuicConfig>) -> Vec<Result<QuicTransport, TransportError>> {
         let (ss, addrs) = sockets(cfgs.len());
-        let hs: Vec<_> = ss
-            .into_iter()
-            .zip(cfgs)
-            .enumerate()
-            .map(|(r, (s, cfg))| {
-                let addrs = addrs.clone();
-                thread::spawn(move || QuicTransport::connect(r, &addrs, s, cfg))
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+        super::connect_each(ss, addrs, cfgs, QuicTransport::connect)
     }
 
     pub fn mesh(world: usize) -> Vec<QuicTransport> {
