@@ -368,18 +368,33 @@ pub struct AbortInfo {
     pub detail: String,
 }
 
-/// Reason code of an [`AbortInfo`].
+/// Why a rank gave up: the reason code (one byte on the wire) of an [`AbortInfo`] and of a
+/// parameter-server abort ([`crate::ps::PsMsg::Abort`]). Both protocols use the same codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum AbortReason {
     /// The culprit's connection closed.
     PeerLost = 1,
-    /// The culprit ran a different collective.
+    /// The culprit ran a different collective (parameter server: pushed another reduction
+    /// or another number of steps).
     Mismatch = 2,
     /// The aborting rank timed out waiting (for the culprit).
     Timeout = 3,
     /// The culprit sent a malformed or unexpected message.
     Protocol = 4,
+}
+
+impl AbortReason {
+    /// The reason of wire code `code`; `None` for an unknown code.
+    pub fn from_code(code: u8) -> Option<AbortReason> {
+        Some(match code {
+            1 => AbortReason::PeerLost,
+            2 => AbortReason::Mismatch,
+            3 => AbortReason::Timeout,
+            4 => AbortReason::Protocol,
+            _ => return None,
+        })
+    }
 }
 
 impl AbortInfo {
@@ -412,13 +427,7 @@ impl AbortInfo {
         if p.len() < 5 || p.len() > 5 + Self::MAX_DETAIL {
             return Err(WireError::Payload("abort payload length"));
         }
-        let reason = match p[0] {
-            1 => AbortReason::PeerLost,
-            2 => AbortReason::Mismatch,
-            3 => AbortReason::Timeout,
-            4 => AbortReason::Protocol,
-            _ => return Err(WireError::Payload("abort reason")),
-        };
+        let reason = AbortReason::from_code(p[0]).ok_or(WireError::Payload("abort reason"))?;
         Ok(AbortInfo {
             reason,
             culprit: u32::from_le_bytes([p[1], p[2], p[3], p[4]]),
@@ -474,6 +483,24 @@ mod tests {
         assert!(f32s(&[0u8; 5]).is_err());
         assert!(AbortInfo::from_payload(&[9, 0, 0, 0, 0]).is_err());
         assert!(AbortInfo::from_payload(&[1, 0]).is_err());
+    }
+
+    /// The reason codes are wire bytes shared by the collectives and the parameter server:
+    /// they never change.
+    #[test]
+    fn abort_reason_codes_are_fixed() {
+        let codes = [
+            (AbortReason::PeerLost, 1u8),
+            (AbortReason::Mismatch, 2),
+            (AbortReason::Timeout, 3),
+            (AbortReason::Protocol, 4),
+        ];
+        for (r, c) in codes {
+            assert_eq!(r as u8, c);
+            assert_eq!(AbortReason::from_code(c), Some(r));
+        }
+        assert_eq!(AbortReason::from_code(0), None);
+        assert_eq!(AbortReason::from_code(5), None);
     }
 
     #[test]

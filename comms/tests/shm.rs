@@ -1,6 +1,7 @@
-//! Conformance suite over the shared-memory driver (ranks as threads, N = 1..=4), plus its
-//! own concerns: large messages through small rings, token checks, clean-up of the segment
-//! files, and a SIGKILLed peer process.
+//! What only the shared-memory driver has: large messages through small rings, token
+//! checks, clean-up of the segment files, and a SIGKILLed peer process (detected by its
+//! pid, even as a zombie). Everything it shares with the other drivers is in the
+//! conformance suite (`conformance.rs`).
 
 #![cfg(all(feature = "shm", target_os = "linux"))]
 
@@ -17,110 +18,8 @@ use dtrain_comms::{
     TransportError,
 };
 
-struct Shm;
-
-impl Mesh for Shm {
-    type T = ShmTransport;
-    fn make(&self, world: usize) -> Vec<ShmTransport> {
-        mesh(world)
-    }
-}
-
-const WORLDS: std::ops::RangeInclusive<usize> = 1..=4;
-
 fn secs(s: u64) -> Instant {
     Instant::now() + Duration::from_secs(s)
-}
-
-#[test]
-fn all_reduce_matches_reference_bit_for_bit() {
-    for w in WORLDS {
-        check_all_reduce(&Shm, w);
-    }
-}
-
-#[test]
-fn all_gather_variable_sizes() {
-    for w in WORLDS {
-        check_all_gather(&Shm, w);
-    }
-}
-
-#[test]
-fn broadcast_from_every_root() {
-    for w in WORLDS {
-        check_broadcast(&Shm, w);
-    }
-}
-
-#[test]
-fn reduce_scatter_matches_reference() {
-    for w in WORLDS {
-        check_reduce_scatter(&Shm, w);
-    }
-}
-
-#[test]
-fn barrier_waits_for_everyone() {
-    for w in WORLDS {
-        check_barrier(&Shm, w);
-    }
-}
-
-#[test]
-fn mixed_sequence_and_byte_counts() {
-    for w in WORLDS {
-        check_sequence_and_bytes(&Shm, w);
-    }
-}
-
-#[test]
-fn dead_peer_is_named_by_every_survivor() {
-    for w in 2..=4 {
-        check_dead_peer(&Shm, w);
-    }
-}
-
-#[test]
-fn stalled_peer_is_named_by_every_survivor() {
-    for_worlds_concurrently(Shm, &[2, 4], check_stalled_peer);
-}
-
-#[test]
-fn mismatched_collectives_are_reported() {
-    for w in 2..=4 {
-        check_mismatch(&Shm, w);
-    }
-}
-
-#[test]
-fn sparse_all_reduce_matches_reference_bit_for_bit() {
-    for w in [2, 4] {
-        check_sparse_all_reduce(&Shm, w);
-    }
-}
-
-#[test]
-fn sparse_all_reduce_mismatches_are_reported() {
-    for w in [2, 4] {
-        check_sparse_mismatch(&Shm, w);
-    }
-}
-
-#[test]
-fn messages_of_later_collectives_are_kept_and_counted_for_their_call() {
-    for w in 2..=3 {
-        check_run_ahead(&Shm, w);
-    }
-}
-
-#[test]
-fn emulated_link_follows_the_alpha_beta_model() {
-    check_emulated_link(|world, link| {
-        let mut cfg = config(TOKEN);
-        cfg.link = link;
-        mesh_with(world, cfg)
-    });
 }
 
 #[test]
@@ -323,25 +222,6 @@ fn all_reduce_exact_with_default_rings_and_chunks() {
     for v in &out {
         assert_eq!(bits(v), bits(&want));
     }
-}
-
-#[test]
-fn oversized_message_is_rejected_at_send() {
-    let cfg = ShmConfig {
-        max_frame: 1024,
-        ..config(TOKEN)
-    };
-    let mut ts = mesh_with(2, cfg);
-    assert!(matches!(
-        ts[0].send(1, vec![0; 1024]),
-        Err(TransportError::TooLarge {
-            len: 1025,
-            max: 1024
-        })
-    ));
-    ts[0].send(1, vec![7; 1023]).unwrap();
-    assert_eq!(ts[1].recv_from(0, secs(5)).unwrap(), vec![7; 1023]);
-    assert_eq!(ts[0].bytes().sent, 1023 + 5);
 }
 
 #[test]

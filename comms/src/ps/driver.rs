@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 
 use super::layout::PsLayout;
 use super::server::{Aggregator, ServerMachine};
-use super::wire::{f32_payload, AbortKind, PsMsg, Reduction};
+use super::wire::{f32_payload, PsMsg, Reduction};
 use super::worker::{Aggregate, WorkerMachine};
 use crate::algo::AlgoError;
 use crate::comm::CommError;
 use crate::transport::{Transport, TransportError};
+use crate::wire::AbortReason;
 
 /// Configuration of a [`PsNode`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -311,7 +312,7 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
                     }
                     culprits.retain(|&r| r != me);
                     return Err(self.fail(
-                        AbortKind::Timeout,
+                        AbortReason::Timeout,
                         culprits,
                         format!("rank {me} made no progress for {:?}", self.patience()),
                     ));
@@ -320,7 +321,7 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
             };
             let msg = match PsMsg::decode(bytes) {
                 Ok(m) => m,
-                Err(detail) => return Err(self.fail(AbortKind::Protocol, vec![from], detail)),
+                Err(detail) => return Err(self.fail(AbortReason::Protocol, vec![from], detail)),
             };
             let r = match msg {
                 PsMsg::Abort {
@@ -354,10 +355,10 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
             match r {
                 Ok(()) => deadline = Instant::now() + self.patience(),
                 Err(AlgoError::Mismatch { peer, detail }) => {
-                    return Err(self.fail(AbortKind::Mismatch, vec![peer], detail))
+                    return Err(self.fail(AbortReason::Mismatch, vec![peer], detail))
                 }
                 Err(AlgoError::Protocol { peer, detail }) => {
-                    return Err(self.fail(AbortKind::Protocol, vec![peer], detail))
+                    return Err(self.fail(AbortReason::Protocol, vec![peer], detail))
                 }
             }
         }
@@ -389,8 +390,12 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
                 };
                 if let Err(e) = r {
                     let (kind, peer, detail) = match e {
-                        AlgoError::Mismatch { peer, detail } => (AbortKind::Mismatch, peer, detail),
-                        AlgoError::Protocol { peer, detail } => (AbortKind::Protocol, peer, detail),
+                        AlgoError::Mismatch { peer, detail } => {
+                            (AbortReason::Mismatch, peer, detail)
+                        }
+                        AlgoError::Protocol { peer, detail } => {
+                            (AbortReason::Protocol, peer, detail)
+                        }
                     };
                     return Err(self.fail(kind, vec![peer], detail));
                 }
@@ -442,7 +447,7 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
         let detail = self.closed[rank]
             .clone()
             .unwrap_or_else(|| "connection closed".into());
-        self.fail(AbortKind::PeerLost, vec![rank], detail)
+        self.fail(AbortReason::PeerLost, vec![rank], detail)
     }
 
     /// Records the peer of a [`TransportError::Closed`] / [`TransportError::PeerSilent`]
@@ -454,7 +459,7 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
     }
 
     /// Tells every other rank of the run to give up, and returns the matching error.
-    fn fail(&mut self, reason: AbortKind, culprits: Vec<usize>, detail: String) -> CommError {
+    fn fail(&mut self, reason: AbortReason, culprits: Vec<usize>, detail: String) -> CommError {
         let me = self.rank();
         let bytes = PsMsg::Abort {
             reason,
@@ -478,7 +483,7 @@ impl<T: Transport, A: Aggregator> PsNode<T, A> {
 }
 
 fn abort_error(
-    reason: AbortKind,
+    reason: AbortReason,
     culprits: Vec<u32>,
     reported_by: usize,
     detail: String,
@@ -487,18 +492,18 @@ fn abort_error(
     let ranks: Vec<usize> = culprits.iter().map(|&r| r as usize).collect();
     let rank = ranks.first().copied().unwrap_or(reported_by);
     match reason {
-        AbortKind::PeerLost => CommError::PeerLost {
+        AbortReason::PeerLost => CommError::PeerLost {
             rank,
             reported_by,
             detail,
         },
-        AbortKind::Timeout => CommError::Timeout { ranks, timeout },
-        AbortKind::Mismatch => CommError::Mismatch {
+        AbortReason::Timeout => CommError::Timeout { ranks, timeout },
+        AbortReason::Mismatch => CommError::Mismatch {
             rank,
             reported_by,
             detail,
         },
-        AbortKind::Protocol => CommError::Protocol {
+        AbortReason::Protocol => CommError::Protocol {
             rank,
             reported_by,
             detail,

@@ -69,8 +69,10 @@ mod server;
 mod wire;
 mod worker;
 
+/// The reason code of a [`PsMsg::Abort`]: the collectives' own.
+pub use crate::wire::AbortReason;
 pub use driver::{PsConfig, PsNode};
 pub use layout::PsLayout;
 pub use server::{AggregateError, Aggregator, DenseF32, ServerMachine, ShardPushes};
-pub use wire::{f32_payload, f32_values, AbortKind, PsMsg, Reduction, PS_HEADER_LEN, PS_MAGIC};
+pub use wire::{f32_payload, f32_values, PsMsg, Reduction, PS_HEADER_LEN, PS_MAGIC};
 pub use worker::{Aggregate, WorkerMachine};

@@ -9,6 +9,8 @@ pub const PS_MAGIC: u8 = 0xD5;
 /// Length of the parameter-server message header.
 pub const PS_HEADER_LEN: usize = 16;
 
+use crate::wire::AbortReason;
+
 /// Which reduction a server applies to the pushes of one step and shard (one byte on the
 /// wire). Codes below 16 are reserved for dtrain; [`DenseF32`] implements
 /// [`Reduction::SUM`] and [`Reduction::MEAN`]. All workers must push the same reduction
@@ -56,27 +58,13 @@ pub enum PsMsg {
     },
     /// Any → any: the sender gave up; the run fails with this error everywhere.
     Abort {
-        /// Why.
-        reason: AbortKind,
+        /// Why (the collectives' reason codes, [`crate::wire::AbortInfo`]).
+        reason: AbortReason,
         /// The ranks blamed.
         culprits: Vec<u32>,
         /// Human-readable detail (at most 512 bytes on the wire).
         detail: String,
     },
-}
-
-/// Reason of a [`PsMsg::Abort`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum AbortKind {
-    /// The culprit's transport closed.
-    PeerLost = 1,
-    /// The culprit disagrees (different reduction, different number of steps).
-    Mismatch = 2,
-    /// The culprits did not answer in time.
-    Timeout = 3,
-    /// The culprit sent something malformed or unexpected.
-    Protocol = 4,
 }
 
 const T_PUSH: u8 = 1;
@@ -159,13 +147,8 @@ impl PsMsg {
             },
             T_LEAVE => PsMsg::Leave { steps: step },
             T_ABORT => {
-                let reason = match b2 {
-                    1 => AbortKind::PeerLost,
-                    2 => AbortKind::Mismatch,
-                    3 => AbortKind::Timeout,
-                    4 => AbortKind::Protocol,
-                    r => return Err(format!("unknown abort reason {r}")),
-                };
+                let reason = AbortReason::from_code(b2)
+                    .ok_or_else(|| format!("unknown abort reason {b2}"))?;
                 if payload.len() < 4 {
                     return Err("short abort payload".into());
                 }
@@ -224,7 +207,7 @@ mod tests {
             },
             PsMsg::Leave { steps: 12 },
             PsMsg::Abort {
-                reason: AbortKind::Timeout,
+                reason: AbortReason::Timeout,
                 culprits: vec![2, 5],
                 detail: "slow".into(),
             },
@@ -238,7 +221,7 @@ mod tests {
         b[1] = 99;
         assert!(PsMsg::decode(b).is_err());
         let mut b = PsMsg::Abort {
-            reason: AbortKind::PeerLost,
+            reason: AbortReason::PeerLost,
             culprits: vec![1],
             detail: String::new(),
         }

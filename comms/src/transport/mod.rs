@@ -12,10 +12,15 @@
 //! [`tcp`] (tokio, one connection per rank pair, authenticated by the run token); with the
 //! `quic` feature, [`quic`] (quinn, TLS 1.3 with the pinned run certificate, plus the run
 //! token); with the `shm` feature (Linux), [`shm`] (ranks on one host: byte rings in
-//! `/dev/shm` mappings, futex waits). The byte-stream drivers share their framing and egress shaping (`stream.rs`);
-//! TCP moves data with a blocking reader and writer thread per connection (`threaded.rs`).
+//! `/dev/shm` mappings, futex waits). The byte-stream drivers share their framing and egress shaping (`stream.rs`),
+//! and TCP and QUIC their mesh set-up (who dials whom, the hello both ways, deadlines,
+//! errors naming the peer) and their send side, generic over a small `Link` trait
+//! (`mesh.rs`); TCP moves data with a blocking reader and writer thread per connection
+//! (`threaded.rs`), QUIC with a reader and a writer task (`quic_stream.rs`).
 
 pub mod channel;
+#[cfg(feature = "tcp")]
+mod mesh;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod mux;

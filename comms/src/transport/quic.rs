@@ -11,9 +11,10 @@
 //! certificate without its key fails). On
 //! top of TLS, the dialer opens the stream with a [`crate::frame::Hello`] carrying the run
 //! token, rank and world size; the acceptor checks it and answers with its own, as over
-//! TCP. A connection with a different certificate, a wrong token, an unexpected rank or no
-//! hello before the deadline is refused (closed) and logged. Once the mesh is complete
-//! the endpoint stops accepting connections.
+//! TCP (the mesh set-up is the one TCP uses, `mesh.rs`). A connection with a different
+//! certificate, a wrong token, an unexpected rank or no hello before the deadline is
+//! refused (closed) and logged. Once the mesh is complete the endpoint stops accepting
+//! connections.
 //!
 //! # Tuning
 //! * UDP socket buffers are raised to [`QuicConfig::socket_buffer`] (16 MiB; the kernel
@@ -51,12 +52,13 @@
 //! [`QuicConfig::linger`]) until the peers acknowledged all data, then closes.
 //!
 //! The runtime lives inside the transport: create and drop it outside any async context.
+//!
+//! [`ByteCount`]: super::ByteCount
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use bytes::BytesMut;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Connection, Endpoint, RecvStream, SendStream};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -66,13 +68,14 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
+use super::mesh::{check_setup, mesh, runtime, transport_via_peers, Failed, Link, Peers};
 use super::quic_stream::{reader, writer};
-use super::stream::{check_liveness, read_frame, write_hello, Outgoing, Shaper};
-use super::{check_peer, ByteCount, Event, Inbox, Transport, TransportError};
-use crate::frame::{Frame, FRAME_HEADER_LEN, MAX_HELLO_FRAME, MAX_TOKEN_LEN};
+use super::stream::Outgoing;
+use super::{Event, Inbox, TransportError};
+use crate::frame::FRAME_HEADER_LEN;
 use crate::rendezvous::RunIdentity;
 use crate::shaping::LinkSpec;
 
@@ -108,7 +111,8 @@ impl RunIdentity {
 /// Configuration of a [`QuicTransport`].
 #[derive(Clone, PartialEq)]
 pub struct QuicConfig {
-    /// The run token every connection must present (at most [`MAX_TOKEN_LEN`] bytes).
+    /// The run token every connection must present (at most
+    /// [`MAX_TOKEN_LEN`](crate::frame::MAX_TOKEN_LEN) bytes).
     pub token: Vec<u8>,
     /// The run's certificate and key: served by this rank, pinned for every peer.
     pub identity: RunIdentity,
@@ -178,21 +182,13 @@ impl QuicConfig {
 /// One rank of a QUIC mesh (see the [module docs](self)).
 #[derive(Debug)]
 pub struct QuicTransport {
-    rank: usize,
-    world: usize,
-    max_frame: usize,
+    peers: Peers<UnboundedSender<Outgoing>>,
     linger: Duration,
-    writers: Vec<Option<UnboundedSender<Outgoing>>>,
     writer_tasks: Vec<JoinHandle<()>>,
     conns: Vec<Connection>,
     endpoint: Option<Endpoint>,
-    inbox: Inbox,
-    sent: u64,
-    shaper: Option<Shaper>,
     rt: Option<Runtime>,
 }
-
-type Conn = (usize, Connection, SendStream, RecvStream, BytesMut);
 
 fn config_error(detail: impl std::fmt::Display) -> TransportError {
     TransportError::Handshake {
@@ -480,27 +476,20 @@ impl QuicTransport {
         cfg: QuicConfig,
     ) -> Result<Self, TransportError> {
         let world = peers.len();
-        if rank >= world {
-            return Err(TransportError::InvalidRank { rank, world });
-        }
-        if cfg.token.len() > MAX_TOKEN_LEN {
-            return Err(config_error(format!(
-                "run token longer than {MAX_TOKEN_LEN} bytes"
-            )));
-        }
-        check_liveness(cfg.heartbeat_interval, cfg.peer_timeout)?;
+        check_setup(
+            rank,
+            world,
+            &cfg.token,
+            cfg.heartbeat_interval,
+            cfg.peer_timeout,
+        )?;
         let mtu = cfg.mtu.or_else(|| {
             peers
                 .iter()
                 .all(|a| a.ip().is_loopback())
                 .then_some(LOOPBACK_MTU)
         });
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(cfg.io_threads.max(1))
-            .thread_name("dtrain-comms-quic")
-            .enable_io()
-            .enable_time()
-            .build()?;
+        let rt = runtime(cfg.io_threads, "dtrain-comms-quic")?;
         socket.set_nonblocking(true)?;
         let pin = &cfg.identity.cert_der;
         let server = server_crypto(&cfg.identity, pin)?;
@@ -509,14 +498,11 @@ impl QuicTransport {
             let _guard = rt.enter();
             endpoint(socket, &cfg, mtu, server, client)?
         };
-        let conns = rt.block_on(mesh(
-            rank,
-            world,
-            peers.to_vec(),
-            ep.clone(),
+        let link = Arc::new(QuicLink {
+            ep: ep.clone(),
             client,
-            cfg.clone(),
-        ));
+        });
+        let conns = rt.block_on(mesh(link, rank, peers, &cfg.token, cfg.connect_timeout));
         // The mesh is complete (or failed): no further connections are accepted.
         ep.set_server_config(None);
         let conns = match conns {
@@ -528,12 +514,12 @@ impl QuicTransport {
             }
         };
         let (tx, rx) = mpsc::channel();
-        let mut writers: Vec<Option<UnboundedSender<Outgoing>>> =
-            (0..world).map(|_| None).collect();
+        let inbox = Inbox::new(rx, tx.clone(), world, FRAME_HEADER_LEN as u64);
+        let mut mesh = Peers::new(rank, world, cfg.max_frame, &cfg.link, inbox);
         let mut writer_tasks = Vec::new();
         let mut connections = Vec::new();
         let linger = cfg.linger;
-        for (peer, conn, send, recv, buf) in conns {
+        for (peer, QuicStream { conn, send, recv }, buf) in conns {
             let quiet = cfg.peer_timeout;
             let c = conn.clone();
             let end = move || match (c.close_reason(), quiet) {
@@ -552,74 +538,25 @@ impl QuicTransport {
                     let _ = tokio::time::timeout(linger, send.stopped()).await;
                 }
             }));
-            writers[peer] = Some(wtx);
+            mesh.connect(peer, wtx);
             connections.push(conn);
         }
         Ok(QuicTransport {
-            rank,
-            world,
-            max_frame: cfg.max_frame,
+            peers: mesh,
             linger: cfg.linger,
-            writers,
             writer_tasks,
             conns: connections,
             endpoint: Some(ep),
-            inbox: Inbox::new(rx, tx, world, FRAME_HEADER_LEN as u64),
-            sent: 0,
-            shaper: Shaper::new(&cfg.link),
             rt: Some(rt),
         })
     }
 }
 
-impl Transport for QuicTransport {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn world_size(&self) -> usize {
-        self.world
-    }
-
-    fn send(&mut self, to: usize, msg: Vec<u8>) -> Result<(), TransportError> {
-        check_peer(to, self.rank, self.world)?;
-        if msg.len() + 1 > self.max_frame {
-            return Err(TransportError::TooLarge {
-                len: msg.len() + 1,
-                max: self.max_frame,
-            });
-        }
-        let len = msg.len() + FRAME_HEADER_LEN;
-        let w = self.writers[to]
-            .as_ref()
-            .ok_or(TransportError::Closed { rank: to })?;
-        let release = self.shaper.as_mut().map(|s| s.release(Instant::now(), len));
-        w.send(Outgoing { release, msg })
-            .map_err(|_| TransportError::Closed { rank: to })?;
-        self.sent += len as u64;
-        Ok(())
-    }
-
-    fn recv(&mut self, deadline: Instant) -> Result<(usize, Vec<u8>), TransportError> {
-        self.inbox.recv(deadline)
-    }
-
-    fn recv_from(&mut self, from: usize, deadline: Instant) -> Result<Vec<u8>, TransportError> {
-        check_peer(from, self.rank, self.world)?;
-        self.inbox.recv_from(from, deadline)
-    }
-
-    fn bytes(&self) -> ByteCount {
-        ByteCount {
-            sent: self.sent,
-            received: self.inbox.received(),
-        }
-    }
-}
+transport_via_peers!(QuicTransport, peers);
 
 impl Drop for QuicTransport {
     fn drop(&mut self) {
-        self.writers.clear();
+        self.peers.close();
         let tasks = std::mem::take(&mut self.writer_tasks);
         let conns = std::mem::take(&mut self.conns);
         let ep = self.endpoint.take();
@@ -644,180 +581,87 @@ impl Drop for QuicTransport {
     }
 }
 
-/// Builds every connection of `rank`: dials the lower ranks, accepts the higher ones.
-async fn mesh(
-    rank: usize,
-    world: usize,
-    peers: Vec<SocketAddr>,
-    ep: Endpoint,
-    client: quinn::ClientConfig,
-    cfg: QuicConfig,
-) -> Result<Vec<Conn>, TransportError> {
-    let deadline = tokio::time::Instant::now() + cfg.connect_timeout;
-    let mut conns: Vec<Option<Conn>> = (0..world).map(|_| None).collect();
-    let mut dials = JoinSet::new();
-    for (p, addr) in peers.iter().enumerate().take(rank) {
-        dials.spawn(dial(
-            rank,
-            world,
-            p,
-            *addr,
-            ep.clone(),
-            client.clone(),
-            cfg.token.clone(),
-            deadline,
-        ));
-    }
-    let mut accepts: JoinSet<Result<Conn, String>> = JoinSet::new();
-    let mut missing = world - 1;
-    while missing > 0 {
-        let accepting = conns[rank + 1..].iter().any(|c| c.is_none());
-        tokio::select! {
-            inc = ep.accept(), if accepting => match inc {
-                Some(inc) => {
-                    accepts.spawn(accept_one(inc, rank, world, cfg.token.clone(), deadline));
-                }
-                None => return Err(config_error("endpoint closed during set-up")),
-            },
-            Some(r) = accepts.join_next(), if !accepts.is_empty() => match r {
-                Ok(Ok((p, conn, mut send, recv, buf))) => {
-                    if conns[p].is_some() {
-                        warn!("rank {rank}: refused a second connection claiming rank {p}");
-                        conn.close(REFUSED.into(), b"duplicate rank");
-                    } else {
-                        match write_hello(&mut send, rank, world, &cfg.token).await {
-                            Ok(()) => {
-                                conns[p] = Some((p, conn, send, recv, buf));
-                                missing -= 1;
-                            }
-                            Err(e) => warn!("rank {rank}: answering rank {p}'s hello failed: {e}"),
-                        }
-                    }
-                }
-                Ok(Err(e)) => warn!("rank {rank}: refused connection: {e}"),
-                Err(e) => warn!("rank {rank}: handshake task failed: {e}"),
-            },
-            Some(r) = dials.join_next(), if !dials.is_empty() => match r {
-                Ok(Ok(c)) => {
-                    let p = c.0;
-                    conns[p] = Some(c);
-                    missing -= 1;
-                }
-                Ok(Err(e)) => return Err(e),
-                Err(e) => return Err(TransportError::Handshake { peer: "?".into(), detail: e.to_string() }),
-            },
-            _ = tokio::time::sleep_until(deadline) => {
-                let absent: Vec<usize> = (0..world).filter(|&p| p != rank && conns[p].is_none()).collect();
-                return Err(TransportError::Handshake {
-                    peer: format!("ranks {absent:?}"),
-                    detail: format!("not connected within {:?}", cfg.connect_timeout),
-                });
-            }
-        }
-    }
-    Ok(conns.into_iter().flatten().collect())
+/// An open QUIC connection for [`mesh`]: the connection and its one bidirectional stream.
+struct QuicStream {
+    conn: Connection,
+    send: SendStream,
+    recv: RecvStream,
 }
 
-/// Completes the TLS handshake of an incoming connection and checks its hello.
-async fn accept_one(
-    inc: quinn::Incoming,
-    rank: usize,
-    world: usize,
-    token: Vec<u8>,
-    deadline: tokio::time::Instant,
-) -> Result<Conn, String> {
-    let addr = inc.remote_address();
-    let conn = tokio::time::timeout_at(deadline, inc)
-        .await
-        .map_err(|_| format!("{addr}: TLS handshake not done before the deadline"))?
-        .map_err(|e| format!("{addr}: TLS handshake failed: {e}"))?;
-    let refuse = |why: String| {
-        conn.close(REFUSED.into(), b"refused");
-        why
-    };
-    let (send, mut recv) = match tokio::time::timeout_at(deadline, conn.accept_bi()).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err(refuse(format!("{addr}: no stream: {e}"))),
-        Err(_) => return Err(refuse(format!("{addr}: no stream before the deadline"))),
-    };
-    let mut buf = BytesMut::new();
-    let f =
-        match tokio::time::timeout_at(deadline, read_frame(&mut recv, &mut buf, MAX_HELLO_FRAME))
+/// QUIC connections for [`mesh`]: this rank's endpoint and the client side of its mutual
+/// TLS with the pinned run certificate.
+struct QuicLink {
+    ep: Endpoint,
+    client: quinn::ClientConfig,
+}
+
+impl Link for QuicLink {
+    type Incoming = quinn::Incoming;
+    type Dialed = Connection;
+    type Stream = QuicStream;
+    type Rd = RecvStream;
+    type Wr = SendStream;
+    const IO_FAILURE_IS_REFUSAL: bool = true;
+
+    async fn accept(&self) -> Result<quinn::Incoming, Failed> {
+        self.ep
+            .accept()
             .await
-        {
-            Ok(Ok(f)) => f,
-            Ok(Err(e)) => return Err(refuse(format!("{addr}: {e}"))),
-            Err(_) => return Err(refuse(format!("{addr}: no hello before the deadline"))),
-        };
-    let Some(Frame::Hello(h)) = f else {
-        return Err(refuse(format!("{addr}: first frame is not a hello")));
-    };
-    if !h.token_matches(&token) {
-        return Err(refuse(format!("{addr}: wrong run token")));
+            .ok_or_else(|| Failed::Final("endpoint closed during set-up".into()))
     }
-    let p = h.rank as usize;
-    if h.world as usize != world || p <= rank || p >= world {
-        return Err(refuse(format!(
-            "{addr}: unexpected rank {p} / world {} (this is rank {rank} of {world})",
-            h.world
-        )));
-    }
-    Ok((p, conn, send, recv, buf))
-}
 
-/// Connects to `p` (retrying until the deadline) and authenticates both ways.
-#[allow(clippy::too_many_arguments)]
-async fn dial(
-    rank: usize,
-    world: usize,
-    p: usize,
-    addr: SocketAddr,
-    ep: Endpoint,
-    client: quinn::ClientConfig,
-    token: Vec<u8>,
-    deadline: tokio::time::Instant,
-) -> Result<Conn, TransportError> {
-    let fail = |detail: String| TransportError::Handshake {
-        peer: format!("rank {p} at {addr}"),
-        detail,
-    };
-    let conn = loop {
-        let connecting = ep
-            .connect_with(client.clone(), addr, SERVER_NAME)
-            .map_err(|e| fail(e.to_string()))?;
-        match tokio::time::timeout_at(deadline, connecting).await {
-            Ok(Ok(c)) => break c,
-            // A TLS failure (wrong certificate) is final; anything else is retried.
-            Ok(Err(quinn::ConnectionError::TransportError(e))) => {
-                return Err(fail(format!("TLS handshake failed: {e}")))
+    /// Completes the TLS handshake and accepts the dialer's stream.
+    async fn open_incoming(
+        inc: quinn::Incoming,
+        deadline: tokio::time::Instant,
+    ) -> Result<(SocketAddr, QuicStream), String> {
+        let addr = inc.remote_address();
+        let conn = tokio::time::timeout_at(deadline, inc)
+            .await
+            .map_err(|_| format!("{addr}: TLS handshake not done before the deadline"))?
+            .map_err(|e| format!("{addr}: TLS handshake failed: {e}"))?;
+        let refuse = |why: String| {
+            conn.close(REFUSED.into(), b"refused");
+            why
+        };
+        let (send, recv) = match tokio::time::timeout_at(deadline, conn.accept_bi()).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(refuse(format!("{addr}: no stream: {e}"))),
+            Err(_) => return Err(refuse(format!("{addr}: no stream before the deadline"))),
+        };
+        Ok((addr, QuicStream { conn, send, recv }))
+    }
+
+    /// A TLS failure (wrong certificate) is final; anything else is retried.
+    async fn dial(&self, addr: SocketAddr) -> Result<Connection, Failed> {
+        let connecting = self
+            .ep
+            .connect_with(self.client.clone(), addr, SERVER_NAME)
+            .map_err(|e| Failed::Final(e.to_string()))?;
+        match connecting.await {
+            Ok(c) => Ok(c),
+            Err(quinn::ConnectionError::TransportError(e)) => {
+                Err(Failed::Final(format!("TLS handshake failed: {e}")))
             }
-            Ok(Err(e)) if tokio::time::Instant::now() < deadline => {
-                debug!("rank {rank}: dialing rank {p} failed ({e}); retrying");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Ok(Err(e)) => return Err(fail(e.to_string())),
-            Err(_) => return Err(fail("connect timed out".into())),
+            Err(e) => Err(Failed::Retry(e.to_string())),
         }
-    };
-    let refused = || fail("connection refused by the peer (wrong run token?)".into());
-    let (mut send, mut recv) = conn.open_bi().await.map_err(|_| refused())?;
-    write_hello(&mut send, rank, world, &token)
-        .await
-        .map_err(|_| refused())?;
-    let mut buf = BytesMut::new();
-    let f = tokio::time::timeout_at(deadline, read_frame(&mut recv, &mut buf, MAX_HELLO_FRAME))
-        .await
-        .map_err(|_| fail("no answer to our hello".into()))?;
-    match f {
-        Ok(Some(Frame::Hello(h)))
-            if h.token_matches(&token) && h.rank as usize == p && h.world as usize == world =>
-        {
-            Ok((p, conn, send, recv, buf))
-        }
-        Ok(Some(Frame::Hello(_))) => Err(fail(
-            "peer answered with a different token, rank or world size".into(),
-        )),
-        Ok(_) | Err(_) => Err(refused()),
+    }
+
+    async fn open_dialed(conn: Connection) -> std::io::Result<QuicStream> {
+        let (send, recv) = conn.open_bi().await?;
+        Ok(QuicStream { conn, send, recv })
+    }
+
+    fn reader(s: &mut QuicStream) -> &mut RecvStream {
+        &mut s.recv
+    }
+
+    fn writer(s: &mut QuicStream) -> &mut SendStream {
+        &mut s.send
+    }
+
+    fn refuse(s: &QuicStream, why: &'static [u8]) {
+        s.conn.close(REFUSED.into(), why);
     }
 }
 

@@ -4,6 +4,9 @@
 
 #![allow(dead_code)]
 
+mod drivers;
+pub use drivers::*;
+
 use std::collections::VecDeque;
 use std::sync::{Arc, Barrier as StdBarrier};
 use std::thread;
@@ -204,6 +207,16 @@ pub fn test_config() -> CommConfig {
 pub trait Mesh: Sync + Send + 'static {
     type T: Transport + 'static;
     fn make(&self, world: usize) -> Vec<Self::T>;
+}
+
+/// The in-process channel driver.
+pub struct Channels;
+
+impl Mesh for Channels {
+    type T = dtrain_comms::ChannelTransport;
+    fn make(&self, world: usize) -> Vec<Self::T> {
+        dtrain_comms::channel_mesh(world)
+    }
 }
 
 pub fn check_all_reduce<M: Mesh>(mesh: &M, world: usize) {
@@ -538,14 +551,16 @@ pub fn check_late_rank<M: Mesh>(mesh: &M, world: usize) {
 /// Liveness traffic is invisible: with heartbeats every 20 ms and a 300 ms peer timeout,
 /// a mesh left idle for 1 s (long past the peer timeout) still works, and the collective
 /// after the pause moves exactly the bytes of the one before it — heartbeats are neither
-/// delivered nor counted. `make(world, heartbeat, peer_timeout)` builds the mesh.
-pub fn check_idle_heartbeats<T, F>(make: F)
-where
-    T: Transport + 'static,
-    F: Fn(usize, Duration, Duration) -> Vec<T>,
-{
+/// delivered nor counted.
+pub fn check_idle_heartbeats<D: Heartbeats>(d: &D) {
     let world = 3;
-    let ts = make(world, Duration::from_millis(20), Duration::from_millis(300));
+    let mut cfg = d.config();
+    D::set_liveness(
+        &mut cfg,
+        Some(Duration::from_millis(20)),
+        Some(Duration::from_millis(300)),
+    );
+    let ts = d.mesh_with(world, cfg);
     let out = run_ranks(ts, test_config(), |c| {
         let mut v = vec![c.rank() as f32; 1000];
         c.all_reduce_sum(&mut v).unwrap();
@@ -820,11 +835,49 @@ pub fn check_sparse_mismatch<M: Mesh>(mesh: &M, world: usize) {
     );
 }
 
+/// Binds `world` sockets on 127.0.0.1 (ephemeral ports) with `bind`; returns them with
+/// their addresses.
+#[cfg(feature = "tcp")]
+pub fn bind_each<S>(
+    world: usize,
+    bind: impl Fn(&str) -> std::io::Result<S>,
+    addr: impl Fn(&S) -> std::io::Result<std::net::SocketAddr>,
+) -> (Vec<S>, Vec<std::net::SocketAddr>) {
+    let ss: Vec<S> = (0..world).map(|_| bind("127.0.0.1:0").unwrap()).collect();
+    let addrs = ss.iter().map(|s| addr(s).unwrap()).collect();
+    (ss, addrs)
+}
+
+/// Sets up rank `r` with `connect(r, addrs, socks[r], cfgs[r])`, every rank on its own
+/// thread; returns each rank's result in rank order.
+#[cfg(feature = "tcp")]
+pub fn connect_each<S, C, T>(
+    socks: Vec<S>,
+    addrs: Vec<std::net::SocketAddr>,
+    cfgs: Vec<C>,
+    connect: fn(usize, &[std::net::SocketAddr], S, C) -> Result<T, dtrain_comms::TransportError>,
+) -> Vec<Result<T, dtrain_comms::TransportError>>
+where
+    S: Send + 'static,
+    C: Send + 'static,
+    T: Send + 'static,
+{
+    let hs: Vec<_> = socks
+        .into_iter()
+        .zip(cfgs)
+        .enumerate()
+        .map(|(r, (s, cfg))| {
+            let addrs = addrs.clone();
+            thread::spawn(move || connect(r, &addrs, s, cfg))
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 /// TCP meshes over 127.0.0.1 (ephemeral ports), set up concurrently from one thread per rank.
 #[cfg(feature = "tcp")]
 pub mod tcp {
     use std::net::{SocketAddr, TcpListener};
-    use std::thread;
     use std::time::Duration;
 
     use dtrain_comms::{TcpConfig, TcpTransport, TransportError};
@@ -840,26 +893,13 @@ pub mod tcp {
 
     /// Binds `world` listeners and returns them with their addresses.
     pub fn listeners(world: usize) -> (Vec<TcpListener>, Vec<SocketAddr>) {
-        let ls: Vec<TcpListener> = (0..world)
-            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-            .collect();
-        let addrs = ls.iter().map(|l| l.local_addr().unwrap()).collect();
-        (ls, addrs)
+        super::bind_each(world, |a| TcpListener::bind(a), TcpListener::local_addr)
     }
 
     /// Connects every rank with its own config; returns each rank's result.
     pub fn try_mesh(cfgs: Vec<TcpConfig>) -> Vec<Result<TcpTransport, TransportError>> {
         let (ls, addrs) = listeners(cfgs.len());
-        let hs: Vec<_> = ls
-            .into_iter()
-            .zip(cfgs)
-            .enumerate()
-            .map(|(r, (l, cfg))| {
-                let addrs = addrs.clone();
-                thread::spawn(move || TcpTransport::connect(r, &addrs, l, cfg))
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+        super::connect_each(ls, addrs, cfgs, TcpTransport::connect)
     }
 
     pub fn mesh(world: usize) -> Vec<TcpTransport> {
@@ -928,13 +968,13 @@ pub fn check_run_ahead<M: Mesh>(mesh: &M, world: usize) {
 /// takes at least the α–β prediction (the shaping is a hard floor) and not wildly more
 /// (generous ceiling for loaded hosts); a small all-reduce over a 30 ms link takes ≥ 30 ms
 /// on the slower rank.
-/// `make(world, link)` builds a mesh whose ranks all use `link`.
-pub fn check_emulated_link<T, F>(make: F)
-where
-    T: Transport + 'static,
-    F: Fn(usize, dtrain_comms::shaping::LinkSpec) -> Vec<T>,
-{
+pub fn check_emulated_link<D: Driver>(d: &D) {
     use dtrain_comms::shaping::LinkSpec;
+    let make = |world: usize, link: LinkSpec| {
+        let mut cfg = d.config();
+        D::set_link(&mut cfg, link);
+        d.mesh_with(world, cfg)
+    };
     let spec = LinkSpec::parse(Some("200Mbit"), Some("1ms")).unwrap();
     let n = 1usize << 20; // 4 MiB of f32
     let bytes = (n * 4) as f64;
@@ -979,7 +1019,6 @@ where
 #[cfg(feature = "quic")]
 pub mod quic {
     use std::net::{SocketAddr, UdpSocket};
-    use std::thread;
     use std::time::Duration;
 
     use dtrain_comms::rendezvous::RunIdentity;
@@ -994,27 +1033,15 @@ pub mod quic {
         }
     }
 
+    /// Binds `world` UDP sockets and returns them with their addresses.
     pub fn sockets(world: usize) -> (Vec<UdpSocket>, Vec<SocketAddr>) {
-        let ss: Vec<UdpSocket> = (0..world)
-            .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
-            .collect();
-        let addrs = ss.iter().map(|s| s.local_addr().unwrap()).collect();
-        (ss, addrs)
+        super::bind_each(world, |a| UdpSocket::bind(a), UdpSocket::local_addr)
     }
 
     /// Connects every rank with its own config; returns each rank's result.
     pub fn try_mesh(cfgs: Vec<QuicConfig>) -> Vec<Result<QuicTransport, TransportError>> {
         let (ss, addrs) = sockets(cfgs.len());
-        let hs: Vec<_> = ss
-            .into_iter()
-            .zip(cfgs)
-            .enumerate()
-            .map(|(r, (s, cfg))| {
-                let addrs = addrs.clone();
-                thread::spawn(move || QuicTransport::connect(r, &addrs, s, cfg))
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+        super::connect_each(ss, addrs, cfgs, QuicTransport::connect)
     }
 
     pub fn mesh(world: usize) -> Vec<QuicTransport> {

@@ -1,0 +1,471 @@
+//! What the connection-oriented drivers (TCP, QUIC) share: building the mesh of one rank,
+//! and the send side of a built one. What they differ in — how a connection is dialed,
+//! accepted and opened (TCP's socket options, QUIC's TLS with the pinned run certificate) —
+//! is a [`Link`], implemented in each driver's file; how data moves on an open connection
+//! (TCP: threads, `threaded.rs`; QUIC: tasks, `quic_stream.rs`) stays with the driver too.
+//!
+//! # Set-up
+//! [`mesh`] connects rank `r` to every other rank: it dials every lower rank (retrying until
+//! the deadline) and accepts every higher one. The dialer sends a [`Hello`](crate::frame::Hello)
+//! (rank, world size, run token); the acceptor checks it and answers with its own, which
+//! the dialer checks in turn. An incoming connection with a wrong token, an unexpected rank
+//! or world size, a rank that is already connected, or no hello before the deadline is
+//! refused and logged with `tracing::warn!`, and set-up goes on. A dial that fails fails
+//! set-up with an error naming the peer (`rank p at addr`); when the deadline passes,
+//! set-up fails naming the ranks still missing.
+//!
+//! # Send side
+//! [`Peers`] is a built rank's [`Transport`] minus the driver: one unbounded queue per
+//! peer (a [`Queue`]: the writer thread's or task's), frame-size checks, egress shaping,
+//! byte counts and the [`Inbox`]. `send` never waits for the peer (see [`Transport`]).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::runtime::Runtime;
+use tokio::task::JoinSet;
+use tracing::{debug, warn};
+
+use super::stream::{check_liveness, read_frame, write_hello, Outgoing, Shaper};
+use super::{check_peer, ByteCount, Inbox, Transport, TransportError};
+use crate::frame::{Frame, FRAME_HEADER_LEN, MAX_HELLO_FRAME, MAX_TOKEN_LEN};
+use crate::shaping::LinkSpec;
+
+/// Pause between two dials of a peer that is not listening yet.
+const REDIAL: Duration = Duration::from_millis(20);
+
+/// A connection-oriented link between ranks: what [`mesh`] needs of a driver.
+///
+/// Design: the mesh logic — who dials whom, the hello both ways, refusing strangers,
+/// deadlines, naming the peer in errors — is the same for every such driver and lives in
+/// [`mesh`]; a link only makes connections and opens a byte stream on them, so a driver's
+/// set-up is its socket or TLS configuration and nothing else.
+pub(crate) trait Link: Send + Sync + 'static {
+    /// A connection handed over by the listening side, not yet authenticated.
+    type Incoming: Send + 'static;
+    /// A dialed connection, before its stream is open.
+    type Dialed: Send + 'static;
+    /// An open connection: the byte stream both ways (and whatever the driver keeps of the
+    /// connection).
+    type Stream: Send + 'static;
+    /// The receiving half of a [`Link::Stream`].
+    type Rd: AsyncRead + Unpin + Send;
+    /// The sending half of a [`Link::Stream`].
+    type Wr: AsyncWrite + Unpin + Send;
+
+    /// Whether an I/O failure of the dialer once connected (opening the stream, sending
+    /// the hello) is reported as a refusal by the peer — QUIC, where a peer's close shows
+    /// up as a stream error — rather than as the I/O error it is (TCP).
+    const IO_FAILURE_IS_REFUSAL: bool;
+
+    /// The next incoming connection. [`Failed::Retry`]: this one failed (logged, and the
+    /// mesh keeps accepting); [`Failed::Final`]: the listening side is gone.
+    fn accept(&self) -> impl Future<Output = Result<Self::Incoming, Failed>> + Send;
+
+    /// Completes an incoming connection up to its open stream, by `deadline`; the error
+    /// (refused and logged by [`mesh`]) names the remote address.
+    fn open_incoming(
+        inc: Self::Incoming,
+        deadline: tokio::time::Instant,
+    ) -> impl Future<Output = Result<(SocketAddr, Self::Stream), String>> + Send;
+
+    /// One attempt at connecting to `addr`. [`Failed::Retry`]: tried again until the
+    /// deadline (the peer may not listen yet); [`Failed::Final`]: set-up fails.
+    fn dial(&self, addr: SocketAddr) -> impl Future<Output = Result<Self::Dialed, Failed>> + Send;
+
+    /// Opens the stream of a dialed connection.
+    fn open_dialed(d: Self::Dialed) -> impl Future<Output = std::io::Result<Self::Stream>> + Send;
+
+    /// The receiving half of `s`.
+    fn reader(s: &mut Self::Stream) -> &mut Self::Rd;
+
+    /// The sending half of `s`.
+    fn writer(s: &mut Self::Stream) -> &mut Self::Wr;
+
+    /// Refuses an open connection, telling the peer `why` where the protocol can (QUIC
+    /// closes it with an application error; a TCP connection is closed when dropped).
+    fn refuse(s: &Self::Stream, why: &'static [u8]);
+}
+
+/// A failed attempt of a [`Link`], and whether to go on.
+#[derive(Debug)]
+pub(crate) enum Failed {
+    /// Transient: try again.
+    Retry(String),
+    /// Final: set-up fails with this detail. (Only QUIC has final failures: TLS.)
+    #[cfg_attr(not(feature = "quic"), allow(dead_code))]
+    Final(String),
+}
+
+/// An open, authenticated connection to rank `.0`, with the bytes read past the hello.
+pub(crate) type Conn<L> = (usize, <L as Link>::Stream, BytesMut);
+
+/// The checks every connection-oriented driver makes before set-up: `rank` is in the
+/// world, the run token fits a hello, the liveness settings leave room for heartbeats.
+pub(crate) fn check_setup(
+    rank: usize,
+    world: usize,
+    token: &[u8],
+    heartbeat: Option<Duration>,
+    peer_timeout: Option<Duration>,
+) -> Result<(), TransportError> {
+    if rank >= world {
+        return Err(TransportError::InvalidRank { rank, world });
+    }
+    if token.len() > MAX_TOKEN_LEN {
+        return Err(TransportError::Handshake {
+            peer: "config".into(),
+            detail: format!("run token longer than {MAX_TOKEN_LEN} bytes"),
+        });
+    }
+    check_liveness(heartbeat, peer_timeout)
+}
+
+/// The tokio runtime a driver builds its mesh on: `threads` workers named `name`.
+pub(crate) fn runtime(threads: usize, name: &str) -> std::io::Result<Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .thread_name(name)
+        .enable_io()
+        .enable_time()
+        .build()
+}
+
+/// Builds every connection of `rank` (see the [module docs](self)): `peers[i]` is rank
+/// `i`'s address; returns the connections in rank order.
+pub(crate) async fn mesh<L: Link>(
+    link: Arc<L>,
+    rank: usize,
+    peers: &[SocketAddr],
+    token: &[u8],
+    connect_timeout: Duration,
+) -> Result<Vec<Conn<L>>, TransportError> {
+    let world = peers.len();
+    let deadline = tokio::time::Instant::now() + connect_timeout;
+    let mut conns: Vec<Option<(L::Stream, BytesMut)>> = (0..world).map(|_| None).collect();
+    let mut dials = JoinSet::new();
+    for (p, addr) in peers.iter().enumerate().take(rank) {
+        dials.spawn(dial(
+            link.clone(),
+            rank,
+            world,
+            p,
+            *addr,
+            token.to_vec(),
+            deadline,
+        ));
+    }
+    let mut accepts: JoinSet<Result<Conn<L>, String>> = JoinSet::new();
+    let mut missing = world - 1;
+    while missing > 0 {
+        let accepting = conns[rank + 1..].iter().any(|c| c.is_none());
+        tokio::select! {
+            r = link.accept(), if accepting => match r {
+                Ok(inc) => {
+                    accepts.spawn(accept_one::<L>(inc, rank, world, token.to_vec(), deadline));
+                }
+                Err(Failed::Retry(e)) => warn!("rank {rank}: accept failed: {e}"),
+                Err(Failed::Final(detail)) => {
+                    return Err(TransportError::Handshake { peer: "config".into(), detail })
+                }
+            },
+            Some(r) = accepts.join_next(), if !accepts.is_empty() => match r {
+                Ok(Ok((p, mut s, buf))) => {
+                    if conns[p].is_some() {
+                        warn!("rank {rank}: refused a second connection claiming rank {p}");
+                        L::refuse(&s, b"duplicate rank");
+                    } else {
+                        match write_hello(L::writer(&mut s), rank, world, token).await {
+                            Ok(()) => {
+                                conns[p] = Some((s, buf));
+                                missing -= 1;
+                            }
+                            Err(e) => warn!("rank {rank}: answering rank {p}'s hello failed: {e}"),
+                        }
+                    }
+                }
+                Ok(Err(e)) => warn!("rank {rank}: refused connection: {e}"),
+                Err(e) => warn!("rank {rank}: handshake task failed: {e}"),
+            },
+            Some(r) = dials.join_next(), if !dials.is_empty() => match r {
+                Ok(Ok((p, s, buf))) => {
+                    conns[p] = Some((s, buf));
+                    missing -= 1;
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(e) => return Err(TransportError::Handshake { peer: "?".into(), detail: e.to_string() }),
+            },
+            _ = tokio::time::sleep_until(deadline) => {
+                let absent: Vec<usize> = (0..world).filter(|&p| p != rank && conns[p].is_none()).collect();
+                return Err(TransportError::Handshake {
+                    peer: format!("ranks {absent:?}"),
+                    detail: format!("not connected within {connect_timeout:?}"),
+                });
+            }
+        }
+    }
+    Ok(conns
+        .into_iter()
+        .enumerate()
+        .filter_map(|(p, c)| c.map(|(s, b)| (p, s, b)))
+        .collect())
+}
+
+/// Opens an incoming connection and checks its hello; refuses it on any failure.
+async fn accept_one<L: Link>(
+    inc: L::Incoming,
+    rank: usize,
+    world: usize,
+    token: Vec<u8>,
+    deadline: tokio::time::Instant,
+) -> Result<Conn<L>, String> {
+    let (addr, mut s) = L::open_incoming(inc, deadline).await?;
+    let mut buf = BytesMut::new();
+    match check_hello::<L>(&mut s, &mut buf, addr, rank, world, &token, deadline).await {
+        Ok(p) => Ok((p, s, buf)),
+        Err(why) => {
+            L::refuse(&s, b"refused");
+            Err(why)
+        }
+    }
+}
+
+/// Reads the dialer's hello from `s` and checks it: the run token, and a higher rank of
+/// this world. Returns the dialer's rank.
+async fn check_hello<L: Link>(
+    s: &mut L::Stream,
+    buf: &mut BytesMut,
+    addr: SocketAddr,
+    rank: usize,
+    world: usize,
+    token: &[u8],
+    deadline: tokio::time::Instant,
+) -> Result<usize, String> {
+    let f = tokio::time::timeout_at(deadline, read_frame(L::reader(s), buf, MAX_HELLO_FRAME))
+        .await
+        .map_err(|_| format!("{addr}: no hello before the deadline"))?
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let Some(Frame::Hello(h)) = f else {
+        return Err(format!("{addr}: first frame is not a hello"));
+    };
+    if !h.token_matches(token) {
+        return Err(format!("{addr}: wrong run token"));
+    }
+    let p = h.rank as usize;
+    if h.world as usize != world || p <= rank || p >= world {
+        return Err(format!(
+            "{addr}: unexpected rank {p} / world {} (this is rank {rank} of {world})",
+            h.world
+        ));
+    }
+    Ok(p)
+}
+
+/// Connects to rank `p` at `addr` (retrying until the deadline) and authenticates both
+/// ways; every error names the peer.
+async fn dial<L: Link>(
+    link: Arc<L>,
+    rank: usize,
+    world: usize,
+    p: usize,
+    addr: SocketAddr,
+    token: Vec<u8>,
+    deadline: tokio::time::Instant,
+) -> Result<Conn<L>, TransportError> {
+    let fail = |detail: String| TransportError::Handshake {
+        peer: format!("rank {p} at {addr}"),
+        detail,
+    };
+    let dialed = loop {
+        match tokio::time::timeout_at(deadline, link.dial(addr)).await {
+            Ok(Ok(d)) => break d,
+            Ok(Err(Failed::Retry(e))) if tokio::time::Instant::now() < deadline => {
+                debug!("rank {rank}: dialing rank {p} failed ({e}); retrying");
+                tokio::time::sleep(REDIAL).await;
+            }
+            Ok(Err(Failed::Retry(e) | Failed::Final(e))) => return Err(fail(e)),
+            Err(_) => return Err(fail("connect timed out".into())),
+        }
+    };
+    let refused = || fail("connection refused by the peer (wrong run token?)".into());
+    let io_error = |e: std::io::Error| {
+        if L::IO_FAILURE_IS_REFUSAL {
+            refused()
+        } else {
+            e.into()
+        }
+    };
+    let mut s = L::open_dialed(dialed).await.map_err(io_error)?;
+    write_hello(L::writer(&mut s), rank, world, &token)
+        .await
+        .map_err(io_error)?;
+    let mut buf = BytesMut::new();
+    let f = tokio::time::timeout_at(
+        deadline,
+        read_frame(L::reader(&mut s), &mut buf, MAX_HELLO_FRAME),
+    )
+    .await
+    .map_err(|_| fail("no answer to our hello".into()))?;
+    match f {
+        Ok(Some(Frame::Hello(h)))
+            if h.token_matches(&token) && h.rank as usize == p && h.world as usize == world =>
+        {
+            Ok((p, s, buf))
+        }
+        Ok(Some(Frame::Hello(_))) => Err(fail(
+            "peer answered with a different token, rank or world size".into(),
+        )),
+        Ok(_) | Err(_) => Err(refused()),
+    }
+}
+
+/// The queue feeding one connection's writer (a thread or a task).
+pub(crate) trait Queue: Send {
+    /// Queues `o`; `false` if the writer is gone.
+    fn push(&self, o: Outgoing) -> bool;
+}
+
+impl Queue for std::sync::mpsc::Sender<Outgoing> {
+    fn push(&self, o: Outgoing) -> bool {
+        self.send(o).is_ok()
+    }
+}
+
+impl Queue for tokio::sync::mpsc::UnboundedSender<Outgoing> {
+    fn push(&self, o: Outgoing) -> bool {
+        self.send(o).is_ok()
+    }
+}
+
+/// The [`Transport`] side of a built mesh, shared by the connection-oriented drivers: one
+/// writer queue per peer, the frame-size limit, egress shaping, byte counts and the inbox
+/// its connections' readers fill. The driver keeps its threads or tasks and their shutdown.
+#[derive(Debug)]
+pub(crate) struct Peers<Q> {
+    rank: usize,
+    world: usize,
+    max_frame: usize,
+    queues: Vec<Option<Q>>,
+    inbox: Inbox,
+    sent: u64,
+    shaper: Option<Shaper>,
+}
+
+impl<Q: Queue> Peers<Q> {
+    /// No peer connected yet; frames of at most `max_frame` bytes, egress shaped by `link`.
+    pub(crate) fn new(
+        rank: usize,
+        world: usize,
+        max_frame: usize,
+        link: &LinkSpec,
+        inbox: Inbox,
+    ) -> Self {
+        Peers {
+            rank,
+            world,
+            max_frame,
+            queues: (0..world).map(|_| None).collect(),
+            inbox,
+            sent: 0,
+            shaper: Shaper::new(link),
+        }
+    }
+
+    /// Sends to `peer` through `queue` from now on.
+    pub(crate) fn connect(&mut self, peer: usize, queue: Q) {
+        self.queues[peer] = Some(queue);
+    }
+
+    /// Closes every queue: each writer sends what is queued and then finishes.
+    pub(crate) fn close(&mut self) {
+        self.queues.clear();
+    }
+}
+
+impl<Q: Queue> Transport for Peers<Q> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world
+    }
+
+    fn send(&mut self, to: usize, msg: Vec<u8>) -> Result<(), TransportError> {
+        check_peer(to, self.rank, self.world)?;
+        if msg.len() + 1 > self.max_frame {
+            return Err(TransportError::TooLarge {
+                len: msg.len() + 1,
+                max: self.max_frame,
+            });
+        }
+        let len = msg.len() + FRAME_HEADER_LEN;
+        let q = self.queues[to]
+            .as_ref()
+            .ok_or(TransportError::Closed { rank: to })?;
+        let release = self.shaper.as_mut().map(|s| s.release(Instant::now(), len));
+        if !q.push(Outgoing { release, msg }) {
+            return Err(TransportError::Closed { rank: to });
+        }
+        self.sent += len as u64;
+        Ok(())
+    }
+
+    fn recv(&mut self, deadline: Instant) -> Result<(usize, Vec<u8>), TransportError> {
+        self.inbox.recv(deadline)
+    }
+
+    fn recv_from(&mut self, from: usize, deadline: Instant) -> Result<Vec<u8>, TransportError> {
+        check_peer(from, self.rank, self.world)?;
+        self.inbox.recv_from(from, deadline)
+    }
+
+    fn bytes(&self) -> ByteCount {
+        ByteCount {
+            sent: self.sent,
+            received: self.inbox.received(),
+        }
+    }
+}
+
+/// Implements [`Transport`] for a driver by handing every call to its [`Peers`] field.
+macro_rules! transport_via_peers {
+    ($driver:ty, $field:ident) => {
+        impl $crate::transport::Transport for $driver {
+            fn rank(&self) -> usize {
+                self.$field.rank()
+            }
+            fn world_size(&self) -> usize {
+                self.$field.world_size()
+            }
+            fn send(
+                &mut self,
+                to: usize,
+                msg: Vec<u8>,
+            ) -> Result<(), $crate::transport::TransportError> {
+                self.$field.send(to, msg)
+            }
+            fn recv(
+                &mut self,
+                deadline: std::time::Instant,
+            ) -> Result<(usize, Vec<u8>), $crate::transport::TransportError> {
+                self.$field.recv(deadline)
+            }
+            fn recv_from(
+                &mut self,
+                from: usize,
+                deadline: std::time::Instant,
+            ) -> Result<Vec<u8>, $crate::transport::TransportError> {
+                self.$field.recv_from(from, deadline)
+            }
+            fn bytes(&self) -> $crate::transport::ByteCount {
+                self.$field.bytes()
+            }
+        }
+    };
+}
+pub(crate) use transport_via_peers;
