@@ -6,9 +6,17 @@ every evaluation, and every section of every checkpoint file (parameters, optimi
 error-feedback memories, RNG streams) must be equal bit for bit; the checkpoint's copy of
 config.toml is skipped (it names the output folder). Transport byte counts are reported
 apart: with the parameter server and DLCP they depend on timing (pulls, retransmissions)
-and differ between two runs of one binary. Exit status 1 when a run differs."""
+and differ between two runs of one binary. Exit status 1 when a run differs.
+
+usage: compare.py OUT_BEFORE OUT_AFTER [--dropped PREFIX ...]
+--dropped names checkpoint sections the change removed on purpose (e.g. `exchanger` and
+`mem/` of parameter-server runs, which never used an exchanger): sections with such a prefix
+that exist only in OUT_BEFORE are listed apart instead of counting as a difference."""
 import json, os, struct, sys
-base, new = sys.argv[1], sys.argv[2]
+args = sys.argv[1:]
+dropped = args[args.index("--dropped") + 1:] if "--dropped" in args else []
+if "--dropped" in args: args = args[:args.index("--dropped")]
+base, new = args[0], args[1]
 KEYS = ["step","epoch","loss","accuracy","lr","ratio_name","ratio","payload_bytes","skipped","samples"]
 BYTES = ["bytes_sent","bytes_received"]
 def runs(root):
@@ -43,6 +51,7 @@ for rel in sorted(B):
     en = [(e["step"], e["loss"], e.get("accuracy")) for e in map(json.loads, open(f"{n}/eval.jsonl"))] if os.path.exists(f"{n}/eval.jsonl") else []
     if eb != en: diffs.append(("eval", eb[-1:], en[-1:]))
     ck = []
+    dropped_seen = set()
     cb = os.path.join(b, "checkpoints")
     if os.path.isdir(cb):
         for step in sorted(os.listdir(cb)):
@@ -50,12 +59,15 @@ for rel in sorted(B):
             if not os.path.isdir(p): continue
             for f in sorted(os.listdir(p)):
                 sb = sections(os.path.join(p, f)); sn = sections(os.path.join(n, "checkpoints", step, f))
-                dk = [k for k in sorted(set(sb) | set(sn)) if k != "config.toml" and sb.get(k) != sn.get(k)]  # config.toml names the output dir
+                gone = [k for k in sb if k not in sn and any(k.startswith(d) for d in dropped)]
+                dk = [k for k in sorted(set(sb) | set(sn)) if k != "config.toml" and k not in gone and sb.get(k) != sn.get(k)]  # config.toml names the output dir
                 ck.append((step, f, dk))
+                dropped_seen.update(gone)
     ckbad = [c for c in ck if c[2]]
     status = "IDENTICAL" if not diffs and not ckbad else "DIFFERENT"
     if status != "IDENTICAL": bad += 1
     print(f"{status:9} {rel}: {len(mb)} steps, final loss {mb[-1]['loss']!r}, checkpoints compared: {len(ck)} files"
-          + (f"; differing sections {ckbad}" if ckbad else "") + (f"; first diffs {diffs[:3]}" if diffs else "") + (f"; transport byte counts differ in {bdiff} step fields (timing-dependent)" if bdiff else ""))
+          + (f"; differing sections {ckbad}" if ckbad else "") + (f"; first diffs {diffs[:3]}" if diffs else "") + (f"; transport byte counts differ in {bdiff} step fields (timing-dependent)" if bdiff else "")
+          + (f"; dropped on purpose: {sorted(dropped_seen)}" if dropped_seen else ""))
 print(f"{len(B)} runs, {bad} different")
 sys.exit(1 if bad else 0)
