@@ -51,6 +51,41 @@ pub enum Aggregation {
     Gather,
 }
 
+/// How the workers' decoded payloads become the step's update, once summed and scaled by
+/// `1/P` (the exchanger's mean, [`Combine::finish`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Combine {
+    /// The mean itself: every method but the voting ones.
+    #[default]
+    Mean,
+    /// The sign of the mean, i.e. of the sum: signSGD's majority vote (Bernstein et al.,
+    /// ICLR 2019) when each payload decodes to `±1`. A tie (an even number of workers split
+    /// evenly) gives 0, as `torch.sign` of the summed signs does in the authors' code; a
+    /// NaN stays NaN, so the trainer's non-finite check still sees it.
+    MajorityVote,
+}
+
+impl Combine {
+    /// Turns the mean `avg` (the sum of the decoded payloads times `1/P`) into the update,
+    /// in place.
+    pub fn finish(self, avg: &mut [f32]) {
+        match self {
+            Combine::Mean => {}
+            Combine::MajorityVote => {
+                for v in avg {
+                    if *v > 0.0 {
+                        *v = 1.0;
+                    } else if *v < 0.0 {
+                        *v = -1.0;
+                    } else if *v == 0.0 {
+                        *v = 0.0;
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A method's stable one-byte identifier, written into every payload header. Each method
 /// declares its own ([`crate::Method::ID`]); the registry's tests check that no two
 /// registered methods share one, and 0 is never used.
@@ -187,6 +222,12 @@ pub trait Compressor: Send {
 
     /// How payloads of several workers combine.
     fn aggregation(&self) -> Aggregation;
+
+    /// How the mean of the workers' decoded payloads becomes the update ([`Combine`]).
+    /// Default: the mean itself.
+    fn combine(&self) -> Combine {
+        Combine::Mean
+    }
 
     /// Whether `E[D(C(g))] == g` (given the method's own documented conditions).
     fn unbiased(&self) -> bool {

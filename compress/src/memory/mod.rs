@@ -14,10 +14,12 @@
 //! * `dgc_momentum`: DGC's momentum-corrected memory [`DgcMemory`] and its local gradient
 //!   clipping [`Clip`].
 //! * `lowpass`: ScaleCom's low-pass-filtered memory [`LowPass`].
+//! * `momentum`: Signum's worker momentum [`Momentum`] (not error feedback: the compressor
+//!   sends the sign of the momentum).
 //! * `dlcp`: DLCP's dropped-value residual [`DlcpResidual`], which the framework's exchanger
 //!   keeps per dense bucket (it is not a [`Memory`]: see its docs).
 //!
-//! [`MemoryConfig`] selects and builds the first four.
+//! [`MemoryConfig`] selects and builds the others.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -29,11 +31,13 @@ use crate::error::ConfigError;
 mod dgc_momentum;
 mod dlcp;
 mod lowpass;
+mod momentum;
 mod residual;
 
 pub use dgc_momentum::{reference_clip_value, Clip, DgcMemory};
 pub use dlcp::DlcpResidual;
 pub use lowpass::LowPass;
+pub use momentum::Momentum;
 pub use residual::{NoMemory, Residual};
 
 /// An error-feedback memory.
@@ -102,6 +106,12 @@ pub enum MemoryConfig {
     LowPass {
         /// Filter coefficient β in (0, 1] (default 1).
         #[serde(default = "one")]
+        beta: f32,
+    },
+    /// Signum's worker momentum ([`Momentum`]): `p = β·m + (1 − β)·g; m ← p`.
+    Momentum {
+        /// β in [0, 1) (default 0.9).
+        #[serde(default = "momentum_default")]
         beta: f32,
     },
 }
@@ -176,6 +186,57 @@ impl MemoryConfig {
                 }
                 Ok(Box::new(LowPass::new(beta)))
             }
+            MemoryConfig::Momentum { beta } => {
+                if !(beta.is_finite() && (0.0..1.0).contains(&beta)) {
+                    return Err(ConfigError::new(
+                        "memory.beta",
+                        format!("must be in [0, 1), got {beta}"),
+                    ));
+                }
+                Ok(Box::new(Momentum::new(beta)))
+            }
         }
+    }
+
+    /// The memory's `kind` as written in TOML (and recorded in checkpoints).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            MemoryConfig::None => "none",
+            MemoryConfig::Residual { .. } => "residual",
+            MemoryConfig::DgcMomentum { .. } => "dgc-momentum",
+            MemoryConfig::LowPass { .. } => "low-pass",
+            MemoryConfig::Momentum { .. } => "momentum",
+        }
+    }
+
+    /// `f32` words of state per bucket element (DGC keeps momentum and velocity).
+    pub fn words_per_element(&self) -> usize {
+        match self {
+            MemoryConfig::DgcMomentum { .. } => 2,
+            _ => 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kind_is_the_toml_tag_and_every_default_builds() {
+        for m in [
+            MemoryConfig::None,
+            MemoryConfig::RESIDUAL,
+            toml::from_str("kind = \"dgc-momentum\"").unwrap(),
+            toml::from_str("kind = \"low-pass\"").unwrap(),
+            toml::from_str("kind = \"momentum\"").unwrap(),
+        ] {
+            let t = toml::Value::try_from(m).unwrap();
+            assert_eq!(t["kind"].as_str(), Some(m.kind()), "{m:?}");
+            m.build().unwrap();
+        }
+        let bad: MemoryConfig = toml::from_str("kind = \"momentum\"\nbeta = 1.0").unwrap();
+        let e = bad.build().err().unwrap();
+        assert_eq!(e.field, "memory.beta");
     }
 }

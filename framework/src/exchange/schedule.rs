@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use dtrain_comms::{Communicator, Transport};
 use dtrain_compress::memory::DlcpResidual;
-use dtrain_compress::{summable_lanes, Aggregation, Ctx, Payload, Pipeline, Rng};
+use dtrain_compress::{summable_lanes, Aggregation, Combine, Ctx, Payload, Pipeline, Rng};
 
 use super::bucket::{self, Bucket};
 use super::link::{comm_thread, Comms, Link, Op, Reply};
@@ -325,8 +325,18 @@ impl Job<'_> {
             }
             _ => unreachable!("replies come in submission order"),
         }
-        // Averaging fused into the copy back: one pass over the bucket instead of two.
-        bucket::scatter(bucket, &f.buf, self.inv, grad);
+        match pipe
+            .as_ref()
+            .map_or(Combine::Mean, |p| p.compressor().combine())
+        {
+            // Averaging fused into the copy back: one pass over the bucket instead of two.
+            Combine::Mean => bucket::scatter(bucket, &f.buf, self.inv, grad),
+            combine => {
+                f.buf.iter_mut().for_each(|v| *v *= self.inv);
+                combine.finish(&mut f.buf);
+                bucket::scatter(bucket, &f.buf, 1.0, grad);
+            }
+        }
         self.spare.push(f);
         st.decompress_s += t0.elapsed().as_secs_f64();
         Ok(())

@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 
-use dtrain_compress::MemoryConfig;
 use serde::{Deserialize, Serialize};
 
 use super::bucket::Bucket;
@@ -147,23 +146,6 @@ pub(crate) mod bits {
     }
 }
 
-fn memory_kind(m: &MemoryConfig) -> &'static str {
-    match m {
-        MemoryConfig::None => "none",
-        MemoryConfig::Residual { .. } => "residual",
-        MemoryConfig::DgcMomentum { .. } => "dgc-momentum",
-        MemoryConfig::LowPass { .. } => "low-pass",
-    }
-}
-
-/// f32 words of memory per bucket element (DGC keeps momentum and velocity).
-fn memory_words(m: &MemoryConfig) -> usize {
-    match m {
-        MemoryConfig::DgcMomentum { .. } => 2,
-        _ => 1,
-    }
-}
-
 impl Exchanger {
     /// Error-feedback state of every compressed bucket (part of [`Exchanger::export_state`]).
     fn export_memory(&self) -> BTreeMap<u64, Vec<f32>> {
@@ -202,7 +184,7 @@ impl Exchanger {
         ExchangerState {
             version: ExchangerState::VERSION,
             method: self.method.to_string(),
-            memory_kind: memory_kind(&self.memory).to_string(),
+            memory_kind: self.memory.kind().to_string(),
             plan: self
                 .slots
                 .iter()
@@ -232,7 +214,7 @@ impl Exchanger {
                 state.method, self.method
             ));
         }
-        let kind = memory_kind(&self.memory);
+        let kind = self.memory.kind();
         if state.memory_kind != kind {
             return Err(format!(
                 "exchanger state holds {:?} memory, this run uses {kind:?}",
@@ -261,7 +243,7 @@ impl Exchanger {
                  the same model and bucket policy"
             ));
         }
-        let words = memory_words(&self.memory);
+        let words = self.memory.words_per_element();
         let len_of = |id: u64| -> Option<usize> {
             self.slots
                 .iter()

@@ -110,6 +110,7 @@ fn compressed_mean(c: &dyn Compressor, input: &ShardPushes<'_>) -> Result<Vec<u8
     })?;
     let inv = 1.0 / input.pushes.len().max(1) as f32;
     acc.iter_mut().for_each(|v| *v *= inv);
+    c.combine().finish(&mut acc);
     Ok(dtrain_comms::ps::f32_payload(&acc))
 }
 
