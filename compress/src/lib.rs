@@ -84,6 +84,7 @@ pub mod qsgd;
 pub mod randomk;
 pub mod rangefloat;
 pub mod scalecom;
+pub mod signsgd;
 pub mod terngrad;
 pub mod threshold;
 pub mod topk;
@@ -108,6 +109,8 @@ methods! {
     Columns(columns::ColumnsConfig),
     EfSignSgd(efsignsgd::EfSignSgdConfig),
     Natural(natural::NaturalConfig),
+    SignSgd(signsgd::SignSgdConfig),
+    Signum(signsgd::SignumConfig),
 }
 
 pub use compressor::{
