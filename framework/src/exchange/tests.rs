@@ -854,3 +854,40 @@ fn import_refuses_state_of_another_plan_method_or_shape() {
     // The good state imports.
     setup.exchanger().import_state(state).unwrap();
 }
+
+#[test]
+fn voting_methods_update_by_the_sign_of_the_summed_signs() {
+    // Every tensor compressed (no dense 1-D bypass): the whole gradient is voted on, on
+    // three ranks (no ties) and on two (ties give 0), over all-gather and sparse all-reduce.
+    for (world, gather) in [
+        (3usize, GatherCollective::AllGather),
+        (2, GatherCollective::AllGather),
+        (3, GatherCollective::SparseAllReduce),
+    ] {
+        let mut setup = Setup::new(parse_method("signsgd").unwrap());
+        setup.params = params();
+        setup.policy = BucketPolicy {
+            bucket_bytes: 4 * 4000,
+            ..BucketPolicy::default()
+        };
+        setup.gather = gather;
+        let n = setup.n();
+        let res = setup.run(world, 2);
+        assert_ranks_agree(&res, "signsgd");
+        for s in 0..2u64 {
+            let want: Vec<f32> = (0..n)
+                .map(|j| {
+                    let votes: f32 = (0..world)
+                        .map(|r| if grad(r, n, s)[j] >= 0.0 { 1.0 } else { -1.0 })
+                        .sum();
+                    votes.signum() * f32::from(votes != 0.0)
+                })
+                .collect();
+            assert_same(
+                &res[0].0[s as usize],
+                &want,
+                format!("{world} ranks {gather:?} step {s}"),
+            );
+        }
+    }
+}
