@@ -70,6 +70,7 @@ pub mod wire;
 
 // The methods: a `mod` line each, and one registry line each below.
 pub mod adaptive;
+pub mod bf16;
 pub mod columns;
 pub mod dgc;
 pub mod dropping;
@@ -111,6 +112,7 @@ methods! {
     Natural(natural::NaturalConfig),
     SignSgd(signsgd::SignSgdConfig),
     Signum(signsgd::SignumConfig),
+    Bf16(bf16::Bf16Config),
 }
 
 pub use compressor::{
