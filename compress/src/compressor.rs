@@ -329,6 +329,64 @@ pub trait Compressor: Send {
         ))
     }
 
+    /// Two-phase methods whose agreement is a **sum** over the ranks rather than a root's
+    /// message (PowerSGD's `P = Σ_w M_w·Q`): `Some(len)`, the length of the `f32` message
+    /// every rank contributes for the buffer of `ctx` (the same on every rank); `None` (the
+    /// default) otherwise. The protocol is the broadcast's with an all-reduce in its place,
+    /// per step and bucket, with `p` the memory-compensated buffer:
+    /// 1. on every rank: `sum_message(p, ctx, &mut msg)`;
+    /// 2. all-reduce (sum) `msg`;
+    /// 3. on every rank: `install_sum(&summed, p.len(), ctx)`;
+    /// 4. on every rank: [`compress`]`(p, ctx, …)` encodes under the installed agreement.
+    fn summed_agreement(&self, _ctx: &Ctx<'_>) -> Option<usize> {
+        None
+    }
+
+    /// Summed-agreement methods: writes this rank's message for the compensated buffer into
+    /// `out` (cleared). Default: an error.
+    fn sum_message(
+        &mut self,
+        _compensated: &[f32],
+        _ctx: &Ctx<'_>,
+        _out: &mut Vec<f32>,
+    ) -> Result<(), CompressError> {
+        Err(CompressError::Agreement(
+            "method has no summed agreement".into(),
+        ))
+    }
+
+    /// Summed-agreement methods: validates and installs the summed messages for the buffer
+    /// of `n` elements of `ctx`. Default: an error.
+    fn install_sum(
+        &mut self,
+        _summed: &[f32],
+        _n: usize,
+        _ctx: &Ctx<'_>,
+    ) -> Result<(), CompressError> {
+        Err(CompressError::Agreement(
+            "method has no summed agreement".into(),
+        ))
+    }
+
+    /// Whether the method must see the step's aggregate ([`Compressor::absorb_aggregate`]):
+    /// PowerSGD warm-starts the next step from it. Default: false.
+    fn absorbs_aggregate(&self, _ctx: &Ctx<'_>) -> bool {
+        false
+    }
+
+    /// The step's aggregate for the buffer of `ctx`: `summed`, this method's payload with
+    /// its value lanes summed over the ranks. Called by a multi-rank driver after the
+    /// collective, on every rank alike. Default: nothing.
+    fn absorb_aggregate(&mut self, _summed: &[u8], _ctx: &Ctx<'_>) {}
+
+    /// Whether, after a summed agreement, the error-feedback memory is to be updated with
+    /// the mean of the aggregate rather than with this rank's own decoded payload
+    /// (PyTorch's PowerSGD: `e = p − P̂·Q̄ᵀ`). Without a multi-rank driver (one process, a
+    /// parameter server) the own payload is used. Default: false.
+    fn feedback_from_aggregate(&self) -> bool {
+        false
+    }
+
     /// Decodes the payloads of several workers jointly and adds their sum into `out`, when
     /// the method has a cheaper way than decoding each (FFT: sum the sparse spectra, then
     /// one inverse transform per chunk — the linearity shortcut of ALGORITHMS.md §0.4).

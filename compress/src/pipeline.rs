@@ -26,6 +26,9 @@ pub struct Pipeline {
     memory: Box<dyn Memory>,
     compensated: Vec<f32>,
     transmitted: Vec<f32>,
+    /// A summed agreement was installed for a method whose memory learns from the
+    /// aggregate: the memory update waits for [`Pipeline::absorb_aggregate`].
+    feedback_pending: bool,
 }
 
 impl Pipeline {
@@ -36,6 +39,7 @@ impl Pipeline {
             memory,
             compensated: Vec::new(),
             transmitted: Vec::new(),
+            feedback_pending: false,
         }
     }
 
@@ -78,6 +82,8 @@ impl Pipeline {
     /// `ctx.bucket`, kept in the pipeline for the following steps (a copy of `grad` when the
     /// memory is inactive).
     pub fn compensate(&mut self, grad: &[f32], ctx: &Ctx<'_>) -> &[f32] {
+        // A new step: nothing of an earlier summed agreement is pending.
+        self.feedback_pending = false;
         // `Memory::compensate` overwrites every element.
         self.compensated.resize(grad.len(), 0.0);
         self.memory
@@ -113,8 +119,49 @@ impl Pipeline {
             .install_broadcast(message, self.compensated.len(), ctx)
     }
 
+    /// The length of the summed agreement message for `ctx`'s buffer, or `None`
+    /// ([`Compressor::summed_agreement`]).
+    pub fn summed_agreement(&self, ctx: &Ctx<'_>) -> Option<usize> {
+        self.compressor.summed_agreement(ctx)
+    }
+
+    /// Summed agreement, step 1 on every rank: this rank's message for the buffer of the
+    /// last [`Pipeline::compensate`] ([`Compressor::sum_message`]).
+    pub fn sum_message(&mut self, ctx: &Ctx<'_>, out: &mut Vec<f32>) -> Result<(), CompressError> {
+        self.compressor.sum_message(&self.compensated, ctx, out)
+    }
+
+    /// Summed agreement, step 3 on every rank: installs the summed messages
+    /// ([`Compressor::install_sum`]). When the method's memory learns from the aggregate,
+    /// the next [`Pipeline::compress_compensated`] leaves the memory to
+    /// [`Pipeline::absorb_aggregate`].
+    pub fn install_sum(&mut self, summed: &[f32], ctx: &Ctx<'_>) -> Result<(), CompressError> {
+        self.compressor
+            .install_sum(summed, self.compensated.len(), ctx)?;
+        self.feedback_pending = self.compressor.feedback_from_aggregate();
+        Ok(())
+    }
+
+    /// Whether [`Pipeline::absorb_aggregate`] must be called with the step's aggregate.
+    pub fn absorbs_aggregate(&self, ctx: &Ctx<'_>) -> bool {
+        self.feedback_pending || self.compressor.absorbs_aggregate(ctx)
+    }
+
+    /// The step's aggregate: `summed`, the payload with its lanes summed over the ranks, and
+    /// `mean`, its decode divided by the number of ranks. The compressor sees it
+    /// ([`Compressor::absorb_aggregate`]); a memory that learns from the aggregate is
+    /// updated with `mean` (`e = p − mean`).
+    pub fn absorb_aggregate(&mut self, summed: &[u8], mean: &[f32], ctx: &Ctx<'_>) {
+        self.compressor.absorb_aggregate(summed, ctx);
+        if std::mem::take(&mut self.feedback_pending) && self.memory.is_active() {
+            self.memory
+                .update(ctx.bucket, &self.compensated, mean, ctx.segments);
+        }
+    }
+
     /// Compresses the buffer of the last [`Pipeline::compensate`] into `out` and updates the
-    /// memory with what was sent (the decode of `out`).
+    /// memory with what was sent (the decode of `out`), unless a summed agreement deferred
+    /// the update to [`Pipeline::absorb_aggregate`].
     pub fn compress_compensated(
         &mut self,
         ctx: &Ctx<'_>,
@@ -122,7 +169,7 @@ impl Pipeline {
         out: &mut Payload,
     ) -> Result<(), CompressError> {
         compressor::compress(self.compressor.as_mut(), &self.compensated, ctx, rng, out)?;
-        if !self.memory.is_active() {
+        if !self.memory.is_active() || self.feedback_pending {
             return Ok(());
         }
         self.transmitted.clear();

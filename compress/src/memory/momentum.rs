@@ -14,7 +14,7 @@ use std::ops::Range;
 
 use super::Memory;
 
-/// The worker momentum of Signum (see the [module docs](self)), per bucket key.
+/// The worker momentum of Signum (`p = β·m + (1 − β)·g; m ← p`), per bucket key.
 #[derive(Debug, Clone)]
 pub struct Momentum {
     beta: f32,

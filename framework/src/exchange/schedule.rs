@@ -201,6 +201,16 @@ impl Job<'_> {
                 comms.submit(Op::Sum(std::mem::take(&mut f.buf)));
                 Stage::Dense
             }
+            Some(pipe) if pipe.summed_agreement(&ctx).is_some() => {
+                // A summed agreement (PowerSGD's P): every rank's message, all-reduced. Its
+                // size is not added to the payload bytes: the payload carries the agreed
+                // factor again (it is self-contained), and that copy is what is counted.
+                pipe.compensate(&f.buf, &ctx);
+                f.lane.clear();
+                pipe.sum_message(&ctx, &mut f.lane).map_err(compress_err)?;
+                comms.submit(Op::Sum(std::mem::take(&mut f.lane)));
+                Stage::Agreement
+            }
             Some(pipe) => match pipe.broadcast_root(&ctx) {
                 Some(root) => {
                     pipe.compensate(&f.buf, &ctx);
@@ -236,8 +246,8 @@ impl Job<'_> {
     ) -> Result<(Flight, Stage), ExchangeError> {
         let Slot { bucket, pipe, .. } = &mut self.slots[i];
         let id = bucket.id;
-        let msg = match comms.wait() {
-            Ok(Reply::Broadcast(m)) => m,
+        let reply = match comms.wait() {
+            Ok(r @ (Reply::Broadcast(_) | Reply::Sum(_))) => r,
             Ok(_) => unreachable!("replies come in submission order"),
             Err(source) => return Err(ExchangeError::Comm { bucket: id, source }),
         };
@@ -252,10 +262,19 @@ impl Job<'_> {
             segments: &bucket.segments,
         };
         let compress_err = |source| ExchangeError::Compress { bucket: id, source };
-        pipe.install_broadcast(&msg, &ctx).map_err(compress_err)?;
+        match reply {
+            Reply::Broadcast(msg) => {
+                pipe.install_broadcast(&msg, &ctx).map_err(compress_err)?;
+                f.msg = msg;
+            }
+            Reply::Sum(summed) => {
+                pipe.install_sum(&summed, &ctx).map_err(compress_err)?;
+                f.lane = summed;
+            }
+            _ => unreachable!("matched above"),
+        }
         pipe.compress_compensated(&ctx, &mut rng, &mut f.payload)
             .map_err(compress_err)?;
-        f.msg = msg;
         let stage = submit_payload(pipe, id, self.rank, self.gather, &mut f, comms, st)?;
         st.compress_s += t0.elapsed().as_secs_f64() - (comms.blocked - b0);
         Ok((f, stage))
@@ -271,7 +290,7 @@ impl Job<'_> {
         grad: &mut [f32],
         st: &mut ExchangeStats,
     ) -> Result<(), ExchangeError> {
-        let Slot { bucket, pipe, .. } = &self.slots[i];
+        let Slot { bucket, pipe, .. } = &mut self.slots[i];
         let id = bucket.id;
         let reply = comms
             .wait()
@@ -284,7 +303,7 @@ impl Job<'_> {
                 source,
             }
         };
-        match (stage, reply, pipe) {
+        match (stage, reply, pipe.as_mut()) {
             (Stage::Dense, Reply::Sum(v), _) => f.buf = v,
             (Stage::Lossy, Reply::Lossy(v, report), _) => {
                 f.buf = v;
@@ -325,17 +344,28 @@ impl Job<'_> {
             }
             _ => unreachable!("replies come in submission order"),
         }
-        match pipe
+        let ctx = Ctx {
+            step: self.step,
+            rank: self.rank as u32,
+            bucket: id,
+            segments: &bucket.segments,
+        };
+        let combine = pipe
             .as_ref()
-            .map_or(Combine::Mean, |p| p.compressor().combine())
-        {
-            // Averaging fused into the copy back: one pass over the bucket instead of two.
-            Combine::Mean => bucket::scatter(bucket, &f.buf, self.inv, grad),
-            combine => {
+            .map_or(Combine::Mean, |p| p.compressor().combine());
+        match pipe {
+            Some(p) if combine != Combine::Mean || p.absorbs_aggregate(&ctx) => {
                 f.buf.iter_mut().for_each(|v| *v *= self.inv);
                 combine.finish(&mut f.buf);
+                if p.absorbs_aggregate(&ctx) {
+                    // PowerSGD: the summed payload (its lanes rewritten with the sums)
+                    // warm-starts the next step; its memory learns from the mean.
+                    p.absorb_aggregate(f.payload.as_bytes(), &f.buf, &ctx);
+                }
                 bucket::scatter(bucket, &f.buf, 1.0, grad);
             }
+            // Averaging fused into the copy back: one pass over the bucket instead of two.
+            _ => bucket::scatter(bucket, &f.buf, self.inv, grad),
         }
         self.spare.push(f);
         st.decompress_s += t0.elapsed().as_secs_f64();
