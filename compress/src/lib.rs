@@ -81,6 +81,7 @@ pub mod mipd;
 pub mod natural;
 pub mod none;
 pub mod onebit;
+pub mod powersgd;
 pub mod qsgd;
 pub mod randomk;
 pub mod rangefloat;
@@ -113,6 +114,7 @@ methods! {
     SignSgd(signsgd::SignSgdConfig),
     Signum(signsgd::SignumConfig),
     Bf16(bf16::Bf16Config),
+    PowerSgd(powersgd::PowerSgdConfig),
 }
 
 pub use compressor::{

@@ -1,0 +1,821 @@
+//! `powersgd`: rank-r PowerSGD (Vogels, Karimireddy & Jaggi, "PowerSGD: Practical Low-Rank
+//! Gradient Compression for Distributed Optimization", NeurIPS 2019), with the semantics of
+//! PyTorch's `powerSGD_hook` (checked against its source and GRACE's `powersgd`).
+//!
+//! Each tensor of two or more dimensions is viewed as a matrix `M` of `m` rows (its first
+//! dimension) and `c = numel / m` columns (a conv weight `out × in·kh·kw`). One step of
+//! power iteration with the previous step's `Q` (`c × r`, warm start) gives its rank-r
+//! approximation, with two all-reduces of small matrices instead of one of `M`:
+//! ```text
+//! P = Σ_w M_w·Q              all-reduced: the summed agreement (m × r)
+//! P̂ = orthogonalize(P)       Gram-Schmidt on the columns, every rank alike
+//! Q_w = M_wᵀ·P̂               the payload's value lane (c × r), all-reduced
+//! update = P̂·(Σ_w Q_w)ᵀ / W  the mean of the rank-r approximations
+//! Q ← (Σ_w Q_w) / W          warm start of the next step
+//! e_w = M_w − P̂·Q̄ᵀ           error feedback (residual memory, on by default) from the
+//!                            aggregate, as in PyTorch and GRACE
+//! ```
+//! `Q` starts as a Gaussian matrix from the configured seed, the bucket and the tensor (the
+//! same on every rank), orthogonalized. Tensors of one dimension, and matrices for which
+//! `m·c ≤ min_compression_rate · r·(m + c)` (PyTorch's rule; the default rate 1 sends a
+//! tensor dense exactly when the factors would not be smaller), are sent dense inside the
+//! payload and summed as they are; so are all tensors before `start_step` (PyTorch's
+//! `start_powerSGD_iter`; default 0, the paper's). The matrix is the tensor's row-major
+//! layout, so a burn `Linear` weight (`[d_in, d_out]`) is the transpose of PyTorch's view
+//! of the same layer (`[out, in]`): the same approximation with P and Q swapped.
+//!
+//! Without a multi-rank driver (one process, `dtrain bench`, a parameter server's push)
+//! the method compresses alone: `P̂` comes from the worker's own `M`, and its error feedback
+//! from its own approximation.
+//!
+//! ## Body, per segment
+//! ```text
+//! u8 mode                  0 dense, 1 low rank
+//! dense:     n × f32       the values (the value lane)
+//! low rank:  u32 m, u32 c, u8 r        m·c = n, 1 ≤ r ≤ min(m, c)
+//!            m·r × f32     P̂, row-major (identical on every rank; not a lane)
+//!            c·r × f32     Q_w, row-major (the value lane)
+//! ```
+//! The payload is self-contained (a receiver needs no state to decode it): `r·(m + c)`
+//! floats per matrix, of which the all-reduces move `m·r` (the agreement) and `c·r` (the
+//! lane).
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+use crate::compressor::{summable_lanes, Aggregation, Compressor, Ctx, MethodId};
+use crate::error::{CompressError, ConfigError, WireError};
+use crate::memory::MemoryConfig;
+use crate::registry::{Method, RunUse};
+use crate::rng::Rng;
+use crate::wire::{f32_at, Reader, Writer};
+
+/// Configuration of [`PowerSgd`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PowerSgdConfig {
+    /// Rank `r` of the approximation, 1..=64. Default 1.
+    #[serde(default = "one")]
+    pub rank: usize,
+    /// Steps before which every tensor is sent dense (PyTorch's `start_powerSGD_iter`).
+    /// Default 0.
+    #[serde(default)]
+    pub start_step: u64,
+    /// A matrix is compressed only when `m·c > min_compression_rate · r·(m + c)`; ≥ 1.
+    /// Default 1 (PyTorch's default is 2).
+    #[serde(default = "one_f64")]
+    pub min_compression_rate: f64,
+    /// Keep `Q` from step to step (PyTorch's `warm_start`). Default true.
+    #[serde(default = "yes")]
+    pub warm_start: bool,
+    /// Seed of the initial `Q` (the same on every rank). Default 0.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn one() -> usize {
+    1
+}
+fn one_f64() -> f64 {
+    1.0
+}
+fn yes() -> bool {
+    true
+}
+
+impl Default for PowerSgdConfig {
+    fn default() -> Self {
+        PowerSgdConfig {
+            rank: 1,
+            start_step: 0,
+            min_compression_rate: 1.0,
+            warm_start: true,
+            seed: 0,
+        }
+    }
+}
+
+impl Method for PowerSgdConfig {
+    const NAME: &'static str = "powersgd";
+    const ABOUT: &'static str =
+        "PowerSGD: rank-r power iteration per matrix, P and Q all-reduced, warm start, EF";
+    const ID: MethodId = MethodId(22);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        if !(1..=64).contains(&self.rank) {
+            return Err(ConfigError::new(
+                "rank",
+                format!("must be in 1..=64, got {}", self.rank),
+            ));
+        }
+        if !(self.min_compression_rate.is_finite() && self.min_compression_rate >= 1.0) {
+            return Err(ConfigError::new(
+                "min_compression_rate",
+                format!("must be at least 1, got {}", self.min_compression_rate),
+            ));
+        }
+        Ok(Box::new(PowerSgd::new(self.clone())))
+    }
+
+    /// A low-rank approximation is biased: error feedback (PyTorch's default) is on.
+    fn default_memory(&self) -> MemoryConfig {
+        MemoryConfig::RESIDUAL
+    }
+
+    /// P and Q are all-reduced between the workers; a parameter server has no such step.
+    fn check(&self, run: &RunUse<'_>) -> Result<(), ConfigError> {
+        if run.parameter_server {
+            return Err(ConfigError::new(
+                "kind",
+                "powersgd all-reduces its factors between the workers; use mode = \"collective\"",
+            ));
+        }
+        Ok(())
+    }
+}
+
+const DENSE: u8 = 0;
+const LOW_RANK: u8 = 1;
+
+/// One tensor of the bucket as PowerSGD sees it.
+#[derive(Debug, Clone, PartialEq)]
+enum Plan {
+    /// Sent dense (one dimension, or factors not smaller).
+    Dense,
+    /// A matrix of `m` rows and `c` columns.
+    LowRank { m: usize, c: usize },
+}
+
+/// The PowerSGD compressor of one bucket (see the [module docs](self)).
+#[derive(Debug, Clone)]
+pub struct PowerSgd {
+    cfg: PowerSgdConfig,
+    /// Per segment, from [`Compressor::set_segment_shapes`] (none known: all dense).
+    plans: Vec<Plan>,
+    /// Per segment: `Q` (`c × r`, row-major), empty for dense segments or before the first
+    /// low-rank step.
+    q: Vec<Vec<f32>>,
+    /// Per segment: `P̂` (`m × r`) of the step in `installed`.
+    p_hat: Vec<Vec<f32>>,
+    /// The step (and bucket) whose `P̂` is installed.
+    installed: Option<(u64, u64)>,
+    /// Ranks exchanging (the mean of the lanes divides by it).
+    world: usize,
+    /// The next segment [`Compressor::encode_segment`] writes.
+    next: usize,
+    /// Whether the buffer being encoded is compressed (set by [`Compressor::begin`]).
+    low_rank_now: bool,
+}
+
+impl PowerSgd {
+    /// A compressor with configuration `cfg` (validated by [`PowerSgdConfig::build`]).
+    pub fn new(cfg: PowerSgdConfig) -> Self {
+        PowerSgd {
+            cfg,
+            plans: Vec::new(),
+            q: Vec::new(),
+            p_hat: Vec::new(),
+            installed: None,
+            world: 1,
+            next: 0,
+            low_rank_now: false,
+        }
+    }
+
+    fn rank(&self) -> usize {
+        self.cfg.rank
+    }
+
+    /// Whether step `step` compresses at all.
+    fn active(&self, step: u64) -> bool {
+        step >= self.cfg.start_step && self.plans.iter().any(|p| *p != Plan::Dense)
+    }
+
+    /// The segment ranges of `ctx` over a buffer of `n` elements.
+    fn segments(ctx: &Ctx<'_>, n: usize) -> Vec<Range<usize>> {
+        if ctx.segments.is_empty() {
+            std::iter::once(0..n).collect()
+        } else {
+            ctx.segments.to_vec()
+        }
+    }
+
+    /// `Q` of segment `s` (`c × r`) for `step`, initialised on first use (and every step
+    /// without warm start): Gaussian from the seed, the bucket and the segment (and the
+    /// step, without warm start), orthogonalized; the same on every rank.
+    fn q_of(&mut self, s: usize, c: usize, bucket: u64, step: u64) -> &[f32] {
+        let r = self.rank();
+        if self.q.len() <= s {
+            self.q.resize(s + 1, Vec::new());
+        }
+        if self.q[s].len() != c * r || !self.cfg.warm_start {
+            let draw = if self.cfg.warm_start { 0 } else { step };
+            let mut rng = Rng::for_step(self.cfg.seed, draw, bucket, s as u64);
+            let mut q: Vec<f32> = (0..c * r).map(|_| gaussian(&mut rng)).collect();
+            orthogonalize(&mut q, c, r);
+            self.q[s] = q;
+        }
+        &self.q[s]
+    }
+
+    /// `P = M·Q` of every low-rank segment of `buf`, appended to `out`.
+    fn p_of(&mut self, buf: &[f32], ctx: &Ctx<'_>, out: &mut Vec<f32>) {
+        let r = self.rank();
+        for (s, range) in Self::segments(ctx, buf.len()).into_iter().enumerate() {
+            if let Some(&Plan::LowRank { m, c }) = self.plans.get(s) {
+                let q = self.q_of(s, c, ctx.bucket, ctx.step).to_vec();
+                let start = out.len();
+                out.resize(start + m * r, 0.0);
+                mat_mul(&buf[range], m, c, &q, r, &mut out[start..]);
+            }
+        }
+    }
+
+    /// Installs `P̂` from the (summed) `p` of every low-rank segment, in order.
+    fn install(&mut self, p: &[f32], ctx: &Ctx<'_>) {
+        let r = self.rank();
+        self.p_hat.resize(self.plans.len(), Vec::new());
+        let mut at = 0;
+        for (s, plan) in self.plans.iter().enumerate() {
+            if let Plan::LowRank { m, .. } = *plan {
+                let mut ph = p[at..at + m * r].to_vec();
+                orthogonalize(&mut ph, m, r);
+                self.p_hat[s] = ph;
+                at += m * r;
+            }
+        }
+        self.installed = Some((ctx.step, ctx.bucket));
+    }
+
+    /// The length of the agreement message: `Σ m·r` over the low-rank segments.
+    fn message_len(&self) -> usize {
+        self.plans
+            .iter()
+            .map(|p| match p {
+                Plan::LowRank { m, .. } => m * self.rank(),
+                Plan::Dense => 0,
+            })
+            .sum()
+    }
+}
+
+/// Standard normal by Box–Muller.
+fn gaussian(rng: &mut Rng) -> f32 {
+    let u = rng.next_f64().max(1e-300);
+    let v = rng.next_f64();
+    ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
+}
+
+/// `out (rows × r) = A (rows × cols, row-major) · B (cols × r, row-major)`.
+fn mat_mul(a: &[f32], rows: usize, cols: usize, b: &[f32], r: usize, out: &mut [f32]) {
+    for (i, o) in out.chunks_exact_mut(r).enumerate().take(rows) {
+        o.fill(0.0);
+        let row = &a[i * cols..(i + 1) * cols];
+        for (&x, bj) in row.iter().zip(b.chunks_exact(r)) {
+            for (ok, &bk) in o.iter_mut().zip(bj) {
+                *ok += x * bk;
+            }
+        }
+    }
+}
+
+/// `out (cols × r) = Aᵀ · B`, with `A` `rows × cols` and `B` `rows × r` (row-major).
+fn mat_t_mul(a: &[f32], rows: usize, cols: usize, b: &[f32], r: usize, out: &mut [f32]) {
+    out.fill(0.0);
+    for i in 0..rows {
+        let row = &a[i * cols..(i + 1) * cols];
+        let bi = &b[i * r..(i + 1) * r];
+        for (&x, oj) in row.iter().zip(out.chunks_exact_mut(r)) {
+            for (o, &bk) in oj.iter_mut().zip(bi) {
+                *o += x * bk;
+            }
+        }
+    }
+}
+
+/// Gram-Schmidt on the `r` columns of `a` (`rows × r`, row-major), in place, as PyTorch's
+/// `_orthogonalize` (each column normalized, then removed from the later ones); sums in
+/// `f64`. A column of norm 0 stays 0 (PyTorch's ε = 0 would divide by zero).
+fn orthogonalize(a: &mut [f32], rows: usize, r: usize) {
+    for k in 0..r {
+        let norm = (0..rows)
+            .map(|i| f64::from(a[i * r + k]).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        if norm > 0.0 {
+            let inv = (1.0 / norm) as f32;
+            for i in 0..rows {
+                a[i * r + k] *= inv;
+            }
+        }
+        for l in k + 1..r {
+            let dot = (0..rows)
+                .map(|i| f64::from(a[i * r + k]) * f64::from(a[i * r + l]))
+                .sum::<f64>() as f32;
+            for i in 0..rows {
+                a[i * r + l] -= dot * a[i * r + k];
+            }
+        }
+    }
+}
+
+impl Compressor for PowerSgd {
+    fn method(&self) -> MethodId {
+        PowerSgdConfig::ID
+    }
+
+    fn aggregation(&self) -> Aggregation {
+        Aggregation::Summable
+    }
+
+    fn set_segment_shapes(&mut self, shapes: &[Vec<usize>]) {
+        let r = self.rank() as f64;
+        self.plans = shapes
+            .iter()
+            .map(|s| {
+                let n: usize = s.iter().product();
+                match s.first() {
+                    Some(&m) if s.len() >= 2 && m > 0 && n > 0 => {
+                        let c = n / m;
+                        let (mf, cf) = (m as f64, c as f64);
+                        if mf * cf > self.cfg.min_compression_rate * r * (mf + cf)
+                            && self.rank() <= m.min(c)
+                        {
+                            Plan::LowRank { m, c }
+                        } else {
+                            Plan::Dense
+                        }
+                    }
+                    _ => Plan::Dense,
+                }
+            })
+            .collect();
+        self.q.clear();
+        self.p_hat.clear();
+        self.installed = None;
+    }
+
+    fn set_world_size(&mut self, world: usize) {
+        self.world = world.max(1);
+    }
+
+    fn begin(&mut self, grad: &[f32], ctx: &Ctx<'_>) {
+        self.next = 0;
+        let n_segs = Self::segments(ctx, grad.len()).len();
+        if n_segs != self.plans.len() {
+            // Shapes unknown or not this buffer's: every segment dense.
+            self.plans = vec![Plan::Dense; n_segs];
+        }
+        self.low_rank_now = self.active(ctx.step);
+        if self.low_rank_now && self.installed != Some((ctx.step, ctx.bucket)) {
+            // No agreement for this step: compress alone (P̂ from this worker's M).
+            let mut p = Vec::with_capacity(self.message_len());
+            self.p_of(grad, ctx, &mut p);
+            self.install(&p, ctx);
+        }
+    }
+
+    fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
+        let s = self.next;
+        self.next += 1;
+        match self.plans.get(s) {
+            Some(&Plan::LowRank { m, c }) if self.low_rank_now && x.len() == m * c => {
+                let r = self.rank();
+                w.u8(LOW_RANK);
+                w.u32(m as u32);
+                w.u32(c as u32);
+                w.u8(r as u8);
+                w.f32_slice(&self.p_hat[s]);
+                let mut q = vec![0f32; c * r];
+                mat_t_mul(x, m, c, &self.p_hat[s], r, &mut q);
+                w.f32_slice(&q);
+                if self.cfg.warm_start {
+                    // Alone, the next step starts from this worker's Q; a multi-rank driver
+                    // replaces it with the mean (`absorb_aggregate`).
+                    self.q[s] = q;
+                }
+            }
+            _ => {
+                w.u8(DENSE);
+                w.f32_slice(x);
+            }
+        }
+    }
+
+    fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
+        let n = out.len();
+        match r.u8("powersgd mode")? {
+            DENSE => {
+                let v = r.take_items(n, 4, "powersgd dense values")?;
+                for (i, o) in out.iter_mut().enumerate() {
+                    let x = f32_at(v, i);
+                    if !x.is_finite() {
+                        return Err(WireError::Invalid("powersgd: non-finite value"));
+                    }
+                    *o += x;
+                }
+                Ok(())
+            }
+            LOW_RANK => {
+                let (m, c, rank) = read_dims(r, n)?;
+                let p = r.take_items(m * rank, 4, "powersgd P")?;
+                let q = r.take_items(c * rank, 4, "powersgd Q")?;
+                let p: Vec<f32> = (0..m * rank).map(|i| f32_at(p, i)).collect();
+                let q: Vec<f32> = (0..c * rank).map(|i| f32_at(q, i)).collect();
+                if p.iter().chain(&q).any(|v| !v.is_finite()) {
+                    return Err(WireError::Invalid("powersgd: non-finite factor"));
+                }
+                for (i, row) in out.chunks_exact_mut(c).enumerate() {
+                    let pi = &p[i * rank..(i + 1) * rank];
+                    for (o, qj) in row.iter_mut().zip(q.chunks_exact(rank)) {
+                        *o += pi.iter().zip(qj).map(|(a, b)| a * b).sum::<f32>();
+                    }
+                }
+                Ok(())
+            }
+            _ => Err(WireError::Invalid("powersgd: unknown segment mode")),
+        }
+    }
+
+    fn segment_bits(&self, _n: usize) -> Option<u64> {
+        // Depends on the tensor's shape, not only on its length.
+        None
+    }
+
+    fn segment_lane(&self, r: &mut Reader<'_>, n: usize) -> Result<Range<usize>, WireError> {
+        match r.u8("powersgd mode")? {
+            DENSE => {
+                let start = r.position();
+                r.take_items(n, 4, "powersgd dense values")?;
+                Ok(start..r.position())
+            }
+            LOW_RANK => {
+                let (m, c, rank) = read_dims(r, n)?;
+                r.take_items(m * rank, 4, "powersgd P")?;
+                let start = r.position();
+                r.take_items(c * rank, 4, "powersgd Q")?;
+                Ok(start..r.position())
+            }
+            _ => Err(WireError::Invalid("powersgd: unknown segment mode")),
+        }
+    }
+
+    fn summed_agreement(&self, ctx: &Ctx<'_>) -> Option<usize> {
+        self.active(ctx.step).then(|| self.message_len())
+    }
+
+    fn sum_message(
+        &mut self,
+        compensated: &[f32],
+        ctx: &Ctx<'_>,
+        out: &mut Vec<f32>,
+    ) -> Result<(), CompressError> {
+        let n_segs = Self::segments(ctx, compensated.len()).len();
+        if n_segs != self.plans.len() {
+            return Err(CompressError::Agreement(format!(
+                "powersgd: {n_segs} segments, {} tensor shapes",
+                self.plans.len()
+            )));
+        }
+        out.clear();
+        self.p_of(compensated, ctx, out);
+        Ok(())
+    }
+
+    fn install_sum(
+        &mut self,
+        summed: &[f32],
+        _n: usize,
+        ctx: &Ctx<'_>,
+    ) -> Result<(), CompressError> {
+        if summed.len() != self.message_len() {
+            return Err(CompressError::Agreement(format!(
+                "powersgd: summed P has {} values, the bucket's matrices {}",
+                summed.len(),
+                self.message_len()
+            )));
+        }
+        if let Some(i) = summed.iter().position(|v| !v.is_finite()) {
+            return Err(CompressError::Agreement(format!(
+                "powersgd: summed P is not finite at {i}"
+            )));
+        }
+        self.install(summed, ctx);
+        Ok(())
+    }
+
+    fn absorbs_aggregate(&self, ctx: &Ctx<'_>) -> bool {
+        self.cfg.warm_start && self.active(ctx.step)
+    }
+
+    fn absorb_aggregate(&mut self, summed: &[u8], ctx: &Ctx<'_>) {
+        if !self.absorbs_aggregate(ctx) {
+            return;
+        }
+        // The lanes of the summed payload: Σ_w Q_w for the low-rank segments.
+        let Ok(lanes) = summable_lanes(self, summed) else {
+            return;
+        };
+        let inv = 1.0 / self.world as f32;
+        for (s, lane) in lanes.into_iter().enumerate() {
+            if let Some(Plan::LowRank { .. }) = self.plans.get(s) {
+                let b = &summed[lane];
+                if self.q.get(s).is_some_and(|q| q.len() * 4 == b.len()) {
+                    for (i, q) in self.q[s].iter_mut().enumerate() {
+                        *q = f32_at(b, i) * inv;
+                    }
+                }
+            }
+        }
+    }
+
+    fn feedback_from_aggregate(&self) -> bool {
+        true
+    }
+
+    /// The warm-started `Q` of every low-rank segment (`q/<segment>/<index>`), so that a
+    /// resumed run continues from it.
+    fn export_state(&self) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        for (s, q) in self.q.iter().enumerate() {
+            for (i, &v) in q.iter().enumerate() {
+                out.insert(format!("q/{s}/{i}"), f64::from(v));
+            }
+        }
+        out
+    }
+
+    fn import_state(&mut self, state: &BTreeMap<String, f64>) -> Result<(), String> {
+        let r = self.rank();
+        let mut q: Vec<Vec<f32>> = vec![Vec::new(); self.plans.len()];
+        for (k, &v) in state {
+            let bad = || format!("powersgd state: unexpected entry {k:?}");
+            let mut parts = k.strip_prefix("q/").ok_or_else(bad)?.split('/');
+            let s: usize = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+            let i: usize = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+            let Some(&Plan::LowRank { c, .. }) = self.plans.get(s) else {
+                return Err(format!(
+                    "powersgd state: segment {s} is not a low-rank matrix"
+                ));
+            };
+            if i >= c * r || !v.is_finite() {
+                return Err(bad());
+            }
+            q[s].resize(c * r, f32::NAN);
+            q[s][i] = v as f32;
+        }
+        if let Some(s) = q.iter().position(|v| v.iter().any(|x| x.is_nan())) {
+            return Err(format!("powersgd state: Q of segment {s} is incomplete"));
+        }
+        self.q = q;
+        Ok(())
+    }
+}
+
+/// Reads and checks a low-rank segment's dimensions against its length `n`.
+fn read_dims(r: &mut Reader<'_>, n: usize) -> Result<(usize, usize, usize), WireError> {
+    let m = r.u32("powersgd rows")? as usize;
+    let c = r.u32("powersgd columns")? as usize;
+    let rank = r.u8("powersgd rank")? as usize;
+    if m == 0 || c == 0 || m.checked_mul(c) != Some(n) {
+        return Err(WireError::Invalid(
+            "powersgd: matrix shape does not fit the tensor",
+        ));
+    }
+    if rank == 0 || rank > m.min(c) {
+        return Err(WireError::Invalid("powersgd: bad rank"));
+    }
+    Ok((m, c, rank))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compressor::{compress_new, decompress, sum_lanes, Payload};
+
+    /// `m × c` with singular values `σ_k = 0.5^k`, k < `rank`, and orthonormal factors.
+    fn decaying(m: usize, c: usize, rank: usize, seed: u64) -> Vec<f32> {
+        let mut rng = Rng::seed_from_u64(seed);
+        let mut u: Vec<f32> = (0..m * rank).map(|_| gaussian(&mut rng)).collect();
+        let mut v: Vec<f32> = (0..c * rank).map(|_| gaussian(&mut rng)).collect();
+        orthogonalize(&mut u, m, rank);
+        orthogonalize(&mut v, c, rank);
+        let mut a = vec![0f32; m * c];
+        for i in 0..m {
+            for j in 0..c {
+                a[i * c + j] = (0..rank)
+                    .map(|k| 0.5f32.powi(k as i32) * u[i * rank + k] * v[j * rank + k])
+                    .sum();
+            }
+        }
+        a
+    }
+
+    fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+        let d: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+        let n: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum();
+        (d / n).sqrt()
+    }
+
+    fn compressor(rank: usize, shape: &[usize]) -> PowerSgd {
+        let mut c = PowerSgd::new(PowerSgdConfig {
+            rank,
+            ..PowerSgdConfig::default()
+        });
+        c.set_segment_shapes(&[shape.to_vec()]);
+        c
+    }
+
+    #[test]
+    fn warm_started_rounds_reach_the_best_rank_r_error() {
+        let (m, c, full) = (64, 48, 12);
+        let a = decaying(m, c, full, 1);
+        for r in [1usize, 2, 4] {
+            // Best rank-r error: the singular values left out.
+            let tail: f64 = (r..full).map(|k| 0.25f64.powi(k as i32)).sum();
+            let all: f64 = (0..full).map(|k| 0.25f64.powi(k as i32)).sum();
+            let best = (tail / all).sqrt();
+            let mut comp = compressor(r, &[m, c]);
+            let mut err = f64::INFINITY;
+            for step in 0..6 {
+                let ctx = Ctx {
+                    step,
+                    ..Ctx::default()
+                };
+                let p = compress_new(&mut comp, &a, &ctx, &mut Rng::seed_from_u64(0)).unwrap();
+                // r·(m + c) floats, a 10-byte segment head and the frame.
+                let body = 4 * r * (m + c);
+                assert!((body..body + 64).contains(&p.as_bytes().len()));
+                let mut out = vec![0f32; m * c];
+                decompress(&comp, p.as_bytes(), &mut out).unwrap();
+                err = rel_err(&a, &out);
+            }
+            assert!(err <= 1.05 * best, "rank {r}: error {err}, best {best}");
+        }
+    }
+
+    #[test]
+    fn the_summed_agreement_gives_the_mean_of_the_rank_r_approximations() {
+        // Three ranks, one 40 × 30 matrix and a bias: the hooks a multi-rank driver calls.
+        let (m, c, r, world) = (40usize, 30usize, 2usize, 3usize);
+        let shapes = [vec![m, c], vec![7]];
+        let segs = [0..m * c, m * c..m * c + 7];
+        let grads: Vec<Vec<f32>> = (0..world)
+            .map(|w| {
+                let mut g = decaying(m, c, 6, 10 + w as u64);
+                g.extend((0..7).map(|i| (i + w) as f32));
+                g
+            })
+            .collect();
+        let mut comps: Vec<PowerSgd> = (0..world)
+            .map(|_| {
+                let mut k = PowerSgd::new(PowerSgdConfig {
+                    rank: r,
+                    ..PowerSgdConfig::default()
+                });
+                k.set_segment_shapes(&shapes);
+                k.set_world_size(world);
+                k
+            })
+            .collect();
+        for step in 0..3u64 {
+            let ctx = Ctx {
+                step,
+                segments: &segs,
+                ..Ctx::default()
+            };
+            let len = comps[0].summed_agreement(&ctx).unwrap();
+            assert_eq!(len, m * r);
+            let mut summed = vec![0f32; len];
+            for (k, g) in comps.iter_mut().zip(&grads) {
+                let mut msg = Vec::new();
+                k.sum_message(g, &ctx, &mut msg).unwrap();
+                summed.iter_mut().zip(&msg).for_each(|(s, v)| *s += v);
+            }
+            let mut payloads: Vec<Payload> = Vec::new();
+            for (k, g) in comps.iter_mut().zip(&grads) {
+                k.install_sum(&summed, g.len(), &ctx).unwrap();
+                payloads.push(compress_new(k, g, &ctx, &mut Rng::seed_from_u64(0)).unwrap());
+            }
+            let mut acc = payloads[0].as_bytes().to_vec();
+            for p in &payloads[1..] {
+                sum_lanes(&comps[0], &mut acc, p.as_bytes()).unwrap();
+            }
+            let mut mean = vec![0f32; m * c + 7];
+            decompress(&comps[0], &acc, &mut mean).unwrap();
+            mean.iter_mut().for_each(|v| *v /= world as f32);
+            // Reference in f64: P̂ from the summed P, then P̂·Q̄ᵀ; the bias is the mean.
+            let p_hat = &comps[0].p_hat[0];
+            for i in 0..m {
+                for j in 0..c {
+                    let want: f64 = (0..r)
+                        .map(|k| {
+                            let qbar: f64 = (0..world)
+                                .map(|w| {
+                                    (0..m)
+                                        .map(|ii| {
+                                            f64::from(grads[w][ii * c + j])
+                                                * f64::from(p_hat[ii * r + k])
+                                        })
+                                        .sum::<f64>()
+                                })
+                                .sum::<f64>()
+                                / world as f64;
+                            f64::from(p_hat[i * r + k]) * qbar
+                        })
+                        .sum();
+                    let got = f64::from(mean[i * c + j]);
+                    assert!(
+                        (got - want).abs() < 1e-4,
+                        "step {step} ({i}, {j}): {got} vs {want}"
+                    );
+                }
+            }
+            for b in 0..7 {
+                let want = (0..world).map(|w| (b + w) as f32).sum::<f32>() / world as f32;
+                assert!((mean[m * c + b] - want).abs() < 1e-5);
+            }
+            // Every rank warm-starts from the same mean Q.
+            for k in comps.iter_mut() {
+                k.absorb_aggregate(&acc, &ctx);
+            }
+            assert!(comps.iter().all(|k| k.q == comps[0].q));
+        }
+    }
+
+    #[test]
+    fn dense_before_start_step_for_vectors_and_for_matrices_too_small_to_gain() {
+        let mut k = PowerSgd::new(PowerSgdConfig {
+            rank: 2,
+            start_step: 2,
+            ..PowerSgdConfig::default()
+        });
+        // 3 × 3 at rank 2: 2·(3 + 3) = 12 ≥ 9, dense; 16 × 16: 64 < 256, low rank.
+        k.set_segment_shapes(&[vec![16], vec![3, 3], vec![16, 16]]);
+        assert_eq!(
+            k.plans,
+            [Plan::Dense, Plan::Dense, Plan::LowRank { m: 16, c: 16 }]
+        );
+        let segs = [0..16, 16..25, 25..281];
+        let g: Vec<f32> = (0..281).map(|i| (i as f32 * 0.37).sin()).collect();
+        for step in 0..3 {
+            let ctx = Ctx {
+                step,
+                segments: &segs,
+                ..Ctx::default()
+            };
+            assert_eq!(k.summed_agreement(&ctx).is_some(), step >= 2);
+            let p = compress_new(&mut k, &g, &ctx, &mut Rng::seed_from_u64(0)).unwrap();
+            let mut out = vec![0f32; 281];
+            decompress(&k, p.as_bytes(), &mut out).unwrap();
+            assert_eq!(out[..25], g[..25], "dense tensors are exact");
+            assert_eq!(out[25..] == g[25..], step < 2, "step {step}");
+        }
+    }
+
+    #[test]
+    fn malformed_bodies_are_refused_and_the_state_round_trips() {
+        let k = compressor(1, &[4, 4]);
+        let mut out = [0f32; 16];
+        let good = |m: u32, c: u32, r: u8| {
+            let mut b = vec![LOW_RANK];
+            b.extend(m.to_le_bytes());
+            b.extend(c.to_le_bytes());
+            b.push(r);
+            b.extend(std::iter::repeat_n(
+                0u8,
+                4 * (m as usize + c as usize) * r as usize,
+            ));
+            b
+        };
+        k.decode_segment_add(&mut Reader::new(&good(4, 4, 1)), &mut out)
+            .unwrap();
+        for body in [
+            good(2, 4, 1),
+            good(4, 4, 0),
+            good(4, 4, 5),
+            good(0, 16, 1),
+            vec![7],
+            good(4, 4, 1)[..20].to_vec(),
+            [vec![DENSE], f32::NAN.to_le_bytes().repeat(16)].concat(),
+        ] {
+            assert!(k
+                .decode_segment_add(&mut Reader::new(&body), &mut out)
+                .is_err());
+        }
+        let mut a = compressor(2, &[8, 6]);
+        let g = decaying(8, 6, 3, 4);
+        compress_new(&mut a, &g, &Ctx::default(), &mut Rng::seed_from_u64(0)).unwrap();
+        let st = a.export_state();
+        assert_eq!(st.len(), 12);
+        let mut b = compressor(2, &[8, 6]);
+        b.import_state(&st).unwrap();
+        assert_eq!(b.q, a.q);
+        let mut wrong = st.clone();
+        wrong.insert("q/0/99".into(), 1.0);
+        assert!(b.import_state(&wrong).is_err());
+        assert!(compressor(2, &[8]).import_state(&st).is_err());
+    }
+}
