@@ -601,6 +601,13 @@ struct CompressArgs {
     /// Use per-layer segments of the layered input (per-tensor statistics).
     #[arg(long)]
     per_layer: bool,
+    /// Treat the input as one ROWSxCOLS matrix (PowerSGD, columns), e.g. 1024x1024.
+    #[arg(long, value_parser = parse_shape)]
+    shape: Option<(usize, usize)>,
+    /// Compress the input this many times, stateful methods keeping their state (PowerSGD's
+    /// warm-started Q), and report the last round's error; 0: the timed repetitions.
+    #[arg(long, default_value_t = 0)]
+    rounds: usize,
     /// Timed repetitions per phase; the best is reported.
     #[arg(long, default_value_t = 5)]
     repeat: usize,
@@ -615,6 +622,8 @@ fn bench_compress(a: CompressArgs) -> Result<()> {
         methods,
         repeat: a.repeat,
         per_layer: a.per_layer,
+        shape: a.shape,
+        rounds: a.rounds,
     };
     let (input, source) = match &a.from {
         Some(p) => (
@@ -644,6 +653,21 @@ fn bench_compress(a: CompressArgs) -> Result<()> {
         print!("{}", bench::compress::table(&rows));
     }
     Ok(())
+}
+
+/// `ROWSxCOLS`, both at least 1.
+fn parse_shape(s: &str) -> Result<(usize, usize), String> {
+    let (r, c) = s
+        .split_once(['x', 'X'])
+        .ok_or_else(|| format!("{s:?}: expected ROWSxCOLS, e.g. 1024x1024"))?;
+    let num = |v: &str| {
+        v.trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("{s:?}: {v:?} is not a positive integer"))
+    };
+    Ok((num(r)?, num(c)?))
 }
 
 /// Splits `a,b:x=1;y=2,c` into methods; inside a method, `;` separates parameters.
