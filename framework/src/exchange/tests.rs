@@ -891,3 +891,47 @@ fn voting_methods_update_by_the_sign_of_the_summed_signs() {
         }
     }
 }
+
+#[test]
+fn powersgd_averages_the_rank_r_approximations_and_feeds_back_the_aggregate_error() {
+    // One 64 × 48 matrix, one bucket, three ranks: the exchange is the summed agreement on
+    // P, the all-reduce of Q and the mean P̂·Q̄ᵀ; each rank's residual is its own
+    // compensated gradient minus that mean (PyTorch's powerSGD_hook), not minus its own
+    // approximation.
+    let mut setup = Setup::new(parse_method("powersgd:rank=2").unwrap());
+    setup.params = shapes(&[vec![64, 48]]);
+    setup.policy = policy(1 << 20);
+    let n = setup.n();
+    for world in [1usize, 3] {
+        let res = on_ranks(world, |rank, comm| {
+            let mut ex = setup.exchanger();
+            let mut g = grad(rank, n, 0);
+            let st = ex.exchange(comm, &mut g, 0).unwrap();
+            (g, st, ex.export_state())
+        });
+        let mean = &res[0].0;
+        for (rank, (g, st, state)) in res.iter().enumerate() {
+            assert_same(g, mean, format!("{world} ranks, rank {rank}"));
+            // r·(m + c) floats on the wire, plus the framing.
+            assert!(st.payload_bytes < (4 * 2 * (64 + 48) + 64) as u64, "{st:?}");
+            let mem = state.memory.values().next().expect("one compressed bucket");
+            let own = grad(rank, n, 0);
+            for j in 0..n {
+                assert!(
+                    (mem[j] - (own[j] - mean[j])).abs() <= 1e-6 * (1.0 + own[j].abs()),
+                    "{world} ranks, rank {rank}, element {j}"
+                );
+            }
+        }
+        // The mean is a rank-2 matrix: compare with the mean gradient's own low-rank fit.
+        let avg: Vec<f32> = (0..n)
+            .map(|j| (0..world).map(|r| grad(r, n, 0)[j]).sum::<f32>() / world as f32)
+            .collect();
+        let err: f32 = avg.iter().zip(mean).map(|(a, b)| (a - b).powi(2)).sum();
+        let norm: f32 = avg.iter().map(|a| a * a).sum();
+        assert!(
+            err < norm,
+            "{world} ranks: the approximation is no better than zero"
+        );
+    }
+}
