@@ -270,27 +270,107 @@ fn gaussian(rng: &mut Rng) -> f32 {
 
 /// `out (rows × r) = A (rows × cols, row-major) · B (cols × r, row-major)`.
 fn mat_mul(a: &[f32], rows: usize, cols: usize, b: &[f32], r: usize, out: &mut [f32]) {
-    for (i, o) in out.chunks_exact_mut(r).enumerate().take(rows) {
-        o.fill(0.0);
-        let row = &a[i * cols..(i + 1) * cols];
-        for (&x, bj) in row.iter().zip(b.chunks_exact(r)) {
-            for (ok, &bk) in o.iter_mut().zip(bj) {
-                *ok += x * bk;
+    match r {
+        1 => mat_mul_r::<1>(a, rows, cols, b, out),
+        2 => mat_mul_r::<2>(a, rows, cols, b, out),
+        4 => mat_mul_r::<4>(a, rows, cols, b, out),
+        8 => mat_mul_r::<8>(a, rows, cols, b, out),
+        _ => {
+            for (i, o) in out.chunks_exact_mut(r).enumerate().take(rows) {
+                o.fill(0.0);
+                let row = &a[i * cols..(i + 1) * cols];
+                for (&x, bj) in row.iter().zip(b.chunks_exact(r)) {
+                    for (ok, &bk) in o.iter_mut().zip(bj) {
+                        *ok += x * bk;
+                    }
+                }
             }
         }
     }
 }
 
+/// [`mat_mul`] for a rank known at compile time: the `R` sums of a row stay in registers.
+fn mat_mul_r<const R: usize>(a: &[f32], rows: usize, cols: usize, b: &[f32], out: &mut [f32]) {
+    let b = &b[..cols * R];
+    for (i, o) in out.chunks_exact_mut(R).enumerate().take(rows) {
+        let row = &a[i * cols..(i + 1) * cols];
+        let mut acc = [0f32; R];
+        for (&x, bj) in row.iter().zip(b.chunks_exact(R)) {
+            for k in 0..R {
+                acc[k] += x * bj[k];
+            }
+        }
+        o.copy_from_slice(&acc);
+    }
+}
+
 /// `out (cols × r) = Aᵀ · B`, with `A` `rows × cols` and `B` `rows × r` (row-major).
 fn mat_t_mul(a: &[f32], rows: usize, cols: usize, b: &[f32], r: usize, out: &mut [f32]) {
+    match r {
+        1 => mat_t_mul_r::<1>(a, rows, cols, b, out),
+        2 => mat_t_mul_r::<2>(a, rows, cols, b, out),
+        4 => mat_t_mul_r::<4>(a, rows, cols, b, out),
+        8 => mat_t_mul_r::<8>(a, rows, cols, b, out),
+        _ => {
+            out.fill(0.0);
+            for i in 0..rows {
+                let row = &a[i * cols..(i + 1) * cols];
+                let bi = &b[i * r..(i + 1) * r];
+                for (&x, oj) in row.iter().zip(out.chunks_exact_mut(r)) {
+                    for (o, &bk) in oj.iter_mut().zip(bi) {
+                        *o += x * bk;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`mat_t_mul`] for a rank known at compile time.
+fn mat_t_mul_r<const R: usize>(a: &[f32], rows: usize, cols: usize, b: &[f32], out: &mut [f32]) {
+    let out = &mut out[..cols * R];
     out.fill(0.0);
     for i in 0..rows {
         let row = &a[i * cols..(i + 1) * cols];
-        let bi = &b[i * r..(i + 1) * r];
-        for (&x, oj) in row.iter().zip(out.chunks_exact_mut(r)) {
-            for (o, &bk) in oj.iter_mut().zip(bi) {
-                *o += x * bk;
+        let mut bi = [0f32; R];
+        bi.copy_from_slice(&b[i * R..(i + 1) * R]);
+        for (&x, oj) in row.iter().zip(out.chunks_exact_mut(R)) {
+            for k in 0..R {
+                oj[k] += x * bi[k];
             }
+        }
+    }
+}
+
+/// `out (rows × c) += P (rows × r) · Qᵀ (Q: c × r)`, all row-major.
+fn add_outer(p: &[f32], q: &[f32], r: usize, c: usize, out: &mut [f32]) {
+    match r {
+        1 => add_outer_r::<1>(p, q, c, out),
+        2 => add_outer_r::<2>(p, q, c, out),
+        4 => add_outer_r::<4>(p, q, c, out),
+        8 => add_outer_r::<8>(p, q, c, out),
+        _ => {
+            for (row, pi) in out.chunks_exact_mut(c).zip(p.chunks_exact(r)) {
+                for (o, qj) in row.iter_mut().zip(q.chunks_exact(r)) {
+                    *o += pi.iter().zip(qj).map(|(a, b)| a * b).sum::<f32>();
+                }
+            }
+        }
+    }
+}
+
+/// [`add_outer`] for a rank known at compile time.
+fn add_outer_r<const R: usize>(p: &[f32], q: &[f32], c: usize, out: &mut [f32]) {
+    let q = &q[..c * R];
+    for (row, pi) in out.chunks_exact_mut(c).zip(p.chunks_exact(R)) {
+        let mut a = [0f32; R];
+        a.copy_from_slice(pi);
+        for (o, qj) in row.iter_mut().zip(q.chunks_exact(R)) {
+            let mut sum = 0f32;
+            for k in 0..R {
+                sum += a[k] * qj[k];
+            }
+            *o += sum;
         }
     }
 }
@@ -427,12 +507,7 @@ impl Compressor for PowerSgd {
                 if p.iter().chain(&q).any(|v| !v.is_finite()) {
                     return Err(WireError::Invalid("powersgd: non-finite factor"));
                 }
-                for (i, row) in out.chunks_exact_mut(c).enumerate() {
-                    let pi = &p[i * rank..(i + 1) * rank];
-                    for (o, qj) in row.iter_mut().zip(q.chunks_exact(rank)) {
-                        *o += pi.iter().zip(qj).map(|(a, b)| a * b).sum::<f32>();
-                    }
-                }
+                add_outer(&p, &q, rank, c, out);
                 Ok(())
             }
             _ => Err(WireError::Invalid("powersgd: unknown segment mode")),
@@ -626,6 +701,37 @@ mod tests {
         });
         c.set_segment_shapes(&[shape.to_vec()]);
         c
+    }
+
+    #[test]
+    fn the_matrix_kernels_equal_the_textbook_products_for_every_rank() {
+        let mut rng = Rng::seed_from_u64(9);
+        let (rows, cols) = (13, 11);
+        let a: Vec<f32> = (0..rows * cols).map(|_| gaussian(&mut rng)).collect();
+        for r in [1usize, 2, 3, 4, 5, 8] {
+            let b: Vec<f32> = (0..cols * r).map(|_| gaussian(&mut rng)).collect();
+            let mut out = vec![f32::NAN; rows * r];
+            mat_mul(&a, rows, cols, &b, r, &mut out);
+            let p: Vec<f32> = (0..rows * r).map(|_| gaussian(&mut rng)).collect();
+            let mut outt = vec![f32::NAN; cols * r];
+            mat_t_mul(&a, rows, cols, &p, r, &mut outt);
+            for i in 0..rows {
+                for k in 0..r {
+                    let want: f64 = (0..cols)
+                        .map(|j| f64::from(a[i * cols + j]) * f64::from(b[j * r + k]))
+                        .sum();
+                    assert!((f64::from(out[i * r + k]) - want).abs() < 1e-4, "r {r}");
+                }
+            }
+            for j in 0..cols {
+                for k in 0..r {
+                    let want: f64 = (0..rows)
+                        .map(|i| f64::from(a[i * cols + j]) * f64::from(p[i * r + k]))
+                        .sum();
+                    assert!((f64::from(outt[j * r + k]) - want).abs() < 1e-4, "r {r}");
+                }
+            }
+        }
     }
 
     #[test]
