@@ -98,23 +98,12 @@ impl Compressor for SignSgd {
     }
 
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
-        let bits = w.zeroed(x.len().div_ceil(8));
-        for (byte, chunk) in bits.iter_mut().zip(x.chunks(8)) {
-            let mut b = 0u8;
-            for (k, v) in chunk.iter().enumerate() {
-                // 1 for p_j ≥ 0 (−0.0 included; the framing has checked x is finite).
-                b |= u8::from(*v >= 0.0) << k;
-            }
-            *byte = b;
-        }
+        // 1 for p_j ≥ 0 (−0.0 included; the framing has checked x is finite).
+        w.sign_bits(x);
     }
 
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
-        let n = out.len();
-        let bits = r.take(n.div_ceil(8), "signsgd sign bits")?;
-        if n % 8 != 0 && bits[n / 8] >> (n % 8) != 0 {
-            return Err(WireError::Invalid("signsgd: unused sign bits are not zero"));
-        }
+        let bits = r.sign_bits(out.len(), "signsgd sign bits (unused bits must be 0)")?;
         for (chunk, &b) in out.chunks_mut(8).zip(bits) {
             for (k, o) in chunk.iter_mut().enumerate() {
                 *o += if b >> k & 1 == 1 { 1.0 } else { -1.0 };

@@ -93,6 +93,20 @@ impl<'a> Writer<'a> {
         b.resize(start + nbytes, 0);
         &mut b[start..]
     }
+
+    /// The sign bits of `x`, `⌈n/8⌉` bytes: bit `j` (LSB-first) is 1 iff `x_j ≥ 0` (−0.0
+    /// included); the unused bits of the last byte are 0. Read back with
+    /// [`Reader::sign_bits`].
+    pub fn sign_bits(&mut self, x: &[f32]) {
+        let bits = self.zeroed(x.len().div_ceil(8));
+        for (byte, chunk) in bits.iter_mut().zip(x.chunks(8)) {
+            let mut b = 0u8;
+            for (k, v) in chunk.iter().enumerate() {
+                b |= u8::from(*v >= 0.0) << k;
+            }
+            *byte = b;
+        }
+    }
 }
 
 /// Reads fields from a payload with bounds checks on every access.
@@ -175,6 +189,16 @@ impl<'a> Reader<'a> {
     #[inline]
     pub fn f32(&mut self, what: &'static str) -> Result<f32, WireError> {
         Ok(f32::from_bits(self.u32(what)?))
+    }
+
+    /// The `⌈n/8⌉` sign-bit bytes of [`Writer::sign_bits`] for `n` elements, with the unused
+    /// bits of the last byte checked to be 0.
+    pub fn sign_bits(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], WireError> {
+        let bits = self.take(n.div_ceil(8), what)?;
+        if n % 8 != 0 && bits[n / 8] >> (n % 8) != 0 {
+            return Err(WireError::Invalid(what));
+        }
+        Ok(bits)
     }
 
     /// A finite little-endian `f32` (`Invalid(what)` otherwise).
