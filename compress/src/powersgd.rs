@@ -169,6 +169,8 @@ pub struct PowerSgd {
     next: usize,
     /// Whether the buffer being encoded is compressed (set by [`Compressor::begin`]).
     low_rank_now: bool,
+    /// The standalone path's `P`, reused from step to step.
+    scratch: Vec<f32>,
 }
 
 impl PowerSgd {
@@ -183,6 +185,7 @@ impl PowerSgd {
             world: 1,
             next: 0,
             low_rank_now: false,
+            scratch: Vec::new(),
         }
     }
 
@@ -195,19 +198,22 @@ impl PowerSgd {
         step >= self.cfg.start_step && self.plans.iter().any(|p| *p != Plan::Dense)
     }
 
-    /// The segment ranges of `ctx` over a buffer of `n` elements.
-    fn segments(ctx: &Ctx<'_>, n: usize) -> Vec<Range<usize>> {
-        if ctx.segments.is_empty() {
-            std::iter::once(0..n).collect()
-        } else {
-            ctx.segments.to_vec()
-        }
+    /// The segment ranges of `ctx` over a buffer of `n` elements (one covering it all when
+    /// `ctx` names none), without allocating.
+    fn segments<'c>(ctx: &'c Ctx<'_>, n: usize) -> impl Iterator<Item = Range<usize>> + 'c {
+        let whole = ctx.segments.is_empty().then_some(0..n);
+        ctx.segments.iter().cloned().chain(whole)
+    }
+
+    /// How many segments `ctx` has.
+    fn segment_count(ctx: &Ctx<'_>) -> usize {
+        ctx.segments.len().max(1)
     }
 
     /// `Q` of segment `s` (`c × r`) for `step`, orthogonalized: initialised on first use
     /// (and every step without warm start) as a Gaussian matrix from the seed, the bucket
     /// and the segment (and the step, without warm start); the same on every rank.
-    fn q_of(&mut self, s: usize, c: usize, bucket: u64, step: u64) -> &[f32] {
+    fn q_of(&mut self, s: usize, c: usize, bucket: u64, step: u64) {
         let r = self.rank();
         if self.q.len() <= s {
             self.q.resize(s + 1, Vec::new());
@@ -215,22 +221,23 @@ impl PowerSgd {
         if self.q[s].len() != c * r || !self.cfg.warm_start {
             let draw = if self.cfg.warm_start { 0 } else { step };
             let mut rng = Rng::for_step(self.cfg.seed, draw, bucket, s as u64);
-            self.q[s] = (0..c * r).map(|_| gaussian(&mut rng)).collect();
+            let q = &mut self.q[s];
+            q.clear();
+            q.extend((0..c * r).map(|_| gaussian(&mut rng)));
         }
         // Orthogonalized before every use, drawn or warm-started (PyTorch's hook does both).
         orthogonalize(&mut self.q[s], c, r);
-        &self.q[s]
     }
 
     /// `P = M·Q` of every low-rank segment of `buf`, appended to `out`.
     fn p_of(&mut self, buf: &[f32], ctx: &Ctx<'_>, out: &mut Vec<f32>) {
         let r = self.rank();
-        for (s, range) in Self::segments(ctx, buf.len()).into_iter().enumerate() {
+        for (s, range) in Self::segments(ctx, buf.len()).enumerate() {
             if let Some(&Plan::LowRank { m, c }) = self.plans.get(s) {
-                let q = self.q_of(s, c, ctx.bucket, ctx.step).to_vec();
+                self.q_of(s, c, ctx.bucket, ctx.step);
                 let start = out.len();
                 out.resize(start + m * r, 0.0);
-                mat_mul(&buf[range], m, c, &q, r, &mut out[start..]);
+                mat_mul(&buf[range], m, c, &self.q[s], r, &mut out[start..]);
             }
         }
     }
@@ -242,9 +249,10 @@ impl PowerSgd {
         let mut at = 0;
         for (s, plan) in self.plans.iter().enumerate() {
             if let Plan::LowRank { m, .. } = *plan {
-                let mut ph = p[at..at + m * r].to_vec();
-                orthogonalize(&mut ph, m, r);
-                self.p_hat[s] = ph;
+                let ph = &mut self.p_hat[s];
+                ph.clear();
+                ph.extend_from_slice(&p[at..at + m * r]);
+                orthogonalize(ph, m, r);
                 at += m * r;
             }
         }
@@ -445,7 +453,7 @@ impl Compressor for PowerSgd {
 
     fn begin(&mut self, grad: &[f32], ctx: &Ctx<'_>) {
         self.next = 0;
-        let n_segs = Self::segments(ctx, grad.len()).len();
+        let n_segs = Self::segment_count(ctx);
         if n_segs != self.plans.len() {
             // Shapes unknown or not this buffer's: every segment dense.
             self.plans = vec![Plan::Dense; n_segs];
@@ -453,9 +461,11 @@ impl Compressor for PowerSgd {
         self.low_rank_now = self.active(ctx.step);
         if self.low_rank_now && self.installed != Some((ctx.step, ctx.bucket)) {
             // No agreement for this step: compress alone (P̂ from this worker's M).
-            let mut p = Vec::with_capacity(self.message_len());
+            let mut p = std::mem::take(&mut self.scratch);
+            p.clear();
             self.p_of(grad, ctx, &mut p);
             self.install(&p, ctx);
+            self.scratch = p;
         }
     }
 
@@ -470,14 +480,13 @@ impl Compressor for PowerSgd {
                 w.u32(c as u32);
                 w.u8(r as u8);
                 w.f32_slice(&self.p_hat[s]);
-                let mut q = vec![0f32; c * r];
-                mat_t_mul(x, m, c, &self.p_hat[s], r, &mut q);
-                w.f32_slice(&q);
-                if self.cfg.warm_start {
-                    // Alone, the next step starts from this worker's Q; a multi-rank driver
-                    // replaces it with the mean (`absorb_aggregate`).
-                    self.q[s] = q;
-                }
+                // Q_w goes into the kept Q: alone, the next step starts from it; a
+                // multi-rank driver replaces it with the mean (`absorb_aggregate`); without
+                // warm start the next step draws a new one anyway.
+                let q = &mut self.q[s];
+                q.resize(c * r, 0.0);
+                mat_t_mul(x, m, c, &self.p_hat[s], r, q);
+                w.f32_slice(q);
             }
             _ => {
                 w.u8(DENSE);
@@ -549,7 +558,7 @@ impl Compressor for PowerSgd {
         ctx: &Ctx<'_>,
         out: &mut Vec<f32>,
     ) -> Result<(), CompressError> {
-        let n_segs = Self::segments(ctx, compensated.len()).len();
+        let n_segs = Self::segment_count(ctx);
         if n_segs != self.plans.len() {
             return Err(CompressError::Agreement(format!(
                 "powersgd: {n_segs} segments, {} tensor shapes",

@@ -353,11 +353,12 @@ impl Job<'_> {
         let combine = pipe
             .as_ref()
             .map_or(Combine::Mean, |p| p.compressor().combine());
+        let absorbs = pipe.as_ref().is_some_and(|p| p.absorbs_aggregate(&ctx));
         match pipe {
-            Some(p) if combine != Combine::Mean || p.absorbs_aggregate(&ctx) => {
+            Some(p) if combine != Combine::Mean || absorbs => {
                 f.buf.iter_mut().for_each(|v| *v *= self.inv);
                 combine.finish(&mut f.buf);
-                if p.absorbs_aggregate(&ctx) {
+                if absorbs {
                     // PowerSGD: the summed payload (its lanes rewritten with the sums)
                     // warm-starts the next step; its memory learns from the mean.
                     p.absorb_aggregate(f.payload.as_bytes(), &f.buf, &ctx);
