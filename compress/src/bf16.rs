@@ -9,11 +9,11 @@
 //! the bfloat16 values themselves and decompresses the sum).
 
 use half::bf16;
-use half::slice::HalfFloatSliceExt;
 use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
+use crate::half16;
 use crate::registry::Method;
 use crate::rng::Rng;
 use crate::wire::{Reader, Writer};
@@ -39,9 +39,6 @@ pub struct Bf16 {
     buf: Vec<bf16>,
 }
 
-/// Elements converted per block (a stack-sized scratch on decode).
-const BLOCK: usize = 4096;
-
 impl Compressor for Bf16 {
     fn method(&self) -> MethodId {
         Bf16Config::ID
@@ -52,44 +49,11 @@ impl Compressor for Bf16 {
     }
 
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
-        self.buf.resize(BLOCK.min(x.len()), bf16::ZERO);
-        let out = w.zeroed(2 * x.len());
-        for (xs, os) in x.chunks(BLOCK).zip(out.chunks_mut(2 * BLOCK)) {
-            let h = &mut self.buf[..xs.len()];
-            h.convert_from_f32_slice(xs);
-            for (hv, o) in h.iter().zip(os.chunks_exact_mut(2)) {
-                let v = if hv.is_infinite() {
-                    if hv.is_sign_negative() {
-                        bf16::MIN
-                    } else {
-                        bf16::MAX
-                    }
-                } else {
-                    *hv
-                };
-                o.copy_from_slice(&v.to_bits().to_le_bytes());
-            }
-        }
+        half16::encode(x, &mut self.buf, w);
     }
 
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
-        let b = r.take_items(out.len(), 2, "bf16 values")?;
-        let mut h = [bf16::ZERO; BLOCK];
-        let mut f = [0f32; BLOCK];
-        for (os, bs) in out.chunks_mut(BLOCK).zip(b.chunks(2 * BLOCK)) {
-            let n = os.len();
-            for (hv, c) in h[..n].iter_mut().zip(bs.chunks_exact(2)) {
-                *hv = bf16::from_bits(u16::from_le_bytes([c[0], c[1]]));
-            }
-            h[..n].convert_to_f32_slice(&mut f[..n]);
-            for (o, v) in os.iter_mut().zip(&f[..n]) {
-                if !v.is_finite() {
-                    return Err(WireError::Invalid("non-finite bf16 value"));
-                }
-                *o += v;
-            }
-        }
-        Ok(())
+        half16::decode_add::<bf16>(r, out, "bf16 values", "non-finite bf16 value")
     }
 
     fn segment_bits(&self, n: usize) -> Option<u64> {

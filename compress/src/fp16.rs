@@ -5,12 +5,12 @@
 //! values below 2⁻²⁴ flush to zero. Aggregation: dense (decode, then all-reduce in f32).
 
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::ConfigError;
 use crate::error::WireError;
+use crate::half16;
 use crate::registry::Method;
 use crate::rng::Rng;
 use crate::wire::{Reader, Writer};
@@ -43,8 +43,6 @@ pub struct Fp16 {
     buf: Vec<f16>,
 }
 
-const BLOCK: usize = 4096;
-
 impl Compressor for Fp16 {
     fn method(&self) -> MethodId {
         Fp16Config::ID
@@ -53,42 +51,10 @@ impl Compressor for Fp16 {
         Aggregation::Dense
     }
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
-        self.buf.resize(BLOCK.min(x.len()), f16::ZERO);
-        let out = w.zeroed(2 * x.len());
-        for (xs, os) in x.chunks(BLOCK).zip(out.chunks_mut(2 * BLOCK)) {
-            let h = &mut self.buf[..xs.len()];
-            h.convert_from_f32_slice(xs);
-            for (hv, o) in h.iter_mut().zip(os.chunks_exact_mut(2)) {
-                let mut v = *hv;
-                if v.is_infinite() {
-                    v = if v.is_sign_negative() {
-                        f16::MIN
-                    } else {
-                        f16::MAX
-                    };
-                }
-                o.copy_from_slice(&v.to_bits().to_le_bytes());
-            }
-        }
+        half16::encode(x, &mut self.buf, w);
     }
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
-        let b = r.take_items(out.len(), 2, "fp16 values")?;
-        let mut h = [f16::ZERO; BLOCK];
-        let mut f = [0f32; BLOCK];
-        for (os, bs) in out.chunks_mut(BLOCK).zip(b.chunks(2 * BLOCK)) {
-            let n = os.len();
-            for (hv, c) in h[..n].iter_mut().zip(bs.chunks_exact(2)) {
-                *hv = f16::from_bits(u16::from_le_bytes([c[0], c[1]]));
-            }
-            h[..n].convert_to_f32_slice(&mut f[..n]);
-            for (o, v) in os.iter_mut().zip(&f[..n]) {
-                if !v.is_finite() {
-                    return Err(WireError::Invalid("non-finite fp16 value"));
-                }
-                *o += v;
-            }
-        }
-        Ok(())
+        half16::decode_add::<f16>(r, out, "fp16 values", "non-finite fp16 value")
     }
     fn segment_bits(&self, n: usize) -> Option<u64> {
         Some(16 * n as u64)
