@@ -31,7 +31,7 @@ use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
 use super::stream::{check_liveness, read_frame, write_hello, Outgoing, Shaper};
-use super::{check_peer, ByteCount, Inbox, Transport, TransportError};
+use super::{check_frame, check_peer, ByteCount, Inbox, Transport, TransportError};
 use crate::frame::{Frame, FRAME_HEADER_LEN, MAX_HELLO_FRAME, MAX_TOKEN_LEN};
 use crate::shaping::LinkSpec;
 
@@ -397,12 +397,7 @@ impl<Q: Queue> Transport for Peers<Q> {
 
     fn send(&mut self, to: usize, msg: Vec<u8>) -> Result<(), TransportError> {
         check_peer(to, self.rank, self.world)?;
-        if msg.len() + 1 > self.max_frame {
-            return Err(TransportError::TooLarge {
-                len: msg.len() + 1,
-                max: self.max_frame,
-            });
-        }
+        check_frame(msg.len(), self.max_frame)?;
         let len = msg.len() + FRAME_HEADER_LEN;
         let q = self.queues[to]
             .as_ref()

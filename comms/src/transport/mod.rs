@@ -304,6 +304,16 @@ impl TransportError {
     }
 }
 
+/// Refuses a message of `len` bytes that would not fit a frame of at most `max` bytes with
+/// its one-byte tag (the stream and shared-memory transports).
+#[cfg(any(feature = "tcp", all(feature = "shm", target_os = "linux")))]
+pub(crate) fn check_frame(len: usize, max: usize) -> Result<(), TransportError> {
+    if len + 1 > max {
+        return Err(TransportError::TooLarge { len: len + 1, max });
+    }
+    Ok(())
+}
+
 pub(crate) fn check_peer(to: usize, rank: usize, world: usize) -> Result<(), TransportError> {
     if to >= world || to == rank {
         return Err(TransportError::InvalidRank { rank: to, world });

@@ -77,7 +77,7 @@ use self::outbound::{writer_loop, Outbound};
 use self::segment::{spin_until_changed, Header, Segment};
 use self::setup::{await_attached, open_peers};
 use self::sys::Process;
-use super::{check_peer, ByteCount, Transport, TransportError};
+use super::{check_frame, check_peer, ByteCount, Transport, TransportError};
 use crate::frame::FRAME_HEADER_LEN;
 use crate::shaping::Shaper;
 
@@ -338,12 +338,7 @@ impl Transport for ShmTransport {
 
     fn send(&mut self, to: usize, msg: Vec<u8>) -> Result<(), TransportError> {
         check_peer(to, self.rank, self.world)?;
-        if msg.len() + 1 > self.max_frame {
-            return Err(TransportError::TooLarge {
-                len: msg.len() + 1,
-                max: self.max_frame,
-            });
-        }
+        check_frame(msg.len(), self.max_frame)?;
         let out = self.outbound[to]
             .as_ref()
             .ok_or(TransportError::Closed { rank: to })?;
