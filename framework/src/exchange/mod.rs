@@ -422,6 +422,11 @@ impl Exchanger {
     pub fn is_dense(&self) -> bool {
         self.lossy.is_none() && self.slots.iter().all(|s| s.pipe.is_none())
     }
+
+    /// Whether the dense buckets go through DLCP ([`Exchanger::set_dlcp`]).
+    pub fn is_lossy(&self) -> bool {
+        self.lossy.is_some()
+    }
 }
 
 #[cfg(test)]

@@ -111,7 +111,7 @@ impl ShardedAggregator {
 
     /// Builds the server of `shard`.
     fn build(&self, shard: usize) -> Result<Box<dyn ShardServer>, String> {
-        let s = shards(&self.layout, &self.layers).swap_remove(shard);
+        let s = Shard::cut(&self.layers, [self.layout.shard_range(shard)]).remove(0);
         protocol(&self.method)
             .and_then(|p| p.server(&s))
             .map_err(|e| e.to_string())

@@ -15,14 +15,12 @@ use dtrain_records::StepRecord;
 /// The collective path (`[cluster] mode = "collective"`).
 pub(crate) struct Collectives {
     exchanger: Exchanger,
-    /// Whether the dense buckets go through DLCP (the step records then carry its drops).
-    dlcp: bool,
 }
 
 impl Collectives {
-    /// Synchronises through `exchanger`; `dlcp` when its dense buckets use DLCP.
-    pub(crate) fn new(exchanger: Exchanger, dlcp: bool) -> Self {
-        Collectives { exchanger, dlcp }
+    /// Synchronises through `exchanger`.
+    pub(crate) fn new(exchanger: Exchanger) -> Self {
+        Collectives { exchanger }
     }
 }
 
@@ -59,7 +57,8 @@ impl<T: Transport> GradientSync<T> for Collectives {
         record.bytes_sent = st.bytes_sent;
         record.bytes_received = st.bytes_received;
         record.payload_bytes = st.payload_bytes;
-        if self.dlcp {
+        // With DLCP the step records carry its drops.
+        if self.exchanger.is_lossy() {
             record.lossy_dropped = Some(if st.lossy_elems > 0 {
                 st.lossy_dropped as f64 / st.lossy_elems as f64
             } else {

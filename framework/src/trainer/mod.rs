@@ -267,7 +267,7 @@ impl<T: Transport> Trainer<T> {
                 .map_err(|(field, m)| TrainError::Config(format!("{field}: {m}")))?;
             exchanger.set_dlcp(cfg, d.error_feedback);
         }
-        let sync = Box::new(Collectives::new(exchanger, plan.dlcp.is_some()));
+        let sync = Box::new(Collectives::new(exchanger));
         let optimizer = plan.optimizer.build().map_err(TrainError::Config)?;
         let n = table.num_params();
         let nb = table.num_buffers();
