@@ -6,9 +6,11 @@
 //! * `"cuda:N"`: every worker of this node on GPU `N`.
 //!
 //! CUDA needs a `dtrain` built with the `cuda` feature
-//! (`cargo build --release -p dtrain-cli --features cuda`, which downloads burn-cuda's LLVM
-//! bundle and needs the CUDA driver at run time). A build without it refuses the setting at
-//! validation, naming the field, before anything runs.
+//! (`cargo build --release -p dtrain-cli --features cuda`, offline, no CUDA toolkit needed to
+//! build). A build without it refuses the setting at validation, naming the field, before
+//! anything runs. At run time a CUDA worker needs the NVIDIA driver, NVRTC and the CUDA
+//! headers; `dtrain run` checks them for every GPU of its node ([`check_available`]) before
+//! it starts a worker, and says what is missing.
 //!
 //! A worker's rank on its node comes from [`LOCAL_RANK_ENV`] (set by `dtrain run` for the
 //! workers it starts), Open MPI's `OMPI_COMM_WORLD_LOCAL_RANK` or Slurm's `SLURM_LOCALID`,
@@ -28,8 +30,8 @@ pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
 
 /// The error for `cluster.device = "cuda…"` in a build without the `cuda` feature.
 pub const NO_CUDA: &str = "this dtrain was built without CUDA support; rebuild it with \
-     `cargo build --release -p dtrain-cli --features cuda` (needs the CUDA toolkit and, for \
-     burn-cuda's build script, internet access)";
+     `cargo build --release -p dtrain-cli --features cuda` (builds offline; to run, it needs \
+     the NVIDIA driver, NVRTC and the CUDA headers)";
 
 /// `[cluster] device` (see the [module docs](self)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -123,6 +125,31 @@ pub fn worker_device(kind: DeviceKind, local_rank: usize) -> Result<Device, Stri
     }
 }
 
+/// Checks that the GPU of each of a node's `local_workers` is usable (driver, GPU, NVRTC,
+/// headers: see `dtrain_models::cuda`), once per GPU, so that a launcher reports one clear
+/// error before it starts any worker. Nothing to check for the CPU.
+pub fn check_available(kind: DeviceKind, local_workers: usize) -> Result<(), String> {
+    let mut gpus: Vec<usize> = (0..local_workers)
+        .filter_map(|r| kind.gpu_index(r))
+        .collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    for index in gpus {
+        cuda_missing(index).map_err(|e| format!("cluster.device = \"{kind}\": {e}"))?;
+    }
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_missing(index: usize) -> Result<(), String> {
+    dtrain_models::cuda::missing(index).map_or(Ok(()), Err)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_missing(_index: usize) -> Result<(), String> {
+    Err(NO_CUDA.into())
+}
+
 #[cfg(feature = "cuda")]
 fn cuda(index: usize) -> Result<Device, String> {
     dtrain_models::cuda_device(index)
@@ -199,7 +226,10 @@ mod tests {
     #[test]
     fn the_cpu_device_needs_no_feature_and_cuda_without_it_is_a_clear_error() {
         assert!(worker_device(DeviceKind::Cpu, 0).is_ok());
+        assert!(check_available(DeviceKind::Cpu, 4).is_ok());
         if !CUDA_BUILT {
+            let e = check_available(DeviceKind::Cuda(None), 2).unwrap_err();
+            assert!(e.starts_with("cluster.device = \"cuda\": "), "{e}");
             let e = worker_device(DeviceKind::Cuda(Some(1)), 0).unwrap_err();
             assert!(e.starts_with("cluster.device = \"cuda:1\": "), "{e}");
             assert!(e.contains("--features cuda"), "{e}");

@@ -595,6 +595,8 @@ pub fn launch(
     if nnodes > 1 && opts.rendezvous.is_none() {
         return Err("--nnodes > 1 needs --rendezvous HOST:PORT (node 0's address)".into());
     }
+    // Before any worker or run directory exists: a missing driver is one error, here.
+    crate::device::check_available(plan.config.cluster.device, world / nnodes)?;
     let token = match std::env::var(TOKEN_ENV) {
         Ok(t) if !t.is_empty() => t,
         _ if nnodes > 1 => {

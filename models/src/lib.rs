@@ -14,6 +14,7 @@
 //! - one file per family: [`mlp`], [`lenet`], [`alexnet`], [`vgg`], [`resnet`], [`lstm`],
 //!   each with `XConfig` → `init(&device)`, variant constructors and a registry spec.
 //! - [`registry`]: [`ModelSpec`] (serde, tagged `kind`) and the static list [`MODELS`].
+//! - `cuda` (the `cuda` feature): opening a GPU, with errors naming what is missing.
 //!
 //! # Example
 //!
@@ -35,6 +36,8 @@
 //! ```
 
 pub mod alexnet;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod family;
 pub mod flat;
 mod layers;
@@ -69,28 +72,10 @@ pub fn cpu_device() -> Device {
     Device::flex().autodiff()
 }
 
-/// CUDA GPU `index` with autodiff (the `cuda` feature). The device is initialised here
-/// with a one-element probe, so that a missing driver or GPU comes back as an error instead
-/// of a panic inside the first training step.
+/// CUDA GPU `index` with autodiff (the `cuda` feature). Everything the GPU needs (driver,
+/// its CUDA version, the GPU, NVRTC, the CUDA headers) is checked first and a failure comes
+/// back as an error naming what to install; see [`cuda`].
 #[cfg(feature = "cuda")]
 pub fn cuda_device(index: usize) -> Result<Device, String> {
-    let probe = std::panic::catch_unwind(move || {
-        let device = Device::cuda(index).autodiff();
-        let zero = burn::tensor::Tensor::<1>::zeros([1], &device);
-        zero.into_data()
-            .to_vec::<f32>()
-            .map(|_| device)
-            .map_err(|e| format!("{e:?}"))
-    });
-    match probe {
-        Ok(r) => r.map_err(|e| format!("CUDA device {index}: {e}")),
-        Err(panic) => {
-            let text = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "initialisation failed".into());
-            Err(format!("CUDA device {index}: {text}"))
-        }
-    }
+    cuda::cuda_device(index)
 }

@@ -1,0 +1,153 @@
+//! Opening a CUDA device (the `cuda` feature) with errors a user can act on.
+//!
+//! burn-cuda reaches the GPU through cudarc, which loads `libcuda.so.1` (the driver) and
+//! `libnvrtc` (the run-time CUDA C++ compiler that builds dtrain's kernels) on first use and
+//! panics, inside burn's device thread, when either is missing; the panic then surfaces as
+//! an unrelated burn message. So everything a CUDA worker needs is checked here first, in
+//! the order a user fixes it: the driver library, the driver's CUDA version, a GPU with that
+//! index, NVRTC, and the CUDA headers NVRTC compiles against. Each failure names what to
+//! install or set.
+
+use burn::prelude::*;
+use cudarc::driver::{result as driver, sys as driver_sys};
+
+/// The CUDA API version cudarc's bindings were built for (`13000` is 13.0).
+const API: i32 = driver_sys::CUDA_VERSION as i32;
+
+fn version_text(v: i32) -> String {
+    format!("{}.{}", v / 1000, (v % 1000) / 10)
+}
+
+/// What is missing for CUDA device `index`, or `None` when everything is there.
+pub fn missing(index: usize) -> Option<String> {
+    // SAFETY: only loads the library to see that it exists (cudarc's own probe).
+    if !unsafe { driver_sys::is_culib_present() } {
+        return Some(
+            "libcuda.so.1 not found (is the NVIDIA driver installed? searched LD_LIBRARY_PATH \
+             and the system library folders)"
+                .into(),
+        );
+    }
+    let mut driver_version = 0;
+    // SAFETY: one out-parameter, written by the driver.
+    let got = unsafe { driver_sys::cuDriverGetVersion(&mut driver_version) };
+    if got != driver_sys::CUresult::CUDA_SUCCESS {
+        return Some(format!(
+            "the NVIDIA driver does not report its version ({got:?})"
+        ));
+    }
+    if driver_version < API {
+        return Some(format!(
+            "the NVIDIA driver supports CUDA {}, older than the CUDA {} this dtrain was built \
+             for: update the driver, or rebuild dtrain with CUDARC_CUDA_VERSION={}{:02}0 set",
+            version_text(driver_version),
+            version_text(API),
+            driver_version / 1000,
+            (driver_version % 1000) / 10,
+        ));
+    }
+    if let Err(e) = driver::init() {
+        return Some(format!("the CUDA driver did not start: {e:?}"));
+    }
+    match driver::device::get_count() {
+        Err(e) => return Some(format!("the CUDA driver lists no GPU: {e:?}")),
+        Ok(0) => return Some("the CUDA driver sees no GPU on this machine".into()),
+        Ok(n) if index >= n as usize => {
+            return Some(format!(
+                "GPU {index} does not exist: this machine has {n} (numbered from 0)"
+            ))
+        }
+        Ok(_) => {}
+    }
+    // SAFETY: as for the driver library above.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Some(format!(
+            "libnvrtc.so.{major} not found: dtrain compiles its CUDA kernels at run time with \
+             NVRTC; install the CUDA {major} NVRTC library (the CUDA toolkit, or the \
+             nvidia-cuda-nvrtc wheel) and add its folder to LD_LIBRARY_PATH",
+            major = API / 1000
+        ));
+    }
+    match cubecl_cuda::install::cuda_path() {
+        None => {
+            return Some(
+                "the CUDA headers were not found: NVRTC compiles dtrain's kernels against them; \
+                 install the CUDA toolkit or set CUDA_PATH to the folder holding \
+                 include/cuda_fp16.h (looked in CUDA_PATH, /usr/local/cuda, /opt/cuda, /usr)"
+                    .into(),
+            )
+        }
+        Some(p) if !p.join("include").join("cuda_fp16.h").exists() => {
+            return Some(format!(
+                "{}/include/cuda_fp16.h not found: NVRTC compiles dtrain's kernels against the \
+                 CUDA headers; set CUDA_PATH to the CUDA toolkit's folder",
+                p.display()
+            ))
+        }
+        Some(_) => {}
+    }
+    None
+}
+
+/// CUDA GPU `index` with autodiff, initialised with a one-element probe so that a failure
+/// comes back as an error rather than a panic in the first training step.
+pub fn cuda_device(index: usize) -> Result<Device, String> {
+    if let Some(why) = missing(index) {
+        return Err(why);
+    }
+    let probe = std::panic::catch_unwind(move || {
+        let device = Device::cuda(index).autodiff();
+        let zero = burn::tensor::Tensor::<1>::zeros([1], &device);
+        zero.into_data()
+            .try_to_vec::<f32>()
+            .map(|_| device)
+            .map_err(|e| format!("{e:?}"))
+    });
+    match probe {
+        Ok(r) => r.map_err(|e| format!("CUDA device {index}: {e}")),
+        Err(panic) => {
+            let text = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "initialisation failed".into());
+            Err(format!("CUDA device {index}: {text}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernels_compile_through_nvrtc_not_llvm() {
+        // The stand-in cubecl-llvm refuses every kernel: the NVRTC back end must be the one
+        // cubecl-cuda selects, or every GPU step would fail.
+        assert_eq!(
+            cubecl_cuda::compiler::CudaBackend::default(),
+            cubecl_cuda::compiler::CudaBackend::Cpp
+        );
+    }
+
+    #[test]
+    fn a_machine_without_the_driver_gets_the_error_naming_it() {
+        // SAFETY: as in `missing`.
+        if unsafe { driver_sys::is_culib_present() } {
+            // A GPU machine: the last index is refused by number, never by a panic.
+            let e = cuda_device(1 << 20).unwrap_err();
+            assert!(e.contains("does not exist") || e.contains("no GPU"), "{e}");
+        } else {
+            let e = cuda_device(0).unwrap_err();
+            assert!(e.starts_with("libcuda.so.1 not found"), "{e}");
+            assert!(e.contains("NVIDIA driver"), "{e}");
+        }
+    }
+
+    #[test]
+    fn versions_print_as_major_dot_minor() {
+        assert_eq!(version_text(13000), "13.0");
+        assert_eq!(version_text(12080), "12.8");
+        assert!(API >= 12000, "{API}");
+    }
+}
