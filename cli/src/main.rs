@@ -465,6 +465,51 @@ enum BenchCommand {
     Compress(CompressArgs),
     /// Collective bandwidth over N local worker processes (nccl-tests-style table).
     Allreduce(AllreduceArgs),
+    /// Training-step time of each model (forward, backward) on the CPU or a GPU; with
+    /// `--reference cpu`, the same step on the CPU from the same weights and batch, timed
+    /// beside it and compared (relative error of the loss and the gradients).
+    Models(ModelsArgs),
+}
+
+#[derive(Args, Debug)]
+struct ModelsArgs {
+    /// Models, `kind/variant` or `kind/variant:key=value;key=value` (comma-separated, or
+    /// repeated). Default: one per family (mlp/mnist, lenet/lenet5, alexnet/cifar,
+    /// vgg/vgg11, resnet/resnet20, lstm/word).
+    #[arg(long, value_delimiter = ' ', num_args = 1..)]
+    models: Vec<String>,
+    /// The device measured: cpu, cuda, cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: dtrain_framework::device::DeviceKind,
+    /// Also run each step here from the same weights and batch (dropout off), and fail when
+    /// the loss or the gradients differ by more than --tolerance (relative).
+    #[arg(long)]
+    reference: Option<dtrain_framework::device::DeviceKind>,
+    /// Largest relative error that passes the comparison.
+    #[arg(long, default_value_t = 1e-3)]
+    tolerance: f64,
+    /// The tolerance instead, when the device turns out to multiply f32 matrices in TF32
+    /// (burn's CUDA backend on tensor-core GPUs): measured before the models run.
+    #[arg(long)]
+    tf32_tolerance: Option<f64>,
+    /// Examples per batch (default: 32 images, or 20 sequences).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Tokens per sequence for language models.
+    #[arg(long, default_value_t = 35)]
+    seq_len: usize,
+    /// Untimed steps first (the first step, with any kernel compilation, counts as one).
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Timed steps (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Also write the results as JSON to this file (the table is still printed).
+    #[arg(long, value_name = "FILE")]
+    save: Option<PathBuf>,
 }
 
 /// Options shared by the `bench allreduce` launcher and its workers.
@@ -655,6 +700,102 @@ fn bench_compress(a: CompressArgs) -> Result<()> {
     Ok(())
 }
 
+fn bench_models(a: ModelsArgs) -> Result<()> {
+    let models: Vec<String> = a.models.iter().flat_map(|m| split_methods(m)).collect();
+    let opts = bench::models::Options {
+        models,
+        device: a.device,
+        reference: a.reference,
+        batch: a.batch,
+        seq_len: a.seq_len,
+        warmup: a.warmup,
+        steps: a.steps,
+        tolerance: a.tolerance,
+        tf32_tolerance: a.tf32_tolerance,
+        ..Default::default()
+    };
+    if !a.json {
+        let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "default".into());
+        println!(
+            "dtrain bench models: one training step (forward + loss, backward + flat gradients; \
+             no optimizer), median of {} after {} warm-up, CPU threads: {threads}",
+            a.steps.max(1),
+            a.warmup
+        );
+        if a.reference.is_none() {
+            print!("{}", bench::models::table_header(false));
+        }
+    }
+    let (mut saved, mut save_error) = (Vec::new(), None::<String>);
+    let rows = bench::models::run(
+        &opts,
+        |p| {
+            if !a.json {
+                println!(
+                    "f32 matmul 512x512x512 on {} against {}: relative error {:.1e} ({}); \
+                     tolerance {}",
+                    a.device,
+                    a.reference.map(|r| r.to_string()).unwrap_or_default(),
+                    p.matmul_rel_err,
+                    if p.tf32 {
+                        "TF32 tensor cores"
+                    } else {
+                        "f32 arithmetic"
+                    },
+                    if p.tf32 {
+                        a.tf32_tolerance.unwrap_or(a.tolerance)
+                    } else {
+                        a.tolerance
+                    },
+                );
+                print!("{}", bench::models::table_header(true));
+            }
+        },
+        |r| {
+            if !a.json {
+                print!("{}", bench::models::table_row(r));
+            }
+            // Rewritten after every model, so that a run stopped by a time limit keeps the
+            // models it measured (a GPU's first steps can take minutes each).
+            if let Some(path) = &a.save {
+                saved.push(r.clone());
+                let written = serde_json::to_string_pretty(&saved)
+                    .map_err(|e| e.to_string())
+                    .and_then(|text| std::fs::write(path, text).map_err(|e| e.to_string()));
+                if let Err(e) = written {
+                    save_error.get_or_insert(format!("writing {}: {e}", path.display()));
+                }
+            }
+        },
+    )
+    .map_err(anyhow::Error::msg)?;
+    if let Some(e) = save_error {
+        bail!(e);
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    }
+    let failed: Vec<String> = rows
+        .iter()
+        .filter_map(|r| {
+            let c = r.check.as_ref().filter(|c| !c.passed)?;
+            Some(format!(
+                "{} (loss {:.1e}, gradients {:.1e}; tolerance {})",
+                r.model, c.loss_rel_err, c.grad_rel_err, c.tolerance
+            ))
+        })
+        .collect();
+    if !failed.is_empty() {
+        bail!(
+            "{} of {} models differ from the reference by more than the tolerance: {}",
+            failed.len(),
+            rows.len(),
+            failed.join(", ")
+        );
+    }
+    Ok(())
+}
+
 /// `ROWSxCOLS`, both at least 1.
 fn parse_shape(s: &str) -> Result<(usize, usize), String> {
     let (r, c) = s
@@ -744,6 +885,7 @@ fn run() -> Result<()> {
         Command::Bench { what } => match what {
             BenchCommand::Compress(a) => bench_compress(a).context("bench compress"),
             BenchCommand::Allreduce(a) => bench_allreduce(a).context("bench allreduce"),
+            BenchCommand::Models(a) => bench_models(a).context("bench models"),
         },
         Command::BenchWorker(a) => bench_worker(a).context("bench worker"),
         Command::Run(a) => train_run(a),

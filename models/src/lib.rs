@@ -14,6 +14,7 @@
 //! - one file per family: [`mlp`], [`lenet`], [`alexnet`], [`vgg`], [`resnet`], [`lstm`],
 //!   each with `XConfig` → `init(&device)`, variant constructors and a registry spec.
 //! - [`registry`]: [`ModelSpec`] (serde, tagged `kind`) and the static list [`MODELS`].
+//! - [`synthetic`]: deterministic batches for any model and a device-precision probe.
 //! - `cuda` (the `cuda` feature): opening a GPU, with errors naming what is missing.
 //!
 //! # Example
@@ -48,6 +49,7 @@ pub mod mlp;
 pub mod model;
 pub mod registry;
 pub mod resnet;
+pub mod synthetic;
 pub mod vgg;
 
 pub use alexnet::{AlexNet, AlexNetConfig, AlexNetVariant};
@@ -61,6 +63,7 @@ pub use model::{
 };
 pub use registry::{model_names, ModelFamily, ModelInfo, ModelSpec, MODELS};
 pub use resnet::{ResNet, ResNetConfig, Shortcut};
+pub use synthetic::{matmul_rel_err, matmul_rel_err_between, SyntheticBatch};
 pub use vgg::{Vgg, VggConfig, VggDepth, VggHead};
 
 /// The burn device type models live on (re-exported so users of this crate need no direct

@@ -95,7 +95,7 @@ fn flatten_inject_round_trip_is_exact() {
     assert_eq!(pa, pb, "broadcast is bit-exact");
 
     // Arbitrary values survive, repeatedly (the storage-recycling path).
-    let mut rng = common::Rng::new(3);
+    let mut rng = dtrain_models::synthetic::SynthRng::new(3);
     for _ in 0..3 {
         let v: Vec<f32> = (0..n).map(|_| rng.next_f32() * 0.1).collect();
         a.write_params(&v);

@@ -77,10 +77,7 @@ pub struct Row {
 
 /// Parses `name` or `name:key=value,key=value` into a method config.
 pub fn parse_method(spec: &str) -> Result<CompressorConfig, String> {
-    let (name, params) = match spec.split_once(':') {
-        Some((n, p)) => (n.trim(), p),
-        None => (spec.trim(), ""),
-    };
+    let (name, params) = super::spec::split(spec);
     if !METHODS.iter().any(|m| m.name == name) {
         let known: Vec<&str> = METHODS.iter().map(|m| m.name).collect();
         return Err(format!(
@@ -88,24 +85,10 @@ pub fn parse_method(spec: &str) -> Result<CompressorConfig, String> {
             known.join(", ")
         ));
     }
-    let mut doc = format!("kind = {name:?}\n");
-    for kv in params.split(',').filter(|s| !s.trim().is_empty()) {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| format!("{spec}: parameter {kv:?} is not key=value"))?;
-        let v = v.trim();
-        // Bare words become strings; numbers, booleans and quoted strings pass through.
-        let is_literal = v.parse::<f64>().is_ok()
-            || v == "true"
-            || v == "false"
-            || v.starts_with('"')
-            || v.starts_with('[');
-        if is_literal {
-            doc.push_str(&format!("{} = {}\n", k.trim(), v));
-        } else {
-            doc.push_str(&format!("{} = {:?}\n", k.trim(), v));
-        }
-    }
+    let doc = format!(
+        "kind = {name:?}\n{}",
+        super::spec::params_toml(spec, params)?
+    );
     toml::from_str(&doc).map_err(|e| format!("{spec}: {e}"))
 }
 

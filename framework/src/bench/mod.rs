@@ -5,6 +5,8 @@ mod common;
 pub mod compress;
 pub mod exchange;
 pub mod gradient;
+pub mod models;
+mod spec;
 
 /// Runs `f` on every rank of an in-process channel mesh of `world` ranks (one thread each)
 /// and returns the results in rank order (tests of the measuring loops).

@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 
 use burn::prelude::*;
-use dtrain_models::{Batch, InputSpec, Model, ModelSpec};
+use dtrain_models::{Batch, Model, ModelSpec, SyntheticBatch};
 
 /// burn's CPU RNG is global; tests run in parallel threads, so seeding and initializing
 /// happen under this lock to make every test's initial weights reproducible.
@@ -43,57 +43,10 @@ pub fn build(json: &str, seed: u64) -> Box<dyn Model> {
     })
 }
 
-/// A tiny deterministic pseudo-random generator (xorshift), so batches do not depend on
-/// burn's global RNG.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    /// Uniform in [-1, 1).
-    pub fn next_f32(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-}
-
-/// A random batch that fits `model`: `batch` images, or `batch × seq` tokens.
+/// A random batch that fits `model`: `batch` images, or `batch × seq` tokens (from
+/// `dtrain_models::synthetic`'s generator, not burn's global RNG).
 pub fn random_batch(model: &dyn Model, batch: usize, seq: usize, seed: u64) -> Batch {
-    let mut rng = Rng::new(seed);
-    match model.input() {
-        InputSpec::Images {
-            channels,
-            height,
-            width,
-            num_classes,
-        } => {
-            let n = batch * channels * height * width;
-            let images: Vec<f32> = (0..n).map(|_| rng.next_f32()).collect();
-            let labels: Vec<i64> = (0..batch).map(|_| rng.below(num_classes) as i64).collect();
-            Batch::images_from_slice(
-                &images,
-                [batch, channels, height, width],
-                &labels,
-                model.device(),
-            )
-        }
-        InputSpec::Tokens { vocab } => {
-            let inputs: Vec<i64> = (0..batch * seq).map(|_| rng.below(vocab) as i64).collect();
-            let targets: Vec<i64> = (0..batch * seq).map(|_| rng.below(vocab) as i64).collect();
-            Batch::tokens_from_slice(&inputs, &targets, [batch, seq], model.device())
-        }
-    }
+    SyntheticBatch::new(model.input(), batch, seq, seed).on(model.device())
 }
 
 /// Loss of `batch` in training mode without keeping gradients.
