@@ -35,6 +35,7 @@ use thiserror::Error;
 use crate::algo::allgather::AllGather;
 use crate::algo::barrier::Barrier;
 use crate::algo::broadcast::Broadcast;
+use crate::algo::compressed_allreduce::{CompressedAllReduce, Limits, SegmentReduce};
 use crate::algo::recursive_doubling::RecursiveDoubling;
 use crate::algo::ring::Ring;
 use crate::algo::sparse_allreduce::SparseAllReduce;
@@ -398,6 +399,69 @@ impl<T: Transport> Communicator<T> {
     fn sparse_machine<'a>(&self, input: SparseSlice<'a>) -> SparseAllReduce<'a> {
         let chunk = self.chunk_elems();
         SparseAllReduce::new(self.rank(), self.world_size(), self.seq, input, chunk)
+    }
+
+    /// Compressed all-reduce (see [`crate::algo::compressed_allreduce`]): `shares[q]` is
+    /// this rank's encoded share of owner `q`'s segment; on each owner `reducer` turns the
+    /// P shares of its segment (rank order, its own included) into its encoded reduced
+    /// block. Returns the P reduced blocks in owner order, the same bytes on every rank.
+    ///
+    /// `key` (e.g. the buffer's element count) must be the same on every rank, or every
+    /// rank fails with [`CommError::Mismatch`]; a reducer's error fails every rank with
+    /// [`CommError::Protocol`] naming the rank whose share it could not use. A rank sends
+    /// its P − 1 shares for the others and P − 1 copies of its reduced block: about twice
+    /// the encoded size of its buffer, whatever P.
+    ///
+    /// ```
+    /// use dtrain_comms::{channel_mesh, CommConfig, Communicator};
+    /// // A "codec" of one byte per segment: each owner adds its segment's shares.
+    /// let handles: Vec<_> = channel_mesh(3)
+    ///     .into_iter()
+    ///     .map(|t| {
+    ///         std::thread::spawn(move || {
+    ///             let mut c = Communicator::new(t, CommConfig::default());
+    ///             let own: Vec<[u8; 1]> = (0..3).map(|q| [c.rank() as u8 + q]).collect();
+    ///             let shares: Vec<&[u8]> = own.iter().map(|b| &b[..]).collect();
+    ///             let mut add = |s: &[&[u8]]| Ok(vec![s.iter().map(|b| b[0]).sum::<u8>()]);
+    ///             c.compressed_all_reduce(&shares, 1, &mut add).unwrap()
+    ///         })
+    ///     })
+    ///     .collect();
+    /// for h in handles {
+    ///     // Segment q: (0 + q) + (1 + q) + (2 + q).
+    ///     assert_eq!(h.join().unwrap(), vec![vec![3], vec![6], vec![9]]);
+    /// }
+    /// ```
+    pub fn compressed_all_reduce(
+        &mut self,
+        shares: &[&[u8]],
+        key: u32,
+        reducer: &mut dyn SegmentReduce,
+    ) -> Result<Vec<Vec<u8>>, CommError> {
+        if shares.len() != self.world_size() {
+            return Err(CommError::InvalidArgument(format!(
+                "{} shares for a world of {} ranks",
+                shares.len(),
+                self.world_size()
+            )));
+        }
+        let mut m = match CompressedAllReduce::new(
+            self.rank(),
+            self.world_size(),
+            self.seq,
+            key,
+            shares,
+            reducer,
+            Limits {
+                chunk_bytes: self.cfg.chunk_bytes,
+                max_block_bytes: self.cfg.max_buffer_bytes,
+            },
+        ) {
+            Ok(m) => m,
+            Err(e) => return Err(self.fail_algo(e)),
+        };
+        self.drive(&mut m)?;
+        Ok(m.into_reduced())
     }
 
     /// DLCP all-reduce (sum) with bounded loss (see [`crate::dlcp`]): on return `data` holds

@@ -73,6 +73,9 @@ pub enum Kind {
     /// DLCP lossy all-reduce (packets, NACKs, reduced segments and used-bitmaps, see
     /// [`crate::dlcp`]). Late messages of an earlier DLCP round are legal and ignored.
     Dlcp = 9,
+    /// Compressed all-reduce (encoded shares to each segment's owner, encoded reduced
+    /// segments to every rank, see [`crate::algo::compressed_allreduce`]).
+    CompressedAllReduce = 10,
 }
 
 impl Kind {
@@ -87,6 +90,7 @@ impl Kind {
             7 => Kind::Abort,
             8 => Kind::SparseAllReduce,
             9 => Kind::Dlcp,
+            10 => Kind::CompressedAllReduce,
             other => return Err(WireError::Kind(other)),
         })
     }

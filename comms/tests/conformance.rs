@@ -137,6 +137,20 @@ macro_rules! collectives {
                 check_sparse_mismatch(&$mesh, w);
             }
         }
+
+        #[test]
+        fn compressed_all_reduce_matches_reference_bit_for_bit() {
+            for &w in $w.sparse {
+                check_compressed_all_reduce(&$mesh, w);
+            }
+        }
+
+        #[test]
+        fn compressed_all_reduce_dead_peer_is_named_by_every_survivor() {
+            for &w in $w.faults {
+                check_compressed_dead_peer(&$mesh, w);
+            }
+        }
     };
 }
 

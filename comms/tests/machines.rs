@@ -7,6 +7,7 @@ use common::*;
 use dtrain_comms::algo::allgather::AllGather;
 use dtrain_comms::algo::barrier::Barrier;
 use dtrain_comms::algo::broadcast::Broadcast;
+use dtrain_comms::algo::compressed_allreduce::{CompressedAllReduce, Limits};
 use dtrain_comms::algo::recursive_doubling::RecursiveDoubling;
 use dtrain_comms::algo::ring::Ring;
 use dtrain_comms::algo::sparse_allreduce::SparseAllReduce;
@@ -380,4 +381,161 @@ fn oversized_announcements_are_rejected_before_allocating() {
         g.handle(0, Message::new(h, b"abc")),
         Err(AlgoError::Protocol { peer: 0, .. })
     ));
+}
+
+/// An owner's reduction in these tests.
+type Reduce = fn(&[&[u8]]) -> Result<Vec<u8>, (usize, String)>;
+
+/// The test "codec" of the compressed all-reduce: the reduced block of a segment is every
+/// share in rank order, each behind its length (so the result shows exactly what the owner
+/// received, from whom, in which order).
+fn concat_shares(shares: &[&[u8]]) -> Result<Vec<u8>, (usize, String)> {
+    let mut out = Vec::new();
+    for s in shares {
+        out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        out.extend_from_slice(s);
+    }
+    Ok(out)
+}
+
+/// `shares[r][q]`: rank r's share for owner q, of random length (0 included).
+fn random_shares(p: usize, max_len: usize, seed: u64) -> Vec<Vec<Vec<u8>>> {
+    let mut rng = Rng(seed);
+    (0..p)
+        .map(|_| {
+            (0..p)
+                .map(|_| {
+                    let n = rng.below(max_len + 1);
+                    rng.bytes(n)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Over a simulated network with random delivery order and chunk sizes, every owner
+    /// reduces exactly the P shares of its segment in rank order, and every rank ends with
+    /// every owner's reduced block, byte for byte.
+    #[test]
+    fn compressed_all_reduce_delivers_every_share_and_every_reduced_block(
+        p in 1usize..=8,
+        max_len in prop_oneof![0usize..4, 0usize..300],
+        chunk in 1usize..64,
+        seed: u64,
+        reorder: bool,
+    ) {
+        let shares = random_shares(p, max_len, seed);
+        let want: Vec<Vec<u8>> = (0..p)
+            .map(|q| {
+                let col: Vec<&[u8]> = (0..p).map(|r| &shares[r][q][..]).collect();
+                concat_shares(&col).unwrap()
+            })
+            .collect();
+        let views: Vec<Vec<&[u8]>> = shares.iter().map(|s| s.iter().map(|b| &b[..]).collect()).collect();
+        let mut reducers: Vec<Reduce> = vec![concat_shares; p];
+        let mut ms: Vec<CompressedAllReduce> = views.iter().zip(reducers.iter_mut()).enumerate()
+            .map(|(r, (s, red))| CompressedAllReduce::new(r, p, 3, 77, s, red, Limits { chunk_bytes: chunk, max_block_bytes: 1 << 20 }).unwrap())
+            .collect();
+        let mut dyns: Vec<&mut dyn Machine> = ms.iter_mut().map(|m| m as &mut dyn Machine).collect();
+        simulate(&mut dyns, &mut Rng(seed), reorder).unwrap();
+        for (r, m) in ms.into_iter().enumerate() {
+            prop_assert_eq!(&m.into_reduced(), &want, "rank {}", r);
+        }
+    }
+
+    /// Compressed all-reduce messages with valid headers and arbitrary fields: errors
+    /// naming the sender, never panics.
+    #[test]
+    fn hostile_compressed_all_reduce_messages_are_errors_not_panics(
+        phase in 0u8..3, offset in prop_oneof![0u64..100, any::<u64>()], root in 0u32..5,
+        count in prop_oneof![0u64..100, any::<u64>()], key in prop_oneof![Just(9u32), any::<u32>()],
+        payload in proptest::collection::vec(any::<u8>(), 0..80), from in 0usize..5,
+    ) {
+        let h = Header { phase, step: key, count, offset, root, ..Header::new(Kind::CompressedAllReduce, Algo::Direct, 0) };
+        let own = [1u8; 10];
+        let shares = vec![&own[..]; 4];
+        let mut red = concat_shares;
+        let mut m = CompressedAllReduce::new(1, 4, 0, 9, &shares, &mut red, Limits { chunk_bytes: 7, max_block_bytes: 1000 }).unwrap();
+        if let Err(e) = m.handle(from, Message::new(h, &payload)) {
+            prop_assert_eq!(e.peer(), from);
+        }
+    }
+}
+
+/// A reducer's refusal names the rank whose share it could not use; a block over the limit
+/// is refused before anything is allocated; a different layout key is a mismatch.
+#[test]
+fn compressed_all_reduce_refusals_name_the_peer() {
+    let own = [5u8; 3];
+    let shares = vec![&own[..]; 3];
+    // Rank 0 owns segment 0; rank 2's share of it is refused by the reducer.
+    let mut refuse = |s: &[&[u8]]| -> Result<Vec<u8>, (usize, String)> {
+        Err((2, format!("share of {} bytes is not a payload", s[2].len())))
+    };
+    let mut m = CompressedAllReduce::new(
+        0,
+        3,
+        0,
+        1,
+        &shares,
+        &mut refuse,
+        Limits {
+            chunk_bytes: 64,
+            max_block_bytes: 1000,
+        },
+    )
+    .unwrap();
+    let share = |count: u64, key: u32| {
+        let h = Header {
+            phase: 0,
+            step: key,
+            count,
+            root: 0,
+            ..Header::new(Kind::CompressedAllReduce, Algo::Direct, 0)
+        };
+        Message::new(h, &vec![1u8; count as usize])
+    };
+    m.handle(1, share(3, 1)).unwrap();
+    let e = m.handle(2, share(3, 1)).unwrap_err();
+    assert_eq!(e.peer(), 2, "{e}");
+    assert!(e.to_string().contains("not a payload"), "{e}");
+
+    let mut ok = concat_shares;
+    let mut m = CompressedAllReduce::new(
+        0,
+        3,
+        0,
+        1,
+        &shares,
+        &mut ok,
+        Limits {
+            chunk_bytes: 64,
+            max_block_bytes: 8,
+        },
+    )
+    .unwrap();
+    let e = m.handle(1, share(9, 1)).unwrap_err();
+    assert!(e.to_string().contains("over the limit"), "{e}");
+    let e = m.handle(2, share(3, 2)).unwrap_err();
+    assert!(matches!(e, AlgoError::Mismatch { peer: 2, .. }), "{e}");
+    // A one-rank world reduces at once; its refusal comes from the constructor.
+    let one: Vec<&[u8]> = vec![&[1u8]];
+    let mut refuse_own =
+        |_: &[&[u8]]| -> Result<Vec<u8>, (usize, String)> { Err((0, "own".into())) };
+    assert!(CompressedAllReduce::new(
+        0,
+        1,
+        0,
+        1,
+        &one,
+        &mut refuse_own,
+        Limits {
+            chunk_bytes: 64,
+            max_block_bytes: 8
+        }
+    )
+    .is_err());
 }

@@ -10,16 +10,8 @@
 
 use std::collections::VecDeque;
 
-use super::{check_header, place, AlgoError, Machine, OwnChunks};
+use super::{check_header, AlgoError, Block, Machine, OwnChunks};
 use crate::wire::{Algo, Header, Kind, Message};
-
-#[derive(Debug, Default)]
-struct Block {
-    data: Vec<u8>,
-    total: Option<u64>,
-    received: u64,
-    complete: bool,
-}
 
 /// Ring all-gatherv (see the [module docs](self)). The result is taken with
 /// [`AllGather::into_blocks`] (or [`AllGather::into_buffers`]).
@@ -86,22 +78,10 @@ impl<'a> AllGather<'a> {
             ..Header::new(Kind::AllGather, Algo::Ring, seq)
         };
         let own = OwnChunks::new(h, data.len(), chunk_bytes, world > 1);
-        let mut blocks: Vec<Block> = buffers
-            .into_iter()
-            .map(|mut data| {
-                data.clear();
-                Block {
-                    data,
-                    ..Block::default()
-                }
-            })
-            .collect();
+        let mut blocks: Vec<Block> = buffers.into_iter().map(Block::reusing).collect();
         // This rank's block is copied into the result only at the end (`into_blocks`), so
         // that sending starts at once.
-        let me = &mut blocks[rank];
-        me.total = Some(data.len() as u64);
-        me.received = data.len() as u64;
-        me.complete = true;
+        blocks[rank].mark_complete(data.len() as u64);
         AllGather {
             rank,
             world,
@@ -163,53 +143,7 @@ impl Machine for AllGather<'_> {
                 format!("step {step} carries block {} instead of {b}", h.root),
             ));
         }
-        if h.count > self.max_block {
-            return Err(AlgoError::protocol(
-                from,
-                format!(
-                    "block {b} announces {} bytes, over the limit of {}",
-                    h.count, self.max_block
-                ),
-            ));
-        }
-        let len = msg.payload().len() as u64;
-        let block = &mut self.blocks[b];
-        if block.complete {
-            return Err(AlgoError::protocol(
-                from,
-                format!("duplicate data for complete block {b}"),
-            ));
-        }
-        match block.total {
-            Some(t) if t != h.count => {
-                return Err(AlgoError::protocol(
-                    from,
-                    format!("block {b} length changed from {t} to {}", h.count),
-                ))
-            }
-            _ => block.total = Some(h.count),
-        }
-        let end = h.offset.checked_add(len).filter(|&e| e <= h.count);
-        let ok = match end {
-            Some(_) if h.count == 0 => true,
-            Some(_) => len > 0 && block.received + len <= h.count,
-            None => false,
-        };
-        let Some(_) = end.filter(|_| ok) else {
-            return Err(AlgoError::protocol(
-                from,
-                format!(
-                    "bad chunk of block {b}: offset {} length {len} total {}",
-                    h.offset, h.count
-                ),
-            ));
-        };
-        // Bounded: end <= count <= max_block.
-        let off = h.offset as usize;
-        place(&mut block.data, off, msg.payload());
-        block.received += len;
-        if block.received == h.count {
-            block.complete = true;
+        if self.blocks[b].receive(from, b, &h, msg.payload(), self.max_block)? {
             self.incomplete -= 1;
         }
         if step < p - 2 {

@@ -22,11 +22,13 @@
 //! | broadcast | [`broadcast::Broadcast`] | 1 chain hop, chunked |
 //! | barrier | [`barrier::Barrier`] | ⌈log2 P⌉ |
 //! | sparse all-reduce | [`sparse_allreduce::SparseAllReduce`] | 2(P−1) per chunk column, direct |
+//! | compressed all-reduce | [`compressed_allreduce::CompressedAllReduce`] | 2(P−1) blocks, chunked, direct |
 //! | DLCP bounded-loss all-reduce | [`crate::dlcp::DlcpAllReduce`] (the one with timers) | one per packet to each owner, + markers, NACKs, bitmaps, sums |
 
 pub mod allgather;
 pub mod barrier;
 pub mod broadcast;
+pub mod compressed_allreduce;
 pub mod recursive_doubling;
 pub mod ring;
 pub mod sparse_allreduce;
@@ -218,6 +220,103 @@ pub(crate) fn place(data: &mut Vec<u8>, off: usize, bytes: &[u8]) {
         data.resize(end, 0);
     }
     data[off..end].copy_from_slice(bytes);
+}
+
+/// A variable-size byte block that arrives in chunks (all-gather(v), compressed
+/// all-reduce): every message names the block's total length (`count`, checked against a
+/// limit before anything is allocated) and the chunk's byte offset; the buffer grows only
+/// as bytes actually arrive, and an empty block travels as one empty message.
+#[derive(Debug, Default)]
+pub(crate) struct Block {
+    pub(crate) data: Vec<u8>,
+    total: Option<u64>,
+    received: u64,
+    pub(crate) complete: bool,
+}
+
+impl Block {
+    /// An empty block that fills `data`'s capacity (cleared).
+    pub(crate) fn reusing(mut data: Vec<u8>) -> Self {
+        data.clear();
+        Block {
+            data,
+            ..Block::default()
+        }
+    }
+
+    /// A complete block holding `data`.
+    pub(crate) fn filled(data: Vec<u8>) -> Self {
+        let len = data.len() as u64;
+        let mut b = Block::reusing(Vec::new());
+        b.data = data;
+        b.mark_complete(len);
+        b
+    }
+
+    /// Marks the block complete with `len` bytes that the caller keeps elsewhere (a rank's
+    /// own block, copied in at the end).
+    pub(crate) fn mark_complete(&mut self, len: u64) {
+        self.total = Some(len);
+        self.received = len;
+        self.complete = true;
+    }
+
+    /// Takes one chunk (`h.count` the block's total, `h.offset` the chunk's offset) of the
+    /// block named `name` in errors, from `from`. `Ok(true)` when it completed the block.
+    pub(crate) fn receive(
+        &mut self,
+        from: usize,
+        name: impl std::fmt::Display,
+        h: &Header,
+        payload: &[u8],
+        max_block: u64,
+    ) -> Result<bool, AlgoError> {
+        if h.count > max_block {
+            return Err(AlgoError::protocol(
+                from,
+                format!(
+                    "block {name} announces {} bytes, over the limit of {max_block}",
+                    h.count
+                ),
+            ));
+        }
+        let len = payload.len() as u64;
+        if self.complete {
+            return Err(AlgoError::protocol(
+                from,
+                format!("duplicate data for complete block {name}"),
+            ));
+        }
+        match self.total {
+            Some(t) if t != h.count => {
+                return Err(AlgoError::protocol(
+                    from,
+                    format!("block {name} length changed from {t} to {}", h.count),
+                ))
+            }
+            _ => self.total = Some(h.count),
+        }
+        let end = h.offset.checked_add(len).filter(|&e| e <= h.count);
+        let ok = match end {
+            Some(_) if h.count == 0 => true,
+            Some(_) => len > 0 && self.received + len <= h.count,
+            None => false,
+        };
+        if end.filter(|_| ok).is_none() {
+            return Err(AlgoError::protocol(
+                from,
+                format!(
+                    "bad chunk of block {name}: offset {} length {len} total {}",
+                    h.offset, h.count
+                ),
+            ));
+        }
+        // Bounded: end <= count <= max_block.
+        place(&mut self.data, h.offset as usize, payload);
+        self.received += len;
+        self.complete = self.received == h.count;
+        Ok(self.complete)
+    }
 }
 
 /// Checks the fields every rank must agree on.

@@ -835,6 +835,111 @@ pub fn check_sparse_mismatch<M: Mesh>(mesh: &M, world: usize) {
     );
 }
 
+/// The f32 "codec" of the compressed all-reduce scenarios: shares and reduced blocks are
+/// little-endian f32; the owner sums its segment's shares in rank order from `+0.0`.
+fn sum_f32_shares(shares: &[&[u8]]) -> Result<Vec<u8>, (usize, String)> {
+    let n = shares.first().map_or(0, |s| s.len());
+    let mut acc = vec![0.0f32; n / 4];
+    for (q, s) in shares.iter().enumerate() {
+        if s.len() != n || n % 4 != 0 {
+            return Err((q, format!("share of {} bytes, expected {n}", s.len())));
+        }
+        for (a, c) in acc.iter_mut().zip(s.chunks_exact(4)) {
+            *a += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
+    Ok(acc.iter().flat_map(|v| v.to_le_bytes()).collect())
+}
+
+/// The compressed all-reduce with a lossless f32 codec: every rank ends with the rank-order
+/// sum, bit for bit, and sends about twice its buffer's bytes, not P − 1 times.
+pub fn check_compressed_all_reduce<M: Mesh>(mesh: &M, world: usize) {
+    let lens = [0usize, 1, 5, 1000, 70_000];
+    let out = run_ranks(mesh.make(world), test_config(), move |c| {
+        let r = c.rank();
+        lens.iter()
+            .map(|&n| {
+                let x = Rng(n as u64 * 31 + r as u64).f32s(n);
+                let shares: Vec<Vec<u8>> = (0..world)
+                    .map(|q| {
+                        x[segment_range(n, world, q)]
+                            .iter()
+                            .flat_map(|v| v.to_le_bytes())
+                            .collect()
+                    })
+                    .collect();
+                let mut red = sum_f32_shares;
+                let views: Vec<&[u8]> = shares.iter().map(|b| &b[..]).collect();
+                let blocks = c.compressed_all_reduce(&views, n as u32, &mut red).unwrap();
+                let sum: Vec<f32> = blocks
+                    .concat()
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                (sum, c.last_bytes().sent)
+            })
+            .collect::<Vec<_>>()
+    });
+    for (k, &n) in lens.iter().enumerate() {
+        let inputs: Vec<Vec<f32>> = (0..world)
+            .map(|r| Rng(n as u64 * 31 + r as u64).f32s(n))
+            .collect();
+        let want = rank_order_sum(&inputs);
+        for (r, results) in out.iter().enumerate() {
+            let (sum, sent) = &results[k];
+            assert_eq!(bits(sum), bits(&want), "world {world} n {n}: rank {r}");
+            // Its P − 1 shares and P − 1 copies of its reduced block (segments of at most
+            // ⌈n/P⌉ values: 2·(P−1)/P of the buffer's 4n bytes), each block cut into chunks
+            // of `chunk_bytes`, each message with its header and at most 16 bytes of framing.
+            let (p, seg) = (world as u64 - 1, 4 * (n as u64).div_ceil(world as u64));
+            let msgs = 2 * p * seg.div_ceil(test_config().chunk_bytes as u64).max(1);
+            let bound = 2 * p * seg + msgs * (dtrain_comms::wire::HEADER_LEN as u64 + 16);
+            assert!(
+                *sent <= bound,
+                "world {world} n {n}: rank {r} sent {sent}, bound {bound}"
+            );
+            if n >= 1000 && world > 2 {
+                // Far below the all-gather of the whole buffer's P − 1 copies.
+                assert!(
+                    *sent < p * 4 * n as u64,
+                    "world {world} n {n}: rank {r} sent {sent}"
+                );
+            }
+        }
+    }
+}
+
+/// A rank gone before a compressed all-reduce: every survivor names it, quickly.
+pub fn check_compressed_dead_peer<M: Mesh>(mesh: &M, world: usize) {
+    assert!(world >= 2);
+    let victim = world / 2;
+    let cfg = CommConfig {
+        timeout: Duration::from_secs(5),
+        ..test_config()
+    };
+    let start = Instant::now();
+    let out = run_ranks(mesh.make(world), cfg, move |c| {
+        if c.rank() == victim {
+            return None;
+        }
+        let zeros = [0u8; 400];
+        let shares = vec![&zeros[..]; world];
+        let mut red = sum_f32_shares;
+        Some(c.compressed_all_reduce(&shares, 100, &mut red).unwrap_err())
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        start.elapsed()
+    );
+    for (r, e) in out.into_iter().enumerate() {
+        if let Some(e) = e {
+            assert!(matches!(e, CommError::PeerLost { .. }), "rank {r}: {e}");
+            assert_eq!(e.failed_ranks(), vec![victim], "rank {r}: {e}");
+        }
+    }
+}
+
 /// Binds `world` sockets on 127.0.0.1 (ephemeral ports) with `bind`; returns them with
 /// their addresses.
 #[cfg(feature = "tcp")]
