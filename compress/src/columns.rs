@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::compressor::{Aggregation, Compressor, Ctx, MethodId};
 use crate::error::ConfigError;
 use crate::error::WireError;
-use crate::registry::Method;
+use crate::registry::{Method, RunUse};
 use crate::rng::Rng;
 use crate::wire::{f32_at, u32_at, Reader, Writer};
 
@@ -45,6 +45,19 @@ impl Method for ColumnsConfig {
 
     fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
         Ok(Box::new(self.init()))
+    }
+
+    /// The codec needs each segment to be a whole matrix (its row width comes from the
+    /// tensor's shape); the compressed all-reduce cuts buckets into ranges.
+    fn check(&self, run: &RunUse<'_>) -> Result<(), ConfigError> {
+        if run.collective == crate::Collective::CompressedAllReduce {
+            return Err(ConfigError::new(
+                "collective",
+                "\"compressed-allreduce\" cuts buckets into ranges, and columns encodes whole \
+                 matrices; use \"allgather\" or \"sparse-allreduce\"",
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -125,7 +125,7 @@ pub use compressor::{
 };
 pub use error::{CompressError, ConfigError, WireError};
 pub use memory::{Memory, MemoryConfig};
-pub use pipeline::Pipeline;
+pub use pipeline::{chunk_segments, Pipeline, ReduceError};
 pub use registry::{Collective, Method, MethodInfo, RunFacts, RunUse};
 pub use rng::Rng;
 

@@ -1,5 +1,7 @@
 //! Compressor + error-feedback memory, composed the way the trainer uses them.
 
+use std::ops::Range;
+
 use crate::compressor::{self, Compressor, Ctx, Payload};
 use crate::error::{CompressError, WireError};
 use crate::memory::Memory;
@@ -21,11 +23,19 @@ use crate::rng::Rng;
 /// pipe.compress_compensated(ctx, rng, &mut payload)                 compress p, update memory
 /// ```
 /// For a one-phase method `compensate` + `compress_compensated` equals `compress`.
+///
+/// ## Compressed all-reduce
+/// The worker encodes its buffer as one payload per owner's range
+/// ([`Pipeline::compress_chunks`]); each owner reduces the shares of its range with a
+/// pipeline of its own ([`Pipeline::reduce_shares`]: decode, sum, re-encode), whose memory
+/// is the "server" residual of two-way error feedback (Tang et al., 2021).
 pub struct Pipeline {
     compressor: Box<dyn Compressor>,
     memory: Box<dyn Memory>,
     compensated: Vec<f32>,
     transmitted: Vec<f32>,
+    /// The owner's sum of the shares ([`Pipeline::reduce_shares`]).
+    shares_sum: Vec<f32>,
     /// A summed agreement was installed for a method whose memory learns from the
     /// aggregate: the memory update waits for [`Pipeline::absorb_aggregate`].
     feedback_pending: bool,
@@ -39,6 +49,7 @@ impl Pipeline {
             memory,
             compensated: Vec::new(),
             transmitted: Vec::new(),
+            shares_sum: Vec::new(),
             feedback_pending: false,
         }
     }
@@ -189,6 +200,91 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Compressed all-reduce, worker side: compensates `grad` and encodes each range of
+    /// `chunks` (one per owner, in order, tiling the buffer) into its own payload of `out`
+    /// (resized to `chunks.len()`), every range with the layer boundaries that fall inside
+    /// it ([`chunk_segments`]); the memory then learns from the concatenated decodes, as
+    /// after [`Pipeline::compress`]. Per-tensor statistics are thereby per piece of a
+    /// tensor where a range boundary cuts one.
+    pub fn compress_chunks(
+        &mut self,
+        grad: &[f32],
+        ctx: &Ctx<'_>,
+        chunks: &[Range<usize>],
+        rng: &mut Rng,
+        out: &mut Vec<Payload>,
+    ) -> Result<(), CompressError> {
+        let n = grad.len();
+        if chunks.first().map_or(n != 0, |c| c.start != 0)
+            || chunks.windows(2).any(|w| w[0].end != w[1].start)
+            || chunks.last().map_or(0, |c| c.end) != n
+        {
+            return Err(CompressError::Agreement(format!(
+                "the chunks {chunks:?} do not tile a buffer of {n} elements"
+            )));
+        }
+        self.compensate(grad, ctx);
+        out.resize_with(chunks.len(), Payload::new);
+        let mut segs = Vec::new();
+        for (chunk, payload) in chunks.iter().zip(out.iter_mut()) {
+            chunk_segments(ctx.segments, chunk.clone(), &mut segs);
+            let sub = Ctx {
+                segments: &segs,
+                ..*ctx
+            };
+            let x = &self.compensated[chunk.clone()];
+            compressor::compress(self.compressor.as_mut(), x, &sub, rng, payload)?;
+        }
+        if !self.memory.is_active() {
+            return Ok(());
+        }
+        self.transmitted.clear();
+        self.transmitted.resize(n, 0.0);
+        for (chunk, payload) in chunks.iter().zip(out.iter()) {
+            compressor::decompress_add(
+                self.compressor.as_ref(),
+                payload.as_bytes(),
+                &mut self.transmitted[chunk.clone()],
+            )
+            .expect("a payload this process just encoded decodes");
+        }
+        self.memory.update(
+            ctx.bucket,
+            &self.compensated,
+            &self.transmitted,
+            ctx.segments,
+        );
+        Ok(())
+    }
+
+    /// Compressed all-reduce, owner side: decodes the workers' shares of one range (rank
+    /// order; `len` elements each) into their sum and compresses that sum into `out` like
+    /// [`Pipeline::compress`] — compensated by this pipeline's memory and updating it, which
+    /// makes the memory the owner's "server" residual. `ctx.segments` are the range's layer
+    /// boundaries ([`chunk_segments`]).
+    pub fn reduce_shares(
+        &mut self,
+        shares: &[&[u8]],
+        len: usize,
+        ctx: &Ctx<'_>,
+        rng: &mut Rng,
+        out: &mut Payload,
+    ) -> Result<(), ReduceError> {
+        let mut sum = std::mem::take(&mut self.shares_sum);
+        sum.clear();
+        sum.resize(len, 0.0);
+        let decoded = shares.iter().enumerate().try_for_each(|(q, s)| {
+            compressor::decompress_add(self.compressor.as_ref(), s, &mut sum)
+                .map_err(|e| ReduceError::Share(q, e))
+        });
+        let res = decoded.and_then(|()| {
+            self.compress(&sum, ctx, rng, out)
+                .map_err(ReduceError::Compress)
+        });
+        self.shares_sum = sum;
+        res
+    }
+
     /// Decodes a (possibly remote) payload and adds it into `out`.
     pub fn decompress_add(&self, bytes: &[u8], out: &mut [f32]) -> Result<(), WireError> {
         compressor::decompress_add(self.compressor.as_ref(), bytes, out)
@@ -202,5 +298,174 @@ impl Pipeline {
         out: &mut [f32],
     ) -> Result<(), (usize, WireError)> {
         compressor::decompress_sum_add(self.compressor.as_ref(), payloads, out)
+    }
+}
+
+/// Why [`Pipeline::reduce_shares`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReduceError {
+    /// The share of the rank with this index does not decode to the range.
+    #[error("share of rank {0}: {1}")]
+    Share(usize, WireError),
+    /// The sum could not be compressed (e.g. it overflowed to infinity).
+    #[error("the sum of the shares: {0}")]
+    Compress(CompressError),
+}
+
+/// The layer boundaries of `segments` (of the whole buffer; empty means one segment) that
+/// fall inside `chunk`, relative to its start, into `out` (cleared): each layer's
+/// intersection with the chunk, empty ones left out. An empty `out` then means the chunk is
+/// one segment (or empty).
+pub fn chunk_segments(segments: &[Range<usize>], chunk: Range<usize>, out: &mut Vec<Range<usize>>) {
+    out.clear();
+    out.extend(segments.iter().filter_map(|s| {
+        let (a, b) = (s.start.max(chunk.start), s.end.min(chunk.end));
+        (a < b).then(|| a - chunk.start..b - chunk.start)
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryConfig;
+    use crate::onebit::OneBitConfig;
+    use crate::qsgd::QsgdConfig;
+    use crate::registry::Method;
+
+    fn pipeline<M: Method>(m: M, memory: MemoryConfig) -> Pipeline {
+        Pipeline::new(m.build().unwrap(), memory.build().unwrap())
+    }
+
+    fn decode(p: &Pipeline, payload: &Payload, len: usize) -> Vec<f32> {
+        let mut out = vec![0.0; len];
+        p.decompress_add(payload.as_bytes(), &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn chunk_segments_cut_layers_at_the_chunk_boundaries() {
+        let layers = [0..10, 10..25, 25..30];
+        let mut out = Vec::new();
+        chunk_segments(&layers, 0..10, &mut out);
+        assert_eq!(out, vec![0..10]);
+        chunk_segments(&layers, 8..27, &mut out);
+        assert_eq!(out, vec![0..2, 2..17, 17..19]);
+        chunk_segments(&layers, 12..12, &mut out);
+        assert!(out.is_empty());
+        chunk_segments(&[], 3..9, &mut out);
+        assert!(out.is_empty(), "one segment: the chunk is one too");
+    }
+
+    #[test]
+    fn chunks_are_compressed_apart_and_the_memory_learns_from_all_of_them() {
+        // 1-bit SGD is deterministic and biased: each chunk's layers get their own two
+        // reconstruction values, and the residual is what the chunks' decodes missed.
+        let grad: Vec<f32> = (0..30).map(|i| ((i * 7919) % 13) as f32 - 6.0).collect();
+        let layers = [0..10, 10..25, 25..30];
+        let ctx = Ctx {
+            step: 0,
+            rank: 0,
+            bucket: 4,
+            segments: &layers,
+        };
+        let chunks = [0..8, 8..27, 27..30];
+        let mut p = pipeline(OneBitConfig::default(), MemoryConfig::RESIDUAL);
+        let mut out = Vec::new();
+        p.compress_chunks(&grad, &ctx, &chunks, &mut Rng::seed_from_u64(1), &mut out)
+            .unwrap();
+        assert_eq!(out.len(), 3);
+        let mut sent = Vec::new();
+        let mut segs = Vec::new();
+        for (c, payload) in chunks.iter().zip(&out) {
+            // Each payload is the chunk alone, compressed with its own layer pieces.
+            chunk_segments(&layers, c.clone(), &mut segs);
+            let alone = compressor::compress_new(
+                p.compressor_mut(),
+                &grad[c.clone()],
+                &Ctx {
+                    segments: &segs,
+                    ..ctx
+                },
+                &mut Rng::seed_from_u64(1),
+            )
+            .unwrap();
+            assert_eq!(payload, &alone);
+            sent.extend(decode(&p, payload, c.len()));
+        }
+        // Residual = p − sent, so the next step's compensated buffer is g + residual.
+        let mut next = vec![0.0; 30];
+        p.memory_mut().compensate(4, &[0.0; 30], &mut next);
+        for i in 0..30 {
+            assert_eq!(next[i], grad[i] - sent[i], "element {i}");
+        }
+        assert!(
+            next.iter().any(|&r| r != 0.0),
+            "1-bit SGD leaves a residual"
+        );
+        // Chunks that do not tile the buffer are refused.
+        let late_start = 1..30;
+        for bad in [&[0..8, 9..30][..], &[0..8, 8..29], &[late_start]] {
+            assert!(p
+                .compress_chunks(&grad, &ctx, bad, &mut Rng::seed_from_u64(1), &mut out)
+                .is_err());
+        }
+    }
+
+    #[test]
+    fn the_owner_sums_the_shares_and_keeps_its_own_residual() {
+        let len = 40;
+        let ctx = Ctx {
+            step: 2,
+            rank: 1,
+            bucket: 9,
+            segments: &[],
+        };
+        let mut worker = pipeline(QsgdConfig::default(), MemoryConfig::None);
+        let shares: Vec<Payload> = (0..3)
+            .map(|r| {
+                let g: Vec<f32> = (0..len).map(|i| ((i + r * 5) % 7) as f32 - 3.0).collect();
+                compressor::compress_new(
+                    worker.compressor_mut(),
+                    &g,
+                    &ctx,
+                    &mut Rng::seed_from_u64(r as u64),
+                )
+                .unwrap()
+            })
+            .collect();
+        let views: Vec<&[u8]> = shares.iter().map(Payload::as_bytes).collect();
+        let sum: Vec<f32> = (0..len)
+            .map(|i| {
+                views
+                    .iter()
+                    .map(|s| decode(&worker, &Payload::decode(s.to_vec()).unwrap(), len)[i])
+                    .sum()
+            })
+            .collect();
+        let mut owner = pipeline(QsgdConfig::default(), MemoryConfig::RESIDUAL);
+        let mut out = Payload::new();
+        owner
+            .reduce_shares(&views, len, &ctx, &mut Rng::seed_from_u64(7), &mut out)
+            .unwrap();
+        let sent = decode(&owner, &out, len);
+        let mut residual = vec![0.0; len];
+        owner
+            .memory_mut()
+            .compensate(9, &vec![0.0; len], &mut residual);
+        for i in 0..len {
+            assert!((sent[i] + residual[i] - sum[i]).abs() < 1e-5, "element {i}");
+        }
+        // A share that is not a payload of the range is named by its index.
+        let mut short = shares[2].as_bytes().to_vec();
+        short.truncate(10);
+        let bad: Vec<&[u8]> = vec![views[0], views[1], &short];
+        match owner.reduce_shares(&bad, len, &ctx, &mut Rng::seed_from_u64(7), &mut out) {
+            Err(ReduceError::Share(2, _)) => {}
+            other => panic!("{other:?}"),
+        }
+        let e = owner
+            .reduce_shares(&views, len + 1, &ctx, &mut Rng::seed_from_u64(7), &mut out)
+            .unwrap_err();
+        assert!(matches!(e, ReduceError::Share(0, _)), "{e}");
     }
 }

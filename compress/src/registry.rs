@@ -73,6 +73,14 @@ pub enum Collective {
     /// "dlcp"`, uncompressed buckets only).
     #[serde(rename = "dlcp")]
     Dlcp,
+    /// The compressed all-reduce (`[compress] collective = "compressed-allreduce"`): each
+    /// worker's payload of each owner's range goes to that owner, which decodes, sums and
+    /// re-encodes it (with its own error-feedback residual when the run has error
+    /// feedback), and the encoded sums go to every worker. Bytes per worker stay about
+    /// twice one payload, whatever the worker count. For `Dense` and `Gather` methods
+    /// whose payloads can be cut into ranges.
+    #[serde(rename = "compressed-allreduce")]
+    CompressedAllReduce,
     /// Push to parameter servers and pull the aggregate (`[cluster] mode = "ps"`).
     #[serde(rename = "ps")]
     ParameterServer,
@@ -90,6 +98,9 @@ impl Collective {
         if requested == Collective::ParameterServer {
             return Collective::ParameterServer;
         }
+        if requested == Collective::CompressedAllReduce && Self::chunkable(compressor) {
+            return Collective::CompressedAllReduce;
+        }
         match compressor.aggregation() {
             Aggregation::Dense => Collective::AllReduce,
             Aggregation::Summable if compressor.broadcast_root(&Ctx::default()).is_some() => {
@@ -103,6 +114,17 @@ impl Collective {
         }
     }
 
+    /// Whether `compressor`'s buckets can go through the compressed all-reduce: a one-phase
+    /// method whose payloads are decoded to dense values and summed (`Dense`, `Gather`).
+    /// Summable methods already all-reduce their value lanes, and two-phase methods agree
+    /// on the whole buffer first.
+    pub fn chunkable(compressor: &dyn Compressor) -> bool {
+        let ctx = Ctx::default();
+        compressor.aggregation() != Aggregation::Summable
+            && compressor.broadcast_root(&ctx).is_none()
+            && compressor.summed_agreement(&ctx).is_none()
+    }
+
     /// The name written to `summary.json` (the serde name).
     pub fn name(self) -> &'static str {
         match self {
@@ -112,6 +134,7 @@ impl Collective {
             Collective::AllGather => "allgather",
             Collective::SparseAllReduce => "sparse-allreduce",
             Collective::Dlcp => "dlcp",
+            Collective::CompressedAllReduce => "compressed-allreduce",
             Collective::ParameterServer => "ps",
         }
     }
@@ -394,6 +417,24 @@ impl CompressorConfig {
                         gathered_names().join(", "),
                         self.name(),
                         built.aggregation()
+                    ),
+                ))
+            }
+            Collective::CompressedAllReduce
+                if !self.passthrough() && !Collective::chunkable(built.as_ref()) =>
+            {
+                Err(ConfigError::new(
+                    "collective",
+                    format!(
+                        "\"compressed-allreduce\" re-encodes each owner's sum of decoded payloads; \
+                         {:?} {}",
+                        self.name(),
+                        if built.aggregation() == Aggregation::Summable {
+                            "payloads are summable lanes, whose all-reduce already sends the \
+                             same bytes whatever the worker count"
+                        } else {
+                            "agrees on the whole buffer before compressing (two-phase)"
+                        }
                     ),
                 ))
             }
