@@ -140,6 +140,14 @@ impl RunConfig {
                 memory: &memory,
             })
             .map_err(|e| err(&format!("compress.{}", e.field), e.reason.clone()))?;
+        if collective == GatherCollective::CompressedAllReduce && c.mode == ClusterMode::Ps {
+            return Err(err(
+                "compress.collective",
+                "\"compressed-allreduce\" is a collective; mode = \"ps\" pushes to servers, \
+                 which decode and average there"
+                    .into(),
+            ));
+        }
         if let Some(d) = &dlcp {
             if c.mode == ClusterMode::Ps {
                 return Err(err(

@@ -179,6 +179,53 @@ fn bad_sweeps_name_the_entry() {
 }
 
 #[test]
+fn compressed_allreduce_takes_quantizers_and_refuses_what_cannot_be_cut() {
+    for kind in [
+        "qsgd", "terngrad", "onebit", "signsgd", "natural", "fp16", "bf16", "topk",
+    ] {
+        let p = parse(
+            GOOD,
+            &[&format!(
+                "compress={{ kind = \"{kind}\", collective = \"compressed-allreduce\" }}"
+            )],
+        )
+        .unwrap_or_else(|e| panic!("{kind}: {e}"));
+        assert_eq!(
+            p.collective,
+            GatherCollective::CompressedAllReduce,
+            "{kind}"
+        );
+    }
+    // Summable lanes are already all-reduced; two-phase methods agree on whole buffers;
+    // meProp's columns needs whole matrices; a parameter server is not a collective.
+    for (method, why) in [
+        ("randomk", "summable"),
+        ("powersgd", "summable"),
+        ("scalecom", "summable"),
+        ("columns", "whole"),
+    ] {
+        let e = parse(
+            GOOD,
+            &[&format!(
+                "compress={{ kind = \"{method}\", collective = \"compressed-allreduce\" }}"
+            )],
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "compress.collective", "{method}: {e}");
+        assert!(e.message.contains(why), "{method}: {e}");
+    }
+    let e = parse(
+        GOOD,
+        &[
+            "compress={ kind = \"qsgd\", collective = \"compressed-allreduce\" }",
+            "cluster.mode=\"ps\"",
+        ],
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "compress.collective", "{e}");
+}
+
+#[test]
 fn sparse_allreduce_is_for_gathered_payloads_only() {
     let p = parse(
         GOOD,

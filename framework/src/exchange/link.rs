@@ -8,6 +8,9 @@ use std::time::Instant;
 
 use dtrain_comms::dlcp::{DlcpConfig, DlcpReport, DlcpTensor};
 use dtrain_comms::{CommError, Communicator, SparseSlice, Transport};
+use dtrain_compress::Payload;
+
+use super::schedule::OwnerReduce;
 
 /// A collective, with the buffers it works on.
 pub(super) enum Op {
@@ -18,6 +21,9 @@ pub(super) enum Op {
     Sparse(Vec<u32>, Vec<f32>, Vec<f32>),
     /// DLCP bounded-loss all-reduce of a dense bucket with its tensors.
     Lossy(Vec<f32>, Arc<[DlcpTensor]>, Arc<DlcpConfig>),
+    /// Compressed all-reduce: this rank's payload of each owner's range, the bucket's
+    /// length (the layout key every rank must agree on) and the owner's side.
+    Compressed(Vec<Payload>, u32, Box<OwnerReduce>),
 }
 
 /// A collective's result: the buffers, back.
@@ -29,6 +35,9 @@ pub(super) enum Reply {
     Broadcast(Vec<u8>),
     /// The (lossy) sum and the round's report.
     Lossy(Vec<f32>, Box<DlcpReport>),
+    /// The owners' encoded sums in owner order, the shares back for reuse, and the owner's
+    /// side (its pipeline goes back to its slot).
+    Compressed(Vec<Vec<u8>>, Vec<Payload>, Box<OwnerReduce>),
 }
 
 pub(super) struct Done {
@@ -46,6 +55,12 @@ pub(super) fn run_op<T: Transport>(comm: &mut Communicator<T>, op: Op) -> Done {
         Op::Lossy(mut v, tensors, cfg) => comm
             .dlcp_all_reduce(&mut v, &tensors, &cfg)
             .map(|r| Reply::Lossy(v, Box::new(r))),
+        Op::Compressed(shares, key, mut owner) => {
+            let views: Vec<&[u8]> = shares.iter().map(Payload::as_bytes).collect();
+            let sums = comm.compressed_all_reduce(&views, key, owner.as_mut());
+            drop(views);
+            sums.map(|s| Reply::Compressed(s, shares, owner))
+        }
         Op::Sparse(idx, vals, mut out) => match SparseSlice::new(out.len(), &idx, &vals) {
             Ok(input) => comm
                 .sparse_all_reduce_dense(input, &mut out)

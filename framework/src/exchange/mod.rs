@@ -8,6 +8,7 @@
 //! | `Summable` | all-reduce sum of the payload's f32 value lanes | decode the summed payload once |
 //! | `Gather` | all-gather(v) of payload bytes | decode and add every rank's payload |
 //! | `Gather`, [`GatherCollective::SparseAllReduce`] | decode own payload; sparse all-reduce of its non-zeros | — |
+//! | `Gather` or `Dense`, [`GatherCollective::CompressedAllReduce`] | one payload per owner's range; each owner decodes, sums, re-encodes | decode the P re-encoded sums |
 //! | two-phase (ScaleCom) | broadcast of the root's agreement, then the above | as above |
 //!
 //! Every rank ends with bit-identical averaged gradients: all-reduce sums are bit-identical
@@ -25,6 +26,20 @@
 //! "gradient build-up" of decoding P payloads. The sum is taken in rank order from `+0.0`,
 //! exactly as the gathered payloads are added, so both collectives give bit-identical
 //! gradients (tested for every sparse method).
+//!
+//! ## Compressed all-reduce
+//! With [`GatherCollective::CompressedAllReduce`] (`[compress] collective =
+//! "compressed-allreduce"`) a bucket is cut into P ranges (rank `q` owns
+//! [`segment_range`](dtrain_comms::segment_range)`(n, P, q)`), each compensated range is
+//! encoded on its own ([`Pipeline::compress_chunks`]; the worker's memory learns from all of
+//! them), and dtrain-comms' compressed all-reduce sends each payload to its owner. The owner
+//! decodes its range's P payloads, sums them in rank order and encodes the sum with a
+//! pipeline of its own ([`Pipeline::reduce_shares`]), whose residual memory is the "server"
+//! side of two-way error feedback (Tang et al., 2021) when the run has error feedback and
+//! the method averages (a majority vote re-encodes the plain sum: signSGD's vote). Every rank
+//! decodes the P encoded sums into the bucket: bit-identical everywhere. A rank sends about
+//! twice one payload whatever P, where the all-gather sends P − 1 payloads; the price is a
+//! second quantisation of the sum. The server residuals are in [`ExchangerState`].
 //!
 //! ## Two-phase methods (ScaleCom's CLT-k)
 //! A compressor whose [`Compressor::broadcast_root`](dtrain_compress::Compressor::broadcast_root) names a root (ScaleCom: the leader
@@ -111,6 +126,9 @@ pub enum ExchangeError {
         /// The decoder's error.
         source: WireError,
     },
+    /// Restored state does not fit this run (found when it is first used).
+    #[error("exchanger state: {0}")]
+    State(String),
     /// The flat gradient does not match the parameter listing.
     #[error("gradient has {got} elements, the model lists {want}")]
     Length {
@@ -184,6 +202,43 @@ pub enum GatherCollective {
     /// Sparse all-reduce of each rank's decoded payload (see the [module docs](self)).
     #[serde(rename = "sparse-allreduce")]
     SparseAllReduce,
+    /// The compressed all-reduce: each owner re-encodes its range's sum (see the
+    /// [module docs](self)); `Dense` methods' buckets take it too.
+    #[serde(rename = "compressed-allreduce")]
+    CompressedAllReduce,
+}
+
+impl GatherCollective {
+    /// Every variant, in the order the docs list them.
+    pub const ALL: [GatherCollective; 3] = [
+        GatherCollective::AllGather,
+        GatherCollective::SparseAllReduce,
+        GatherCollective::CompressedAllReduce,
+    ];
+
+    /// The config's spelling (`allgather`, `sparse-allreduce`, `compressed-allreduce`).
+    pub fn name(self) -> &'static str {
+        Collective::from(self).name()
+    }
+}
+
+impl std::fmt::Display for GatherCollective {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for GatherCollective {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|c| c.name()).collect();
+                format!("unknown collective {s:?} ({})", names.join(", "))
+            })
+    }
 }
 
 impl From<GatherCollective> for Collective {
@@ -191,6 +246,7 @@ impl From<GatherCollective> for Collective {
         match c {
             GatherCollective::AllGather => Collective::AllGather,
             GatherCollective::SparseAllReduce => Collective::SparseAllReduce,
+            GatherCollective::CompressedAllReduce => Collective::CompressedAllReduce,
         }
     }
 }
@@ -211,6 +267,12 @@ pub struct Exchanger {
     total: usize,
     seed: u64,
     method: &'static str,
+    /// The method's configuration (the compressed all-reduce's owners build their own
+    /// compressors from it).
+    method_cfg: CompressorConfig,
+    /// Server residuals restored from a checkpoint, installed when the owners' pipelines
+    /// are built (at the first compressed all-reduce, which knows the world size).
+    server_state: BTreeMap<u64, Vec<f32>>,
     memory: MemoryConfig,
     overlap: bool,
     gather: GatherCollective,
@@ -249,6 +311,7 @@ impl Exchanger {
             slots.push(Slot {
                 bucket: b,
                 pipe,
+                server: None,
                 range,
             });
         }
@@ -257,6 +320,8 @@ impl Exchanger {
             total: params.iter().map(|p| p.numel()).sum(),
             seed,
             method: method.name(),
+            method_cfg: method.clone(),
+            server_state: BTreeMap::new(),
             memory: *memory,
             overlap: true,
             gather: GatherCollective::AllGather,
@@ -293,10 +358,57 @@ impl Exchanger {
         self.lossy_residual.clear();
     }
 
-    /// Chooses the collective for `Gather` methods' payloads (default all-gather). Either
-    /// gives bit-identical gradients; only bytes and time differ.
+    /// Chooses the collective for `Gather` methods' payloads (default all-gather). The
+    /// all-gather and the sparse all-reduce give bit-identical gradients (only bytes and
+    /// time differ); the compressed all-reduce re-encodes the owners' sums.
     pub fn set_gather_collective(&mut self, c: GatherCollective) {
         self.gather = c;
+    }
+
+    /// The compressed all-reduce's owner pipelines, built on first use: per compressed
+    /// bucket that takes it, a compressor of the method and the server residual (error
+    /// feedback on and a method that averages) or no memory, with any restored residual
+    /// installed after checking that it fits this rank's range.
+    fn ensure_servers(&mut self, world: usize, rank: usize) -> Result<(), ExchangeError> {
+        let server_memory = |p: &Pipeline| {
+            let mean = p.compressor().combine() == dtrain_compress::Combine::Mean;
+            if mean && p.memory().is_active() {
+                MemoryConfig::RESIDUAL
+            } else {
+                MemoryConfig::None
+            }
+        };
+        for s in &mut self.slots {
+            let Some(pipe) = &s.pipe else { continue };
+            if s.server.is_some() || !Collective::chunkable(pipe.compressor()) {
+                continue;
+            }
+            let id = s.bucket.id;
+            let built = |e: ConfigError| ExchangeError::State(format!("bucket {id}: {e}"));
+            let mut server = Pipeline::new(
+                self.method_cfg.build().map_err(built)?,
+                server_memory(pipe).build().map_err(built)?,
+            );
+            if let Some(r) = self.server_state.remove(&id) {
+                let want = dtrain_comms::segment_range(s.bucket.len(), world, rank).len();
+                if r.len() != want || !server.memory().is_active() {
+                    return Err(ExchangeError::State(format!(
+                        "the server residual of bucket {id} has {} values, this rank's range of \
+                         it at {world} workers {want}{}: resume with the worker count and \
+                         error feedback the checkpoint was written with",
+                        r.len(),
+                        if server.memory().is_active() {
+                            ""
+                        } else {
+                            " (and no residual is kept)"
+                        },
+                    )));
+                }
+                server.memory_mut().import(BTreeMap::from([(id, r)]));
+            }
+            s.server = Some(server);
+        }
+        Ok(())
     }
 
     /// The collective for `Gather` methods' payloads.
@@ -401,6 +513,9 @@ impl Exchanger {
             elements: self.total as u64,
             ..ExchangeStats::default()
         };
+        if self.gather == GatherCollective::CompressedAllReduce {
+            self.ensure_servers(world, comm.rank())?;
+        }
         let before = comm.total_bytes();
         if self.is_dense() {
             self.average_dense(comm, grad, &mut st)?;

@@ -6,9 +6,12 @@ use std::ops::Range;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use dtrain_comms::{Communicator, Transport};
+use dtrain_comms::algo::compressed_allreduce::SegmentReduce;
+use dtrain_comms::{segment_range, Communicator, Transport};
 use dtrain_compress::memory::DlcpResidual;
-use dtrain_compress::{summable_lanes, Aggregation, Combine, Ctx, Payload, Pipeline, Rng};
+use dtrain_compress::{
+    chunk_segments, summable_lanes, Aggregation, Combine, Ctx, Payload, Pipeline, ReduceError, Rng,
+};
 
 use super::bucket::{self, Bucket};
 use super::link::{comm_thread, Comms, Link, Op, Reply};
@@ -17,6 +20,9 @@ use super::{ExchangeError, ExchangeStats, Exchanger, GatherCollective, Lossy};
 pub(super) struct Slot {
     pub(super) bucket: Bucket,
     pub(super) pipe: Option<Pipeline>,
+    /// The compressed all-reduce's owner pipeline (its memory: the server residual), while
+    /// it is not travelling with a collective.
+    pub(super) server: Option<Pipeline>,
     /// The bucket's range of the flat gradient when it is one ([`contiguous`]), fixed by
     /// the plan: an uncompressed bucket is then averaged in place.
     pub(super) range: Option<Range<usize>>,
@@ -39,6 +45,57 @@ pub(super) struct Flight {
     pub(super) payload: Payload,
     /// A two-phase method's agreement message.
     pub(super) msg: Vec<u8>,
+    /// Compressed all-reduce: this rank's payload of each owner's range.
+    pub(super) shares: Vec<Payload>,
+}
+
+/// RNG stream bit of the compressed all-reduce's owner side (the workers' streams use the
+/// bucket id alone).
+const SERVER_STREAM: u64 = 1 << 63;
+
+/// The owner's side of one bucket's compressed all-reduce, as it travels to the
+/// communication thread and back: decode the P shares of this rank's range, sum, re-encode
+/// with the server pipeline ([`Pipeline::reduce_shares`]).
+pub(super) struct OwnerReduce {
+    pub(super) pipe: Pipeline,
+    /// Elements of this rank's range.
+    len: usize,
+    /// Its layer boundaries.
+    segs: Vec<Range<usize>>,
+    step: u64,
+    rank: usize,
+    bucket: u64,
+    seed: u64,
+    out: Payload,
+}
+
+impl SegmentReduce for OwnerReduce {
+    fn reduce(&mut self, shares: &[&[u8]]) -> Result<Vec<u8>, (usize, String)> {
+        let ctx = Ctx {
+            step: self.step,
+            rank: self.rank as u32,
+            bucket: self.bucket,
+            segments: &self.segs,
+        };
+        let stream = self.bucket | SERVER_STREAM;
+        let mut rng = Rng::for_step(self.seed, self.step, self.rank as u64, stream);
+        let (bucket, rank) = (self.bucket, self.rank);
+        self.pipe
+            .reduce_shares(shares, self.len, &ctx, &mut rng, &mut self.out)
+            .map_err(|e| match e {
+                ReduceError::Share(q, w) => (
+                    q,
+                    format!(
+                        "bucket {bucket}: its payload of rank {rank}'s range does not decode: {w}"
+                    ),
+                ),
+                ReduceError::Compress(c) => (
+                    rank,
+                    format!("bucket {bucket}: the sum of rank {rank}'s range: {c}"),
+                ),
+            })?;
+        Ok(self.out.as_bytes().to_vec())
+    }
 }
 
 impl Exchanger {
@@ -61,6 +118,7 @@ impl Exchanger {
             seed: self.seed,
             step,
             rank,
+            world,
             inv: 1.0 / world as f32,
         };
         // Overlap needs something to overlap with: two buckets and a peer.
@@ -112,6 +170,7 @@ struct Job<'a> {
     seed: u64,
     step: u64,
     rank: usize,
+    world: usize,
     inv: f32,
 }
 
@@ -129,6 +188,8 @@ enum Stage {
     SparseSum,
     /// DLCP's bounded-loss all-reduce of a dense bucket.
     Lossy,
+    /// The compressed all-reduce of the bucket's ranges.
+    Compressed,
 }
 
 impl Job<'_> {
@@ -172,7 +233,12 @@ impl Job<'_> {
         let b0 = comms.blocked;
         let (step, rank, seed) = (self.step, self.rank, self.seed);
         let mut f = self.spare.pop().unwrap_or_default();
-        let Slot { bucket, pipe, .. } = &mut self.slots[i];
+        let Slot {
+            bucket,
+            pipe,
+            server,
+            ..
+        } = &mut self.slots[i];
         bucket::gather(bucket, grad, &mut f.buf);
         let id = bucket.id;
         let ctx = Ctx {
@@ -222,6 +288,38 @@ impl Job<'_> {
                     }
                     comms.submit(Op::Broadcast(std::mem::take(&mut f.msg), root));
                     Stage::Agreement
+                }
+                None if self.gather == GatherCollective::CompressedAllReduce
+                    && server.is_some() =>
+                {
+                    let n = bucket.len();
+                    let ranges: Vec<Range<usize>> = (0..self.world)
+                        .map(|q| segment_range(n, self.world, q))
+                        .collect();
+                    let mut rng = Rng::for_step(seed, step, rank as u64, id);
+                    pipe.compress_chunks(&f.buf, &ctx, &ranges, &mut rng, &mut f.shares)
+                        .map_err(compress_err)?;
+                    st.payload_bytes +=
+                        f.shares.iter().map(|p| p.encoded_len() as u64).sum::<u64>();
+                    let mine = ranges[rank].clone();
+                    let mut segs = Vec::new();
+                    chunk_segments(&bucket.segments, mine.clone(), &mut segs);
+                    let owner = OwnerReduce {
+                        pipe: server.take().expect("checked above"),
+                        len: mine.len(),
+                        segs,
+                        step,
+                        rank,
+                        bucket: id,
+                        seed,
+                        out: Payload::new(),
+                    };
+                    comms.submit(Op::Compressed(
+                        std::mem::take(&mut f.shares),
+                        n as u32,
+                        Box::new(owner),
+                    ));
+                    Stage::Compressed
                 }
                 None => {
                     let mut rng = Rng::for_step(seed, step, rank as u64, id);
@@ -290,7 +388,12 @@ impl Job<'_> {
         grad: &mut [f32],
         st: &mut ExchangeStats,
     ) -> Result<(), ExchangeError> {
-        let Slot { bucket, pipe, .. } = &mut self.slots[i];
+        let Slot {
+            bucket,
+            pipe,
+            server,
+            ..
+        } = &mut self.slots[i];
         let id = bucket.id;
         let reply = comms
             .wait()
@@ -332,6 +435,18 @@ impl Job<'_> {
                 f.buf.resize(bucket.len(), 0.0);
                 pipe.decompress_add(f.payload.as_bytes(), &mut f.buf)
                     .map_err(decode_err(self.rank))?;
+            }
+            (Stage::Compressed, Reply::Compressed(sums, shares, owner), Some(pipe)) => {
+                *server = Some(owner.pipe);
+                f.shares = shares;
+                let n = bucket.len();
+                f.buf.clear();
+                f.buf.resize(n, 0.0);
+                for (q, sum) in sums.iter().enumerate() {
+                    let range = segment_range(n, self.world, q);
+                    pipe.decompress_add(sum, &mut f.buf[range])
+                        .map_err(decode_err(q))?;
+                }
             }
             (Stage::Gathered, Reply::Gather(all), Some(pipe)) => {
                 f.buf.clear();

@@ -72,6 +72,10 @@ pub struct ExchangerState {
     /// keyed by bucket id; empty without DLCP.
     #[serde(default, with = "bits::memory_bits")]
     pub lossy_residual: BTreeMap<u64, Vec<f32>>,
+    /// The compressed all-reduce's server residual per compressed bucket (this rank's range
+    /// of it), keyed by bucket id; empty without that collective or without error feedback.
+    #[serde(default, with = "bits::memory_bits")]
+    pub server_memory: BTreeMap<u64, Vec<f32>>,
 }
 
 impl ExchangerState {
@@ -194,7 +198,20 @@ impl Exchanger {
             memory: self.export_memory(),
             compressors,
             lossy_residual: self.lossy_residual.export(),
+            server_memory: self.export_server_memory(),
         }
+    }
+
+    /// The owners' server residuals: those of the built owner pipelines, or, before the
+    /// first exchange after a restore, the restored ones still waiting to be installed.
+    fn export_server_memory(&self) -> BTreeMap<u64, Vec<f32>> {
+        let mut all = self.server_state.clone();
+        for s in &self.slots {
+            if let Some(p) = &s.server {
+                all.extend(p.memory().export());
+            }
+        }
+        all
     }
 
     /// Restores [`Exchanger::export_state`]. Refuses, with a message saying what differs and
@@ -285,6 +302,13 @@ impl Exchanger {
                 }
             }
         }
+        // A server residual's length depends on the world size, which this exchanger
+        // learns at its first exchange: checked there (`ensure_servers`).
+        if let Some(id) = state.server_memory.keys().find(|&&id| len_of(id).is_none()) {
+            return Err(format!(
+                "server residual for bucket {id}, which is not compressed"
+            ));
+        }
         if let Some(id) = state.compressors.keys().find(|&&id| len_of(id).is_none()) {
             return Err(format!(
                 "compressor state for bucket {id}, which is not compressed"
@@ -315,6 +339,11 @@ impl Exchanger {
         }
         self.import_memory(state.memory);
         self.lossy_residual.import(state.lossy_residual);
+        // The owners' pipelines are rebuilt at the next exchange, with these residuals.
+        for s in &mut self.slots {
+            s.server = None;
+        }
+        self.server_state = state.server_memory;
         self.theta_scale = state.theta_scale;
         Ok(())
     }

@@ -17,6 +17,9 @@ pub(crate) struct Collectives {
     exchanger: Exchanger,
 }
 
+/// Prefix of the compressed all-reduce's server-residual sections.
+const SERVER_SECTION: &str = "srv/";
+
 impl Collectives {
     /// Synchronises through `exchanger`.
     pub(crate) fn new(exchanger: Exchanger) -> Self {
@@ -108,13 +111,20 @@ impl<T: Transport> GradientSync<T> for Collectives {
         self.exchanger.scale_theta(factor);
     }
 
+    /// Checkpoint sections are `mem/<bucket>` (worker memories, whose keys the checkpoint
+    /// lists) and `srv/<bucket>` (the compressed all-reduce's server residuals, found by
+    /// name).
     fn save(&self, ck: &mut Checkpoint) -> Vec<u64> {
         let mut ex = self.exchanger.export_state();
         // The memories are large: stored as raw f32 sections, not JSON.
         let mem = std::mem::take(&mut ex.memory);
+        let srv = std::mem::take(&mut ex.server_memory);
         ck.put_json("exchanger", &ex);
         for (k, v) in &mem {
             ck.put_f32(&format!("mem/{k}"), v);
+        }
+        for (k, v) in &srv {
+            ck.put_f32(&format!("{SERVER_SECTION}{k}"), v);
         }
         mem.keys().copied().collect()
     }
@@ -128,6 +138,16 @@ impl<T: Transport> GradientSync<T> for Collectives {
         let mut ex: ExchangerState = ck.json("exchanger")?;
         for key in memory_keys {
             ex.memory.insert(*key, ck.f32(&format!("mem/{key}"))?);
+        }
+        let servers: Vec<(u64, String)> = ck
+            .names()
+            .filter_map(|n| {
+                let key = n.strip_prefix(SERVER_SECTION)?;
+                Some((key.parse().ok()?, n.to_string()))
+            })
+            .collect();
+        for (key, name) in servers {
+            ex.server_memory.insert(key, ck.f32(&name)?);
         }
         self.exchanger.import_state(ex).map_err(SyncError::State)
     }
