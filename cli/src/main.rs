@@ -544,6 +544,10 @@ struct CollectiveArgs {
     /// Speed-ups are against `none` at the same size.
     #[arg(long)]
     compress: Vec<String>,
+    /// How the --compress methods' payloads travel: allgather (the default),
+    /// sparse-allreduce or compressed-allreduce (each row prints the collective it took).
+    #[arg(long)]
+    collective: Option<dtrain_framework::exchange::GatherCollective>,
 }
 
 #[derive(Args, Debug)]
@@ -592,6 +596,7 @@ fn collective_options(
         warmup: c.warmup,
         timeout: std::time::Duration::from_secs(timeout),
         methods: c.compress.iter().flat_map(|m| split_methods(m)).collect(),
+        collective: c.collective,
     })
 }
 
@@ -608,6 +613,7 @@ fn bench_allreduce(a: AllreduceArgs) -> Result<()> {
             "bandwidth": opts.bandwidth,
             "latency": opts.latency,
             "methods": opts.methods,
+            "collective": opts.collective.map(|c| c.name()),
             "results": rows,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);

@@ -184,6 +184,9 @@ fn worker_args(opts: &Options, rendezvous: &str, rank: usize) -> Vec<String> {
         // One method per flag; `;` keeps its parameters together through the CLI's split.
         v.extend(["--compress".into(), m.replace(',', ";")]);
     }
+    if let Some(c) = opts.collective {
+        v.extend(["--collective".into(), c.to_string()]);
+    }
     v
 }
 
@@ -362,6 +365,7 @@ pub fn measure<T: Transport>(
             sent_per_call: sent,
             method: None,
             breakdown: None,
+            collective: None,
         });
     }
     Ok(rows)
@@ -446,6 +450,7 @@ mod tests {
             warmup: 1,
             timeout: Duration::from_secs(30),
             methods: Vec::new(),
+            collective: None,
         }
     }
 

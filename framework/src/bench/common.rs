@@ -11,6 +11,7 @@ use dtrain_comms::shaping::LinkSpec;
 use serde::{Deserialize, Serialize};
 
 use crate::config::TransportKind;
+use crate::exchange::GatherCollective;
 
 /// The collective being measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -95,6 +96,9 @@ pub struct Options {
     /// layer's whole compressed exchange per method instead of a bare collective (see
     /// [`super::exchange`]).
     pub methods: Vec<String>,
+    /// The collective the compressed exchanges' payloads take (`--collective`); `None`:
+    /// the trainer's default.
+    pub collective: Option<GatherCollective>,
 }
 
 impl Options {
@@ -150,6 +154,10 @@ pub struct Row {
     /// The exchange's time split, for an exchange row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breakdown: Option<Breakdown>,
+    /// The collective the exchange took, for an exchange row (`allreduce` for a layer
+    /// left uncompressed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective: Option<String>,
 }
 
 /// Time split of one compressed exchange, microseconds per call (maximum over ranks).

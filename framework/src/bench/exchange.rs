@@ -21,7 +21,7 @@
 use std::time::Instant;
 
 use dtrain_comms::{Communicator, Transport};
-use dtrain_compress::{CompressorConfig, RunFacts};
+use dtrain_compress::{Collective, CompressorConfig, RunFacts, RunUse};
 
 use super::common::{Op, Options, Row};
 use super::compress::parse_method;
@@ -67,7 +67,13 @@ pub fn method_for(spec: &str, world: usize) -> Result<CompressorConfig, String> 
 /// Checks the method specs of `opts` (at the launcher, before any process starts).
 pub fn validate(opts: &Options) -> Result<(), String> {
     if opts.methods.is_empty() {
-        return Ok(());
+        return match opts.collective {
+            Some(c) => Err(format!(
+                "--collective {c} chooses how the payloads of --compress methods travel; \
+                 name the methods"
+            )),
+            None => Ok(()),
+        };
     }
     if opts.op != Op::AllReduce {
         return Err(format!(
@@ -76,10 +82,22 @@ pub fn validate(opts: &Options) -> Result<(), String> {
             opts.op
         ));
     }
+    let collective = Collective::from(opts.collective.unwrap_or_default());
     for m in &opts.methods {
         let cfg = method_for(m, opts.workers)?;
         cfg.build()
             .map_err(|e| format!("--compress {m}: {}: {}", e.field, e.reason))?;
+        cfg.check(&RunUse {
+            collective,
+            parameter_server: false,
+            memory: &cfg.default_memory(),
+        })
+        .map_err(|e| {
+            format!(
+                "--compress {m} with --collective {collective}: {}",
+                e.reason
+            )
+        })?;
     }
     if let Some(&b) = opts.sizes.iter().find(|&&b| b < 4) {
         return Err(format!(
@@ -116,6 +134,9 @@ pub fn measure<T: Transport>(c: &mut Communicator<T>, opts: &Options) -> Result<
             };
             let mut ex = Exchanger::new(&params, &policy, &method, &method.default_memory(), 11)
                 .map_err(|e| format!("{spec}: {}: {}", e.field, e.reason))?;
+            ex.set_gather_collective(opts.collective.unwrap_or_default());
+            let took: Vec<&str> = ex.collectives().iter().map(|c| c.name()).collect();
+            let took = took.join("+");
             let mut step = 0u64;
             let mut call = |c: &mut Communicator<T>, grad: &mut Vec<f32>| {
                 // A different gradient each call with the same statistics: grad0 rotated.
@@ -168,6 +189,7 @@ pub fn measure<T: Transport>(c: &mut Communicator<T>, opts: &Options) -> Result<
                     communicate_us: el[2] as f64 * 1e6,
                     decompress_us: el[3] as f64 * 1e6,
                 }),
+                collective: Some(took),
             });
         }
     }
@@ -187,10 +209,11 @@ pub fn table(opts: &Options, rows: &[Row]) -> String {
     s += "# time: per exchange (memory + compress + collective + decompress), max over ranks; \
           speed-up vs none at the same size\n";
     s += &format!(
-        "# {:>10} {:>13} {:<24} {:>6} {:>11} {:>10} {:>11} {:>10} {:>12} {:>8}\n",
+        "# {:>10} {:>13} {:<24} {:<20} {:>6} {:>11} {:>10} {:>11} {:>10} {:>12} {:>8}\n",
         "size(B)",
         "layer",
         "method",
+        "collective",
         "iters",
         "time(us)",
         "comp(us)",
@@ -214,10 +237,11 @@ pub fn table(opts: &Options, rows: &[Row]) -> String {
             .collect::<Vec<_>>()
             .join("x");
         s += &format!(
-            "  {:>10} {:>13} {:<24} {:>6} {:>11.1} {:>10.1} {:>11.1} {:>10.1} {:>12} {:>7.2}x\n",
+            "  {:>10} {:>13} {:<24} {:<20} {:>6} {:>11.1} {:>10.1} {:>11.1} {:>10.1} {:>12} {:>7.2}x\n",
             r.bytes,
             layer,
             r.method.as_deref().unwrap_or("-"),
+            r.collective.as_deref().unwrap_or("-"),
             r.iters,
             r.time_us,
             b.compress_us,
@@ -261,6 +285,7 @@ mod tests {
             warmup: 1,
             timeout: Duration::from_secs(30),
             methods: methods.iter().map(|s| s.to_string()).collect(),
+            collective: None,
         }
     }
 
