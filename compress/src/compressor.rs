@@ -387,6 +387,19 @@ pub trait Compressor: Send {
         false
     }
 
+    /// Whether the compressed all-reduce's owners keep a server residual for this method
+    /// when the workers have error feedback: two-way error feedback (Tang et al. 2021), the
+    /// owner re-encoding its range's sum plus what its earlier encodings left out. Default:
+    /// true. The deterministic sign quantizers say no: where the workers' signs disagree the
+    /// sum is near zero, its re-encoding is a full-magnitude ±value, and the residual then
+    /// flips sign from step to step; on LeNet-5 / MNIST (4 workers, one epoch) 1-bit SGD and
+    /// EF-signSGD lost 7–9 accuracy points with it and matched the all-gather without it
+    /// (experiments/README.md, "Compressed all-reduce"). `[compress]
+    /// server_error_feedback` overrides this.
+    fn owner_error_feedback(&self) -> bool {
+        true
+    }
+
     /// Decodes the payloads of several workers jointly and adds their sum into `out`, when
     /// the method has a cheaper way than decoding each (FFT: sum the sparse spectra, then
     /// one inverse transform per chunk — the linearity shortcut of ALGORITHMS.md §0.4).

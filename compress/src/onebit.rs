@@ -133,6 +133,12 @@ impl Compressor for OneBit {
     fn method(&self) -> MethodId {
         OneBitConfig::ID
     }
+    /// A deterministic sign quantizer: its owners re-encode without a residual (see
+    /// [`Compressor::owner_error_feedback`]).
+    fn owner_error_feedback(&self) -> bool {
+        false
+    }
+
     fn aggregation(&self) -> Aggregation {
         Aggregation::Gather
     }

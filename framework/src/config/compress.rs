@@ -19,10 +19,11 @@ struct CompressSection {
     policy: BucketPolicy,
     collective: GatherCollective,
     dlcp: Option<DlcpSettings>,
+    server_error_feedback: Option<bool>,
 }
 
 /// The trainer's keys inside `[compress]`.
-const TRAINER_KEYS: [&str; 7] = [
+const TRAINER_KEYS: [&str; 8] = [
     "error_feedback",
     "memory",
     "bucket_mb",
@@ -30,6 +31,7 @@ const TRAINER_KEYS: [&str; 7] = [
     "dense_1d",
     "collective",
     "dlcp",
+    "server_error_feedback",
 ];
 
 /// The compression part of a [`Plan`](super::Plan).
@@ -44,6 +46,8 @@ pub(super) struct Compression {
     pub(super) collective: GatherCollective,
     /// DLCP of the dense gradient, if chosen.
     pub(super) dlcp: Option<DlcpSettings>,
+    /// The compressed all-reduce's server residual, if set explicitly.
+    pub(super) server_error_feedback: Option<bool>,
 }
 
 impl RunConfig {
@@ -64,6 +68,7 @@ impl RunConfig {
             policy: buckets,
             collective,
             dlcp,
+            server_error_feedback,
         } = self.compress_section(file)?;
         let memory = match memory {
             Some(m) => m,
@@ -140,6 +145,28 @@ impl RunConfig {
                 memory: &memory,
             })
             .map_err(|e| err(&format!("compress.{}", e.field), e.reason.clone()))?;
+        if let Some(on) = server_error_feedback {
+            if collective != GatherCollective::CompressedAllReduce {
+                return Err(err(
+                    "compress.server_error_feedback",
+                    "applies to collective = \"compressed-allreduce\" only".into(),
+                ));
+            }
+            let combine = method
+                .build()
+                .map_err(|e| err(&format!("compress.{}", e.field), e.reason.clone()))?
+                .combine();
+            if on && combine != dtrain_compress::Combine::Mean {
+                return Err(err(
+                    "compress.server_error_feedback",
+                    format!(
+                        "{:?} combines payloads by a vote: its owners re-encode the plain sum \
+                         (which is the vote), so there is no server residual to keep",
+                        method.name()
+                    ),
+                ));
+            }
+        }
         if collective == GatherCollective::CompressedAllReduce && c.mode == ClusterMode::Ps {
             return Err(err(
                 "compress.collective",
@@ -164,6 +191,7 @@ impl RunConfig {
             buckets,
             collective,
             dlcp,
+            server_error_feedback,
         })
     }
 
@@ -180,6 +208,7 @@ impl RunConfig {
         let dense_1d = extract("dense_1d");
         let collective = extract("collective");
         let dlcp = extract("dlcp");
+        let server_ef = extract("server_error_feedback");
         if !table.contains_key("kind") {
             return Err(err(
                 "compress.kind",
@@ -277,12 +306,23 @@ impl RunConfig {
                     .map_err(|e| err("compress.dlcp", one_line(&e.to_string())))?,
             ),
         };
+        let server_error_feedback = match server_ef {
+            None => None,
+            Some(toml::Value::Boolean(b)) => Some(b),
+            Some(v) => {
+                return Err(err(
+                    "compress.server_error_feedback",
+                    format!("must be true or false, got {v}"),
+                ))
+            }
+        };
         Ok(CompressSection {
             method,
             memory,
             policy,
             collective,
             dlcp,
+            server_error_feedback,
         })
     }
 }

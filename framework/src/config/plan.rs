@@ -26,6 +26,9 @@ pub struct Plan {
     /// DLCP bounded-loss all-reduce of the dense gradient (`compress.collective = "dlcp"`,
     /// settings in `[compress.dlcp]`).
     pub dlcp: Option<DlcpSettings>,
+    /// The compressed all-reduce's server residual (`compress.server_error_feedback`);
+    /// `None`: on when the run has error feedback and the method averages.
+    pub server_error_feedback: Option<bool>,
     /// The optimizer (momentum on the weight-decay term alone where the memory owns the
     /// gradient's momentum).
     pub optimizer: OptimizerConfig,
@@ -60,6 +63,7 @@ impl RunConfig {
             buckets,
             collective,
             dlcp,
+            server_error_feedback,
         } = self.compression(file, steps_per_epoch, &mut opt)?;
         let (c, f) = (&self.cluster, &self.failure);
         if c.mode == ClusterMode::Ps && f.non_finite == NonFinitePolicy::Recover {
@@ -78,6 +82,7 @@ impl RunConfig {
             buckets,
             collective,
             dlcp,
+            server_error_feedback,
             optimizer: opt,
             lr,
             steps_per_epoch,

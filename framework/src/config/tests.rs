@@ -223,6 +223,35 @@ fn compressed_allreduce_takes_quantizers_and_refuses_what_cannot_be_cut() {
     )
     .unwrap_err();
     assert_eq!(e.field, "compress.collective", "{e}");
+    // The server residual: explicit, for the compressed all-reduce only, not for votes.
+    let car = |extra: &str| {
+        parse(
+            GOOD,
+            &[&format!(
+                "compress={{ collective = \"compressed-allreduce\", {extra} }}"
+            )],
+        )
+    };
+    let p = car("kind = \"onebit\", server_error_feedback = true").unwrap();
+    assert_eq!(p.server_error_feedback, Some(true));
+    assert_eq!(car("kind = \"qsgd\"").unwrap().server_error_feedback, None);
+    for (extra, why) in [
+        ("kind = \"signsgd\", server_error_feedback = true", "vote"),
+        (
+            "kind = \"qsgd\", server_error_feedback = 1",
+            "true or false",
+        ),
+    ] {
+        let e = car(extra).unwrap_err();
+        assert_eq!(e.field, "compress.server_error_feedback", "{e}");
+        assert!(e.message.contains(why), "{e}");
+    }
+    let e = parse(
+        GOOD,
+        &["compress={ kind = \"qsgd\", server_error_feedback = true }"],
+    )
+    .unwrap_err();
+    assert!(e.message.contains("compressed-allreduce"), "{e}");
 }
 
 #[test]

@@ -273,6 +273,9 @@ pub struct Exchanger {
     /// Server residuals restored from a checkpoint, installed when the owners' pipelines
     /// are built (at the first compressed all-reduce, which knows the world size).
     server_state: BTreeMap<u64, Vec<f32>>,
+    /// Whether the owners keep a server residual; `None`: when the workers have error
+    /// feedback and the method averages.
+    server_ef: Option<bool>,
     memory: MemoryConfig,
     overlap: bool,
     gather: GatherCollective,
@@ -322,6 +325,7 @@ impl Exchanger {
             method: method.name(),
             method_cfg: method.clone(),
             server_state: BTreeMap::new(),
+            server_ef: None,
             memory: *memory,
             overlap: true,
             gather: GatherCollective::AllGather,
@@ -365,14 +369,25 @@ impl Exchanger {
         self.gather = c;
     }
 
+    /// Whether the compressed all-reduce's owners keep a server residual (`Some`), or, with
+    /// `None` (the default), whether the workers have error feedback and the method wants one
+    /// ([`Compressor::owner_error_feedback`](dtrain_compress::Compressor::owner_error_feedback)).
+    /// A method that votes never keeps one (its owners re-encode the plain sum, which is the
+    /// vote). Applies to owners built afterwards.
+    pub fn set_server_error_feedback(&mut self, on: Option<bool>) {
+        self.server_ef = on;
+    }
+
     /// The compressed all-reduce's owner pipelines, built on first use: per compressed
     /// bucket that takes it, a compressor of the method and the server residual (error
     /// feedback on and a method that averages) or no memory, with any restored residual
     /// installed after checking that it fits this rank's range.
     fn ensure_servers(&mut self, world: usize, rank: usize) -> Result<(), ExchangeError> {
+        let explicit = self.server_ef;
         let server_memory = |p: &Pipeline| {
             let mean = p.compressor().combine() == dtrain_compress::Combine::Mean;
-            if mean && p.memory().is_active() {
+            let default = p.memory().is_active() && p.compressor().owner_error_feedback();
+            if mean && explicit.unwrap_or(default) {
                 MemoryConfig::RESIDUAL
             } else {
                 MemoryConfig::None
@@ -400,7 +415,7 @@ impl Exchanger {
                         if server.memory().is_active() {
                             ""
                         } else {
-                            " (and no residual is kept)"
+                            " (and this run keeps none: see compress.server_error_feedback)"
                         },
                     )));
                 }

@@ -78,6 +78,7 @@ struct Setup {
     memory: MemoryConfig,
     overlap: bool,
     gather: GatherCollective,
+    server_ef: Option<bool>,
 }
 
 impl Setup {
@@ -89,6 +90,7 @@ impl Setup {
             method,
             overlap: true,
             gather: GatherCollective::AllGather,
+            server_ef: None,
         }
     }
 
@@ -101,6 +103,7 @@ impl Setup {
             Exchanger::new(&self.params, &self.policy, &self.method, &self.memory, 7).unwrap();
         ex.set_overlap(self.overlap);
         ex.set_gather_collective(self.gather);
+        ex.set_server_error_feedback(self.server_ef);
         ex
     }
 
@@ -964,6 +967,8 @@ fn compressed_all_reduce_is_the_owners_re_encoded_sums() {
         ..BucketPolicy::default()
     };
     setup.gather = GatherCollective::CompressedAllReduce;
+    // 1-bit SGD's owners keep no residual by default (`owner_error_feedback`): ask for one.
+    setup.server_ef = Some(true);
     assert_eq!(setup.memory, MemoryConfig::RESIDUAL);
     let (world, n) = (3usize, setup.n());
     let layers = [0..1000, 1000..1300];
@@ -1073,6 +1078,7 @@ fn compressed_all_reduce_agrees_overlaps_and_resumes_for_every_method_it_takes()
 fn compressed_all_reduce_server_residuals_are_in_the_state_and_must_fit() {
     let mut setup = Setup::new(parse_method("onebit").unwrap());
     setup.gather = GatherCollective::CompressedAllReduce;
+    setup.server_ef = Some(true);
     let states = on_ranks(2, |rank, comm| {
         let mut ex = setup.exchanger();
         setup.steps(&mut ex, comm, rank, 0..1);
@@ -1119,6 +1125,37 @@ fn compressed_all_reduce_server_residuals_are_in_the_state_and_must_fit() {
         .id;
     bad.server_memory.insert(dense, vec![0.0; 3]);
     assert!(setup.exchanger().import_state(bad).is_err());
+}
+
+#[test]
+fn owners_keep_a_residual_by_default_under_error_feedback_except_for_sign_quantizers() {
+    let residual_values = |method: &str, memory: MemoryConfig, server_ef: Option<bool>| {
+        let mut setup = Setup::new(parse_method(method).unwrap());
+        setup.memory = memory;
+        setup.gather = GatherCollective::CompressedAllReduce;
+        setup.server_ef = server_ef;
+        let states = on_ranks(2, |rank, comm| {
+            let mut ex = setup.exchanger();
+            setup.steps(&mut ex, comm, rank, 0..1);
+            ex.export_state()
+        });
+        states[0]
+            .server_memory
+            .values()
+            .map(Vec::len)
+            .sum::<usize>()
+    };
+    let ef = MemoryConfig::RESIDUAL;
+    assert!(residual_values("natural", ef, None) > 0);
+    assert!(residual_values("topk:ratio=0.05", ef, None) > 0);
+    assert_eq!(residual_values("natural", MemoryConfig::None, None), 0);
+    assert_eq!(residual_values("onebit", ef, None), 0);
+    assert_eq!(residual_values("ef-signsgd", ef, None), 0);
+    assert!(residual_values("onebit", ef, Some(true)) > 0);
+    assert_eq!(residual_values("natural", ef, Some(false)), 0);
+    assert!(residual_values("qsgd", MemoryConfig::None, Some(true)) > 0);
+    // A vote re-encodes the plain sum, whatever is asked.
+    assert_eq!(residual_values("signsgd", ef, Some(true)), 0);
 }
 
 #[test]

@@ -261,6 +261,7 @@ impl<T: Transport> Trainer<T> {
         )
         .map_err(|e| TrainError::Config(format!("compress.{}: {}", e.field, e.reason)))?;
         exchanger.set_gather_collective(plan.collective);
+        exchanger.set_server_error_feedback(plan.server_error_feedback);
         if let Some(d) = &plan.dlcp {
             let cfg = d
                 .to_config(infos.len(), plan.config.seed)
