@@ -203,21 +203,21 @@ fn variants(check: &CheckArgs) -> Result<Vec<Option<String>>> {
         .collect())
 }
 
-/// `loss …, accuracy …%, perplexity …` of an evaluation; a value that was not finite
-/// (a diverged run) reads `not finite`.
+/// `loss …, accuracy …%, perplexity …` of an evaluation (perplexity only where the run
+/// measured one: language models); a value that diverged reads `NaN` / `inf`.
 fn eval_line(e: &dtrain_framework::trainer::EvalRecord) -> String {
     let num = |x: Option<f64>, scale: f64, digits: usize| {
-        x.map_or_else(
-            || "not finite".into(),
-            |v| format!("{:.digits$}", scale * v),
-        )
+        x.map_or_else(|| "–".into(), |v| format!("{:.digits$}", scale * v))
     };
-    format!(
-        "loss {}, accuracy {}%, perplexity {}",
+    let mut line = format!(
+        "loss {}, accuracy {}%",
         num(e.loss, 1.0, 4),
-        num(e.accuracy, 100.0, 2),
-        num(e.perplexity, 1.0, 2)
-    )
+        num(e.accuracy, 100.0, 2)
+    );
+    if e.perplexity.is_some() {
+        line += &format!(", perplexity {}", num(e.perplexity, 1.0, 2));
+    }
+    line
 }
 
 fn print_summary(dir: &Path, s: &dtrain_framework::trainer::Summary) {

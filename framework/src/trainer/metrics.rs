@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use dtrain_comms::Transport;
-use dtrain_records::{finite, Phases, StepRecord, Summary};
+use dtrain_records::{Phases, StepRecord, Summary};
 use serde::Serialize;
 
 use super::{RunDir, TrainError, Trainer};
@@ -147,9 +147,7 @@ impl<T: Transport> Trainer<T> {
             steps_this_session: Some(n_session),
             resumed_from: Some(session_start),
             final_eval: self.evals.last().cloned(),
-            final_train_loss: (t.epoch_loss.1 > 0)
-                .then(|| t.epoch_loss.0 / t.epoch_loss.1 as f64)
-                .and_then(finite),
+            final_train_loss: (t.epoch_loss.1 > 0).then(|| t.epoch_loss.0 / t.epoch_loss.1 as f64),
             mean_step: Some(mean),
             bytes_sent_per_step: Some(per(t.bytes)),
             payload_bytes_per_step: Some(payload_per_step),
@@ -178,6 +176,8 @@ impl<T: Transport> Trainer<T> {
                     .map(|c| c.name().to_string())
                     .collect()
             }),
+            // The launcher adds the restarts it made (`dtrain run --max-restarts`).
+            restarts: None,
         };
         let summary = match (&self.out, n_session) {
             (Some(out), 0) => match std::fs::read(out.root.join("summary.json"))

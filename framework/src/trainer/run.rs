@@ -9,7 +9,6 @@ use super::metrics::Tally;
 use super::step::StepOutcome;
 use super::{EvalRecord, Observer, Summary, TrainError, Trainer};
 use crate::config::NonFinitePolicy;
-use dtrain_records::finite;
 
 impl<T: Transport> Trainer<T> {
     /// Runs to the end of the plan (from the current step) and returns the summary (rank 0
@@ -143,9 +142,11 @@ impl<T: Transport> Trainer<T> {
         Ok(EvalRecord {
             epoch: epochs_done,
             step,
-            loss: finite(loss),
-            accuracy: finite(v[1] as f64 / count),
-            perplexity: finite(loss.exp()),
+            loss: Some(loss),
+            accuracy: Some(v[1] as f64 / count),
+            // A perplexity only means something for a language model; +∞ when the loss
+            // overflows it (records keep it, see dtrain_records::float).
+            perplexity: self.plan.config.data.kind.is_text().then(|| loss.exp()),
             count: v[2] as u64,
         })
     }

@@ -6,7 +6,6 @@ use std::time::Instant;
 use dtrain_comms::Transport;
 use dtrain_compress::compressor::first_non_finite;
 use dtrain_models::Metrics;
-use dtrain_records::finite;
 
 use super::{Phases, StepRecord, TrainError, Trainer, BUILD, CTL_LEN};
 use crate::config::NonFinitePolicy;
@@ -121,8 +120,8 @@ impl<T: Transport> Trainer<T> {
         let mut record = Box::new(StepRecord {
             step,
             epoch,
-            loss: finite(loss),
-            accuracy: finite(accuracy),
+            loss: Some(loss),
+            accuracy: Some(accuracy),
             lr: Some(lr),
             ratio_name: None,
             ratio: None,
