@@ -7,7 +7,7 @@ use dtrain_comms::Transport;
 use serde::{Deserialize, Serialize};
 
 use super::{RunDir, TrainError, Trainer};
-use crate::checkpoint::{self, Checkpoint};
+use crate::checkpoint::{self, Checkpoint, CheckpointError};
 use crate::optim::GroupState;
 use crate::sync::SyncError;
 
@@ -169,7 +169,7 @@ impl<T: Transport> Trainer<T> {
         self.recoveries = meta.recoveries;
         self.best_loss = meta.best_loss_bits.map(f64::from_bits);
         self.last_checkpoint = Some(dir.to_path_buf());
-        Ok(())
+        self.agree_on_step(dir)
     }
 
     /// Writes this rank's checkpoint for the current step; rank 0 then points
@@ -180,7 +180,7 @@ impl<T: Transport> Trainer<T> {
         let Some(out) = self.out.clone() else {
             return Ok(None);
         };
-        let dir = out.checkpoints().join(format!("step-{:010}", self.step));
+        let dir = out.checkpoints().join(checkpoint_dir_name(self.step));
         std::fs::create_dir_all(&dir).map_err(|source| TrainError::Io {
             path: dir.display().to_string(),
             source,
@@ -224,37 +224,217 @@ impl<T: Transport> Trainer<T> {
             .barrier()
             .map_err(|source| TrainError::Comm { step, source })?;
         if self.rank == 0 {
-            let name = dir
-                .file_name()
-                .map(|n| n.to_string_lossy().to_string())
-                .unwrap_or_default();
-            checkpoint::write_atomic(&out.checkpoints().join("LATEST"), name.as_bytes())?;
+            out.set_latest(&dir)?;
             self.prune(&out)?;
         }
         self.last_checkpoint = Some(dir.clone());
         Ok(Some(dir))
     }
 
+    /// Checkpoint retention (`checkpoint.keep`), run by rank 0 once the checkpoint of the
+    /// current step is complete on every rank: see [`retained`].
     fn prune(&self, out: &RunDir) -> Result<(), TrainError> {
-        let keep = self.plan.config.checkpoint.keep.max(1);
-        let mut dirs: Vec<PathBuf> = std::fs::read_dir(out.checkpoints())
+        let dirs = out.checkpoint_dirs();
+        for d in retained(&dirs, self.step, self.plan.config.checkpoint.keep).1 {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        Ok(())
+    }
+
+    /// Checks that every rank restored the same step (ranks that resumed from different
+    /// checkpoints would train different models in lock-step): rank 0's step is broadcast,
+    /// and every rank learns whether any differs.
+    fn agree_on_step(&mut self, dir: &Path) -> Result<(), TrainError> {
+        if self.world == 1 {
+            return Ok(());
+        }
+        let step = self.step;
+        let comm_err = |source| TrainError::Comm { step, source };
+        let mut bytes = if self.rank == 0 {
+            step.to_le_bytes().to_vec()
+        } else {
+            Vec::new()
+        };
+        self.comm.broadcast(&mut bytes, 0).map_err(comm_err)?;
+        let first = <[u8; 8]>::try_from(bytes.as_slice())
+            .map(u64::from_le_bytes)
+            .unwrap_or(u64::MAX);
+        let mut differ = [(first != step) as u8 as f32];
+        self.comm.all_reduce_sum(&mut differ).map_err(comm_err)?;
+        if differ[0] > 0.0 {
+            return Err(TrainError::Resume {
+                path: dir.display().to_string(),
+                reason: format!(
+                    "the ranks restored different steps (rank 0: {first}, rank {}: {step}; {} \
+                     rank(s) differ from rank 0): they must resume from the same checkpoint",
+                    self.rank, differ[0]
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The name of the directory of the checkpoint at `step` (`step-0000000450`).
+pub fn checkpoint_dir_name(step: u64) -> String {
+    format!("step-{step:010}")
+}
+
+/// The step of a checkpoint directory named by [`checkpoint_dir_name`]; `None` for any other
+/// name (`LATEST`, a temporary file, a directory set aside by hand).
+pub fn checkpoint_step(dir: &Path) -> Option<u64> {
+    let name = dir.file_name()?.to_str()?;
+    let digits = name.strip_prefix("step-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The retention rule of `checkpoint.keep`, applied after the checkpoint of step `current`
+/// was written by every rank: of `dirs` (`(step, dir)`), returns those kept and those
+/// deleted.
+///
+/// * Kept: the `keep` newest checkpoints at or before `current` (`keep` of 0 counts as 1).
+///   `current`'s own checkpoint is the newest of them and complete on every rank, so the
+///   last intact checkpoint is never deleted, whatever happened to the others.
+/// * Deleted: the older ones, and every checkpoint *after* `current`: those belong to a
+///   trajectory the run abandoned (a rollback of the recover policy, or a resume that fell
+///   back past a damaged checkpoint), and a later resume must not pick them.
+pub fn retained(
+    dirs: &[(u64, PathBuf)],
+    current: u64,
+    keep: usize,
+) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let mut older: Vec<&(u64, PathBuf)> = dirs.iter().filter(|(s, _)| *s <= current).collect();
+    older.sort_by(|a, b| b.0.cmp(&a.0));
+    let keep = keep.max(1);
+    let kept: Vec<PathBuf> = older.iter().take(keep).map(|(_, d)| d.clone()).collect();
+    let mut deleted: Vec<PathBuf> = older.iter().skip(keep).map(|(_, d)| d.clone()).collect();
+    deleted.extend(
+        dirs.iter()
+            .filter(|(s, _)| *s > current)
+            .map(|(_, d)| d.clone()),
+    );
+    (kept, deleted)
+}
+
+/// A checkpoint whose every rank's file was read and verified ([`verify_checkpoint`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IntactCheckpoint {
+    /// Its directory (`checkpoints/step-…`).
+    pub dir: PathBuf,
+    /// The step it was written at.
+    pub step: u64,
+    /// The worker count that wrote it (one file per rank).
+    pub world: usize,
+}
+
+/// A checkpoint passed over by [`RunDir::newest_intact`], and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedCheckpoint {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// What is wrong with it (names the rank's file).
+    pub reason: String,
+}
+
+/// Reads every rank's file of the checkpoint in `dir` and checks it: present, its checksum,
+/// and its metadata (the step of the directory's name, the worker count of rank 0's file,
+/// its own rank). Returns the first problem found, naming the file.
+pub fn verify_checkpoint(dir: &Path) -> Result<IntactCheckpoint, String> {
+    let step = checkpoint_step(dir)
+        .ok_or_else(|| format!("{}: not a checkpoint directory name", dir.display()))?;
+    let meta_of = |rank: usize| -> Result<Meta, String> {
+        let p = dir.join(format!("rank-{rank}.ckpt"));
+        if !p.is_file() {
+            return Err(format!(
+                "{}: missing (the checkpoint was not completed)",
+                p.display()
+            ));
+        }
+        let ck = Checkpoint::load(&p).map_err(|e| e.to_string())?;
+        let meta: Meta = ck
+            .json("meta")
+            .map_err(|e| format!("{}: {e}", p.display()))?;
+        if meta.step != step || meta.rank != rank {
+            return Err(format!(
+                "{}: holds rank {} at step {}, not rank {rank} at step {step}",
+                p.display(),
+                meta.rank,
+                meta.step
+            ));
+        }
+        Ok(meta)
+    };
+    let world = meta_of(0)?.world;
+    for rank in 1..world {
+        let meta = meta_of(rank)?;
+        if meta.world != world {
+            return Err(format!(
+                "{}: written by a run of {} workers, rank 0's by one of {world}",
+                dir.join(format!("rank-{rank}.ckpt")).display(),
+                meta.world
+            ));
+        }
+    }
+    Ok(IntactCheckpoint {
+        dir: dir.to_path_buf(),
+        step,
+        world,
+    })
+}
+
+impl RunDir {
+    /// The checkpoint directories (`checkpoints/step-…`) with their steps, newest first.
+    pub fn checkpoint_dirs(&self) -> Vec<(u64, PathBuf)> {
+        let mut dirs: Vec<(u64, PathBuf)> = std::fs::read_dir(self.checkpoints())
             .map(|d| {
                 d.flatten()
                     .map(|e| e.path())
-                    .filter(|p| {
-                        p.is_dir()
-                            && p.file_name()
-                                .is_some_and(|n| n.to_string_lossy().starts_with("step-"))
-                    })
+                    .filter(|p| p.is_dir())
+                    .filter_map(|p| checkpoint_step(&p).map(|s| (s, p)))
                     .collect()
             })
             .unwrap_or_default();
-        dirs.sort();
-        if dirs.len() > keep {
-            for d in &dirs[..dirs.len() - keep] {
-                let _ = std::fs::remove_dir_all(d);
+        dirs.sort_by(|a, b| b.0.cmp(&a.0));
+        dirs
+    }
+
+    /// The step `checkpoints/LATEST` names, if it names a checkpoint directory.
+    pub fn latest_step(&self) -> Option<u64> {
+        let name = std::fs::read_to_string(self.checkpoints().join("LATEST")).ok()?;
+        checkpoint_step(Path::new(name.trim()))
+    }
+
+    /// The newest checkpoint that is intact on every rank ([`verify_checkpoint`]), and the
+    /// newer ones passed over on the way, newest first, with the reason.
+    ///
+    /// Only checkpoints up to the one `checkpoints/LATEST` names are candidates (newer ones
+    /// belong to a trajectory the run abandoned, e.g. by a rollback); without a readable
+    /// LATEST, every checkpoint is.
+    pub fn newest_intact(&self) -> (Option<IntactCheckpoint>, Vec<SkippedCheckpoint>) {
+        let bound = self.latest_step().unwrap_or(u64::MAX);
+        let mut skipped = Vec::new();
+        for (_, dir) in self
+            .checkpoint_dirs()
+            .into_iter()
+            .filter(|(s, _)| *s <= bound)
+        {
+            match verify_checkpoint(&dir) {
+                Ok(c) => return (Some(c), skipped),
+                Err(reason) => skipped.push(SkippedCheckpoint { dir, reason }),
             }
         }
-        Ok(())
+        (None, skipped)
+    }
+
+    /// Points `checkpoints/LATEST` at `dir` (atomically).
+    pub fn set_latest(&self, dir: &Path) -> Result<(), CheckpointError> {
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        checkpoint::write_atomic(&self.checkpoints().join("LATEST"), name.as_bytes())
     }
 }

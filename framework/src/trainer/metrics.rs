@@ -15,6 +15,24 @@ impl<T: Transport> Trainer<T> {
             return Ok(());
         }
         if let Some(out) = &self.out {
+            if self.last_checkpoint.is_some() {
+                // Resumed: records the previous session wrote after this checkpoint (it
+                // failed or was stopped later) are of steps this session runs again.
+                let start = self.start_step;
+                for (name, keep) in [
+                    (
+                        "metrics.jsonl",
+                        &(|s: u64| s < start) as &dyn Fn(u64) -> bool,
+                    ),
+                    ("eval.jsonl", &|s: u64| s <= start),
+                ] {
+                    let p = out.root.join(name);
+                    trim_log(&p, keep).map_err(|source| TrainError::Io {
+                        path: p.display().to_string(),
+                        source,
+                    })?;
+                }
+            }
             let open = |name: &str| {
                 let p = out.root.join(name);
                 std::fs::OpenOptions::new()
@@ -51,6 +69,40 @@ impl<T: Transport> Trainer<T> {
         }
         Ok(())
     }
+}
+
+/// Keeps the records of the JSON-lines file at `path` whose `step` passes `keep` (and any
+/// line without a readable step, except a cut last line, which a killed writer leaves),
+/// rewriting the file atomically when anything goes. A missing file is left missing.
+pub(super) fn trim_log(path: &std::path::Path, keep: &dyn Fn(u64) -> bool) -> std::io::Result<()> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let cut = !text.is_empty() && !text.ends_with('\n');
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut dropped = false;
+    for (i, line) in lines.iter().enumerate() {
+        let step = serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| v.get("step").and_then(|s| s.as_u64()));
+        let last_cut = cut && i + 1 == lines.len();
+        if last_cut || step.is_some_and(|s| !keep(s)) {
+            dropped = true;
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    if dropped {
+        checkpoint::write_atomic(path, out.as_bytes()).map_err(|e| match e {
+            checkpoint::CheckpointError::Io { source, .. } => source,
+            other => std::io::Error::other(other.to_string()),
+        })?;
+    }
+    Ok(())
 }
 
 /// What a session's steps add up to, for `summary.json`.
@@ -202,5 +254,32 @@ impl<T: Transport> Trainer<T> {
             }
         }
         Ok(summary)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::trim_log;
+
+    #[test]
+    fn a_resumed_log_loses_the_steps_run_again_and_a_cut_line_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("metrics.jsonl");
+        std::fs::write(
+            &p,
+            "{\"step\":0}\n{\"step\":1}\nnot json\n{\"step\":2}\n{\"step\":3}\n{\"step\":4,\"lo",
+        )
+        .unwrap();
+        trim_log(&p, &|s| s < 2).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            "{\"step\":0}\n{\"step\":1}\nnot json\n"
+        );
+        // Nothing to drop: the file is left as it is; a missing one stays missing.
+        trim_log(&p, &|s| s < 2).unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap().lines().count(), 3);
+        let gone = dir.path().join("eval.jsonl");
+        trim_log(&gone, &|_| true).unwrap();
+        assert!(!gone.exists());
     }
 }

@@ -37,7 +37,11 @@ mod metrics;
 mod run;
 mod step;
 
-pub use dtrain_records::{EvalRecord, Phases, StepRecord, Summary};
+pub use checkpointing::{
+    checkpoint_dir_name, checkpoint_step, retained, verify_checkpoint, IntactCheckpoint,
+    SkippedCheckpoint,
+};
+pub use dtrain_records::{EvalRecord, Phases, Restart, StepRecord, Summary};
 
 use std::path::PathBuf;
 use std::sync::Mutex;
