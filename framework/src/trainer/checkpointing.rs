@@ -307,7 +307,7 @@ pub fn retained(
     keep: usize,
 ) -> (Vec<PathBuf>, Vec<PathBuf>) {
     let mut older: Vec<&(u64, PathBuf)> = dirs.iter().filter(|(s, _)| *s <= current).collect();
-    older.sort_by(|a, b| b.0.cmp(&a.0));
+    older.sort_by_key(|d| std::cmp::Reverse(d.0));
     let keep = keep.max(1);
     let kept: Vec<PathBuf> = older.iter().take(keep).map(|(_, d)| d.clone()).collect();
     let mut deleted: Vec<PathBuf> = older.iter().skip(keep).map(|(_, d)| d.clone()).collect();
@@ -397,7 +397,7 @@ impl RunDir {
                     .collect()
             })
             .unwrap_or_default();
-        dirs.sort_by(|a, b| b.0.cmp(&a.0));
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.0));
         dirs
     }
 
@@ -436,5 +436,47 @@ impl RunDir {
             .map(|n| n.to_string_lossy().to_string())
             .unwrap_or_default();
         checkpoint::write_atomic(&self.checkpoints().join("LATEST"), name.as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dirs(steps: &[u64]) -> Vec<(u64, PathBuf)> {
+        steps
+            .iter()
+            .map(|&s| (s, PathBuf::from(checkpoint_dir_name(s))))
+            .collect()
+    }
+
+    fn names(v: &[PathBuf]) -> Vec<String> {
+        v.iter().map(|p| p.display().to_string()).collect()
+    }
+
+    #[test]
+    fn retention_keeps_the_newest_up_to_the_current_step_and_drops_abandoned_ones() {
+        // Written 10 … 40, then the recover policy rolled back to 20 and wrote 30 again:
+        // 40 belongs to the abandoned trajectory.
+        let (kept, gone) = retained(&dirs(&[40, 30, 20, 10]), 30, 2);
+        assert_eq!(names(&kept), ["step-0000000030", "step-0000000020"]);
+        assert_eq!(names(&gone), ["step-0000000010", "step-0000000040"]);
+        // keep = 0 is read as 1: the checkpoint just written always stays.
+        let (kept, gone) = retained(&dirs(&[20, 10]), 20, 0);
+        assert_eq!(names(&kept), ["step-0000000020"]);
+        assert_eq!(names(&gone), ["step-0000000010"]);
+        let (kept, gone) = retained(&dirs(&[5]), 5, 3);
+        assert_eq!((kept.len(), gone.len()), (1, 0));
+    }
+
+    #[test]
+    fn only_checkpoint_directory_names_have_a_step() {
+        assert_eq!(checkpoint_step(Path::new("a/step-0000000450")), Some(450));
+        assert_eq!(checkpoint_dir_name(450), "step-0000000450");
+        for bad in ["LATEST", "step-", "step-12x", "step-0000000450.old", "x-1"] {
+            assert_eq!(checkpoint_step(Path::new(bad)), None, "{bad}");
+        }
+        let e = verify_checkpoint(Path::new("/nonexistent/step-0000000007")).unwrap_err();
+        assert!(e.contains("rank-0.ckpt") && e.contains("missing"), "{e}");
     }
 }
