@@ -61,12 +61,24 @@ impl Observer for StopAt {
     }
 }
 
-/// Two in-process ranks of BASE + `sets` writing into `out`; rank `stopper` raises its own
-/// stop request after step `at` (the other rank gets none). `resume`: from LATEST first.
+/// Two in-process ranks of BASE + `sets` writing into `out`; rank `stop.0` raises its own
+/// stop request after step `stop.1` (the other rank gets none). `resume`: from LATEST first.
 fn run(sets: &[&str], out: &Path, resume: bool, stop: Option<(usize, u64)>) -> Vec<Ended> {
-    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    run_on(2, sets, out, resume, stop)
+}
+
+/// [`run`] on `world` ranks.
+fn run_on(
+    world: usize,
+    sets: &[&str],
+    out: &Path,
+    resume: bool,
+    stop: Option<(usize, u64)>,
+) -> Vec<Ended> {
+    let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    sets.push(format!("cluster.workers={world}"));
     let cfg = RunConfig::parse(BASE, "base.toml", &sets).unwrap();
-    let handles: Vec<_> = channel_mesh(2)
+    let handles: Vec<_> = channel_mesh(world)
         .into_iter()
         .enumerate()
         .map(|(rank, t)| {
@@ -75,7 +87,7 @@ fn run(sets: &[&str], out: &Path, resume: bool, stop: Option<(usize, u64)>) -> V
                 root: out.to_path_buf(),
             };
             std::thread::spawn(move || {
-                let data = TrainData::open(&cfg, rank, 2).unwrap();
+                let data = TrainData::open(&cfg, rank, world).unwrap();
                 let plan = cfg.validate("b.toml", Some(data.train_examples())).unwrap();
                 let comm = Communicator::new(t, CommConfig::default());
                 let mut tr = Trainer::new(
@@ -289,5 +301,51 @@ fn ranks_that_restored_different_steps_refuse_to_train() {
             e.contains("restored different steps") && e.contains("rank 0: 8"),
             "{e}"
         );
+    }
+}
+
+/// Issue #24, acceptance: a checkpoint written at P = 4 resumes at P = 2 (and the reverse)
+/// for `none`, top-k with error feedback and DGC, mid-epoch, by the rule of
+/// `dtrain_framework::trainer::elastic`: it continues at the sample where the checkpoint
+/// left the epoch, and trains on.
+#[test]
+fn a_checkpoint_resumes_on_another_worker_count_for_none_topk_and_dgc() {
+    let methods: [&[&str]; 3] = [
+        &["compress={ kind = \"none\" }"],
+        &["compress={ kind = \"topk\", ratio = 0.05 }"],
+        &["compress={ kind = \"dgc\", ratio = 0.01, min_sparse_len = 64 }"],
+    ];
+    // 512 samples, batch 8, a checkpoint after 5 steps. From 4 workers (160 samples used)
+    // to 2: 16 a step, so step 10 of 32. From 2 (80 used) to 4: 32 a step, 13 full steps
+    // left of 16, so step 3, reading from sample 80.
+    for (from, to, resumed_at, per_epoch) in [(4, 2, 10, 32), (2, 4, 3, 16)] {
+        for sets in methods {
+            let what = format!("{sets:?} from {from} to {to} workers");
+            let dir = tempfile::tempdir().unwrap();
+            let mut first = sets.to_vec();
+            first.push("train.max_steps=5");
+            let a = run_on(from, &first, dir.path(), false, None);
+            assert_eq!(a[0].result.as_ref().ok(), Some(&5), "{what}");
+            let b = run_on(to, sets, dir.path(), true, None);
+            let steps = b[0]
+                .result
+                .as_ref()
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(*steps, per_epoch, "{what}");
+            assert_eq!(b[0].losses.len() as u64, per_epoch - resumed_at, "{what}");
+            assert!(b[0].losses.iter().all(|l| l.is_finite()), "{what}");
+            for r in &b[1..] {
+                assert_eq!(bits(&r.params), bits(&b[0].params), "{what}: replicas");
+            }
+            let first_step: StepRecord = serde_json::from_str(
+                std::fs::read_to_string(dir.path().join("metrics.jsonl"))
+                    .unwrap()
+                    .lines()
+                    .nth(5)
+                    .unwrap(),
+            )
+            .unwrap();
+            assert_eq!(first_step.step, resumed_at, "{what}");
+        }
     }
 }

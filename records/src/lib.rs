@@ -200,8 +200,8 @@ pub struct EvalRecord {
     #[serde(with = "float::opt")]
     pub accuracy: Option<f64>,
     /// Test perplexity `exp(loss)` of a language model (+∞ when that overflows); `None`
-    /// for a classifier.
-    #[serde(with = "float::opt")]
+    /// for a classifier (and then not written).
+    #[serde(with = "float::opt", skip_serializing_if = "Option::is_none")]
     pub perplexity: Option<f64>,
     /// Examples (or tokens) scored.
     pub count: u64,

@@ -11,43 +11,44 @@ use crate::checkpoint::{self, Checkpoint, CheckpointError};
 use crate::optim::GroupState;
 use crate::sync::SyncError;
 
+/// What every rank's checkpoint file says about itself (section `meta`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-struct Meta {
-    step: u64,
-    world: usize,
-    rank: usize,
-    seed: u64,
-    params: usize,
-    buffers: usize,
-    method: String,
-    optimizer_steps: BTreeMap<u64, u64>,
+pub(super) struct Meta {
+    pub(super) step: u64,
+    pub(super) world: usize,
+    pub(super) rank: usize,
+    pub(super) seed: u64,
+    pub(super) params: usize,
+    pub(super) buffers: usize,
+    pub(super) method: String,
+    pub(super) optimizer_steps: BTreeMap<u64, u64>,
     /// Buckets whose error-feedback memory is stored as `mem/<id>`.
-    memory_keys: Vec<u64>,
-    skipped: u64,
-    recoveries: u64,
+    pub(super) memory_keys: Vec<u64>,
+    pub(super) skipped: u64,
+    pub(super) recoveries: u64,
     /// Stored as IEEE bits so that JSON cannot round it.
-    best_loss_bits: Option<u64>,
+    pub(super) best_loss_bits: Option<u64>,
     /// Steps per epoch of the run that wrote it (maps the step to an epoch on an elastic
     /// resume).
     #[serde(default)]
-    steps_per_epoch: u64,
+    pub(super) steps_per_epoch: u64,
 }
 
 impl<T: Transport> Trainer<T> {
     /// Restores the state of checkpoint directory `dir` (this rank's file in it).
     ///
-    /// With a different worker count the checkpoint is accepted only where that is well
-    /// defined: no per-rank state (no error-feedback memory) and written at an epoch
-    /// boundary. Every rank then starts from rank 0's file (parameters and optimizer state
-    /// are identical on all ranks) at the first step of the next epoch under the new shard
-    /// layout.
+    /// A checkpoint written by another worker count resumes by the rule of
+    /// [`super::elastic`]: replicated state from rank 0's file, per-rank state (error-feedback
+    /// memories, BatchNorm statistics) as the mean over every rank's file, and the data
+    /// position in samples. Refused, with the reason: parameter-server state, compressor
+    /// state that differs between ranks, and language-model data mid-epoch.
     pub fn resume_from(&mut self, dir: &Path) -> Result<(), TrainError> {
         let bad_at = |path: &Path, reason: String| TrainError::Resume {
             path: path.display().to_string(),
             reason,
         };
-        // Normally this rank's own file is the only one read; rank 0's file is the fallback
-        // when the worker count changed (its file is missing, or it names another world).
+        // Normally this rank's own file is the only one read; every rank's file is read
+        // when the worker count changed (this rank's is missing, or names another world).
         let own = dir.join(format!("rank-{}.ckpt", self.rank));
         let mut loaded = if own.exists() {
             let ck = Checkpoint::load(&own)?;
@@ -64,30 +65,40 @@ impl<T: Transport> Trainer<T> {
             }
             let ck0 = Checkpoint::load(&rank0)?;
             let meta0: Meta = ck0.json("meta")?;
-            let why = if !meta0.memory_keys.is_empty() {
-                Some("its error-feedback memories are per rank".to_string())
-            } else if ck0.names().any(|n| n.starts_with("ps/") && n != "ps/state") {
-                Some("its parameter-server state is per rank and per shard".to_string())
-            } else if meta0.steps_per_epoch == 0 || meta0.step % meta0.steps_per_epoch != 0 {
+            let mid_epoch = meta0.steps_per_epoch == 0 || meta0.step % meta0.steps_per_epoch != 0;
+            let why = if ck0.names().any(|n| n.starts_with("ps/") && n != "ps/state") {
+                Some(
+                    "its parameter-server state is per rank and per shard, and no rule \
+                      redistributes it"
+                        .to_string(),
+                )
+            } else if meta0.steps_per_epoch == 0 {
+                Some("it does not record its steps per epoch (written by an older trainer)".into())
+            } else if mid_epoch && self.plan.config.data.kind.is_text() {
                 Some(format!(
-                    "it was written at step {} inside an epoch (data shards are per rank)",
+                    "it was written at step {} inside an epoch, and language-model data is cut \
+                     into BPTT rows per rank (resume at the same worker count, or from an \
+                     epoch-boundary checkpoint)",
                     meta0.step
                 ))
             } else {
                 None
             };
-            if let Some(why) = why {
-                return Err(bad_at(
+            let refuse = |why: String| {
+                bad_at(
                     dir,
                     format!(
-                        "written by {} workers, this run has {}: a different cluster.workers is \
-                         only possible from an epoch-boundary checkpoint without per-rank state, \
-                         and {why}",
+                        "written by {} workers, this run has {}: {why}",
                         meta0.world, self.world
                     ),
-                ));
+                )
+            };
+            if let Some(why) = why {
+                return Err(refuse(why));
             }
-            loaded = Some((rank0, ck0));
+            let ck = super::elastic::combine(dir, &meta0, &ck0, self.plan.method.name())
+                .map_err(refuse)?;
+            loaded = Some((rank0, ck));
         }
         let (path, ck) = loaded.expect("a checkpoint file was loaded");
         let bad = |reason: String| bad_at(&path, reason);
@@ -158,7 +169,16 @@ impl<T: Transport> Trainer<T> {
                 .map_err(|e| bad(e.to_string()))?;
         }
         self.step = if elastic {
-            meta.step / meta.steps_per_epoch * self.plan.steps_per_epoch
+            let (step, shift) = super::elastic::position(
+                &meta,
+                self.plan.config.data.batch_size as u64,
+                self.world as u64,
+                self.plan.steps_per_epoch,
+            );
+            if let Some((epoch, delta)) = shift {
+                self.data.shift_epoch(epoch, delta);
+            }
+            step
         } else {
             meta.step
         };
@@ -169,6 +189,7 @@ impl<T: Transport> Trainer<T> {
         self.recoveries = meta.recoveries;
         self.best_loss = meta.best_loss_bits.map(f64::from_bits);
         self.last_checkpoint = Some(dir.to_path_buf());
+        self.resumed_step = Some(meta.step);
         self.agree_on_step(dir)
     }
 

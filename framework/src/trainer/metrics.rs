@@ -15,10 +15,11 @@ impl<T: Transport> Trainer<T> {
             return Ok(());
         }
         if let Some(out) = &self.out {
-            if self.last_checkpoint.is_some() {
+            if let Some(start) = self.resumed_step {
                 // Resumed: records the previous session wrote after this checkpoint (it
-                // failed or was stopped later) are of steps this session runs again.
-                let start = self.start_step;
+                // failed or was stopped later) are of steps this session runs again. (The
+                // checkpoint's step counts the steps of the run that wrote it: on another
+                // worker count the session goes on from another step number.)
                 for (name, keep) in [
                     (
                         "metrics.jsonl",

@@ -28,10 +28,12 @@
 //! This file holds the worker and how it is built; `step` is one training step (the control
 //! all-reduce, the `GradientSync` of `crate::sync` it hands the gradient to, the update);
 //! `failure` the policy for non-finite values; `checkpointing` what a rank writes and how
-//! it resumes; `run` the loop of steps, evaluations and checkpoints; `metrics` the records
-//! of `metrics.jsonl`, `eval.jsonl` and `summary.json`.
+//! it resumes; [`elastic`] the rule for resuming on another worker count; `run` the loop
+//! of steps, evaluations and checkpoints; `metrics` the records of `metrics.jsonl`,
+//! `eval.jsonl` and `summary.json`.
 
 mod checkpointing;
+pub mod elastic;
 mod failure;
 mod metrics;
 mod run;
@@ -228,6 +230,8 @@ pub struct Trainer<T: Transport> {
     ctl: Vec<f32>,
     /// When this rank last left the gradient exchange (the step's last collective).
     left_exchange: Option<Instant>,
+    /// The step of the checkpoint this worker resumed from, as its writer counted steps.
+    resumed_step: Option<u64>,
     /// Where a request to stop comes from ([`Trainer::stop_on`]).
     stop: Option<StopRequest>,
     /// Set once the ranks agreed to stop (the signal): the run checkpoints and ends after
@@ -314,6 +318,7 @@ impl<T: Transport> Trainer<T> {
             ctl: Vec::new(),
             left_exchange: None,
             last_checkpoint: None,
+            resumed_step: None,
             stop: None,
             stopping: None,
             start_step: 0,
