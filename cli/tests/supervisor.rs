@@ -509,3 +509,99 @@ fn chaos_trials_end_cleanly_or_complete_with_a_restart() {
         assert_none_left(&dir, Duration::from_secs(2));
     }
 }
+
+/// A worker failing before the first checkpoint: `--max-restarts` starts the run over, and
+/// the failed attempt's records go.
+#[test]
+fn a_restart_before_any_checkpoint_starts_over() {
+    let (tmp, cfg) = setup(2);
+    let dir = tmp.path().join("early");
+    let steps = "train.max_steps=60";
+    let mut run = Launcher::start(&cfg, &dir, &["--set", steps, "--max-restarts", "1"]);
+    run.wait_for_steps(3);
+    assert!(
+        !dir.join("checkpoints/LATEST").exists(),
+        "a checkpoint came first"
+    );
+    signal(worker_pid(&dir, 0), "KILL");
+    let (st, _, log) = run.wait(Duration::from_secs(120));
+    assert!(st.success(), "{log}");
+    assert!(log.contains("restart 1 of 1 from the start"), "{log}");
+    let s = summary(&dir);
+    assert_eq!(
+        (
+            s["restarts"][0]["rank"].as_u64(),
+            s["restarts"][0]["step"].as_u64()
+        ),
+        (Some(0), Some(0))
+    );
+    let steps: Vec<u64> = losses(&dir).iter().map(|l| l.0).collect();
+    assert_eq!(steps, (0..60).collect::<Vec<_>>());
+}
+
+/// What `--max-restarts` cannot do is refused before anything starts, naming why; a worker
+/// whose launcher is not its parent refuses to start.
+#[test]
+fn unsupported_restarts_and_orphaned_workers_are_refused() {
+    let (tmp, cfg) = setup(2);
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_dtrain"));
+        c.arg("run").arg(&cfg).args(args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let o = c.output().unwrap();
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        String::from_utf8_lossy(&o.stderr).to_string()
+    };
+    let e = run(
+        &[
+            "--max-restarts",
+            "1",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "0",
+            "--rendezvous",
+            "127.0.0.1:1",
+        ],
+        &[],
+    );
+    assert!(
+        e.contains("--max-restarts") && e.contains("--nnodes"),
+        "{e}"
+    );
+    let e = run(
+        &["--max-restarts", "1", "--set", "cluster.transport=\"mpi\""],
+        &[],
+    );
+    assert!(e.contains("--max-restarts") && e.contains("mpi"), "{e}");
+    let dir = tmp.path().join("slurm");
+    let e = run(
+        &["--max-restarts", "1", "--run-dir", dir.to_str().unwrap()],
+        &[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")],
+    );
+    assert!(e.contains("--max-restarts needs the launcher"), "{e}");
+    assert!(
+        !tmp.path().join("runs").exists(),
+        "a refused run wrote its directory"
+    );
+
+    // A worker started with a launcher pid that is not its parent (the launcher died
+    // before the worker could ask to die with it) does not start.
+    let o = Command::new(env!("CARGO_BIN_EXE_dtrain"))
+        .args([
+            "worker",
+            "--run-dir",
+            "/nonexistent",
+            "--rendezvous",
+            "127.0.0.1:1",
+        ])
+        .args(["--rank", "0", "--world", "1"])
+        .env("DTRAIN_LAUNCHER_PID", "1")
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.contains("the launcher (pid 1) is gone"), "{e}");
+}

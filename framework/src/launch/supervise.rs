@@ -1,6 +1,7 @@
 //! Watching worker processes: failures, deadlines, and the stop signals the launcher
 //! forwards (see [`crate::signals`]).
 
+use std::os::unix::process::ExitStatusExt;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
@@ -79,7 +80,7 @@ pub(crate) fn watch(children: &mut [(usize, Child)], w: Watch) -> Ended {
                 }
             }
         }
-        let mut failure: Option<(Option<usize>, String)> = None;
+        let mut failure: Option<Culprit> = None;
         for (i, (rank, c)) in children.iter_mut().enumerate() {
             if done[i] {
                 continue;
@@ -96,15 +97,17 @@ pub(crate) fn watch(children: &mut [(usize, Child)], w: Watch) -> Ended {
                         (Some(sig), Some(grace)) => {
                             stopping = Some((sig, Instant::now() + grace));
                         }
-                        _ => {
-                            failure.get_or_insert((Some(*rank), format!("{st}")));
-                        }
+                        _ => note_failure(&mut failure, *rank, &st),
                     }
                 }
                 Ok(None) => {}
                 Err(e) => {
                     done[i] = true;
-                    failure.get_or_insert((Some(*rank), format!("waiting for it: {e}")));
+                    failure.get_or_insert(Culprit {
+                        rank: Some(*rank),
+                        cause: format!("waiting for it: {e}"),
+                        killed: false,
+                    });
                 }
             }
         }
@@ -138,25 +141,70 @@ pub(crate) fn watch(children: &mut [(usize, Child)], w: Watch) -> Ended {
             return Ended::Done;
         }
         if failure.is_none() && w.deadline.is_some_and(|d| Instant::now() >= d) {
-            failure = Some((
-                None,
-                format!("workers {running:?} were still running at the deadline"),
-            ));
+            failure = Some(Culprit {
+                rank: None,
+                cause: format!("workers {running:?} were still running at the deadline"),
+                killed: false,
+            });
         }
-        if let Some((rank, cause)) = failure {
+        if let Some(mut culprit) = failure {
+            // The others get their grace to exit on their own. One that was killed meanwhile
+            // is the likelier cause than one that exited naming a lost peer (the two often
+            // end within one poll of each other).
             let until = Instant::now() + w.grace;
-            while Instant::now() < until
-                && children
-                    .iter_mut()
-                    .any(|(_, c)| matches!(c.try_wait(), Ok(None)))
-                && !(w.on_signal.is_some() && signals::received().1 > 0)
-            {
+            loop {
+                for (i, (rank, c)) in children.iter_mut().enumerate() {
+                    if !done[i] {
+                        if let Ok(Some(st)) = c.try_wait() {
+                            done[i] = true;
+                            if !culprit.killed && st.signal().is_some() {
+                                culprit = Culprit {
+                                    rank: Some(*rank),
+                                    cause: format!("{st}"),
+                                    killed: true,
+                                };
+                            }
+                        }
+                    }
+                }
+                if done.iter().all(|d| *d)
+                    || Instant::now() >= until
+                    || (w.on_signal.is_some() && signals::received().1 > 0)
+                {
+                    break;
+                }
                 std::thread::sleep(Duration::from_millis(50));
             }
             kill_all(children);
-            return Ended::Failed { rank, cause };
+            return Ended::Failed {
+                rank: culprit.rank,
+                cause: culprit.cause,
+            };
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The worker a failure is blamed on.
+#[derive(Debug)]
+struct Culprit {
+    rank: Option<usize>,
+    cause: String,
+    /// Whether it was killed by a signal (rather than exiting with an error).
+    killed: bool,
+}
+
+/// Records that worker `rank` ended unsuccessfully with `st`: the first failure, unless a
+/// worker killed by a signal comes after workers that exited with an error (a killed
+/// worker is the likelier cause; the others report losing it).
+fn note_failure(failure: &mut Option<Culprit>, rank: usize, st: &std::process::ExitStatus) {
+    let killed = st.signal().is_some();
+    if failure.as_ref().is_none_or(|f| killed && !f.killed) {
+        *failure = Some(Culprit {
+            rank: Some(rank),
+            cause: format!("{st}"),
+            killed,
+        });
     }
 }
 
@@ -227,6 +275,26 @@ mod tests {
         // Every child is reaped.
         for (_, c) in &mut children {
             assert!(c.try_wait().unwrap().is_some());
+        }
+        // A worker killed by a signal is blamed over one that exited with an error first
+        // (a survivor reporting the lost peer).
+        let mut children = vec![
+            (0, sh("exit 1")),
+            (1, sh("sleep 0.3; kill -9 $$")),
+            (2, sh("sleep 30")),
+        ];
+        match watch(
+            &mut children,
+            Watch {
+                grace: Duration::from_secs(2),
+                ..w
+            },
+        ) {
+            Ended::Failed {
+                rank: Some(1),
+                cause,
+            } => assert!(cause.contains("SIGKILL"), "{cause}"),
+            other => panic!("{other:?}"),
         }
         let mut ok = vec![(0, sh("exit 0")), (1, sh("exit 0"))];
         assert_eq!(watch(&mut ok, w), Ended::Done);
