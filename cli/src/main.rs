@@ -93,6 +93,10 @@ struct RunArgs {
     /// Run directory (default: `<output.dir>/<name>/<UTC timestamp>`).
     #[arg(long)]
     run_dir: Option<PathBuf>,
+    /// When a worker fails, stop the others and restart every worker from the newest
+    /// checkpoint intact on every rank, at most N times (recorded in summary.json).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    max_restarts: usize,
 }
 
 #[derive(Args, Debug)]
@@ -170,6 +174,7 @@ fn run_options(a: &RunArgs) -> launch::RunOptions {
         run_dir: a.run_dir.clone(),
         no_fetch: a.check.no_fetch,
         variant: None,
+        max_restarts: a.max_restarts,
     }
 }
 
@@ -203,21 +208,21 @@ fn variants(check: &CheckArgs) -> Result<Vec<Option<String>>> {
         .collect())
 }
 
-/// `loss …, accuracy …%, perplexity …` of an evaluation; a value that was not finite
-/// (a diverged run) reads `not finite`.
+/// `loss …, accuracy …%, perplexity …` of an evaluation (perplexity only where the run
+/// measured one: language models); a value that diverged reads `NaN` / `inf`.
 fn eval_line(e: &dtrain_framework::trainer::EvalRecord) -> String {
     let num = |x: Option<f64>, scale: f64, digits: usize| {
-        x.map_or_else(
-            || "not finite".into(),
-            |v| format!("{:.digits$}", scale * v),
-        )
+        x.map_or_else(|| "–".into(), |v| format!("{:.digits$}", scale * v))
     };
-    format!(
-        "loss {}, accuracy {}%, perplexity {}",
+    let mut line = format!(
+        "loss {}, accuracy {}%",
         num(e.loss, 1.0, 4),
-        num(e.accuracy, 100.0, 2),
-        num(e.perplexity, 1.0, 2)
-    )
+        num(e.accuracy, 100.0, 2)
+    );
+    if e.perplexity.is_some() {
+        line += &format!(", perplexity {}", num(e.perplexity, 1.0, 2));
+    }
+    line
 }
 
 fn print_summary(dir: &Path, s: &dtrain_framework::trainer::Summary) {
@@ -310,14 +315,14 @@ fn train_run(a: RunArgs) -> Result<()> {
         let obs: &mut dyn dtrain_framework::trainer::Observer =
             if p.rank == 0 { &mut prog } else { &mut quiet };
         let s = launch::run_as_rank(&opts, p.rank, p.world, obs, &mut log)
-            .map_err(|e| anyhow::anyhow!("rank {}: {e}", p.rank))?;
+            .map_err(|e| of_rank(e, p.rank))?;
         if p.rank == 0 {
             print_summary(a.run_dir.as_deref().unwrap_or(Path::new(".")), &s);
         }
         return Ok(());
     }
     let exe = std::env::current_exe().context("locating the dtrain executable")?;
-    let r = launch::launch(&opts, &exe, &["worker"], &mut log).map_err(anyhow::Error::msg)?;
+    let r = launch::launch(&opts, &exe, &["worker"], &mut log)?;
     match &r.summary {
         Some(s) => print_summary(&r.run_dir, s),
         None => println!("run directory: {}", r.run_dir.display()),
@@ -353,6 +358,11 @@ fn train_sweep(a: &RunArgs, variants: &[Option<String>]) -> Result<()> {
                     print_summary(&r.run_dir, s);
                 }
                 dirs.push(r.run_dir);
+            }
+            Err(e @ launch::LaunchError::Stopped { .. }) => {
+                // A signal stops the whole sweep, not only this variant.
+                eprintln!("variant {label} stopped; the variants after it were not run");
+                return Err(e.into());
             }
             Err(e) => {
                 eprintln!("variant {label} failed: {e}");
@@ -430,8 +440,19 @@ fn train_worker(a: TrainWorkerArgs) -> Result<()> {
     let mut prog = progress::Progress::new();
     let obs: &mut dyn dtrain_framework::trainer::Observer =
         if rank == 0 { &mut prog } else { &mut quiet };
-    launch::worker(&w, obs).map_err(|e| anyhow::anyhow!("rank {rank}: {e}"))?;
+    launch::worker(&w, obs).map_err(|e| of_rank(e, rank))?;
     Ok(())
+}
+
+/// `e`, its message prefixed with `rank R: ` (the kind, and so the exit status, kept).
+fn of_rank(e: launch::LaunchError, rank: usize) -> launch::LaunchError {
+    match e {
+        launch::LaunchError::Failed(m) => launch::LaunchError::Failed(format!("rank {rank}: {m}")),
+        launch::LaunchError::Stopped { signal, message } => launch::LaunchError::Stopped {
+            signal,
+            message: format!("rank {rank}: {message}"),
+        },
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -978,9 +999,17 @@ fn main() -> ExitCode {
     }
     match run() {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("dtrain: error: {e:#}");
-            ExitCode::from(1)
-        }
+        Err(e) => match e.downcast_ref::<launch::LaunchError>() {
+            // A run stopped by SIGTERM / SIGINT exits with 128 + signal, as a shell reports a
+            // process that signal ended.
+            Some(stop @ launch::LaunchError::Stopped { .. }) => {
+                eprintln!("dtrain: {stop}");
+                ExitCode::from(stop.exit_code())
+            }
+            _ => {
+                eprintln!("dtrain: error: {e:#}");
+                ExitCode::from(1)
+            }
+        },
     }
 }

@@ -67,6 +67,9 @@ pub struct TrainData {
     eval_batch: usize,
     /// Per-epoch shard indices, cached for the current epoch.
     cached: Option<(u64, Vec<usize>)>,
+    /// An epoch whose batches are shifted by this many positions of the epoch's
+    /// permutation ([`TrainData::shift_epoch`]: resuming on another worker count).
+    shift: Option<(u64, i64)>,
     train_len: usize,
     test_len: usize,
     scratch: Vec<f32>,
@@ -212,6 +215,7 @@ impl TrainData {
             batch: d.batch_size,
             eval_batch: d.eval_batch_size.unwrap_or(eval_default),
             cached: None,
+            shift: None,
             train_len,
             test_len,
             scratch: Vec::new(),
@@ -243,6 +247,47 @@ impl TrainData {
         }
     }
 
+    /// Shifts the batches of `epoch` (images only) by `delta` positions of the epoch's
+    /// permutation: batch `j` of rank `r` becomes items `(j·b + i)·P + r + delta` instead of
+    /// `(j·b + i)·P + r`. A run resumed on another worker count continues an epoch from the
+    /// sample where the checkpoint left it this way (see `trainer::elastic`). Positions
+    /// outside the permutation (batches the resumed run never asks for) read its first item.
+    pub fn shift_epoch(&mut self, epoch: u64, delta: i64) {
+        self.shift = Some((epoch, delta));
+        self.cached = None;
+    }
+
+    /// The dataset items of this rank's batch `index` of `epoch`, in order (images; empty
+    /// for text, whose batches are windows of the rank's rows).
+    pub fn batch_items(&mut self, epoch: u64, index: usize) -> Vec<usize> {
+        if matches!(self.src, Source::Text { .. }) {
+            return Vec::new();
+        }
+        let (cached_epoch, idx) = match self.cached.take() {
+            Some((e, idx)) if e == epoch => (e, idx),
+            _ => (epoch, self.epoch_indices(epoch)),
+        };
+        let items = idx[index * self.batch..(index + 1) * self.batch].to_vec();
+        self.cached = Some((cached_epoch, idx));
+        items
+    }
+
+    /// This rank's items of `epoch`, in order: its shard, or the shifted positions of
+    /// [`TrainData::shift_epoch`].
+    fn epoch_indices(&self, epoch: u64) -> Vec<usize> {
+        match self.shift {
+            Some((e, delta)) if e == epoch => {
+                let perm = self.shard.permutation(self.train_len, epoch);
+                let (r, w) = (self.shard.rank, self.shard.world_size);
+                let last = perm.len().saturating_sub(1) as i64;
+                (0..self.train_len / w)
+                    .map(|k| perm[((k * w + r) as i64 + delta).clamp(0, last) as usize])
+                    .collect()
+            }
+            _ => self.shard.indices(self.train_len, epoch),
+        }
+    }
+
     /// Batch `index` of `epoch` for this rank.
     pub fn train_batch(&mut self, epoch: u64, index: usize, device: &Device) -> Batch {
         match &self.src {
@@ -255,7 +300,7 @@ impl TrainData {
             _ => {
                 let (cached_epoch, idx) = match self.cached.take() {
                     Some((e, idx)) if e == epoch => (e, idx),
-                    _ => (epoch, self.shard.indices(self.train_len, epoch)),
+                    _ => (epoch, self.epoch_indices(epoch)),
                 };
                 let b = self.image_batch(
                     &idx[index * self.batch..(index + 1) * self.batch],
@@ -405,4 +450,68 @@ fn find_text(dir: &Path) -> Result<std::path::PathBuf, String> {
     }
     best.map(|b| b.1)
         .ok_or_else(|| format!("no .txt file under {}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(world: usize, rank: usize) -> TrainData {
+        let text =
+            "name = \"d\"\nseed = 9\n[model]\nkind = \"mlp\"\n[data]\nkind = \"synthetic\"\n\
+                    shape = [1, 4, 4]\ntrain_len = 512\ntest_len = 16\nbatch_size = 8\n\
+                    [train]\nlr = 0.1\n";
+        let cfg = RunConfig::parse(text, "d.toml", &[]).unwrap();
+        TrainData::open(&cfg, rank, world).unwrap()
+    }
+
+    /// The items all `world` ranks see in batch `j` of `epoch`, sorted.
+    fn step_items(ranks: &mut [TrainData], epoch: u64, j: usize) -> Vec<usize> {
+        let mut v: Vec<usize> = ranks
+            .iter_mut()
+            .flat_map(|d| d.batch_items(epoch, j))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn sorted(s: &[usize]) -> Vec<usize> {
+        let mut v = s.to_vec();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn a_shifted_epoch_continues_at_the_sample_where_another_worker_count_stopped() {
+        let perm = ShardSpec::new(0, 1, 9).permutation(512, 1);
+        // Two workers (16 samples a step) take 5 steps of epoch 1: positions 0 … 79.
+        let mut two: Vec<TrainData> = (0..2).map(|r| open(2, r)).collect();
+        for j in 0..5 {
+            assert_eq!(
+                step_items(&mut two, 1, j),
+                sorted(&perm[j * 16..(j + 1) * 16])
+            );
+        }
+        // Four workers (32 a step) continue at batch 3, shifted by 80 − 3·32 = −16: from
+        // position 80 on, every sample once, up to the last full step.
+        let mut four: Vec<TrainData> = (0..4).map(|r| open(4, r)).collect();
+        for d in &mut four {
+            d.shift_epoch(1, -16);
+        }
+        for j in 3..16 {
+            let lo = 80 + (j - 3) * 32;
+            assert_eq!(
+                step_items(&mut four, 1, j),
+                sorted(&perm[lo..lo + 32]),
+                "{j}"
+            );
+        }
+        // Other epochs are not shifted.
+        let plain: Vec<usize> = (0..4).flat_map(|r| open(4, r).batch_items(2, 0)).collect();
+        assert_eq!(
+            sorted(&plain),
+            step_items(&mut four, 2, 0),
+            "epoch 2 is the usual one"
+        );
+    }
 }

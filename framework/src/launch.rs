@@ -11,13 +11,23 @@
 //!
 //! Everything that can be checked is checked before anything is started or written: the
 //! configuration (every field), the data (opened, or fetched when missing and fetchable),
-//! and on `--resume` the checkpoint's compatibility. A worker that fails stops the run: the
-//! supervisor reports the rank and its exit status, stops the others, and names the last
-//! complete checkpoint.
+//! and on `--resume` the checkpoint: every rank's file of the newest one is verified, and
+//! the run falls back to the newest checkpoint intact on every rank, saying what it
+//! skipped.
+//!
+//! **The launcher is a supervisor** (`node`, `supervise`). A worker that fails stops the
+//! run: the supervisor reports the rank and its exit status, stops the others, and names
+//! the newest intact checkpoint — or, with `--max-restarts N`, restarts every worker of the
+//! node from it, up to N times, recording each restart in `summary.json`. SIGTERM / SIGINT
+//! are forwarded to the workers, which checkpoint and exit within `checkpoint.grace_s`; a
+//! second signal kills them; the launcher exits with 128 + signal ([`LaunchError`]).
+//! Workers die with their launcher ([`crate::signals`]).
+
+mod node;
+mod supervise;
 
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dtrain_comms::rendezvous::{self, Host, RendezvousConfig, RunIdentity};
@@ -30,7 +40,10 @@ use dtrain_comms::{
 use crate::config::{ClusterMode, Plan, RunConfig, TransportKind};
 use crate::data::TrainData;
 use crate::mpi_env::MpiEnv;
-use crate::trainer::{Observer, RunDir, Summary, Trainer};
+use crate::signals::{self, StopRequest};
+use crate::trainer::{Observer, RunDir, Summary, TrainError, Trainer};
+
+pub(crate) use supervise::{kill_all, supervise};
 
 // Defined in `config` (next to the `[cluster]` fields it is built from), so that `config`
 // need not import this module; kept here at its old path.
@@ -65,6 +78,56 @@ pub struct RunOptions {
     /// The `[[sweep]]` variant of the file to run (its label); `None`: the base
     /// configuration.
     pub variant: Option<String>,
+    /// `--max-restarts N`: after a worker fails, restart every worker from the newest
+    /// intact checkpoint, at most this many times (default 0: a failure ends the run).
+    pub max_restarts: usize,
+}
+
+/// Why `dtrain run` (or one of its ranks) did not finish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LaunchError {
+    /// It could not start, or it failed: the message says why and where its state is.
+    Failed(String),
+    /// A signal stopped it (after the workers checkpointed, when they could).
+    Stopped {
+        /// The signal (SIGTERM, SIGINT).
+        signal: i32,
+        /// What happened, and the checkpoint to continue from.
+        message: String,
+    },
+}
+
+impl LaunchError {
+    /// The process exit status that reports it: 1 for a failure, 128 + signal for a stop
+    /// (what a shell reports for a process ended by that signal).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            LaunchError::Failed(_) => 1,
+            LaunchError::Stopped { signal, .. } => u8::try_from(128 + signal).unwrap_or(255),
+        }
+    }
+}
+
+impl std::fmt::Display for LaunchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LaunchError::Failed(m) | LaunchError::Stopped { message: m, .. } => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for LaunchError {}
+
+impl From<String> for LaunchError {
+    fn from(m: String) -> Self {
+        LaunchError::Failed(m)
+    }
+}
+
+impl From<&str> for LaunchError {
+    fn from(m: &str) -> Self {
+        LaunchError::Failed(m.to_string())
+    }
 }
 
 /// Loads and validates `opts.config` with its data (fetching data when allowed). Returns the
@@ -192,21 +255,20 @@ fn compare_for_resume(old: &RunConfig, new: &RunConfig) -> Result<(), String> {
 }
 
 /// Prepares the run directory: a new one, or the `--resume` one after checking that the
-/// configuration is compatible and a checkpoint exists. Writes `config.toml`.
-pub fn prepare_dir(opts: &RunOptions, plan: &Plan) -> Result<RunDir, String> {
+/// configuration is compatible and choosing the checkpoint ([`choose_checkpoint`]). Writes
+/// `config.toml`.
+pub fn prepare_dir(
+    opts: &RunOptions,
+    plan: &Plan,
+    log: &mut dyn FnMut(&str),
+) -> Result<RunDir, String> {
     let cfg = &plan.config;
     let root = if let Some(r) = &opts.resume {
         let old_path = r.join("config.toml");
         let old = RunConfig::load(&old_path, &[])
             .map_err(|e| format!("--resume {}: not a run directory ({e})", r.display()))?;
         compare_for_resume(&old, cfg).map_err(|e| format!("--resume {}: {e}", r.display()))?;
-        let dir = RunDir { root: r.clone() };
-        if dir.latest().is_none() {
-            return Err(format!(
-                "--resume {}: no complete checkpoint (checkpoints/LATEST is missing)",
-                r.display()
-            ));
-        }
+        choose_checkpoint(&RunDir { root: r.clone() }, log)?;
         r.clone()
     } else if let Some(d) = &opts.run_dir {
         std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
@@ -217,6 +279,51 @@ pub fn prepare_dir(opts: &RunOptions, plan: &Plan) -> Result<RunDir, String> {
     let p = root.join("config.toml");
     crate::checkpoint::write_atomic(&p, cfg.to_toml().as_bytes()).map_err(|e| e.to_string())?;
     Ok(RunDir { root })
+}
+
+/// `--resume`: verifies every rank's file of the newest checkpoint and falls back to the
+/// newest one intact on every rank ([`RunDir::newest_intact`]), logging each one skipped and
+/// why; points `checkpoints/LATEST` at the one chosen (the workers resume from LATEST).
+/// The error, when none is intact, lists what is wrong with each.
+pub fn choose_checkpoint(
+    dir: &RunDir,
+    log: &mut dyn FnMut(&str),
+) -> Result<crate::trainer::IntactCheckpoint, String> {
+    let r = dir.root.display();
+    let (best, skipped) = dir.newest_intact();
+    for s in &skipped {
+        log(&format!(
+            "--resume {r}: skipping checkpoint {}: {}",
+            s.dir.display(),
+            s.reason
+        ));
+    }
+    let Some(best) = best else {
+        let why: Vec<String> = skipped
+            .iter()
+            .map(|s| format!("{}: {}", s.dir.display(), s.reason))
+            .collect();
+        return Err(if why.is_empty() {
+            format!("--resume {r}: no checkpoint to resume from (checkpoints/ holds none)")
+        } else {
+            format!(
+                "--resume {r}: no checkpoint is intact on every rank ({})",
+                why.join("; ")
+            )
+        });
+    };
+    if dir.latest().as_deref() != Some(best.dir.as_path()) {
+        dir.set_latest(&best.dir).map_err(|e| e.to_string())?;
+    }
+    if !skipped.is_empty() {
+        log(&format!(
+            "--resume {r}: continuing from {} (step {}), the newest checkpoint intact on every \
+             rank",
+            best.dir.display(),
+            best.step
+        ));
+    }
+    Ok(best)
 }
 
 /// What `cluster.transport = "auto"` becomes for a run of `world` ranks, and why (one line
@@ -414,7 +521,27 @@ pub struct WorkerArgs {
 
 /// Runs one worker to the end: loads the run's config, opens its data shard, connects,
 /// trains. The token comes from [`TOKEN_ENV`].
-pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, String> {
+///
+/// Started by `dtrain run` ([`signals::LAUNCHER_PID_ENV`] set), it dies with its launcher
+/// ([`signals::die_with_launcher`]). SIGTERM / SIGINT stop it after the step the ranks agree
+/// on, with a checkpoint ([`Trainer::stop_on`]): [`LaunchError::Stopped`]. Without a
+/// launcher (a rank started by a scheduler), a second signal ends it at once.
+pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, LaunchError> {
+    signals::die_with_launcher()?;
+    let launched = std::env::var_os(signals::LAUNCHER_PID_ENV).is_some();
+    let _caught =
+        signals::catch(!launched).map_err(|e| format!("catching SIGTERM / SIGINT: {e}"))?;
+    let stop = StopRequest::process();
+    let before_training = |stage: &str| match stop.signal() {
+        Some(signal) => Err(LaunchError::Stopped {
+            signal,
+            message: format!(
+                "{} received {stage}: stopped (no new checkpoint)",
+                signals::signal_name(signal)
+            ),
+        }),
+        None => Ok(()),
+    };
     let token = std::env::var(TOKEN_ENV).map_err(|_| format!("{TOKEN_ENV} is not set"));
     let path = a.run_dir.join("config.toml");
     let file = path.display().to_string();
@@ -430,6 +557,7 @@ pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, String>
         ..a.clone()
     };
     let data = TrainData::open(&cfg, a.rank, a.world).map_err(|e| format!("{file}: data: {e}"))?;
+    before_training("while loading the data")?;
     let plan = cfg
         .validate(&file, Some(data.train_examples()))
         .map_err(|e| e.to_string())?;
@@ -443,7 +571,8 @@ pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, String>
                 return Err(format!(
                     "{file}: network.bandwidth / latency are emulated by the tcp, quic and shm \
                      transports, not by mpi"
-                ));
+                )
+                .into());
             }
             env.transport()?
         }
@@ -490,76 +619,19 @@ pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, String>
             .ok_or_else(|| format!("{}: no checkpoint to resume from", a.run_dir.display()))?;
         t.resume_from(&dir).map_err(|e| e.to_string())?;
     }
-    let summary = t.run(obs).map_err(|e| e.to_string());
+    before_training("before the first step")?;
+    t.stop_on(stop.clone());
+    let summary = t.run(obs).map_err(|e| match e {
+        TrainError::Stopped { signal, .. } => LaunchError::Stopped {
+            signal,
+            message: e.to_string(),
+        },
+        e => LaunchError::Failed(e.to_string()),
+    });
     // The trainer (and its transport) goes before MPI is finalised.
     drop(t);
     drop(mpi);
     summary
-}
-
-/// Stops and reaps every child.
-pub(crate) fn kill_all(children: &mut [(usize, Child)]) {
-    for (_, c) in children.iter_mut() {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-}
-
-/// Waits for every worker process `(rank, child)`. On the first failure, or at `deadline`,
-/// the others get `grace` to exit on their own (so they can report the lost peer) and are
-/// then killed; the error names the rank(s).
-pub(crate) fn supervise(
-    children: &mut [(usize, Child)],
-    deadline: Option<Instant>,
-    grace: Duration,
-) -> Result<(), String> {
-    let mut done = vec![false; children.len()];
-    while done.iter().any(|d| !d) {
-        let mut failure = None;
-        for (i, (rank, c)) in children.iter_mut().enumerate() {
-            if done[i] {
-                continue;
-            }
-            match c.try_wait() {
-                Ok(Some(st)) => {
-                    done[i] = true;
-                    if !st.success() && failure.is_none() {
-                        failure = Some(format!("worker {rank} failed ({st})"));
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    done[i] = true;
-                    failure.get_or_insert(format!("waiting for worker {rank}: {e}"));
-                }
-            }
-        }
-        if failure.is_none() && deadline.is_some_and(|d| Instant::now() >= d) {
-            let running: Vec<usize> = children
-                .iter()
-                .zip(&done)
-                .filter(|(_, d)| !**d)
-                .map(|((r, _), _)| *r)
-                .collect();
-            failure = Some(format!(
-                "workers {running:?} were still running at the deadline"
-            ));
-        }
-        if let Some(f) = failure {
-            let until = Instant::now() + grace;
-            while Instant::now() < until
-                && children
-                    .iter_mut()
-                    .any(|(_, c)| matches!(c.try_wait(), Ok(None)))
-            {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            kill_all(children);
-            return Err(f);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
 }
 
 /// What [`launch`] did.
@@ -571,29 +643,36 @@ pub struct Launched {
     pub summary: Option<Summary>,
 }
 
-/// Validates, prepares the run directory and runs the workers of this node to the end.
-/// `exe` is the `dtrain` binary, `worker_cmd` the arguments that select its worker mode.
+/// Validates, prepares the run directory and runs the workers of this node to the end
+/// (supervised: see the [module docs](self)). `exe` is the `dtrain` binary, `worker_cmd`
+/// the arguments that select its worker mode.
 pub fn launch(
     opts: &RunOptions,
     exe: &Path,
     worker_cmd: &[&str],
     log: &mut dyn FnMut(&str),
-) -> Result<Launched, String> {
+) -> Result<Launched, LaunchError> {
     let plan = check(opts, log)?;
     let world = plan.config.cluster.workers;
     let (nnodes, node_rank) = (opts.nnodes.unwrap_or(1), opts.node_rank.unwrap_or(0));
     if nnodes == 0 || node_rank >= nnodes {
-        return Err(format!(
-            "--node-rank {node_rank} must be below --nnodes {nnodes}"
-        ));
+        return Err(format!("--node-rank {node_rank} must be below --nnodes {nnodes}").into());
     }
     if world % nnodes != 0 {
-        return Err(format!(
-            "cluster.workers = {world} is not divisible by --nnodes {nnodes}"
-        ));
+        return Err(
+            format!("cluster.workers = {world} is not divisible by --nnodes {nnodes}").into(),
+        );
     }
     if nnodes > 1 && opts.rendezvous.is_none() {
         return Err("--nnodes > 1 needs --rendezvous HOST:PORT (node 0's address)".into());
+    }
+    if nnodes > 1 && opts.max_restarts > 0 {
+        return Err(
+            "--max-restarts restarts the workers of one node; with --nnodes > 1 the \
+                    node launchers would have to agree on every restart, which they do not \
+                    yet: restart the run with --resume on every node"
+                .into(),
+        );
     }
     // Before any worker or run directory exists: a missing driver is one error, here.
     crate::device::check_available(plan.config.cluster.device, world / nnodes)?;
@@ -602,7 +681,8 @@ pub fn launch(
         _ if nnodes > 1 => {
             return Err(format!(
                 "multi-node runs need the same run token on every node: set {TOKEN_ENV}"
-            ))
+            )
+            .into())
         }
         _ => rendezvous::random_token().map_err(|e| e.to_string())?,
     };
@@ -614,7 +694,6 @@ pub fn launch(
     if let Some(why) = why {
         log(&why);
     }
-    let dir = prepare_dir(opts, &plan)?;
     if kind == TransportKind::Mpi {
         if nnodes > 1 {
             return Err(
@@ -623,67 +702,45 @@ pub fn launch(
                     .into(),
             );
         }
+        if opts.max_restarts > 0 {
+            return Err(
+                "transport mpi: --max-restarts is not supported (mpirun owns the \
+                        worker processes); restart with --resume"
+                    .into(),
+            );
+        }
+    }
+    let dir = prepare_dir(opts, &plan, log)?;
+    if kind == TransportKind::Mpi {
         return launch_mpi(opts, &plan, &dir, exe, worker_cmd, &token);
     }
-    let addr = opts
-        .rendezvous
-        .unwrap_or_else(|| "127.0.0.1:0".parse().expect("addr"));
-    let host = if node_rank == 0 {
-        Some(host_rendezvous(
-            addr,
-            world,
-            kind,
-            &token,
-            RENDEZVOUS_TIMEOUT,
-        )?)
-    } else {
-        None
-    };
-    let rdv = host.as_ref().map(|h| h.addr()).unwrap_or(addr);
     let per_node = world / nnodes;
     let ranks: Vec<usize> = (node_rank * per_node..(node_rank + 1) * per_node).collect();
-    let threads = plan.config.cluster.threads.to_string();
-    let mut children: Vec<(usize, Child)> = Vec::new();
-    for &rank in &ranks {
-        let mut cmd = Command::new(exe);
-        cmd.args(worker_cmd)
-            .arg("--run-dir")
-            .arg(&dir.root)
-            .arg("--rendezvous")
-            .arg(rdv.to_string())
-            .arg("--rank")
-            .arg(rank.to_string())
-            .arg("--world")
-            .arg(world.to_string())
-            .env(TOKEN_ENV, &token)
-            .env("RAYON_NUM_THREADS", &threads)
-            .env(crate::device::LOCAL_RANK_ENV, (rank - ranks[0]).to_string())
-            .stdin(Stdio::null());
-        if opts.resume.is_some() {
-            cmd.arg("--resume");
-        }
-        if rank != 0 {
-            cmd.stdout(Stdio::null());
-        }
-        match cmd.spawn() {
-            Ok(c) => children.push((rank, c)),
-            Err(e) => {
-                kill_all(&mut children);
-                return Err(format!("starting worker {rank}: {e}"));
-            }
-        }
-    }
-    let started = Instant::now();
-    // Others get 5 s to notice a failed peer (they name it) before they are stopped.
-    supervise(&mut children, None, Duration::from_secs(5))
-        .map_err(|f| run_failure(&f, started, &dir))?;
-    if let Some(h) = host {
-        h.wait().map_err(|e| e.to_string())?;
-    }
+    let node = node::Node {
+        opts,
+        plan: &plan,
+        dir: &dir,
+        exe,
+        worker_cmd,
+        token: &token,
+        ranks: ranks.clone(),
+        rendezvous: opts
+            .rendezvous
+            .unwrap_or_else(|| "127.0.0.1:0".parse().expect("addr")),
+        hosts: node_rank == 0,
+    };
+    let restarts = node.run(log)?;
     let summary = if ranks.contains(&0) {
         let p = dir.root.join("summary.json");
         let text = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-        Some(serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?)
+        let mut s: Summary =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+        if !restarts.is_empty() {
+            s.restarts = Some(restarts);
+            let text = serde_json::to_string_pretty(&s).map_err(|e| e.to_string())?;
+            crate::checkpoint::write_atomic(&p, text.as_bytes()).map_err(|e| e.to_string())?;
+        }
+        Some(s)
     } else {
         None
     };
@@ -691,30 +748,6 @@ pub fn launch(
         run_dir: dir.root,
         summary,
     })
-}
-
-/// Why a run stopped (`failure`, after the time since `started`) and where its state is:
-/// the last complete checkpoint and how to continue from it, or the run directory.
-fn run_failure(failure: &str, started: Instant, dir: &RunDir) -> String {
-    let ck = dir.latest().map_or_else(
-        || {
-            format!(
-                "no checkpoint was written; run directory {}",
-                dir.root.display()
-            )
-        },
-        |p| {
-            format!(
-                "last complete checkpoint: {} (continue with --resume {})",
-                p.display(),
-                dir.root.display()
-            )
-        },
-    );
-    format!(
-        "{failure} after {:.1} s; {ck}",
-        started.elapsed().as_secs_f64()
-    )
 }
 
 /// [`launch`] for `cluster.transport = "mpi"` on one node: one `mpirun` starts every worker
@@ -726,7 +759,7 @@ fn launch_mpi(
     exe: &Path,
     worker_cmd: &[&str],
     token: &str,
-) -> Result<Launched, String> {
+) -> Result<Launched, LaunchError> {
     let world = plan.config.cluster.workers;
     let mut args: Vec<String> = worker_cmd.iter().map(|s| s.to_string()).collect();
     args.extend([
@@ -746,6 +779,9 @@ fn launch_mpi(
     let mut cmd = crate::mpi_env::mpirun_command(world, exe, &args);
     cmd.env(TOKEN_ENV, token)
         .env("RAYON_NUM_THREADS", plan.config.cluster.threads.to_string());
+    // A signal to this process is forwarded to mpirun, which passes it on to the ranks.
+    let _caught =
+        signals::catch(false).map_err(|e| format!("catching SIGTERM / SIGINT for mpirun: {e}"))?;
     let child = cmd.spawn().map_err(|e| {
         format!(
             "transport mpi: starting {:?}: {e} (is Open MPI installed? set {} to its mpirun)",
@@ -755,8 +791,27 @@ fn launch_mpi(
     })?;
     let mut children = vec![(0, child)];
     let started = Instant::now();
-    supervise(&mut children, None, Duration::from_secs(5))
-        .map_err(|f| format!("mpirun: {}", run_failure(&f, started, dir)))?;
+    let w = supervise::Watch {
+        deadline: None,
+        grace: Duration::from_secs(5),
+        on_signal: Some(Duration::from_secs_f64(plan.config.checkpoint.grace_s)),
+    };
+    match supervise::watch(&mut children, w) {
+        supervise::Ended::Done => {}
+        supervise::Ended::Failed { cause, .. } => {
+            return Err(format!(
+                "mpirun: {}",
+                node::run_failure(&format!("mpirun failed ({cause})"), started, dir)
+            )
+            .into())
+        }
+        supervise::Ended::Stopped { signal, note } => {
+            return Err(LaunchError::Stopped {
+                signal,
+                message: format!("mpirun: {}", node::stopped(signal, &note, dir)),
+            })
+        }
+    }
     let p = dir.root.join("summary.json");
     let text = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
     let summary = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
@@ -777,14 +832,22 @@ pub fn scheduler_placement() -> Option<Result<rendezvous::Placement, String>> {
 }
 
 /// Scheduler mode: this process is rank `rank` of `world` (from Slurm / Open MPI), rank 0
-/// hosts the rendezvous at `opts.rendezvous`. Rank 0 prepares `--run-dir`.
+/// hosts the rendezvous at `opts.rendezvous`. Rank 0 prepares `--run-dir` (and on
+/// `--resume` chooses the checkpoint; the ranks check that they all restored the same step).
 pub fn run_as_rank(
     opts: &RunOptions,
     rank: usize,
     world: usize,
     obs: &mut dyn Observer,
     log: &mut dyn FnMut(&str),
-) -> Result<Summary, String> {
+) -> Result<Summary, LaunchError> {
+    if opts.max_restarts > 0 {
+        return Err(
+            "--max-restarts needs the launcher (`dtrain run` starting its workers); \
+                    under a scheduler, use its own requeue and --resume"
+                .into(),
+        );
+    }
     let run_dir = opts
         .run_dir
         .clone()
@@ -796,7 +859,8 @@ pub fn run_as_rank(
         return Err(format!(
             "cluster.workers = {} but the scheduler started {world} ranks",
             plan.config.cluster.workers
-        ));
+        )
+        .into());
     }
     let mut plan = plan;
     let (kind, why) = resolve_transport(plan.config.cluster.transport, world, false);
@@ -819,10 +883,10 @@ pub fn run_as_rank(
         token.as_ref().map_err(Clone::clone)?;
     }
     let host = if rank == 0 && mpi {
-        prepare_dir(opts, &plan)?;
+        prepare_dir(opts, &plan, log)?;
         None
     } else if rank == 0 {
-        prepare_dir(opts, &plan)?;
+        prepare_dir(opts, &plan, log)?;
         Some(host_rendezvous(
             rdv,
             world,
@@ -836,10 +900,7 @@ pub fn run_as_rank(
         let t = Instant::now();
         while !p.exists() {
             if t.elapsed() > Duration::from_secs(120) {
-                return Err(format!(
-                    "{} did not appear (rank 0 not started?)",
-                    p.display()
-                ));
+                return Err(format!("{} did not appear (rank 0 not started?)", p.display()).into());
             }
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -23,7 +23,9 @@
 //! * [`trainer`]: one worker of a data-parallel run — the step, evaluation, checkpoints,
 //!   exact resume, failure policies, metrics.
 //! * [`launch`]: `dtrain run` — validation, run directory, worker processes, multi-node and
-//!   scheduler placement, supervision.
+//!   scheduler placement, supervision (signals forwarded, restarts after a failure).
+//! * [`signals`]: SIGTERM / SIGINT for the launcher and its workers (a stop request the
+//!   trainer honours at a step boundary), and workers that die with their launcher.
 
 pub mod alloc;
 pub mod bench;
@@ -37,5 +39,6 @@ pub mod lr;
 pub mod mpi_env;
 pub mod optim;
 pub mod ps_mode;
+pub mod signals;
 pub(crate) mod sync;
 pub mod trainer;

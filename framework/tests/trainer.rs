@@ -539,7 +539,7 @@ fn batchnorm_buffers_survive_the_flat_round_trip_and_evaluation_is_sane() {
 }
 
 #[test]
-fn resuming_on_another_worker_count_is_allowed_only_where_well_defined() {
+fn resuming_on_another_worker_count_at_an_epoch_boundary_starts_the_next_epoch() {
     // No memory, epoch boundary: 1 worker for an epoch (64 steps of 8), then 2 workers (32
     // steps of 2 × 8 per epoch) start at epoch 1.
     let dir = tempfile::tempdir().unwrap();
@@ -554,55 +554,8 @@ fn resuming_on_another_worker_count_is_allowed_only_where_well_defined() {
     assert_eq!(b.summary.resumed_from, Some(32));
     assert_eq!(b.summary.steps, Some(64));
 
-    // Per-rank error-feedback memory: refused with a reason.
-    let dir = tempfile::tempdir().unwrap();
-    run(
-        1,
-        &["compress.kind=topk", "compress.ratio=0.1"],
-        Some(dir.path()),
-        false,
-    );
-    let cfg = RunConfig::parse(
-        BASE,
-        "b.toml",
-        &[
-            "compress.kind=topk",
-            "compress.ratio=0.1",
-            "cluster.workers=1",
-        ]
-        .map(String::from),
-    )
-    .unwrap();
-    let handles: Vec<_> = channel_mesh(2)
-        .into_iter()
-        .enumerate()
-        .map(|(rank, t)| {
-            let mut cfg = cfg.clone();
-            cfg.cluster.workers = 2;
-            let root = dir.path().to_path_buf();
-            std::thread::spawn(move || {
-                let data = TrainData::open(&cfg, rank, 2).unwrap();
-                let plan = cfg.validate("b.toml", Some(data.train_examples())).unwrap();
-                let comm = Communicator::new(t, CommConfig::default());
-                let out = RunDir { root };
-                let mut tr = Trainer::new(
-                    plan,
-                    data,
-                    comm,
-                    &dtrain_models::cpu_device(),
-                    Some(out.clone()),
-                )
-                .unwrap();
-                tr.resume_from(&out.latest().unwrap())
-                    .unwrap_err()
-                    .to_string()
-            })
-        })
-        .collect();
-    for h in handles {
-        let e = h.join().unwrap();
-        assert!(e.contains("error-feedback memories are per rank"), "{e}");
-    }
+    // Per-rank state (error-feedback memories) and a position inside an epoch are
+    // redistributed by a rule: tests/supervision.rs.
 }
 
 #[test]

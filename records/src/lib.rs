@@ -12,9 +12,14 @@
 //!
 //! * unknown fields are ignored (a newer trainer may add some), and a missing field reads
 //!   as `None` / zero (an older one may lack it);
-//! * a number that was not finite is written as JSON `null` and reads as `None` (a
-//!   diverged run's loss, the perplexity of an overflowing loss), never as an error;
+//! * every floating-point figure round-trips NaN and ±∞ (a diverged run's loss, the
+//!   perplexity of an overflowing loss): they are written as the strings `"NaN"`,
+//!   `"Infinity"` and `"-Infinity"` ([`float`] documents the encoding), and the `null` that
+//!   earlier trainers wrote for them still reads (as `None`);
+//! * `None` means "not measured" (no perplexity for a classifier), never "diverged";
 //! * names that a newer trainer may extend (the collective) are kept as text.
+
+pub mod float;
 
 use serde::{Deserialize, Serialize};
 
@@ -30,30 +35,40 @@ use serde::{Deserialize, Serialize};
 #[serde(default)]
 pub struct Phases {
     /// Building the batch (host data → tensors).
+    #[serde(with = "float::num")]
     pub data_s: f64,
     /// Forward pass and loss.
+    #[serde(with = "float::num")]
     pub forward_s: f64,
     /// Backward pass and gradient extraction into the flat buffer.
+    #[serde(with = "float::num")]
     pub backward_s: f64,
     /// Compensate + compress (and the own-payload decode for error feedback).
+    #[serde(with = "float::num")]
     pub compress_s: f64,
     /// Inside collectives (gradient exchange and the control all-reduce).
+    #[serde(with = "float::num")]
     pub communicate_s: f64,
     /// Decoding, summing, averaging.
+    #[serde(with = "float::num")]
     pub decompress_s: f64,
     /// Time the step waited on gradient communication that compression / decompression of
     /// other buckets did not hide (with overlap; equal to the exchange's share of
     /// `communicate_s` without).
+    #[serde(with = "float::num")]
     pub wait_s: f64,
     /// The part of `communicate_s` spent in the step's control all-reduce, right after the
     /// backward pass. A rank waits there until the slowest rank has finished its backward,
     /// so this is mostly load imbalance and jitter between ranks (the call itself is a few
     /// floats); 0 where there is no lock-step control all-reduce (asynchronous PS) and in
     /// records written before it was split out.
+    #[serde(with = "float::num")]
     pub sync_s: f64,
     /// Optimizer update and writing the parameters back into the model.
+    #[serde(with = "float::num")]
     pub optimizer_s: f64,
     /// The whole step, wall clock.
+    #[serde(with = "float::num")]
     pub step_s: f64,
 }
 
@@ -105,8 +120,9 @@ impl Phases {
     }
 }
 
-/// `Some(x)` when `x` is finite: what a record holds for a measured value (JSON has no
-/// NaN or infinity; such a value is written as `null` and reads as `None`).
+/// `Some(x)` when `x` is finite. For a figure that means nothing once not finite; a
+/// measured value that diverged is kept as it is (NaN, ±∞), which records round-trip
+/// ([`float`]).
 pub fn finite(x: f64) -> Option<f64> {
     x.is_finite().then_some(x)
 }
@@ -119,15 +135,19 @@ pub struct StepRecord {
     pub step: u64,
     /// Epoch (0-based).
     pub epoch: u64,
-    /// Mean training loss over all ranks' batches (`None` when not finite).
+    /// Mean training loss over all ranks' batches (NaN or ±∞ when it diverged).
+    #[serde(with = "float::opt")]
     pub loss: Option<f64>,
     /// Training accuracy over all ranks' batches.
+    #[serde(with = "float::opt")]
     pub accuracy: Option<f64>,
     /// Learning rate used.
+    #[serde(with = "float::opt")]
     pub lr: Option<f64>,
     /// The method's knob this step (`theta`, `density`), if it has one.
     pub ratio_name: Option<String>,
     /// Its value.
+    #[serde(with = "float::opt")]
     pub ratio: Option<f64>,
     /// Bytes this rank sent (transport-level, framing included).
     pub bytes_sent: u64,
@@ -143,13 +163,13 @@ pub struct StepRecord {
     pub time: Phases,
     /// DLCP (`compress.collective = "dlcp"`): fraction of all workers' gradient elements the
     /// bounded-loss all-reduce completed without, this step.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(with = "float::opt", skip_serializing_if = "Option::is_none")]
     pub lossy_dropped: Option<f64>,
     /// DLCP: packets this rank retransmitted this step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retransmitted: Option<u64>,
     /// Parameter-server mode: seconds this rank's server spent aggregating this step.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(with = "float::opt", skip_serializing_if = "Option::is_none")]
     pub server_s: Option<f64>,
     /// The rank whose local work since it left the previous step's gradient exchange
     /// (optimizer, logging, data, forward, backward) took longest. Ranks leave a collective
@@ -161,7 +181,7 @@ pub struct StepRecord {
     pub slowest_rank: Option<usize>,
     /// How much longer the slowest rank's local work took than this rank's: the part of
     /// `sync_s` that is load imbalance or jitter rather than the call itself.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(with = "float::opt", skip_serializing_if = "Option::is_none")]
     pub behind_slowest_s: Option<f64>,
 }
 
@@ -173,11 +193,15 @@ pub struct EvalRecord {
     pub epoch: u64,
     /// Steps completed.
     pub step: u64,
-    /// Mean test loss (`None` when not finite).
+    /// Mean test loss (NaN or ±∞ when it diverged).
+    #[serde(with = "float::opt")]
     pub loss: Option<f64>,
     /// Test accuracy (top-1; tokens for language models).
+    #[serde(with = "float::opt")]
     pub accuracy: Option<f64>,
-    /// Test perplexity `exp(loss)` (`None` when that overflows).
+    /// Test perplexity `exp(loss)` of a language model (+∞ when that overflows); `None`
+    /// for a classifier (and then not written).
+    #[serde(with = "float::opt", skip_serializing_if = "Option::is_none")]
     pub perplexity: Option<f64>,
     /// Examples (or tokens) scored.
     pub count: u64,
@@ -205,29 +229,36 @@ pub struct Summary {
     /// Final evaluation, if any.
     pub final_eval: Option<EvalRecord>,
     /// Mean training loss of the last epoch's steps (the last session's).
+    #[serde(with = "float::opt")]
     pub final_train_loss: Option<f64>,
     /// Mean per-phase times per step, excluding the first step of the session (warm-up).
     pub mean_step: Option<Phases>,
     /// Mean bytes sent per step by rank 0.
+    #[serde(with = "float::opt")]
     pub bytes_sent_per_step: Option<f64>,
     /// Mean payload bytes per step by rank 0.
+    #[serde(with = "float::opt")]
     pub payload_bytes_per_step: Option<f64>,
     /// Model parameters.
     pub params: Option<u64>,
     /// `4·params / payload bytes per step`.
+    #[serde(with = "float::opt")]
     pub compression_ratio: Option<f64>,
     /// Training throughput, examples per second over all workers.
+    #[serde(with = "float::opt")]
     pub samples_per_s: Option<f64>,
     /// Wall time of the last session in seconds.
+    #[serde(with = "float::opt")]
     pub wall_s: Option<f64>,
     /// Steps skipped for non-finite values.
     pub skipped_steps: Option<u64>,
     /// Rollbacks of the recover policy.
     pub recoveries: Option<u64>,
     /// The factor applied to θ by the recover policy (1 = never lowered).
+    #[serde(with = "float::opt")]
     pub theta_scale: Option<f64>,
     /// DLCP: mean fraction of the gradient dropped per step (absent without DLCP).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(with = "float::opt", skip_serializing_if = "Option::is_none")]
     pub lossy_dropped: Option<f64>,
     /// Per rank, the steps of the last session in which it was the slowest to reach the
     /// control all-reduce ([`StepRecord::slowest_rank`]); absent where that is not measured
@@ -245,6 +276,27 @@ pub struct Summary {
     /// compressed run's small dense buckets go through the dense all-reduce).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bucket_collectives: Option<Vec<String>>,
+    /// The restarts of `dtrain run --max-restarts` in the session that wrote this summary,
+    /// in order; absent when there was none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restarts: Option<Vec<Restart>>,
+}
+
+/// One restart of the workers after a failure (`dtrain run --max-restarts N`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Restart {
+    /// The rank whose failure stopped the workers (the first to exit unsuccessfully), when
+    /// one did (`None`: the workers were stopped by the supervisor, e.g. at a deadline).
+    pub rank: Option<usize>,
+    /// Why: the failed worker's exit status, or the supervisor's reason.
+    pub cause: String,
+    /// The step the workers were restarted from: the newest checkpoint intact on every
+    /// rank (0 when none had been written, and the run started afresh).
+    pub step: u64,
+    /// Seconds from the start of the attempt to the failure.
+    #[serde(with = "float::num")]
+    pub after_s: f64,
 }
 
 #[cfg(test)]
@@ -252,28 +304,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn non_finite_values_are_written_as_null_and_read_back_as_none() {
+    fn non_finite_values_are_written_as_strings_and_read_back() {
         let e = EvalRecord {
             epoch: 1,
             step: 10,
-            loss: finite(1010.0),
+            loss: Some(1010.0),
             accuracy: Some(0.1),
-            perplexity: finite(1010f64.exp()),
+            perplexity: Some(1010f64.exp()),
             count: 100,
         };
         let text = serde_json::to_string(&e).unwrap();
-        assert!(text.contains("\"perplexity\":null"), "{text}");
+        assert!(text.contains("\"perplexity\":\"Infinity\""), "{text}");
         let back: EvalRecord = serde_json::from_str(&text).unwrap();
         assert_eq!(back, e);
-        assert_eq!(back.perplexity, None);
-        // A `Some(NaN)` (a writer that did not filter) still reads.
         let s = Summary {
             final_train_loss: Some(f64::NAN),
+            mean_step: Some(Phases {
+                step_s: f64::NEG_INFINITY,
+                ..Phases::default()
+            }),
             final_eval: Some(e),
             ..Summary::default()
         };
-        let back: Summary = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
-        assert_eq!(back.final_train_loss, None);
+        let text = serde_json::to_string_pretty(&s).unwrap();
+        assert!(text.contains("\"final_train_loss\": \"NaN\""), "{text}");
+        let back: Summary = serde_json::from_str(&text).unwrap();
+        assert!(back.final_train_loss.unwrap().is_nan());
+        assert_eq!(back.mean_step.unwrap().step_s, f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn what_earlier_trainers_wrote_for_non_finite_values_still_reads() {
+        // `null` (an `Option` filtered by `finite`, or serde_json's own NaN): not known.
+        let e: EvalRecord = serde_json::from_str(r#"{"loss":1010.0,"perplexity":null}"#).unwrap();
+        assert_eq!(e.perplexity, None);
+        let p: Phases = serde_json::from_str(r#"{"step_s":null,"data_s":2}"#).unwrap();
+        assert!(p.step_s.is_nan());
+        assert_eq!(p.data_s, 2.0);
+        // Anything else is an error naming what is accepted.
+        let err = serde_json::from_str::<EvalRecord>(r#"{"loss":"lots"}"#).unwrap_err();
+        assert!(err.to_string().contains("\"Infinity\""), "{err}");
     }
 
     #[test]
@@ -303,5 +373,148 @@ mod tests {
             assert!(!text.contains(k), "{k} in {text}");
         }
         assert!(text.contains("\"ratio\":null"), "{text}");
+    }
+
+    /// Same value, where NaN equals NaN; finite values within serde_json's parsing
+    /// precision (see [`float`]).
+    fn same(a: f64, b: f64) -> bool {
+        if a.is_finite() && b.is_finite() {
+            a == b || (a - b).abs() <= a.abs().max(b.abs()) * 4.0 * f64::EPSILON
+        } else {
+            (a.is_nan() && b.is_nan()) || a == b
+        }
+    }
+
+    fn same_opt(a: Option<f64>, b: Option<f64>) -> bool {
+        match (a, b) {
+            (Some(a), Some(b)) => same(a, b),
+            (a, b) => a.is_none() && b.is_none(),
+        }
+    }
+
+    fn same_phases(a: &Phases, b: &Phases) -> bool {
+        let f = |p: &Phases| {
+            [
+                p.data_s,
+                p.forward_s,
+                p.backward_s,
+                p.compress_s,
+                p.communicate_s,
+                p.decompress_s,
+                p.wait_s,
+                p.sync_s,
+                p.optimizer_s,
+                p.step_s,
+            ]
+        };
+        f(a).iter().zip(f(b)).all(|(x, y)| same(*x, y))
+    }
+
+    use proptest::prelude::*;
+
+    /// Any float: every class (normal, subnormal, zero, ±∞, NaN), either sign.
+    fn any_f64() -> impl Strategy<Value = f64> {
+        prop_oneof![
+            proptest::num::f64::ANY,
+            Just(f64::NAN),
+            Just(f64::INFINITY),
+            Just(f64::NEG_INFINITY),
+            Just(-0.0),
+        ]
+    }
+
+    fn any_opt() -> impl Strategy<Value = Option<f64>> {
+        proptest::option::of(any_f64())
+    }
+
+    fn any_phases() -> impl Strategy<Value = Phases> {
+        proptest::collection::vec(any_f64(), 10).prop_map(|v| Phases {
+            data_s: v[0],
+            forward_s: v[1],
+            backward_s: v[2],
+            compress_s: v[3],
+            communicate_s: v[4],
+            decompress_s: v[5],
+            wait_s: v[6],
+            sync_s: v[7],
+            optimizer_s: v[8],
+            step_s: v[9],
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn every_record_round_trips_arbitrary_floats(
+            f in proptest::collection::vec(any_opt(), 18),
+            p in any_phases(),
+            after in any_f64(),
+        ) {
+            let step = StepRecord {
+                loss: f[0],
+                accuracy: f[1],
+                lr: f[2],
+                ratio: f[3],
+                lossy_dropped: f[4],
+                server_s: f[5],
+                behind_slowest_s: f[6],
+                time: p,
+                ..StepRecord::default()
+            };
+            let line = serde_json::to_string(&step).unwrap();
+            prop_assert!(!line.contains('\n'), "one line: {}", line);
+            let back: StepRecord = serde_json::from_str(&line).unwrap();
+            for (a, b) in [
+                (step.loss, back.loss),
+                (step.accuracy, back.accuracy),
+                (step.lr, back.lr),
+                (step.ratio, back.ratio),
+                (step.lossy_dropped, back.lossy_dropped),
+                (step.server_s, back.server_s),
+                (step.behind_slowest_s, back.behind_slowest_s),
+            ] {
+                prop_assert!(same_opt(a, b), "{:?} read back as {:?} from {}", a, b, line);
+            }
+            prop_assert!(same_phases(&step.time, &back.time), "{}", line);
+
+            let eval = EvalRecord { loss: f[7], accuracy: f[8], perplexity: f[9], ..EvalRecord::default() };
+            let line = serde_json::to_string(&eval).unwrap();
+            let back: EvalRecord = serde_json::from_str(&line).unwrap();
+            prop_assert!(same_opt(eval.loss, back.loss) && same_opt(eval.accuracy, back.accuracy)
+                && same_opt(eval.perplexity, back.perplexity), "{}", line);
+
+            let s = Summary {
+                final_eval: Some(eval.clone()),
+                final_train_loss: f[10],
+                mean_step: Some(p),
+                bytes_sent_per_step: f[11],
+                payload_bytes_per_step: f[12],
+                compression_ratio: f[13],
+                samples_per_s: f[14],
+                wall_s: f[15],
+                theta_scale: f[16],
+                lossy_dropped: f[17],
+                restarts: Some(vec![Restart { rank: Some(1), cause: "x".into(), step: 3, after_s: after }]),
+                ..Summary::default()
+            };
+            let text = serde_json::to_string_pretty(&s).unwrap();
+            let back: Summary = serde_json::from_str(&text).unwrap();
+            let pairs = [
+                (s.final_train_loss, back.final_train_loss),
+                (s.bytes_sent_per_step, back.bytes_sent_per_step),
+                (s.payload_bytes_per_step, back.payload_bytes_per_step),
+                (s.compression_ratio, back.compression_ratio),
+                (s.samples_per_s, back.samples_per_s),
+                (s.wall_s, back.wall_s),
+                (s.theta_scale, back.theta_scale),
+                (s.lossy_dropped, back.lossy_dropped),
+            ];
+            for (a, b) in pairs {
+                prop_assert!(same_opt(a, b), "{:?} read back as {:?} from {}", a, b, text);
+            }
+            prop_assert!(same_phases(&p, &back.mean_step.unwrap()));
+            let e = back.final_eval.unwrap();
+            prop_assert!(same_opt(eval.perplexity, e.perplexity));
+            prop_assert!(same(after, back.restarts.unwrap()[0].after_s));
+        }
     }
 }

@@ -103,10 +103,15 @@ pub fn ms(s: f64) -> String {
     sig(s * 1e3)
 }
 
-/// A number with about three significant digits, without exponent for everyday sizes.
+/// A number with about three significant digits, without exponent for everyday sizes;
+/// `NaN`, `∞` or `−∞` for a value that is not finite (a diverged loss is shown as such,
+/// not hidden).
 pub fn sig(v: f64) -> String {
-    if !v.is_finite() {
-        return "–".into();
+    if v.is_nan() {
+        return "NaN".into();
+    }
+    if v.is_infinite() {
+        return if v > 0.0 { "∞" } else { "−∞" }.into();
     }
     let a = v.abs();
     if a == 0.0 {

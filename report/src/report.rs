@@ -77,6 +77,10 @@ pub struct RunRow {
     pub workers: usize,
     /// Whether the run finished (has `summary.json`).
     pub complete: bool,
+    /// What shows that it diverged ([`Run::divergence`]), if it did.
+    pub divergence: Option<String>,
+    /// Restarts of its workers after failures (`dtrain run --max-restarts`).
+    pub restarts: usize,
     /// Final quality metric.
     pub final_metric: Option<FinalMetric>,
     /// Training wall time in seconds.
@@ -137,6 +141,8 @@ pub fn report_runs(runs: &[Run], opts: &ReportOptions) -> Result<ReportOutput> {
                 method: r.method.clone(),
                 workers: r.workers,
                 complete: r.is_complete(),
+                divergence: r.divergence(),
+                restarts: r.restarts(),
                 final_metric: r.final_metric(),
                 wall_s: r.wall_s(),
                 steps: r.step_count(),
@@ -272,6 +278,28 @@ fn metric_cell(m: Option<FinalMetric>) -> String {
     }
 }
 
+/// `complete` / `incomplete`, then what shows a divergence and how many restarts there
+/// were: `complete, diverged (test loss NaN), 1 restart`.
+fn status_cell(row: &RunRow) -> String {
+    let mut s = if row.complete {
+        "complete"
+    } else {
+        "incomplete"
+    }
+    .to_owned();
+    if let Some(d) = &row.divergence {
+        let _ = write!(s, ", diverged ({d})");
+    }
+    match row.restarts {
+        0 => {}
+        1 => s.push_str(", 1 restart"),
+        n => {
+            let _ = write!(s, ", {n} restarts");
+        }
+    }
+    s
+}
+
 fn opt<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
     v.map(f).unwrap_or_else(|| "–".into())
 }
@@ -331,12 +359,7 @@ fn render_markdown(runs: &[Run], rows: &[RunRow], plots: &[PathBuf]) -> String {
             );
         }
         cells.extend([
-            if row.complete {
-                "complete"
-            } else {
-                "incomplete"
-            }
-            .to_owned(),
+            status_cell(row),
             metric_cell(row.final_metric),
             md::sig(row.wall_s),
             row.steps.to_string(),

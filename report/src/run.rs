@@ -528,6 +528,25 @@ impl Run {
         self.summary.is_some()
     }
 
+    /// What shows that the run diverged: its final test loss or final training loss when
+    /// that is not finite (`"test loss NaN"`), else `None`.
+    pub fn divergence(&self) -> Option<String> {
+        let bad = |x: Option<f64>| x.filter(|v| !v.is_finite());
+        bad(self.final_eval().and_then(|e| e.loss))
+            .map(|l| format!("test loss {}", crate::md::sig(l)))
+            .or_else(|| {
+                bad(self.final_train_loss()).map(|l| format!("train loss {}", crate::md::sig(l)))
+            })
+    }
+
+    /// How often `dtrain run --max-restarts` restarted the workers (`summary.json`).
+    pub fn restarts(&self) -> usize {
+        self.summary
+            .as_ref()
+            .and_then(|s| s.restarts.as_ref())
+            .map_or(0, Vec::len)
+    }
+
     /// Whether the model is a language model (perplexity is its metric): kind `lstm`.
     pub fn is_language_model(&self) -> bool {
         self.model.eq_ignore_ascii_case("lstm")

@@ -408,3 +408,46 @@ fn the_rank_the_others_waited_for_is_reported_from_steps_or_summary() {
         out.markdown
     );
 }
+
+/// A diverged run (issue #24: ResNet-20 whose evaluation loss overflowed): its records hold
+/// NaN and ∞ as the trainer writes them (`dtrain_records::float`), and the report renders
+/// the run, says it diverged, and still draws its plots.
+#[test]
+fn a_diverged_run_with_non_finite_figures_is_reported_as_diverged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = Spec::new("rn", "none").write(tmp.path(), "runs/rn/20261122-050826");
+    edit_steps(&dir, |step, r| {
+        if step >= 6 {
+            r["loss"] = "NaN".into();
+        }
+    });
+    fs::write(
+        dir.join("eval.jsonl"),
+        "{\"epoch\":1,\"step\":10,\"loss\":1010.0,\"accuracy\":0.1,\"perplexity\":\"Infinity\",\
+         \"count\":1000}\n",
+    )
+    .unwrap();
+    let mut s = Spec::new("rn", "none").summary_json();
+    s["final_train_loss"] = "NaN".into();
+    s["final_eval"] = serde_json::json!({"epoch": 1, "step": 10, "loss": "Infinity",
+        "accuracy": 0.1, "count": 1000});
+    s["restarts"] = serde_json::json!([{"rank": 1, "cause": "worker 1 failed (signal: 9)",
+        "step": 4, "after_s": 2.5}]);
+    fs::write(
+        dir.join("summary.json"),
+        serde_json::to_string_pretty(&s).unwrap(),
+    )
+    .unwrap();
+    let run = Run::load(&dir).unwrap();
+    assert!(run.final_train_loss().unwrap().is_nan());
+    assert_eq!(run.divergence().as_deref(), Some("test loss ∞"));
+    assert_eq!(run.restarts(), 1);
+    let out = report(std::slice::from_ref(&dir), &opts(tmp.path())).unwrap();
+    let md = &out.markdown;
+    assert_eq!(check_tables(md), Ok(1), "{md}");
+    assert!(
+        md.contains("| complete, diverged (test loss ∞), 1 restart | acc 10.00 % |"),
+        "{md}"
+    );
+    check_plots(&out.files[1..]);
+}

@@ -57,6 +57,7 @@ impl RunConfig {
         let (steps_per_epoch, total_steps) = self.steps(file, train_examples)?;
         let (mut opt, lr) = self.optimizer(file)?;
         self.check_failure(file)?;
+        self.check_checkpoint(file)?;
         let Compression {
             method,
             memory,

@@ -534,9 +534,20 @@ pub struct CheckpointConfig {
     /// Checkpoint every N epochs (default 1).
     #[serde(default = "some_one")]
     pub every_epochs: Option<u64>,
-    /// Keep the newest N checkpoints (default 2).
+    /// Keep the newest N checkpoints (default 2, at least 1). Older ones are deleted once a
+    /// newer one is complete on every rank, so the last intact checkpoint is never deleted
+    /// (see [`crate::trainer::retained`]).
     #[serde(default = "two")]
     pub keep: usize,
+    /// Seconds the workers have, after `dtrain run` got SIGTERM or SIGINT, to finish the
+    /// current step, write a checkpoint and exit before they are killed (default 30, as
+    /// Slurm's preemption grace).
+    #[serde(default = "thirty")]
+    pub grace_s: f64,
+}
+
+fn thirty() -> f64 {
+    30.0
 }
 
 fn some_one() -> Option<u64> {
@@ -552,6 +563,7 @@ impl Default for CheckpointConfig {
             every_steps: None,
             every_epochs: Some(1),
             keep: 2,
+            grace_s: thirty(),
         }
     }
 }

@@ -89,6 +89,10 @@ fn errors_name_the_field() {
         (&["network.bandwidth=\"fast\""], "network.bandwidth"),
         (&["train.optimizer=\"adam\""], "train.momentum"),
         (&["cluster.device=\"tpu\""], "cluster.device"),
+        (&["checkpoint.keep=0"], "checkpoint.keep"),
+        (&["checkpoint.grace_s=0"], "checkpoint.grace_s"),
+        (&["checkpoint.grace_s=nan"], "checkpoint.grace_s"),
+        (&["checkpoint.grace=5"], "checkpoint.grace"),
     ];
     for (sets, field) in cases {
         let e = parse(GOOD, sets).unwrap_err();

@@ -354,6 +354,25 @@ impl RunConfig {
         Ok(())
     }
 
+    /// `[checkpoint]`.
+    pub(super) fn check_checkpoint(&self, file: &str) -> Result<(), ConfigError> {
+        let err = |field: &str, message: String| error(file, field, message);
+        let c = &self.checkpoint;
+        if c.keep == 0 {
+            return Err(err(
+                "checkpoint.keep",
+                "must be at least 1 (the newest checkpoint is never deleted)".into(),
+            ));
+        }
+        if !(c.grace_s.is_finite() && c.grace_s > 0.0) {
+            return Err(err(
+                "checkpoint.grace_s",
+                format!("must be > 0 seconds, got {}", c.grace_s),
+            ));
+        }
+        Ok(())
+    }
+
     /// The model's input must match the data: image shape / classes, or a text kind.
     fn check_model_fits_data(&self) -> Result<(), (String, String)> {
         let text_model = matches!(self.model, ModelSpec::Lstm(_));

@@ -7,47 +7,48 @@ use dtrain_comms::Transport;
 use serde::{Deserialize, Serialize};
 
 use super::{RunDir, TrainError, Trainer};
-use crate::checkpoint::{self, Checkpoint};
+use crate::checkpoint::{self, Checkpoint, CheckpointError};
 use crate::optim::GroupState;
 use crate::sync::SyncError;
 
+/// What every rank's checkpoint file says about itself (section `meta`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-struct Meta {
-    step: u64,
-    world: usize,
-    rank: usize,
-    seed: u64,
-    params: usize,
-    buffers: usize,
-    method: String,
-    optimizer_steps: BTreeMap<u64, u64>,
+pub(super) struct Meta {
+    pub(super) step: u64,
+    pub(super) world: usize,
+    pub(super) rank: usize,
+    pub(super) seed: u64,
+    pub(super) params: usize,
+    pub(super) buffers: usize,
+    pub(super) method: String,
+    pub(super) optimizer_steps: BTreeMap<u64, u64>,
     /// Buckets whose error-feedback memory is stored as `mem/<id>`.
-    memory_keys: Vec<u64>,
-    skipped: u64,
-    recoveries: u64,
+    pub(super) memory_keys: Vec<u64>,
+    pub(super) skipped: u64,
+    pub(super) recoveries: u64,
     /// Stored as IEEE bits so that JSON cannot round it.
-    best_loss_bits: Option<u64>,
+    pub(super) best_loss_bits: Option<u64>,
     /// Steps per epoch of the run that wrote it (maps the step to an epoch on an elastic
     /// resume).
     #[serde(default)]
-    steps_per_epoch: u64,
+    pub(super) steps_per_epoch: u64,
 }
 
 impl<T: Transport> Trainer<T> {
     /// Restores the state of checkpoint directory `dir` (this rank's file in it).
     ///
-    /// With a different worker count the checkpoint is accepted only where that is well
-    /// defined: no per-rank state (no error-feedback memory) and written at an epoch
-    /// boundary. Every rank then starts from rank 0's file (parameters and optimizer state
-    /// are identical on all ranks) at the first step of the next epoch under the new shard
-    /// layout.
+    /// A checkpoint written by another worker count resumes by the rule of
+    /// [`super::elastic`]: replicated state from rank 0's file, per-rank state (error-feedback
+    /// memories, BatchNorm statistics) as the mean over every rank's file, and the data
+    /// position in samples. Refused, with the reason: parameter-server state, compressor
+    /// state that differs between ranks, and language-model data mid-epoch.
     pub fn resume_from(&mut self, dir: &Path) -> Result<(), TrainError> {
         let bad_at = |path: &Path, reason: String| TrainError::Resume {
             path: path.display().to_string(),
             reason,
         };
-        // Normally this rank's own file is the only one read; rank 0's file is the fallback
-        // when the worker count changed (its file is missing, or it names another world).
+        // Normally this rank's own file is the only one read; every rank's file is read
+        // when the worker count changed (this rank's is missing, or names another world).
         let own = dir.join(format!("rank-{}.ckpt", self.rank));
         let mut loaded = if own.exists() {
             let ck = Checkpoint::load(&own)?;
@@ -64,30 +65,40 @@ impl<T: Transport> Trainer<T> {
             }
             let ck0 = Checkpoint::load(&rank0)?;
             let meta0: Meta = ck0.json("meta")?;
-            let why = if !meta0.memory_keys.is_empty() {
-                Some("its error-feedback memories are per rank".to_string())
-            } else if ck0.names().any(|n| n.starts_with("ps/") && n != "ps/state") {
-                Some("its parameter-server state is per rank and per shard".to_string())
-            } else if meta0.steps_per_epoch == 0 || meta0.step % meta0.steps_per_epoch != 0 {
+            let mid_epoch = meta0.steps_per_epoch == 0 || meta0.step % meta0.steps_per_epoch != 0;
+            let why = if ck0.names().any(|n| n.starts_with("ps/") && n != "ps/state") {
+                Some(
+                    "its parameter-server state is per rank and per shard, and no rule \
+                      redistributes it"
+                        .to_string(),
+                )
+            } else if meta0.steps_per_epoch == 0 {
+                Some("it does not record its steps per epoch (written by an older trainer)".into())
+            } else if mid_epoch && self.plan.config.data.kind.is_text() {
                 Some(format!(
-                    "it was written at step {} inside an epoch (data shards are per rank)",
+                    "it was written at step {} inside an epoch, and language-model data is cut \
+                     into BPTT rows per rank (resume at the same worker count, or from an \
+                     epoch-boundary checkpoint)",
                     meta0.step
                 ))
             } else {
                 None
             };
-            if let Some(why) = why {
-                return Err(bad_at(
+            let refuse = |why: String| {
+                bad_at(
                     dir,
                     format!(
-                        "written by {} workers, this run has {}: a different cluster.workers is \
-                         only possible from an epoch-boundary checkpoint without per-rank state, \
-                         and {why}",
+                        "written by {} workers, this run has {}: {why}",
                         meta0.world, self.world
                     ),
-                ));
+                )
+            };
+            if let Some(why) = why {
+                return Err(refuse(why));
             }
-            loaded = Some((rank0, ck0));
+            let ck = super::elastic::combine(dir, &meta0, &ck0, self.plan.method.name())
+                .map_err(refuse)?;
+            loaded = Some((rank0, ck));
         }
         let (path, ck) = loaded.expect("a checkpoint file was loaded");
         let bad = |reason: String| bad_at(&path, reason);
@@ -158,7 +169,16 @@ impl<T: Transport> Trainer<T> {
                 .map_err(|e| bad(e.to_string()))?;
         }
         self.step = if elastic {
-            meta.step / meta.steps_per_epoch * self.plan.steps_per_epoch
+            let (step, shift) = super::elastic::position(
+                &meta,
+                self.plan.config.data.batch_size as u64,
+                self.world as u64,
+                self.plan.steps_per_epoch,
+            );
+            if let Some((epoch, delta)) = shift {
+                self.data.shift_epoch(epoch, delta);
+            }
+            step
         } else {
             meta.step
         };
@@ -169,7 +189,8 @@ impl<T: Transport> Trainer<T> {
         self.recoveries = meta.recoveries;
         self.best_loss = meta.best_loss_bits.map(f64::from_bits);
         self.last_checkpoint = Some(dir.to_path_buf());
-        Ok(())
+        self.resumed_step = Some(meta.step);
+        self.agree_on_step(dir)
     }
 
     /// Writes this rank's checkpoint for the current step; rank 0 then points
@@ -180,7 +201,7 @@ impl<T: Transport> Trainer<T> {
         let Some(out) = self.out.clone() else {
             return Ok(None);
         };
-        let dir = out.checkpoints().join(format!("step-{:010}", self.step));
+        let dir = out.checkpoints().join(checkpoint_dir_name(self.step));
         std::fs::create_dir_all(&dir).map_err(|source| TrainError::Io {
             path: dir.display().to_string(),
             source,
@@ -224,37 +245,259 @@ impl<T: Transport> Trainer<T> {
             .barrier()
             .map_err(|source| TrainError::Comm { step, source })?;
         if self.rank == 0 {
-            let name = dir
-                .file_name()
-                .map(|n| n.to_string_lossy().to_string())
-                .unwrap_or_default();
-            checkpoint::write_atomic(&out.checkpoints().join("LATEST"), name.as_bytes())?;
+            out.set_latest(&dir)?;
             self.prune(&out)?;
         }
         self.last_checkpoint = Some(dir.clone());
         Ok(Some(dir))
     }
 
+    /// Checkpoint retention (`checkpoint.keep`), run by rank 0 once the checkpoint of the
+    /// current step is complete on every rank: see [`retained`].
     fn prune(&self, out: &RunDir) -> Result<(), TrainError> {
-        let keep = self.plan.config.checkpoint.keep.max(1);
-        let mut dirs: Vec<PathBuf> = std::fs::read_dir(out.checkpoints())
+        let dirs = out.checkpoint_dirs();
+        for d in retained(&dirs, self.step, self.plan.config.checkpoint.keep).1 {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        Ok(())
+    }
+
+    /// Checks that every rank restored the same step (ranks that resumed from different
+    /// checkpoints would train different models in lock-step): rank 0's step is broadcast,
+    /// and every rank learns whether any differs.
+    fn agree_on_step(&mut self, dir: &Path) -> Result<(), TrainError> {
+        if self.world == 1 {
+            return Ok(());
+        }
+        let step = self.step;
+        let comm_err = |source| TrainError::Comm { step, source };
+        let mut bytes = if self.rank == 0 {
+            step.to_le_bytes().to_vec()
+        } else {
+            Vec::new()
+        };
+        self.comm.broadcast(&mut bytes, 0).map_err(comm_err)?;
+        let first = <[u8; 8]>::try_from(bytes.as_slice())
+            .map(u64::from_le_bytes)
+            .unwrap_or(u64::MAX);
+        let mut differ = [(first != step) as u8 as f32];
+        self.comm.all_reduce_sum(&mut differ).map_err(comm_err)?;
+        if differ[0] > 0.0 {
+            return Err(TrainError::Resume {
+                path: dir.display().to_string(),
+                reason: format!(
+                    "the ranks restored different steps (rank 0: {first}, rank {}: {step}; {} \
+                     rank(s) differ from rank 0): they must resume from the same checkpoint",
+                    self.rank, differ[0]
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The name of the directory of the checkpoint at `step` (`step-0000000450`).
+pub fn checkpoint_dir_name(step: u64) -> String {
+    format!("step-{step:010}")
+}
+
+/// The step of a checkpoint directory named by [`checkpoint_dir_name`]; `None` for any other
+/// name (`LATEST`, a temporary file, a directory set aside by hand).
+pub fn checkpoint_step(dir: &Path) -> Option<u64> {
+    let name = dir.file_name()?.to_str()?;
+    let digits = name.strip_prefix("step-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The retention rule of `checkpoint.keep`, applied after the checkpoint of step `current`
+/// was written by every rank: of `dirs` (`(step, dir)`), returns those kept and those
+/// deleted.
+///
+/// * Kept: the `keep` newest checkpoints at or before `current` (`keep` of 0 counts as 1).
+///   `current`'s own checkpoint is the newest of them and complete on every rank, so the
+///   last intact checkpoint is never deleted, whatever happened to the others.
+/// * Deleted: the older ones, and every checkpoint *after* `current`: those belong to a
+///   trajectory the run abandoned (a rollback of the recover policy, or a resume that fell
+///   back past a damaged checkpoint), and a later resume must not pick them.
+pub fn retained(
+    dirs: &[(u64, PathBuf)],
+    current: u64,
+    keep: usize,
+) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let mut older: Vec<&(u64, PathBuf)> = dirs.iter().filter(|(s, _)| *s <= current).collect();
+    older.sort_by_key(|d| std::cmp::Reverse(d.0));
+    let keep = keep.max(1);
+    let kept: Vec<PathBuf> = older.iter().take(keep).map(|(_, d)| d.clone()).collect();
+    let mut deleted: Vec<PathBuf> = older.iter().skip(keep).map(|(_, d)| d.clone()).collect();
+    deleted.extend(
+        dirs.iter()
+            .filter(|(s, _)| *s > current)
+            .map(|(_, d)| d.clone()),
+    );
+    (kept, deleted)
+}
+
+/// A checkpoint whose every rank's file was read and verified ([`verify_checkpoint`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IntactCheckpoint {
+    /// Its directory (`checkpoints/step-…`).
+    pub dir: PathBuf,
+    /// The step it was written at.
+    pub step: u64,
+    /// The worker count that wrote it (one file per rank).
+    pub world: usize,
+}
+
+/// A checkpoint passed over by [`RunDir::newest_intact`], and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedCheckpoint {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// What is wrong with it (names the rank's file).
+    pub reason: String,
+}
+
+/// Reads every rank's file of the checkpoint in `dir` and checks it: present, its checksum,
+/// and its metadata (the step of the directory's name, the worker count of rank 0's file,
+/// its own rank). Returns the first problem found, naming the file.
+pub fn verify_checkpoint(dir: &Path) -> Result<IntactCheckpoint, String> {
+    let step = checkpoint_step(dir)
+        .ok_or_else(|| format!("{}: not a checkpoint directory name", dir.display()))?;
+    let meta_of = |rank: usize| -> Result<Meta, String> {
+        let p = dir.join(format!("rank-{rank}.ckpt"));
+        if !p.is_file() {
+            return Err(format!(
+                "{}: missing (the checkpoint was not completed)",
+                p.display()
+            ));
+        }
+        let ck = Checkpoint::load(&p).map_err(|e| e.to_string())?;
+        let meta: Meta = ck
+            .json("meta")
+            .map_err(|e| format!("{}: {e}", p.display()))?;
+        if meta.step != step || meta.rank != rank {
+            return Err(format!(
+                "{}: holds rank {} at step {}, not rank {rank} at step {step}",
+                p.display(),
+                meta.rank,
+                meta.step
+            ));
+        }
+        Ok(meta)
+    };
+    let world = meta_of(0)?.world;
+    for rank in 1..world {
+        let meta = meta_of(rank)?;
+        if meta.world != world {
+            return Err(format!(
+                "{}: written by a run of {} workers, rank 0's by one of {world}",
+                dir.join(format!("rank-{rank}.ckpt")).display(),
+                meta.world
+            ));
+        }
+    }
+    Ok(IntactCheckpoint {
+        dir: dir.to_path_buf(),
+        step,
+        world,
+    })
+}
+
+impl RunDir {
+    /// The checkpoint directories (`checkpoints/step-…`) with their steps, newest first.
+    pub fn checkpoint_dirs(&self) -> Vec<(u64, PathBuf)> {
+        let mut dirs: Vec<(u64, PathBuf)> = std::fs::read_dir(self.checkpoints())
             .map(|d| {
                 d.flatten()
                     .map(|e| e.path())
-                    .filter(|p| {
-                        p.is_dir()
-                            && p.file_name()
-                                .is_some_and(|n| n.to_string_lossy().starts_with("step-"))
-                    })
+                    .filter(|p| p.is_dir())
+                    .filter_map(|p| checkpoint_step(&p).map(|s| (s, p)))
                     .collect()
             })
             .unwrap_or_default();
-        dirs.sort();
-        if dirs.len() > keep {
-            for d in &dirs[..dirs.len() - keep] {
-                let _ = std::fs::remove_dir_all(d);
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.0));
+        dirs
+    }
+
+    /// The step `checkpoints/LATEST` names, if it names a checkpoint directory.
+    pub fn latest_step(&self) -> Option<u64> {
+        let name = std::fs::read_to_string(self.checkpoints().join("LATEST")).ok()?;
+        checkpoint_step(Path::new(name.trim()))
+    }
+
+    /// The newest checkpoint that is intact on every rank ([`verify_checkpoint`]), and the
+    /// newer ones passed over on the way, newest first, with the reason.
+    ///
+    /// Only checkpoints up to the one `checkpoints/LATEST` names are candidates (newer ones
+    /// belong to a trajectory the run abandoned, e.g. by a rollback); without a readable
+    /// LATEST, every checkpoint is.
+    pub fn newest_intact(&self) -> (Option<IntactCheckpoint>, Vec<SkippedCheckpoint>) {
+        let bound = self.latest_step().unwrap_or(u64::MAX);
+        let mut skipped = Vec::new();
+        for (_, dir) in self
+            .checkpoint_dirs()
+            .into_iter()
+            .filter(|(s, _)| *s <= bound)
+        {
+            match verify_checkpoint(&dir) {
+                Ok(c) => return (Some(c), skipped),
+                Err(reason) => skipped.push(SkippedCheckpoint { dir, reason }),
             }
         }
-        Ok(())
+        (None, skipped)
+    }
+
+    /// Points `checkpoints/LATEST` at `dir` (atomically).
+    pub fn set_latest(&self, dir: &Path) -> Result<(), CheckpointError> {
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        checkpoint::write_atomic(&self.checkpoints().join("LATEST"), name.as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dirs(steps: &[u64]) -> Vec<(u64, PathBuf)> {
+        steps
+            .iter()
+            .map(|&s| (s, PathBuf::from(checkpoint_dir_name(s))))
+            .collect()
+    }
+
+    fn names(v: &[PathBuf]) -> Vec<String> {
+        v.iter().map(|p| p.display().to_string()).collect()
+    }
+
+    #[test]
+    fn retention_keeps_the_newest_up_to_the_current_step_and_drops_abandoned_ones() {
+        // Written 10 … 40, then the recover policy rolled back to 20 and wrote 30 again:
+        // 40 belongs to the abandoned trajectory.
+        let (kept, gone) = retained(&dirs(&[40, 30, 20, 10]), 30, 2);
+        assert_eq!(names(&kept), ["step-0000000030", "step-0000000020"]);
+        assert_eq!(names(&gone), ["step-0000000010", "step-0000000040"]);
+        // keep = 0 is read as 1: the checkpoint just written always stays.
+        let (kept, gone) = retained(&dirs(&[20, 10]), 20, 0);
+        assert_eq!(names(&kept), ["step-0000000020"]);
+        assert_eq!(names(&gone), ["step-0000000010"]);
+        let (kept, gone) = retained(&dirs(&[5]), 5, 3);
+        assert_eq!((kept.len(), gone.len()), (1, 0));
+    }
+
+    #[test]
+    fn only_checkpoint_directory_names_have_a_step() {
+        assert_eq!(checkpoint_step(Path::new("a/step-0000000450")), Some(450));
+        assert_eq!(checkpoint_dir_name(450), "step-0000000450");
+        for bad in ["LATEST", "step-", "step-12x", "step-0000000450.old", "x-1"] {
+            assert_eq!(checkpoint_step(Path::new(bad)), None, "{bad}");
+        }
+        let e = verify_checkpoint(Path::new("/nonexistent/step-0000000007")).unwrap_err();
+        assert!(e.contains("rank-0.ckpt") && e.contains("missing"), "{e}");
     }
 }

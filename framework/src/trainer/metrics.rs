@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use dtrain_comms::Transport;
-use dtrain_records::{finite, Phases, StepRecord, Summary};
+use dtrain_records::{Phases, StepRecord, Summary};
 use serde::Serialize;
 
 use super::{RunDir, TrainError, Trainer};
@@ -15,6 +15,25 @@ impl<T: Transport> Trainer<T> {
             return Ok(());
         }
         if let Some(out) = &self.out {
+            if let Some(start) = self.resumed_step {
+                // Resumed: records the previous session wrote after this checkpoint (it
+                // failed or was stopped later) are of steps this session runs again. (The
+                // checkpoint's step counts the steps of the run that wrote it: on another
+                // worker count the session goes on from another step number.)
+                for (name, keep) in [
+                    (
+                        "metrics.jsonl",
+                        &(|s: u64| s < start) as &dyn Fn(u64) -> bool,
+                    ),
+                    ("eval.jsonl", &|s: u64| s <= start),
+                ] {
+                    let p = out.root.join(name);
+                    trim_log(&p, keep).map_err(|source| TrainError::Io {
+                        path: p.display().to_string(),
+                        source,
+                    })?;
+                }
+            }
             let open = |name: &str| {
                 let p = out.root.join(name);
                 std::fs::OpenOptions::new()
@@ -51,6 +70,40 @@ impl<T: Transport> Trainer<T> {
         }
         Ok(())
     }
+}
+
+/// Keeps the records of the JSON-lines file at `path` whose `step` passes `keep` (and any
+/// line without a readable step, except a cut last line, which a killed writer leaves),
+/// rewriting the file atomically when anything goes. A missing file is left missing.
+pub(super) fn trim_log(path: &std::path::Path, keep: &dyn Fn(u64) -> bool) -> std::io::Result<()> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let cut = !text.is_empty() && !text.ends_with('\n');
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut dropped = false;
+    for (i, line) in lines.iter().enumerate() {
+        let step = serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| v.get("step").and_then(|s| s.as_u64()));
+        let last_cut = cut && i + 1 == lines.len();
+        if last_cut || step.is_some_and(|s| !keep(s)) {
+            dropped = true;
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    if dropped {
+        checkpoint::write_atomic(path, out.as_bytes()).map_err(|e| match e {
+            checkpoint::CheckpointError::Io { source, .. } => source,
+            other => std::io::Error::other(other.to_string()),
+        })?;
+    }
+    Ok(())
 }
 
 /// What a session's steps add up to, for `summary.json`.
@@ -147,9 +200,7 @@ impl<T: Transport> Trainer<T> {
             steps_this_session: Some(n_session),
             resumed_from: Some(session_start),
             final_eval: self.evals.last().cloned(),
-            final_train_loss: (t.epoch_loss.1 > 0)
-                .then(|| t.epoch_loss.0 / t.epoch_loss.1 as f64)
-                .and_then(finite),
+            final_train_loss: (t.epoch_loss.1 > 0).then(|| t.epoch_loss.0 / t.epoch_loss.1 as f64),
             mean_step: Some(mean),
             bytes_sent_per_step: Some(per(t.bytes)),
             payload_bytes_per_step: Some(payload_per_step),
@@ -178,6 +229,8 @@ impl<T: Transport> Trainer<T> {
                     .map(|c| c.name().to_string())
                     .collect()
             }),
+            // The launcher adds the restarts it made (`dtrain run --max-restarts`).
+            restarts: None,
         };
         let summary = match (&self.out, n_session) {
             (Some(out), 0) => match std::fs::read(out.root.join("summary.json"))
@@ -202,5 +255,32 @@ impl<T: Transport> Trainer<T> {
             }
         }
         Ok(summary)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::trim_log;
+
+    #[test]
+    fn a_resumed_log_loses_the_steps_run_again_and_a_cut_line_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("metrics.jsonl");
+        std::fs::write(
+            &p,
+            "{\"step\":0}\n{\"step\":1}\nnot json\n{\"step\":2}\n{\"step\":3}\n{\"step\":4,\"lo",
+        )
+        .unwrap();
+        trim_log(&p, &|s| s < 2).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            "{\"step\":0}\n{\"step\":1}\nnot json\n"
+        );
+        // Nothing to drop: the file is left as it is; a missing one stays missing.
+        trim_log(&p, &|s| s < 2).unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap().lines().count(), 3);
+        let gone = dir.path().join("eval.jsonl");
+        trim_log(&gone, &|_| true).unwrap();
+        assert!(!gone.exists());
     }
 }

@@ -28,16 +28,22 @@
 //! This file holds the worker and how it is built; `step` is one training step (the control
 //! all-reduce, the `GradientSync` of `crate::sync` it hands the gradient to, the update);
 //! `failure` the policy for non-finite values; `checkpointing` what a rank writes and how
-//! it resumes; `run` the loop of steps, evaluations and checkpoints; `metrics` the records
-//! of `metrics.jsonl`, `eval.jsonl` and `summary.json`.
+//! it resumes; [`elastic`] the rule for resuming on another worker count; `run` the loop
+//! of steps, evaluations and checkpoints; `metrics` the records of `metrics.jsonl`,
+//! `eval.jsonl` and `summary.json`.
 
 mod checkpointing;
+pub mod elastic;
 mod failure;
 mod metrics;
 mod run;
 mod step;
 
-pub use dtrain_records::{EvalRecord, Phases, StepRecord, Summary};
+pub use checkpointing::{
+    checkpoint_dir_name, checkpoint_step, retained, verify_checkpoint, IntactCheckpoint,
+    SkippedCheckpoint,
+};
+pub use dtrain_records::{EvalRecord, Phases, Restart, StepRecord, Summary};
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -53,6 +59,7 @@ use crate::exchange::bucket::ParamInfo;
 use crate::exchange::{ExchangeError, Exchanger};
 use crate::optim::Optimizer;
 use crate::ps_mode::PsState;
+use crate::signals::StopRequest;
 use crate::sync::{Collectives, GradientSync, ParameterServer};
 
 /// Why a run stopped.
@@ -108,6 +115,20 @@ pub enum TrainError {
         path: String,
         /// Why.
         reason: String,
+    },
+    /// A stop was requested (SIGTERM / SIGINT, [`Trainer::stop_on`]); the run stopped after
+    /// `step` steps.
+    #[error("stopped by {} after step {step}; {}", crate::signals::signal_name(*signal),
+        checkpoint.as_ref().map_or_else(|| "no checkpoint written".to_string(),
+            |c| format!("checkpoint {}", c.display())))]
+    Stopped {
+        /// Steps completed.
+        step: u64,
+        /// The signal that asked.
+        signal: i32,
+        /// The checkpoint written at `step` (`None` without a run directory, or in the
+        /// asynchronous parameter-server mode).
+        checkpoint: Option<PathBuf>,
     },
     /// Writing metrics failed.
     #[error("writing {path}: {source}")]
@@ -209,11 +230,18 @@ pub struct Trainer<T: Transport> {
     ctl: Vec<f32>,
     /// When this rank last left the gradient exchange (the step's last collective).
     left_exchange: Option<Instant>,
+    /// The step of the checkpoint this worker resumed from, as its writer counted steps.
+    resumed_step: Option<u64>,
+    /// Where a request to stop comes from ([`Trainer::stop_on`]).
+    stop: Option<StopRequest>,
+    /// Set once the ranks agreed to stop (the signal): the run checkpoints and ends after
+    /// the current step.
+    stopping: Option<i32>,
 }
 
 /// Values of the control all-reduce before the per-rank slots: loss·n, n, correct, the
-/// loss and the gradient non-finite flags.
-const CTL_LEN: usize = 5;
+/// loss and the gradient non-finite flags, and the stop request.
+const CTL_LEN: usize = 6;
 
 impl<T: Transport> Trainer<T> {
     /// Builds the worker: model (seeded, then rank 0's parameters and buffers broadcast),
@@ -291,6 +319,9 @@ impl<T: Transport> Trainer<T> {
             ctl: Vec::new(),
             left_exchange: None,
             last_checkpoint: None,
+            resumed_step: None,
+            stop: None,
+            stopping: None,
             start_step: 0,
             evals: Vec::new(),
             sync,
@@ -347,6 +378,16 @@ impl<T: Transport> Trainer<T> {
         .map_err(|source| TrainError::Comm { step, source })?;
         self.sync = Box::new(ParameterServer::new(ps));
         Ok(())
+    }
+
+    /// Stops the run when `stop` is raised (SIGTERM / SIGINT, see [`crate::signals`]): the
+    /// request travels in the next step's control all-reduce, so every rank learns of it in
+    /// the same step, whichever rank got it; they finish that step, write a checkpoint, and
+    /// [`Trainer::run`] returns [`TrainError::Stopped`]. (The asynchronous parameter server
+    /// has no lock-step all-reduce: a worker there stops at its next step without a
+    /// checkpoint.)
+    pub fn stop_on(&mut self, stop: StopRequest) {
+        self.stop = Some(stop);
     }
 
     /// This worker's rank.

@@ -9,7 +9,6 @@ use super::metrics::Tally;
 use super::step::StepOutcome;
 use super::{EvalRecord, Observer, Summary, TrainError, Trainer};
 use crate::config::NonFinitePolicy;
-use dtrain_records::finite;
 
 impl<T: Transport> Trainer<T> {
     /// Runs to the end of the plan (from the current step) and returns the summary (rank 0
@@ -28,6 +27,13 @@ impl<T: Transport> Trainer<T> {
             self.save_checkpoint()?;
         }
         while self.step < total {
+            if self.stopping.is_none() && !self.sync.lockstep() {
+                // Asynchronous parameter server: no control all-reduce to agree in.
+                self.stopping = self.stop.as_ref().and_then(|s| s.signal());
+            }
+            if let Some(signal) = self.stopping {
+                return self.stop_here(signal, obs);
+            }
             let step = self.step;
             let epoch = step / per_epoch;
             let j = (step % per_epoch) as usize;
@@ -89,6 +95,38 @@ impl<T: Transport> Trainer<T> {
         self.finish_summary(tally, wall)
     }
 
+    /// Ends the run after a stop request (see [`Trainer::stop_on`]): a checkpoint of the
+    /// current step (unless one was just written), then [`TrainError::Stopped`].
+    fn stop_here(&mut self, signal: i32, obs: &mut dyn Observer) -> Result<Summary, TrainError> {
+        let step = self.step;
+        let checkpoint = if !self.sync.lockstep() {
+            // The ranks did not agree on a step: a checkpoint's barrier would not match.
+            None
+        } else if self
+            .last_checkpoint
+            .as_deref()
+            .and_then(super::checkpoint_step)
+            == Some(step)
+        {
+            self.last_checkpoint.clone()
+        } else {
+            self.save_checkpoint()?
+        };
+        obs.on_message(&format!(
+            "{} received: stopping after step {step}{}",
+            crate::signals::signal_name(signal),
+            checkpoint
+                .as_ref()
+                .map(|c| format!(", checkpoint {}", c.display()))
+                .unwrap_or_default()
+        ));
+        Err(TrainError::Stopped {
+            step,
+            signal,
+            checkpoint,
+        })
+    }
+
     /// Evaluates ([`Trainer::evaluate`]), logs the record to `eval.jsonl` and the observer,
     /// and keeps it.
     fn evaluate_and_log(
@@ -143,9 +181,11 @@ impl<T: Transport> Trainer<T> {
         Ok(EvalRecord {
             epoch: epochs_done,
             step,
-            loss: finite(loss),
-            accuracy: finite(v[1] as f64 / count),
-            perplexity: finite(loss.exp()),
+            loss: Some(loss),
+            accuracy: Some(v[1] as f64 / count),
+            // A perplexity only means something for a language model; +∞ when the loss
+            // overflows it (records keep it, see dtrain_records::float).
+            perplexity: self.plan.config.data.kind.is_text().then(|| loss.exp()),
             count: v[2] as u64,
         })
     }

@@ -6,7 +6,6 @@ use std::time::Instant;
 use dtrain_comms::Transport;
 use dtrain_compress::compressor::first_non_finite;
 use dtrain_models::Metrics;
-use dtrain_records::finite;
 
 use super::{Phases, StepRecord, TrainError, Trainer, BUILD, CTL_LEN};
 use crate::config::NonFinitePolicy;
@@ -68,6 +67,9 @@ impl<T: Transport> Trainer<T> {
             m.correct as f32,
             bad_loss as u8 as f32,
             bad_grad as u8 as f32,
+            // A stop request (SIGTERM / SIGINT to this rank): every rank learns of it here,
+            // in the same step, and all stop after it.
+            self.stop.as_ref().is_some_and(|s| s.signal().is_some()) as u8 as f32,
         ]);
         if per_rank {
             // Each rank fills its own slot; the sum delivers every rank's time to all.
@@ -94,6 +96,12 @@ impl<T: Transport> Trainer<T> {
             (None, None)
         };
         let ctl: [f32; CTL_LEN] = ctl[..CTL_LEN].try_into().expect("control values");
+        if ctl[5] > 0.0 && self.stopping.is_none() {
+            // The signal this rank got, or (when another rank got it) SIGTERM, which is
+            // what the launcher forwards.
+            let own = self.stop.as_ref().and_then(|s| s.signal());
+            self.stopping = Some(own.unwrap_or(crate::signals::SIGTERM));
+        }
         let count = ctl[1].max(1.0) as f64;
         let loss = if ctl[3] > 0.0 {
             f64::NAN
@@ -121,8 +129,8 @@ impl<T: Transport> Trainer<T> {
         let mut record = Box::new(StepRecord {
             step,
             epoch,
-            loss: finite(loss),
-            accuracy: finite(accuracy),
+            loss: Some(loss),
+            accuracy: Some(accuracy),
             lr: Some(lr),
             ratio_name: None,
             ratio: None,

@@ -1,0 +1,221 @@
+//! One node's worker processes, supervised: started, watched, stopped on a signal, and
+//! restarted from the newest intact checkpoint after a failure (`--max-restarts`).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dtrain_records::Restart;
+
+use super::supervise::{kill_all, watch, Ended, Watch};
+use super::{host_rendezvous, LaunchError, RunOptions, RENDEZVOUS_TIMEOUT, TOKEN_ENV};
+use crate::config::Plan;
+use crate::signals;
+use crate::trainer::RunDir;
+
+/// How long the other workers have, after one failed, to notice and name the lost peer
+/// before they are stopped.
+const PEERS_GRACE: Duration = Duration::from_secs(5);
+
+/// What the workers of this node are started with.
+pub(super) struct Node<'a> {
+    pub opts: &'a RunOptions,
+    pub plan: &'a Plan,
+    pub dir: &'a RunDir,
+    pub exe: &'a Path,
+    pub worker_cmd: &'a [&'a str],
+    pub token: &'a str,
+    /// The ranks this node runs.
+    pub ranks: Vec<usize>,
+    /// The rendezvous address: hosted here (node 0, port 0 for any) or node 0's.
+    pub rendezvous: SocketAddr,
+    /// Whether this node hosts the rendezvous.
+    pub hosts: bool,
+}
+
+impl Node<'_> {
+    /// Starts one worker process per rank of this node; `resume` adds `--resume`.
+    fn spawn(&self, rdv: SocketAddr, resume: bool) -> Result<Vec<(usize, Child)>, String> {
+        let world = self.plan.config.cluster.workers;
+        let threads = self.plan.config.cluster.threads.to_string();
+        let launcher = std::process::id().to_string();
+        let mut children: Vec<(usize, Child)> = Vec::new();
+        for &rank in &self.ranks {
+            let mut cmd = Command::new(self.exe);
+            cmd.args(self.worker_cmd)
+                .arg("--run-dir")
+                .arg(&self.dir.root)
+                .arg("--rendezvous")
+                .arg(rdv.to_string())
+                .arg("--rank")
+                .arg(rank.to_string())
+                .arg("--world")
+                .arg(world.to_string())
+                .env(TOKEN_ENV, self.token)
+                .env("RAYON_NUM_THREADS", &threads)
+                .env(
+                    crate::device::LOCAL_RANK_ENV,
+                    (rank - self.ranks[0]).to_string(),
+                )
+                .env(signals::LAUNCHER_PID_ENV, &launcher)
+                .stdin(Stdio::null());
+            // Its own process group: a terminal's Ctrl-C reaches the launcher only, which
+            // forwards it once (see crate::signals).
+            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+            if resume {
+                cmd.arg("--resume");
+            }
+            if rank != 0 {
+                cmd.stdout(Stdio::null());
+            }
+            match cmd.spawn() {
+                Ok(c) => children.push((rank, c)),
+                Err(e) => {
+                    kill_all(&mut children);
+                    return Err(format!("starting worker {rank}: {e}"));
+                }
+            }
+        }
+        Ok(children)
+    }
+
+    /// Runs the workers to the end: restarted after a failure up to `--max-restarts`
+    /// times, stopped on SIGTERM / SIGINT. Returns the restarts made.
+    pub(super) fn run(&self, log: &mut dyn FnMut(&str)) -> Result<Vec<Restart>, LaunchError> {
+        // From here until the workers are gone, a signal to this process is theirs.
+        let _caught = signals::catch(false)
+            .map_err(|e| format!("catching SIGTERM / SIGINT for the workers: {e}"))?;
+        let grace = Duration::from_secs_f64(self.plan.config.checkpoint.grace_s);
+        let mut restarts = Vec::new();
+        let mut resume = self.opts.resume.is_some();
+        loop {
+            let host = if self.hosts {
+                Some(host_rendezvous(
+                    self.rendezvous,
+                    self.plan.config.cluster.workers,
+                    self.plan.config.cluster.transport,
+                    self.token,
+                    RENDEZVOUS_TIMEOUT,
+                )?)
+            } else {
+                None
+            };
+            let rdv = host.as_ref().map_or(self.rendezvous, |h| h.addr());
+            let started = Instant::now();
+            let mut children = self.spawn(rdv, resume)?;
+            let ended = watch(
+                &mut children,
+                Watch {
+                    deadline: None,
+                    grace: PEERS_GRACE,
+                    on_signal: Some(grace),
+                },
+            );
+            let (rank, cause) = match ended {
+                Ended::Done => {
+                    if let Some(h) = host {
+                        h.wait().map_err(|e| e.to_string())?;
+                    }
+                    return Ok(restarts);
+                }
+                Ended::Stopped { signal, note } => {
+                    return Err(LaunchError::Stopped {
+                        signal,
+                        message: stopped(signal, &note, self.dir),
+                    })
+                }
+                Ended::Failed { rank, cause } => (rank, cause),
+            };
+            let what = match rank {
+                Some(r) => format!("worker {r} failed ({cause})"),
+                None => cause.clone(),
+            };
+            if restarts.len() >= self.opts.max_restarts {
+                let after = match self.opts.max_restarts {
+                    0 => String::new(),
+                    n => format!(" (after {n} restart(s), the most --max-restarts allows)"),
+                };
+                return Err(format!("{}{after}", run_failure(&what, started, self.dir)).into());
+            }
+            // The rendezvous of the failed attempt is abandoned (its thread ends at its
+            // timeout); the next attempt has its own.
+            drop(host);
+            let (best, skipped) = self.dir.newest_intact();
+            for s in &skipped {
+                log(&format!(
+                    "restart: skipping checkpoint {}: {}",
+                    s.dir.display(),
+                    s.reason
+                ));
+            }
+            let step = match &best {
+                Some(c) => {
+                    self.dir.set_latest(&c.dir).map_err(|e| e.to_string())?;
+                    c.step
+                }
+                None => {
+                    // Nothing to resume from: the run starts over, and the failed attempt's
+                    // records go.
+                    for f in ["metrics.jsonl", "eval.jsonl"] {
+                        let _ = std::fs::remove_file(self.dir.root.join(f));
+                    }
+                    0
+                }
+            };
+            resume = best.is_some();
+            restarts.push(Restart {
+                rank,
+                cause: cause.clone(),
+                step,
+                after_s: started.elapsed().as_secs_f64(),
+            });
+            log(&format!(
+                "{what} after {:.1} s: restart {} of {} {}",
+                started.elapsed().as_secs_f64(),
+                restarts.len(),
+                self.opts.max_restarts,
+                match &best {
+                    Some(c) => format!("from checkpoint {} (step {step})", c.dir.display()),
+                    None => "from the start (no checkpoint is intact on every rank)".into(),
+                }
+            ));
+        }
+    }
+}
+
+/// The newest checkpoint intact on every rank, as a phrase, and how to continue from it;
+/// or that there is none, and the run directory.
+fn newest_intact_phrase(dir: &RunDir) -> String {
+    match dir.newest_intact().0 {
+        Some(c) => format!(
+            "newest intact checkpoint: {} (step {}; continue with --resume {})",
+            c.dir.display(),
+            c.step,
+            dir.root.display()
+        ),
+        None => format!(
+            "no checkpoint is intact on every rank; run directory {}",
+            dir.root.display()
+        ),
+    }
+}
+
+/// Why a run stopped (`failure`, after the time since `started`) and where its state is:
+/// the newest intact checkpoint and how to continue from it, or the run directory.
+pub(super) fn run_failure(failure: &str, started: Instant, dir: &RunDir) -> String {
+    format!(
+        "{failure} after {:.1} s; {}",
+        started.elapsed().as_secs_f64(),
+        newest_intact_phrase(dir)
+    )
+}
+
+/// What the launcher says when a signal stopped the run.
+pub(super) fn stopped(signal: i32, note: &str, dir: &RunDir) -> String {
+    format!(
+        "stopped by {} ({note}); {}",
+        signals::signal_name(signal),
+        newest_intact_phrase(dir)
+    )
+}
