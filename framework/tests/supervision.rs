@@ -305,15 +305,20 @@ fn ranks_that_restored_different_steps_refuse_to_train() {
 }
 
 /// Issue #24, acceptance: a checkpoint written at P = 4 resumes at P = 2 (and the reverse)
-/// for `none`, top-k with error feedback and DGC, mid-epoch, by the rule of
+/// for `none`, top-k with error feedback, DGC and QSGD through the compressed all-reduce
+/// with worker and server residuals (issue #22), mid-epoch, by the rule of
 /// `dtrain_framework::trainer::elastic`: it continues at the sample where the checkpoint
 /// left the epoch, and trains on.
 #[test]
-fn a_checkpoint_resumes_on_another_worker_count_for_none_topk_and_dgc() {
-    let methods: [&[&str]; 3] = [
+fn a_checkpoint_resumes_on_another_worker_count_for_none_topk_dgc_and_compressed_allreduce() {
+    let methods: [&[&str]; 4] = [
         &["compress={ kind = \"none\" }"],
         &["compress={ kind = \"topk\", ratio = 0.05 }"],
         &["compress={ kind = \"dgc\", ratio = 0.01, min_sparse_len = 64 }"],
+        &[
+            "compress={ kind = \"qsgd\", levels = 7, error_feedback = true, \
+             collective = \"compressed-allreduce\" }",
+        ],
     ];
     // 512 samples, batch 8, a checkpoint after 5 steps. From 4 workers (160 samples used)
     // to 2: 16 a step, so step 10 of 32. From 2 (80 used) to 4: 32 a step, 13 full steps
@@ -326,6 +331,20 @@ fn a_checkpoint_resumes_on_another_worker_count_for_none_topk_and_dgc() {
             first.push("train.max_steps=5");
             let a = run_on(from, &first, dir.path(), false, None);
             assert_eq!(a[0].result.as_ref().ok(), Some(&5), "{what}");
+            let ck = dtrain_framework::checkpoint::Checkpoint::load(
+                &dir.path()
+                    .join("checkpoints")
+                    .join(checkpoint_dir_name(5))
+                    .join("rank-0.ckpt"),
+            )
+            .unwrap();
+            let servers = ck.names().filter(|n| n.starts_with("srv/")).count();
+            let car = sets[0].contains("compressed-allreduce");
+            assert_eq!(
+                servers > 0,
+                car,
+                "{what}: server residuals in the checkpoint"
+            );
             let b = run_on(to, sets, dir.path(), true, None);
             let steps = b[0]
                 .result

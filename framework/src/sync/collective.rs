@@ -18,7 +18,7 @@ pub(crate) struct Collectives {
 }
 
 /// Prefix of the compressed all-reduce's server-residual sections.
-const SERVER_SECTION: &str = "srv/";
+pub(crate) const SERVER_SECTION: &str = "srv/";
 
 impl Collectives {
     /// Synchronises through `exchanger`.

@@ -28,7 +28,7 @@ use crate::exchange::ExchangeError;
 use crate::ps_mode::Ready;
 use dtrain_records::StepRecord;
 
-pub(crate) use collective::Collectives;
+pub(crate) use collective::{Collectives, SERVER_SECTION};
 pub(crate) use parameter_server::ParameterServer;
 
 /// What a synchronisation produced for the trainer to apply.

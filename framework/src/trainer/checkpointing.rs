@@ -96,8 +96,14 @@ impl<T: Transport> Trainer<T> {
             if let Some(why) = why {
                 return Err(refuse(why));
             }
-            let ck = super::elastic::combine(dir, &meta0, &ck0, self.plan.method.name())
-                .map_err(refuse)?;
+            let ck = super::elastic::combine(
+                dir,
+                &meta0,
+                &ck0,
+                self.plan.method.name(),
+                (self.rank, self.world),
+            )
+            .map_err(refuse)?;
             loaded = Some((rank0, ck));
         }
         let (path, ck) = loaded.expect("a checkpoint file was loaded");

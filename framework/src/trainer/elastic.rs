@@ -6,6 +6,7 @@
 //! | schedules (learning rate, θ, DGC warm-up), RNG streams | functions of `(seed, step, rank, bucket)`: nothing to carry; the new ranks draw their own streams |
 //! | data position | in samples: the run continues the epoch at the sample where the checkpoint left it (below) |
 //! | error-feedback memories — residual, DGC momentum and velocity, ScaleCom's low-pass filter, local momentum — and DLCP's dropped-value residual | per rank: **every new rank starts with the mean of the P old ranks' memories** |
+//! | the compressed all-reduce's server residuals (each old rank's, for its range of a bucket) | laid end to end in rank order (the ranges tile the bucket), scaled by P′/P, and cut into the P′ new ranges: each new rank gets its own |
 //! | BatchNorm running statistics | the mean over the old ranks (what evaluation uses anyway) |
 //! | compressor state (FFT's θ, PowerSGD's warm-started Q) | identical on every old rank (it is derived from all-reduced values), carried from rank 0; where the ranks' states differ, refused, naming the method |
 //! | parameter-server state, a recurrent model's carried state | refused mid-epoch, see below |
@@ -16,6 +17,12 @@
 //! of the P′ new ranks `ē = (1/P)·Σ_r e_r` makes `(1/P′)·Σ_r′ ē = ē`: the pending update is
 //! preserved exactly (up to f32 rounding; the sums are taken in f64 in rank order, so every
 //! new rank computes the same `ē`). Nothing is lost and nothing is counted twice.
+//!
+//! **Server residuals.** An owner of the compressed all-reduce re-encodes the *sum* of its
+//! range's shares plus its residual, and the replicas apply the sum divided by the worker
+//! count: a server residual `s` owes the model `s/P`. Laid end to end, the old owners'
+//! residuals are one vector over the bucket; scaled by P′/P it owes the P′ new replicas the
+//! same update, and each new owner takes the part of it in its new range.
 //!
 //! **Data position.** The checkpoint of step `s` by P workers with per-worker batch `b` and
 //! `S` steps per epoch is `j = s mod S` steps into epoch `e = s div S`: the first `pos =
@@ -34,21 +41,25 @@ use std::path::Path;
 use super::checkpointing::Meta;
 use crate::checkpoint::Checkpoint;
 use crate::exchange::ExchangerState;
+use crate::sync::SERVER_SECTION;
 
 /// Why a checkpoint cannot resume on the new worker count, or what went wrong reading it.
 pub(super) type Refusal = String;
 
 /// Rank 0's checkpoint `ck0` (of `dir`, with metadata `meta0`) with every per-rank state
 /// replaced by its mean over the `meta0.world` ranks' files of `dir` (see the module
-/// table): error-feedback memories, DLCP residuals, BatchNorm buffers. Refuses compressor
-/// states that differ between ranks, naming `method`.
+/// table): error-feedback memories, DLCP residuals, BatchNorm buffers; and with the server
+/// residuals of rank `to.0` of `to.1` workers. Refuses compressor states that differ
+/// between ranks, naming `method`.
 pub(super) fn combine(
     dir: &Path,
     meta0: &Meta,
     ck0: &Checkpoint,
     method: &str,
+    to: (usize, usize),
 ) -> Result<Checkpoint, Refusal> {
     let p = meta0.world;
+    let mut servers: BTreeMap<String, Vec<Vec<f32>>> = BTreeMap::new();
     let ex0: Option<ExchangerState> = ck0.json("exchanger").ok();
     let mut memories: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
     let mut lossy: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
@@ -83,6 +94,10 @@ pub(super) fn combine(
             )?;
         }
         add(&mut buffers, &ck.f32("buffers").map_err(|e| e.to_string())?)?;
+        for name in ck.names().filter(|n| n.starts_with(SERVER_SECTION)) {
+            let part = ck.f32(name).map_err(|e| e.to_string())?;
+            servers.entry(name.to_string()).or_default().push(part);
+        }
         if let Some(ex0) = &ex0 {
             let ex: ExchangerState = ck.json("exchanger").map_err(|e| e.to_string())?;
             if ex.compressors != ex0.compressors || ex.theta_scale != ex0.theta_scale {
@@ -102,6 +117,27 @@ pub(super) fn combine(
         out.put_f32(&format!("mem/{key}"), &mean(sum));
     }
     out.put_f32("buffers", &mean(&buffers));
+    let (rank, world) = to;
+    for (name, parts) in &servers {
+        let whole: Vec<f32> = parts.concat();
+        let tiles = parts.len() == p
+            && parts.iter().enumerate().all(|(r, part)| {
+                part.len() == dtrain_comms::segment_range(whole.len(), p, r).len()
+            });
+        if !tiles {
+            return Err(format!(
+                "the ranks' {name} sections do not tile a bucket of {} values in rank order",
+                whole.len()
+            ));
+        }
+        let range = dtrain_comms::segment_range(whole.len(), world, rank);
+        let scale = world as f64 / p as f64;
+        let mine: Vec<f32> = whole[range]
+            .iter()
+            .map(|&x| (x as f64 * scale) as f32)
+            .collect();
+        out.put_f32(name, &mine);
+    }
     if let Some(mut ex) = ex0 {
         ex.lossy_residual = lossy.iter().map(|(id, s)| (*id, mean(s))).collect();
         out.put_json("exchanger", &ex);
@@ -207,6 +243,7 @@ mod tests {
             plan: Vec::new(),
             theta_scale: 1.0,
             memory: BTreeMap::new(),
+            server_memory: BTreeMap::new(),
             compressors: BTreeMap::from([(3, BTreeMap::from([("q/0/0".to_string(), q)]))]),
             lossy_residual: BTreeMap::from([(4, lossy.to_vec())]),
         };
@@ -221,7 +258,7 @@ mod tests {
         write(dir.path(), 1, &[3.0, 2.0, 0.0], &[-1.0], 0.25);
         let ck0 = Checkpoint::load(&dir.path().join("rank-0.ckpt")).unwrap();
         let m0: Meta = ck0.json("meta").unwrap();
-        let out = combine(dir.path(), &m0, &ck0, "topk").unwrap();
+        let out = combine(dir.path(), &m0, &ck0, "topk", (0, 3)).unwrap();
         assert_eq!(out.f32("mem/3").unwrap(), [2.0, 0.0, 0.25]);
         assert_eq!(out.f32("buffers").unwrap(), [0.5]);
         let ex: ExchangerState = out.json("exchanger").unwrap();
@@ -240,11 +277,40 @@ mod tests {
 
         // Compressor state that differs between ranks has no rule: refused, naming it.
         write(dir.path(), 1, &[3.0, 2.0, 0.0], &[-1.0], 0.5);
-        let e = combine(dir.path(), &m0, &ck0, "powersgd").unwrap_err();
+        let e = combine(dir.path(), &m0, &ck0, "powersgd", (0, 3)).unwrap_err();
         assert!(e.contains("\"powersgd\"") && e.contains("differs"), "{e}");
+        // Server residuals: rank order, scaled by P'/P, cut into the new ranges.
+        let srv = |dir: &Path, rank: usize, part: &[f32]| {
+            let path = dir.join(format!("rank-{rank}.ckpt"));
+            let mut ck = Checkpoint::load(&path).unwrap();
+            ck.put_f32("srv/3", part);
+            ck.save(&path).unwrap();
+        };
+        write(dir.path(), 1, &[3.0, 2.0, 0.0], &[-1.0], 0.25);
+        // 5 values on 2 ranks: 3 + 2.
+        srv(dir.path(), 0, &[1.0, 2.0, 3.0]);
+        srv(dir.path(), 1, &[4.0, 5.0]);
+        let ck0 = Checkpoint::load(&dir.path().join("rank-0.ckpt")).unwrap();
+        let on = |rank, world| {
+            combine(dir.path(), &m0, &ck0, "onebit", (rank, world))
+                .unwrap()
+                .f32("srv/3")
+                .unwrap()
+        };
+        // Three ranks: 2 + 2 + 1 values, times 3/2.
+        assert_eq!(on(0, 3), [1.5, 3.0]);
+        assert_eq!(on(1, 3), [4.5, 6.0]);
+        assert_eq!(on(2, 3), [7.5]);
+        // One rank: all of it, halved; what the replicas owe (s/P) is unchanged.
+        assert_eq!(on(0, 1), [0.5, 1.0, 1.5, 2.0, 2.5]);
+        // Ranges that do not tile the bucket are refused.
+        srv(dir.path(), 1, &[4.0]);
+        let e = combine(dir.path(), &m0, &ck0, "onebit", (0, 3)).unwrap_err();
+        assert!(e.contains("srv/3") && e.contains("tile"), "{e}");
+
         // A missing rank file is named.
         std::fs::remove_file(dir.path().join("rank-1.ckpt")).unwrap();
-        let e = combine(dir.path(), &m0, &ck0, "topk").unwrap_err();
+        let e = combine(dir.path(), &m0, &ck0, "topk", (0, 3)).unwrap_err();
         assert!(e.contains("rank-1.ckpt"), "{e}");
     }
 }
