@@ -264,8 +264,8 @@ impl Collective {
     }
 
     /// Parses a collective override: `allreduce` (dense f32), `lanes` (summable lanes),
-    /// `allgather`, `broadcast-allreduce`, or `ps` / `ps:S` (a parameter server with `S`
-    /// server links, default 1).
+    /// `allgather`, `broadcast-allreduce`, `sparse-allreduce`, `compressed-allreduce`, or
+    /// `ps` / `ps:S` (a parameter server with `S` server links, default 1).
     pub fn parse(s: &str) -> Result<Collective> {
         let t = s.trim().to_ascii_lowercase();
         Ok(match t.as_str() {
