@@ -837,7 +837,7 @@ pub fn check_sparse_mismatch<M: Mesh>(mesh: &M, world: usize) {
 
 /// The f32 "codec" of the compressed all-reduce scenarios: shares and reduced blocks are
 /// little-endian f32; the owner sums its segment's shares in rank order from `+0.0`.
-fn sum_f32_shares(shares: &[&[u8]]) -> Result<Vec<u8>, (usize, String)> {
+pub fn sum_f32_shares(shares: &[&[u8]]) -> Result<Vec<u8>, (usize, String)> {
     let n = shares.first().map_or(0, |s| s.len());
     let mut acc = vec![0.0f32; n / 4];
     for (q, s) in shares.iter().enumerate() {
