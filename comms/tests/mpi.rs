@@ -129,31 +129,17 @@ fn compressed_all_reduce(sub: &SimpleCommunicator, world: usize) {
         let inputs: Vec<Vec<f32>> = (0..world)
             .map(|r| Rng(n as u64 * 31 + r as u64).f32s(n))
             .collect();
-        let shares: Vec<Vec<u8>> = (0..world)
-            .map(|q| {
-                inputs[me][segment_range(n, world, q)]
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect()
-            })
-            .collect();
+        let shares = f32_shares(&inputs[me], world);
         let views: Vec<&[u8]> = shares.iter().map(|b| &b[..]).collect();
         let mut red = sum_f32_shares;
         let blocks = c.compressed_all_reduce(&views, n as u32, &mut red).unwrap();
-        let sum: Vec<f32> = blocks
-            .concat()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
         assert_eq!(
-            bits(&sum),
+            bits(&le_f32s(&blocks.concat())),
             bits(&rank_order_sum(&inputs)),
             "world {world} n {n} rank {me}"
         );
         let sent = c.last_bytes().sent;
-        let (p, seg) = (world as u64 - 1, 4 * (n as u64).div_ceil(world as u64));
-        let msgs = 2 * p * seg.div_ceil(test_config().chunk_bytes as u64).max(1);
-        let bound = 2 * p * seg + msgs * (dtrain_comms::wire::HEADER_LEN as u64 + 16);
+        let bound = compressed_sent_bound(n, world);
         assert!(
             sent <= bound,
             "world {world} n {n} rank {me}: sent {sent}, bound {bound}"

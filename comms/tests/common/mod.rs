@@ -851,6 +851,37 @@ pub fn sum_f32_shares(shares: &[&[u8]]) -> Result<Vec<u8>, (usize, String)> {
     Ok(acc.iter().flat_map(|v| v.to_le_bytes()).collect())
 }
 
+/// One rank's shares of `x` for the compressed all-reduce with the f32 codec: owner `q`'s
+/// range of it, little-endian.
+pub fn f32_shares(x: &[f32], world: usize) -> Vec<Vec<u8>> {
+    (0..world)
+        .map(|q| {
+            x[segment_range(x.len(), world, q)]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect()
+        })
+        .collect()
+}
+
+/// Little-endian f32 bytes as values.
+pub fn le_f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// The most a rank may send in a compressed all-reduce of `n` f32 values on `world` ranks
+/// with the f32 codec: its P − 1 shares and P − 1 copies of its reduced block (segments of
+/// at most ⌈n/P⌉ values: 2·(P−1)/P of the buffer's 4n bytes), each block cut into chunks
+/// of `chunk_bytes`, each message with its header and at most 16 bytes of framing.
+pub fn compressed_sent_bound(n: usize, world: usize) -> u64 {
+    let (p, seg) = (world as u64 - 1, 4 * (n as u64).div_ceil(world as u64));
+    let msgs = 2 * p * seg.div_ceil(test_config().chunk_bytes as u64).max(1);
+    2 * p * seg + msgs * (dtrain_comms::wire::HEADER_LEN as u64 + 16)
+}
+
 /// The compressed all-reduce with a lossless f32 codec: every rank ends with the rank-order
 /// sum, bit for bit, and sends about twice its buffer's bytes, not P − 1 times.
 pub fn check_compressed_all_reduce<M: Mesh>(mesh: &M, world: usize) {
@@ -860,23 +891,11 @@ pub fn check_compressed_all_reduce<M: Mesh>(mesh: &M, world: usize) {
         lens.iter()
             .map(|&n| {
                 let x = Rng(n as u64 * 31 + r as u64).f32s(n);
-                let shares: Vec<Vec<u8>> = (0..world)
-                    .map(|q| {
-                        x[segment_range(n, world, q)]
-                            .iter()
-                            .flat_map(|v| v.to_le_bytes())
-                            .collect()
-                    })
-                    .collect();
+                let shares = f32_shares(&x, world);
                 let mut red = sum_f32_shares;
                 let views: Vec<&[u8]> = shares.iter().map(|b| &b[..]).collect();
                 let blocks = c.compressed_all_reduce(&views, n as u32, &mut red).unwrap();
-                let sum: Vec<f32> = blocks
-                    .concat()
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect();
-                (sum, c.last_bytes().sent)
+                (le_f32s(&blocks.concat()), c.last_bytes().sent)
             })
             .collect::<Vec<_>>()
     });
@@ -888,12 +907,7 @@ pub fn check_compressed_all_reduce<M: Mesh>(mesh: &M, world: usize) {
         for (r, results) in out.iter().enumerate() {
             let (sum, sent) = &results[k];
             assert_eq!(bits(sum), bits(&want), "world {world} n {n}: rank {r}");
-            // Its P − 1 shares and P − 1 copies of its reduced block (segments of at most
-            // ⌈n/P⌉ values: 2·(P−1)/P of the buffer's 4n bytes), each block cut into chunks
-            // of `chunk_bytes`, each message with its header and at most 16 bytes of framing.
-            let (p, seg) = (world as u64 - 1, 4 * (n as u64).div_ceil(world as u64));
-            let msgs = 2 * p * seg.div_ceil(test_config().chunk_bytes as u64).max(1);
-            let bound = 2 * p * seg + msgs * (dtrain_comms::wire::HEADER_LEN as u64 + 16);
+            let bound = compressed_sent_bound(n, world);
             assert!(
                 *sent <= bound,
                 "world {world} n {n}: rank {r} sent {sent}, bound {bound}"
@@ -901,7 +915,7 @@ pub fn check_compressed_all_reduce<M: Mesh>(mesh: &M, world: usize) {
             if n >= 1000 && world > 2 {
                 // Far below the all-gather of the whole buffer's P − 1 copies.
                 assert!(
-                    *sent < p * 4 * n as u64,
+                    *sent < (world as u64 - 1) * 4 * n as u64,
                     "world {world} n {n}: rank {r} sent {sent}"
                 );
             }
