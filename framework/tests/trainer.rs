@@ -189,6 +189,55 @@ fn data_parallel_equals_one_worker_with_the_global_batch() {
     assert!(acc > 0.3, "accuracy {acc}, losses {:?}", r.losses);
 }
 
+/// `train.accumulate = k` with batch b gives the parameters of batch k·b (issue #27): the
+/// micro-batches of a step are the large batch's samples, and the step's gradient is the
+/// mean of their means. Tolerance: the float summation order differs (mean of k means of b
+/// vs one mean of k·b), as in the data-parallel equivalence above.
+#[test]
+fn accumulating_k_micro_batches_equals_the_k_times_larger_batch() {
+    let steps = "train.max_steps=10";
+    for world in [1usize, 2] {
+        let big = run(
+            world,
+            &[steps, "train.epochs=2", "data.batch_size=32"],
+            None,
+            false,
+        );
+        let acc = run(
+            world,
+            &[
+                steps,
+                "train.epochs=2",
+                "data.batch_size=8",
+                "train.accumulate=4",
+            ],
+            None,
+            false,
+        );
+        // 512 samples: 16 / world optimizer steps an epoch either way, so the two runs
+        // cross the same epoch boundary (at 2 workers, after step 8).
+        assert_eq!(acc.summary.steps, Some(10), "world {world}");
+        assert_eq!(
+            acc.losses.len(),
+            10,
+            "world {world}: one record per optimizer step"
+        );
+        let d = max_rel_diff(&big.params, &acc.params);
+        assert!(d < 1e-5, "world {world}: max relative difference {d}");
+        assert!(d > 0.0, "world {world}: suspiciously identical");
+        for (a, b) in big.losses.iter().zip(&acc.losses) {
+            assert!((a - b).abs() < 1e-4 * a.abs().max(1.0), "{a} vs {b}");
+        }
+    }
+    // More micro-batches than an epoch has: refused, naming the key.
+    let cfg = RunConfig::parse(BASE, "base.toml", &["train.accumulate=65".into()]).unwrap();
+    let e = cfg.validate("base.toml", Some(512)).unwrap_err();
+    assert_eq!(e.field, "train.accumulate", "{e}");
+    let cfg = RunConfig::parse(BASE, "base.toml", &["train.accumulate=0".into()]).unwrap();
+    let e = cfg.validate("base.toml", Some(512)).unwrap_err();
+    assert_eq!(e.field, "train.accumulate", "{e}");
+}
+
 /// `train.clip_norm`: with plain SGD every step moves the parameters by exactly
 /// `lr · min(‖ḡ‖, c)`, so k clipped steps move them at most `k · lr · c` in L2.
 #[test]

@@ -145,6 +145,14 @@ pub struct TrainConfig {
     /// Stop after this many steps in total (short runs). Default: all epochs.
     #[serde(default)]
     pub max_steps: Option<u64>,
+    /// Gradient accumulation: micro-batches of `data.batch_size` per optimizer step
+    /// (default 1). Their gradients are averaged locally and exchanged once per step, as
+    /// DDP's `no_sync`, Horovod's `backward_passes_per_step` and DeepSpeed's
+    /// `gradient_accumulation_steps`; a step then consumes `accumulate × batch_size` samples
+    /// per worker, and every count in steps (`max_steps`, `metrics.jsonl`, schedules)
+    /// counts optimizer steps.
+    #[serde(default = "one_u64")]
+    pub accumulate: u64,
     /// `sgd` (default), `adam` or `adamw`.
     #[serde(default)]
     pub optimizer: OptimizerKind,

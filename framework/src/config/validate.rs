@@ -200,6 +200,9 @@ impl RunConfig {
         if t.max_steps == Some(0) {
             return Err(err("train.max_steps", "must be at least 1".into()));
         }
+        if t.accumulate == 0 {
+            return Err(err("train.accumulate", "must be at least 1".into()));
+        }
         let steps_per_epoch = match train_examples {
             Some(n) if d.kind.is_text() => {
                 // BPTT: rows of n / (workers·batch) tokens, cut in seq_len pieces.
@@ -232,6 +235,25 @@ impl RunConfig {
             }
             None => 1,
         };
+        // Micro-batches an epoch (above) make this many optimizer steps; the rest of the
+        // epoch's micro-batches are not used, as the last partial batch is not.
+        // (Unknown data size: one step an epoch, as above.)
+        let micro = steps_per_epoch;
+        let steps_per_epoch = if train_examples.is_some() {
+            micro / t.accumulate
+        } else {
+            micro
+        };
+        if steps_per_epoch == 0 {
+            return Err(err(
+                "train.accumulate",
+                format!(
+                    "{} micro-batches per step exceed the {micro} batches of {} per worker \
+                     in an epoch",
+                    t.accumulate, d.batch_size
+                ),
+            ));
+        }
         let total_steps = (steps_per_epoch * t.epochs).min(t.max_steps.unwrap_or(u64::MAX));
         Ok((steps_per_epoch, total_steps))
     }

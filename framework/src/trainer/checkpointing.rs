@@ -177,7 +177,8 @@ impl<T: Transport> Trainer<T> {
         self.step = if elastic {
             let (step, shift) = super::elastic::position(
                 &meta,
-                self.plan.config.data.batch_size as u64,
+                // Samples per worker per optimizer step.
+                self.plan.config.data.batch_size as u64 * self.plan.config.train.accumulate,
                 self.world as u64,
                 self.plan.steps_per_epoch,
             );

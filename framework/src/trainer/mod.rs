@@ -209,6 +209,8 @@ pub struct Trainer<T: Transport> {
     data: TrainData,
     optimizer: Optimizer,
     grads: Vec<f32>,
+    /// A micro-batch's gradient before it is added into `grads` (`train.accumulate > 1`).
+    micro_grads: Vec<f32>,
     buffers: Vec<f32>,
     step: u64,
     out: Option<RunDir>,
@@ -308,6 +310,7 @@ impl<T: Transport> Trainer<T> {
             data,
             optimizer,
             grads: vec![0.0; n],
+            micro_grads: Vec::new(),
             buffers: vec![0.0; nb],
             step: 0,
             metrics_file: None,

@@ -21,25 +21,59 @@ pub(super) enum StepOutcome {
 }
 
 impl<T: Transport> Trainer<T> {
-    /// Runs step `self.step`, batch `j` of `epoch`.
+    /// Runs step `self.step`, batch `j` of `epoch` (with `train.accumulate = k`: micro-batches
+    /// `j·k … j·k + k − 1`, whose gradients are averaged into `self.grads`).
     pub(super) fn train_step(&mut self, epoch: u64, j: usize) -> Result<StepOutcome, TrainError> {
         let step = self.step;
         let t0 = Instant::now();
-        let device = self.model.device().clone();
-        let batch = self.data.train_batch(epoch, j, &device);
-        let t1 = Instant::now();
-        // Dropout masks: a pure function of (seed, step, rank).
-        {
-            let _g = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-            device.seed(mix(self.plan.config.seed, step, self.rank as u64));
+        let (mut data_s, mut forward_s, mut backward_s) = (0.0, 0.0, 0.0);
+        let k = self.plan.config.train.accumulate.max(1) as usize;
+        let mut metrics: Option<Metrics> = None;
+        for micro in 0..k {
+            let ta = Instant::now();
+            let device = self.model.device().clone();
+            let batch = self.data.train_batch(epoch, j * k + micro, &device);
+            let tb = Instant::now();
+            // Dropout masks: a pure function of (seed, step, rank) and the micro-batch.
+            {
+                let _g = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+                let seed = mix(self.plan.config.seed, step, self.rank as u64);
+                device.seed(if micro == 0 {
+                    seed
+                } else {
+                    mix(seed, micro as u64, 0)
+                });
+            }
+            let out = self
+                .model
+                .forward_loss(batch)
+                .map_err(|source| TrainError::Model { step, source })?;
+            let tc = Instant::now();
+            let m: Metrics = out.metrics;
+            if micro == 0 {
+                self.model.backward_into(out.loss, &mut self.grads);
+            } else {
+                let mut g = std::mem::take(&mut self.micro_grads);
+                g.resize(self.grads.len(), 0.0);
+                self.model.backward_into(out.loss, &mut g);
+                for (a, b) in self.grads.iter_mut().zip(&g) {
+                    *a += b;
+                }
+                self.micro_grads = g;
+            }
+            match &mut metrics {
+                None => metrics = Some(m),
+                Some(all) => all.merge(&m),
+            }
+            data_s += (tb - ta).as_secs_f64();
+            forward_s += (tc - tb).as_secs_f64();
+            backward_s += tc.elapsed().as_secs_f64();
         }
-        let out = self
-            .model
-            .forward_loss(batch)
-            .map_err(|source| TrainError::Model { step, source })?;
-        let t2 = Instant::now();
-        let m: Metrics = out.metrics;
-        self.model.backward_into(out.loss, &mut self.grads);
+        if k > 1 {
+            let inv = 1.0 / k as f32;
+            self.grads.iter_mut().for_each(|g| *g *= inv);
+        }
+        let m = metrics.unwrap_or_default();
         let t3 = Instant::now();
         // A dense exchange checks the average it makes, and a non-finite value on any rank
         // stays non-finite in it (`Exchanger::is_dense`), so scanning here too would be a
@@ -118,9 +152,9 @@ impl<T: Transport> Trainer<T> {
             _ => false,
         };
         let time = Phases {
-            data_s: (t1 - t0).as_secs_f64(),
-            forward_s: (t2 - t1).as_secs_f64(),
-            backward_s: (t3 - t2).as_secs_f64(),
+            data_s,
+            forward_s,
+            backward_s,
             communicate_s: (t4 - t3).as_secs_f64(),
             sync_s: (t4 - t_sync).as_secs_f64(),
             ..Phases::default()
@@ -229,7 +263,9 @@ impl<T: Transport> Trainer<T> {
 
     /// The learning rate of `step`.
     pub(super) fn lr_at(&self, step: u64) -> f64 {
-        let global_batch = self.plan.config.data.batch_size * self.world;
+        let global_batch = self.plan.config.data.batch_size
+            * self.plan.config.train.accumulate.max(1) as usize
+            * self.world;
         self.plan.lr.at(
             step as f64 / self.plan.steps_per_epoch as f64,
             self.plan.config.train.epochs as f64,
