@@ -1,0 +1,374 @@
+//! `dtrain bench …` and the hidden `dtrain bench-worker`: argument tables and the calls
+//! into `dtrain_framework::bench`.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use dtrain_framework::bench::{self, gradient::Shape};
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum BenchCommand {
+    /// Compression throughput, bits per element and relative error of every method.
+    Compress(CompressArgs),
+    /// Collective bandwidth over N local worker processes (nccl-tests-style table).
+    Allreduce(AllreduceArgs),
+    /// Training-step time of each model (forward, backward) on the CPU or a GPU; with
+    /// `--reference cpu`, the same step on the CPU from the same weights and batch, timed
+    /// beside it and compared (relative error of the loss and the gradients).
+    Models(ModelsArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ModelsArgs {
+    /// Models, `kind/variant` or `kind/variant:key=value;key=value` (comma-separated, or
+    /// repeated). Default: one per family (mlp/mnist, lenet/lenet5, alexnet/cifar,
+    /// vgg/vgg11, resnet/resnet20, lstm/word).
+    #[arg(long, value_delimiter = ' ', num_args = 1..)]
+    models: Vec<String>,
+    /// The device measured: cpu, cuda, cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: dtrain_framework::device::DeviceKind,
+    /// Also run each step here from the same weights and batch (dropout off), and fail when
+    /// the loss or the gradients differ by more than --tolerance (relative).
+    #[arg(long)]
+    reference: Option<dtrain_framework::device::DeviceKind>,
+    /// Largest relative error that passes the comparison.
+    #[arg(long, default_value_t = 1e-3)]
+    tolerance: f64,
+    /// The tolerance instead, when the device turns out to multiply f32 matrices in TF32
+    /// (burn's CUDA backend on tensor-core GPUs): measured before the models run.
+    #[arg(long)]
+    tf32_tolerance: Option<f64>,
+    /// Examples per batch (default: 32 images, or 20 sequences).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Tokens per sequence for language models.
+    #[arg(long, default_value_t = 35)]
+    seq_len: usize,
+    /// Untimed steps first (the first step, with any kernel compilation, counts as one).
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Timed steps (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Also write the results as JSON to this file (the table is still printed).
+    #[arg(long, value_name = "FILE")]
+    save: Option<PathBuf>,
+}
+
+/// Options shared by the `bench allreduce` launcher and its workers.
+#[derive(Args, Debug)]
+pub(crate) struct CollectiveArgs {
+    /// Transport: tcp, quic, shm, or mpi (dtrain's ring over MPI point-to-point under
+    /// mpirun; needs the `mpi` feature; native `MPI_Allreduce` is compared side by side by
+    /// the comms example `mpi_allreduce`).
+    #[arg(long, default_value = "tcp")]
+    transport: bench::allreduce::TransportKind,
+    /// Collective: allreduce, allgather or broadcast.
+    #[arg(long, default_value = "allreduce")]
+    op: bench::allreduce::Op,
+    /// Sizes in bytes: `1K..256M` (powers of two) or a list `1K,64M`.
+    #[arg(long, default_value = "1K..64M")]
+    sizes: String,
+    /// Emulated egress bandwidth per worker, e.g. 1Gbit.
+    #[arg(long)]
+    bandwidth: Option<String>,
+    /// Emulated one-way latency per worker, e.g. 100us.
+    #[arg(long)]
+    latency: Option<String>,
+    /// Timed calls per size (0: chosen by size).
+    #[arg(long, default_value_t = 0)]
+    iters: usize,
+    /// Untimed calls per size before timing.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Time one layer's whole compressed exchange per method instead of the bare
+    /// collective (Dryden et al.'s layer-size benchmark): comma-separated or repeated,
+    /// `name` or `name:key=value;key=value`, e.g. `--compress none,onebit,adaptive-threshold`.
+    /// Speed-ups are against `none` at the same size.
+    #[arg(long)]
+    compress: Vec<String>,
+    /// How the --compress methods' payloads travel: allgather (the default),
+    /// sparse-allreduce or compressed-allreduce (each row prints the collective it took).
+    #[arg(long)]
+    collective: Option<dtrain_framework::exchange::GatherCollective>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct AllreduceArgs {
+    /// Worker processes.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    #[command(flatten)]
+    common: CollectiveArgs,
+    /// Limit for the whole run, in seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct WorkerArgs {
+    /// Rendezvous address (host:port).
+    #[arg(long)]
+    rendezvous: std::net::SocketAddr,
+    /// This rank.
+    #[arg(long)]
+    rank: usize,
+    /// Number of ranks.
+    #[arg(long)]
+    world: usize,
+    #[command(flatten)]
+    common: CollectiveArgs,
+}
+
+pub(crate) fn collective_options(
+    c: &CollectiveArgs,
+    workers: usize,
+    timeout: u64,
+) -> Result<bench::allreduce::Options> {
+    Ok(bench::allreduce::Options {
+        transport: c.transport,
+        workers,
+        sizes: bench::allreduce::parse_sizes(&c.sizes).map_err(anyhow::Error::msg)?,
+        op: c.op,
+        bandwidth: c.bandwidth.clone(),
+        latency: c.latency.clone(),
+        iters: c.iters,
+        warmup: c.warmup,
+        timeout: std::time::Duration::from_secs(timeout),
+        methods: c.compress.iter().flat_map(|m| split_methods(m)).collect(),
+        collective: c.collective,
+    })
+}
+
+pub(crate) fn bench_allreduce(a: AllreduceArgs) -> Result<()> {
+    let opts = collective_options(&a.common, a.workers, a.timeout)?;
+    let exe = std::env::current_exe().context("locating the dtrain executable")?;
+    let rows =
+        bench::allreduce::launch(&opts, &exe, &["bench-worker"]).map_err(anyhow::Error::msg)?;
+    if a.json {
+        let doc = serde_json::json!({
+            "op": opts.op,
+            "transport": opts.transport,
+            "workers": opts.workers,
+            "bandwidth": opts.bandwidth,
+            "latency": opts.latency,
+            "methods": opts.methods,
+            "collective": opts.collective.map(|c| c.name()),
+            "results": rows,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print!("{}", bench::allreduce::table(&opts, &rows));
+    }
+    Ok(())
+}
+
+pub(crate) fn bench_worker(a: WorkerArgs) -> Result<()> {
+    let opts = collective_options(&a.common, a.world, 0)?;
+    let w = bench::allreduce::WorkerArgs {
+        rendezvous: a.rendezvous,
+        rank: a.rank,
+        world: a.world,
+        opts,
+    };
+    bench::allreduce::worker(&w).map_err(|e| anyhow::anyhow!("rank {}: {e}", a.rank))
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct CompressArgs {
+    /// Elements in the synthetic input vector.
+    #[arg(long, default_value_t = 4 << 20)]
+    elems: usize,
+    /// Methods to run (comma-separated, or repeated): `name` or `name:key=value;key=value`.
+    /// Default: every registered method with default parameters.
+    #[arg(long, value_delimiter = ' ', num_args = 1..)]
+    methods: Vec<String>,
+    /// Synthetic input: layered (realistic gradient-like), smooth, gaussian.
+    #[arg(long, default_value = "layered")]
+    input: Shape,
+    /// Read the input from a raw little-endian f32 file instead (e.g. a dumped layer gradient).
+    #[arg(long)]
+    from: Option<PathBuf>,
+    /// Use per-layer segments of the layered input (per-tensor statistics).
+    #[arg(long)]
+    per_layer: bool,
+    /// Treat the input as one ROWSxCOLS matrix (PowerSGD, columns), e.g. 1024x1024.
+    #[arg(long, value_parser = parse_shape)]
+    shape: Option<(usize, usize)>,
+    /// Compress the input this many times, stateful methods keeping their state (PowerSGD's
+    /// warm-started Q), and report the last round's error; 0: the timed repetitions.
+    #[arg(long, default_value_t = 0)]
+    rounds: usize,
+    /// Timed repetitions per phase; the best is reported.
+    #[arg(long, default_value_t = 5)]
+    repeat: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn bench_compress(a: CompressArgs) -> Result<()> {
+    let methods: Vec<String> = a.methods.iter().flat_map(|m| split_methods(m)).collect();
+    let opts = bench::compress::Options {
+        methods,
+        repeat: a.repeat,
+        per_layer: a.per_layer,
+        shape: a.shape,
+        rounds: a.rounds,
+    };
+    let (input, source) = match &a.from {
+        Some(p) => (
+            bench::gradient::read_f32_file(p).map_err(anyhow::Error::msg)?,
+            p.display().to_string(),
+        ),
+        None => (
+            bench::gradient::synthesize(a.input, a.elems, 42),
+            format!("{:?}", a.input).to_lowercase(),
+        ),
+    };
+    let rows = bench::compress::run(&input, &opts).map_err(anyhow::Error::msg)?;
+    if a.json {
+        let doc = serde_json::json!({
+            "input": source,
+            "elements": input.len(),
+            "threads": 1,
+            "results": rows,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        println!(
+            "dtrain bench compress: {} elements ({source}), single thread, best of {}",
+            input.len(),
+            a.repeat.max(1)
+        );
+        print!("{}", bench::compress::table(&rows));
+    }
+    Ok(())
+}
+
+pub(crate) fn bench_models(a: ModelsArgs) -> Result<()> {
+    let models: Vec<String> = a.models.iter().flat_map(|m| split_methods(m)).collect();
+    let opts = bench::models::Options {
+        models,
+        device: a.device,
+        reference: a.reference,
+        batch: a.batch,
+        seq_len: a.seq_len,
+        warmup: a.warmup,
+        steps: a.steps,
+        tolerance: a.tolerance,
+        tf32_tolerance: a.tf32_tolerance,
+        ..Default::default()
+    };
+    if !a.json {
+        let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "default".into());
+        println!(
+            "dtrain bench models: one training step (forward + loss, backward + flat gradients; \
+             no optimizer), median of {} after {} warm-up, CPU threads: {threads}",
+            a.steps.max(1),
+            a.warmup
+        );
+        if a.reference.is_none() {
+            print!("{}", bench::models::table_header(false));
+        }
+    }
+    let (mut saved, mut save_error) = (Vec::new(), None::<String>);
+    let rows = bench::models::run(
+        &opts,
+        |p| {
+            if !a.json {
+                println!(
+                    "f32 matmul 512x512x512 on {} against {}: relative error {:.1e} ({}); \
+                     tolerance {}",
+                    a.device,
+                    a.reference.map(|r| r.to_string()).unwrap_or_default(),
+                    p.matmul_rel_err,
+                    if p.tf32 {
+                        "TF32 tensor cores"
+                    } else {
+                        "f32 arithmetic"
+                    },
+                    if p.tf32 {
+                        a.tf32_tolerance.unwrap_or(a.tolerance)
+                    } else {
+                        a.tolerance
+                    },
+                );
+                print!("{}", bench::models::table_header(true));
+            }
+        },
+        |r| {
+            if !a.json {
+                print!("{}", bench::models::table_row(r));
+            }
+            // Rewritten after every model, so that a run stopped by a time limit keeps the
+            // models it measured (a GPU's first steps can take minutes each).
+            if let Some(path) = &a.save {
+                saved.push(r.clone());
+                let written = serde_json::to_string_pretty(&saved)
+                    .map_err(|e| e.to_string())
+                    .and_then(|text| std::fs::write(path, text).map_err(|e| e.to_string()));
+                if let Err(e) = written {
+                    save_error.get_or_insert(format!("writing {}: {e}", path.display()));
+                }
+            }
+        },
+    )
+    .map_err(anyhow::Error::msg)?;
+    if let Some(e) = save_error {
+        bail!(e);
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    }
+    let failed: Vec<String> = rows
+        .iter()
+        .filter_map(|r| {
+            let c = r.check.as_ref().filter(|c| !c.passed)?;
+            Some(format!(
+                "{} (loss {:.1e}, gradients {:.1e}; tolerance {})",
+                r.model, c.loss_rel_err, c.grad_rel_err, c.tolerance
+            ))
+        })
+        .collect();
+    if !failed.is_empty() {
+        bail!(
+            "{} of {} models differ from the reference by more than the tolerance: {}",
+            failed.len(),
+            rows.len(),
+            failed.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// `ROWSxCOLS`, both at least 1.
+pub(crate) fn parse_shape(s: &str) -> Result<(usize, usize), String> {
+    let (r, c) = s
+        .split_once(['x', 'X'])
+        .ok_or_else(|| format!("{s:?}: expected ROWSxCOLS, e.g. 1024x1024"))?;
+    let num = |v: &str| {
+        v.trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("{s:?}: {v:?} is not a positive integer"))
+    };
+    Ok((num(r)?, num(c)?))
+}
+
+/// Splits `a,b:x=1;y=2,c` into methods; inside a method, `;` separates parameters.
+pub(crate) fn split_methods(s: &str) -> Vec<String> {
+    s.split(',')
+        .filter(|m| !m.trim().is_empty())
+        .map(|m| m.trim().replace(';', ","))
+        .collect()
+}
