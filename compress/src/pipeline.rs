@@ -36,6 +36,9 @@ pub struct Pipeline {
     transmitted: Vec<f32>,
     /// The owner's sum of the shares ([`Pipeline::reduce_shares`]).
     shares_sum: Vec<f32>,
+    /// The layer boundaries inside one range ([`Pipeline::compress_chunks`]), kept between
+    /// calls.
+    chunk_segs: Vec<Range<usize>>,
     /// A summed agreement was installed for a method whose memory learns from the
     /// aggregate: the memory update waits for [`Pipeline::absorb_aggregate`].
     feedback_pending: bool,
@@ -50,6 +53,7 @@ impl Pipeline {
             compensated: Vec::new(),
             transmitted: Vec::new(),
             shares_sum: Vec::new(),
+            chunk_segs: Vec::new(),
             feedback_pending: false,
         }
     }
@@ -225,7 +229,7 @@ impl Pipeline {
         }
         self.compensate(grad, ctx);
         out.resize_with(chunks.len(), Payload::new);
-        let mut segs = Vec::new();
+        let mut segs = std::mem::take(&mut self.chunk_segs);
         for (chunk, payload) in chunks.iter().zip(out.iter_mut()) {
             chunk_segments(ctx.segments, chunk.clone(), &mut segs);
             let sub = Ctx {
@@ -233,8 +237,10 @@ impl Pipeline {
                 ..*ctx
             };
             let x = &self.compensated[chunk.clone()];
+            // (On an error the kept buffer is simply dropped.)
             compressor::compress(self.compressor.as_mut(), x, &sub, rng, payload)?;
         }
+        self.chunk_segs = segs;
         if !self.memory.is_active() {
             return Ok(());
         }
