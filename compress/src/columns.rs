@@ -149,6 +149,7 @@ impl Compressor for Columns {
         match r.u8("columns form")? {
             DENSE => {
                 let b = r.take_items(out.len(), 4, "dense values")?;
+                finite(b, out.len())?;
                 for (i, o) in out.iter_mut().enumerate() {
                     *o += f32_at(b, i);
                 }
@@ -176,6 +177,7 @@ impl Compressor for Columns {
                 }
                 let rows = out.len() / width;
                 let vals = r.take_items(rows.saturating_mul(k), 4, "column values")?;
+                finite(vals, rows * k)?;
                 for (row, o) in out.chunks_exact_mut(width).enumerate() {
                     for i in 0..k {
                         o[u32_at(cols, i) as usize] += f32_at(vals, row * k + i);
@@ -189,6 +191,17 @@ impl Compressor for Columns {
 
     fn segment_bits(&self, _n: usize) -> Option<u64> {
         None
+    }
+}
+
+/// Refuses a payload whose `n` little-endian f32 values in `b` are not all finite: the
+/// encoder never sends one (the trainer skips a step with a non-finite gradient before it
+/// compresses), so one on the wire is damage.
+fn finite(b: &[u8], n: usize) -> Result<(), WireError> {
+    if (0..n).all(|i| f32_at(b, i).is_finite()) {
+        Ok(())
+    } else {
+        Err(WireError::Invalid("a non-finite value"))
     }
 }
 
