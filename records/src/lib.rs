@@ -276,6 +276,13 @@ pub struct Summary {
     /// compressed run's small dense buckets go through the dense all-reduce).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bucket_collectives: Option<Vec<String>>,
+    /// The `[sync]` kind when it is not `every-step` (`local-sgd`, `post-local-sgd`,
+    /// `diloco`); absent for every-step runs and runs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<String>,
+    /// The `[sync]` period H (optimizer steps between synchronisations), with `sync`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_period: Option<u64>,
     /// The restarts of `dtrain run --max-restarts` in the session that wrote this summary,
     /// in order; absent when there was none.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -66,6 +66,11 @@
 //! over `servers` server links, `2·max(P/servers, 1)·n/β + 2α`) can be requested with
 //! [`SimOptions::collective`]; no method uses it by default.
 //!
+//! **Infrequent synchronisation** (`[sync]`: local SGD, post-local SGD, DiLoCo): a run
+//! exchanges on a fraction `f` of its steps ([`exchange_fraction`], measured from the
+//! steps that sent bytes, else `1/H`), so `comm(P)` above is the time of one exchange of
+//! `payload / f` bytes, times `f`.
+//!
 //! The payload is the run's mean payload bytes per step (rank 0; it includes buckets a
 //! method leaves dense, which are really all-reduced — a small overestimate for gather
 //! methods). Without `params` (no `summary.json`) 4·params is estimated from the bytes
@@ -340,8 +345,11 @@ pub struct StepModel {
     /// Measured remainder of the step, including the wait at the control all-reduce
     /// (load imbalance between ranks; kept as a fixed per-step cost).
     pub other_s: f64,
-    /// Payload bytes per rank per step.
+    /// Payload bytes per rank per exchange.
     pub payload_bytes: f64,
+    /// The fraction of steps that exchange ([`exchange_fraction`]): 1 for every-step
+    /// runs, about 1/H for local SGD and DiLoCo.
+    pub exchange_fraction: f64,
     /// Dense gradient bytes, 4·params (measured or estimated).
     pub dense_bytes: f64,
     /// Buckets (collectives) per step.
@@ -359,11 +367,12 @@ impl StepModel {
             )));
         }
         let p0 = run.workers;
-        let payload = run.payload_bytes_per_step();
+        let fraction = exchange_fraction(run);
+        let payload = run.payload_bytes_per_step() / fraction;
         let dense = match run.params() {
             Some(n) if n > 0 => 4.0 * n as f64,
             _ if p0 >= 2 && run.bytes_sent_per_step() > 0.0 => {
-                run.bytes_sent_per_step() * p0 as f64 / (2.0 * (p0 as f64 - 1.0))
+                run.bytes_sent_per_step() / fraction * p0 as f64 / (2.0 * (p0 as f64 - 1.0))
             }
             _ => payload,
         };
@@ -375,7 +384,7 @@ impl StepModel {
         if let Collective::SparseAllReduce { new_fraction } = &mut collective {
             // Received at P₀: (P₀−1)/P₀·(k + |sum|)·8 ⇒ |sum|, then u from |sum| = k(1 + u(P₀−1)).
             let k = payload / 8.0;
-            let received = run.bytes_received_per_step();
+            let received = run.bytes_received_per_step() / fraction;
             if p0 >= 2 && k > 0.0 && received > 0.0 {
                 let sum = received / 8.0 * p0 as f64 / (p0 as f64 - 1.0) - k;
                 *new_fraction = ((sum / k - 1.0) / (p0 as f64 - 1.0)).clamp(0.0, 1.0);
@@ -391,6 +400,7 @@ impl StepModel {
             decompress_s: m.decompress_s,
             other_s: m.other_s() + m.sync_s,
             payload_bytes: payload,
+            exchange_fraction: fraction,
             dense_bytes: dense,
             buckets: ((dense / bucket).ceil() as usize).max(1),
         })
@@ -412,11 +422,17 @@ impl StepModel {
         }
     }
 
-    /// Seconds of communication per step on `link` with `p` workers.
+    /// Seconds of communication per step on `link` with `p` workers: an exchange's
+    /// seconds times the fraction of steps that exchange.
     pub fn comm_s(&self, link: &LinkSpec, p: usize) -> f64 {
         if p < 2 {
             return 0.0;
         }
+        self.exchange_fraction * self.exchange_s(link, p)
+    }
+
+    /// Seconds of one exchange on `link` with `p` workers.
+    fn exchange_s(&self, link: &LinkSpec, p: usize) -> f64 {
         let b = self.buckets as f64;
         match self.collective {
             Collective::DenseAllReduce => self.all_reduce(link, self.dense_bytes, p),
@@ -918,6 +934,23 @@ pub fn validate_runs(runs: &[Run]) -> Result<ValidationOutput> {
     })
 }
 
+/// The fraction of a run's steps that exchange: the share of its timed steps that sent
+/// bytes (a measured multi-worker run), else `1/H` from `summary.json`'s `sync_period`,
+/// else 1. Local SGD and DiLoCo (`[sync]`) exchange the parameter change once per `H`
+/// steps, post-local SGD every step before its switch and once per `H` after it; the
+/// measured share covers all three.
+pub fn exchange_fraction(run: &Run) -> f64 {
+    let steps = run.timed_steps();
+    let sent = steps.iter().filter(|r| r.bytes_sent > 0).count();
+    if run.workers >= 2 && sent > 0 {
+        return sent as f64 / steps.len() as f64;
+    }
+    match run.summary.as_ref().and_then(|s| s.sync_period) {
+        Some(h) if h > 0 => 1.0 / h as f64,
+        _ => 1.0,
+    }
+}
+
 /// Expected wire bytes of one sparse all-reduce entry in a range of density `d` (entries per
 /// element): a 4-byte value and a LEB128 gap, whose length is 1 byte plus one for each of
 /// 2⁷, 2¹⁴, 2²¹, 2²⁸ the gap reaches, with gaps geometric (`P(gap ≥ g) = (1 − d)^g`); never
@@ -966,6 +999,7 @@ mod tests {
             other_s: 0.0,
             // 1 % of 4 M parameters as (index, value) pairs.
             payload_bytes: 40_000.0 * 8.0,
+            exchange_fraction: 1.0,
             dense_bytes: 4.0 * 4_000_000.0,
             buckets: 1,
         };
@@ -994,6 +1028,33 @@ mod tests {
     }
 
     #[test]
+    fn infrequent_synchronisation_pays_its_exchange_once_per_period() {
+        // Local SGD with H = 8 exchanges the dense model once per 8 steps: an eighth of the
+        // every-step ring's time per step, latency terms included.
+        let link = LinkSpec::parse(Some("100Mbit"), Some("50us")).unwrap();
+        let model = |f: f64| StepModel {
+            label: "x".into(),
+            method: "none".into(),
+            collective: Collective::DenseAllReduce,
+            measured_workers: 2,
+            compute_s: 0.01,
+            compress_s: 0.0,
+            decompress_s: 0.0,
+            other_s: 0.0,
+            payload_bytes: 4.0 * 1e6,
+            exchange_fraction: f,
+            dense_bytes: 4.0 * 1e6,
+            buckets: 2,
+        };
+        let (every, local) = (model(1.0), model(0.125));
+        for p in [2usize, 8, 64] {
+            let (e, l) = (every.comm_s(&link, p), local.comm_s(&link, p));
+            assert!((l - e / 8.0).abs() < 1e-12 * e, "P={p}: {l} vs {e}");
+            assert!(local.step_s(&link, p) < every.step_s(&link, p));
+        }
+    }
+
+    #[test]
     fn compressed_all_reduce_model_stays_flat_in_the_worker_count() {
         // 4-bit QSGD of 4 M parameters: the all-gather's bytes grow with P − 1 and pass the
         // dense ring's at about P = 16; the compressed all-reduce's stay under two payloads.
@@ -1008,6 +1069,7 @@ mod tests {
             decompress_s: 1.0,
             other_s: 0.0,
             payload_bytes: payload,
+            exchange_fraction: 1.0,
             dense_bytes: 4.0 * 4_000_000.0,
             buckets: 1,
         };

@@ -59,7 +59,7 @@ use overrides::{guess_field, one_line, set_path};
 pub use plan::Plan;
 pub use sections::{
     CheckpointConfig, ClusterConfig, ClusterMode, DataConfig, DataKind, DecaySpec, DlcpSettings,
-    FailureConfig, Liveness, NetworkConfig, NonFinitePolicy, OutputConfig, TrainConfig,
+    FailureConfig, Liveness, NetworkConfig, NonFinitePolicy, OutputConfig, SyncConfig, TrainConfig,
     TransportKind,
 };
 use sweep::split_sweep;
@@ -107,6 +107,9 @@ pub struct RunConfig {
     /// Compression (a method's table plus the trainer's keys; default `none`).
     #[serde(default = "default_compress")]
     pub compress: toml::Table,
+    /// How often the workers synchronise (default every step).
+    #[serde(default)]
+    pub sync: SyncConfig,
     /// Checkpointing.
     #[serde(default)]
     pub checkpoint: CheckpointConfig,

@@ -44,6 +44,7 @@ pub(super) fn guess_field(msg: &str) -> String {
         "cluster",
         "network",
         "compress",
+        "sync",
         "checkpoint",
         "failure",
         "output",

@@ -66,6 +66,7 @@ impl RunConfig {
             dlcp,
             server_error_feedback,
         } = self.compression(file, steps_per_epoch, &mut opt)?;
+        self.check_sync(file, &memory, &method)?;
         let (c, f) = (&self.cluster, &self.failure);
         if c.mode == ClusterMode::Ps && f.non_finite == NonFinitePolicy::Recover {
             return Err(error(

@@ -1,6 +1,6 @@
 //! The tables of the configuration file as serde reads them: `[data]`, `[train]`,
-//! `[cluster]`, `[network]`, `[checkpoint]`, `[failure]`, `[output]` and the DLCP settings
-//! of `[compress]`.
+//! `[cluster]`, `[network]`, `[sync]`, `[checkpoint]`, `[failure]`, `[output]` and the DLCP
+//! settings of `[compress]`.
 
 use std::path::PathBuf;
 
@@ -530,6 +530,84 @@ pub struct NetworkConfig {
     /// One-way latency per message, e.g. `"100us"`.
     #[serde(default)]
     pub latency: Option<String>,
+}
+
+/// `[sync]`: how often the workers synchronise ([`crate::sync`]).
+///
+/// ```toml
+/// [sync]
+/// kind = "diloco"       # or "every-step" (default), "local-sgd", "post-local-sgd"
+/// period = 16           # H: local optimizer steps between synchronisations
+/// outer_lr = 0.7
+/// outer_momentum = 0.9
+/// ```
+///
+/// The periodic kinds average the parameter change since the last synchronisation (through
+/// the run's compressor and error feedback when `[compress]` sets one) instead of every
+/// step's gradient.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum SyncConfig {
+    /// Every step's gradient is averaged (the default; what `[compress]` describes).
+    #[default]
+    EveryStep,
+    /// Local SGD (Lin et al., ICLR 2020; PyTorch's `PeriodicModelAverager`): each worker
+    /// takes `period` optimizer steps on its own gradients, then the parameters are
+    /// averaged.
+    LocalSgd {
+        /// H, optimizer steps between averagings (≥ 1).
+        period: u64,
+    },
+    /// Post-local SGD (Lin et al. 2020; PyTorch's `post_localSGD_hook`): every-step
+    /// averaging of gradients before optimizer step `switch_step`, local SGD with `period`
+    /// from then on.
+    PostLocalSgd {
+        /// H after the switch (≥ 1).
+        period: u64,
+        /// The first optimizer step of the local phase.
+        switch_step: u64,
+    },
+    /// DiLoCo (Douillard et al. 2023): `period` inner steps with the `[train]` optimizer,
+    /// then an outer Nesterov-momentum SGD step on the averaged parameter change.
+    Diloco {
+        /// H, inner steps per outer step (≥ 1).
+        period: u64,
+        /// The outer learning rate (default 0.7, the paper's).
+        #[serde(default = "outer_lr")]
+        outer_lr: f64,
+        /// The outer Nesterov momentum (default 0.9, the paper's; 0 turns it off).
+        #[serde(default = "outer_momentum")]
+        outer_momentum: f64,
+    },
+}
+
+fn outer_lr() -> f64 {
+    0.7
+}
+fn outer_momentum() -> f64 {
+    0.9
+}
+
+impl SyncConfig {
+    /// The `kind` as written in the file.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SyncConfig::EveryStep => "every-step",
+            SyncConfig::LocalSgd { .. } => "local-sgd",
+            SyncConfig::PostLocalSgd { .. } => "post-local-sgd",
+            SyncConfig::Diloco { .. } => "diloco",
+        }
+    }
+
+    /// The period H of a periodic kind (`None` for every-step).
+    pub fn period(&self) -> Option<u64> {
+        match *self {
+            SyncConfig::EveryStep => None,
+            SyncConfig::LocalSgd { period }
+            | SyncConfig::PostLocalSgd { period, .. }
+            | SyncConfig::Diloco { period, .. } => Some(period),
+        }
+    }
 }
 
 /// `[checkpoint]`.

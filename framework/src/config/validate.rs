@@ -4,7 +4,9 @@
 use dtrain_models::ModelSpec;
 
 use super::overrides::split_field;
-use super::{ClusterMode, ConfigError, DataKind, DecaySpec, NonFinitePolicy, RunConfig};
+use super::{
+    ClusterMode, ConfigError, DataKind, DecaySpec, NonFinitePolicy, RunConfig, SyncConfig,
+};
 use crate::device::DeviceKind;
 use crate::lr::{Decay, LrSchedule};
 use crate::optim::{OptimizerConfig, OptimizerKind};
@@ -372,6 +374,81 @@ impl RunConfig {
                     "applies to non_finite = \"recover\" only".into(),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// `[sync]`, and the combinations it does not support: the parameter server (its
+    /// servers apply every step's gradients), a memory that owns the optimizer's momentum
+    /// (the local steps would run without momentum), the voting aggregations (a vote of
+    /// the signs of parameter changes is not their average).
+    pub(super) fn check_sync(
+        &self,
+        file: &str,
+        memory: &dtrain_compress::MemoryConfig,
+        method: &dtrain_compress::CompressorConfig,
+    ) -> Result<(), ConfigError> {
+        let err = |field: &str, message: String| error(file, field, message);
+        let s = &self.sync;
+        let Some(period) = s.period() else {
+            return Ok(());
+        };
+        let kind = s.name();
+        if period == 0 {
+            return Err(err(
+                "sync.period",
+                format!("must be at least 1 optimizer step, got 0 (kind = {kind:?})"),
+            ));
+        }
+        if let SyncConfig::Diloco {
+            outer_lr,
+            outer_momentum,
+            ..
+        } = *s
+        {
+            if !(outer_lr.is_finite() && outer_lr > 0.0) {
+                return Err(err("sync.outer_lr", format!("must be > 0, got {outer_lr}")));
+            }
+            if !(0.0..1.0).contains(&outer_momentum) {
+                return Err(err(
+                    "sync.outer_momentum",
+                    format!("must be in [0, 1), got {outer_momentum}"),
+                ));
+            }
+        }
+        if self.cluster.mode == ClusterMode::Ps {
+            return Err(err(
+                "sync.kind",
+                format!(
+                    "{kind:?} is not supported with cluster.mode = \"ps\": the servers apply \
+                     every step's gradients (use mode = \"allreduce\")"
+                ),
+            ));
+        }
+        if memory.owns_momentum() {
+            return Err(err(
+                "sync.kind",
+                format!(
+                    "{kind:?} cannot run with compress.kind = {:?}'s momentum memory: it takes \
+                     the momentum out of the optimizer, and the local steps would run without \
+                     it (set compress.memory = \"residual\", or use every-step)",
+                    method.name()
+                ),
+            ));
+        }
+        let votes = method
+            .build()
+            .map(|c| c.combine() != dtrain_compress::Combine::Mean)
+            .unwrap_or(false);
+        if votes {
+            return Err(err(
+                "sync.kind",
+                format!(
+                    "{kind:?} averages parameter changes, and compress.kind = {:?} aggregates \
+                     by majority vote (a vote of the changes' signs is not their average)",
+                    method.name()
+                ),
+            ));
         }
         Ok(())
     }

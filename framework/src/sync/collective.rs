@@ -6,6 +6,7 @@ use dtrain_compress::compressor::first_non_finite;
 use dtrain_compress::Collective;
 use dtrain_models::Model;
 
+use super::periodic::{PeriodicState, PERIODIC_SECTION};
 use super::{GradientSync, SyncError, Update};
 use crate::checkpoint::Checkpoint;
 use crate::exchange::{Exchanger, ExchangerState};
@@ -25,28 +26,20 @@ impl Collectives {
     pub(crate) fn new(exchanger: Exchanger) -> Self {
         Collectives { exchanger }
     }
-}
 
-impl<T: Transport> GradientSync<T> for Collectives {
-    fn lockstep(&self) -> bool {
-        true
-    }
-
-    fn scans_gradient(&self) -> bool {
-        !self.exchanger.is_dense()
-    }
-
-    fn sync(
+    /// Averages `buf` (this rank's gradient of `step`, or a periodic synchronisation's
+    /// parameter change) in place through the exchanger, records the phase times, bytes
+    /// and the method's figures in `record`, and says whether the average is non-finite.
+    pub(super) fn exchange<T: Transport>(
         &mut self,
         comm: &mut Communicator<T>,
-        _model: &dyn Model,
-        grads: &mut [f32],
+        buf: &mut [f32],
         step: u64,
         record: &mut StepRecord,
-    ) -> Result<Update, SyncError> {
+    ) -> Result<bool, SyncError> {
         let st = self
             .exchanger
-            .exchange(comm, grads, step)
+            .exchange(comm, buf, step)
             .map_err(SyncError::Exchange)?;
         let time = &mut record.time;
         time.compress_s = st.compress_s;
@@ -71,7 +64,70 @@ impl<T: Transport> GradientSync<T> for Collectives {
         }
         let non_finite = st
             .non_finite
-            .unwrap_or_else(|| first_non_finite(grads).is_some());
+            .unwrap_or_else(|| first_non_finite(buf).is_some());
+        Ok(non_finite)
+    }
+
+    /// Restores the exchanger's part of a checkpoint (`exchanger`, `mem/*`, `srv/*`).
+    pub(super) fn restore_exchanger(
+        &mut self,
+        ck: &Checkpoint,
+        memory_keys: &[u64],
+    ) -> Result<(), SyncError> {
+        let mut ex: ExchangerState = ck.json("exchanger")?;
+        for key in memory_keys {
+            ex.memory.insert(*key, ck.f32(&format!("mem/{key}"))?);
+        }
+        let servers: Vec<(u64, String)> = ck
+            .names()
+            .filter_map(|n| {
+                let key = n.strip_prefix(SERVER_SECTION)?;
+                Some((key.parse().ok()?, n.to_string()))
+            })
+            .collect();
+        for (key, name) in servers {
+            ex.server_memory.insert(key, ck.f32(&name)?);
+        }
+        self.exchanger.import_state(ex).map_err(SyncError::State)
+    }
+
+    /// Empties every error-feedback memory (worker and server residuals, DLCP's): what
+    /// they hold is owed to a kind of buffer the exchanger no longer carries (post-local
+    /// SGD's switch from gradients to parameter changes).
+    pub(super) fn clear_memories(&mut self) {
+        let mut st = self.exchanger.export_state();
+        for v in st
+            .memory
+            .values_mut()
+            .chain(st.server_memory.values_mut())
+            .chain(st.lossy_residual.values_mut())
+        {
+            v.fill(0.0);
+        }
+        self.exchanger
+            .import_state(st)
+            .expect("the exchanger's own state fits it");
+    }
+}
+
+impl<T: Transport> GradientSync<T> for Collectives {
+    fn lockstep(&self) -> bool {
+        true
+    }
+
+    fn scans_gradient(&self) -> bool {
+        !self.exchanger.is_dense()
+    }
+
+    fn sync(
+        &mut self,
+        comm: &mut Communicator<T>,
+        _model: &dyn Model,
+        grads: &mut [f32],
+        step: u64,
+        record: &mut StepRecord,
+    ) -> Result<Update, SyncError> {
+        let non_finite = self.exchange(comm, grads, step, record)?;
         Ok(Update::Averaged { non_finite })
     }
 
@@ -135,20 +191,17 @@ impl<T: Transport> GradientSync<T> for Collectives {
         memory_keys: &[u64],
         _step: u64,
     ) -> Result<(), SyncError> {
-        let mut ex: ExchangerState = ck.json("exchanger")?;
-        for key in memory_keys {
-            ex.memory.insert(*key, ck.f32(&format!("mem/{key}"))?);
+        if ck.names().any(|n| n == PERIODIC_SECTION) {
+            let st: PeriodicState = ck.json(PERIODIC_SECTION)?;
+            if !st.identical {
+                return Err(SyncError::State(format!(
+                    "it was written between two synchronisations of sync.kind = {:?} (the \
+                     replicas differ); resume with that [sync] table, or from a checkpoint at \
+                     a synchronisation",
+                    st.kind
+                )));
+            }
         }
-        let servers: Vec<(u64, String)> = ck
-            .names()
-            .filter_map(|n| {
-                let key = n.strip_prefix(SERVER_SECTION)?;
-                Some((key.parse().ok()?, n.to_string()))
-            })
-            .collect();
-        for (key, name) in servers {
-            ex.server_memory.insert(key, ck.f32(&name)?);
-        }
-        self.exchanger.import_state(ex).map_err(SyncError::State)
+        self.restore_exchanger(ck, memory_keys)
     }
 }

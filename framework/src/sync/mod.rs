@@ -10,6 +10,9 @@
 //! * [`Collectives`] — the [`Exchanger`](crate::exchange::Exchanger): buckets,
 //!   compression with error feedback, the collective each method's aggregation needs,
 //!   the average in place (`[cluster] mode = "collective"`).
+//! * [`Periodic`] — local SGD, post-local SGD and DiLoCo (`[sync]`): local steps on each
+//!   rank's own gradient, and every `period` steps an outer step on the parameter change
+//!   averaged through the same exchanger.
 //! * [`ParameterServer`] — pushes to servers co-located with the workers and pulls their
 //!   aggregates, possibly stale (`[cluster] mode = "ps"`, [`crate::ps_mode`]).
 //!
@@ -18,6 +21,7 @@
 
 mod collective;
 mod parameter_server;
+mod periodic;
 
 use dtrain_comms::{CommError, Communicator, Transport};
 use dtrain_compress::Collective;
@@ -30,6 +34,7 @@ use dtrain_records::StepRecord;
 
 pub(crate) use collective::{Collectives, SERVER_SECTION};
 pub(crate) use parameter_server::ParameterServer;
+pub(crate) use periodic::{Periodic, PeriodicState, PERIODIC_SECTION};
 
 /// What a synchronisation produced for the trainer to apply.
 pub(crate) enum Update {
@@ -40,6 +45,10 @@ pub(crate) enum Update {
         /// Whether the average has a non-finite value.
         non_finite: bool,
     },
+    /// The trainer's gradient buffer holds this rank's own gradient, to be applied by this
+    /// rank alone (a local step of a [`Periodic`] synchronisation; the control all-reduce
+    /// already told every rank whether any gradient was non-finite).
+    Local,
     /// Aggregates that arrived, oldest first: each is applied with the learning rate of
     /// its own step, and a non-finite one is skipped (it is the same on every worker).
     Aggregates(Vec<Ready>),
@@ -88,6 +97,31 @@ pub(crate) trait GradientSync<T: Transport> {
         step: u64,
         record: &mut StepRecord,
     ) -> Result<Update, SyncError>;
+
+    /// Called once the update of `step` is applied to `model`: a [`Periodic`]
+    /// synchronisation ends its round here (averages the parameter change and writes the
+    /// synchronised parameters), recording its exchange in `record`. Returns whether the
+    /// averaged change was non-finite (every rank then learns the same). Default: nothing.
+    fn after_update(
+        &mut self,
+        _comm: &mut Communicator<T>,
+        _model: &mut dyn Model,
+        _step: u64,
+        _record: &mut StepRecord,
+    ) -> Result<bool, SyncError> {
+        Ok(false)
+    }
+
+    /// The parameters evaluation uses when the replicas differ (between a periodic
+    /// synchronisation's rounds: their average, the same on every rank); `None` when the
+    /// replicas are identical (the default).
+    fn consensus(
+        &mut self,
+        _comm: &mut Communicator<T>,
+        _model: &dyn Model,
+    ) -> Result<Option<Vec<f32>>, SyncError> {
+        Ok(None)
+    }
 
     /// Waits for every update still in flight (before collectives that need identical
     /// replicas: evaluation, checkpoints). Empty where nothing is ever in flight.

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::{RunDir, TrainError, Trainer};
 use crate::checkpoint::{self, Checkpoint, CheckpointError};
 use crate::optim::GroupState;
-use crate::sync::SyncError;
+use crate::sync::{PeriodicState, SyncError, PERIODIC_SECTION};
 
 /// What every rank's checkpoint file says about itself (section `meta`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -72,6 +72,18 @@ impl<T: Transport> Trainer<T> {
                       redistributes it"
                         .to_string(),
                 )
+            } else if let Some(st) = ck0
+                .json::<PeriodicState>(PERIODIC_SECTION)
+                .ok()
+                .filter(|st| !st.identical)
+            {
+                Some(format!(
+                    "it was written between two synchronisations of sync.kind = {:?}: each \
+                     rank's parameters are its own there, and no rule redistributes them \
+                     (resume at the same worker count, or from a checkpoint at a \
+                     synchronisation)",
+                    st.kind
+                ))
             } else if meta0.steps_per_epoch == 0 {
                 Some("it does not record its steps per epoch (written by an older trainer)".into())
             } else if mid_epoch && self.plan.config.data.kind.is_text() {

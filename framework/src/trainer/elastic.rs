@@ -9,6 +9,7 @@
 //! | the compressed all-reduce's server residuals (each old rank's, for its range of a bucket) | laid end to end in rank order (the ranges tile the bucket), scaled by P′/P, and cut into the P′ new ranges: each new rank gets its own |
 //! | BatchNorm running statistics | the mean over the old ranks (what evaluation uses anyway) |
 //! | compressor state (FFT's θ, PowerSGD's warm-started Q) | identical on every old rank (it is derived from all-reduced values), carried from rank 0; where the ranks' states differ, refused, naming the method |
+//! | a periodic `[sync]` kind's anchor and outer momentum (local SGD, DiLoCo) | identical on every rank: rank 0's; the inner optimizer's state is rank 0's too (each rank's own between rounds). Refused when written between two synchronisations: each rank's parameters are then its own |
 //! | parameter-server state, a recurrent model's carried state | refused mid-epoch, see below |
 //!
 //! **Why the mean.** Every memory above is linear in the gradients: it holds, per rank, what

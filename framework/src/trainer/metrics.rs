@@ -229,6 +229,13 @@ impl<T: Transport> Trainer<T> {
                     .map(|c| c.name().to_string())
                     .collect()
             }),
+            sync: self
+                .plan
+                .config
+                .sync
+                .period()
+                .map(|_| self.plan.config.sync.name().to_string()),
+            sync_period: self.plan.config.sync.period(),
             // The launcher adds the restarts it made (`dtrain run --max-restarts`).
             restarts: None,
         };

@@ -60,7 +60,7 @@ use crate::exchange::{ExchangeError, Exchanger};
 use crate::optim::Optimizer;
 use crate::ps_mode::PsState;
 use crate::signals::StopRequest;
-use crate::sync::{Collectives, GradientSync, ParameterServer};
+use crate::sync::{Collectives, GradientSync, ParameterServer, Periodic};
 
 /// Why a run stopped.
 #[derive(Debug, thiserror::Error)]
@@ -298,7 +298,11 @@ impl<T: Transport> Trainer<T> {
                 .map_err(|(field, m)| TrainError::Config(format!("{field}: {m}")))?;
             exchanger.set_dlcp(cfg, d.error_feedback);
         }
-        let sync = Box::new(Collectives::new(exchanger));
+        let sync = Periodic::for_config(
+            Collectives::new(exchanger),
+            &plan.config.sync,
+            table.num_params(),
+        );
         let optimizer = plan.optimizer.build().map_err(TrainError::Config)?;
         let n = table.num_params();
         let nb = table.num_buffers();
@@ -404,7 +408,8 @@ impl<T: Transport> Trainer<T> {
         self.model.table().num_params()
     }
 
-    /// A flat copy of the current parameters (identical on every rank).
+    /// A flat copy of this rank's current parameters (identical on every rank, except
+    /// between the synchronisations of a periodic `[sync]` kind).
     pub fn params(&self) -> Vec<f32> {
         let mut out = vec![0.0; self.num_params()];
         self.model.read_params(&mut out);

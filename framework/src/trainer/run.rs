@@ -157,6 +157,20 @@ impl<T: Transport> Trainer<T> {
             }
             self.model.write_buffers(&self.buffers);
         }
+        // Between a periodic synchronisation's rounds the replicas differ: evaluate their
+        // average, then go on training this rank's own parameters.
+        let own = match self
+            .sync
+            .consensus(&mut self.comm, self.model.as_ref())
+            .map_err(|e| self.step_error(e))?
+        {
+            Some(avg) => {
+                let own = self.params();
+                self.model.write_params(&avg);
+                Some(own)
+            }
+            None => None,
+        };
         let device = self.model.device().clone();
         let mut m = Metrics::default();
         self.model.reset_eval_state();
@@ -167,6 +181,9 @@ impl<T: Transport> Trainer<T> {
                 .evaluate(b)
                 .map_err(|source| TrainError::Model { step, source })?;
             m.merge(&r);
+        }
+        if let Some(own) = own {
+            self.model.write_params(&own);
         }
         let mut v = [
             (m.loss * m.count as f64) as f32,

@@ -215,9 +215,10 @@ impl<T: Transport> Trainer<T> {
                 // alike.
                 return self.bad_step("gradient", *record, t0);
             }
-            Update::Averaged { non_finite: false } => {
+            Update::Averaged { non_finite: false } | Update::Local => {
                 if let Some(c) = self.plan.clip_norm {
-                    // The averaged gradient is identical on every rank, so is its clipping.
+                    // The averaged gradient is identical on every rank, so is its clipping
+                    // (a local step clips this rank's own gradient).
                     clip_to_norm(&mut self.grads, c);
                 }
                 let grads = std::mem::take(&mut self.grads);
@@ -231,6 +232,15 @@ impl<T: Transport> Trainer<T> {
             }
         }
         record.time.optimizer_s = t5.elapsed().as_secs_f64();
+        // A periodic synchronisation ends its round here (the parameter change's exchange
+        // adds to the record's communication figures).
+        let non_finite = self
+            .sync
+            .after_update(&mut self.comm, self.model.as_mut(), step, &mut record)
+            .map_err(|e| self.step_error(e))?;
+        if non_finite {
+            return self.bad_step("averaged parameter change", *record, t0);
+        }
         record.time.step_s = t0.elapsed().as_secs_f64();
         Ok(StepOutcome::Done(record))
     }

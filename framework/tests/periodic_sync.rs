@@ -1,0 +1,240 @@
+//! `[sync]`: local SGD, post-local SGD and DiLoCo on in-process ranks — what they compute,
+//! what they send, exact resume, and the configurations they refuse.
+
+mod common;
+
+use common::*;
+use dtrain_framework::config::RunConfig;
+use dtrain_framework::data::TrainData;
+use dtrain_framework::trainer::Quiet;
+
+/// Plain SGD (no momentum): averaging the parameters after one local step each is
+/// `θ − lr·mean(gᵢ)`, the every-step update, up to the order of the float operations.
+#[test]
+fn local_sgd_with_period_one_is_every_step_sgd() {
+    let sgd = ["train.momentum=0", "train.max_steps=12"];
+    let every = run(2, &sgd, None, false);
+    let mut local = sgd.to_vec();
+    local.extend(["sync.kind=\"local-sgd\"", "sync.period=1"]);
+    let local = run(2, &local, None, false);
+    let d = max_rel_diff(&every.params, &local.params);
+    assert!(d < 1e-5, "max relative difference {d}");
+    assert!(d > 0.0, "suspiciously identical: was the local path taken?");
+    for (a, b) in every.losses.iter().zip(&local.losses) {
+        assert!((a - b).abs() < 1e-4 * a.abs().max(1.0), "{a} vs {b}");
+    }
+}
+
+/// With one worker the average is the worker itself, so one DiLoCo round of H inner steps
+/// from θ₀ to θ₁ ends at `θ₀ − η·(1 + μ)·(θ₀ − θ₁)` (Nesterov's first step: v = Δ, update
+/// Δ + μ·v), where θ₁ is what H every-step steps reach.
+#[test]
+fn one_diloco_round_is_a_nesterov_outer_step_on_the_change() {
+    let h = 6;
+    let steps = format!("train.max_steps={h}");
+    let plain = single(&[steps.as_str()], None);
+    let theta0 = plain.params();
+    let mut plain = plain;
+    plain.run(&mut Quiet).unwrap();
+    let theta1 = plain.params();
+    let (lr, mu) = (0.7f32, 0.9f32);
+    let mut outer = single(
+        &[
+            steps.as_str(),
+            "sync.kind=\"diloco\"",
+            "sync.period=6",
+            "sync.outer_lr=0.7",
+            "sync.outer_momentum=0.9",
+        ],
+        None,
+    );
+    outer.run(&mut Quiet).unwrap();
+    let got = outer.params();
+    let want: Vec<f32> = theta0
+        .iter()
+        .zip(&theta1)
+        .map(|(&a, &b)| a - lr * (1.0 + mu) * (a - b))
+        .collect();
+    let d = max_rel_diff(&want, &got);
+    assert!(d < 1e-5, "max relative difference {d}");
+    // And it is not the inner model itself.
+    assert!(max_rel_diff(&theta1, &got) > 1e-3);
+}
+
+/// Bytes: local SGD with H = 8 exchanges once per 8 optimizer steps, with the same bytes
+/// per exchange as an every-step run's (both all-reduce the whole model).
+#[test]
+fn local_sgd_sends_an_hth_of_every_steps_bytes() {
+    let n = ["train.max_steps=32"];
+    let every = run(2, &n, None, false);
+    let local = run(
+        2,
+        &[
+            "train.max_steps=32",
+            "sync.kind=\"local-sgd\"",
+            "sync.period=8",
+        ],
+        None,
+        false,
+    );
+    let per_step = |r: &Run| r.summary.bytes_sent_per_step.unwrap();
+    let ratio = per_step(&local) / per_step(&every);
+    assert!((ratio - 1.0 / 8.0).abs() < 1e-9, "ratio {ratio}");
+    assert_loss_falls(&local.losses, "local SGD");
+    // DiLoCo with a compressor: the change goes through top-k with error feedback.
+    let dl = run(
+        2,
+        &[
+            "train.max_steps=32",
+            "sync.kind=\"diloco\"",
+            "sync.period=4",
+            "compress.kind=\"topk\"",
+            "compress.ratio=0.1",
+        ],
+        None,
+        false,
+    );
+    assert!(per_step(&dl) < per_step(&every) / 4.0 * 0.5);
+    assert_loss_falls(&dl.losses, "DiLoCo + top-k");
+}
+
+/// Post-local SGD is every-step SGD until `switch_step`: the same losses bit for bit, then
+/// its own.
+#[test]
+fn post_local_sgd_is_every_step_before_its_switch() {
+    let every = run(2, &["train.max_steps=16"], None, false);
+    let post = run(
+        2,
+        &[
+            "train.max_steps=16",
+            "sync.kind=\"post-local-sgd\"",
+            "sync.switch_step=8",
+            "sync.period=4",
+        ],
+        None,
+        false,
+    );
+    assert_eq!(every.losses[..9], post.losses[..9]);
+    assert_ne!(every.losses[9..], post.losses[9..]);
+}
+
+/// Resume is exact, from a checkpoint between two synchronisations (step 6 of rounds of
+/// 4), for every kind, with stateful optimizers and a compressor with error feedback.
+#[test]
+fn resume_is_exact_between_synchronisations() {
+    resume_is_exact(2, &["sync.kind=\"local-sgd\"", "sync.period=4"]);
+    resume_is_exact(
+        2,
+        &[
+            "sync.kind=\"diloco\"",
+            "sync.period=4",
+            "train.optimizer=\"adamw\"",
+            "train.momentum=0",
+            "train.lr=0.003",
+            "compress.kind=\"topk\"",
+            "compress.ratio=0.1",
+        ],
+    );
+    // Before the switch (step 3 of an every-step phase up to 4) and after it.
+    let post = [
+        "sync.kind=\"post-local-sgd\"",
+        "sync.switch_step=4",
+        "sync.period=3",
+        "compress.kind=\"qsgd\"",
+        "compress.error_feedback=true",
+    ];
+    resume_is_exact(2, &post);
+    resume_is_exact_at(BASE, 2, &post, 3);
+}
+
+/// Another worker count cannot take a checkpoint written between two synchronisations
+/// (each rank's parameters are its own there), and says why.
+#[test]
+fn another_worker_count_is_refused_between_synchronisations() {
+    let dir = tempfile::tempdir().unwrap();
+    let sets = [
+        "sync.kind=\"local-sgd\"",
+        "sync.period=4",
+        "train.max_steps=6",
+    ];
+    run(2, &sets, Some(dir.path()), false);
+    let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    sets[2] = "train.max_steps=12".into();
+    sets.push("cluster.workers=1".into());
+    let cfg = RunConfig::parse(BASE, "b.toml", &sets).unwrap();
+    let data = TrainData::open(&cfg, 0, 1).unwrap();
+    let plan = cfg.validate("b.toml", Some(data.train_examples())).unwrap();
+    let comm = dtrain_comms::Communicator::new(
+        dtrain_comms::channel_mesh(1).pop().unwrap(),
+        dtrain_comms::CommConfig::default(),
+    );
+    let out = dtrain_framework::trainer::RunDir {
+        root: dir.path().to_path_buf(),
+    };
+    let latest = out.latest().unwrap();
+    let mut tr = dtrain_framework::trainer::Trainer::new(
+        plan,
+        data,
+        comm,
+        &dtrain_models::cpu_device(),
+        Some(out),
+    )
+    .unwrap();
+    let e = tr.resume_from(&latest).unwrap_err().to_string();
+    assert!(e.contains("between two synchronisations"), "{e}");
+}
+
+#[test]
+fn sync_configuration_is_checked() {
+    refused_at(&["sync.kind=\"local-sgd\"", "sync.period=0"], "sync.period");
+    refused_at(
+        &[
+            "sync.kind=\"diloco\"",
+            "sync.period=4",
+            "sync.outer_momentum=1.0",
+        ],
+        "sync.outer_momentum",
+    );
+    refused_at(
+        &["sync.kind=\"diloco\"", "sync.period=4", "sync.outer_lr=0"],
+        "sync.outer_lr",
+    );
+    refused_at(
+        &[
+            "sync.kind=\"local-sgd\"",
+            "sync.period=4",
+            "cluster.mode=\"ps\"",
+        ],
+        "sync.kind",
+    );
+    refused_at(
+        &[
+            "sync.kind=\"local-sgd\"",
+            "sync.period=4",
+            "compress.kind=\"dgc\"",
+        ],
+        "sync.kind",
+    );
+    refused_at(
+        &[
+            "sync.kind=\"diloco\"",
+            "sync.period=4",
+            "compress.kind=\"signsgd\"",
+        ],
+        "sync.kind",
+    );
+    // Keys of another kind, and a missing period, are parse errors naming the table.
+    for sets in [
+        vec![
+            "sync.kind=\"local-sgd\"",
+            "sync.period=4",
+            "sync.outer_lr=0.5",
+        ],
+        vec!["sync.kind=\"local-sgd\""],
+        vec!["sync.kind=\"gossip\""],
+    ] {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let e = RunConfig::parse(BASE, "b.toml", &sets).unwrap_err();
+        assert!(e.field.starts_with("sync"), "{sets:?}: {e}");
+    }
+}
