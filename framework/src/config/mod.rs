@@ -41,6 +41,10 @@
 //! default, or `"sparse-allreduce"` for methods whose payloads are gathered — see
 //! [`crate::exchange`]).
 //!
+//! The optional `[sync]` table ([`SyncConfig`]) says how often the workers synchronise:
+//! `kind = "every-step"` (the default), `"local-sgd"` / `"post-local-sgd"` / `"diloco"`
+//! with a `period` (the rule is in `framework/src/sync/periodic.rs`).
+//!
 //! ## Layout
 //! This file holds [`RunConfig`] and how it is read; `sections` the tables serde reads;
 //! `overrides` the `--set` overrides and field-naming of serde's messages; `sweep` the

@@ -532,7 +532,7 @@ pub struct NetworkConfig {
     pub latency: Option<String>,
 }
 
-/// `[sync]`: how often the workers synchronise ([`crate::sync`]).
+/// `[sync]`: how often the workers synchronise (the rule: `framework/src/sync/periodic.rs`).
 ///
 /// ```toml
 /// [sync]
