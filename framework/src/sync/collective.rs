@@ -10,7 +10,6 @@ use super::periodic::{PeriodicState, PERIODIC_SECTION};
 use super::{GradientSync, SyncError, Update};
 use crate::checkpoint::Checkpoint;
 use crate::exchange::{Exchanger, ExchangerState};
-use crate::ps_mode::Ready;
 use dtrain_records::StepRecord;
 
 /// The collective path (`[cluster] mode = "collective"`).
@@ -129,18 +128,6 @@ impl<T: Transport> GradientSync<T> for Collectives {
     ) -> Result<Update, SyncError> {
         let non_finite = self.exchange(comm, grads, step, record)?;
         Ok(Update::Averaged { non_finite })
-    }
-
-    fn drain(&mut self) -> Result<Vec<Ready>, SyncError> {
-        Ok(Vec::new())
-    }
-
-    fn finish(&mut self) -> Result<Vec<Ready>, SyncError> {
-        Ok(Vec::new())
-    }
-
-    fn start_at(&mut self, _step: u64) -> Result<(), SyncError> {
-        Ok(())
     }
 
     fn collectives(&self) -> (Collective, Vec<Collective>) {

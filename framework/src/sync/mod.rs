@@ -124,15 +124,22 @@ pub(crate) trait GradientSync<T: Transport> {
     }
 
     /// Waits for every update still in flight (before collectives that need identical
-    /// replicas: evaluation, checkpoints). Empty where nothing is ever in flight.
-    fn drain(&mut self) -> Result<Vec<Ready>, SyncError>;
+    /// replicas: evaluation, checkpoints). Default: nothing is ever in flight.
+    fn drain(&mut self) -> Result<Vec<Ready>, SyncError> {
+        Ok(Vec::new())
+    }
 
     /// The run ends: what is still in flight, and leaving (a server keeps serving the
-    /// others until they leave too).
-    fn finish(&mut self) -> Result<Vec<Ready>, SyncError>;
+    /// others until they leave too). Default: nothing in flight, nothing to leave.
+    fn finish(&mut self) -> Result<Vec<Ready>, SyncError> {
+        Ok(Vec::new())
+    }
 
-    /// The run (re)starts at `step` (after a resume; every rank does the same).
-    fn start_at(&mut self, step: u64) -> Result<(), SyncError>;
+    /// The run (re)starts at `step` (after a resume; every rank does the same). Default:
+    /// nothing to do.
+    fn start_at(&mut self, _step: u64) -> Result<(), SyncError> {
+        Ok(())
+    }
 
     /// The run's collective and, when the buckets differ, each bucket's (`summary.json`).
     fn collectives(&self) -> (Collective, Vec<Collective>);

@@ -43,7 +43,6 @@ use serde::{Deserialize, Serialize};
 use super::{Collectives, GradientSync, SyncError, Update};
 use crate::checkpoint::Checkpoint;
 use crate::config::SyncConfig;
-use crate::ps_mode::Ready;
 use dtrain_records::StepRecord;
 
 /// The checkpoint section of [`PeriodicState`].
@@ -225,18 +224,6 @@ impl<T: Transport> GradientSync<T> for Periodic {
         let inv = 1.0 / comm.world_size() as f32;
         avg.iter_mut().for_each(|x| *x *= inv);
         Ok(Some(avg))
-    }
-
-    fn drain(&mut self) -> Result<Vec<Ready>, SyncError> {
-        Ok(Vec::new())
-    }
-
-    fn finish(&mut self) -> Result<Vec<Ready>, SyncError> {
-        Ok(Vec::new())
-    }
-
-    fn start_at(&mut self, _step: u64) -> Result<(), SyncError> {
-        Ok(())
     }
 
     fn collectives(&self) -> (Collective, Vec<Collective>) {
