@@ -568,7 +568,10 @@ pub enum SyncConfig {
         switch_step: u64,
     },
     /// DiLoCo (Douillard et al. 2023): `period` inner steps with the `[train]` optimizer,
-    /// then an outer Nesterov-momentum SGD step on the averaged parameter change.
+    /// then an outer Nesterov-momentum SGD step on the averaged parameter change. The
+    /// paper pairs it with an inner AdamW; under an inner momentum SGD the outer momentum's
+    /// gain (up to η/(1−μ) = 7× the change at the defaults) diverged on LeNet-5 / MNIST
+    /// (`experiments/README.md`): lower `outer_lr` or `outer_momentum` there.
     Diloco {
         /// H, inner steps per outer step (≥ 1).
         period: u64,
