@@ -197,6 +197,7 @@ mod tests {
             "kind = \"gpt\"\nvocab = 10\nd_model = 30\nheads = 4\n",
             "kind = \"gpt\"\nvocab = 10\ndropout = 1.0\n",
             "kind = \"gpt\"\nd_model = 32\n",
+            "kind = \"lstm\"\nvariant = \"char\"\n",
         ] {
             let spec = from_toml(bad).unwrap();
             assert!(
