@@ -15,7 +15,7 @@
 //! block `N(0, 0.02/√(2·layers))`, biases zero, LayerNorm `γ = 1`, `β = 0`.
 //!
 //! Every batch is independent: nothing is carried from one batch to the next (the state of
-//! [`LanguageModel`] is `()`, so [`Model::carried_state`](crate::Model::carried_state) is
+//! [`LanguageModel`] is `()`, so [`Model::carried_state`] is
 //! empty), and a batch longer than `context` tokens is refused with an error.
 //!
 //! # Parameters
