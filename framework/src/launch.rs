@@ -134,7 +134,7 @@ impl From<&str> for LaunchError {
 /// plan. Writes nothing except fetched data.
 pub fn check(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Plan, String> {
     let file = opts.config.display().to_string();
-    let cfg = RunConfig::load_variant(&opts.config, opts.variant.as_deref(), &opts.overrides)
+    let mut cfg = RunConfig::load_variant(&opts.config, opts.variant.as_deref(), &opts.overrides)
         .map_err(|e| e.to_string())?;
     // Ranges and combinations first (cheap, no data needed) …
     cfg.validate(&file, None).map_err(|e| e.to_string())?;
@@ -164,6 +164,9 @@ pub fn check(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Plan, Strin
                 .map_err(|e| format!("{file}: data: {e}"))?
         }
     };
+    // A language model's vocabulary: the corpus's when unset, refused when it differs.
+    cfg.resolve_vocab(&file, data.vocab())
+        .map_err(|e| e.to_string())?;
     cfg.validate(&file, Some(data.train_examples()))
         .map_err(|e| e.to_string())
 }

@@ -291,6 +291,101 @@ every_epochs = 0
     );
 }
 
+/// A tiny GPT on Moby Dick characters (`model.vocab` left to default to the corpus's);
+/// `context` = `seq_len` = 32.
+const GPT: &str = r#"
+name = "gpt"
+seed = 3
+[model]
+kind = "gpt"
+layers = 2
+d_model = 32
+heads = 4
+context = 32
+[data]
+kind = "moby-dick"
+batch_size = 8
+seq_len = 32
+train_limit = 32768
+test_limit = 1024
+[train]
+optimizer = "adamw"
+lr = 0.003
+weight_decay = 0.01
+[checkpoint]
+every_epochs = 0
+"#;
+
+/// Issue #27's acceptance run: 2 workers, PowerSGD rank 2 (its attention, MLP and embedding
+/// matrices go through the low-rank path) and AdamW; the loss falls clearly. Needs the
+/// corpus (`dtrain data fetch moby-dick`).
+#[test]
+fn a_two_worker_gpt_trains_with_powersgd_and_adamw() {
+    if std::env::var_os("DTRAIN_DATA_DIR").is_none() {
+        eprintln!("skipped: DTRAIN_DATA_DIR is not set (CI sets it and fetches the corpus)");
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    let run = run_on(
+        GPT,
+        2,
+        &[
+            "compress.kind=powersgd",
+            "compress.rank=2",
+            "train.max_steps=48",
+        ],
+        None,
+        false,
+    );
+    let l = &run.losses;
+    let first: f64 = l[..4].iter().sum::<f64>() / 4.0;
+    let last: f64 = l[l.len() - 4..].iter().sum::<f64>() / 4.0;
+    let ratio = run.summary.compression_ratio.unwrap_or(1.0);
+    eprintln!(
+        "gpt powersgd r2 adamw: {} steps, loss {first:.3} -> {last:.3}, compression {ratio:.1}x, \
+         {:.1} s",
+        l.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    assert_eq!(run.summary.steps, Some(48));
+    let cfg = RunConfig::parse(GPT, "gpt.toml", &[]).unwrap();
+    let vocab = TrainData::open(&cfg, 0, 1).unwrap().vocab().unwrap();
+    assert!(
+        (l[0] - (vocab as f64).ln()).abs() < 0.2,
+        "initial loss {} is not about ln({vocab})",
+        l[0]
+    );
+    assert!(last < first - 0.8, "loss {first} -> {last}");
+    // Dense would be 1×: the weight matrices were sent as rank-2 factors.
+    assert!(ratio > 3.0, "compression ratio {ratio}");
+}
+
+/// A GPT resumed from a checkpoint continues exactly under DGC (momentum-corrected memory,
+/// warm-up), with nothing carried between batches but the compressor's state.
+#[test]
+fn resume_is_exact_for_a_gpt_with_dgc() {
+    if std::env::var_os("DTRAIN_DATA_DIR").is_none() {
+        eprintln!("skipped: DTRAIN_DATA_DIR is not set (CI sets it and fetches the corpus)");
+        return;
+    }
+    // Dropout off: in-process ranks share burn's global RNG (see the LSTM test above).
+    resume_is_exact_on(
+        GPT,
+        2,
+        &[
+            "model.dropout=0.0",
+            "train.optimizer=sgd",
+            "train.lr=0.1",
+            "train.momentum=0.9",
+            "compress.kind=dgc",
+            "compress.ratio=0.01",
+            "compress.min_sparse_len=64",
+            "compress.warmup={ kind = \"exponential\", epochs = 2 }",
+            "compress.steps_per_epoch=4",
+        ],
+    );
+}
+
 #[test]
 fn non_finite_policies() {
     // An absurd learning rate makes the loss blow up.

@@ -19,8 +19,33 @@ pub trait ModelFamily: Serialize + DeserializeOwned {
     /// One line for `dtrain list models`.
     const SUMMARY: &'static str;
 
+    /// Whether the family is a language model: it takes token batches from a text dataset,
+    /// whose vocabulary is its `vocab` unless one is given.
+    const LANGUAGE_MODEL: bool = false;
+
     /// Builds the model on `device` (made an autodiff device if it is not one).
     fn build(&self, device: &Device) -> Result<Box<dyn Model>, ModelError>;
+
+    /// Checks the options without building anything (configuration validation); `vocab`
+    /// may still be unset. What this passes, `build` accepts once `vocab` is set.
+    fn check(&self) -> Result<(), ModelError> {
+        Ok(())
+    }
+
+    /// The explicit vocabulary size of a language model (`None`: unset, or not a language
+    /// model).
+    fn vocab(&self) -> Option<usize> {
+        None
+    }
+
+    /// Sets the vocabulary size (a language model's default: the corpus's). No-op for other
+    /// families.
+    fn set_vocab(&mut self, _vocab: usize) {}
+
+    /// The longest token sequence the model takes (a transformer's `context`); `None`: any.
+    fn context(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// One registered family, for listings.

@@ -1,4 +1,5 @@
-//! dtrain's model zoo on burn: MLP, LeNet-5, AlexNet, VGG, ResNet and an LSTM language model,
+//! dtrain's model zoo on burn: MLP, LeNet-5, AlexNet, VGG, ResNet, and two language models
+//! (an LSTM and a GPT-style transformer),
 //! the [`Model`] trait the trainer drives, flat `f32` views of parameters, gradients and
 //! BatchNorm buffers, and a serde registry.
 //!
@@ -11,7 +12,7 @@
 //! - [`model`]: the [`Model`] trait, [`Batch`], [`Metrics`], the module traits
 //!   [`ImageClassifier`] and [`LanguageModel`], and their adapters [`ImageModel`], [`LmModel`].
 //! - [`flat`]: [`ParamTable`] (deterministic names, shapes, offsets) and the bulk-copy paths.
-//! - one file per family: [`mlp`], [`lenet`], [`alexnet`], [`vgg`], [`resnet`], [`lstm`],
+//! - one file per family: [`mlp`], [`lenet`], [`alexnet`], [`vgg`], [`resnet`], [`lstm`], [`gpt`],
 //!   each with `XConfig` → `init(&device)`, variant constructors and a registry spec.
 //! - [`registry`]: [`ModelSpec`] (serde, tagged `kind`) and the static list [`MODELS`].
 //! - [`synthetic`]: deterministic batches for any model and a device-precision probe.
@@ -41,6 +42,7 @@ pub mod alexnet;
 pub mod cuda;
 mod family;
 pub mod flat;
+pub mod gpt;
 mod layers;
 pub mod lenet;
 pub mod lstm;
@@ -54,6 +56,7 @@ pub mod vgg;
 
 pub use alexnet::{AlexNet, AlexNetConfig, AlexNetVariant};
 pub use flat::{ParamEntry, ParamTable, TensorRole};
+pub use gpt::{Gpt, GptConfig, GptSpec};
 pub use lenet::{LeNet5, LeNet5Config};
 pub use lstm::{LstmLm, LstmLmConfig};
 pub use mlp::{Mlp, MlpConfig};

@@ -238,14 +238,16 @@ pub enum LstmVariant {
     Char,
 }
 
-/// Registry spec of `kind = "lstm"`; `vocab` is required (it comes from the corpus).
+/// Registry spec of `kind = "lstm"`; `vocab` defaults to the corpus vocabulary (the trainer
+/// fills it in from the text dataset).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LstmLmSpec {
     /// `word` or `char`.
     pub variant: LstmVariant,
-    /// Vocabulary size.
-    pub vocab: usize,
+    /// Vocabulary size (default: the corpus's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab: Option<usize>,
     /// Embedding width.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub embed: Option<usize>,
@@ -267,14 +269,26 @@ pub struct LstmLmSpec {
 }
 
 impl LstmLmSpec {
-    /// The resolved configuration.
-    pub fn config(&self) -> LstmLmConfig {
+    /// The resolved configuration; an error when `vocab` is unset (the trainer sets it from
+    /// the corpus before building).
+    pub fn config(&self) -> Result<LstmLmConfig, ModelError> {
+        let vocab = self.vocab.ok_or_else(|| {
+            ModelError::Config(
+                "vocab is not set: it defaults to the vocabulary of the text dataset, \
+                 which only a run with data knows; set vocab"
+                    .into(),
+            )
+        })?;
+        Ok(self.config_with_vocab(vocab))
+    }
+
+    fn config_with_vocab(&self, vocab: usize) -> LstmLmConfig {
         let base = match self.variant {
-            LstmVariant::Word => LstmLmConfig::word(self.vocab),
-            LstmVariant::Char => LstmLmConfig::char(self.vocab),
+            LstmVariant::Word => LstmLmConfig::word(vocab),
+            LstmVariant::Char => LstmLmConfig::char(vocab),
         };
         LstmLmConfig {
-            vocab: self.vocab,
+            vocab,
             embed: self.embed.unwrap_or(base.embed),
             hidden: self.hidden.unwrap_or(base.hidden),
             layers: self.layers.unwrap_or(base.layers),
@@ -290,8 +304,10 @@ impl ModelFamily for LstmLmSpec {
     const SUMMARY: &'static str =
         "LSTM language model (embedding, n LSTM layers, dropout, optionally tied decoder; truncated BPTT)";
 
+    const LANGUAGE_MODEL: bool = true;
+
     fn build(&self, device: &Device) -> Result<Box<dyn Model>, ModelError> {
-        let config = self.config();
+        let config = self.config()?;
         config.validate()?;
         let device = autodiff(device);
         let module = config.init(&device);
@@ -300,5 +316,17 @@ impl ModelFamily for LstmLmSpec {
             LstmVariant::Char => "lstm-char",
         };
         Ok(Box::new(LmModel::new(name, module, config.vocab, &device)))
+    }
+
+    fn check(&self) -> Result<(), ModelError> {
+        self.config_with_vocab(self.vocab.unwrap_or(1)).validate()
+    }
+
+    fn vocab(&self) -> Option<usize> {
+        self.vocab
+    }
+
+    fn set_vocab(&mut self, vocab: usize) {
+        self.vocab = Some(vocab);
     }
 }

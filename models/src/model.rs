@@ -339,6 +339,12 @@ pub trait LanguageModel: Module + 'static {
     /// Rebuilds a state written by [`LanguageModel::state_values`] on `device`; an error
     /// says why the values do not fit this model.
     fn state_from_values(&self, values: &[f32], device: &Device) -> Result<Self::State, String>;
+
+    /// The longest sequence [`LanguageModel::forward`] takes (a transformer's context);
+    /// `None`: any length. [`LmModel`] refuses longer batches with an error.
+    fn max_seq_len(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Module plus its table and device; the part both adapters share.
@@ -638,6 +644,13 @@ impl<M: LanguageModel> LmModel<M> {
                         targets.dims()
                     )));
                 }
+                let seq = inputs.dims()[1];
+                if let Some(max) = self.core.module().max_seq_len().filter(|&m| seq > m) {
+                    return Err(self.core.batch_error(format!(
+                        "sequences of {seq} tokens are longer than the model's context of \
+                         {max} (data.seq_len must be at most model.context)"
+                    )));
+                }
                 Ok((inputs, targets))
             }
             Batch::Images { .. } => Err(self.core.batch_error("image batch for a language model")),
@@ -764,7 +777,7 @@ impl<M: LanguageModel> Model for LmModel<M> {
                 .core
                 .module()
                 .state_from_values(values, &self.core.device)
-                .map_err(|e| ModelError::Record(format!("carried LSTM state: {e}")))?;
+                .map_err(|e| ModelError::Record(format!("carried recurrent state: {e}")))?;
             Some(state)
         };
         Ok(())

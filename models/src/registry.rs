@@ -17,6 +17,7 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::alexnet::AlexNetSpec;
+use crate::gpt::GptSpec;
 use crate::lenet::LeNet5Spec;
 use crate::lstm::LstmLmSpec;
 use crate::mlp::MlpSpec;
@@ -52,6 +53,41 @@ macro_rules! registry {
                     $(ModelSpec::$variant(_) => $kind,)*
                 }
             }
+
+            /// Whether the family is a language model ([`ModelFamily::LANGUAGE_MODEL`]).
+            pub fn is_language_model(&self) -> bool {
+                match self {
+                    $(ModelSpec::$variant(_) => <$spec as ModelFamily>::LANGUAGE_MODEL,)*
+                }
+            }
+
+            /// Checks the options without building ([`ModelFamily::check`]).
+            pub fn check(&self) -> Result<(), ModelError> {
+                match self {
+                    $(ModelSpec::$variant(spec) => spec.check(),)*
+                }
+            }
+
+            /// The explicit vocabulary size ([`ModelFamily::vocab`]).
+            pub fn vocab(&self) -> Option<usize> {
+                match self {
+                    $(ModelSpec::$variant(spec) => spec.vocab(),)*
+                }
+            }
+
+            /// Sets the vocabulary size ([`ModelFamily::set_vocab`]).
+            pub fn set_vocab(&mut self, vocab: usize) {
+                match self {
+                    $(ModelSpec::$variant(spec) => spec.set_vocab(vocab),)*
+                }
+            }
+
+            /// The longest sequence the model takes ([`ModelFamily::context`]).
+            pub fn context(&self) -> Option<usize> {
+                match self {
+                    $(ModelSpec::$variant(spec) => spec.context(),)*
+                }
+            }
         }
 
         /// Every registered family, in registry order.
@@ -78,6 +114,8 @@ registry! {
     ResNet(ResNetSpec) = "resnet",
     /// LSTM language model.
     Lstm(LstmLmSpec) = "lstm",
+    /// GPT (decoder-only transformer) language model.
+    Gpt(GptSpec) = "gpt",
 }
 
 /// Every `kind/variant` name, e.g. `resnet/resnet20`, in registry order.
@@ -99,7 +137,10 @@ mod tests {
     #[test]
     fn every_family_is_listed_with_variants() {
         let kinds: Vec<_> = MODELS.iter().map(|m| m.kind).collect();
-        assert_eq!(kinds, ["mlp", "lenet", "alexnet", "vgg", "resnet", "lstm"]);
+        assert_eq!(
+            kinds,
+            ["mlp", "lenet", "alexnet", "vgg", "resnet", "lstm", "gpt"]
+        );
         assert!(MODELS.iter().all(|m| !m.variants.is_empty()));
         assert!(model_names().contains(&"resnet/resnet20".to_string()));
         assert!(model_names().contains(&"vgg/vgg16".to_string()));
@@ -124,6 +165,8 @@ mod tests {
             "kind = \"resnet\"\nvariant = \"resnet20\"\nnum_clases = 10\n",
             "kind = \"resnet\"\nvariant = \"resnet21\"\n",
             "kind = \"transformer\"\n",
+            "kind = \"gpt\"\nvariant = \"gpt3\"\n",
+            "kind = \"gpt\"\nwidth = 64\n",
             "variant = \"resnet20\"\n",
             "kind = \"vgg\"\nvariant = \"vgg16\"\nlrn = true\n",
         ] {
@@ -151,6 +194,10 @@ mod tests {
             "kind = \"lenet\"\nimage_size = 8\n",
             "kind = \"mlp\"\ndropout = 1.5\n",
             "kind = \"alexnet\"\nvariant = \"imagenet\"\nimage_size = 32\n",
+            "kind = \"gpt\"\nvocab = 10\nd_model = 30\nheads = 4\n",
+            "kind = \"gpt\"\nvocab = 10\ndropout = 1.0\n",
+            "kind = \"gpt\"\nd_model = 32\n",
+            "kind = \"lstm\"\nvariant = \"char\"\n",
         ] {
             let spec = from_toml(bad).unwrap();
             assert!(

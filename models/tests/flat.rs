@@ -21,6 +21,7 @@ fn param_names_are_hierarchical_and_stable_across_inits() {
         r#"{"kind":"alexnet","variant":"imagenet","lrn":true}"#,
         r#"{"kind":"lstm","variant":"word","vocab":20,"embed":8,"hidden":8}"#,
         r#"{"kind":"lstm","variant":"char","vocab":20,"tied":false}"#,
+        r#"{"kind":"gpt","vocab":20,"layers":2,"d_model":16,"heads":2,"context":8}"#,
     ] {
         let a = common::build_lazy(json);
         let b = common::build_lazy(json);

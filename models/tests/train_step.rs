@@ -122,6 +122,16 @@ fn lstm_language_models_train() {
     );
 }
 
+#[test]
+fn gpt_language_model_trains() {
+    assert_trains(
+        r#"{"kind":"gpt","vocab":40,"layers":2,"d_model":16,"heads":2,"context":8,"dropout":0.0}"#,
+        4,
+        8,
+        0.5,
+    );
+}
+
 /// Number of columns of the `[rows, cols]` row-major `g` holding a non-zero.
 fn nonzero_columns(g: &[f32], cols: usize) -> usize {
     (0..cols)

@@ -547,9 +547,12 @@ impl Run {
             .map_or(0, Vec::len)
     }
 
-    /// Whether the model is a language model (perplexity is its metric): kind `lstm`.
+    /// Whether the model is a language model (perplexity is its metric): kind `lstm` or
+    /// `gpt`.
     pub fn is_language_model(&self) -> bool {
-        self.model.eq_ignore_ascii_case("lstm")
+        ["lstm", "gpt"]
+            .iter()
+            .any(|k| self.model.eq_ignore_ascii_case(k))
     }
 
     /// The step records timing statistics use: all but the first (warm-up) one, unless it is

@@ -183,10 +183,14 @@ pub fn parse_model(name: &str, dropout_off: bool) -> Result<(ModelSpec, bool), S
     let user = super::spec::params_toml(name, params)?;
     let given = |key: &str| user.lines().any(|l| l.starts_with(&format!("{key} =")));
     doc.push_str(&user);
-    if kind == "lstm" && !given("vocab") {
-        doc.push_str(&format!("vocab = {DEFAULT_VOCAB}\n"));
-    }
-    let parse = |d: &str| toml::from_str::<ModelSpec>(d).map_err(|e| format!("{name}: {e}"));
+    // A language model without a corpus gets a vocabulary unless one is given.
+    let parse = |d: &str| {
+        let mut spec = toml::from_str::<ModelSpec>(d).map_err(|e| format!("{name}: {e}"))?;
+        if spec.is_language_model() && spec.vocab().is_none() {
+            spec.set_vocab(DEFAULT_VOCAB);
+        }
+        Ok::<_, String>(spec)
+    };
     if dropout_off && !given("dropout") {
         // Families without a `dropout` key refuse it (unknown field): then they have none.
         if let Ok(spec) = parse(&format!("{doc}dropout = 0.0\n")) {
@@ -455,6 +459,9 @@ mod tests {
         let (spec, _) = parse_model("lstm/char:vocab=77", false).unwrap();
         assert!(format!("{spec:?}").contains("77"), "{spec:?}");
         assert!(parse_model("lstm/word", false).is_ok());
+        let (spec, off) = parse_model("gpt/mini", true).unwrap();
+        assert_eq!(spec.vocab(), Some(DEFAULT_VOCAB));
+        assert!(off, "the GPT has dropout");
         for bad in ["nope/x", "resnet/resnet21", "mlp/mnist:hidden"] {
             assert!(parse_model(bad, false).is_err(), "{bad}");
         }

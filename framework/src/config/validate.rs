@@ -1,8 +1,6 @@
 //! One validator per section of the configuration, each naming the field it refuses
 //! ([`RunConfig::validate`] runs them in order).
 
-use dtrain_models::ModelSpec;
-
 use super::overrides::split_field;
 use super::{
     ClusterMode, ConfigError, DataKind, DecaySpec, NonFinitePolicy, RunConfig, SyncConfig,
@@ -474,7 +472,10 @@ impl RunConfig {
 
     /// The model's input must match the data: image shape / classes, or a text kind.
     fn check_model_fits_data(&self) -> Result<(), (String, String)> {
-        let text_model = matches!(self.model, ModelSpec::Lstm(_));
+        self.model
+            .check()
+            .map_err(|e| ("model".to_string(), e.to_string()))?;
+        let text_model = self.model.is_language_model();
         if text_model != self.data.kind.is_text() {
             return Err((
                 "data.kind".into(),
@@ -493,6 +494,54 @@ impl RunConfig {
                 },
             ));
         }
+        if let Some(context) = self.model.context() {
+            let seq_len = self.data.seq_len.unwrap_or(DEFAULT_SEQ_LEN);
+            if text_model && seq_len > context {
+                let given = if self.data.seq_len.is_some() {
+                    ""
+                } else {
+                    " (the default)"
+                };
+                return Err((
+                    "data.seq_len".into(),
+                    format!(
+                        "{seq_len}{given} is longer than model.context = {context}: a \
+                         {:?} model takes at most model.context tokens per sequence; set \
+                         data.seq_len <= {context} or raise model.context",
+                        self.model.kind()
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
+
+    /// Fills `model.vocab` of a language model from the corpus when it is unset, and refuses
+    /// an explicit one that differs from the corpus's `corpus` tokens (`None`: the data is
+    /// not text, nothing to do). `dtrain check`, `dtrain run` and the trainer all call it
+    /// once the data is open, so a wrong value is refused before anything starts.
+    pub fn resolve_vocab(&mut self, file: &str, corpus: Option<usize>) -> Result<(), ConfigError> {
+        let Some(v) = corpus.filter(|_| self.model.is_language_model()) else {
+            return Ok(());
+        };
+        match self.model.vocab() {
+            None => {
+                self.model.set_vocab(v);
+                Ok(())
+            }
+            Some(given) if given == v => Ok(()),
+            Some(given) => Err(error(
+                file,
+                "model.vocab",
+                format!(
+                    "{given} but the {:?} corpus has {v} tokens: set model.vocab = {v}, \
+                     or leave it out (it defaults to the corpus's)",
+                    self.data.kind.name()
+                ),
+            )),
+        }
+    }
 }
+
+/// `data.seq_len` when unset.
+const DEFAULT_SEQ_LEN: usize = 35;

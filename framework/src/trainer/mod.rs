@@ -264,15 +264,12 @@ impl<T: Transport> Trainer<T> {
                 plan.config.cluster.workers
             )));
         }
-        if let (Some(v), dtrain_models::ModelSpec::Lstm(spec)) = (data.vocab(), &plan.config.model)
-        {
-            if spec.vocab != v {
-                return Err(TrainError::Config(format!(
-                    "model.vocab = {} but the {:?} corpus has {v} tokens: set model.vocab = {v}",
-                    spec.vocab, plan.config.data.kind
-                )));
-            }
-        }
+        // A language model's vocabulary: the corpus's when unset, refused when it differs
+        // (`dtrain check` / `dtrain run` resolved it already; in-process callers may not have).
+        let mut plan = plan;
+        plan.config
+            .resolve_vocab("config", data.vocab())
+            .map_err(|e| TrainError::Config(e.to_string()))?;
         let model = build_model(&plan, device)?;
         let table = model.table();
         let infos: Vec<ParamInfo> = table
