@@ -361,9 +361,10 @@ fn a_two_worker_gpt_trains_with_powersgd_and_adamw() {
 }
 
 /// A GPT resumed from a checkpoint continues exactly under DGC (momentum-corrected memory,
-/// warm-up), with nothing carried between batches but the compressor's state.
+/// warm-up), with nothing carried between batches but the compressor's state; and under
+/// DiLoCo with AdamW inner steps, from a checkpoint in the middle of a round.
 #[test]
-fn resume_is_exact_for_a_gpt_with_dgc() {
+fn resume_is_exact_for_a_gpt_with_dgc_and_with_diloco() {
     if std::env::var_os("DTRAIN_DATA_DIR").is_none() {
         eprintln!("skipped: DTRAIN_DATA_DIR is not set (CI sets it and fetches the corpus)");
         return;
@@ -382,6 +383,14 @@ fn resume_is_exact_for_a_gpt_with_dgc() {
             "compress.min_sparse_len=64",
             "compress.warmup={ kind = \"exponential\", epochs = 2 }",
             "compress.steps_per_epoch=4",
+        ],
+    );
+    resume_is_exact_on(
+        GPT,
+        2,
+        &[
+            "model.dropout=0.0",
+            "sync={ kind = \"diloco\", period = 4 }",
         ],
     );
 }
