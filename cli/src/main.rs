@@ -412,7 +412,7 @@ fn train_check(a: CheckArgs) -> Result<()> {
         };
         let plan = launch::check(&opts, &mut |m| eprintln!("{m}")).map_err(anyhow::Error::msg)?;
         println!(
-            "{}{}: ok: {} on {} workers, {} steps ({} per epoch), compress {} with {:?} memory",
+            "{}{}: ok: {} on {} workers, {} steps ({} per epoch), compress {} with {:?} memory{}",
             a.config.display(),
             v.map(|l| format!(" [{l}]")).unwrap_or_default(),
             plan.config.model.kind(),
@@ -420,7 +420,12 @@ fn train_check(a: CheckArgs) -> Result<()> {
             plan.total_steps,
             plan.steps_per_epoch,
             plan.method.name(),
-            plan.memory
+            plan.memory,
+            plan.config
+                .sync
+                .period()
+                .map(|h| format!(", sync {} every {h} steps", plan.config.sync.name()))
+                .unwrap_or_default()
         );
     }
     Ok(())
