@@ -238,3 +238,27 @@ fn sync_configuration_is_checked() {
         assert!(e.field.starts_with("sync"), "{sets:?}: {e}");
     }
 }
+
+/// Evaluations between two synchronisations (`train.eval_every_steps`) use the replicas'
+/// average and hand each rank its own parameters back: the run trains exactly as without
+/// them.
+#[test]
+fn evaluating_between_rounds_leaves_the_training_untouched() {
+    let sets = [
+        "sync.kind=\"local-sgd\"",
+        "sync.period=8",
+        "train.max_steps=16",
+    ];
+    let plain = run(2, &sets, None, false);
+    let mut with_evals = sets.to_vec();
+    with_evals.push("train.eval_every_steps=3");
+    let evaluated = run(2, &with_evals, None, false);
+    same(&plain.params, &evaluated.params, "parameters");
+    assert_eq!(plain.losses, evaluated.losses);
+    // One rank: evaluations at steps 3, 6, …, 15 and at the end.
+    let mut tr = single(&["train.max_steps=16", "train.eval_every_steps=3"], None);
+    tr.run(&mut Quiet).unwrap();
+    let steps: Vec<u64> = tr.evals().iter().map(|e| e.step).collect();
+    assert_eq!(steps, [3, 6, 9, 12, 15, 16]);
+    refused_at(&["train.eval_every_steps=0"], "train.eval_every_steps");
+}

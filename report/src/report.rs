@@ -10,7 +10,8 @@
 //!   pairwise speed-up matrix, and — when the runs differ in worker count — bytes per
 //!   worker vs P;
 //! * plots, each as `.svg` and `.png`: `loss_vs_time`, `loss_vs_step`,
-//!   `accuracy_vs_epoch` (and `perplexity_vs_epoch` for language models), `step_breakdown`,
+//!   `accuracy_vs_epoch` (and, for language models, `perplexity_vs_epoch` and — with two
+//!   evaluations or more — `perplexity_vs_time`), `step_breakdown`,
 //!   `step_time_cdf` (runs of at least 20 steps: the step-time distribution) and
 //!   `bytes_vs_workers` (at least two worker counts).
 //!
@@ -711,6 +712,41 @@ fn write_plots(runs: &[Run], rows: &[RunRow], dir: &Path) -> Result<Vec<PathBuf>
         let mut p = line("Test perplexity vs epoch", "epoch", "perplexity", ppl);
         p.markers = true;
         files.extend(plot::line_plot(dir, "perplexity_vs_epoch", &p)?);
+    }
+    // A language model's test perplexity against the training wall time it took to get
+    // there (the sum of the step times before the evaluation's step): what "time to a
+    // target perplexity" is read off. Points per run: its evaluations
+    // (`train.eval_every_steps` gives several within an epoch).
+    let ppl_time: Vec<Series> = runs
+        .iter()
+        .zip(rows)
+        .filter(|(r, _)| r.is_language_model())
+        .map(|(r, row)| Series {
+            label: row.label.clone(),
+            points: r
+                .evals
+                .iter()
+                .filter_map(|e| {
+                    let t: f64 = r
+                        .steps
+                        .iter()
+                        .filter(|s| s.step < e.step)
+                        .map(|s| s.time.step_s)
+                        .sum();
+                    e.perplexity.map(|p| (t, p))
+                })
+                .collect(),
+        })
+        .collect();
+    if ppl_time.iter().any(|s| s.points.len() >= 2) {
+        let mut p = line(
+            "Test perplexity vs wall time",
+            "wall time (s, sum of step times)",
+            "perplexity",
+            ppl_time,
+        );
+        p.markers = true;
+        files.extend(plot::line_plot(dir, "perplexity_vs_time", &p)?);
     }
 
     let ms = |f: fn(&Phases) -> f64| {

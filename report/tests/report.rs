@@ -295,6 +295,8 @@ fn language_models_report_perplexity() {
     assert!(out.markdown.contains("| ppl 122 |"), "{}", out.markdown);
     let n = names(&out.files);
     assert!(n.contains(&"perplexity_vs_epoch.png".to_owned()), "{n:?}");
+    // Two evaluations: the perplexity against the wall time that led to each.
+    assert!(n.contains(&"perplexity_vs_time.svg".to_owned()), "{n:?}");
     check_plots(&out.files[1..]);
 }
 

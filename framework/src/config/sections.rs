@@ -200,6 +200,10 @@ pub struct TrainConfig {
     /// Evaluate every N epochs (default 1; 0 = only at the end).
     #[serde(default = "one_u64")]
     pub eval_every_epochs: u64,
+    /// Also evaluate every N optimizer steps (default off): the points of a test metric
+    /// against wall time within a short run (`dtrain report`'s `perplexity_vs_time`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_every_steps: Option<u64>,
     /// Gradient clipping by global L2 norm (PyTorch's `clip_grad_norm_`): the averaged
     /// gradient is scaled to norm at most `clip_norm` before the optimizer. Default off.
     /// With DGC's momentum memory this becomes DGC's *local* clipping (ALGORITHMS.md

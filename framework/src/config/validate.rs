@@ -340,6 +340,12 @@ impl RunConfig {
             scale_batch_ref: t.scale_batch_ref,
         };
         lr.validate().map_err(|m| split_field(file, &m))?;
+        if t.eval_every_steps == Some(0) {
+            return Err(err(
+                "train.eval_every_steps",
+                "must be at least 1 (leave it out to evaluate by epochs only)".into(),
+            ));
+        }
         if t.eval_every_epochs > t.epochs {
             return Err(err(
                 "train.eval_every_epochs",

@@ -68,7 +68,13 @@ impl<T: Transport> Trainer<T> {
             let epochs_done = self.step / per_epoch;
             let last = self.step == total;
             let eval_every = self.plan.config.train.eval_every_epochs;
-            if (done_epoch && eval_every > 0 && epochs_done % eval_every == 0) || last {
+            let by_steps = self
+                .plan
+                .config
+                .train
+                .eval_every_steps
+                .is_some_and(|n| self.step % n == 0);
+            if (done_epoch && eval_every > 0 && epochs_done % eval_every == 0) || last || by_steps {
                 self.evaluate_and_log(epochs_done, obs)?;
             }
             let ck = &self.plan.config.checkpoint;
