@@ -432,6 +432,22 @@ pub fn check_sequence_and_bytes<M: Mesh>(mesh: &M, world: usize) {
 
 /// A peer whose transport is dropped: every survivor fails fast with an error naming it.
 pub fn check_dead_peer<M: Mesh>(mesh: &M, world: usize) {
+    dead_peer_during(mesh, world, |c| {
+        let mut v = vec![1.0f32; 1000];
+        let e = c.all_reduce_sum(&mut v).unwrap_err();
+        // The communicator stays failed afterwards.
+        assert!(matches!(c.barrier(), Err(CommError::Poisoned(_))));
+        e
+    });
+}
+
+/// Rank `world / 2` is gone before the collective `op`: every survivor's `op` fails within
+/// 4 s with [`CommError::PeerLost`] naming it.
+fn dead_peer_during<M: Mesh>(
+    mesh: &M,
+    world: usize,
+    op: impl Fn(&mut Communicator<M::T>) -> CommError + Send + Sync + 'static,
+) {
     assert!(world >= 2);
     let victim = world / 2;
     let cfg = CommConfig {
@@ -440,14 +456,7 @@ pub fn check_dead_peer<M: Mesh>(mesh: &M, world: usize) {
     };
     let start = Instant::now();
     let out = run_ranks(mesh.make(world), cfg, move |c| {
-        if c.rank() == victim {
-            return None;
-        }
-        let mut v = vec![1.0f32; 1000];
-        let e = c.all_reduce_sum(&mut v).unwrap_err();
-        // The communicator stays failed afterwards.
-        assert!(matches!(c.barrier(), Err(CommError::Poisoned(_))));
-        Some(e)
+        (c.rank() != victim).then(|| op(c))
     });
     assert!(
         start.elapsed() < Duration::from_secs(4),
@@ -925,33 +934,12 @@ pub fn check_compressed_all_reduce<M: Mesh>(mesh: &M, world: usize) {
 
 /// A rank gone before a compressed all-reduce: every survivor names it, quickly.
 pub fn check_compressed_dead_peer<M: Mesh>(mesh: &M, world: usize) {
-    assert!(world >= 2);
-    let victim = world / 2;
-    let cfg = CommConfig {
-        timeout: Duration::from_secs(5),
-        ..test_config()
-    };
-    let start = Instant::now();
-    let out = run_ranks(mesh.make(world), cfg, move |c| {
-        if c.rank() == victim {
-            return None;
-        }
+    dead_peer_during(mesh, world, move |c| {
         let zeros = [0u8; 400];
         let shares = vec![&zeros[..]; world];
         let mut red = sum_f32_shares;
-        Some(c.compressed_all_reduce(&shares, 100, &mut red).unwrap_err())
+        c.compressed_all_reduce(&shares, 100, &mut red).unwrap_err()
     });
-    assert!(
-        start.elapsed() < Duration::from_secs(4),
-        "took {:?}",
-        start.elapsed()
-    );
-    for (r, e) in out.into_iter().enumerate() {
-        if let Some(e) = e {
-            assert!(matches!(e, CommError::PeerLost { .. }), "rank {r}: {e}");
-            assert_eq!(e.failed_ranks(), vec![victim], "rank {r}: {e}");
-        }
-    }
 }
 
 /// Binds `world` sockets on 127.0.0.1 (ephemeral ports) with `bind`; returns them with
