@@ -251,7 +251,8 @@ impl Machine for CompressedAllReduce<'_> {
         } else {
             "reduced block"
         };
-        let name = format!("{what} of segment {}", h.root);
+        // Formatted only if an error names it (no allocation per chunk).
+        let name = format_args!("{what} of segment {}", h.root);
         if block.receive(from, name, &h, msg.payload(), self.max_block)? {
             self.missing[from] -= 1;
             self.total_missing -= 1;
@@ -269,16 +270,11 @@ impl Machine for CompressedAllReduce<'_> {
         // Blocks in queue order (shares to rank+1, rank+2, …, then the reduced block in the
         // same order), each cut into chunks as they are asked for.
         loop {
-            if let Some((to, phase, chunks)) = &mut self.sending {
-                let (to, phase) = (*to, *phase);
-                let data = match phase {
-                    SHARE => self.shares[to],
-                    _ => &self.reduced[self.rank].data[..],
-                };
-                if let Some(msg) = chunks.next(data) {
+            if let Some((to, phase, mut chunks)) = self.sending.take() {
+                if let Some(msg) = chunks.next(self.block(to, phase)) {
+                    self.sending = Some((to, phase, chunks));
                     return Some((to, msg));
                 }
-                self.sending = None;
             }
             let (to, phase) = self.todo.pop_front()?;
             let owner = if phase == SHARE { to } else { self.rank };

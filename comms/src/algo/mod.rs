@@ -247,8 +247,10 @@ impl Block {
     /// A complete block holding `data`.
     pub(crate) fn filled(data: Vec<u8>) -> Self {
         let len = data.len() as u64;
-        let mut b = Block::reusing(Vec::new());
-        b.data = data;
+        let mut b = Block {
+            data,
+            ..Block::default()
+        };
         b.mark_complete(len);
         b
     }
