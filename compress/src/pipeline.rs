@@ -184,24 +184,40 @@ impl Pipeline {
         out: &mut Payload,
     ) -> Result<(), CompressError> {
         compressor::compress(self.compressor.as_mut(), &self.compensated, ctx, rng, out)?;
-        if !self.memory.is_active() || self.feedback_pending {
-            return Ok(());
+        if !self.feedback_pending {
+            let all = 0..self.compensated.len();
+            self.learn_sent(ctx, std::iter::once((all, &*out)));
+        }
+        Ok(())
+    }
+
+    /// The memory learns what was sent: `sent` are the payloads just encoded from the
+    /// compensated buffer, each with the range of it that it encodes (together tiling it);
+    /// their decodes make the transmitted buffer. A no-op for an inactive memory.
+    fn learn_sent<'p>(
+        &mut self,
+        ctx: &Ctx<'_>,
+        sent: impl Iterator<Item = (Range<usize>, &'p Payload)>,
+    ) {
+        if !self.memory.is_active() {
+            return;
         }
         self.transmitted.clear();
         self.transmitted.resize(self.compensated.len(), 0.0);
-        compressor::decompress_add(
-            self.compressor.as_ref(),
-            out.as_bytes(),
-            &mut self.transmitted,
-        )
-        .expect("a payload this process just encoded decodes");
+        for (range, payload) in sent {
+            compressor::decompress_add(
+                self.compressor.as_ref(),
+                payload.as_bytes(),
+                &mut self.transmitted[range],
+            )
+            .expect("a payload this process just encoded decodes");
+        }
         self.memory.update(
             ctx.bucket,
             &self.compensated,
             &self.transmitted,
             ctx.segments,
         );
-        Ok(())
     }
 
     /// Compressed all-reduce, worker side: compensates `grad` and encodes each range of
@@ -241,25 +257,7 @@ impl Pipeline {
             compressor::compress(self.compressor.as_mut(), x, &sub, rng, payload)?;
         }
         self.chunk_segs = segs;
-        if !self.memory.is_active() {
-            return Ok(());
-        }
-        self.transmitted.clear();
-        self.transmitted.resize(n, 0.0);
-        for (chunk, payload) in chunks.iter().zip(out.iter()) {
-            compressor::decompress_add(
-                self.compressor.as_ref(),
-                payload.as_bytes(),
-                &mut self.transmitted[chunk.clone()],
-            )
-            .expect("a payload this process just encoded decodes");
-        }
-        self.memory.update(
-            ctx.bucket,
-            &self.compensated,
-            &self.transmitted,
-            ctx.segments,
-        );
+        self.learn_sent(ctx, chunks.iter().cloned().zip(out.iter()));
         Ok(())
     }
 
