@@ -36,7 +36,7 @@ pub(super) enum Reply {
     /// The (lossy) sum and the round's report.
     Lossy(Vec<f32>, Box<DlcpReport>),
     /// The owners' encoded sums in owner order, the shares back for reuse, and the owner's
-    /// side (its pipeline goes back to its slot).
+    /// side (back to its slot).
     Compressed(Vec<Vec<u8>>, Vec<Payload>, Box<OwnerReduce>),
 }
 

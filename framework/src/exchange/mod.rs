@@ -92,7 +92,7 @@ use thiserror::Error;
 
 use bucket::{Bucket, BucketPolicy, ParamInfo};
 use dense::contiguous;
-use schedule::{Flight, Slot};
+use schedule::{Flight, OwnerReduce, Slot};
 pub(crate) use state::bits;
 pub use state::{BucketShape, ExchangerState};
 
@@ -421,7 +421,7 @@ impl Exchanger {
                 }
                 server.memory_mut().import(BTreeMap::from([(id, r)]));
             }
-            s.server = Some(server);
+            s.server = Some(Box::new(OwnerReduce::new(server, id, self.seed)));
         }
         Ok(())
     }

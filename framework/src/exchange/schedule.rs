@@ -20,9 +20,10 @@ use super::{ExchangeError, ExchangeStats, Exchanger, GatherCollective, Lossy};
 pub(super) struct Slot {
     pub(super) bucket: Bucket,
     pub(super) pipe: Option<Pipeline>,
-    /// The compressed all-reduce's owner pipeline (its memory: the server residual), while
-    /// it is not travelling with a collective.
-    pub(super) server: Option<Pipeline>,
+    /// The compressed all-reduce's owner side (its pipeline's memory: the server
+    /// residual), while it is not travelling with a collective; kept with its buffers from
+    /// step to step.
+    pub(super) server: Option<Box<OwnerReduce>>,
     /// The bucket's range of the flat gradient when it is one ([`contiguous`]), fixed by
     /// the plan: an uncompressed bucket is then averaged in place.
     pub(super) range: Option<Range<usize>>,
@@ -47,6 +48,8 @@ pub(super) struct Flight {
     pub(super) msg: Vec<u8>,
     /// Compressed all-reduce: this rank's payload of each owner's range.
     pub(super) shares: Vec<Payload>,
+    /// Compressed all-reduce: the owners' ranges of the bucket, in rank order.
+    pub(super) ranges: Vec<Range<usize>>,
 }
 
 /// RNG stream bit of the compressed all-reduce's owner side (the workers' streams use the
@@ -67,6 +70,31 @@ pub(super) struct OwnerReduce {
     bucket: u64,
     seed: u64,
     out: Payload,
+}
+
+impl OwnerReduce {
+    /// The owner side of bucket `bucket` with pipeline `pipe` (run seed `seed`).
+    pub(super) fn new(pipe: Pipeline, bucket: u64, seed: u64) -> Self {
+        OwnerReduce {
+            pipe,
+            len: 0,
+            segs: Vec::new(),
+            step: 0,
+            rank: 0,
+            bucket,
+            seed,
+            out: Payload::new(),
+        }
+    }
+
+    /// Prepares the reduction of `step` on `rank`, which owns `range` of a bucket whose
+    /// layer boundaries are `segments`.
+    fn prepare(&mut self, step: u64, rank: usize, range: Range<usize>, segments: &[Range<usize>]) {
+        self.step = step;
+        self.rank = rank;
+        self.len = range.len();
+        chunk_segments(segments, range, &mut self.segs);
+    }
 }
 
 impl SegmentReduce for OwnerReduce {
@@ -293,31 +321,20 @@ impl Job<'_> {
                     && server.is_some() =>
                 {
                     let n = bucket.len();
-                    let ranges: Vec<Range<usize>> = (0..self.world)
-                        .map(|q| segment_range(n, self.world, q))
-                        .collect();
+                    f.ranges.clear();
+                    f.ranges
+                        .extend((0..self.world).map(|q| segment_range(n, self.world, q)));
                     let mut rng = Rng::for_step(seed, step, rank as u64, id);
-                    pipe.compress_chunks(&f.buf, &ctx, &ranges, &mut rng, &mut f.shares)
+                    pipe.compress_chunks(&f.buf, &ctx, &f.ranges, &mut rng, &mut f.shares)
                         .map_err(compress_err)?;
                     st.payload_bytes +=
                         f.shares.iter().map(|p| p.encoded_len() as u64).sum::<u64>();
-                    let mine = ranges[rank].clone();
-                    let mut segs = Vec::new();
-                    chunk_segments(&bucket.segments, mine.clone(), &mut segs);
-                    let owner = OwnerReduce {
-                        pipe: server.take().expect("checked above"),
-                        len: mine.len(),
-                        segs,
-                        step,
-                        rank,
-                        bucket: id,
-                        seed,
-                        out: Payload::new(),
-                    };
+                    let mut owner = server.take().expect("checked above");
+                    owner.prepare(step, rank, f.ranges[rank].clone(), &bucket.segments);
                     comms.submit(Op::Compressed(
                         std::mem::take(&mut f.shares),
                         n as u32,
-                        Box::new(owner),
+                        owner,
                     ));
                     Stage::Compressed
                 }
@@ -437,14 +454,12 @@ impl Job<'_> {
                     .map_err(decode_err(self.rank))?;
             }
             (Stage::Compressed, Reply::Compressed(sums, shares, owner), Some(pipe)) => {
-                *server = Some(owner.pipe);
+                *server = Some(owner);
                 f.shares = shares;
-                let n = bucket.len();
                 f.buf.clear();
-                f.buf.resize(n, 0.0);
-                for (q, sum) in sums.iter().enumerate() {
-                    let range = segment_range(n, self.world, q);
-                    pipe.decompress_add(sum, &mut f.buf[range])
+                f.buf.resize(bucket.len(), 0.0);
+                for (q, (sum, range)) in sums.iter().zip(&f.ranges).enumerate() {
+                    pipe.decompress_add(sum, &mut f.buf[range.clone()])
                         .map_err(decode_err(q))?;
                 }
             }

@@ -207,8 +207,8 @@ impl Exchanger {
     fn export_server_memory(&self) -> BTreeMap<u64, Vec<f32>> {
         let mut all = self.server_state.clone();
         for s in &self.slots {
-            if let Some(p) = &s.server {
-                all.extend(p.memory().export());
+            if let Some(owner) = &s.server {
+                all.extend(owner.pipe.memory().export());
             }
         }
         all
