@@ -174,6 +174,20 @@ impl Exchanger {
         }
     }
 
+    /// Empties every error-feedback memory: the workers', the compressed all-reduce's
+    /// server residuals and DLCP's. What they held was owed to a kind of buffer the caller
+    /// no longer exchanges (post-local SGD's switch from gradients to parameter changes).
+    pub fn clear_memories(&mut self) {
+        self.import_memory(BTreeMap::new());
+        self.lossy_residual.import(BTreeMap::new());
+        self.server_state.clear();
+        for s in &mut self.slots {
+            if let Some(owner) = &mut s.server {
+                owner.pipe.memory_mut().import(BTreeMap::new());
+            }
+        }
+    }
+
     /// Everything this exchanger carries across steps (see [`ExchangerState`]).
     pub fn export_state(&self) -> ExchangerState {
         let mut compressors = BTreeMap::new();

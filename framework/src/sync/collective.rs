@@ -90,22 +90,9 @@ impl Collectives {
         self.exchanger.import_state(ex).map_err(SyncError::State)
     }
 
-    /// Empties every error-feedback memory (worker and server residuals, DLCP's): what
-    /// they hold is owed to a kind of buffer the exchanger no longer carries (post-local
-    /// SGD's switch from gradients to parameter changes).
+    /// Empties every error-feedback memory ([`Exchanger::clear_memories`]).
     pub(super) fn clear_memories(&mut self) {
-        let mut st = self.exchanger.export_state();
-        for v in st
-            .memory
-            .values_mut()
-            .chain(st.server_memory.values_mut())
-            .chain(st.lossy_residual.values_mut())
-        {
-            v.fill(0.0);
-        }
-        self.exchanger
-            .import_state(st)
-            .expect("the exchanger's own state fits it");
+        self.exchanger.clear_memories();
     }
 }
 

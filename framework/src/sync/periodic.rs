@@ -58,8 +58,6 @@ pub(crate) struct PeriodicState {
     /// Whether the replicas were identical when it was written (at a synchronisation, or
     /// before the first local step): only then may another worker count resume it.
     pub(crate) identical: bool,
-    /// Whether `sync/anchor` holds the anchor (false before the first local step).
-    pub(crate) anchored: bool,
 }
 
 /// Local SGD, post-local SGD or DiLoCo (see the [module docs](self)).
@@ -245,7 +243,6 @@ impl<T: Transport> GradientSync<T> for Periodic {
             &PeriodicState {
                 kind: self.kind.to_string(),
                 identical: self.identical,
-                anchored: !self.anchor.is_empty(),
             },
         );
         ck.put_f32(ANCHOR_SECTION, &self.anchor);
@@ -272,7 +269,8 @@ impl<T: Transport> GradientSync<T> for Periodic {
         let anchor = ck.f32(ANCHOR_SECTION)?;
         let velocity = ck.f32(VELOCITY_SECTION)?;
         let n = self.num_params;
-        if st.anchored && anchor.len() != n || !velocity.is_empty() && velocity.len() != n {
+        // An empty anchor: written before the first local step.
+        if !anchor.is_empty() && anchor.len() != n || !velocity.is_empty() && velocity.len() != n {
             return Err(SyncError::State(format!(
                 "its [sync] state holds {} anchor and {} momentum values, this model has {n} \
                  parameters",
@@ -288,7 +286,7 @@ impl<T: Transport> GradientSync<T> for Periodic {
                 st.kind, self.kind
             )));
         }
-        self.anchor = if st.anchored { anchor } else { Vec::new() };
+        self.anchor = anchor;
         self.velocity = velocity;
         self.identical = st.identical;
         Ok(())
