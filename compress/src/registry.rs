@@ -27,7 +27,7 @@ use std::fmt::Debug;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::compressor::{Aggregation, Compressor, Ctx, MethodId};
+use crate::compressor::{Aggregation, Combine, Compressor, Ctx, MethodId};
 use crate::error::ConfigError;
 use crate::memory::MemoryConfig;
 use crate::sharded::ShardedMethod;
@@ -388,6 +388,13 @@ impl CompressorConfig {
     /// Fills the values the method derives from the run ([`Method::resolve`]).
     pub fn resolve(&mut self, run: &RunFacts) {
         self.method_mut().resolve(run)
+    }
+
+    /// How the method turns the mean of the decoded payloads into the update
+    /// ([`Compressor::combine`]: the mean itself, or a majority vote); builds the
+    /// compressor.
+    pub fn combine(&self) -> Result<Combine, ConfigError> {
+        Ok(self.build()?.combine())
     }
 
     /// Whether gradients pass through uncompressed ([`Method::passthrough`]).

@@ -179,7 +179,7 @@ impl TrainData {
                 if let Some(n) = d.test_limit {
                     test_ids.truncate(n);
                 }
-                let seq_len = d.seq_len.unwrap_or(35);
+                let seq_len = d.seq_len();
                 let mine = text::shard_tokens(&train_ids, rank, world);
                 let row_len = mine.len() / d.batch_size;
                 let test_mine = text::shard_tokens(&test_ids, rank, world);

@@ -153,9 +153,8 @@ impl RunConfig {
                 ));
             }
             let combine = method
-                .build()
-                .map_err(|e| err(&format!("compress.{}", e.field), e.reason.clone()))?
-                .combine();
+                .combine()
+                .map_err(|e| err(&format!("compress.{}", e.field), e.reason.clone()))?;
             if on && combine != dtrain_compress::Combine::Mean {
                 return Err(err(
                     "compress.server_error_feedback",

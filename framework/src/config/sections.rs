@@ -104,7 +104,7 @@ pub struct DataConfig {
     /// Synthetic: test-set size (default 256).
     #[serde(default)]
     pub test_len: Option<usize>,
-    /// Text: BPTT length (default 35).
+    /// Text: BPTT length (default 35, [`DataConfig::seq_len`]).
     #[serde(default)]
     pub seq_len: Option<usize>,
     /// Text: drop tokens seen fewer times (default 1 = keep all).
@@ -117,6 +117,16 @@ pub struct DataConfig {
 
 fn yes() -> bool {
     true
+}
+
+impl DataConfig {
+    /// `seq_len` when unset: the BPTT length of Zaremba et al.'s LSTM.
+    pub const DEFAULT_SEQ_LEN: usize = 35;
+
+    /// Text: tokens per sequence (`seq_len`, default [`DataConfig::DEFAULT_SEQ_LEN`]).
+    pub fn seq_len(&self) -> usize {
+        self.seq_len.unwrap_or(Self::DEFAULT_SEQ_LEN)
+    }
 }
 
 /// A learning-rate decay given by name (`"cosine"`) or as a full table.

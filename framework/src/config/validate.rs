@@ -217,7 +217,7 @@ impl RunConfig {
                         ),
                     ));
                 }
-                (row_len - 1).div_ceil(d.seq_len.unwrap_or(35)) as u64
+                (row_len - 1).div_ceil(d.seq_len()) as u64
             }
             Some(n) => {
                 let per = n / c.workers / d.batch_size;
@@ -440,11 +440,10 @@ impl RunConfig {
                 ),
             ));
         }
-        let votes = method
-            .build()
-            .map(|c| c.combine() != dtrain_compress::Combine::Mean)
-            .unwrap_or(false);
-        if votes {
+        if method
+            .combine()
+            .is_ok_and(|c| c != dtrain_compress::Combine::Mean)
+        {
             return Err(err(
                 "sync.kind",
                 format!(
@@ -501,7 +500,7 @@ impl RunConfig {
             ));
         }
         if let Some(context) = self.model.context() {
-            let seq_len = self.data.seq_len.unwrap_or(DEFAULT_SEQ_LEN);
+            let seq_len = self.data.seq_len();
             if text_model && seq_len > context {
                 let given = if self.data.seq_len.is_some() {
                     ""
@@ -548,6 +547,3 @@ impl RunConfig {
         }
     }
 }
-
-/// `data.seq_len` when unset.
-const DEFAULT_SEQ_LEN: usize = 35;
