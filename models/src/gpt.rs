@@ -39,7 +39,7 @@ use burn::tensor::activation::{gelu_approximate, softmax};
 use serde::{Deserialize, Serialize};
 
 use crate::family::{autodiff, ModelFamily};
-use crate::layers::{check_dropout, check_positive};
+use crate::layers::{check_dropout, check_positive, require_vocab};
 use crate::model::{LanguageModel, LmModel, Model};
 use crate::ModelError;
 
@@ -395,18 +395,16 @@ impl GptSpec {
     /// The resolved configuration; an error when `vocab` is unset (the trainer sets it from
     /// the corpus before building).
     pub fn config(&self) -> Result<GptConfig, ModelError> {
-        let vocab = self.vocab.ok_or_else(|| {
-            ModelError::Config(
-                "vocab is not set: it defaults to the vocabulary of the text dataset, \
-                 which only a run with data knows; set vocab"
-                    .into(),
-            )
-        })?;
+        Ok(self.config_with_vocab(require_vocab(self.vocab)?))
+    }
+
+    /// The configuration with vocabulary `vocab`: the variant's values where a key is unset.
+    fn config_with_vocab(&self, vocab: usize) -> GptConfig {
         let base = match self.variant {
             GptVariant::Mini => GptConfig::mini(vocab),
             GptVariant::Gpt2Small => GptConfig::gpt2_small(vocab),
         };
-        Ok(GptConfig {
+        GptConfig {
             vocab,
             context: self.context.unwrap_or(base.context),
             d_model: self.d_model.unwrap_or(base.d_model),
@@ -414,17 +412,7 @@ impl GptSpec {
             layers: self.layers.unwrap_or(base.layers),
             mlp_ratio: self.mlp_ratio.unwrap_or(base.mlp_ratio),
             dropout: self.dropout.unwrap_or(base.dropout),
-        })
-    }
-
-    /// [`GptConfig::validate`] of the configuration with any vocabulary (`vocab` may still be
-    /// unset here).
-    fn check_shape(&self) -> Result<(), ModelError> {
-        let probe = GptSpec {
-            vocab: Some(self.vocab.unwrap_or(1)),
-            ..self.clone()
-        };
-        probe.config()?.validate()
+        }
     }
 }
 
@@ -442,8 +430,9 @@ impl ModelFamily for GptSpec {
         Ok(Box::new(LmModel::new("gpt", module, config.vocab, &device)))
     }
 
+    /// [`GptConfig::validate`] with any vocabulary (`vocab` may still be unset here).
     fn check(&self) -> Result<(), ModelError> {
-        self.check_shape()
+        self.config_with_vocab(self.vocab.unwrap_or(1)).validate()
     }
 
     fn vocab(&self) -> Option<usize> {
@@ -455,10 +444,7 @@ impl ModelFamily for GptSpec {
     }
 
     fn context(&self) -> Option<usize> {
-        Some(self.context.unwrap_or(match self.variant {
-            GptVariant::Mini => GptConfig::mini(1).context,
-            GptVariant::Gpt2Small => GptConfig::gpt2_small(1).context,
-        }))
+        Some(self.config_with_vocab(1).context)
     }
 }
 

@@ -57,6 +57,18 @@ pub(crate) fn check_dropout(p: f64) -> Result<(), crate::ModelError> {
     }
 }
 
+/// A language model's `vocab`, which must be set before building (the trainer sets it from
+/// the corpus when the configuration leaves it out).
+pub(crate) fn require_vocab(vocab: Option<usize>) -> Result<usize, crate::ModelError> {
+    vocab.ok_or_else(|| {
+        crate::ModelError::Config(
+            "vocab is not set: it defaults to the vocabulary of the text dataset, which only a \
+             run with data knows; set vocab"
+                .into(),
+        )
+    })
+}
+
 /// Checks that a count is positive.
 pub(crate) fn check_positive(what: &str, value: usize) -> Result<(), crate::ModelError> {
     if value > 0 {

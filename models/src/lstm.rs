@@ -13,7 +13,7 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::family::{autodiff, ModelFamily};
-use crate::layers::{check_dropout, check_positive};
+use crate::layers::{check_dropout, check_positive, require_vocab};
 use crate::meprop::{meprop_forward, meprop_linear};
 use crate::model::{LanguageModel, LmModel, Model};
 use crate::ModelError;
@@ -272,14 +272,7 @@ impl LstmLmSpec {
     /// The resolved configuration; an error when `vocab` is unset (the trainer sets it from
     /// the corpus before building).
     pub fn config(&self) -> Result<LstmLmConfig, ModelError> {
-        let vocab = self.vocab.ok_or_else(|| {
-            ModelError::Config(
-                "vocab is not set: it defaults to the vocabulary of the text dataset, \
-                 which only a run with data knows; set vocab"
-                    .into(),
-            )
-        })?;
-        Ok(self.config_with_vocab(vocab))
+        Ok(self.config_with_vocab(require_vocab(self.vocab)?))
     }
 
     fn config_with_vocab(&self, vocab: usize) -> LstmLmConfig {
