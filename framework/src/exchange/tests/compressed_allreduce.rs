@@ -254,30 +254,3 @@ fn compressed_all_reduce_sends_about_two_payloads_whatever_the_worker_count() {
         "compressed all-reduce: {car2} -> {car6}"
     );
 }
-
-#[test]
-fn signsgd_through_the_compressed_all_reduce_is_the_majority_vote() {
-    // Each owner re-encodes the sum of the signs with signSGD: the sign of the summed
-    // signs, on three ranks (no ties).
-    let mut setup = Setup::new(parse_method("signsgd").unwrap());
-    setup.params = params();
-    setup.policy = BucketPolicy {
-        bucket_bytes: 4 * 4000,
-        ..BucketPolicy::default()
-    };
-    setup.gather = GatherCollective::CompressedAllReduce;
-    let (world, n) = (3usize, setup.n());
-    let res = setup.run(world, 2);
-    assert_ranks_agree(&res, "signsgd");
-    for s in 0..2u64 {
-        let want: Vec<f32> = (0..n)
-            .map(|j| {
-                let votes: f32 = (0..world)
-                    .map(|r| if grad(r, n, s)[j] >= 0.0 { 1.0 } else { -1.0 })
-                    .sum();
-                votes.signum()
-            })
-            .collect();
-        assert_same(&res[0].0[s as usize], &want, format!("step {s}"));
-    }
-}

@@ -861,11 +861,14 @@ fn import_refuses_state_of_another_plan_method_or_shape() {
 #[test]
 fn voting_methods_update_by_the_sign_of_the_summed_signs() {
     // Every tensor compressed (no dense 1-D bypass): the whole gradient is voted on, on
-    // three ranks (no ties) and on two (ties give 0), over all-gather and sparse all-reduce.
+    // three ranks (no ties) and on two (ties give 0), over all-gather, sparse all-reduce and
+    // the compressed all-reduce (each owner re-encodes the sum of the signs with signSGD:
+    // the sign of the summed signs).
     for (world, gather) in [
         (3usize, GatherCollective::AllGather),
         (2, GatherCollective::AllGather),
         (3, GatherCollective::SparseAllReduce),
+        (3, GatherCollective::CompressedAllReduce),
     ] {
         let mut setup = Setup::new(parse_method("signsgd").unwrap());
         setup.params = params();
