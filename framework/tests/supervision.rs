@@ -12,31 +12,18 @@ use dtrain_framework::trainer::{
     checkpoint_dir_name, verify_checkpoint, Observer, RunDir, StepRecord, TrainError, Trainer,
 };
 
-const BASE: &str = r#"
-name = "t"
-seed = 5
-[model]
-kind = "mlp"
-in_channels = 1
-image_size = 8
-hidden = [32, 16]
-[data]
-kind = "synthetic"
-shape = [1, 8, 8]
-train_len = 512
-test_len = 64
-batch_size = 8
-[train]
-lr = 0.05
-momentum = 0.9
-[cluster]
-workers = 2
-[compress]
-kind = "topk"
-ratio = 0.1
-[checkpoint]
-every_epochs = 0
-"#;
+mod common;
+
+/// The trainer tests' MLP ([`common::BASE`]) on two ranks with top-k 10 %: a compressor
+/// with memory, so that checkpoints carry per-rank state. Later overrides win.
+fn config(sets: &[String]) -> RunConfig {
+    let mut all = vec![
+        "cluster.workers=2".to_string(),
+        "compress={ kind = \"topk\", ratio = 0.1 }".to_string(),
+    ];
+    all.extend_from_slice(sets);
+    RunConfig::parse(common::BASE, "base.toml", &all).unwrap()
+}
 
 /// What one rank ended with.
 struct Ended {
@@ -61,7 +48,7 @@ impl Observer for StopAt {
     }
 }
 
-/// Two in-process ranks of BASE + `sets` writing into `out`; rank `stop.0` raises its own
+/// Two in-process ranks of [`config`]`(sets)` writing into `out`; rank `stop.0` raises its own
 /// stop request after step `stop.1` (the other rank gets none). `resume`: from LATEST first.
 fn run(sets: &[&str], out: &Path, resume: bool, stop: Option<(usize, u64)>) -> Vec<Ended> {
     run_on(2, sets, out, resume, stop)
@@ -77,7 +64,7 @@ fn run_on(
 ) -> Vec<Ended> {
     let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     sets.push(format!("cluster.workers={world}"));
-    let cfg = RunConfig::parse(BASE, "base.toml", &sets).unwrap();
+    let cfg = config(&sets);
     let handles: Vec<_> = channel_mesh(world)
         .into_iter()
         .enumerate()
@@ -272,7 +259,7 @@ fn ranks_that_restored_different_steps_refuse_to_train() {
         false,
         None,
     );
-    let cfg = RunConfig::parse(BASE, "base.toml", &[]).unwrap();
+    let cfg = config(&[]);
     let handles: Vec<_> = channel_mesh(2)
         .into_iter()
         .enumerate()
