@@ -721,21 +721,23 @@ fn write_plots(runs: &[Run], rows: &[RunRow], dir: &Path) -> Result<Vec<PathBuf>
         .iter()
         .zip(rows)
         .filter(|(r, _)| r.is_language_model())
-        .map(|(r, row)| Series {
-            label: row.label.clone(),
-            points: r
+        .map(|(r, row)| {
+            // Both are ordered by step: one walk accumulates the time before each evaluation.
+            let (mut t, mut next) = (0.0, r.steps.iter().peekable());
+            let points = r
                 .evals
                 .iter()
                 .filter_map(|e| {
-                    let t: f64 = r
-                        .steps
-                        .iter()
-                        .filter(|s| s.step < e.step)
-                        .map(|s| s.time.step_s)
-                        .sum();
+                    while let Some(s) = next.next_if(|s| s.step < e.step) {
+                        t += s.time.step_s;
+                    }
                     e.perplexity.map(|p| (t, p))
                 })
-                .collect(),
+                .collect();
+            Series {
+                label: row.label.clone(),
+                points,
+            }
         })
         .collect();
     if ppl_time.iter().any(|s| s.points.len() >= 2) {
