@@ -21,6 +21,14 @@
 //! ```
 //! Bits: `32 + 8⌈n/8⌉`, i.e. 1 bit per element plus 32 per tensor (≤ 1.05 bits per element
 //! from 640 elements on).
+//!
+//! ## The scale
+//! `scale = "mean-abs"` (the default) is the paper's `‖p‖₁/d`, the scale that minimises
+//! `‖p − s·sign(p)‖₂` and preserves the L1 norm. `scale = "rms"` is `‖p‖₂/√d`, the scale of
+//! the 1-bit compressed all-reduce of DeepSpeed's 1-bit Adam and 0/1 Adam
+//! (`deepspeed/runtime/comm/nccl.py`, `compressed_allreduce`: `norm(x)/sqrt(numel)`), which
+//! preserves the L2 norm (it is ≥ the mean-abs scale, equal when every `|p_j|` is the same).
+//! The wire format is the same; only the encoder's choice of `s` differs.
 
 use serde::{Deserialize, Serialize};
 
@@ -31,11 +39,48 @@ use crate::registry::Method;
 use crate::rng::Rng;
 use crate::wire::{Reader, Writer};
 
-/// Configuration of [`EfSignSgd`] (it has no parameters; the memory is configured as for
-/// every method, residual by default).
+/// Configuration of [`EfSignSgd`] (the memory is configured as for every method, residual
+/// by default).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct EfSignSgdConfig {}
+pub struct EfSignSgdConfig {
+    /// How each tensor's scale is computed (see the [module docs](self)). Default
+    /// `mean-abs`.
+    #[serde(default, skip_serializing_if = "SignScale::is_default")]
+    pub scale: SignScale,
+}
+
+/// The magnitude that multiplies a tensor's signs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SignScale {
+    /// `‖p‖₁/d` (Karimireddy et al.; GRACE's `efsignsgd`).
+    #[default]
+    MeanAbs,
+    /// `‖p‖₂/√d` (DeepSpeed's 1-bit compressed all-reduce).
+    Rms,
+}
+
+impl SignScale {
+    fn is_default(&self) -> bool {
+        *self == SignScale::MeanAbs
+    }
+
+    /// The scale of `x` (0 for an empty tensor), accumulated in `f64`.
+    pub fn of(self, x: &[f32]) -> f32 {
+        if x.is_empty() {
+            return 0.0;
+        }
+        let d = x.len() as f64;
+        match self {
+            SignScale::MeanAbs => (x.iter().map(|v| f64::from(v.abs())).sum::<f64>() / d) as f32,
+            SignScale::Rms => {
+                let sq: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+                (sq / d).sqrt() as f32
+            }
+        }
+    }
+}
 
 impl Method for EfSignSgdConfig {
     const NAME: &'static str = "ef-signsgd";
@@ -44,7 +89,7 @@ impl Method for EfSignSgdConfig {
     const ID: MethodId = MethodId(17);
 
     fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
-        Ok(Box::new(EfSignSgd))
+        Ok(Box::new(EfSignSgd { scale: self.scale }))
     }
 
     /// The scaled sign is biased: the paper's error feedback is the residual memory.
@@ -55,7 +100,10 @@ impl Method for EfSignSgdConfig {
 
 /// The EF-SignSGD compressor (stateless and deterministic: it ignores the [`Rng`]).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct EfSignSgd;
+pub struct EfSignSgd {
+    /// How each tensor's scale is computed.
+    pub scale: SignScale,
+}
 
 impl Compressor for EfSignSgd {
     fn method(&self) -> MethodId {
@@ -73,13 +121,7 @@ impl Compressor for EfSignSgd {
     }
 
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
-        let l1: f64 = x.iter().map(|v| f64::from(v.abs())).sum();
-        let scale = if x.is_empty() {
-            0.0
-        } else {
-            (l1 / x.len() as f64) as f32
-        };
-        w.f32(scale);
+        w.f32(self.scale.of(x));
         // 1 for p_j ≥ 0 (−0.0 included; the framing has checked x is finite).
         w.sign_bits(x);
     }
@@ -110,7 +152,7 @@ mod tests {
     use crate::memory::{Memory, Residual};
 
     fn round_trip(g: &[f32], segs: &[std::ops::Range<usize>]) -> Vec<f32> {
-        let mut c = EfSignSgd;
+        let mut c = EfSignSgd::default();
         let ctx = Ctx {
             segments: segs,
             ..Ctx::default()
@@ -133,6 +175,25 @@ mod tests {
     }
 
     #[test]
+    fn the_rms_scale_is_deepspeeds_and_keeps_the_l2_norm() {
+        // ‖p‖₂ = √(1 + 4 + 0 + 9) = √14 over d = 4: scale √(14/4) = √3.5.
+        let g = [1.0f32, -2.0, 0.0, 3.0];
+        let cfg: EfSignSgdConfig = toml::from_str("scale = \"rms\"").unwrap();
+        let mut c = cfg.build().unwrap();
+        let ctx = Ctx::default();
+        let p = compress_new(c.as_mut(), &g, &ctx, &mut Rng::seed_from_u64(0)).unwrap();
+        let mut out = [0f32; 4];
+        decompress(c.as_ref(), p.as_bytes(), &mut out).unwrap();
+        let s = 3.5f32.sqrt();
+        assert_eq!(out, [s, -s, s, s]);
+        let l2 = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((l2(&out) - l2(&g)).abs() < 1e-5);
+        // Same bytes on the wire as the default scale; the default differs (mean-abs 1.5).
+        assert_eq!(round_trip(&g, &[]), [1.5, -1.5, 1.5, 1.5]);
+        assert!(toml::from_str::<EfSignSgdConfig>("scale = \"l3\"").is_err());
+    }
+
+    #[test]
     fn the_scale_preserves_the_l1_norm_and_error_feedback_telescopes() {
         // ‖C(p)‖₁ = ‖p‖₁ per tensor; with residual memory, Σ_t C(p_t) + e_T = Σ_t g_t.
         let mut rng = Rng::seed_from_u64(3);
@@ -140,7 +201,7 @@ mod tests {
         let (n, steps) = (1000, 20);
         let mut sent_sum = vec![0f64; n];
         let mut grad_sum = vec![0f64; n];
-        let mut c = EfSignSgd;
+        let mut c = EfSignSgd::default();
         for step in 0..steps {
             let g: Vec<f32> = (0..n).map(|_| rng.next_f32() * 2.0 - 1.0).collect();
             let mut p = vec![0f32; n];
@@ -178,7 +239,7 @@ mod tests {
 
     #[test]
     fn one_bit_per_element_plus_the_scale() {
-        let c = EfSignSgd;
+        let c = EfSignSgd::default();
         assert_eq!(c.segment_bits(8), Some(32 + 8));
         assert_eq!(c.segment_bits(9), Some(32 + 16));
         let n = 640;
@@ -188,7 +249,7 @@ mod tests {
 
     #[test]
     fn malformed_bodies_are_refused() {
-        let c = EfSignSgd;
+        let c = EfSignSgd::default();
         let mut out = [0f32; 3];
         // Negative scale, non-finite scale, stray bits past n, short body.
         for body in [

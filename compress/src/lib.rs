@@ -132,3 +132,18 @@ pub use rng::Rng;
 /// The `kind` of the uncompressed baseline (fp32), the method every table compares against
 /// and the default of `[compress]`.
 pub const BASELINE: &str = <none::NoneConfig as Method>::NAME;
+
+/// The configuration of the [`BASELINE`] method (no compression).
+pub fn baseline() -> CompressorConfig {
+    CompressorConfig::from(none::NoneConfig::default())
+}
+
+/// The method that compresses the momentum of the compressed optimizers (1-bit Adam, 0/1
+/// Adam) when `[compress]` leaves it at [`BASELINE`]: the 1-bit scaled sign with the RMS
+/// scale `‖x‖₂/√d` of DeepSpeed's compressed all-reduce (its residual memory is the worker's
+/// error feedback).
+pub fn one_bit_momentum() -> CompressorConfig {
+    CompressorConfig::from(efsignsgd::EfSignSgdConfig {
+        scale: efsignsgd::SignScale::Rms,
+    })
+}
