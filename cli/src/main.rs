@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use dtrain_framework::alloc::ReuseAlloc;
 use dtrain_framework::launch;
+use dtrain_framework::optim::CompressedOptimizer;
 
 /// Large freed blocks are kept for the next step (see `dtrain_framework::alloc`);
 /// `DTRAIN_ALLOC_CACHE_MB` sets how much may stay parked (`0`: off).
@@ -411,8 +412,19 @@ fn train_check(a: CheckArgs) -> Result<()> {
             ..launch::RunOptions::default()
         };
         let plan = launch::check(&opts, &mut |m| eprintln!("{m}")).map_err(anyhow::Error::msg)?;
+        let optimizer = match plan.compressed_optimizer {
+            Some(CompressedOptimizer::OnebitAdam { freeze_step }) => {
+                format!(", optimizer onebit-adam (dense warm-up for {freeze_step} steps)")
+            }
+            Some(CompressedOptimizer::ZerooneAdam {
+                var_freeze_step, ..
+            }) => {
+                format!(", optimizer zeroone-adam (variance frozen after step {var_freeze_step})")
+            }
+            None => String::new(),
+        };
         println!(
-            "{}{}: ok: {} on {} workers, {} steps ({} per epoch), compress {} with {:?} memory{}",
+            "{}{}: ok: {} on {} workers, {} steps ({} per epoch), compress {} with {:?} memory{}{optimizer}",
             a.config.display(),
             v.map(|l| format!(" [{l}]")).unwrap_or_default(),
             plan.config.model.kind(),

@@ -20,6 +20,11 @@
 //! * Adam: L2 `g += λp`; `m = β₁m + (1−β₁)g`; `v = β₂v + (1−β₂)g²`;
 //!   `p −= η·m̂/(√v̂ + ε)` with bias corrections; ε defaults to 1e-8 (PyTorch).
 //! * AdamW: decoupled decay `p ← p(1 − ηλ)` then the Adam step without L2.
+//! * The compressed Adams (`onebit-adam`, `zeroone-adam`): their moments live in their
+//!   gradient synchronisation (`crate::sync`), which exchanges the momentum compressed and
+//!   hands the optimizer the direction `d = m/(√v + ε)`; the optimizer applies
+//!   `p ← p − η(d + λp)` (decoupled decay, as DeepSpeed's `OnebitAdam` and `ZeroOneAdam` add
+//!   `weight_decay · p` to the update). See [`CompressedOptimizer`].
 
 use std::collections::BTreeMap;
 
@@ -36,6 +41,67 @@ pub enum OptimizerKind {
     Adam,
     /// Adam with decoupled weight decay.
     Adamw,
+    /// 1-bit Adam (Tang et al. 2021): dense Adam for `freeze_step` steps, then the variance
+    /// is frozen and the momentum is exchanged 1-bit compressed with error feedback on the
+    /// worker and the aggregating side.
+    #[serde(rename = "onebit-adam")]
+    OnebitAdam,
+    /// 0/1 Adam (Lu et al. 2022): adaptive variance freezing, 1-bit synchronisation and
+    /// local steps.
+    #[serde(rename = "zeroone-adam")]
+    ZerooneAdam,
+}
+
+impl OptimizerKind {
+    /// The config's spelling (`sgd`, `adam`, `adamw`, `onebit-adam`, `zeroone-adam`).
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Adam => "adam",
+            OptimizerKind::Adamw => "adamw",
+            OptimizerKind::OnebitAdam => "onebit-adam",
+            OptimizerKind::ZerooneAdam => "zeroone-adam",
+        }
+    }
+
+    /// Whether this is a compressed optimizer: its moments live in the gradient
+    /// synchronisation, which hands the optimizer a direction to apply.
+    pub fn is_compressed(self) -> bool {
+        matches!(self, OptimizerKind::OnebitAdam | OptimizerKind::ZerooneAdam)
+    }
+
+    /// Whether the optimizer keeps Adam's moments itself.
+    fn has_moments(self) -> bool {
+        matches!(self, OptimizerKind::Adam | OptimizerKind::Adamw)
+    }
+}
+
+/// The schedule of a compressed optimizer (`train.optimizer = "onebit-adam"` or
+/// `"zeroone-adam"`), resolved against the run: what its synchronisation needs besides the
+/// moments' β₁, β₂, ε of [`OptimizerConfig`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum CompressedOptimizer {
+    /// 1-bit Adam: steps `0..freeze_step` are the dense warm-up (the variance is updated),
+    /// every later step exchanges the compressed momentum against the frozen variance.
+    OnebitAdam {
+        /// The warm-up's length in optimizer steps (`train.freeze_step`).
+        freeze_step: u64,
+    },
+    /// 0/1 Adam, with DeepSpeed's `ZeroOneAdam` parameters (their names).
+    ZerooneAdam {
+        /// The last step (counted from 1) whose gradient may update the variance
+        /// (`train.var_freeze_step`).
+        var_freeze_step: u64,
+        /// κ: variance updates at one interval before the interval doubles
+        /// (`train.var_update_scaler`).
+        var_update_scaler: u64,
+        /// Steps after the freeze before the local-step interval doubles
+        /// (`train.local_step_scaler`).
+        local_step_scaler: u64,
+        /// H: the largest local-step interval (`train.local_step_clipper`).
+        local_step_clipper: u64,
+    },
 }
 
 /// Optimizer hyper-parameters (the learning rate comes from the schedule each step).
@@ -126,7 +192,10 @@ impl OptimizerConfig {
             return Err("train.nesterov needs momentum > 0 and dampening = 0".into());
         }
         if self.kind != OptimizerKind::Sgd && (self.momentum != 0.0 || self.nesterov) {
-            return Err("train.momentum/nesterov apply to sgd only (Adam has beta1)".into());
+            return Err(format!(
+                "train.momentum/nesterov apply to sgd only ({} has beta1)",
+                self.kind.name()
+            ));
         }
         if self.decay_momentum_only && (self.kind != OptimizerKind::Sgd || self.dampening != 0.0) {
             return Err(
@@ -192,8 +261,8 @@ impl Optimizer {
         let c = &self.cfg;
         let st = self.state.entry(key).or_default();
         st.step += 1;
-        let needs_m = c.kind != OptimizerKind::Sgd || c.momentum != 0.0;
-        let needs_v = c.kind != OptimizerKind::Sgd;
+        let needs_m = c.kind.has_moments() || c.momentum != 0.0;
+        let needs_v = c.kind.has_moments();
         if needs_m && st.m.is_empty() {
             st.m.resize(len, 0.0);
         }
@@ -222,7 +291,9 @@ impl Optimizer {
         let range = offset..offset + params.len();
         let wd = c.weight_decay;
         match c.kind {
-            OptimizerKind::Sgd => {
+            // The compressed Adams hand over their direction `m/(√v + ε)`: applied with
+            // decoupled decay, which is SGD's update without momentum.
+            OptimizerKind::Sgd | OptimizerKind::OnebitAdam | OptimizerKind::ZerooneAdam => {
                 if c.momentum == 0.0 {
                     for (p, &g) in params.iter_mut().zip(grads) {
                         *p -= lr * (g + wd * *p);
@@ -285,6 +356,20 @@ impl Optimizer {
     /// Restores state written by [`Optimizer::export`].
     pub fn import(&mut self, state: BTreeMap<u64, GroupState>) {
         self.state = state;
+    }
+}
+
+/// Scales `g` to L2 norm at most `max` (`train.clip_norm`; the norm is accumulated in f64
+/// in index order, so every rank computes the same factor).
+pub(crate) fn clip_to_norm(g: &mut [f32], max: f32) {
+    let norm = g
+        .iter()
+        .map(|&x| (x as f64) * (x as f64))
+        .sum::<f64>()
+        .sqrt();
+    if norm > max as f64 {
+        let scale = (max as f64 / norm) as f32;
+        g.iter_mut().for_each(|x| *x *= scale);
     }
 }
 

@@ -283,6 +283,10 @@ pub struct Summary {
     /// The `[sync]` period H (optimizer steps between synchronisations), with `sync`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync_period: Option<u64>,
+    /// A compressed optimizer's name (`onebit-adam`, `zeroone-adam`), whose momentum the
+    /// `collective` carried; absent for the other optimizers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compressed_optimizer: Option<String>,
     /// The restarts of `dtrain run --max-restarts` in the session that wrote this summary,
     /// in order; absent when there was none.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -17,7 +17,8 @@ struct CompressSection {
     /// An explicit memory, if any.
     memory: Option<MemoryConfig>,
     policy: BucketPolicy,
-    collective: GatherCollective,
+    /// `collective`, when given.
+    collective: Option<GatherCollective>,
     dlcp: Option<DlcpSettings>,
     server_error_feedback: Option<bool>,
 }
@@ -70,6 +71,18 @@ impl RunConfig {
             dlcp,
             server_error_feedback,
         } = self.compress_section(file)?;
+        // The compressed optimizers exchange their momentum compressed: with [compress] left
+        // at the uncompressed default, by DeepSpeed's 1-bit scaled sign, through the
+        // compressed all-reduce (worker and server residuals, as DeepSpeed's backend).
+        let compressed_opt = t.optimizer.is_compressed();
+        if compressed_opt && method.passthrough() {
+            method = dtrain_compress::one_bit_momentum();
+        }
+        let collective = collective.unwrap_or(if compressed_opt {
+            GatherCollective::CompressedAllReduce
+        } else {
+            GatherCollective::default()
+        });
         let memory = match memory {
             Some(m) => m,
             None => method.default_memory(),
@@ -79,6 +92,9 @@ impl RunConfig {
             workers: c.workers,
             steps_per_epoch,
         });
+        if compressed_opt {
+            self.check_compressed_optimizer(file, &method, dlcp.is_some())?;
+        }
         if memory.owns_momentum() {
             if t.optimizer != OptimizerKind::Sgd {
                 return Err(err(
@@ -145,6 +161,11 @@ impl RunConfig {
                 memory: &memory,
             })
             .map_err(|e| err(&format!("compress.{}", e.field), e.reason.clone()))?;
+        // 1-bit Adam's aggregating side keeps its own residual (DeepSpeed's server error).
+        let server_error_feedback = server_error_feedback.or((compressed_opt
+            && collective == GatherCollective::CompressedAllReduce
+            && memory != MemoryConfig::None)
+            .then_some(true));
         if let Some(on) = server_error_feedback {
             if collective != GatherCollective::CompressedAllReduce {
                 return Err(err(
@@ -282,14 +303,14 @@ impl RunConfig {
         }
         let is_dlcp = collective.as_ref().and_then(|v| v.as_str()) == Some("dlcp");
         let collective = match collective {
-            None => GatherCollective::default(),
-            Some(_) if is_dlcp => GatherCollective::default(),
-            Some(v) => GatherCollective::deserialize(v).map_err(|e| {
+            None => None,
+            Some(_) if is_dlcp => Some(GatherCollective::default()),
+            Some(v) => Some(GatherCollective::deserialize(v).map_err(|e| {
                 err(
                     "compress.collective",
                     format!("{} (or \"dlcp\")", one_line(&e.to_string())),
                 )
-            })?,
+            })?),
         };
         let dlcp = match (is_dlcp, dlcp) {
             (false, None) => None,
@@ -323,5 +344,62 @@ impl RunConfig {
             dlcp,
             server_error_feedback,
         })
+    }
+
+    /// What a compressed optimizer (`train.optimizer = "onebit-adam"` / `"zeroone-adam"`)
+    /// does not combine with: the parameter server (its servers apply gradients, not a
+    /// momentum), DLCP (a dense, lossy collective), a method that votes (the momentum needs
+    /// the workers' average), and a periodic `[sync]` (0/1 Adam has its own local steps).
+    fn check_compressed_optimizer(
+        &self,
+        file: &str,
+        method: &CompressorConfig,
+        dlcp: bool,
+    ) -> Result<(), ConfigError> {
+        let err = |field: &str, message: String| error(file, field, message);
+        let opt = self.train.optimizer.name();
+        if self.cluster.mode == ClusterMode::Ps {
+            return Err(err(
+                "train.optimizer",
+                format!(
+                    "{opt:?} exchanges its momentum through collectives; cluster.mode = \"ps\" \
+                     pushes gradients to servers (use mode = \"allreduce\")"
+                ),
+            ));
+        }
+        if dlcp {
+            return Err(err(
+                "compress.collective",
+                format!(
+                    "\"dlcp\" carries dense gradients; train.optimizer = {opt:?} exchanges its \
+                     momentum compressed"
+                ),
+            ));
+        }
+        let combine = method
+            .combine()
+            .map_err(|e| err(&format!("compress.{}", e.field), e.reason.clone()))?;
+        if combine != dtrain_compress::Combine::Mean {
+            return Err(err(
+                "compress.kind",
+                format!(
+                    "{:?} combines the workers' payloads by a vote; train.optimizer = {opt:?} \
+                     needs the average of their momenta (leave [compress] out for the 1-bit \
+                     scaled sign, or choose a method that averages)",
+                    method.name()
+                ),
+            ));
+        }
+        if let Some(h) = self.sync.period() {
+            return Err(err(
+                "sync.kind",
+                format!(
+                    "{:?} (every {h} steps) cannot wrap train.optimizer = {opt:?}, which \
+                     decides itself when the workers synchronise",
+                    self.sync.name()
+                ),
+            ));
+        }
+        Ok(())
     }
 }

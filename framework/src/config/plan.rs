@@ -8,7 +8,7 @@ use super::{ClusterMode, ConfigError, DlcpSettings, NonFinitePolicy, RunConfig};
 use crate::exchange::bucket::BucketPolicy;
 use crate::exchange::GatherCollective;
 use crate::lr::LrSchedule;
-use crate::optim::OptimizerConfig;
+use crate::optim::{CompressedOptimizer, OptimizerConfig};
 
 /// Everything the trainer builds, validated and with derived values filled in.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,6 +32,10 @@ pub struct Plan {
     /// The optimizer (momentum on the weight-decay term alone where the memory owns the
     /// gradient's momentum).
     pub optimizer: OptimizerConfig,
+    /// A compressed optimizer's schedule (`train.optimizer = "onebit-adam"` /
+    /// `"zeroone-adam"`, defaults resolved); its moments live in the run's gradient
+    /// synchronisation.
+    pub compressed_optimizer: Option<CompressedOptimizer>,
     /// The learning-rate schedule.
     pub lr: LrSchedule,
     /// Steps per epoch (every worker runs the same number).
@@ -41,7 +45,8 @@ pub struct Plan {
     /// Training examples per epoch (after `train_limit`), for the data check.
     pub train_examples: usize,
     /// Global-norm clipping of the averaged gradient before the optimizer (`train.clip_norm`;
-    /// `None` when off or when DGC's local clipping took it over).
+    /// `None` when off, when DGC's local clipping took it over, or with a compressed
+    /// optimizer, whose synchronisation clips each gradient before its moments take it).
     pub clip_norm: Option<f32>,
 }
 
@@ -86,12 +91,17 @@ impl RunConfig {
             dlcp,
             server_error_feedback,
             optimizer: opt,
+            compressed_optimizer: self.compressed_optimizer(steps_per_epoch),
             lr,
             steps_per_epoch,
             total_steps,
             train_examples: train_examples.unwrap_or(0),
-            // Under DGC's momentum memory the clipping happened locally, before accumulation.
-            clip_norm: self.train.clip_norm.filter(|_| !memory.owns_momentum()),
+            // Under DGC's momentum memory the clipping happened locally, before accumulation;
+            // a compressed optimizer clips before its moments.
+            clip_norm: self
+                .train
+                .clip_norm
+                .filter(|_| !memory.owns_momentum() && !self.train.optimizer.is_compressed()),
         })
     }
 }

@@ -163,7 +163,10 @@ pub struct TrainConfig {
     /// counts optimizer steps.
     #[serde(default = "one_u64")]
     pub accumulate: u64,
-    /// `sgd` (default), `adam` or `adamw`.
+    /// `sgd` (default), `adam`, `adamw`, or a compressed optimizer: `onebit-adam` (1-bit
+    /// Adam) or `zeroone-adam` (0/1 Adam), whose momentum is exchanged compressed by the
+    /// `[compress]` method (default: the 1-bit scaled sign with DeepSpeed's RMS scale)
+    /// through the compressed all-reduce.
     #[serde(default)]
     pub optimizer: OptimizerKind,
     /// Base learning rate.
@@ -189,6 +192,27 @@ pub struct TrainConfig {
     /// Adam ε (default 1e-8).
     #[serde(default)]
     pub eps: Option<f32>,
+    /// `onebit-adam`: optimizer steps of dense Adam before the variance freezes and the
+    /// momentum is exchanged compressed. Default: 15 % of `epochs` × steps per epoch (the
+    /// DeepSpeed tutorial's advice of 15–25 % of the training steps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze_step: Option<u64>,
+    /// `zeroone-adam`: the last step (counted from 1) that may update the variance. Default:
+    /// the end of the learning-rate warm-up (`warmup_epochs`) when there is one, else 15 %
+    /// of the training steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub var_freeze_step: Option<u64>,
+    /// `zeroone-adam`: κ, variance updates at one interval before the interval doubles
+    /// (default 16, DeepSpeed's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub var_update_scaler: Option<u64>,
+    /// `zeroone-adam`: steps after the variance freeze before the local-step interval
+    /// doubles (default 32678, DeepSpeed's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_step_scaler: Option<u64>,
+    /// `zeroone-adam`: H, the largest local-step interval (default 16, DeepSpeed's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_step_clipper: Option<u64>,
     /// Decay: `"constant"` (default), `"cosine"`, `"step"` or a table.
     #[serde(default)]
     pub lr_schedule: DecaySpec,

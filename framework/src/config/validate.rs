@@ -7,7 +7,7 @@ use super::{
 };
 use crate::device::DeviceKind;
 use crate::lr::{Decay, LrSchedule};
-use crate::optim::{OptimizerConfig, OptimizerKind};
+use crate::optim::{CompressedOptimizer, OptimizerConfig, OptimizerKind};
 
 /// A [`ConfigError`] in `file` on `field`.
 pub(super) fn error(file: &str, field: &str, message: String) -> ConfigError {
@@ -285,6 +285,52 @@ impl RunConfig {
         if t.optimizer == OptimizerKind::Sgd && (t.beta1.is_some() || t.beta2.is_some()) {
             return Err(err("train.beta1", "applies to adam / adamw only".into()));
         }
+        // The compressed optimizers' own keys: each applies to its optimizer only, and
+        // counts steps (at least 1).
+        let own: [(&str, Option<u64>, OptimizerKind); 5] = [
+            ("freeze_step", t.freeze_step, OptimizerKind::OnebitAdam),
+            (
+                "var_freeze_step",
+                t.var_freeze_step,
+                OptimizerKind::ZerooneAdam,
+            ),
+            (
+                "var_update_scaler",
+                t.var_update_scaler,
+                OptimizerKind::ZerooneAdam,
+            ),
+            (
+                "local_step_scaler",
+                t.local_step_scaler,
+                OptimizerKind::ZerooneAdam,
+            ),
+            (
+                "local_step_clipper",
+                t.local_step_clipper,
+                OptimizerKind::ZerooneAdam,
+            ),
+        ];
+        for (key, value, kind) in own {
+            let Some(v) = value else { continue };
+            if t.optimizer != kind {
+                return Err(err(
+                    &format!("train.{key}"),
+                    format!(
+                        "applies to optimizer = {:?} only (this run has {:?})",
+                        kind.name(),
+                        t.optimizer.name()
+                    ),
+                ));
+            }
+            if v == 0 {
+                return Err(err(
+                    &format!("train.{key}"),
+                    "must be at least 1: the first steps need the dense exchange that \
+                     estimates the variance"
+                        .into(),
+                ));
+            }
+        }
         opt.validate().map_err(|m| split_field(file, &m))?;
         if let Some(c) = t.clip_norm {
             if !(c.is_finite() && c > 0.0) {
@@ -356,6 +402,32 @@ impl RunConfig {
             ));
         }
         Ok((opt, lr))
+    }
+
+    /// The compressed optimizer's schedule (`train.optimizer = "onebit-adam"` /
+    /// `"zeroone-adam"`), its defaults resolved against the run's `steps_per_epoch`; `None`
+    /// for the other optimizers. The keys were checked by [`RunConfig::optimizer`].
+    pub(super) fn compressed_optimizer(&self, steps_per_epoch: u64) -> Option<CompressedOptimizer> {
+        let t = &self.train;
+        // 15 % of the planned steps (`max_steps` does not move it: a run stopped early and
+        // resumed with more steps keeps its schedule).
+        let fifteen_percent = (t.epochs.saturating_mul(steps_per_epoch) * 15).div_ceil(100);
+        match t.optimizer {
+            OptimizerKind::OnebitAdam => Some(CompressedOptimizer::OnebitAdam {
+                freeze_step: t.freeze_step.unwrap_or(fifteen_percent.max(1)),
+            }),
+            OptimizerKind::ZerooneAdam => {
+                let warmup = (t.warmup_epochs * steps_per_epoch as f64).ceil() as u64;
+                let default = if warmup > 0 { warmup } else { fifteen_percent };
+                Some(CompressedOptimizer::ZerooneAdam {
+                    var_freeze_step: t.var_freeze_step.unwrap_or(default.max(1)),
+                    var_update_scaler: t.var_update_scaler.unwrap_or(16),
+                    local_step_scaler: t.local_step_scaler.unwrap_or(32678),
+                    local_step_clipper: t.local_step_clipper.unwrap_or(16),
+                })
+            }
+            _ => None,
+        }
     }
 
     /// `[failure]`.

@@ -111,6 +111,7 @@ impl<T: Transport> GradientSync<T> for Collectives {
         _model: &dyn Model,
         grads: &mut [f32],
         step: u64,
+        _lr: f64,
         record: &mut StepRecord,
     ) -> Result<Update, SyncError> {
         let non_finite = self.exchange(comm, grads, step, record)?;

@@ -15,39 +15,57 @@
 //!   averaged through the same exchanger.
 //! * [`ParameterServer`] — pushes to servers co-located with the workers and pulls their
 //!   aggregates, possibly stale (`[cluster] mode = "ps"`, [`crate::ps_mode`]).
+//! * [`OnebitAdam`] and [`ZeroOneAdam`] — the compressed optimizers (`train.optimizer =
+//!   "onebit-adam"` / `"zeroone-adam"`): they keep Adam's moments, exchange the gradient
+//!   densely while the variance is estimated, then the momentum (or 0/1 Adam's parameter
+//!   change) compressed, and hand the trainer the direction `m/(√v + ε)`, which its
+//!   optimizer applies with the learning rate and the weight decay.
 //!
 //! Each implementation also owns its part of a checkpoint (its sections, written and
 //! restored by it) and names the collective a run used for `summary.json`.
 
 mod collective;
+mod moments;
+mod onebit_adam;
 mod parameter_server;
 mod periodic;
+mod zeroone_adam;
+
+#[cfg(test)]
+mod tests;
 
 use dtrain_comms::{CommError, Communicator, Transport};
 use dtrain_compress::Collective;
 use dtrain_models::Model;
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::config::Plan;
 use crate::exchange::ExchangeError;
+use crate::optim::CompressedOptimizer;
 use crate::ps_mode::Ready;
 use dtrain_records::StepRecord;
 
 pub(crate) use collective::{Collectives, SERVER_SECTION};
+pub(crate) use moments::written_by;
+pub(crate) use onebit_adam::OnebitAdam;
 pub(crate) use parameter_server::ParameterServer;
 pub(crate) use periodic::{Periodic, PeriodicState, PERIODIC_SECTION};
+pub(crate) use zeroone_adam::{Schedule as ZeroOneSchedule, ZeroOneAdam};
 
 /// What a synchronisation produced for the trainer to apply.
 pub(crate) enum Update {
-    /// The trainer's gradient buffer now holds the step's average, identical on every
-    /// rank; `non_finite` says whether it holds a NaN or an infinity (the failure policy
+    /// The trainer's gradient buffer now holds the step's average (or, for a compressed
+    /// optimizer, the direction it computed from it), identical on every rank;
+    /// `non_finite` says whether the average held a NaN or an infinity (the failure policy
     /// then decides, alike on every rank).
     Averaged {
         /// Whether the average has a non-finite value.
         non_finite: bool,
     },
-    /// The trainer's gradient buffer holds this rank's own gradient, to be applied by this
-    /// rank alone (a local step of a [`Periodic`] synchronisation; the control all-reduce
-    /// already told every rank whether any gradient was non-finite).
+    /// The trainer's gradient buffer holds this rank's own gradient (or a compressed
+    /// optimizer's local direction), to be applied by this rank alone (a local step of a
+    /// [`Periodic`] synchronisation or of 0/1 Adam; the control all-reduce already told
+    /// every rank whether any gradient was non-finite).
     Local,
     /// Aggregates that arrived, oldest first: each is applied with the learning rate of
     /// its own step, and a non-finite one is skipped (it is the same on every worker).
@@ -87,14 +105,15 @@ pub(crate) trait GradientSync<T: Transport> {
     fn scans_gradient(&self) -> bool;
 
     /// Synchronises `grads`, this rank's gradient of `step` (the model's parameters are
-    /// those it was computed at), and records the phase times, bytes and the method's
-    /// figures in `record`.
+    /// those it was computed at; `lr` is the step's learning rate), and records the phase
+    /// times, bytes and the method's figures in `record`.
     fn sync(
         &mut self,
         comm: &mut Communicator<T>,
         model: &dyn Model,
         grads: &mut [f32],
         step: u64,
+        lr: f64,
         record: &mut StepRecord,
     ) -> Result<Update, SyncError>;
 
@@ -158,4 +177,59 @@ pub(crate) trait GradientSync<T: Transport> {
     /// `memory_keys` are given. Refuses a state that does not fit this run.
     fn restore(&mut self, ck: &Checkpoint, memory_keys: &[u64], step: u64)
         -> Result<(), SyncError>;
+}
+
+/// The average of the replicas' parameters, the same on every rank (one dense all-reduce):
+/// what evaluation uses between the synchronisations of a kind whose replicas differ
+/// ([`GradientSync::consensus`]).
+fn average_params<T: Transport>(
+    comm: &mut Communicator<T>,
+    model: &dyn Model,
+) -> Result<Vec<f32>, SyncError> {
+    let mut avg = vec![0.0; model.table().num_params()];
+    model.read_params(&mut avg);
+    comm.all_reduce_sum(&mut avg).map_err(SyncError::Comm)?;
+    let inv = 1.0 / comm.world_size() as f32;
+    avg.iter_mut().for_each(|x| *x *= inv);
+    Ok(avg)
+}
+
+/// The synchronisation of a compressed optimizer: `dense` exchanges its dense steps,
+/// `compressed` the compressed ones.
+pub(crate) fn compressed_optimizer<T: Transport>(
+    schedule: CompressedOptimizer,
+    dense: Collectives,
+    compressed: Collectives,
+    num_params: usize,
+    plan: &Plan,
+) -> Box<dyn GradientSync<T>> {
+    let (opt, clip) = (&plan.optimizer, plan.config.train.clip_norm);
+    match schedule {
+        CompressedOptimizer::OnebitAdam { freeze_step } => Box::new(OnebitAdam::new(
+            dense,
+            compressed,
+            num_params,
+            opt,
+            freeze_step,
+            clip,
+        )),
+        CompressedOptimizer::ZerooneAdam {
+            var_freeze_step,
+            var_update_scaler,
+            local_step_scaler,
+            local_step_clipper,
+        } => Box::new(ZeroOneAdam::new(
+            dense,
+            compressed,
+            num_params,
+            opt,
+            ZeroOneSchedule {
+                var_freeze_step,
+                var_update_scaler,
+                local_step_scaler,
+                local_step_clipper,
+            },
+            clip,
+        )),
+    }
 }

@@ -54,6 +54,7 @@ impl<T: Transport> GradientSync<T> for ParameterServer<T> {
         model: &dyn Model,
         grads: &mut [f32],
         step: u64,
+        _lr: f64,
         record: &mut StepRecord,
     ) -> Result<Update, SyncError> {
         let (ready, pst) = self

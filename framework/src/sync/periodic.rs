@@ -40,7 +40,7 @@ use dtrain_compress::Collective;
 use dtrain_models::Model;
 use serde::{Deserialize, Serialize};
 
-use super::{Collectives, GradientSync, SyncError, Update};
+use super::{average_params, Collectives, GradientSync, SyncError, Update};
 use crate::checkpoint::Checkpoint;
 use crate::config::SyncConfig;
 use dtrain_records::StepRecord;
@@ -162,10 +162,11 @@ impl<T: Transport> GradientSync<T> for Periodic {
         model: &dyn Model,
         grads: &mut [f32],
         step: u64,
+        lr: f64,
         record: &mut StepRecord,
     ) -> Result<Update, SyncError> {
         if !self.local(step) {
-            return GradientSync::<T>::sync(&mut self.inner, comm, model, grads, step, record);
+            return GradientSync::<T>::sync(&mut self.inner, comm, model, grads, step, lr, record);
         }
         if self.anchor.is_empty() {
             // The first local step: the replicas are identical here (at step 0, or after
@@ -216,12 +217,7 @@ impl<T: Transport> GradientSync<T> for Periodic {
         if self.identical {
             return Ok(None);
         }
-        let mut avg = vec![0.0; model.table().num_params()];
-        model.read_params(&mut avg);
-        comm.all_reduce_sum(&mut avg).map_err(SyncError::Comm)?;
-        let inv = 1.0 / comm.world_size() as f32;
-        avg.iter_mut().for_each(|x| *x *= inv);
-        Ok(Some(avg))
+        average_params(comm, model).map(Some)
     }
 
     fn collectives(&self) -> (Collective, Vec<Collective>) {

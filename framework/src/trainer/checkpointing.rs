@@ -130,6 +130,16 @@ impl<T: Transport> Trainer<T> {
                 self.buffers.len()
             )));
         }
+        // A compressed optimizer keeps its moments and residuals in sections of its own.
+        let ours = self.plan.config.train.optimizer;
+        let theirs = crate::sync::written_by(&ck);
+        if theirs.as_deref() != ours.is_compressed().then(|| ours.name()) {
+            return Err(bad(format!(
+                "written with train.optimizer = {:?}, this run has {:?}",
+                theirs.as_deref().unwrap_or("sgd, adam or adamw"),
+                ours.name()
+            )));
+        }
         if meta.method != self.plan.method.name() {
             return Err(bad(format!(
                 "written with compress.kind = {:?}, this run uses {:?}",

@@ -236,6 +236,13 @@ impl<T: Transport> Trainer<T> {
                 .period()
                 .map(|_| self.plan.config.sync.name().to_string()),
             sync_period: self.plan.config.sync.period(),
+            compressed_optimizer: self
+                .plan
+                .config
+                .train
+                .optimizer
+                .is_compressed()
+                .then(|| self.plan.config.train.optimizer.name().to_string()),
             // The launcher adds the restarts it made (`dtrain run --max-restarts`).
             restarts: None,
         };

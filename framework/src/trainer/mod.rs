@@ -279,27 +279,32 @@ impl<T: Transport> Trainer<T> {
                 shape: p.shape.clone(),
             })
             .collect();
-        let mut exchanger = Exchanger::new(
-            &infos,
-            &plan.buckets,
-            &plan.method,
-            &plan.memory,
-            plan.config.seed,
-        )
-        .map_err(|e| TrainError::Config(format!("compress.{}: {}", e.field, e.reason)))?;
-        exchanger.set_gather_collective(plan.collective);
-        exchanger.set_server_error_feedback(plan.server_error_feedback);
-        if let Some(d) = &plan.dlcp {
-            let cfg = d
-                .to_config(infos.len(), plan.config.seed)
-                .map_err(|(field, m)| TrainError::Config(format!("{field}: {m}")))?;
-            exchanger.set_dlcp(cfg, d.error_feedback);
-        }
-        let sync = Periodic::for_config(
-            Collectives::new(exchanger),
-            &plan.config.sync,
-            table.num_params(),
-        );
+        let exchanger = build_exchanger(&plan, &infos)?;
+        let sync = match plan.compressed_optimizer {
+            None => Periodic::for_config(
+                Collectives::new(exchanger),
+                &plan.config.sync,
+                table.num_params(),
+            ),
+            Some(schedule) => {
+                // The dense steps' all-reduce: the same buckets, uncompressed.
+                let dense = Exchanger::new(
+                    &infos,
+                    &plan.buckets,
+                    &dtrain_compress::baseline(),
+                    &dtrain_compress::MemoryConfig::None,
+                    plan.config.seed,
+                )
+                .map_err(config_error)?;
+                crate::sync::compressed_optimizer(
+                    schedule,
+                    Collectives::new(dense),
+                    Collectives::new(exchanger),
+                    table.num_params(),
+                    &plan,
+                )
+            }
+        };
         let optimizer = plan.optimizer.build().map_err(TrainError::Config)?;
         let n = table.num_params();
         let nb = table.num_buffers();
@@ -438,4 +443,30 @@ fn broadcast_f32<T: Transport>(comm: &mut Communicator<T>, v: &mut [f32]) -> Res
         }
     }
     Ok(())
+}
+
+/// The exchanger of `plan` for parameters `infos`: buckets, the method and its memory, the
+/// collective of gathered payloads, the server residual, DLCP.
+pub(crate) fn build_exchanger(plan: &Plan, infos: &[ParamInfo]) -> Result<Exchanger, TrainError> {
+    let mut exchanger = Exchanger::new(
+        infos,
+        &plan.buckets,
+        &plan.method,
+        &plan.memory,
+        plan.config.seed,
+    )
+    .map_err(config_error)?;
+    exchanger.set_gather_collective(plan.collective);
+    exchanger.set_server_error_feedback(plan.server_error_feedback);
+    if let Some(d) = &plan.dlcp {
+        let cfg = d
+            .to_config(infos.len(), plan.config.seed)
+            .map_err(|(field, m)| TrainError::Config(format!("{field}: {m}")))?;
+        exchanger.set_dlcp(cfg, d.error_feedback);
+    }
+    Ok(exchanger)
+}
+
+fn config_error(e: dtrain_compress::ConfigError) -> TrainError {
+    TrainError::Config(format!("compress.{}: {}", e.field, e.reason))
 }

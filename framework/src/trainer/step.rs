@@ -9,6 +9,7 @@ use dtrain_models::Metrics;
 
 use super::{Phases, StepRecord, TrainError, Trainer, BUILD, CTL_LEN};
 use crate::config::NonFinitePolicy;
+use crate::optim::clip_to_norm;
 use crate::ps_mode::Ready;
 use crate::sync::{SyncError, Update};
 
@@ -204,6 +205,7 @@ impl<T: Transport> Trainer<T> {
                 self.model.as_ref(),
                 &mut self.grads,
                 step,
+                lr,
                 &mut record,
             )
             .map_err(|e| self.step_error(e))?;
@@ -324,18 +326,4 @@ fn mix(a: u64, b: u64, c: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
-}
-
-/// Scales `g` to L2 norm at most `max` (`train.clip_norm`; the norm is accumulated in f64
-/// in index order, so every rank computes the same factor).
-fn clip_to_norm(g: &mut [f32], max: f32) {
-    let norm = g
-        .iter()
-        .map(|&x| (x as f64) * (x as f64))
-        .sum::<f64>()
-        .sqrt();
-    if norm > max as f64 {
-        let scale = (max as f64 / norm) as f32;
-        g.iter_mut().for_each(|x| *x *= scale);
-    }
 }
