@@ -119,6 +119,10 @@ struct ReportArgs {
     /// Tables only, no plots.
     #[arg(long)]
     no_plots: bool,
+    /// A quality to reach: `accuracy=0.7` (a fraction), `perplexity=150` or `loss=0.3`.
+    /// Adds each run's training time to it and its speed-up to it against the baseline.
+    #[arg(long, value_name = "METRIC=VALUE")]
+    target: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -598,6 +602,7 @@ fn report(a: ReportArgs) -> Result<()> {
         baseline: a.baseline,
         out_dir: a.out,
         plots: !a.no_plots,
+        target: a.target.as_deref().map(str::parse).transpose()?,
     };
     let out = dtrain_report::report(&a.runs, &opts)?;
     println!("{}", out.markdown);

@@ -6,7 +6,7 @@
 //!
 //! * [`report()`] renders a comparison of runs as markdown tables (final metric, step-time
 //!   breakdown, bytes, compression, speed-up vs a baseline and vs each peer, stragglers,
-//!   bytes per worker vs P) and plots (loss vs time / step, accuracy vs epoch, step
+//!   bytes per worker vs P, and the time to a target quality with [`Target`]) and plots (loss vs time / step, accuracy vs epoch, step
 //!   breakdown, bytes vs P) as SVG and PNG;
 //! * [`simulate()`] projects each run's step time onto other fabrics and worker counts with
 //!   the α–β cost of its method's collective, and [`validate`] checks that model against
@@ -32,6 +32,7 @@ pub mod plot;
 pub mod report;
 pub mod run;
 pub mod simulate;
+pub mod target;
 
 pub use error::{ReportError, Result};
 pub use report::{report, report_runs, ReportOptions, ReportOutput, RunRow};
@@ -41,3 +42,4 @@ pub use simulate::{
     Fabric, SimOptions, SimOutput, SimPoint, StepModel, Validation, ValidationOutput,
     DEFAULT_WORKERS,
 };
+pub use target::{Reached, Target, TargetMetric};

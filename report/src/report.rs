@@ -41,6 +41,7 @@ use crate::error::{ReportError, Result};
 use crate::md::{self, Table};
 use crate::plot::{self, Legend, LinePlot, Scale, Series, StackedBars};
 use crate::run::{load_runs, FinalMetric, Phases, Run};
+use crate::target::{Reached, Target};
 
 /// What [`report`] should do.
 #[derive(Debug, Clone)]
@@ -52,6 +53,9 @@ pub struct ReportOptions {
     pub out_dir: PathBuf,
     /// Whether to render plots (SVG + PNG).
     pub plots: bool,
+    /// A quality to reach (`--target accuracy=0.7`): the report then gives each run's
+    /// training time to it and the speed-up to it against the baseline.
+    pub target: Option<Target>,
 }
 
 impl ReportOptions {
@@ -61,6 +65,7 @@ impl ReportOptions {
             baseline: None,
             out_dir: out_dir.into(),
             plots: true,
+            target: None,
         }
     }
 }
@@ -100,6 +105,10 @@ pub struct RunRow {
     pub baseline: Option<String>,
     /// Baseline mean step time ÷ this run's.
     pub speedup: Option<f64>,
+    /// Where the run reached [`ReportOptions::target`], if it did.
+    pub to_target: Option<Reached>,
+    /// The baseline's training time to the target ÷ this run's (both reached it).
+    pub target_speedup: Option<f64>,
 }
 
 /// What [`report`] produced.
@@ -136,6 +145,14 @@ pub fn report_runs(runs: &[Run], opts: &ReportOptions) -> Result<ReportOutput> {
                 let t = runs[b].mean_step().step_s;
                 (mean.step_s > 0.0 && t > 0.0).then(|| t / mean.step_s)
             });
+            let to_target = opts.target.and_then(|t| t.reached(r));
+            let target_speedup = match (opts.target, b, to_target) {
+                (Some(t), Some(b), Some(mine)) => t
+                    .reached(&runs[*b])
+                    .filter(|theirs| mine.time_s > 0.0 && theirs.time_s > 0.0)
+                    .map(|theirs| theirs.time_s / mine.time_s),
+                _ => None,
+            };
             RunRow {
                 label: label.clone(),
                 dir: r.dir.clone(),
@@ -153,6 +170,8 @@ pub fn report_runs(runs: &[Run], opts: &ReportOptions) -> Result<ReportOutput> {
                 samples_per_s: r.samples_per_s(),
                 baseline: b.map(|b| labels[b].clone()),
                 speedup,
+                to_target,
+                target_speedup,
             }
         })
         .collect();
@@ -163,7 +182,7 @@ pub fn report_runs(runs: &[Run], opts: &ReportOptions) -> Result<ReportOutput> {
     } else {
         Vec::new()
     };
-    let markdown = render_markdown(runs, &rows, &plots);
+    let markdown = render_markdown(runs, &rows, &plots, opts.target.as_ref());
     let md_path = opts.out_dir.join("report.md");
     fs::write(&md_path, &markdown).map_err(|e| ReportError::io(&md_path, e))?;
     let mut files = vec![md_path];
@@ -305,7 +324,12 @@ fn opt<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
     v.map(f).unwrap_or_else(|| "–".into())
 }
 
-fn render_markdown(runs: &[Run], rows: &[RunRow], plots: &[PathBuf]) -> String {
+fn render_markdown(
+    runs: &[Run],
+    rows: &[RunRow],
+    plots: &[PathBuf],
+    target: Option<&Target>,
+) -> String {
     let mut out = String::from("# dtrain report\n\n");
     let _ = writeln!(
         out,
@@ -379,6 +403,9 @@ fn render_markdown(runs: &[Run], rows: &[RunRow], plots: &[PathBuf]) -> String {
         t.row(&cells);
     }
     out.push_str(&t.render());
+    if let Some(target) = target {
+        out.push_str(&target_section(target, rows));
+    }
 
     if runs.iter().any(|r| r.mean_server_s().is_some()) {
         let _ = writeln!(
@@ -795,4 +822,37 @@ fn write_plots(runs: &[Run], rows: &[RunRow], dir: &Path) -> Result<Vec<PathBuf>
         files.extend(plot::line_plot(dir, "bytes_vs_workers", &p)?);
     }
     Ok(files)
+}
+
+/// The "Time to target" section: each run's training time and steps to `target`, and its
+/// speed-up to it against the baseline.
+fn target_section(target: &Target, rows: &[RunRow]) -> String {
+    let mut sec = format!(
+        "\n## Time to target: {target}\n\nTraining time (the sum of step times, evaluations \
+         excluded) and optimizer steps to the first evaluation that reached it, interpolated \
+         linearly from the evaluation before; `≤`: reached at the run's first evaluation. \
+         Speed-up = the baseline's time ÷ the run's.\n\n"
+    );
+    let mut t = Table::new(&["run", "time s", "steps", "baseline", "speed-up"]);
+    for row in rows {
+        let (time, steps) = match row.to_target {
+            Some(r) => {
+                let le = if r.first_eval { "≤ " } else { "" };
+                (
+                    format!("{le}{}", md::sig(r.time_s)),
+                    format!("{le}{:.0}", r.steps),
+                )
+            }
+            None => ("not reached".into(), "–".into()),
+        };
+        t.row(&[
+            row.label.clone(),
+            time,
+            steps,
+            row.baseline.clone().unwrap_or_else(|| "–".into()),
+            row.target_speedup.map_or_else(|| "–".into(), md::factor),
+        ]);
+    }
+    sec.push_str(&t.render());
+    sec
 }

@@ -453,3 +453,37 @@ fn a_diverged_run_with_non_finite_figures_is_reported_as_diverged() {
     );
     check_plots(&out.files[1..]);
 }
+
+/// `--target`: the time to the first evaluation at or above the accuracy, interpolated,
+/// and the speed-up to it against the baseline; a run that never gets there says so.
+#[test]
+fn time_to_target_is_interpolated_and_compared_with_the_baseline() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Both evaluate after steps 5 (70 %) and 10 (85 %): 80 % is two thirds of the way,
+    // at step 8.33, i.e. 8.33 steps' time. fp32 takes 10 ms a step, top-k 5 ms.
+    let none = Spec::new("cmp", "none").write(tmp.path(), "runs/cmp-none/20261122-050826");
+    let topk = Spec::new("cmp", "topk")
+        .step_s(0.005)
+        .write(tmp.path(), "runs/cmp-topk/20261122-050826");
+    let mut low = Spec::new("cmp", "qsgd");
+    low.evals = vec![(0, 5, 0.9, 0.6, 2.4), (1, 10, 0.8, 0.75, 2.2)];
+    let low = low.write(tmp.path(), "runs/cmp-qsgd/20261122-050826");
+    let mut o = opts(tmp.path());
+    o.target = Some("accuracy=0.8".parse().unwrap());
+    let out = report(&[none, topk, low], &o).unwrap();
+    let t = |i: usize| out.runs[i].to_target.map(|r| (r.steps, r.time_s));
+    let (steps, time) = t(0).unwrap();
+    assert!((steps - 25.0 / 3.0).abs() < 1e-9, "{steps}");
+    // The first step is timed like the others here: 8.33 steps of 10 ms.
+    assert!((time - 0.25 / 3.0).abs() < 1e-9, "{time}");
+    assert!((out.runs[1].target_speedup.unwrap() - 2.0).abs() < 1e-9);
+    assert_eq!(t(2), None);
+    assert!(out
+        .markdown
+        .contains("## Time to target: test accuracy ≥ 80.00 %"));
+    assert!(out.markdown.contains("not reached"));
+    check_tables(&out.markdown).unwrap();
+    // Without a target there is no such section.
+    let plain = report(&[out.runs[0].dir.clone()], &opts(tmp.path())).unwrap();
+    assert!(!plain.markdown.contains("Time to target"));
+}
