@@ -263,11 +263,19 @@ pub trait Compressor: Send {
     fn segment_bits(&self, n: usize) -> Option<u64>;
 
     /// For [`Aggregation::Summable`] methods: skips one segment body of `len` elements and
-    /// returns the byte range (relative to the reader's buffer) of its little-endian `f32`
-    /// value lane, the part an all-reduce sums element-wise. Other methods keep the default,
-    /// which refuses.
+    /// returns the byte range (relative to the reader's buffer) of its value lane, the part
+    /// an all-reduce sums element-wise, in [`Compressor::lane_format`]. Other methods keep the
+    /// default, which refuses.
     fn segment_lane(&self, _r: &mut Reader<'_>, _len: usize) -> Result<Range<usize>, WireError> {
         Err(WireError::Invalid("method has no summable value lane"))
+    }
+
+    /// For [`Aggregation::Summable`] methods: how the value lanes (and a summed agreement's
+    /// message, [`Compressor::summed_agreement`]) hold their numbers, and so in which
+    /// precision the all-reduce that sums them moves and adds them. Default
+    /// [`LaneFormat::F32`].
+    fn lane_format(&self) -> LaneFormat {
+        LaneFormat::F32
     }
 
     // ---- Hooks for a multi-rank driver (the framework's exchanger). Every one defaults to
@@ -721,6 +729,70 @@ pub fn decompress_add(c: &dyn Compressor, bytes: &[u8], out: &mut [f32]) -> Resu
     Ok(())
 }
 
+/// The number format of a summable method's value lanes ([`Compressor::lane_format`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LaneFormat {
+    /// Little-endian `f32`, summed in `f32`.
+    #[default]
+    F32,
+    /// Little-endian bfloat16, rounded to nearest even: the all-reduce moves bfloat16 and
+    /// rounds each sum it forwards to bfloat16 (PyTorch's `bf16_compress_wrapper` around a
+    /// hook all-reduces the bfloat16 tensors themselves).
+    Bf16,
+}
+
+impl LaneFormat {
+    /// Bytes per value.
+    pub fn bytes(self) -> usize {
+        match self {
+            LaneFormat::F32 => 4,
+            LaneFormat::Bf16 => 2,
+        }
+    }
+
+    /// Appends the values of `lane` (whole values of this format) to `out`.
+    pub fn read(self, lane: &[u8], out: &mut Vec<f32>) {
+        match self {
+            LaneFormat::F32 => out.extend(
+                lane.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            ),
+            LaneFormat::Bf16 => out.extend(
+                lane.chunks_exact(2)
+                    .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()),
+            ),
+        }
+    }
+
+    /// Writes `values` over `lane` (room for exactly as many), rounding to the format.
+    ///
+    /// # Panics
+    /// If `values` runs out before `lane` is filled.
+    pub fn write(self, values: &mut impl Iterator<Item = f32>, lane: &mut [u8]) {
+        let mut next = || values.next().expect("lane length");
+        match self {
+            LaneFormat::F32 => {
+                for c in lane.chunks_exact_mut(4) {
+                    c.copy_from_slice(&next().to_le_bytes());
+                }
+            }
+            LaneFormat::Bf16 => {
+                for c in lane.chunks_exact_mut(2) {
+                    c.copy_from_slice(&half::bf16::from_f32(next()).to_bits().to_le_bytes());
+                }
+            }
+        }
+    }
+
+    /// `x` rounded to this format (what a value becomes once written and read back).
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            LaneFormat::F32 => x,
+            LaneFormat::Bf16 => half::bf16::from_f32(x).to_f32(),
+        }
+    }
+}
+
 /// The `f32` value lanes of a payload from a [`Aggregation::Summable`] method, one byte
 /// range per segment. Payloads of all ranks have identical lanes (that is what summable
 /// means), so an all-reduce can sum these ranges in place and any rank can then decode the
@@ -750,8 +822,8 @@ pub fn summable_lanes(c: &dyn Compressor, bytes: &[u8]) -> Result<Vec<Range<usiz
     let mut lanes = Vec::with_capacity(lens.len());
     for len in lens {
         let lane = c.segment_lane(&mut r, len)?;
-        if lane.len() % 4 != 0 {
-            return Err(WireError::Invalid("lane is not whole f32 values"));
+        if lane.len() % c.lane_format().bytes() != 0 {
+            return Err(WireError::Invalid("lane is not whole values of its format"));
         }
         lanes.push(lane);
     }
@@ -769,12 +841,14 @@ pub fn sum_lanes(c: &dyn Compressor, acc: &mut [u8], other: &[u8]) -> Result<(),
     if la != lb {
         return Err(WireError::Invalid("payloads have different summable lanes"));
     }
+    let fmt = c.lane_format();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
     for lane in la {
-        for off in lane.step_by(4) {
-            let a = crate::wire::f32_at(&acc[off..off + 4], 0);
-            let b = crate::wire::f32_at(&other[off..off + 4], 0);
-            acc[off..off + 4].copy_from_slice(&(a + b).to_le_bytes());
-        }
+        a.clear();
+        b.clear();
+        fmt.read(&acc[lane.clone()], &mut a);
+        fmt.read(&other[lane.clone()], &mut b);
+        fmt.write(&mut a.iter().zip(&b).map(|(x, y)| x + y), &mut acc[lane]);
     }
     Ok(())
 }

@@ -120,7 +120,7 @@ methods! {
 
 pub use compressor::{
     compress, compress_new, decompress, decompress_add, decompress_sum_add, payload_bits,
-    sum_lanes, summable_lanes, Aggregation, Combine, Compressor, Ctx, MethodId, Payload,
+    sum_lanes, summable_lanes, Aggregation, Combine, Compressor, Ctx, LaneFormat, MethodId, Payload,
     HEADER_BITS,
 };
 pub use error::{CompressError, ConfigError, WireError};

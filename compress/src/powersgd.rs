@@ -32,14 +32,16 @@
 //!
 //! ## Body, per segment
 //! ```text
-//! u8 mode                  0 dense, 1 low rank
-//! dense:     n × f32       the values (the value lane)
+//! u8 mode                  0 dense, 1 low rank; + 2 when the lane is bfloat16
+//! dense:     n × L         the values (the value lane)
 //! low rank:  u32 m, u32 c, u8 r        m·c = n, 1 ≤ r ≤ min(m, c)
 //!            m·r × f32     P̂, row-major (identical on every rank; not a lane)
-//!            c·r × f32     Q_w, row-major (the value lane)
+//!            c·r × L       Q_w, row-major (the value lane)
 //! ```
+//! `L` is a little-endian `f32`, or with `bf16 = true` a bfloat16 (rounded to nearest even;
+//! the summed agreement `P` then travels and is summed as bfloat16 too, [`LaneFormat`]).
 //! The payload is self-contained (a receiver needs no state to decode it): `r·(m + c)`
-//! floats per matrix, of which the all-reduces move `m·r` (the agreement) and `c·r` (the
+//! values per matrix, of which the all-reduces move `m·r` (the agreement) and `c·r` (the
 //! lane).
 
 use std::collections::BTreeMap;
@@ -47,7 +49,7 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::compressor::{summable_lanes, Aggregation, Compressor, Ctx, MethodId};
+use crate::compressor::{summable_lanes, Aggregation, Compressor, Ctx, LaneFormat, MethodId};
 use crate::error::{CompressError, ConfigError, WireError};
 use crate::memory::MemoryConfig;
 use crate::registry::{Method, RunUse};
@@ -75,6 +77,12 @@ pub struct PowerSgdConfig {
     /// Seed of the initial `Q` (the same on every rank). Default 0.
     #[serde(default)]
     pub seed: u64,
+    /// Send `P` and `Q` (and the dense tensors) as bfloat16, rounded to nearest even, and
+    /// sum them in bfloat16 (PyTorch's `bf16_compress_wrapper(powerSGD_hook)`): half the
+    /// bytes. The power iteration itself runs in `f32` (PyTorch's wrapper casts the whole
+    /// bucket, so its matrix products run in bfloat16 too). Default false.
+    #[serde(default)]
+    pub bf16: bool,
 }
 
 fn one() -> usize {
@@ -95,6 +103,7 @@ impl Default for PowerSgdConfig {
             min_compression_rate: 1.0,
             warm_start: true,
             seed: 0,
+            bf16: false,
         }
     }
 }
@@ -131,7 +140,7 @@ impl Method for PowerSgdConfig {
         if run.parameter_server {
             return Err(ConfigError::new(
                 "kind",
-                "powersgd all-reduces its factors between the workers; use mode = \"collective\"",
+                "powersgd all-reduces its factors between the workers; use mode = \"allreduce\"",
             ));
         }
         Ok(())
@@ -140,6 +149,37 @@ impl Method for PowerSgdConfig {
 
 const DENSE: u8 = 0;
 const LOW_RANK: u8 = 1;
+/// Added to the mode when the value lane is bfloat16 ([`PowerSgdConfig::bf16`]).
+const BF16_LANE: u8 = 2;
+
+/// A segment's mode byte: its kind and its lane format.
+fn split_mode(mode: u8) -> Result<(u8, LaneFormat), WireError> {
+    let fmt = if mode & BF16_LANE != 0 {
+        LaneFormat::Bf16
+    } else {
+        LaneFormat::F32
+    };
+    match mode & !BF16_LANE {
+        kind @ (DENSE | LOW_RANK) => Ok((kind, fmt)),
+        _ => Err(WireError::Invalid("powersgd: unknown segment mode")),
+    }
+}
+
+/// Reads `n` lane values of `fmt` into `out` (cleared), refusing a non-finite one.
+fn read_lane(
+    r: &mut Reader<'_>,
+    n: usize,
+    fmt: LaneFormat,
+    what: &'static str,
+    out: &mut Vec<f32>,
+) -> Result<(), WireError> {
+    out.clear();
+    fmt.read(r.take_items(n, fmt.bytes(), what)?, out);
+    if out.iter().any(|v| !v.is_finite()) {
+        return Err(WireError::Invalid("powersgd: non-finite value"));
+    }
+    Ok(())
+}
 
 /// One tensor of the bucket as PowerSGD sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -472,10 +512,12 @@ impl Compressor for PowerSgd {
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
         let s = self.next;
         self.next += 1;
+        let fmt = self.lane_format();
+        let tag = if fmt == LaneFormat::Bf16 { BF16_LANE } else { 0 };
         match self.plans.get(s) {
             Some(&Plan::LowRank { m, c }) if self.low_rank_now && x.len() == m * c => {
                 let r = self.rank();
-                w.u8(LOW_RANK);
+                w.u8(LOW_RANK | tag);
                 w.u32(m as u32);
                 w.u32(c as u32);
                 w.u8(r as u8);
@@ -486,43 +528,35 @@ impl Compressor for PowerSgd {
                 let q = &mut self.q[s];
                 q.resize(c * r, 0.0);
                 mat_t_mul(x, m, c, &self.p_hat[s], r, q);
-                w.f32_slice(q);
+                fmt.write(&mut q.iter().copied(), w.zeroed(q.len() * fmt.bytes()));
             }
             _ => {
-                w.u8(DENSE);
-                w.f32_slice(x);
+                w.u8(DENSE | tag);
+                fmt.write(&mut x.iter().copied(), w.zeroed(x.len() * fmt.bytes()));
             }
         }
     }
 
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
         let n = out.len();
-        match r.u8("powersgd mode")? {
-            DENSE => {
-                let v = r.take_items(n, 4, "powersgd dense values")?;
-                for (i, o) in out.iter_mut().enumerate() {
-                    let x = f32_at(v, i);
-                    if !x.is_finite() {
-                        return Err(WireError::Invalid("powersgd: non-finite value"));
-                    }
-                    *o += x;
-                }
-                Ok(())
+        let (kind, fmt) = split_mode(r.u8("powersgd mode")?)?;
+        let mut v = Vec::new();
+        if kind == DENSE {
+            read_lane(r, n, fmt, "powersgd dense values", &mut v)?;
+            for (o, x) in out.iter_mut().zip(&v) {
+                *o += x;
             }
-            LOW_RANK => {
-                let (m, c, rank) = read_dims(r, n)?;
-                let p = r.take_items(m * rank, 4, "powersgd P")?;
-                let q = r.take_items(c * rank, 4, "powersgd Q")?;
-                let p: Vec<f32> = (0..m * rank).map(|i| f32_at(p, i)).collect();
-                let q: Vec<f32> = (0..c * rank).map(|i| f32_at(q, i)).collect();
-                if p.iter().chain(&q).any(|v| !v.is_finite()) {
-                    return Err(WireError::Invalid("powersgd: non-finite factor"));
-                }
-                add_outer(&p, &q, rank, c, out);
-                Ok(())
-            }
-            _ => Err(WireError::Invalid("powersgd: unknown segment mode")),
+            return Ok(());
         }
+        let (m, c, rank) = read_dims(r, n)?;
+        let p = r.take_items(m * rank, 4, "powersgd P")?;
+        let p: Vec<f32> = (0..m * rank).map(|i| f32_at(p, i)).collect();
+        if p.iter().any(|v| !v.is_finite()) {
+            return Err(WireError::Invalid("powersgd: non-finite factor"));
+        }
+        read_lane(r, c * rank, fmt, "powersgd Q", &mut v)?;
+        add_outer(&p, &v, rank, c, out);
+        Ok(())
     }
 
     fn segment_bits(&self, _n: usize) -> Option<u64> {
@@ -531,20 +565,29 @@ impl Compressor for PowerSgd {
     }
 
     fn segment_lane(&self, r: &mut Reader<'_>, n: usize) -> Result<Range<usize>, WireError> {
-        match r.u8("powersgd mode")? {
-            DENSE => {
-                let start = r.position();
-                r.take_items(n, 4, "powersgd dense values")?;
-                Ok(start..r.position())
-            }
-            LOW_RANK => {
-                let (m, c, rank) = read_dims(r, n)?;
-                r.take_items(m * rank, 4, "powersgd P")?;
-                let start = r.position();
-                r.take_items(c * rank, 4, "powersgd Q")?;
-                Ok(start..r.position())
-            }
-            _ => Err(WireError::Invalid("powersgd: unknown segment mode")),
+        let (kind, fmt) = split_mode(r.u8("powersgd mode")?)?;
+        if fmt != self.lane_format() {
+            return Err(WireError::Invalid(
+                "powersgd: the lane's format is not this compressor's (bf16 differs)",
+            ));
+        }
+        let len = if kind == DENSE {
+            n
+        } else {
+            let (m, c, rank) = read_dims(r, n)?;
+            r.take_items(m * rank, 4, "powersgd P")?;
+            c * rank
+        };
+        let start = r.position();
+        r.take_items(len, fmt.bytes(), "powersgd lane")?;
+        Ok(start..r.position())
+    }
+
+    fn lane_format(&self) -> LaneFormat {
+        if self.cfg.bf16 {
+            LaneFormat::Bf16
+        } else {
+            LaneFormat::F32
         }
     }
 
@@ -605,12 +648,16 @@ impl Compressor for PowerSgd {
             return;
         };
         let inv = 1.0 / self.world as f32;
+        let fmt = self.lane_format();
+        let mut sum = Vec::new();
         for (s, lane) in lanes.into_iter().enumerate() {
             if let Some(Plan::LowRank { .. }) = self.plans.get(s) {
                 let b = &summed[lane];
-                if self.q.get(s).is_some_and(|q| q.len() * 4 == b.len()) {
-                    for (i, q) in self.q[s].iter_mut().enumerate() {
-                        *q = f32_at(b, i) * inv;
+                if self.q.get(s).is_some_and(|q| q.len() * fmt.bytes() == b.len()) {
+                    sum.clear();
+                    fmt.read(b, &mut sum);
+                    for (q, &v) in self.q[s].iter_mut().zip(&sum) {
+                        *q = v * inv;
                     }
                 }
             }
@@ -703,6 +750,79 @@ mod tests {
         let d: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
         let n: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum();
         (d / n).sqrt()
+    }
+
+    /// `bf16 = true`: the lanes (Q_w, dense tensors) travel as bfloat16 — half the lane
+    /// bytes — and decode to the f32 path's values rounded to bfloat16; their sums are
+    /// rounded too; a lane of the other format is refused; random bodies never panic.
+    #[test]
+    fn bf16_lanes_halve_the_lane_bytes_and_round_to_bfloat16() {
+        let (m, c, r) = (16usize, 12usize, 2usize);
+        let shapes = [vec![m, c], vec![5]];
+        let mk = |bf16| {
+            let mut k = PowerSgd::new(PowerSgdConfig {
+                rank: r,
+                bf16,
+                ..PowerSgdConfig::default()
+            });
+            k.set_segment_shapes(&shapes);
+            k
+        };
+        let (mut a, mut b) = (mk(false), mk(true));
+        assert_eq!((a.lane_format(), b.lane_format()), (LaneFormat::F32, LaneFormat::Bf16));
+        let mut g = decaying(m, c, r, 3);
+        g.extend([0.1f32, -2.5, 3.25, 1e-3, 7.0]);
+        let segs = [0..m * c, m * c..m * c + 5];
+        let ctx = Ctx {
+            segments: &segs,
+            ..Ctx::default()
+        };
+        let pa = compress_new(&mut a, &g, &ctx, &mut Rng::seed_from_u64(0)).unwrap();
+        let pb = compress_new(&mut b, &g, &ctx, &mut Rng::seed_from_u64(0)).unwrap();
+        let lane_bytes = |k: &PowerSgd, p: &Payload| -> usize {
+            summable_lanes(k, p.as_bytes())
+                .unwrap()
+                .iter()
+                .map(|l| l.len())
+                .sum()
+        };
+        assert_eq!(lane_bytes(&a, &pa), 4 * (c * r + 5));
+        assert_eq!(lane_bytes(&b, &pb), 2 * (c * r + 5));
+        // The bf16 decode is P̂·round(Q)ᵀ and round(bias): the f32 one with Q rounded.
+        let (mut da, mut db) = (vec![0f32; g.len()], vec![0f32; g.len()]);
+        decompress(&a, pa.as_bytes(), &mut da).unwrap();
+        decompress(&b, pb.as_bytes(), &mut db).unwrap();
+        let mut want = vec![0f32; m * c];
+        let q: Vec<f32> = a.q[0].iter().map(|&v| LaneFormat::Bf16.round(v)).collect();
+        add_outer(&a.p_hat[0], &q, r, c, &mut want);
+        assert_eq!(&db[..m * c], &want[..]);
+        for i in 0..5 {
+            assert_eq!(db[m * c + i], LaneFormat::Bf16.round(g[m * c + i]));
+        }
+        assert!(da != db, "the f32 path should differ from the rounded one");
+        // Summing two bf16 payloads rounds the sums to bfloat16.
+        let mut acc = pb.as_bytes().to_vec();
+        sum_lanes(&b, &mut acc, pb.as_bytes()).unwrap();
+        let mut twice = vec![0f32; g.len()];
+        decompress(&b, &acc, &mut twice).unwrap();
+        for i in 0..5 {
+            let one = LaneFormat::Bf16.round(g[m * c + i]);
+            assert_eq!(twice[m * c + i], LaneFormat::Bf16.round(one + one));
+        }
+        // A payload of the other format has no lanes for this compressor.
+        assert!(summable_lanes(&b, pa.as_bytes()).is_err());
+        assert!(summable_lanes(&a, pb.as_bytes()).is_err());
+        // Unknown modes and arbitrary bytes are refused without a panic.
+        let mut out = vec![0f32; 20];
+        assert!(b
+            .decode_segment_add(&mut Reader::new(&[4, 0, 0]), &mut out)
+            .is_err());
+        let mut rng = Rng::seed_from_u64(5);
+        for len in 0..200 {
+            let body: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+            let _ = b.decode_segment_add(&mut Reader::new(&body), &mut out);
+            let _ = b.segment_lane(&mut Reader::new(&body), 20);
+        }
     }
 
     fn compressor(rank: usize, shape: &[usize]) -> PowerSgd {
