@@ -120,8 +120,8 @@ methods! {
 
 pub use compressor::{
     compress, compress_new, decompress, decompress_add, decompress_sum_add, payload_bits,
-    sum_lanes, summable_lanes, Aggregation, Combine, Compressor, Ctx, LaneFormat, MethodId, Payload,
-    HEADER_BITS,
+    sum_lanes, summable_lanes, Aggregation, Combine, Compressor, Ctx, LaneFormat, MethodId,
+    Payload, HEADER_BITS,
 };
 pub use error::{CompressError, ConfigError, WireError};
 pub use memory::{Memory, MemoryConfig};

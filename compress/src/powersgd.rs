@@ -35,11 +35,12 @@
 //! u8 mode                  0 dense, 1 low rank; + 2 when the lane is bfloat16
 //! dense:     n × L         the values (the value lane)
 //! low rank:  u32 m, u32 c, u8 r        m·c = n, 1 ≤ r ≤ min(m, c)
-//!            m·r × f32     P̂, row-major (identical on every rank; not a lane)
+//!            m·r × L       P̂, row-major (identical on every rank; not a lane)
 //!            c·r × L       Q_w, row-major (the value lane)
 //! ```
 //! `L` is a little-endian `f32`, or with `bf16 = true` a bfloat16 (rounded to nearest even;
-//! the summed agreement `P` then travels and is summed as bfloat16 too, [`LaneFormat`]).
+//! the summed agreement `P` then travels and is summed as bfloat16 too, [`LaneFormat`], and
+//! the payload's `P̂` is rounded alike: the decode is `round(P̂)·round(Q)ᵀ`).
 //! The payload is self-contained (a receiver needs no state to decode it): `r·(m + c)`
 //! values per matrix, of which the all-reduces move `m·r` (the agreement) and `c·r` (the
 //! lane).
@@ -54,7 +55,7 @@ use crate::error::{CompressError, ConfigError, WireError};
 use crate::memory::MemoryConfig;
 use crate::registry::{Method, RunUse};
 use crate::rng::Rng;
-use crate::wire::{f32_at, Reader, Writer};
+use crate::wire::{Reader, Writer};
 
 /// Configuration of [`PowerSgd`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -513,7 +514,11 @@ impl Compressor for PowerSgd {
         let s = self.next;
         self.next += 1;
         let fmt = self.lane_format();
-        let tag = if fmt == LaneFormat::Bf16 { BF16_LANE } else { 0 };
+        let tag = if fmt == LaneFormat::Bf16 {
+            BF16_LANE
+        } else {
+            0
+        };
         match self.plans.get(s) {
             Some(&Plan::LowRank { m, c }) if self.low_rank_now && x.len() == m * c => {
                 let r = self.rank();
@@ -521,7 +526,12 @@ impl Compressor for PowerSgd {
                 w.u32(m as u32);
                 w.u32(c as u32);
                 w.u8(r as u8);
-                w.f32_slice(&self.p_hat[s]);
+                // P̂ in the lane's format: what the agreement's all-reduce moved.
+                let p_hat = &self.p_hat[s];
+                fmt.write(
+                    &mut p_hat.iter().copied(),
+                    w.zeroed(p_hat.len() * fmt.bytes()),
+                );
                 // Q_w goes into the kept Q: alone, the next step starts from it; a
                 // multi-rank driver replaces it with the mean (`absorb_aggregate`); without
                 // warm start the next step draws a new one anyway.
@@ -549,11 +559,8 @@ impl Compressor for PowerSgd {
             return Ok(());
         }
         let (m, c, rank) = read_dims(r, n)?;
-        let p = r.take_items(m * rank, 4, "powersgd P")?;
-        let p: Vec<f32> = (0..m * rank).map(|i| f32_at(p, i)).collect();
-        if p.iter().any(|v| !v.is_finite()) {
-            return Err(WireError::Invalid("powersgd: non-finite factor"));
-        }
+        let mut p = Vec::new();
+        read_lane(r, m * rank, fmt, "powersgd P", &mut p)?;
         read_lane(r, c * rank, fmt, "powersgd Q", &mut v)?;
         add_outer(&p, &v, rank, c, out);
         Ok(())
@@ -575,7 +582,7 @@ impl Compressor for PowerSgd {
             n
         } else {
             let (m, c, rank) = read_dims(r, n)?;
-            r.take_items(m * rank, 4, "powersgd P")?;
+            r.take_items(m * rank, fmt.bytes(), "powersgd P")?;
             c * rank
         };
         let start = r.position();
@@ -653,7 +660,11 @@ impl Compressor for PowerSgd {
         for (s, lane) in lanes.into_iter().enumerate() {
             if let Some(Plan::LowRank { .. }) = self.plans.get(s) {
                 let b = &summed[lane];
-                if self.q.get(s).is_some_and(|q| q.len() * fmt.bytes() == b.len()) {
+                if self
+                    .q
+                    .get(s)
+                    .is_some_and(|q| q.len() * fmt.bytes() == b.len())
+                {
                     sum.clear();
                     fmt.read(b, &mut sum);
                     for (q, &v) in self.q[s].iter_mut().zip(&sum) {
@@ -769,7 +780,10 @@ mod tests {
             k
         };
         let (mut a, mut b) = (mk(false), mk(true));
-        assert_eq!((a.lane_format(), b.lane_format()), (LaneFormat::F32, LaneFormat::Bf16));
+        assert_eq!(
+            (a.lane_format(), b.lane_format()),
+            (LaneFormat::F32, LaneFormat::Bf16)
+        );
         let mut g = decaying(m, c, r, 3);
         g.extend([0.1f32, -2.5, 3.25, 1e-3, 7.0]);
         let segs = [0..m * c, m * c..m * c + 5];
@@ -788,13 +802,14 @@ mod tests {
         };
         assert_eq!(lane_bytes(&a, &pa), 4 * (c * r + 5));
         assert_eq!(lane_bytes(&b, &pb), 2 * (c * r + 5));
-        // The bf16 decode is P̂·round(Q)ᵀ and round(bias): the f32 one with Q rounded.
+        // The bf16 decode is round(P̂)·round(Q)ᵀ and round(bias): the f32 one, rounded.
         let (mut da, mut db) = (vec![0f32; g.len()], vec![0f32; g.len()]);
         decompress(&a, pa.as_bytes(), &mut da).unwrap();
         decompress(&b, pb.as_bytes(), &mut db).unwrap();
         let mut want = vec![0f32; m * c];
-        let q: Vec<f32> = a.q[0].iter().map(|&v| LaneFormat::Bf16.round(v)).collect();
-        add_outer(&a.p_hat[0], &q, r, c, &mut want);
+        let round =
+            |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| LaneFormat::Bf16.round(x)).collect() };
+        add_outer(&round(&a.p_hat[0]), &round(&a.q[0]), r, c, &mut want);
         assert_eq!(&db[..m * c], &want[..]);
         for i in 0..5 {
             assert_eq!(db[m * c + i], LaneFormat::Bf16.round(g[m * c + i]));

@@ -8,13 +8,15 @@ use std::time::Instant;
 
 use dtrain_comms::dlcp::{DlcpConfig, DlcpReport, DlcpTensor};
 use dtrain_comms::{CommError, Communicator, SparseSlice, Transport};
-use dtrain_compress::Payload;
+use dtrain_compress::{LaneFormat, Payload};
 
 use super::schedule::OwnerReduce;
 
 /// A collective, with the buffers it works on.
 pub(super) enum Op {
     Sum(Vec<f32>),
+    /// The sum in bfloat16 ([`all_reduce_sum_bf16`]).
+    SumBf16(Vec<f32>),
     Gather(Vec<u8>),
     Broadcast(Vec<u8>, usize),
     /// Sparse all-reduce of (indices, values) into the dense output buffer.
@@ -46,10 +48,73 @@ pub(super) struct Done {
     pub(super) secs: f64,
 }
 
+/// The sum of `v` over the ranks in bfloat16 (a summable method's lanes of
+/// [`LaneFormat::Bf16`]): each rank's values rounded to bfloat16 travel to the owner of
+/// their segment, the owner adds them in `f32` in rank order and rounds the sum to
+/// bfloat16, and the sums travel to every rank — the compressed all-reduce with a bfloat16
+/// codec, so a rank sends `2·(P−1)/P` of the bfloat16 buffer, a bfloat16 ring's bytes, and
+/// every rank ends with the same bits.
+pub(super) fn all_reduce_sum_bf16<T: Transport>(
+    comm: &mut Communicator<T>,
+    v: &mut [f32],
+) -> Result<(), CommError> {
+    const BF16: LaneFormat = LaneFormat::Bf16;
+    let (world, rank) = (comm.world_size(), comm.rank());
+    let ranges: Vec<_> = (0..world)
+        .map(|q| dtrain_comms::segment_range(v.len(), world, q))
+        .collect();
+    let encode = |x: &[f32]| {
+        let mut b = vec![0u8; x.len() * BF16.bytes()];
+        BF16.write(&mut x.iter().copied(), &mut b);
+        b
+    };
+    let shares: Vec<Vec<u8>> = ranges.iter().map(|r| encode(&v[r.clone()])).collect();
+    let views: Vec<&[u8]> = shares.iter().map(Vec::as_slice).collect();
+    let mine = ranges[rank].len();
+    let (mut sum, mut vals) = (Vec::with_capacity(mine), Vec::with_capacity(mine));
+    let mut reduce = |shares: &[&[u8]]| -> Result<Vec<u8>, (usize, String)> {
+        sum.clear();
+        sum.resize(mine, 0.0);
+        for (q, s) in shares.iter().enumerate() {
+            if s.len() != mine * BF16.bytes() {
+                return Err((
+                    q,
+                    format!(
+                        "a bfloat16 share of {} bytes, expected {}",
+                        s.len(),
+                        2 * mine
+                    ),
+                ));
+            }
+            vals.clear();
+            BF16.read(s, &mut vals);
+            sum.iter_mut().zip(&vals).for_each(|(a, b)| *a += b);
+        }
+        Ok(encode(&sum))
+    };
+    let key = u32::try_from(v.len()).unwrap_or(u32::MAX);
+    let blocks = comm.compressed_all_reduce(&views, key, &mut reduce)?;
+    let mut out = Vec::new();
+    for (q, (block, range)) in blocks.iter().zip(&ranges).enumerate() {
+        if block.len() != range.len() * BF16.bytes() {
+            return Err(CommError::InvalidArgument(format!(
+                "rank {q}'s bfloat16 sum has {} bytes, its segment {} values",
+                block.len(),
+                range.len()
+            )));
+        }
+        out.clear();
+        BF16.read(block, &mut out);
+        v[range.clone()].copy_from_slice(&out);
+    }
+    Ok(())
+}
+
 pub(super) fn run_op<T: Transport>(comm: &mut Communicator<T>, op: Op) -> Done {
     let t = Instant::now();
     let result = match op {
         Op::Sum(mut v) => comm.all_reduce_sum(&mut v).map(|()| Reply::Sum(v)),
+        Op::SumBf16(mut v) => all_reduce_sum_bf16(comm, &mut v).map(|()| Reply::Sum(v)),
         Op::Gather(b) => comm.all_gather(&b).map(Reply::Gather),
         Op::Broadcast(mut b, root) => comm.broadcast(&mut b, root).map(|()| Reply::Broadcast(b)),
         Op::Lossy(mut v, tensors, cfg) => comm

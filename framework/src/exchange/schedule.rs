@@ -10,7 +10,8 @@ use dtrain_comms::algo::compressed_allreduce::SegmentReduce;
 use dtrain_comms::{segment_range, Communicator, Transport};
 use dtrain_compress::memory::DlcpResidual;
 use dtrain_compress::{
-    chunk_segments, summable_lanes, Aggregation, Combine, Ctx, Payload, Pipeline, ReduceError, Rng,
+    chunk_segments, summable_lanes, Aggregation, Combine, Ctx, LaneFormat, Payload, Pipeline,
+    ReduceError, Rng,
 };
 
 use super::bucket::{self, Bucket};
@@ -302,7 +303,10 @@ impl Job<'_> {
                 pipe.compensate(&f.buf, &ctx);
                 f.lane.clear();
                 pipe.sum_message(&ctx, &mut f.lane).map_err(compress_err)?;
-                comms.submit(Op::Sum(std::mem::take(&mut f.lane)));
+                comms.submit(sum_in(
+                    pipe.compressor().lane_format(),
+                    std::mem::take(&mut f.lane),
+                ));
                 Stage::Agreement
             }
             Some(pipe) => match pipe.broadcast_root(&ctx) {
@@ -440,12 +444,11 @@ impl Job<'_> {
                 f.vals = vals;
             }
             (Stage::Lanes, Reply::Sum(v), Some(pipe)) => {
+                let fmt = pipe.compressor().lane_format();
                 let bytes = f.payload.bytes_mut();
-                let mut vals = v.iter();
+                let mut vals = v.iter().copied();
                 for l in &f.lanes {
-                    for c in bytes[l.clone()].chunks_exact_mut(4) {
-                        c.copy_from_slice(&vals.next().expect("lane length").to_le_bytes());
-                    }
+                    fmt.write(&mut vals, &mut bytes[l.clone()]);
                 }
                 f.lane = v;
                 f.buf.clear();
@@ -531,15 +534,12 @@ fn submit_payload<T: Transport>(
         Aggregation::Summable => {
             f.lanes = summable_lanes(pipe.compressor(), f.payload.as_bytes()).map_err(own)?;
             f.lane.clear();
+            let fmt = pipe.compressor().lane_format();
             let bytes = f.payload.as_bytes();
             for l in &f.lanes {
-                f.lane.extend(
-                    bytes[l.clone()]
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-                );
+                fmt.read(&bytes[l.clone()], &mut f.lane);
             }
-            comms.submit(Op::Sum(std::mem::take(&mut f.lane)));
+            comms.submit(sum_in(fmt, std::mem::take(&mut f.lane)));
             Stage::Lanes
         }
         Aggregation::Gather if gather == GatherCollective::SparseAllReduce => {
@@ -568,4 +568,12 @@ fn submit_payload<T: Transport>(
             Stage::Gathered
         }
     })
+}
+
+/// The all-reduce that sums values of `fmt`: in `f32`, or in bfloat16.
+fn sum_in(fmt: LaneFormat, v: Vec<f32>) -> Op {
+    match fmt {
+        LaneFormat::F32 => Op::Sum(v),
+        LaneFormat::Bf16 => Op::SumBf16(v),
+    }
 }

@@ -942,4 +942,35 @@ fn powersgd_averages_the_rank_r_approximations_and_feeds_back_the_aggregate_erro
     }
 }
 
+/// `powersgd:bf16=true`: the agreement and the lanes travel and are summed as bfloat16 —
+/// about half the bytes — every rank gets the same bits, and the mean stays within
+/// bfloat16's precision of the f32 exchange's.
+#[test]
+fn powersgd_in_bfloat16_halves_its_bytes_and_stays_near_the_f32_exchange() {
+    let run = |method: &str| {
+        let mut setup = Setup::new(parse_method(method).unwrap());
+        setup.params = shapes(&[vec![64, 48], vec![48]]);
+        setup.policy = policy(1 << 20);
+        let n = setup.n();
+        on_ranks(3, |rank, comm| {
+            let mut ex = setup.exchanger();
+            let mut g = grad(rank, n, 0);
+            let st = ex.exchange(comm, &mut g, 0).unwrap();
+            (g, st)
+        })
+    };
+    let (f32s, bf16s) = (run("powersgd:rank=2"), run("powersgd:rank=2,bf16=true"));
+    for (rank, (g, _)) in bf16s.iter().enumerate() {
+        assert_same(g, &bf16s[0].0, format!("bf16, rank {rank}"));
+    }
+    let (a, b) = (&f32s[0].0, &bf16s[0].0);
+    let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(worst > 0.0 && worst < 2e-2 * scale, "{worst} of {scale}");
+    let sent = |r: &[(Vec<f32>, ExchangeStats)]| r[0].1.bytes_sent as f64;
+    let ratio = sent(&bf16s) / sent(&f32s);
+    assert!(ratio < 0.7, "bf16 sends {ratio} of f32's bytes");
+    assert!(bf16s[0].1.payload_bytes < f32s[0].1.payload_bytes * 3 / 4);
+}
+
 mod compressed_allreduce;
