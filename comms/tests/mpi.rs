@@ -36,15 +36,7 @@ fn comm(sub: &SimpleCommunicator, cfg: CommConfig) -> Comm {
 fn all_reduce(sub: &SimpleCommunicator, world: usize) {
     let cfg = test_config();
     let me = sub.rank() as usize;
-    let elems_small = cfg.small_all_reduce_bytes / 4;
-    let lens = [
-        0,
-        1,
-        world.saturating_sub(1),
-        elems_small,
-        elems_small + 1,
-        1000,
-    ];
+    let lens = all_reduce_lens(world, &cfg);
     let mut c = comm(sub, cfg.clone());
     for (li, &n) in lens.iter().enumerate() {
         for op in [ReduceOp::Sum, ReduceOp::Max] {
@@ -57,10 +49,7 @@ fn all_reduce(sub: &SimpleCommunicator, world: usize) {
                 ReduceOp::Sum => c.all_reduce_sum(&mut v).unwrap(),
                 ReduceOp::Max => c.all_reduce_max(&mut v).unwrap(),
             }
-            let want = match c.all_reduce_algo(n) {
-                Algo::RecursiveDoubling => tree_reference(&inputs, op),
-                _ => ring_reference(&inputs, op),
-            };
+            let want = flat_reference(&inputs, op, c.all_reduce_algo(n) == Algo::RecursiveDoubling);
             assert_eq!(
                 bits(&v),
                 bits(&want),
