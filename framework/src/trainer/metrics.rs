@@ -3,6 +3,7 @@
 use std::io::Write;
 
 use dtrain_comms::Transport;
+use dtrain_compress::Collective;
 use dtrain_records::{Phases, StepRecord, Summary};
 use serde::Serialize;
 
@@ -236,6 +237,10 @@ impl<T: Transport> Trainer<T> {
                 .period()
                 .map(|_| self.plan.config.sync.name().to_string()),
             sync_period: self.plan.config.sync.period(),
+            hosts: self.hosts.filter(|_| {
+                bucket_collectives.contains(&Collective::HierarchicalAllReduce)
+                    || collective == Collective::HierarchicalAllReduce
+            }),
             // The launcher adds the restarts it made (`dtrain run --max-restarts`).
             restarts: None,
         };
