@@ -11,7 +11,7 @@
 //! | hierarchical all-reduce over `M` hosts ([`hierarchical_all_reduce`]) | leaders: the dense all-reduce's among `M` | the dense all-reduce among `M` leaders |
 //! | all-gather of payloads ([`all_gather`]) | `(P−1) · c` | `(P−1) · c/β + (P−1)·α` |
 //! | chain broadcast + all-reduce of lanes ([`broadcast_all_reduce`]) | `c/2` + the ring's on `c/2` | `c/2/β + (P−1)·α` + the dense all-reduce of `c/2` |
-//! | sparse all-reduce ([`sparse_all_reduce`]) | `(P−1)/P · (k·e(k/n) + min(s·e(s/n), 4n))` | those bytes`/β + 2α` |
+//! | sparse all-reduce ([`sparse_all_reduce`]) | `(P−1)/P · (min(k·e(k/n), 4n) + min(s·e(s/n), 4n))` | those bytes`/β + 2α` |
 //! | compressed all-reduce ([`compressed_all_reduce`]) | `2(P−1)/P · c` | `2(P−1)/P · c/β + 2α` |
 //!
 //! `n` is the bucket's dense f32 bytes (or element count where stated), `c` one rank's
@@ -68,7 +68,7 @@ pub fn broadcast_all_reduce(link: &LinkSpec, payload: f64, p: usize) -> f64 {
 /// Seconds of a sparse all-reduce on `p` ranks of `entries` non-zeros per rank in a bucket
 /// of `elems` elements, where a fraction `new_fraction` ∈ [0, 1] of another rank's entries
 /// is new to the sum (1: independent index sets, the upper bound). Phase 1 brings each
-/// owner the shares of its range, phase 2 the reduced ranges, sparse or dense (4 bytes an
+/// owner the shares of its range, phase 2 the reduced ranges, each sparse or dense (4 bytes an
 /// element), whichever is smaller.
 pub fn sparse_all_reduce(
     link: &LinkSpec,
@@ -83,7 +83,7 @@ pub fn sparse_all_reduce(
     let pf = p as f64;
     let n = elems.max(1.0);
     let sum = (entries * (1.0 + new_fraction.clamp(0.0, 1.0) * (pf - 1.0))).min(elems);
-    let share = entries * entry_bytes(entries / n);
+    let share = (entries * entry_bytes(entries / n)).min(elems * 4.0);
     let reduced = (sum * entry_bytes(sum / n)).min(elems * 4.0);
     let bytes = (pf - 1.0) / pf * (share + reduced);
     2.0 * link.latency.as_secs_f64() + serialise(link, bytes)

@@ -151,8 +151,13 @@ pub fn measure<T: Transport>(c: &mut Communicator<T>, opts: &Options) -> Result<
             ex.set_gather_collective(opts.collective.unwrap_or_default());
             ex.set_link(Some(link));
             if ex.gather_collective() == GatherCollective::Auto {
-                ex.choose_collectives(c)
+                let report = ex
+                    .choose_collectives(c)
                     .map_err(|e| format!("{spec}: choosing the collective: {e}"))?;
+                if rank == 0 && !report.buckets.is_empty() {
+                    // What the choice rests on, beside the table (rank 0's stderr).
+                    eprintln!("{spec}, {bytes} B: {report}");
+                }
             }
             let took: Vec<&str> = ex.collectives().iter().map(|c| c.name()).collect();
             let took = took.join("+");

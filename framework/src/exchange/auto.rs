@@ -9,18 +9,23 @@
 //! |---|---|
 //! | dense (the bucket is not compressed) | the dense all-reduce of `4n` bytes — hierarchical over several hosts |
 //! | all-gather | `all_gather(c)` + compress + P · decompress |
-//! | sparse all-reduce | `sparse_all_reduce(k, n, u = 1)` + compress + decompress |
+//! | sparse all-reduce | `sparse_all_reduce(k, n, u = 1)` + compress + decompress + its own work (measured): a bucket's + per entry × `2(k + s)(P−1)/P` |
 //! | compressed all-reduce | `compressed_all_reduce(c′)` + encode the P ranges + 2 · decompress + compress / P |
 //! | the method's own collective where it is neither (summable lanes, a `Dense` method's all-reduce of the decoded values) | its cost + compress + decompress |
 //!
 //! `c` is the method's payload of the bucket, `c′` the sum of its P range payloads, `k` the
 //! non-zeros of its decode (the sparse all-reduce's entries, with independent index sets:
-//! the model's upper bound) — all measured at start-up on a synthetic gradient of the
+//! the model's upper bound), `s = min(P·k, n)` the entries of the sum — all measured at
+//! start-up on a synthetic gradient of the
 //! bucket's size and layer shapes (Gaussian, σ = [`GRAD_SCALE`], as `dtrain bench allreduce
 //! --compress` uses), with a fresh compressor of the method; "compress" and "decompress" are
 //! the times that took. The compressed all-reduce's owners decode their range's P shares (one
 //! buffer's worth), re-encode their range (1/P of one) and every rank decodes the P sums
-//! (one buffer's worth). A route the method refuses (its config's check for that
+//! (one buffer's worth). The sparse all-reduce spends CPU on every entry (delta-coding,
+//! merging the shares) that no byte count shows — on a fast link it costs more than the
+//! bytes it saves — so its per-entry cost is measured too, by running two ranks' machines
+//! in process on the decode's non-zeros and on none ([`sparse_seconds`]). A route the method
+//! refuses (its config's check for that
 //! collective) is not a candidate; two-phase methods (ScaleCom's agreement, PowerSGD's
 //! summed factors) keep their own collective. The dense route is a candidate only for a
 //! method that averages (not a vote) and whose memory does not own the optimizer's momentum
@@ -43,13 +48,17 @@
 //! nothing to exchange: every bucket is compressed as configured (through the method's own
 //! collective).
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::time::Instant;
 
+use dtrain_comms::algo::sparse_allreduce::SparseAllReduce;
+use dtrain_comms::algo::Machine;
 use dtrain_comms::shaping::LinkSpec;
-use dtrain_comms::{cost, CommError, Communicator, Transport};
+use dtrain_comms::wire::Message;
+use dtrain_comms::{cost, CommError, Communicator, SparseVec, Transport};
 use dtrain_compress::compressor::{compress, decompress_add};
-use dtrain_compress::{Collective, Combine, Ctx, Payload, Pipeline, Rng, RunUse};
+use dtrain_compress::{Aggregation, Collective, Combine, Ctx, Payload, Pipeline, Rng, RunUse};
 
 use super::schedule::Route;
 use super::{ExchangeError, Exchanger, GatherCollective};
@@ -169,16 +178,23 @@ pub struct Measured {
     pub decompress_s: f64,
     /// The payload's bytes.
     pub payload: f64,
-    /// Compressing it as P range payloads (the compressed all-reduce's worker side).
+    /// Compressing it as P range payloads (the compressed all-reduce's worker side);
+    /// infinite where the method could not.
     pub chunks_s: f64,
     /// Their bytes together.
     pub chunks_payload: f64,
     /// Non-zeros of the payload's decode.
     pub nonzeros: f64,
+    /// Seconds a rank spends in the sparse all-reduce's own work on a bucket whatever its
+    /// entries, and per entry (encoding and decoding them, merging shares): what the byte
+    /// model does not see ([`sparse_seconds`]); infinite where it could not be measured.
+    pub sparse_base_s: f64,
+    /// See [`Measured::sparse_base_s`].
+    pub sparse_entry_s: f64,
 }
 
 impl Measured {
-    const FIELDS: usize = 6;
+    const FIELDS: usize = 8;
 
     fn to_f32s(self) -> [f32; Self::FIELDS] {
         [
@@ -188,6 +204,8 @@ impl Measured {
             self.chunks_s,
             self.chunks_payload,
             self.nonzeros,
+            self.sparse_base_s,
+            self.sparse_entry_s,
         ]
         .map(|x| x as f32)
     }
@@ -200,6 +218,8 @@ impl Measured {
             chunks_s: v[3] as f64,
             chunks_payload: v[4] as f64,
             nonzeros: v[5] as f64,
+            sparse_base_s: v[6] as f64,
+            sparse_entry_s: v[7] as f64,
         }
     }
 }
@@ -237,7 +257,16 @@ pub fn predict(
             cost::all_gather(link, m.payload, p) + m.compress_s + pf * m.decompress_s
         }
         Collective::SparseAllReduce => {
-            cost::sparse_all_reduce(link, m.nonzeros, elems as f64, 1.0, p) + codec
+            // With independent index sets (the bytes' upper bound too): the sum has
+            // `min(P·k, n)` entries; a rank encodes and decodes its shares and the reduced
+            // ranges, `2(k + s)(P−1)/P` entries.
+            let (k, n) = (m.nonzeros, elems as f64);
+            let sum = (k * pf).min(n);
+            let work = 2.0 * (k + sum) * (pf - 1.0) / pf;
+            cost::sparse_all_reduce(link, k, n, 1.0, p)
+                + codec
+                + m.sparse_base_s
+                + m.sparse_entry_s * work
         }
         Collective::CompressedAllReduce => {
             cost::compressed_all_reduce(link, m.chunks_payload, p)
@@ -299,6 +328,57 @@ pub fn probe_link<T: Transport>(
     Ok((link, source))
 }
 
+/// The sparse all-reduce's own work on this machine, as `(base, per entry)` seconds of one
+/// rank: the machines of two ranks run to completion in process (no transport, FIFO
+/// delivery), once on an empty input of `dense`'s dimension (`base`: what a bucket costs
+/// whatever its entries — chunk bookkeeping, the dense result) and once on the non-zeros of
+/// `dense`; at P = 2 with equal index sets each rank encodes and decodes `2k` entries, so the
+/// per-entry cost is the difference over `4k`. Infinite when it cannot be measured (a bucket
+/// beyond the sparse vectors' dimension).
+pub fn sparse_seconds(dense: &[f32], chunk_elems: usize) -> (f64, f64) {
+    let unmeasured = (f64::INFINITY, f64::INFINITY);
+    let (Ok(v), Ok(empty)) = (
+        SparseVec::from_dense(dense),
+        SparseVec::new(dense.len(), Vec::new(), Vec::new()),
+    ) else {
+        return unmeasured;
+    };
+    let run = |input: &SparseVec| -> Option<f64> {
+        let t0 = Instant::now();
+        let mut ms = [0, 1].map(|r| SparseAllReduce::new(r, 2, 0, input.as_slice(), chunk_elems));
+        let mut queue: VecDeque<(usize, usize, Message)> = VecDeque::new();
+        loop {
+            for (from, m) in ms.iter_mut().enumerate() {
+                while let Some((to, msg)) = m.poll_transmit() {
+                    queue.push_back((from, to, msg));
+                }
+            }
+            let Some((from, to, msg)) = queue.pop_front() else {
+                break;
+            };
+            ms[to].handle(from, msg).ok()?;
+        }
+        let mut out = vec![0f32; input.dim()];
+        for m in &ms {
+            if !m.is_done() {
+                return None;
+            }
+            m.write_dense(&mut out);
+        }
+        Some(t0.elapsed().as_secs_f64())
+    };
+    match (run(&empty), run(&v)) {
+        (Some(t0), Some(t1)) => {
+            let per_entry = match v.nnz() {
+                0 => 0.0,
+                k => (t1 - t0).max(0.0) / (4 * k) as f64,
+            };
+            (t0 / 2.0, per_entry)
+        }
+        _ => unmeasured,
+    }
+}
+
 /// The figures of `pipe`'s method on a synthetic gradient of one bucket (`shapes` its
 /// parameters, `segments` their ranges), with a fresh compressor of the method built by
 /// `build`; `world` ranks.
@@ -307,7 +387,7 @@ fn measure_codec(
     id: u64,
     shapes: &[Vec<usize>],
     segments: &[std::ops::Range<usize>],
-    world: usize,
+    (world, chunk_elems): (usize, usize),
     seed: u64,
 ) -> Result<Measured, ExchangeError> {
     let n: usize = segments.iter().map(|s| s.len()).sum();
@@ -353,9 +433,13 @@ fn measure_codec(
         m.decompress_s = m.decompress_s.min(t0.elapsed().as_secs_f64());
         if Collective::chunkable(pipe.compressor()) {
             let t0 = Instant::now();
-            pipe.compress_chunks(&grad, &ctx, &ranges, &mut rng, &mut shares)
-                .map_err(err)?;
-            m.chunks_s = m.chunks_s.min(t0.elapsed().as_secs_f64());
+            // A method that cannot encode these ranges cannot take the compressed
+            // all-reduce here: its cost stays infinite (alike on every rank: the data and
+            // the ranges are).
+            let chunked = pipe.compress_chunks(&grad, &ctx, &ranges, &mut rng, &mut shares);
+            if chunked.is_ok() {
+                m.chunks_s = m.chunks_s.min(t0.elapsed().as_secs_f64());
+            }
         }
     }
     m.payload = payload.encoded_len() as f64;
@@ -363,10 +447,11 @@ fn measure_codec(
         .iter()
         .map(|s: &Payload| s.encoded_len() as f64)
         .sum();
-    if !m.chunks_s.is_finite() {
-        m.chunks_s = 0.0;
-    }
     m.nonzeros = out.iter().filter(|v| v.to_bits() != 0).count() as f64;
+    (m.sparse_base_s, m.sparse_entry_s) = match pipe.compressor().aggregation() {
+        Aggregation::Gather => sparse_seconds(&out, chunk_elems),
+        _ => (f64::INFINITY, f64::INFINITY),
+    };
     Ok(m)
 }
 
@@ -443,6 +528,7 @@ impl Exchanger {
             })?;
             Ok(Pipeline::new(c, m))
         };
+        let chunk_elems = (comm.config().chunk_bytes / 4).max(1);
         let mut figures: Vec<f32> = Vec::new();
         for (i, routes) in &plans {
             if world > 1 && routes.len() > 1 {
@@ -452,7 +538,7 @@ impl Exchanger {
                     s.bucket.id,
                     &s.shapes,
                     &s.bucket.segments,
-                    world,
+                    (world, chunk_elems),
                     self.seed,
                 )?;
                 figures.extend(m.to_f32s());
@@ -526,6 +612,8 @@ mod tests {
             chunks_s: 2e-3,
             chunks_payload: payload,
             nonzeros: 4e6,
+            sparse_base_s: 1e-3,
+            sparse_entry_s: 1e-8,
         }
     }
 
@@ -584,6 +672,40 @@ mod tests {
         assert_eq!(dense(None), link.predict_all_reduce(bytes, 8));
         assert_eq!(dense(Some(2)), link.predict_all_reduce(bytes, 2));
         assert!(dense(Some(2)) < dense(None));
+    }
+
+    #[test]
+    fn the_sparse_all_reduce_pays_for_its_entries() {
+        // 1 % of 1 M elements on two ranks: the base cost and the per-entry cost are both
+        // there, and more entries cost more.
+        let sparse: Vec<f32> = (0..1 << 20)
+            .map(|i| if i % 100 == 0 { 1.0 } else { 0.0 })
+            .collect();
+        let (base, per_entry) = sparse_seconds(&sparse, 1 << 18);
+        assert!(
+            base.is_finite() && base >= 0.0 && per_entry.is_finite(),
+            "{base} {per_entry}"
+        );
+        let m = |sparse_entry_s| Measured {
+            sparse_entry_s,
+            ..measured(2e6)
+        };
+        let link = LinkSpec::parse(Some("10Gbit"), Some("10us")).unwrap();
+        let layout = Layout {
+            world: 8,
+            hosts: None,
+        };
+        let cheap = predict(Collective::SparseAllReduce, &m(0.0), 1 << 22, &link, layout);
+        let dear = predict(
+            Collective::SparseAllReduce,
+            &m(1e-7),
+            1 << 22,
+            &link,
+            layout,
+        );
+        // 4·10⁶ entries per rank, a sum as dense as the bucket: 2(k + n)(P − 1)/P entries.
+        let work = 2.0 * (4e6 + (1u64 << 22) as f64) * 7.0 / 8.0;
+        assert!((dear - cheap - 1e-7 * work).abs() < 1e-9, "{cheap} {dear}");
     }
 
     #[test]
