@@ -85,8 +85,10 @@ pub struct ExchangerState {
 }
 
 impl ExchangerState {
-    /// The format version this build writes and reads.
-    pub const VERSION: u32 = 1;
+    /// The format version this build writes. It reads this one and version 1, written
+    /// before `compress.collective = "auto"` existed (and became the default): a run
+    /// resumed from such a state keeps the all-gather it was started with.
+    pub const VERSION: u32 = 2;
 }
 
 /// Exact serde for floats: IEEE bit patterns.
@@ -246,9 +248,9 @@ impl Exchanger {
     /// changing nothing, a state of another version, method, memory kind or bucket plan, or
     /// one whose buffers do not fit the buckets.
     pub fn import_state(&mut self, state: ExchangerState) -> Result<(), String> {
-        if state.version != ExchangerState::VERSION {
+        if !(1..=ExchangerState::VERSION).contains(&state.version) {
             return Err(format!(
-                "exchanger state version {} is not supported (this build reads {})",
+                "exchanger state version {} is not supported (this build reads 1 to {})",
                 state.version,
                 ExchangerState::VERSION
             ));
@@ -288,7 +290,20 @@ impl Exchanger {
                  the same model and bucket policy"
             ));
         }
-        let routes = self.restored_routes(&state.routes)?;
+        let routes = if state.version == 1 && self.gather == GatherCollective::Auto {
+            // Written when the all-gather was the default: the run keeps it.
+            Some(
+                self.slots
+                    .iter()
+                    .map(|s| match s.pipe {
+                        Some(_) => Route::Compressed(GatherCollective::AllGather),
+                        None => Route::Dense,
+                    })
+                    .collect(),
+            )
+        } else {
+            self.restored_routes(&state.routes)?
+        };
         let words = self.memory.words_per_element();
         let len_of = |id: u64| -> Option<usize> {
             self.slots

@@ -277,3 +277,37 @@ fn auto_costs_the_dense_route_among_the_leaders() {
     let (routes, _) = choose(&s, 4);
     assert!(routes.iter().any(|r| matches!(r, Route::Compressed(_))));
 }
+
+/// A state written before `auto` existed (version 1) resumes on the all-gather, the default
+/// it was taken under, however fast the link.
+#[test]
+fn a_state_from_before_auto_keeps_the_all_gather() {
+    let setup = auto("qsgd:levels=7", fast());
+    let n = setup.n();
+    let states = on_ranks(2, |rank, comm| {
+        let mut ex = Setup::new(parse_method("qsgd:levels=7").unwrap()).exchanger();
+        ex.exchange(comm, &mut grad(rank, n, 0), 0).unwrap();
+        let mut st = ex.export_state();
+        assert!(st.routes.is_empty());
+        st.version = 1;
+        st
+    });
+    let routes = on_ranks(2, |rank, comm| {
+        let mut ex = setup.exchanger();
+        ex.import_state(states[rank].clone()).unwrap();
+        ex.exchange(comm, &mut grad(rank, n, 1), 1).unwrap();
+        (ex.routes(), ex.auto_report().is_none())
+    });
+    for (r, unchosen) in routes {
+        assert!(unchosen);
+        // The four compressed buckets stay on the all-gather (the fast link would send
+        // them dense), the uncompressed one dense.
+        let gathered = Route::Compressed(GatherCollective::AllGather);
+        assert_eq!(r.iter().filter(|x| **x == gathered).count(), 4, "{r:?}");
+        assert_eq!(r.iter().filter(|x| **x == Route::Dense).count(), 1, "{r:?}");
+    }
+    let mut future = states[0].clone();
+    future.version = ExchangerState::VERSION + 1;
+    let e = setup.exchanger().import_state(future).unwrap_err();
+    assert!(e.contains("not supported"), "{e}");
+}
