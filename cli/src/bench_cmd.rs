@@ -92,8 +92,9 @@ pub(crate) struct CollectiveArgs {
     /// Speed-ups are against `none` at the same size.
     #[arg(long)]
     compress: Vec<String>,
-    /// How the --compress methods' payloads travel: allgather (the default),
-    /// sparse-allreduce or compressed-allreduce (each row prints the collective it took).
+    /// How the --compress methods' payloads travel: auto (the default: the trainer's choice
+    /// per layer, by the α–β model on this link), or forced: allgather, sparse-allreduce or
+    /// compressed-allreduce (each row prints the collective it took).
     #[arg(long)]
     collective: Option<dtrain_framework::exchange::GatherCollective>,
 }

@@ -141,7 +141,7 @@ struct SimulateArgs {
     #[arg(long)]
     baseline: Option<String>,
     /// Override every run's collective: allreduce, lanes, allgather, broadcast-allreduce,
-    /// sparse-allreduce, compressed-allreduce, ps or ps:SERVERS.
+    /// sparse-allreduce, compressed-allreduce, hierarchical:PER_HOST, ps or ps:SERVERS.
     #[arg(long)]
     collective: Option<String>,
     /// Also write simulate.md and the speed-up plot here.

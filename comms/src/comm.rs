@@ -36,6 +36,7 @@ use crate::algo::allgather::AllGather;
 use crate::algo::barrier::Barrier;
 use crate::algo::broadcast::Broadcast;
 use crate::algo::compressed_allreduce::{CompressedAllReduce, Limits, SegmentReduce};
+use crate::algo::hierarchical::Hierarchical;
 use crate::algo::recursive_doubling::RecursiveDoubling;
 use crate::algo::ring::Ring;
 use crate::algo::sparse_allreduce::SparseAllReduce;
@@ -43,6 +44,7 @@ use crate::algo::{AlgoError, Machine, ReduceOp};
 use crate::dlcp::packet::check_tensors;
 use crate::dlcp::{DlcpAllReduce, DlcpConfig, DlcpReport, DlcpTensor};
 use crate::sparse::{SparseSlice, SparseVec};
+use crate::topology::Topology;
 use crate::transport::{ByteCount, Transport, TransportError};
 use crate::wire::{AbortInfo, AbortReason, Algo, Kind, Message};
 
@@ -270,6 +272,54 @@ impl<T: Transport> Communicator<T> {
                 self.drive(&mut m)
             }
         }
+    }
+
+    /// Sums `data` element-wise over all ranks, in place, hierarchically over `topology`
+    /// (see [`crate::algo::hierarchical`]): each host's ranks reduce to its leader (its
+    /// lowest rank), the leaders all-reduce across hosts — by the ring, or by recursive
+    /// doubling for the sizes [`Communicator::all_reduce_sum`] sends that way — and each
+    /// leader broadcasts the result on its host. Only the leaders' messages cross between
+    /// hosts, exactly those of a flat all-reduce among them. Every rank gets bit-identical
+    /// results in the documented order; with one rank per host they are the flat
+    /// all-reduce's. All ranks must pass the same length and topology, or every rank fails
+    /// naming a peer.
+    ///
+    /// ```
+    /// use dtrain_comms::topology::Topology;
+    /// use dtrain_comms::{channel_mesh, CommConfig, Communicator};
+    /// let hosts = Topology::from_nodes(4, 2).unwrap(); // ranks {0, 1} and {2, 3}
+    /// let handles: Vec<_> = channel_mesh(4)
+    ///     .into_iter()
+    ///     .map(|t| {
+    ///         let hosts = hosts.clone();
+    ///         std::thread::spawn(move || {
+    ///             let mut c = Communicator::new(t, CommConfig::default());
+    ///             let mut v = vec![c.rank() as f32 + 1.0; 4];
+    ///             c.hierarchical_all_reduce_sum(&mut v, &hosts).unwrap();
+    ///             v
+    ///         })
+    ///     })
+    ///     .collect();
+    /// for h in handles {
+    ///     assert_eq!(h.join().unwrap(), vec![10.0; 4]);
+    /// }
+    /// ```
+    pub fn hierarchical_all_reduce_sum(
+        &mut self,
+        data: &mut [f32],
+        topology: &Topology,
+    ) -> Result<(), CommError> {
+        if topology.world() != self.world_size() {
+            return Err(CommError::InvalidArgument(format!(
+                "a topology of {} ranks for a world of {}",
+                topology.world(),
+                self.world_size()
+            )));
+        }
+        let small = self.all_reduce_algo(data.len()) == Algo::RecursiveDoubling;
+        let chunk = self.chunk_elems();
+        let mut m = Hierarchical::new(self.rank(), topology, self.seq, data, chunk, small);
+        self.drive(&mut m)
     }
 
     /// Reduce-scatter (sum): on return `data[range]` holds the sum over all ranks of that

@@ -45,7 +45,14 @@
 //!   (all-reduce, reduce-scatter), [`algo::recursive_doubling`] (small all-reduce),
 //!   [`algo::allgather`] (all-gatherv), [`algo::broadcast`], [`algo::barrier`],
 //!   [`algo::sparse_allreduce`] (sum of sparse vectors: owners reduce their segment, then
-//!   send it to everyone; each chunk as (index, value) pairs or dense, whichever is smaller).
+//!   send it to everyone; each chunk as (index, value) pairs or dense, whichever is smaller),
+//!   [`algo::compressed_allreduce`] (owners decode, sum and re-encode through the driver's
+//!   codec), [`algo::hierarchical`] (reduce on each host, all-reduce among one leader per
+//!   host, broadcast on each host).
+//! * [`topology`]: which ranks share a host ([`topology::Topology`]), from the launcher's
+//!   nodes or from host names exchanged at start-up.
+//! * [`cost`]: the α–β cost of each collective per bucket, shared by `dtrain simulate` and
+//!   the trainer's automatic choice of collective.
 //! * [`sparse`]: [`sparse::SparseSlice`] / [`sparse::SparseVec`] (sorted unique `u32`
 //!   indices with `f32` values) and the sparse chunk encoding on the wire.
 //! * [`wire`]: the message header every machine speaks (sequence number, kind, sizes), so
@@ -77,6 +84,7 @@
 
 pub mod algo;
 pub mod comm;
+pub mod cost;
 pub mod dlcp;
 pub mod frame;
 pub(crate) mod pool;
@@ -85,6 +93,7 @@ pub mod ps;
 pub mod rendezvous;
 pub mod shaping;
 pub mod sparse;
+pub mod topology;
 pub mod transport;
 pub mod wire;
 

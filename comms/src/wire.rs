@@ -113,6 +113,10 @@ pub enum Algo {
     /// Direct exchange with every peer (sparse all-reduce: each rank sends every owner its
     /// share of the owner's segment, and each owner sends its reduced segment to everyone).
     Direct = 5,
+    /// The host-local stages of the hierarchical all-reduce (the reduce towards each host's
+    /// leader and the broadcast from it, see [`crate::algo::hierarchical`]); its leaders'
+    /// stage speaks [`Algo::Ring`] or [`Algo::RecursiveDoubling`].
+    Hierarchical = 6,
 }
 
 impl Algo {
@@ -124,6 +128,7 @@ impl Algo {
             3 => Algo::Chain,
             4 => Algo::Dissemination,
             5 => Algo::Direct,
+            6 => Algo::Hierarchical,
             other => return Err(WireError::Algo(other)),
         })
     }

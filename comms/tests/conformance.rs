@@ -151,6 +151,20 @@ macro_rules! collectives {
                 check_compressed_dead_peer(&$mesh, w);
             }
         }
+
+        #[test]
+        fn hierarchical_all_reduce_matches_reference_bit_for_bit() {
+            for &w in $w.sparse {
+                check_hierarchical_all_reduce(&$mesh, w);
+            }
+        }
+
+        #[test]
+        fn hierarchical_all_reduce_dead_peer_is_named_by_every_survivor() {
+            for &w in $w.faults {
+                check_hierarchical_dead_peer(&$mesh, w);
+            }
+        }
     };
 }
 

@@ -8,10 +8,12 @@ use dtrain_comms::algo::allgather::AllGather;
 use dtrain_comms::algo::barrier::Barrier;
 use dtrain_comms::algo::broadcast::Broadcast;
 use dtrain_comms::algo::compressed_allreduce::{CompressedAllReduce, Limits};
+use dtrain_comms::algo::hierarchical::Hierarchical;
 use dtrain_comms::algo::recursive_doubling::RecursiveDoubling;
 use dtrain_comms::algo::ring::Ring;
 use dtrain_comms::algo::sparse_allreduce::SparseAllReduce;
 use dtrain_comms::algo::{AlgoError, Machine};
+use dtrain_comms::topology::Topology;
 use dtrain_comms::wire::{Algo, Header, Kind, Message};
 use dtrain_comms::SparseSlice;
 use dtrain_comms::{segment_range, ReduceOp};
@@ -160,7 +162,7 @@ proptest! {
 
     #[test]
     fn hostile_messages_are_errors_not_panics(
-        kind in 1u8..=8, algo in 0u8..=5, phase in 0u8..4, step in 0u32..10, count in 0u64..400,
+        kind in 1u8..=10, algo in 0u8..=6, phase in 0u8..4, step in 0u32..10, count in 0u64..400,
         offset in prop_oneof![0u64..400, any::<u64>()], root in 0u32..10,
         payload in proptest::collection::vec(any::<u8>(), 0..64), from in 0usize..4,
     ) {
@@ -184,7 +186,13 @@ proptest! {
         let input = SparseSlice::new(count as usize, &[], &[]).unwrap();
         let _ = SparseAllReduce::new(1, 4, 0, input, 7).handle(from, msg.clone());
         let input = SparseSlice::new(100, &[2, 30, 99], &[1.0, 2.0, 3.0]).unwrap();
-        let _ = SparseAllReduce::new(1, 4, 0, input, 7).handle(from, msg);
+        let _ = SparseAllReduce::new(1, 4, 0, input, 7).handle(from, msg.clone());
+        // Hosts {0, 1} and {2, 3}: a leader (ranks 0 and 2) and a last member (rank 1), with
+        // the leaders' ring and their recursive doubling.
+        let pairs = Topology::from_nodes(4, 2).unwrap();
+        for (rank, small) in [(0, false), (1, false), (2, true)] {
+            let _ = Hierarchical::new(rank, &pairs, 0, &mut buf, 7, small).handle(from, msg.clone());
+        }
     }
 
     /// Sparse shares and reduced chunks with valid headers and arbitrary payloads: errors
@@ -538,4 +546,167 @@ fn compressed_all_reduce_refusals_name_the_peer() {
         }
     )
     .is_err());
+}
+
+/// Hierarchical all-reduces of `inputs` over `topology` on a simulated network; returns the
+/// ranks' buffers and the bytes sent per link (index `from · P + to`).
+fn hierarchical(
+    inputs: &[Vec<f32>],
+    topology: &Topology,
+    chunk: usize,
+    small: bool,
+    seed: u64,
+    reorder: bool,
+) -> (Vec<Vec<f32>>, Vec<u64>) {
+    let mut bufs = inputs.to_vec();
+    let mut ms: Vec<Hierarchical> = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(r, b)| Hierarchical::new(r, topology, 0, b, chunk, small))
+        .collect();
+    let mut dyns: Vec<&mut dyn Machine> = ms.iter_mut().map(|m| m as &mut dyn Machine).collect();
+    let sent = simulate_counted(&mut dyns, &mut Rng(seed), reorder).unwrap();
+    drop(ms);
+    (bufs, sent)
+}
+
+/// A random grouping of `p` ranks into at most `hosts` hosts.
+fn random_topology(p: usize, hosts: usize, seed: u64) -> Topology {
+    let mut g = Rng(seed);
+    let keys: Vec<String> = (0..p).map(|_| g.below(hosts).to_string()).collect();
+    Topology::from_keys(&keys)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn hierarchical_all_reduce_is_exact_and_bit_identical(
+        p in 1usize..=9,
+        hosts in 1usize..=4,
+        n in prop_oneof![0usize..8, 0usize..300],
+        chunk in 1usize..40,
+        small: bool,
+        seed: u64,
+        reorder: bool,
+    ) {
+        let topo = random_topology(p, hosts, seed);
+        let inputs: Vec<Vec<f32>> = (0..p).map(|r| Rng(seed ^ ((r as u64 + 7) * 0x9e37)).f32s(n)).collect();
+        let want = hierarchical_reference(&inputs, &topo, small);
+        let (got, _) = hierarchical(&inputs, &topo, chunk, small, seed, reorder);
+        for (r, g) in got.iter().enumerate() {
+            prop_assert_eq!(bits(g), bits(&want), "rank {} of {}", r, topo.describe());
+        }
+    }
+
+    /// Only the leaders' messages cross between hosts, and they are exactly those of a
+    /// flat all-reduce among the leaders: per pair of leaders the same bytes as the flat
+    /// machine sends between their positions.
+    #[test]
+    fn bytes_between_hosts_are_one_leaders_all_reduce(
+        p in 2usize..=9,
+        hosts in 2usize..=4,
+        n in 0usize..500,
+        chunk in 1usize..64,
+        small: bool,
+        seed: u64,
+    ) {
+        let topo = random_topology(p, hosts, seed);
+        let inputs: Vec<Vec<f32>> = (0..p).map(|r| Rng(seed.wrapping_add(r as u64)).f32s(n)).collect();
+        let (_, sent) = hierarchical(&inputs, &topo, chunk, small, seed, true);
+        let leaders = topo.leaders();
+        let m = leaders.len();
+        let mut sums = vec![vec![0.0f32; n]; m];
+        let mut flat: Vec<Box<dyn Machine + '_>> = sums
+            .iter_mut()
+            .enumerate()
+            .map(|(l, b)| -> Box<dyn Machine + '_> {
+                if small {
+                    Box::new(RecursiveDoubling::new(l, m, 0, ReduceOp::Sum, b))
+                } else {
+                    Box::new(Ring::all_reduce(l, m, 0, ReduceOp::Sum, b, chunk))
+                }
+            })
+            .collect();
+        let mut dyns: Vec<&mut dyn Machine> = flat.iter_mut().map(|b| b.as_mut() as &mut dyn Machine).collect();
+        let flat_sent = simulate_counted(&mut dyns, &mut Rng(seed), true).unwrap();
+        for a in 0..p {
+            for b in 0..p {
+                if topo.host_of(a) == topo.host_of(b) {
+                    continue;
+                }
+                let want = match (leaders.iter().position(|&l| l == a), leaders.iter().position(|&l| l == b)) {
+                    (Some(la), Some(lb)) => flat_sent[la * m + lb],
+                    _ => 0,
+                };
+                prop_assert_eq!(sent[a * p + b], want, "{} -> {} of {}", a, b, topo.describe());
+            }
+        }
+    }
+}
+
+/// With one rank per host the hierarchy is the flat all-reduce, bit for bit; with hosts of
+/// several ranks its order differs from the flat ring's (so the bit-for-bit checks above
+/// can fail), and on exact sums the two agree.
+#[test]
+fn hierarchical_order_is_the_flat_one_exactly_where_it_must_be() {
+    let inputs: Vec<Vec<f32>> = (0..6).map(|r| Rng(70 + r).f32s(64)).collect();
+    let ring = ring_reference(&inputs, ReduceOp::Sum);
+    let (alone, _) = hierarchical(&inputs, &Topology::one_per_host(6), 5, false, 3, true);
+    assert_eq!(bits(&alone[0]), bits(&ring));
+    let pairs = Topology::from_nodes(6, 3).unwrap();
+    let (got, _) = hierarchical(&inputs, &pairs, 5, false, 3, true);
+    assert_ne!(bits(&got[0]), bits(&ring));
+    let ints: Vec<Vec<f32>> = (0..6)
+        .map(|r| {
+            (0..64)
+                .map(|i| ((i * 7 + r * 13) % 41) as f32 - 20.0)
+                .collect()
+        })
+        .collect();
+    let (got, _) = hierarchical(&ints, &pairs, 5, false, 3, true);
+    assert_eq!(bits(&got[5]), bits(&ring_reference(&ints, ReduceOp::Sum)));
+}
+
+/// A peer that groups the ranks differently, runs the flat all-reduce, sends a chunk out of
+/// its place or twice: the machine names it, never panics.
+#[test]
+fn hierarchical_refusals_name_the_peer() {
+    let pairs = Topology::from_nodes(4, 2).unwrap();
+    let singles = Topology::one_per_host(4);
+    let (mut a, mut b) = (vec![0f32; 10], vec![0f32; 10]);
+    // Rank 1 (host 0's last member) sends its first reduce chunk to its leader, rank 0.
+    let mut m1 = Hierarchical::new(1, &pairs, 0, &mut a, 4, false);
+    let (to, chunk) = m1.poll_transmit().unwrap();
+    assert_eq!(to, 0);
+    let mut m0 = Hierarchical::new(0, &pairs, 0, &mut b, 4, false);
+    m0.handle(1, chunk.clone()).unwrap();
+    assert!(matches!(
+        m0.handle(1, chunk.clone()),
+        Err(AlgoError::Protocol { peer: 1, .. })
+    ));
+    // Rank 3 may not send host 0's leader a host-local chunk.
+    let mut c = vec![0f32; 10];
+    let mut m0 = Hierarchical::new(0, &pairs, 0, &mut c, 4, false);
+    assert!(matches!(
+        m0.handle(3, chunk.clone()),
+        Err(AlgoError::Protocol { peer: 3, .. })
+    ));
+    // A rank grouping the ranks one per host.
+    let mut d = vec![0f32; 10];
+    let mut lone = Hierarchical::new(0, &singles, 0, &mut d, 4, false);
+    assert!(matches!(
+        lone.handle(1, chunk),
+        Err(AlgoError::Mismatch { peer: 1, .. })
+    ));
+    // A flat ring's message reaching a host's non-leader.
+    let mut e = vec![0f32; 10];
+    let mut flat = Ring::all_reduce(0, 4, 0, ReduceOp::Sum, &mut e, 4);
+    let (_, ring_msg) = flat.poll_transmit().unwrap();
+    let mut f = vec![0f32; 10];
+    let mut m1 = Hierarchical::new(1, &pairs, 0, &mut f, 4, false);
+    assert!(matches!(
+        m1.handle(0, ring_msg),
+        Err(AlgoError::Mismatch { peer: 0, .. })
+    ));
 }

@@ -36,15 +36,7 @@ fn comm(sub: &SimpleCommunicator, cfg: CommConfig) -> Comm {
 fn all_reduce(sub: &SimpleCommunicator, world: usize) {
     let cfg = test_config();
     let me = sub.rank() as usize;
-    let elems_small = cfg.small_all_reduce_bytes / 4;
-    let lens = [
-        0,
-        1,
-        world.saturating_sub(1),
-        elems_small,
-        elems_small + 1,
-        1000,
-    ];
+    let lens = all_reduce_lens(world, &cfg);
     let mut c = comm(sub, cfg.clone());
     for (li, &n) in lens.iter().enumerate() {
         for op in [ReduceOp::Sum, ReduceOp::Max] {
@@ -57,10 +49,7 @@ fn all_reduce(sub: &SimpleCommunicator, world: usize) {
                 ReduceOp::Sum => c.all_reduce_sum(&mut v).unwrap(),
                 ReduceOp::Max => c.all_reduce_max(&mut v).unwrap(),
             }
-            let want = match c.all_reduce_algo(n) {
-                Algo::RecursiveDoubling => tree_reference(&inputs, op),
-                _ => ring_reference(&inputs, op),
-            };
+            let want = flat_reference(&inputs, op, c.all_reduce_algo(n) == Algo::RecursiveDoubling);
             assert_eq!(
                 bits(&v),
                 bits(&want),
@@ -147,6 +136,30 @@ fn compressed_all_reduce(sub: &SimpleCommunicator, world: usize) {
     }
 }
 
+/// The hierarchical all-reduce on every grouping of the other transports' suites: the
+/// reference's bits on every rank.
+fn hierarchical_all_reduce(sub: &SimpleCommunicator, world: usize) {
+    let me = sub.rank() as usize;
+    let cfg = test_config();
+    let mut c = comm(sub, cfg.clone());
+    for topo in topologies(world) {
+        for n in all_reduce_lens(world, &cfg) {
+            let inputs: Vec<Vec<f32>> = (0..world)
+                .map(|r| Rng(n as u64 * 37 + r as u64).f32s(n))
+                .collect();
+            let small = c.all_reduce_algo(n) == Algo::RecursiveDoubling;
+            let mut v = inputs[me].clone();
+            c.hierarchical_all_reduce_sum(&mut v, &topo).unwrap();
+            assert_eq!(
+                bits(&v),
+                bits(&hierarchical_reference(&inputs, &topo, small)),
+                "world {world} {} n {n} rank {me}",
+                topo.describe()
+            );
+        }
+    }
+}
+
 fn unix_nanos() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -205,6 +218,25 @@ fn sequence_and_bytes(sub: &SimpleCommunicator, world: usize) {
 }
 
 fn dead_peer(sub: &SimpleCommunicator, world: usize) {
+    dead_peer_during(sub, world, |c| {
+        let mut v = vec![1.0f32; 1000];
+        c.all_reduce_sum(&mut v).unwrap_err()
+    });
+}
+
+/// The hierarchical all-reduce over hosts of two ranks with rank `world / 2` gone.
+fn hierarchical_dead_peer(sub: &SimpleCommunicator, world: usize) {
+    let keys: Vec<String> = (0..world).map(|r| (r / 2).to_string()).collect();
+    let topo = dtrain_comms::topology::Topology::from_keys(&keys);
+    dead_peer_during(sub, world, |c| {
+        let mut v = vec![1.0f32; 1000];
+        c.hierarchical_all_reduce_sum(&mut v, &topo).unwrap_err()
+    });
+}
+
+/// Rank `world / 2` drops its transport before `op`: every survivor's `op` fails within
+/// 4 s naming it, and the communicator stays failed.
+fn dead_peer_during(sub: &SimpleCommunicator, world: usize, op: impl Fn(&mut Comm) -> CommError) {
     let me = sub.rank() as usize;
     let victim = world / 2;
     let cfg = CommConfig {
@@ -216,8 +248,7 @@ fn dead_peer(sub: &SimpleCommunicator, world: usize) {
         return; // drops its transport: peers are told it closed
     }
     let start = Instant::now();
-    let mut v = vec![1.0f32; 1000];
-    let e = c.all_reduce_sum(&mut v).unwrap_err();
+    let e = op(&mut c);
     assert!(
         start.elapsed() < Duration::from_secs(4),
         "{:?}",
@@ -400,9 +431,11 @@ fn main() {
         ("broadcast", broadcast, 1),
         ("reduce_scatter", reduce_scatter, 1),
         ("compressed_all_reduce", compressed_all_reduce, 1),
+        ("hierarchical_all_reduce", hierarchical_all_reduce, 1),
         ("barrier", barrier, 1),
         ("sequence_and_bytes", sequence_and_bytes, 1),
         ("dead_peer", dead_peer, 2),
+        ("hierarchical_dead_peer", hierarchical_dead_peer, 2),
         ("stalled_peer", stalled_peer, 2),
         ("mismatch", mismatch, 2),
         ("parameter_server", parameter_server, 1),

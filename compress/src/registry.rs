@@ -84,6 +84,12 @@ pub enum Collective {
     /// Push to parameter servers and pull the aggregate (`[cluster] mode = "ps"`).
     #[serde(rename = "ps")]
     ParameterServer,
+    /// The hierarchical all-reduce of dense f32 values: each host's ranks reduce to its
+    /// leader, the leaders all-reduce across hosts, each leader broadcasts on its host. What
+    /// the dense all-reduce becomes when the ranks are on several hosts, some with several
+    /// ranks (dtrain-comms' `algo::hierarchical`).
+    #[serde(rename = "hierarchical-allreduce")]
+    HierarchicalAllReduce,
 }
 
 impl Collective {
@@ -125,6 +131,15 @@ impl Collective {
             && compressor.summed_agreement(&ctx).is_none()
     }
 
+    /// Whether this collective moves the bucket as dense f32 values (no compression on the
+    /// wire): the all-reduce, its hierarchical form, and DLCP.
+    pub fn is_dense(self) -> bool {
+        matches!(
+            self,
+            Collective::AllReduce | Collective::HierarchicalAllReduce | Collective::Dlcp
+        )
+    }
+
     /// The name written to `summary.json` (the serde name).
     pub fn name(self) -> &'static str {
         match self {
@@ -136,6 +151,7 @@ impl Collective {
             Collective::Dlcp => "dlcp",
             Collective::CompressedAllReduce => "compressed-allreduce",
             Collective::ParameterServer => "ps",
+            Collective::HierarchicalAllReduce => "hierarchical-allreduce",
         }
     }
 }

@@ -23,6 +23,7 @@
 //! second signal kills them; the launcher exits with 128 + signal ([`LaunchError`]).
 //! Workers die with their launcher ([`crate::signals`]).
 
+pub mod hosts;
 mod node;
 mod supervise;
 
@@ -731,6 +732,7 @@ pub fn launch(
             .rendezvous
             .unwrap_or_else(|| "127.0.0.1:0".parse().expect("addr")),
         hosts: node_rank == 0,
+        node: (nnodes > 1).then_some(node_rank),
     };
     let restarts = node.run(log)?;
     let summary = if ranks.contains(&0) {

@@ -22,7 +22,9 @@ fn config(sets: &[String]) -> RunConfig {
         "compress={ kind = \"topk\", ratio = 0.1 }".to_string(),
     ];
     all.extend_from_slice(sets);
-    RunConfig::parse(common::BASE, "base.toml", &all).unwrap()
+    let mut cfg = RunConfig::parse(common::BASE, "base.toml", &all).unwrap();
+    common::pin_collective(&mut cfg);
+    cfg
 }
 
 /// What one rank ended with.

@@ -805,3 +805,51 @@ fn mipd_over_the_parameter_server_keeps_replicas_identical_and_trains() {
         );
     }
 }
+
+/// Issue #22: `compress.collective = "auto"` chooses every bucket's collective at start-up,
+/// alike on every rank (`common::run_all` checks the replicas), records it in
+/// `summary.json` and keeps it in checkpoints: resumed where auto would choose otherwise (a
+/// link on which compressing never pays, instead of one on which it always does), the run
+/// goes on with the checkpoint's choice and ends bit for bit where the straight run ends.
+#[test]
+fn auto_choice_is_recorded_and_a_resume_keeps_it() {
+    let method = "compress={ kind = \"qsgd\", levels = 7, collective = \"auto\" }";
+    let slow = [
+        method,
+        "network.bandwidth=\"1Mbit\"",
+        "network.latency=\"100us\"",
+    ];
+    let fast = [
+        method,
+        "network.bandwidth=\"4000Gbit\"",
+        "network.latency=\"1ns\"",
+    ];
+    let with = |sets: &[&'static str], steps: &'static str| {
+        let mut v = sets.to_vec();
+        v.push(steps);
+        v
+    };
+    let full = common::run(3, &with(&slow, "train.max_steps=12"), None, false);
+    let compressed = full.summary.collective.clone().unwrap();
+    assert_ne!(compressed, "allreduce", "the slow link compresses");
+    let dense = common::run(3, &with(&fast, "train.max_steps=2"), None, false);
+    assert_eq!(dense.summary.collective.as_deref(), Some("allreduce"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let a = common::run(
+        3,
+        &with(&slow, "train.max_steps=6"),
+        Some(dir.path()),
+        false,
+    );
+    assert_eq!(a.summary.steps, Some(6));
+    let b = common::run(
+        3,
+        &with(&fast, "train.max_steps=12"),
+        Some(dir.path()),
+        true,
+    );
+    assert_eq!(b.summary.resumed_from, Some(6));
+    assert_eq!(b.summary.collective.as_deref(), Some(compressed.as_str()));
+    common::same(&b.params, &full.params, "auto: parameters after resume");
+}

@@ -276,6 +276,11 @@ pub struct Summary {
     /// compressed run's small dense buckets go through the dense all-reduce).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bucket_collectives: Option<Vec<String>>,
+    /// The number of hosts the ranks were on, when the dense buckets went through the
+    /// hierarchical all-reduce (`collective` or `bucket_collectives` name
+    /// `hierarchical-allreduce`): what `dtrain simulate` needs to model it. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<usize>,
     /// The `[sync]` kind when it is not `every-step` (`local-sgd`, `post-local-sgd`,
     /// `diloco`); absent for every-step runs and runs written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -341,6 +341,7 @@ pub(crate) fn derive_collective(
     let method = with(&own)?;
     let requested = match compress.get("collective").and_then(|v| v.as_str()) {
         Some("sparse-allreduce") => Collective::SparseAllReduce,
+        Some("compressed-allreduce") => Collective::CompressedAllReduce,
         Some("dlcp") => Collective::Dlcp,
         _ => Collective::AllGather,
     };

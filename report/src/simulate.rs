@@ -16,9 +16,10 @@
 //! * `s(P) = P / P₀` for all-gather methods (every rank decodes and adds P payloads),
 //!   `1` otherwise. The whole measured decompress time is scaled, including its constant
 //!   part (averaging, scatter), which slightly overestimates it.
-//! * `comm(P)` is the α–β time of the method's collective, from
-//!   [`dtrain_comms::shaping::LinkSpec`]'s `predict_*` functions (the formulas live there,
-//!   once, and are what the link emulation is checked against). The step's gradient is
+//! * `comm(P)` is the α–β time of the method's collective, from [`dtrain_comms::cost`]
+//!   (the formulas live there, once: the trainer's automatic choice of collective uses
+//!   them too, and the ring's and all-gather's are what the link emulation is checked
+//!   against). The step's gradient is
 //!   exchanged in `B` buckets (`B = ⌈4·params / bucket bytes⌉`, bucket size
 //!   `[compress] bucket_mb`, default 25 MiB), so the latency terms count `B` times while the
 //!   bandwidth terms see the total.
@@ -60,6 +61,12 @@
 //! sends every owner its payload of the owner's range and the owner sends its re-encoded sum
 //! to every rank, two rounds of direct messages: with `n` = payload (one encoded copy of the
 //! buffer), `comm(P) = 2·α·B + 2(P−1)/P · n/β`, and decoding stays one buffer's worth.
+//!
+//! A run whose dense buckets went through the hierarchical all-reduce
+//! ([`Collective::Hierarchical`]: ranks on several hosts, `summary.json`'s `hosts`) is
+//! modelled as the dense all-reduce among one leader per host, `⌈P / per_host⌉` of them,
+//! with the same workers per host at every P (the host-local stages are not charged:
+//! [`dtrain_comms::cost`]).
 //!
 //! All-reduces of at most 64 KiB per bucket use recursive doubling, as dtrain-comms does:
 //! `⌈log2 P⌉(+2 off powers of two) · (n/β + α)`. A parameter-server exchange (push + pull
@@ -104,6 +111,8 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use dtrain_comms::cost;
+pub use dtrain_comms::cost::entry_bytes;
 use dtrain_comms::shaping::LinkSpec;
 
 use crate::error::{ReportError, Result};
@@ -250,6 +259,13 @@ pub enum Collective {
     /// dtrain-comms' compressed all-reduce: payload ranges to their owners, re-encoded sums
     /// back (see the [module docs](self)).
     CompressedAllReduce,
+    /// dtrain-comms' hierarchical all-reduce of the dense gradient: reduced on each host,
+    /// all-reduced among one leader per host, broadcast on each host; P workers are on
+    /// `⌈P / per_host⌉` hosts.
+    Hierarchical {
+        /// Workers per host.
+        per_host: usize,
+    },
 }
 
 impl Collective {
@@ -265,14 +281,26 @@ impl Collective {
                 format!("sparse all-reduce (u = {})", md::sig(*new_fraction))
             }
             Collective::CompressedAllReduce => "compressed all-reduce".into(),
+            Collective::Hierarchical { per_host } => {
+                format!("hierarchical all-reduce ({per_host} per host)")
+            }
         }
     }
 
     /// Parses a collective override: `allreduce` (dense f32), `lanes` (summable lanes),
-    /// `allgather`, `broadcast-allreduce`, `sparse-allreduce`, `compressed-allreduce`, or
+    /// `allgather`, `broadcast-allreduce`, `sparse-allreduce`, `compressed-allreduce`,
+    /// `hierarchical:K` (the dense gradient, hierarchically, K workers per host), or
     /// `ps` / `ps:S` (a parameter server with `S` server links, default 1).
     pub fn parse(s: &str) -> Result<Collective> {
         let t = s.trim().to_ascii_lowercase();
+        if let Some(k) = t.strip_prefix("hierarchical:") {
+            return match k.parse::<usize>() {
+                Ok(per_host) if per_host >= 1 => Ok(Collective::Hierarchical { per_host }),
+                _ => Err(ReportError::Invalid(format!(
+                    "collective {s:?}: hierarchical:K needs K >= 1 workers per host"
+                ))),
+            };
+        }
         Ok(match t.as_str() {
             "allreduce" | "all-reduce" => Collective::DenseAllReduce,
             "lanes" => Collective::SummableAllReduce,
@@ -286,8 +314,8 @@ impl Collective {
                 _ => {
                     return Err(ReportError::Invalid(format!(
                         "collective {s:?}: expected allreduce, lanes, allgather, \
-                         broadcast-allreduce, sparse-allreduce, compressed-allreduce, ps or \
-                         ps:SERVERS"
+                         broadcast-allreduce, sparse-allreduce, compressed-allreduce, \
+                         hierarchical:PER_HOST, ps or ps:SERVERS"
                     )))
                 }
             },
@@ -313,6 +341,14 @@ pub fn collective_of(run: &Run) -> Collective {
         Some(Recorded::BroadcastAllReduce) => Collective::BroadcastAllReduce,
         Some(Recorded::SparseAllReduce) => Collective::SparseAllReduce { new_fraction: 1.0 },
         Some(Recorded::CompressedAllReduce) => Collective::CompressedAllReduce,
+        Some(Recorded::HierarchicalAllReduce) => Collective::Hierarchical {
+            per_host: run
+                .summary
+                .as_ref()
+                .and_then(|s| s.hosts)
+                .filter(|&h| h >= 1)
+                .map_or(1, |h| run.workers.div_ceil(h)),
+        },
         Some(Recorded::ParameterServer) => Collective::ParameterServer {
             servers: run.workers,
         },
@@ -320,8 +356,6 @@ pub fn collective_of(run: &Run) -> Collective {
     }
 }
 
-/// Per-bucket all-reduces at or below this size use recursive doubling in dtrain-comms.
-const SMALL_ALL_REDUCE: f64 = (64 << 10) as f64;
 /// The trainer's default bucket size.
 const DEFAULT_BUCKET: f64 = (25u64 << 20) as f64;
 
@@ -412,16 +446,6 @@ impl StepModel {
         self
     }
 
-    fn all_reduce(&self, link: &LinkSpec, bytes: f64, p: usize) -> f64 {
-        let b = self.buckets as f64;
-        let per = bytes / b;
-        b * if per <= SMALL_ALL_REDUCE {
-            link.predict_recursive_doubling(per, p)
-        } else {
-            link.predict_all_reduce(per, p)
-        }
-    }
-
     /// Seconds of communication per step on `link` with `p` workers: an exchange's
     /// seconds times the fraction of steps that exchange.
     pub fn comm_s(&self, link: &LinkSpec, p: usize) -> f64 {
@@ -431,40 +455,26 @@ impl StepModel {
         self.exchange_fraction * self.exchange_s(link, p)
     }
 
-    /// Seconds of one exchange on `link` with `p` workers.
+    /// Seconds of one exchange on `link` with `p` workers: `B` buckets of the step's bytes,
+    /// each costed by [`dtrain_comms::cost`].
     fn exchange_s(&self, link: &LinkSpec, p: usize) -> f64 {
         let b = self.buckets as f64;
-        match self.collective {
-            Collective::DenseAllReduce => self.all_reduce(link, self.dense_bytes, p),
-            Collective::SummableAllReduce => self.all_reduce(link, self.payload_bytes, p),
-            Collective::BroadcastAllReduce => {
-                let half = self.payload_bytes / 2.0;
-                b * link.predict_broadcast(half / b, p) + self.all_reduce(link, half, p)
-            }
-            Collective::AllGather => {
-                b * link.predict_all_gather(p as f64 * self.payload_bytes / b, p)
-            }
+        let (dense, payload) = (self.dense_bytes / b, self.payload_bytes / b);
+        b * match self.collective {
+            Collective::DenseAllReduce => cost::dense_all_reduce(link, dense, p),
+            Collective::SummableAllReduce => cost::dense_all_reduce(link, payload, p),
+            Collective::BroadcastAllReduce => cost::broadcast_all_reduce(link, payload, p),
+            Collective::AllGather => cost::all_gather(link, payload, p),
             Collective::ParameterServer { servers } => {
-                b * link.predict_parameter_server(self.payload_bytes / b, p, servers)
+                link.predict_parameter_server(payload, p, servers)
             }
+            // The gathered (u32, f32) pairs: payload / 8 entries.
             Collective::SparseAllReduce { new_fraction } => {
-                let pf = p as f64;
-                let k = self.payload_bytes / 8.0;
-                let n = self.dense_bytes / 4.0;
-                let sum = (k * (1.0 + new_fraction * (pf - 1.0))).min(n);
-                // Phase 1 brings the shares (k/P from each peer); phase 2 the reduced ranges,
-                // sparse or dense, whichever is smaller.
-                let share = k * entry_bytes(k / n.max(1.0));
-                let reduced = (sum * entry_bytes(sum / n.max(1.0))).min(n * 4.0);
-                let bytes = (pf - 1.0) / pf * (share + reduced);
-                let secs = link.bandwidth.map_or(0.0, |bw| bytes / bw);
-                2.0 * b * link.latency.as_secs_f64() + secs
+                cost::sparse_all_reduce(link, payload / 8.0, dense / 4.0, new_fraction, p)
             }
-            Collective::CompressedAllReduce => {
-                let pf = p as f64;
-                let bytes = 2.0 * (pf - 1.0) / pf * self.payload_bytes;
-                let secs = link.bandwidth.map_or(0.0, |bw| bytes / bw);
-                2.0 * b * link.latency.as_secs_f64() + secs
+            Collective::CompressedAllReduce => cost::compressed_all_reduce(link, payload, p),
+            Collective::Hierarchical { per_host } => {
+                cost::hierarchical_all_reduce(link, dense, p.div_ceil(per_host.max(1)))
             }
         }
     }
@@ -951,39 +961,9 @@ pub fn exchange_fraction(run: &Run) -> f64 {
     }
 }
 
-/// Expected wire bytes of one sparse all-reduce entry in a range of density `d` (entries per
-/// element): a 4-byte value and a LEB128 gap, whose length is 1 byte plus one for each of
-/// 2⁷, 2¹⁴, 2²¹, 2²⁸ the gap reaches, with gaps geometric (`P(gap ≥ g) = (1 − d)^g`); never
-/// more than the 8 bytes of a (u32, f32) pair, which the encoder falls back to.
-pub fn entry_bytes(d: f64) -> f64 {
-    let d = d.clamp(0.0, 1.0);
-    if d == 0.0 {
-        return 8.0;
-    }
-    let q = (1.0 - d).ln();
-    let gap: f64 = 1.0
-        + [7, 14, 21, 28]
-            .iter()
-            .map(|&e| (q * 2f64.powi(e)).exp())
-            .sum::<f64>();
-    (4.0 + gap).min(8.0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn entry_bytes_follow_the_gap_length() {
-        // 1 %: mean gap 100, a quarter of the gaps need a second byte.
-        let e = entry_bytes(0.01);
-        assert!((5.2..5.35).contains(&e), "{e}");
-        // Dense ranges: one-byte gaps.
-        assert!((entry_bytes(0.5) - 5.0).abs() < 1e-9);
-        // Very sparse: capped at a pair.
-        assert_eq!(entry_bytes(1e-12), 8.0);
-        assert_eq!(entry_bytes(0.0), 8.0);
-    }
 
     #[test]
     fn sparse_all_reduce_model_beats_all_gather_at_one_percent() {

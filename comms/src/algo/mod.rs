@@ -23,12 +23,14 @@
 //! | barrier | [`barrier::Barrier`] | ⌈log2 P⌉ |
 //! | sparse all-reduce | [`sparse_allreduce::SparseAllReduce`] | 2(P−1) per chunk column, direct |
 //! | compressed all-reduce | [`compressed_allreduce::CompressedAllReduce`] | 2(P−1) blocks, chunked, direct |
+//! | hierarchical all-reduce | [`hierarchical::Hierarchical`] | a host chain down (reduce) and up (broadcast); leaders: the ring's or recursive doubling's among M leaders |
 //! | DLCP bounded-loss all-reduce | [`crate::dlcp::DlcpAllReduce`] (the one with timers) | one per packet to each owner, + markers, NACKs, bitmaps, sums |
 
 pub mod allgather;
 pub mod barrier;
 pub mod broadcast;
 pub mod compressed_allreduce;
+pub mod hierarchical;
 pub mod recursive_doubling;
 pub mod ring;
 pub mod sparse_allreduce;
@@ -319,6 +321,23 @@ impl Block {
         self.complete = self.received == h.count;
         Ok(self.complete)
     }
+}
+
+/// Checks that a chunk of f32 values at element offset `off` carries `payload` bytes for
+/// the `elems` elements it should.
+pub(crate) fn check_chunk_len(
+    from: usize,
+    off: usize,
+    payload: usize,
+    elems: usize,
+) -> Result<(), AlgoError> {
+    if payload != elems * 4 {
+        return Err(AlgoError::protocol(
+            from,
+            format!("chunk at {off} has {payload} bytes, expected {}", elems * 4),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks the fields every rank must agree on.

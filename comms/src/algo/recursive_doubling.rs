@@ -90,6 +90,11 @@ impl<'a> RecursiveDoubling<'a> {
         m
     }
 
+    /// Gives the buffer back (see [`super::ring::Ring::into_buf`]).
+    pub fn into_buf(self) -> &'a mut [f32] {
+        self.buf
+    }
+
     fn header(&self, phase: u8, step: usize) -> Header {
         Header {
             phase,

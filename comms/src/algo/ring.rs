@@ -23,7 +23,9 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use super::{check_header, chunk_count, segment_range, AlgoError, Machine, ReduceOp};
+use super::{
+    check_chunk_len, check_header, chunk_count, segment_range, AlgoError, Machine, ReduceOp,
+};
 use crate::wire::{copy_f32_le, Algo, Header, Kind, Message};
 
 const RS: u8 = 0;
@@ -135,6 +137,12 @@ impl<'a> Ring<'a> {
         m
     }
 
+    /// Gives the buffer back (the hierarchical all-reduce lends its buffer to a ring among
+    /// the leaders and broadcasts the result afterwards).
+    pub fn into_buf(self) -> &'a mut [f32] {
+        self.buf
+    }
+
     /// The `j`-th chunk of this rank's own data sent at step 0 of the reduce-scatter.
     fn own_chunk(&self, j: usize) -> Message {
         let seg = self.seg(self.seg_at(RS, self.rank, 0));
@@ -223,16 +231,7 @@ impl Machine for Ring<'_> {
             }
         };
         let range = self.chunk_range(&seg, j);
-        if msg.payload().len() != range.len() * 4 {
-            return Err(AlgoError::protocol(
-                from,
-                format!(
-                    "chunk at {off} has {} bytes, expected {}",
-                    msg.payload().len(),
-                    range.len() * 4
-                ),
-            ));
-        }
+        check_chunk_len(from, off, msg.payload().len(), range.len())?;
         if self.seen[phase as usize][step][j] {
             return Err(AlgoError::protocol(
                 from,

@@ -13,6 +13,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use dtrain_comms::algo::{AlgoError, Machine};
+use dtrain_comms::topology::Topology;
 use dtrain_comms::wire::Algo;
 use dtrain_comms::{segment_range, CommConfig, CommError, Communicator, ReduceOp, Transport};
 
@@ -115,6 +116,104 @@ pub fn tree_reference(inputs: &[Vec<f32>], op: ReduceOp) -> Vec<f32> {
     tree(&leaves, op)
 }
 
+/// Reference hierarchical all-reduce (sum) over `topology`: each host's sum folded from its
+/// highest rank down to its leader, then the flat all-reduce of the host sums among the
+/// leaders in host order — the tree of recursive doubling when `small`, else the ring.
+pub fn hierarchical_reference(inputs: &[Vec<f32>], topology: &Topology, small: bool) -> Vec<f32> {
+    let sums: Vec<Vec<f32>> = (0..topology.hosts())
+        .map(|h| {
+            let members = topology.members(h);
+            let mut acc = inputs[*members.last().unwrap()].clone();
+            for &m in members.iter().rev().skip(1) {
+                for (a, x) in acc.iter_mut().zip(&inputs[m]) {
+                    *a += x;
+                }
+            }
+            acc
+        })
+        .collect();
+    flat_reference(&sums, ReduceOp::Sum, small)
+}
+
+/// The groupings of `world` ranks the hierarchical scenarios run on: two or more hosts of
+/// equal size, hosts of unequal sizes with interleaved ranks, one host, one rank per host.
+pub fn topologies(world: usize) -> Vec<Topology> {
+    let mut out: Vec<Topology> = (2..world)
+        .filter(|h| world % h == 0)
+        .map(|h| Topology::from_nodes(world, h).unwrap())
+        .collect();
+    if world >= 3 {
+        // Ranks 0, 2, 4, … on one host, the others alone on theirs.
+        let keys: Vec<String> = (0..world)
+            .map(|r| {
+                if r % 2 == 0 {
+                    "even".into()
+                } else {
+                    format!("odd{r}")
+                }
+            })
+            .collect();
+        out.push(Topology::from_keys(&keys));
+    }
+    out.push(Topology::single_host(world));
+    out.push(Topology::one_per_host(world));
+    out
+}
+
+/// The hierarchical all-reduce on every grouping of [`topologies`], at the lengths of the
+/// flat scenario: every rank ends with the reference's bits; with one rank per host that is
+/// the flat all-reduce's, and on sums that are exact in f32 (small integers) it is the flat
+/// all-reduce's whatever the grouping.
+pub fn check_hierarchical_all_reduce<M: Mesh>(mesh: &M, world: usize) {
+    let cfg = test_config();
+    let lens = all_reduce_lens(world, &cfg);
+    for (ti, topo) in topologies(world).into_iter().enumerate() {
+        for (li, &n) in lens.iter().enumerate() {
+            let seed = (world * 1000 + ti * 10 + li) as u64;
+            let random: Vec<Vec<f32>> = (0..world)
+                .map(|r| Rng(seed * 31 + r as u64).f32s(n))
+                .collect();
+            let integers: Vec<Vec<f32>> = (0..world)
+                .map(|r| {
+                    let mut g = Rng(seed * 37 + r as u64);
+                    (0..n).map(|_| g.below(2001) as f32 - 1000.0).collect()
+                })
+                .collect();
+            for (what, inputs) in [("random", random), ("integer", integers)] {
+                let (ins, t) = (inputs.clone(), topo.clone());
+                let out = run_ranks(mesh.make(world), cfg.clone(), move |c| {
+                    let mut v = ins[c.rank()].clone();
+                    let small = c.all_reduce_algo(v.len()) == Algo::RecursiveDoubling;
+                    c.hierarchical_all_reduce_sum(&mut v, &t).unwrap();
+                    (v, small)
+                });
+                let small = out[0].1;
+                let want = hierarchical_reference(&inputs, &topo, small);
+                let flat = flat_reference(&inputs, ReduceOp::Sum, small);
+                let place = format!("world {world} {} n {n} {what}", topo.describe());
+                for (r, (v, _)) in out.iter().enumerate() {
+                    assert_eq!(bits(v), bits(&want), "{place}: rank {r}");
+                    if what == "integer" || topo.max_per_host() == 1 {
+                        assert_eq!(bits(v), bits(&flat), "{place}: rank {r} vs the flat one");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A rank gone before a hierarchical all-reduce over two-rank hosts (the victim, rank
+/// `world / 2`, is a leader or a host's other member by the parity of `world / 2`): every
+/// survivor names it, quickly.
+pub fn check_hierarchical_dead_peer<M: Mesh>(mesh: &M, world: usize) {
+    let keys: Vec<usize> = (0..world).map(|r| r / 2).collect();
+    let topo = Topology::from_keys(&keys.iter().map(|k| k.to_string()).collect::<Vec<_>>());
+    dead_peer_during(mesh, world, move |c| {
+        let mut v = vec![1.0f32; 1000];
+        c.hierarchical_all_reduce_sum(&mut v, &topo).unwrap_err()
+    });
+}
+
 /// Plain rank-order sum `((x0 + x1) + x2) + …` (to show that orders differ).
 pub fn rank_order_sum(inputs: &[Vec<f32>]) -> Vec<f32> {
     let mut out = inputs[0].clone();
@@ -138,13 +237,25 @@ pub fn simulate(
     rng: &mut Rng,
     reorder: bool,
 ) -> Result<(), AlgoError> {
+    simulate_counted(machines, rng, reorder).map(|_| ())
+}
+
+/// [`simulate`], returning the bytes (header and payload) sent on each link, at index
+/// `from · P + to`.
+pub fn simulate_counted(
+    machines: &mut [&mut dyn Machine],
+    rng: &mut Rng,
+    reorder: bool,
+) -> Result<Vec<u64>, AlgoError> {
     let p = machines.len();
+    let mut sent = vec![0u64; p * p];
     let mut links: Vec<VecDeque<dtrain_comms::wire::Message>> =
         (0..p * p).map(|_| VecDeque::new()).collect();
     loop {
         for (from, m) in machines.iter_mut().enumerate() {
             while let Some((to, msg)) = m.poll_transmit() {
                 assert!(to < p && to != from, "machine {from} sent to {to}");
+                sent[from * p + to] += msg.len() as u64;
                 links[from * p + to].push_back(msg);
             }
         }
@@ -154,7 +265,7 @@ pub fn simulate(
                 machines.iter().all(|m| m.is_done()),
                 "network quiet but machines not done"
             );
-            return Ok(());
+            return Ok(sent);
         }
         let l = busy[rng.below(busy.len())];
         let i = if reorder {
@@ -219,17 +330,33 @@ impl Mesh for Channels {
     }
 }
 
-pub fn check_all_reduce<M: Mesh>(mesh: &M, world: usize) {
-    let cfg = test_config();
+/// The buffer lengths of the all-reduce scenarios: empty, one element, fewer than the ranks,
+/// both sides of the recursive-doubling limit of `cfg`, and a ring's worth.
+pub fn all_reduce_lens(world: usize, cfg: &CommConfig) -> [usize; 6] {
     let elems_small = cfg.small_all_reduce_bytes / 4;
-    let lens = [
+    [
         0,
         1,
         world.saturating_sub(1),
         elems_small,
         elems_small + 1,
         1000,
-    ];
+    ]
+}
+
+/// The flat all-reduce's result in its documented order: recursive doubling's tree for
+/// `small` buffers, else the ring's.
+pub fn flat_reference(inputs: &[Vec<f32>], op: ReduceOp, small: bool) -> Vec<f32> {
+    if small {
+        tree_reference(inputs, op)
+    } else {
+        ring_reference(inputs, op)
+    }
+}
+
+pub fn check_all_reduce<M: Mesh>(mesh: &M, world: usize) {
+    let cfg = test_config();
+    let lens = all_reduce_lens(world, &cfg);
     for (li, &n) in lens.iter().enumerate() {
         for op in [ReduceOp::Sum, ReduceOp::Max] {
             let seed = (world * 100 + li) as u64;
@@ -247,10 +374,7 @@ pub fn check_all_reduce<M: Mesh>(mesh: &M, world: usize) {
                 (v, algo)
             });
             let algo = out[0].1;
-            let want = match algo {
-                Algo::RecursiveDoubling => tree_reference(&inputs, op),
-                _ => ring_reference(&inputs, op),
-            };
+            let want = flat_reference(&inputs, op, algo == Algo::RecursiveDoubling);
             for (r, (v, a)) in out.iter().enumerate() {
                 assert_eq!(*a, algo);
                 assert_eq!(

@@ -17,6 +17,12 @@
 //! method's traffic grows with the calls until its residuals reach a steady state (give
 //! it enough `--iters`). Every reported time is the maximum over ranks of that rank's mean
 //! per call.
+//!
+//! The payloads travel as in training: by default (`--collective auto`) each method's
+//! layer takes the route the trainer's automatic choice picks for it on this link and worker
+//! count ([`crate::exchange::auto`]: the dense all-reduce, or the method's payloads through
+//! the all-gather, the sparse or the compressed all-reduce), and every row names the
+//! collective it took; `--collective` forces one.
 
 use std::time::Instant;
 
@@ -27,7 +33,7 @@ use super::common::{Op, Options, Row};
 use super::compress::parse_method;
 use super::gradient::{synthesize, Shape};
 use crate::exchange::bucket::{BucketPolicy, ParamInfo};
-use crate::exchange::Exchanger;
+use crate::exchange::{Exchanger, GatherCollective};
 
 pub use super::common::Breakdown;
 
@@ -82,7 +88,12 @@ pub fn validate(opts: &Options) -> Result<(), String> {
             opts.op
         ));
     }
-    let collective = Collective::from(opts.collective.unwrap_or_default());
+    // `auto` (the default) takes only collectives the method accepts: checked as its own.
+    let collective = opts
+        .collective
+        .unwrap_or_default()
+        .fixed()
+        .unwrap_or(Collective::AllGather);
     for m in &opts.methods {
         let cfg = method_for(m, opts.workers)?;
         cfg.build()
@@ -111,6 +122,7 @@ pub fn validate(opts: &Options) -> Result<(), String> {
 /// calls this with the same options). Rows come size by size, methods in the given order.
 pub fn measure<T: Transport>(c: &mut Communicator<T>, opts: &Options) -> Result<Vec<Row>, String> {
     let world = c.world_size();
+    let link = opts.link()?;
     let rank = c.rank();
     let mut rows = Vec::new();
     for &bytes in &opts.sizes {
@@ -134,7 +146,19 @@ pub fn measure<T: Transport>(c: &mut Communicator<T>, opts: &Options) -> Result<
             };
             let mut ex = Exchanger::new(&params, &policy, &method, &method.default_memory(), 11)
                 .map_err(|e| format!("{spec}: {}: {}", e.field, e.reason))?;
+            // The trainer's choice: `auto` (the default) measures this link (or models the
+            // emulated one) and this method on this layer, like a training run's set-up.
             ex.set_gather_collective(opts.collective.unwrap_or_default());
+            ex.set_link(Some(link));
+            if ex.gather_collective() == GatherCollective::Auto {
+                let report = ex
+                    .choose_collectives(c)
+                    .map_err(|e| format!("{spec}: choosing the collective: {e}"))?;
+                if rank == 0 && !report.buckets.is_empty() {
+                    // What the choice rests on, beside the table (rank 0's stderr).
+                    eprintln!("{spec}, {bytes} B: {report}");
+                }
+            }
             let took: Vec<&str> = ex.collectives().iter().map(|c| c.name()).collect();
             let took = took.join("+");
             let mut step = 0u64;

@@ -151,11 +151,12 @@ impl RunConfig {
         memory
             .build()
             .map_err(|e| err(&format!("compress.memory.{}", e.field), e.reason.clone()))?;
+        // `auto` takes only the collectives the method accepts: checked as the method's own.
         method
             .check(&RunUse {
                 collective: match &dlcp {
                     Some(_) => Collective::Dlcp,
-                    None => collective.into(),
+                    None => collective.fixed().unwrap_or(Collective::AllGather),
                 },
                 parameter_server: c.mode == ClusterMode::Ps,
                 memory: &memory,
@@ -167,10 +168,16 @@ impl RunConfig {
             && memory != MemoryConfig::None)
             .then_some(true));
         if let Some(on) = server_error_feedback {
-            if collective != GatherCollective::CompressedAllReduce {
+            if !matches!(
+                collective,
+                GatherCollective::CompressedAllReduce | GatherCollective::Auto
+            ) || dlcp.is_some()
+            {
                 return Err(err(
                     "compress.server_error_feedback",
-                    "applies to collective = \"compressed-allreduce\" only".into(),
+                    "applies to collective = \"compressed-allreduce\" (or \"auto\", where a \
+                     bucket may take it) only"
+                        .into(),
                 ));
             }
             let combine = method

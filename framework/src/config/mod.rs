@@ -37,9 +37,11 @@
 //!
 //! The `[compress]` table holds the method's own keys (see `dtrain list`) plus the trainer's
 //! keys `error_feedback`, `memory` (a full memory table, e.g. `{ kind = "residual", beta =
-//! 0.9 }`), `bucket_mb`, `dense_below`, `dense_1d` and `collective` (`"allgather"`, the
-//! default, or `"sparse-allreduce"` for methods whose payloads are gathered — see
-//! [`crate::exchange`]).
+//! 0.9 }`), `bucket_mb`, `dense_below`, `dense_1d`, `collective` (`"auto"`, the default:
+//! per bucket the cheapest by the α–β model on the run's link, see
+//! [`crate::exchange::auto`]; or fixed: `"allgather"`, `"sparse-allreduce"` for methods
+//! whose payloads are gathered, `"compressed-allreduce"`, `"dlcp"` for the uncompressed
+//! gradient — see [`crate::exchange`]) and `server_error_feedback`.
 //!
 //! The optional `[sync]` table ([`SyncConfig`]) says how often the workers synchronise:
 //! `kind = "every-step"` (the default), `"local-sgd"` / `"post-local-sgd"` / `"diloco"`

@@ -252,10 +252,18 @@ fn compressed_allreduce_takes_quantizers_and_refuses_what_cannot_be_cut() {
     }
     let e = parse(
         GOOD,
-        &["compress={ kind = \"qsgd\", server_error_feedback = true }"],
+        &["compress={ kind = \"qsgd\", collective = \"allgather\", server_error_feedback = true }"],
     )
     .unwrap_err();
     assert!(e.message.contains("compressed-allreduce"), "{e}");
+    // Under "auto" (the default) a bucket may take the compressed all-reduce: accepted.
+    let p = parse(
+        GOOD,
+        &["compress={ kind = \"qsgd\", server_error_feedback = true }"],
+    )
+    .unwrap();
+    assert_eq!(p.collective, crate::exchange::GatherCollective::Auto);
+    assert_eq!(p.server_error_feedback, Some(true));
 }
 
 #[test]
@@ -269,8 +277,9 @@ fn sparse_allreduce_is_for_gathered_payloads_only() {
     )
     .unwrap();
     assert_eq!(p.collective, GatherCollective::SparseAllReduce);
+    // The default is the automatic choice per bucket (issue #22).
     let p = parse(GOOD, &["compress.kind=\"topk\""]).unwrap();
-    assert_eq!(p.collective, GatherCollective::AllGather);
+    assert_eq!(p.collective, GatherCollective::Auto);
     let e = parse(
         GOOD,
         &["compress={ kind = \"fp16\", collective = \"sparse-allreduce\" }"],

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use dtrain_comms::dlcp::{DlcpConfig, DlcpReport, DlcpTensor};
+use dtrain_comms::topology::Topology;
 use dtrain_comms::{CommError, Communicator, SparseSlice, Transport};
 use dtrain_compress::{LaneFormat, Payload};
 
@@ -17,6 +18,8 @@ pub(super) enum Op {
     Sum(Vec<f32>),
     /// The sum in bfloat16 ([`all_reduce_sum_bf16`]).
     SumBf16(Vec<f32>),
+    /// A dense bucket's sum, hierarchically over the hosts.
+    HierarchicalSum(Vec<f32>, Arc<Topology>),
     Gather(Vec<u8>),
     Broadcast(Vec<u8>, usize),
     /// Sparse all-reduce of (indices, values) into the dense output buffer.
@@ -115,6 +118,9 @@ pub(super) fn run_op<T: Transport>(comm: &mut Communicator<T>, op: Op) -> Done {
     let result = match op {
         Op::Sum(mut v) => comm.all_reduce_sum(&mut v).map(|()| Reply::Sum(v)),
         Op::SumBf16(mut v) => all_reduce_sum_bf16(comm, &mut v).map(|()| Reply::Sum(v)),
+        Op::HierarchicalSum(mut v, hosts) => comm
+            .hierarchical_all_reduce_sum(&mut v, &hosts)
+            .map(|()| Reply::Sum(v)),
         Op::Gather(b) => comm.all_gather(&b).map(Reply::Gather),
         Op::Broadcast(mut b, root) => comm.broadcast(&mut b, root).map(|()| Reply::Broadcast(b)),
         Op::Lossy(mut v, tensors, cfg) => comm

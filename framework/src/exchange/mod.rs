@@ -3,7 +3,7 @@
 //!
 //! | aggregation | collective | receive side |
 //! |---|---|---|
-//! | uncompressed bucket | all-reduce sum (f32) | — |
+//! | uncompressed bucket (or sent uncompressed by `auto`) | all-reduce sum (f32), hierarchical over several hosts | — |
 //! | `Dense` | decode own payload, all-reduce sum | — |
 //! | `Summable` | all-reduce sum of the payload's f32 value lanes | decode the summed payload once |
 //! | `Gather` | all-gather(v) of payload bytes | decode and add every rank's payload |
@@ -41,6 +41,16 @@
 //! twice one payload whatever P, where the all-gather sends P − 1 payloads; the price is a
 //! second quantisation of the sum. The server residuals are in [`ExchangerState`].
 //!
+//! ## Automatic choice, and hierarchy
+//! With [`GatherCollective::Auto`] (`[compress] collective = "auto"`, the default) every
+//! compressed bucket takes the route the α–β model predicts cheapest on the run's link with
+//! the method's measured codec costs — sent uncompressed, or the method's payloads through
+//! the all-gather, the sparse all-reduce or the compressed all-reduce — decided once, alike on
+//! every rank, and kept in checkpoints (see [`auto`]). With ranks on several hosts, some with
+//! several ranks ([`Exchanger::set_topology`]), the dense buckets go through dtrain-comms'
+//! hierarchical all-reduce: reduced on each host, all-reduced among one leader per host,
+//! broadcast on each host; only the leaders' all-reduce crosses between hosts.
+//!
 //! ## Two-phase methods (ScaleCom's CLT-k)
 //! A compressor whose [`Compressor::broadcast_root`](dtrain_compress::Compressor::broadcast_root) names a root (ScaleCom: the leader
 //! `step mod P`) runs the agreement protocol of that method before compressing: every rank
@@ -67,11 +77,13 @@
 //!
 //! ## Layout
 //! The gradient goes out and comes back inside this folder: [`bucket`] plans the
-//! layer-aligned buckets and gathers / scatters them; `dense` is the fast path where no
-//! bucket is compressed; `schedule` the static per-bucket schedule of a compressed (or
-//! DLCP) exchange; `link` runs its collectives inline or on the communication thread;
-//! `state` is what an exchanger carries across steps ([`ExchangerState`]).
+//! layer-aligned buckets and gathers / scatters them; `dense` is the fast path where every
+//! bucket goes dense; `schedule` the static per-bucket schedule of a compressed (or DLCP)
+//! exchange and each bucket's [`Route`]; [`auto`] the automatic choice of routes; `link`
+//! runs the collectives inline or on the communication thread; `state` is what an exchanger
+//! carries across steps ([`ExchangerState`]).
 
+pub mod auto;
 pub mod bucket;
 mod dense;
 mod link;
@@ -82,6 +94,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use dtrain_comms::dlcp::{DlcpConfig, DlcpTensor};
+use dtrain_comms::shaping::LinkSpec;
+use dtrain_comms::topology::Topology;
 use dtrain_comms::{CommError, Communicator, Transport};
 use dtrain_compress::memory::DlcpResidual;
 use dtrain_compress::{
@@ -92,6 +106,7 @@ use thiserror::Error;
 
 use bucket::{Bucket, BucketPolicy, ParamInfo};
 use dense::contiguous;
+pub use schedule::Route;
 use schedule::{Flight, OwnerReduce, Slot};
 pub(crate) use state::bits;
 pub use state::{BucketShape, ExchangerState};
@@ -191,12 +206,19 @@ pub struct ExchangeStats {
     pub non_finite: Option<bool>,
 }
 
-/// Which collective carries the payloads of a `Gather` method.
-/// Its serde names are the config's spelling (`[compress] collective`).
+/// Which collective carries the payloads of a compressed bucket (the method's aggregation
+/// has the last word: [`Collective::of`]). Its serde names are the config's spelling
+/// (`[compress] collective`); a run's default is [`GatherCollective::Auto`], an
+/// [`Exchanger`]'s before [`Exchanger::set_gather_collective`] the all-gather.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum GatherCollective {
-    /// All-gather(v) of the payload bytes; every rank decodes all of them.
+    /// Per bucket, the cheapest by the α–β model ([`auto`]): the dense all-reduce (the
+    /// bucket is sent uncompressed), or the method's payloads through the all-gather, the
+    /// sparse all-reduce or the compressed all-reduce, whichever the method allows.
     #[default]
+    #[serde(rename = "auto")]
+    Auto,
+    /// All-gather(v) of the payload bytes; every rank decodes all of them.
     #[serde(rename = "allgather")]
     AllGather,
     /// Sparse all-reduce of each rank's decoded payload (see the [module docs](self)).
@@ -210,15 +232,28 @@ pub enum GatherCollective {
 
 impl GatherCollective {
     /// Every variant, in the order the docs list them.
-    pub const ALL: [GatherCollective; 3] = [
+    pub const ALL: [GatherCollective; 4] = [
+        GatherCollective::Auto,
         GatherCollective::AllGather,
         GatherCollective::SparseAllReduce,
         GatherCollective::CompressedAllReduce,
     ];
 
-    /// The config's spelling (`allgather`, `sparse-allreduce`, `compressed-allreduce`).
+    /// The config's spelling (`auto`, `allgather`, `sparse-allreduce`,
+    /// `compressed-allreduce`).
     pub fn name(self) -> &'static str {
-        Collective::from(self).name()
+        self.fixed().map_or("auto", Collective::name)
+    }
+
+    /// The collective asked for, as a run records it; `None` for
+    /// [`GatherCollective::Auto`], which chooses per bucket.
+    pub fn fixed(self) -> Option<Collective> {
+        match self {
+            GatherCollective::Auto => None,
+            GatherCollective::AllGather => Some(Collective::AllGather),
+            GatherCollective::SparseAllReduce => Some(Collective::SparseAllReduce),
+            GatherCollective::CompressedAllReduce => Some(Collective::CompressedAllReduce),
+        }
     }
 }
 
@@ -238,16 +273,6 @@ impl std::str::FromStr for GatherCollective {
                 let names: Vec<&str> = Self::ALL.iter().map(|c| c.name()).collect();
                 format!("unknown collective {s:?} ({})", names.join(", "))
             })
-    }
-}
-
-impl From<GatherCollective> for Collective {
-    fn from(c: GatherCollective) -> Collective {
-        match c {
-            GatherCollective::AllGather => Collective::AllGather,
-            GatherCollective::SparseAllReduce => Collective::SparseAllReduce,
-            GatherCollective::CompressedAllReduce => Collective::CompressedAllReduce,
-        }
     }
 }
 
@@ -279,6 +304,15 @@ pub struct Exchanger {
     memory: MemoryConfig,
     overlap: bool,
     gather: GatherCollective,
+    /// With [`GatherCollective::Auto`], whether the buckets' routes are still to be chosen
+    /// (at the first exchange, unless chosen before or restored from a checkpoint).
+    auto_pending: bool,
+    /// The emulated link the automatic choice models (`[network]`); `None`: probe it.
+    link: Option<LinkSpec>,
+    /// The hosts of the hierarchical dense all-reduce; `None`: the flat one.
+    hosts: Option<Arc<Topology>>,
+    /// What the automatic choice measured and chose, once made in this process.
+    auto_report: Option<auto::AutoReport>,
     theta_scale: f64,
     /// Buffers of finished buckets, reused by the next ones.
     spare: Vec<Flight>,
@@ -311,11 +345,18 @@ impl Exchanger {
                 None
             };
             let range = contiguous(&b);
+            let shapes = b.params.iter().map(|&i| params[i].shape.clone()).collect();
+            let route = match pipe {
+                Some(_) => Route::Compressed(GatherCollective::AllGather),
+                None => Route::Dense,
+            };
             slots.push(Slot {
                 bucket: b,
                 pipe,
                 server: None,
                 range,
+                shapes,
+                route,
             });
         }
         Ok(Exchanger {
@@ -329,6 +370,10 @@ impl Exchanger {
             memory: *memory,
             overlap: true,
             gather: GatherCollective::AllGather,
+            auto_pending: false,
+            link: None,
+            hosts: None,
+            auto_report: None,
             theta_scale: 1.0,
             spare: Vec::new(),
             lossy: None,
@@ -362,11 +407,46 @@ impl Exchanger {
         self.lossy_residual.clear();
     }
 
-    /// Chooses the collective for `Gather` methods' payloads (default all-gather). The
-    /// all-gather and the sparse all-reduce give bit-identical gradients (only bytes and
-    /// time differ); the compressed all-reduce re-encodes the owners' sums.
+    /// Chooses the collective for the compressed buckets' payloads (default all-gather).
+    /// The all-gather and the sparse all-reduce give bit-identical gradients (only bytes and
+    /// time differ); the compressed all-reduce re-encodes the owners' sums;
+    /// [`GatherCollective::Auto`] chooses per bucket at the first exchange (or at
+    /// [`Exchanger::choose_collectives`]), see [`auto`].
     pub fn set_gather_collective(&mut self, c: GatherCollective) {
         self.gather = c;
+        self.auto_pending = c == GatherCollective::Auto;
+        let fixed = match c {
+            GatherCollective::Auto => GatherCollective::AllGather,
+            c => c,
+        };
+        for s in &mut self.slots {
+            s.route = match s.pipe {
+                Some(_) => Route::Compressed(fixed),
+                None => Route::Dense,
+            };
+        }
+    }
+
+    /// The link the automatic choice models: the run's emulated `[network]` link, or `None`
+    /// (the default) to measure the real one with a short probe
+    /// ([`Exchanger::choose_collectives`]).
+    pub fn set_link(&mut self, link: Option<LinkSpec>) {
+        self.link = link.filter(LinkSpec::is_shaped);
+    }
+
+    /// The hosts of the run's ranks: when they make a hierarchy
+    /// ([`Topology::is_hierarchical`]), the dense buckets go through the hierarchical
+    /// all-reduce ([`Communicator::hierarchical_all_reduce_sum`]) instead of the flat one.
+    /// The topology must be the same on every rank and match the communicator's world.
+    pub fn set_topology(&mut self, topology: &Topology) {
+        self.hosts = topology
+            .is_hierarchical()
+            .then(|| Arc::new(topology.clone()));
+    }
+
+    /// The number of hosts of the hierarchical dense all-reduce, when it is used.
+    pub fn hierarchical_hosts(&self) -> Option<usize> {
+        self.hosts.as_ref().map(|h| h.hosts())
     }
 
     /// Whether the compressed all-reduce's owners keep a server residual (`Some`), or, with
@@ -395,7 +475,10 @@ impl Exchanger {
         };
         for s in &mut self.slots {
             let Some(pipe) = &s.pipe else { continue };
-            if s.server.is_some() || !Collective::chunkable(pipe.compressor()) {
+            if s.route != Route::Compressed(GatherCollective::CompressedAllReduce)
+                || s.server.is_some()
+                || !Collective::chunkable(pipe.compressor())
+            {
                 continue;
             }
             let id = s.bucket.id;
@@ -426,24 +509,39 @@ impl Exchanger {
         Ok(())
     }
 
-    /// The collective for `Gather` methods' payloads.
+    /// The collective asked for the compressed buckets' payloads.
     pub fn gather_collective(&self) -> GatherCollective {
         self.gather
     }
 
-    /// The collective each bucket's exchange uses, in bucket order: the compressed buckets'
-    /// follows from their method ([`Collective::of`]) and the gather collective; the
-    /// uncompressed buckets use the dense all-reduce, or DLCP when it is set.
+    /// How each bucket travels, in bucket order (with [`GatherCollective::Auto`], the
+    /// all-gather until the choice is made).
+    pub fn routes(&self) -> Vec<Route> {
+        self.slots.iter().map(|s| s.route).collect()
+    }
+
+    /// The collective each bucket's exchange uses, in bucket order: a compressed bucket's
+    /// follows from its method ([`Collective::of`]) and its route; the dense ones use the
+    /// all-reduce (hierarchical over several hosts, [`Exchanger::set_topology`]), or DLCP
+    /// when it is set.
     pub fn collectives(&self) -> Vec<Collective> {
-        let requested = Collective::from(self.gather);
         self.slots
             .iter()
-            .map(|s| match &s.pipe {
-                Some(pipe) => Collective::of(pipe.compressor(), requested),
-                None if self.lossy.is_some() => Collective::Dlcp,
-                None => Collective::AllReduce,
-            })
+            .map(|s| self.collective_of(s.pipe.as_ref(), s.route))
             .collect()
+    }
+
+    /// The collective of a bucket with compressor pipeline `pipe` sent by `route`.
+    fn collective_of(&self, pipe: Option<&Pipeline>, route: Route) -> Collective {
+        match (pipe, route) {
+            (Some(pipe), Route::Compressed(g)) => Collective::of(
+                pipe.compressor(),
+                g.fixed().unwrap_or(Collective::AllGather),
+            ),
+            _ if self.lossy.is_some() => Collective::Dlcp,
+            _ if self.hosts.is_some() => Collective::HierarchicalAllReduce,
+            _ => Collective::AllReduce,
+        }
     }
 
     /// The bucket plan.
@@ -521,16 +619,26 @@ impl Exchanger {
             });
         }
         let world = comm.world_size();
+        if let Some(h) = &self.hosts {
+            if h.world() != world {
+                return Err(ExchangeError::State(format!(
+                    "the topology ({}) has {} ranks, the communicator {world}",
+                    h.describe(),
+                    h.world()
+                )));
+            }
+        }
         for p in self.pipes_mut() {
             p.compressor_mut().set_world_size(world);
+        }
+        if self.auto_pending {
+            self.choose_collectives(comm)?;
         }
         let mut st = ExchangeStats {
             elements: self.total as u64,
             ..ExchangeStats::default()
         };
-        if self.gather == GatherCollective::CompressedAllReduce {
-            self.ensure_servers(world, comm.rank())?;
-        }
+        self.ensure_servers(world, comm.rank())?;
         let before = comm.total_bytes();
         if self.is_dense() {
             self.average_dense(comm, grad, &mut st)?;
@@ -543,14 +651,15 @@ impl Exchanger {
         Ok(st)
     }
 
-    /// Whether [`Exchanger::exchange`] takes the dense path: no compressor on any bucket and
-    /// no bounded-loss transport. Its result is then a plain sum (times 1/P) in which a NaN
+    /// Whether [`Exchanger::exchange`] takes the dense path: every bucket dense (no
+    /// compressor, or sent uncompressed by the automatic choice) and no bounded-loss
+    /// transport. Its result is then a plain sum (times 1/P) in which a NaN
     /// or infinity on any rank's gradient stays non-finite, and it is checked as it is
     /// averaged ([`ExchangeStats::non_finite`]; with one rank the gradient is its own
     /// average), so a caller need not scan the gradient before the exchange. A compressor
     /// may drop a non-finite value, so compressed exchanges need that scan.
     pub fn is_dense(&self) -> bool {
-        self.lossy.is_none() && self.slots.iter().all(|s| s.pipe.is_none())
+        self.lossy.is_none() && self.slots.iter().all(|s| s.route == Route::Dense)
     }
 
     /// Whether the dense buckets go through DLCP ([`Exchanger::set_dlcp`]).

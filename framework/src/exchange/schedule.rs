@@ -3,10 +3,11 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use dtrain_comms::algo::compressed_allreduce::SegmentReduce;
+use dtrain_comms::topology::Topology;
 use dtrain_comms::{segment_range, Communicator, Transport};
 use dtrain_compress::memory::DlcpResidual;
 use dtrain_compress::{
@@ -28,6 +29,44 @@ pub(super) struct Slot {
     /// The bucket's range of the flat gradient when it is one ([`contiguous`]), fixed by
     /// the plan: an uncompressed bucket is then averaged in place.
     pub(super) range: Option<Range<usize>>,
+    /// The shapes of the bucket's parameters (what its compressors were told).
+    pub(super) shapes: Vec<Vec<usize>>,
+    /// How the bucket travels.
+    pub(super) route: Route,
+}
+
+/// How one bucket travels in an exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// As dense f32 values: the all-reduce (hierarchical over several hosts), or DLCP.
+    /// Uncompressed buckets always; a compressed one when the automatic choice found
+    /// compressing it not worth its cost.
+    Dense,
+    /// Compressed by the method, its payloads through this collective (never
+    /// [`GatherCollective::Auto`]; the method's aggregation has the last word, see
+    /// [`dtrain_compress::Collective::of`]).
+    Compressed(GatherCollective),
+}
+
+impl Route {
+    /// `dense`, or the collective's config spelling (as checkpoints record the route).
+    pub fn name(self) -> &'static str {
+        match self {
+            Route::Dense => "dense",
+            Route::Compressed(g) => g.name(),
+        }
+    }
+
+    /// The route named `s` (see [`Route::name`]).
+    pub fn parse(s: &str) -> Result<Route, String> {
+        match s {
+            "dense" => Ok(Route::Dense),
+            _ => match s.parse::<GatherCollective>()? {
+                GatherCollective::Auto => Err("\"auto\" is not a route".into()),
+                g => Ok(Route::Compressed(g)),
+            },
+        }
+    }
 }
 
 /// One bucket in flight: its buffers travel with it (and to the communication thread and
@@ -143,7 +182,7 @@ impl Exchanger {
             spare: &mut self.spare,
             lossy: self.lossy.as_ref(),
             lossy_residual: &mut self.lossy_residual,
-            gather: self.gather,
+            hosts: self.hosts.clone(),
             seed: self.seed,
             step,
             rank,
@@ -195,7 +234,8 @@ struct Job<'a> {
     spare: &'a mut Vec<Flight>,
     lossy: Option<&'a Lossy>,
     lossy_residual: &'a mut DlcpResidual,
-    gather: GatherCollective,
+    /// The hosts of a hierarchical dense all-reduce (`None`: flat).
+    hosts: Option<Arc<Topology>>,
     seed: u64,
     step: u64,
     rank: usize,
@@ -266,10 +306,16 @@ impl Job<'_> {
             bucket,
             pipe,
             server,
+            route,
             ..
         } = &mut self.slots[i];
         bucket::gather(bucket, grad, &mut f.buf);
         let id = bucket.id;
+        let gather = match *route {
+            Route::Compressed(g) => Some(g),
+            Route::Dense => None,
+        };
+        let pipe = pipe.as_mut().filter(|_| gather.is_some());
         let ctx = Ctx {
             step,
             rank: rank as u32,
@@ -293,7 +339,11 @@ impl Job<'_> {
             }
             None => {
                 st.payload_bytes += 4 * f.buf.len() as u64;
-                comms.submit(Op::Sum(std::mem::take(&mut f.buf)));
+                let v = std::mem::take(&mut f.buf);
+                comms.submit(match &self.hosts {
+                    Some(h) => Op::HierarchicalSum(v, h.clone()),
+                    None => Op::Sum(v),
+                });
                 Stage::Dense
             }
             Some(pipe) if pipe.summed_agreement(&ctx).is_some() => {
@@ -321,7 +371,7 @@ impl Job<'_> {
                     comms.submit(Op::Broadcast(std::mem::take(&mut f.msg), root));
                     Stage::Agreement
                 }
-                None if self.gather == GatherCollective::CompressedAllReduce
+                None if gather == Some(GatherCollective::CompressedAllReduce)
                     && server.is_some() =>
                 {
                     let n = bucket.len();
@@ -346,7 +396,8 @@ impl Job<'_> {
                     let mut rng = Rng::for_step(seed, step, rank as u64, id);
                     pipe.compress(&f.buf, &ctx, &mut rng, &mut f.payload)
                         .map_err(compress_err)?;
-                    submit_payload(pipe, id, rank, self.gather, &mut f, comms, st)?
+                    let gather = gather.expect("a compressed route");
+                    submit_payload(pipe, id, rank, gather, &mut f, comms, st)?
                 }
             },
         };
@@ -363,7 +414,15 @@ impl Job<'_> {
         comms: &mut Comms<'_, T>,
         st: &mut ExchangeStats,
     ) -> Result<(Flight, Stage), ExchangeError> {
-        let Slot { bucket, pipe, .. } = &mut self.slots[i];
+        let Slot {
+            bucket,
+            pipe,
+            route,
+            ..
+        } = &mut self.slots[i];
+        let Route::Compressed(gather) = *route else {
+            unreachable!("only compressed buckets agree before compressing")
+        };
         let id = bucket.id;
         let reply = match comms.wait() {
             Ok(r @ (Reply::Broadcast(_) | Reply::Sum(_))) => r,
@@ -394,7 +453,7 @@ impl Job<'_> {
         }
         pipe.compress_compensated(&ctx, &mut rng, &mut f.payload)
             .map_err(compress_err)?;
-        let stage = submit_payload(pipe, id, self.rank, self.gather, &mut f, comms, st)?;
+        let stage = submit_payload(pipe, id, self.rank, gather, &mut f, comms, st)?;
         st.compress_s += t0.elapsed().as_secs_f64() - (comms.blocked - b0);
         Ok((f, stage))
     }
@@ -413,8 +472,11 @@ impl Job<'_> {
             bucket,
             pipe,
             server,
+            route,
             ..
         } = &mut self.slots[i];
+        // A compressed bucket sent dense is averaged like an uncompressed one.
+        let mut pipe = pipe.as_mut().filter(|_| *route != Route::Dense);
         let id = bucket.id;
         let reply = comms
             .wait()
@@ -427,7 +489,7 @@ impl Job<'_> {
                 source,
             }
         };
-        match (stage, reply, pipe.as_mut()) {
+        match (stage, reply, pipe.as_deref_mut()) {
             (Stage::Dense, Reply::Sum(v), _) => f.buf = v,
             (Stage::Lossy, Reply::Lossy(v, report), _) => {
                 f.buf = v;

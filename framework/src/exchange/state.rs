@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::bucket::Bucket;
-use super::Exchanger;
+use super::{Exchanger, GatherCollective, Route};
 
 /// Shape of one bucket, as recorded in an [`ExchangerState`] (a state only fits the plan
 /// it was taken under).
@@ -76,11 +76,19 @@ pub struct ExchangerState {
     /// of it), keyed by bucket id; empty without that collective or without error feedback.
     #[serde(default, with = "bits::memory_bits")]
     pub server_memory: BTreeMap<u64, Vec<f32>>,
+    /// The route of every bucket, in bucket order ([`Route::name`]), as the automatic
+    /// choice ([`GatherCollective::Auto`](super::GatherCollective::Auto)) made it: a run
+    /// resumed from this state takes the same routes instead of measuring again, so it
+    /// continues bit for bit. Empty with a fixed collective, or before the choice.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<String>,
 }
 
 impl ExchangerState {
-    /// The format version this build writes and reads.
-    pub const VERSION: u32 = 1;
+    /// The format version this build writes. It reads this one and version 1, written
+    /// before `compress.collective = "auto"` existed (and became the default): a run
+    /// resumed from such a state keeps the all-gather it was started with.
+    pub const VERSION: u32 = 2;
 }
 
 /// Exact serde for floats: IEEE bit patterns.
@@ -213,6 +221,14 @@ impl Exchanger {
             compressors,
             lossy_residual: self.lossy_residual.export(),
             server_memory: self.export_server_memory(),
+            routes: if self.gather == GatherCollective::Auto && !self.auto_pending {
+                self.slots
+                    .iter()
+                    .map(|s| s.route.name().to_string())
+                    .collect()
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -232,9 +248,9 @@ impl Exchanger {
     /// changing nothing, a state of another version, method, memory kind or bucket plan, or
     /// one whose buffers do not fit the buckets.
     pub fn import_state(&mut self, state: ExchangerState) -> Result<(), String> {
-        if state.version != ExchangerState::VERSION {
+        if !(1..=ExchangerState::VERSION).contains(&state.version) {
             return Err(format!(
-                "exchanger state version {} is not supported (this build reads {})",
+                "exchanger state version {} is not supported (this build reads 1 to {})",
                 state.version,
                 ExchangerState::VERSION
             ));
@@ -274,6 +290,20 @@ impl Exchanger {
                  the same model and bucket policy"
             ));
         }
+        let routes = if state.version == 1 && self.gather == GatherCollective::Auto {
+            // Written when the all-gather was the default: the run keeps it.
+            Some(
+                self.slots
+                    .iter()
+                    .map(|s| match s.pipe {
+                        Some(_) => Route::Compressed(GatherCollective::AllGather),
+                        None => Route::Dense,
+                    })
+                    .collect(),
+            )
+        } else {
+            self.restored_routes(&state.routes)?
+        };
         let words = self.memory.words_per_element();
         let len_of = |id: u64| -> Option<usize> {
             self.slots
@@ -359,6 +389,48 @@ impl Exchanger {
         }
         self.server_state = state.server_memory;
         self.theta_scale = state.theta_scale;
+        if let Some(routes) = routes {
+            for (s, r) in self.slots.iter_mut().zip(routes) {
+                s.route = r;
+            }
+            self.auto_pending = false;
+            self.auto_report = None;
+        }
         Ok(())
+    }
+
+    /// The routes a state recorded, checked against this exchanger (`None` when it
+    /// recorded none).
+    fn restored_routes(&self, names: &[String]) -> Result<Option<Vec<Route>>, String> {
+        if names.is_empty() {
+            return Ok(None);
+        }
+        if self.gather != GatherCollective::Auto {
+            return Err(format!(
+                "exchanger state holds the routes of compress.collective = \"auto\", this run \
+                 asks for {:?}",
+                self.gather.name()
+            ));
+        }
+        if names.len() != self.slots.len() {
+            return Err(format!(
+                "exchanger state holds {} routes for {} buckets",
+                names.len(),
+                self.slots.len()
+            ));
+        }
+        let mut routes = Vec::with_capacity(names.len());
+        for (s, name) in self.slots.iter().zip(names) {
+            let r =
+                Route::parse(name).map_err(|e| format!("route of bucket {}: {e}", s.bucket.id))?;
+            if s.pipe.is_none() && r != Route::Dense {
+                return Err(format!(
+                    "route {name:?} for bucket {}, which is not compressed",
+                    s.bucket.id
+                ));
+            }
+            routes.push(r);
+        }
+        Ok(Some(routes))
     }
 }

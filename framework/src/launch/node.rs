@@ -32,6 +32,9 @@ pub(super) struct Node<'a> {
     pub rendezvous: SocketAddr,
     /// Whether this node hosts the rendezvous.
     pub hosts: bool,
+    /// This node's `--node-rank` when the run has several nodes: its workers group by it
+    /// ([`super::hosts`]).
+    pub node: Option<usize>,
 }
 
 impl Node<'_> {
@@ -63,6 +66,9 @@ impl Node<'_> {
             // Its own process group: a terminal's Ctrl-C reaches the launcher only, which
             // forwards it once (see crate::signals).
             std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+            if let Some(node) = self.node {
+                cmd.env(super::hosts::NODE_ENV, node.to_string());
+            }
             if resume {
                 cmd.arg("--resume");
             }

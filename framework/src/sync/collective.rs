@@ -120,11 +120,10 @@ impl<T: Transport> GradientSync<T> for Collectives {
 
     fn collectives(&self) -> (Collective, Vec<Collective>) {
         let per_bucket = self.exchanger.collectives();
-        let dense = [Collective::AllReduce, Collective::Dlcp];
         let main = per_bucket
             .iter()
             .copied()
-            .find(|c| !dense.contains(c))
+            .find(|c| !c.is_dense())
             .or_else(|| per_bucket.first().copied())
             .unwrap_or(Collective::AllReduce);
         if per_bucket.iter().all(|&c| c == main) {

@@ -245,6 +245,7 @@ mod tests {
             theta_scale: 1.0,
             memory: BTreeMap::new(),
             server_memory: BTreeMap::new(),
+            routes: Vec::new(),
             compressors: BTreeMap::from([(3, BTreeMap::from([("q/0/0".to_string(), q)]))]),
             lossy_residual: BTreeMap::from([(4, lossy.to_vec())]),
         };

@@ -3,6 +3,7 @@
 use std::io::Write;
 
 use dtrain_comms::Transport;
+use dtrain_compress::Collective;
 use dtrain_records::{Phases, StepRecord, Summary};
 use serde::Serialize;
 
@@ -243,6 +244,10 @@ impl<T: Transport> Trainer<T> {
                 .optimizer
                 .is_compressed()
                 .then(|| self.plan.config.train.optimizer.name().to_string()),
+            hosts: self.hosts.filter(|_| {
+                bucket_collectives.contains(&Collective::HierarchicalAllReduce)
+                    || collective == Collective::HierarchicalAllReduce
+            }),
             // The launcher adds the restarts it made (`dtrain run --max-restarts`).
             restarts: None,
         };

@@ -49,6 +49,8 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use dtrain_comms::shaping::LinkSpec;
+use dtrain_comms::topology::Topology;
 use dtrain_comms::{CommError, Communicator, Transport};
 use dtrain_models::{Device, Model};
 
@@ -239,6 +241,15 @@ pub struct Trainer<T: Transport> {
     /// Set once the ranks agreed to stop (the signal): the run checkpoints and ends after
     /// the current step.
     stopping: Option<i32>,
+    /// What the set-up decided that the run's log should say (the hosts of a hierarchical
+    /// all-reduce, the automatic choice of collective per bucket), said at the start of
+    /// [`Trainer::run`].
+    notes: Vec<String>,
+    /// The automatic choice of collective per bucket, as the set-up made it (a resumed run
+    /// takes the checkpoint's instead, and says so).
+    auto_note: Option<String>,
+    /// The hosts of the hierarchical dense all-reduce, when it is used (`summary.json`).
+    hosts: Option<usize>,
 }
 
 /// Values of the control all-reduce before the per-rank slots: loss·n, n, correct, the
@@ -252,7 +263,7 @@ impl<T: Transport> Trainer<T> {
     pub fn new(
         plan: Plan,
         data: TrainData,
-        comm: Communicator<T>,
+        mut comm: Communicator<T>,
         device: &Device,
         out: Option<RunDir>,
     ) -> Result<Self, TrainError> {
@@ -279,7 +290,9 @@ impl<T: Transport> Trainer<T> {
                 shape: p.shape.clone(),
             })
             .collect();
-        let exchanger = build_exchanger(&plan, &infos)?;
+        let mut exchanger = build_exchanger(&plan, &infos)?;
+        let (notes, auto_note, topology) = setup_exchange(&mut exchanger, &mut comm, &plan)?;
+        let exchanger_hosts = exchanger.hierarchical_hosts();
         let sync = match plan.compressed_optimizer {
             None => Periodic::for_config(
                 Collectives::new(exchanger),
@@ -287,8 +300,9 @@ impl<T: Transport> Trainer<T> {
                 table.num_params(),
             ),
             Some(schedule) => {
-                // The dense steps' all-reduce: the same buckets, uncompressed.
-                let dense = Exchanger::new(
+                // The dense steps' all-reduce: the same buckets, uncompressed (hierarchical
+                // across hosts as the run's own dense buckets are).
+                let mut dense = Exchanger::new(
                     &infos,
                     &plan.buckets,
                     &dtrain_compress::baseline(),
@@ -296,6 +310,9 @@ impl<T: Transport> Trainer<T> {
                     plan.config.seed,
                 )
                 .map_err(config_error)?;
+                if let Some(t) = &topology {
+                    dense.set_topology(t);
+                }
                 crate::sync::compressed_optimizer(
                     schedule,
                     Collectives::new(dense),
@@ -331,11 +348,14 @@ impl<T: Transport> Trainer<T> {
             resumed_step: None,
             stop: None,
             stopping: None,
+            hosts: exchanger_hosts,
             start_step: 0,
             evals: Vec::new(),
             sync,
             out,
             plan,
+            notes,
+            auto_note,
         };
         // Identical replicas: rank 0's initial state wins.
         let mut params = vec![0.0; n];
@@ -427,6 +447,49 @@ impl<T: Transport> Trainer<T> {
     pub fn evals(&self) -> &[EvalRecord] {
         &self.evals
     }
+}
+
+/// Gives the exchanger the run's hosts (the hierarchical all-reduce of the dense buckets
+/// over several hosts with several workers each: [`crate::launch::hosts`]) and emulated
+/// link, and makes the automatic choice of collective per bucket (`compress.collective =
+/// "auto"`) now, on every rank alike, rather than at the first step, so that the run's log
+/// says it first. Returns the lines for that log: the hierarchy's, and the choice's. A
+/// parameter-server run's exchanger is replaced before its first step
+/// ([`Trainer::attach_parameter_server`]): nothing to do.
+fn setup_exchange<T: Transport>(
+    exchanger: &mut Exchanger,
+    comm: &mut Communicator<T>,
+    plan: &Plan,
+) -> Result<(Vec<String>, Option<String>, Option<Topology>), TrainError> {
+    let mut notes = Vec::new();
+    if plan.config.cluster.mode == crate::config::ClusterMode::Ps {
+        return Ok((notes, None, None));
+    }
+    let step = 0;
+    let net = &plan.config.network;
+    let link = LinkSpec::parse(net.bandwidth.as_deref(), net.latency.as_deref())
+        .map_err(|e| TrainError::Config(format!("network: {e}")))?;
+    exchanger.set_link(Some(link));
+    let topology =
+        crate::launch::hosts::discover(comm).map_err(|source| TrainError::Comm { step, source })?;
+    exchanger.set_topology(&topology);
+    if exchanger.hierarchical_hosts().is_some() {
+        notes.push(format!(
+            "dense buckets: hierarchical all-reduce over {} (leaders {:?})",
+            topology.describe(),
+            topology.leaders()
+        ));
+    }
+    let mut auto = None;
+    if exchanger.gather_collective() == crate::exchange::GatherCollective::Auto {
+        let report = exchanger
+            .choose_collectives(comm)
+            .map_err(|source| TrainError::Exchange { step, source })?;
+        if !report.buckets.is_empty() {
+            auto = Some(report.to_string());
+        }
+    }
+    Ok((notes, auto, Some(topology)))
 }
 
 /// Broadcasts `v` from rank 0 (f32 little-endian on the wire).

@@ -18,6 +18,24 @@ impl<T: Transport> Trainer<T> {
         let per_epoch = self.plan.steps_per_epoch;
         let total = self.plan.total_steps;
         obs.on_start(self.step, total, per_epoch);
+        for note in std::mem::take(&mut self.notes) {
+            obs.on_message(&note);
+        }
+        if let (Some(step), Some(_)) = (self.resumed_step, self.auto_note.take()) {
+            // The checkpoint's routes replaced what the set-up measured.
+            let (_, per_bucket) = self.sync.collectives();
+            let names: Vec<&str> = per_bucket.iter().map(|c| c.name()).collect();
+            obs.on_message(&format!(
+                "compress.collective = \"auto\": the routes of the checkpoint at step {step}: {}",
+                if names.is_empty() {
+                    self.sync.collectives().0.name().to_string()
+                } else {
+                    names.join(", ")
+                }
+            ));
+        } else if let Some(note) = self.auto_note.take() {
+            obs.on_message(&note);
+        }
         let t_start = Instant::now();
         let session_start = self.step;
         let mut tally = Tally::new(session_start);

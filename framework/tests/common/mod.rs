@@ -30,6 +30,20 @@ momentum = 0.9
 every_epochs = 0
 "#;
 
+/// Pins `compress.collective` to `"allgather"` where the configuration leaves it to the
+/// default `"auto"`. These tests compare independent runs bit for bit (a straight run with a
+/// stopped and resumed one, one worker count with another, …), and `auto` chooses each
+/// bucket's collective from timings measured at start-up, which may differ from run to run;
+/// so they run the all-gather they were written for unless a test names a collective. The
+/// tests of `auto` itself set it.
+pub fn pin_collective(cfg: &mut RunConfig) {
+    // A compressed optimizer's default is the compressed all-reduce, not `auto`.
+    if !cfg.compress.contains_key("collective") && !cfg.train.optimizer.is_compressed() {
+        cfg.compress
+            .insert("collective".into(), toml::Value::String("allgather".into()));
+    }
+}
+
 pub struct Run {
     /// The rank's final parameters.
     pub params: Vec<f32>,
@@ -77,7 +91,10 @@ pub fn run_all_slow(
 ) -> Vec<Run> {
     let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     sets.push(format!("cluster.workers={world}"));
-    let cfg = RunConfig::parse(base, "base.toml", &sets).unwrap();
+    let mut cfg = RunConfig::parse(base, "base.toml", &sets).unwrap();
+    if !sets.iter().any(|s| s.contains("\"auto\"")) {
+        pin_collective(&mut cfg);
+    }
     let ps = cfg.cluster.mode == dtrain_framework::config::ClusterMode::Ps;
     let handles: Vec<_> = channel_mesh(world)
         .into_iter()
@@ -171,7 +188,8 @@ pub fn same(a: &[f32], b: &[f32], what: &str) {
 /// One in-process rank of BASE + `sets` (with its checkpoints under `out`, if given).
 pub fn single(sets: &[&str], out: Option<&Path>) -> Trainer<dtrain_comms::ChannelTransport> {
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-    let cfg = RunConfig::parse(BASE, "b.toml", &sets).unwrap();
+    let mut cfg = RunConfig::parse(BASE, "b.toml", &sets).unwrap();
+    pin_collective(&mut cfg);
     let data = TrainData::open(&cfg, 0, 1).unwrap();
     let plan = cfg.validate("b.toml", Some(data.train_examples())).unwrap();
     let comm = Communicator::new(channel_mesh(1).pop().unwrap(), CommConfig::default());

@@ -79,6 +79,10 @@ struct Setup {
     overlap: bool,
     gather: GatherCollective,
     server_ef: Option<bool>,
+    /// The link `auto` models (`None`: it probes the in-process one).
+    link: Option<LinkSpec>,
+    /// The ranks' hosts (`None`: not set, the flat all-reduce).
+    hosts: Option<Topology>,
 }
 
 impl Setup {
@@ -91,6 +95,8 @@ impl Setup {
             overlap: true,
             gather: GatherCollective::AllGather,
             server_ef: None,
+            link: None,
+            hosts: None,
         }
     }
 
@@ -104,6 +110,10 @@ impl Setup {
         ex.set_overlap(self.overlap);
         ex.set_gather_collective(self.gather);
         ex.set_server_error_feedback(self.server_ef);
+        ex.set_link(self.link);
+        if let Some(h) = &self.hosts {
+            ex.set_topology(h);
+        }
         ex
     }
 
@@ -973,4 +983,5 @@ fn powersgd_in_bfloat16_halves_its_bytes_and_stays_near_the_f32_exchange() {
     assert!(bf16s[0].1.payload_bytes < f32s[0].1.payload_bytes * 3 / 4);
 }
 
+mod auto;
 mod compressed_allreduce;
