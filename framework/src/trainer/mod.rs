@@ -291,7 +291,11 @@ impl<T: Transport> Trainer<T> {
             })
             .collect();
         let mut exchanger = build_exchanger(&plan, &infos)?;
-        let (notes, auto_note, topology) = setup_exchange(&mut exchanger, &mut comm, &plan)?;
+        let ExchangeSetup {
+            notes,
+            auto_note,
+            topology,
+        } = setup_exchange(&mut exchanger, &mut comm, &plan)?;
         let exchanger_hosts = exchanger.hierarchical_hosts();
         let sync = match plan.compressed_optimizer {
             None => Periodic::for_config(
@@ -453,17 +457,21 @@ impl<T: Transport> Trainer<T> {
 /// over several hosts with several workers each: [`crate::launch::hosts`]) and emulated
 /// link, and makes the automatic choice of collective per bucket (`compress.collective =
 /// "auto"`) now, on every rank alike, rather than at the first step, so that the run's log
-/// says it first. Returns the lines for that log: the hierarchy's, and the choice's. A
-/// parameter-server run's exchanger is replaced before its first step
+/// says it first. Returns the lines for that log (the hierarchy's, and the choice's) and
+/// the hosts. A parameter-server run's exchanger is replaced before its first step
 /// ([`Trainer::attach_parameter_server`]): nothing to do.
 fn setup_exchange<T: Transport>(
     exchanger: &mut Exchanger,
     comm: &mut Communicator<T>,
     plan: &Plan,
-) -> Result<(Vec<String>, Option<String>, Option<Topology>), TrainError> {
+) -> Result<ExchangeSetup, TrainError> {
     let mut notes = Vec::new();
     if plan.config.cluster.mode == crate::config::ClusterMode::Ps {
-        return Ok((notes, None, None));
+        return Ok(ExchangeSetup {
+            notes,
+            auto_note: None,
+            topology: None,
+        });
     }
     let step = 0;
     let net = &plan.config.network;
@@ -489,7 +497,19 @@ fn setup_exchange<T: Transport>(
             auto = Some(report.to_string());
         }
     }
-    Ok((notes, auto, Some(topology)))
+    Ok(ExchangeSetup {
+        notes,
+        auto_note: auto,
+        topology: Some(topology),
+    })
+}
+
+/// What [`setup_exchange`] found: the lines for the run's log (the hierarchy's, the
+/// automatic choice's) and the ranks' hosts (`None` for a parameter-server run).
+struct ExchangeSetup {
+    notes: Vec<String>,
+    auto_note: Option<String>,
+    topology: Option<Topology>,
 }
 
 /// Broadcasts `v` from rank 0 (f32 little-endian on the wire).
