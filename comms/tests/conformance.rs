@@ -3,7 +3,7 @@
 //! messages of later collectives; and for the networked and shared-memory drivers the
 //! frame limit, link emulation, refused run tokens, heartbeats and a peer process killed
 //! or stopped. One module per driver: `channel` (N = 1..=8), `tcp`, `quic`, `shm`
-//! (N = 1..=4). What only one driver has (TLS pinning, segment files, …) is tested in its
+//! (N = 1..=4), `hybrid` (N = 1..=4, hosts of two ranks: its collectives only). What only one driver has (TLS pinning, segment files, …) is tested in its
 //! own file (`tcp.rs`, `quic.rs`, `shm.rs`, `inproc.rs`).
 
 mod common;
@@ -313,6 +313,15 @@ mod quic {
         killed: Expect { within: Duration::from_millis(4000), silent: true },
         stopped: Expect { within: Duration::from_millis(4000), silent: true },
     );
+}
+
+// Hosts of two ranks: shared memory within, TCP across (world 3: a host of one).
+#[cfg(all(feature = "tcp", feature = "shm", target_os = "linux"))]
+mod hybrid {
+    use super::common::*;
+    use super::NETWORK;
+
+    collectives!(Hybrid, NETWORK);
 }
 
 #[cfg(all(feature = "shm", target_os = "linux"))]

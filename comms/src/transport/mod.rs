@@ -12,13 +12,16 @@
 //! [`tcp`] (tokio, one connection per rank pair, authenticated by the run token); with the
 //! `quic` feature, [`quic`] (quinn, TLS 1.3 with the pinned run certificate, plus the run
 //! token); with the `shm` feature (Linux), [`shm`] (ranks on one host: byte rings in
-//! `/dev/shm` mappings, futex waits). The byte-stream drivers share their framing and egress shaping (`stream.rs`),
+//! `/dev/shm` mappings, futex waits); with both, [`hybrid`] (shared memory to the ranks on
+//! this host, TCP to the others, for multi-host runs). The byte-stream drivers share their framing and egress shaping (`stream.rs`),
 //! and TCP and QUIC their mesh set-up (who dials whom, the hello both ways, deadlines,
 //! errors naming the peer) and their send side, generic over a small `Link` trait
 //! (`mesh.rs`); TCP moves data with a blocking reader and writer thread per connection
 //! (`threaded.rs`), QUIC with a reader and a writer task (`quic_stream.rs`).
 
 pub mod channel;
+#[cfg(all(feature = "tcp", feature = "shm", target_os = "linux"))]
+pub mod hybrid;
 #[cfg(feature = "tcp")]
 mod mesh;
 #[cfg(feature = "mpi")]
@@ -169,6 +172,39 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn bytes(&self) -> ByteCount {
         (**self).bytes()
+    }
+}
+
+/// A callback a driver's receiving threads make after each event (message, closed or silent
+/// peer) they queue for the rank: how a receiver that waits on something else as well (the
+/// [`hybrid`] driver, asleep on its shared-memory doorbell) learns that this driver has
+/// something for it. It runs on the driver's threads, so it must be quick and must not
+/// block.
+#[derive(Clone)]
+pub struct OnEvent(std::sync::Arc<dyn Fn() + Send + Sync>);
+
+impl OnEvent {
+    /// Wraps `f`.
+    pub fn new(f: impl Fn() + Send + Sync + 'static) -> Self {
+        OnEvent(std::sync::Arc::new(f))
+    }
+
+    /// Makes the call.
+    pub(crate) fn call(&self) {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for OnEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnEvent(..)")
+    }
+}
+
+/// Two callbacks are equal when they are the same one.
+impl PartialEq for OnEvent {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
     }
 }
 

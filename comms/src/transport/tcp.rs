@@ -53,7 +53,7 @@ use tokio::net::{TcpListener, TcpStream};
 use super::mesh::{check_setup, mesh, runtime, transport_via_peers, Failed, Link, Peers};
 use super::stream::Outgoing;
 use super::threaded::{read_loop, write_loop};
-use super::{Inbox, TransportError};
+use super::{Inbox, OnEvent, TransportError};
 use crate::frame::FRAME_HEADER_LEN;
 use crate::shaping::LinkSpec;
 
@@ -86,6 +86,9 @@ pub struct TcpConfig {
     /// peer, whose connection stays open, even between collectives. `None`: never.
     /// Default 10 s; at least twice [`TcpConfig::heartbeat_interval`].
     pub peer_timeout: Option<Duration>,
+    /// Called by the reader threads after each event they queue for this rank (see
+    /// [`OnEvent`]). Default `None`.
+    pub on_event: Option<OnEvent>,
 }
 
 impl std::fmt::Debug for TcpConfig {
@@ -99,6 +102,7 @@ impl std::fmt::Debug for TcpConfig {
             .field("link", &self.link)
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("peer_timeout", &self.peer_timeout)
+            .field("on_event", &self.on_event)
             .finish()
     }
 }
@@ -115,6 +119,7 @@ impl TcpConfig {
             link: LinkSpec::default(),
             heartbeat_interval: Some(Duration::from_secs(1)),
             peer_timeout: Some(Duration::from_secs(10)),
+            on_event: None,
         }
     }
 }
@@ -181,10 +186,11 @@ impl TcpTransport {
             let (rd, wr) = (stream.try_clone()?, stream.try_clone()?);
             streams.push(stream);
             let (tx, max, quiet) = (tx.clone(), cfg.max_frame, cfg.peer_timeout);
+            let on_event = cfg.on_event.clone();
             readers.push(
                 std::thread::Builder::new()
                     .name(format!("dtrain-tcp-rd{peer}"))
-                    .spawn(move || read_loop(peer, rd, &buf, tx, max, quiet))?,
+                    .spawn(move || read_loop(peer, rd, &buf, tx, on_event, max, quiet))?,
             );
             let (wtx, wrx) = mpsc::channel();
             let (done, beat) = (done_tx.clone(), cfg.heartbeat_interval);

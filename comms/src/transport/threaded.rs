@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use tracing::warn;
 
 use super::stream::Outgoing;
-use super::{Event, TransportError};
+use super::{Event, OnEvent, TransportError};
 use crate::frame::{self, Frame, FrameError, FRAME_HEADER_LEN};
 use crate::pool;
 
@@ -53,11 +53,13 @@ pub(crate) fn read_loop(
     mut s: TcpStream,
     pending: &[u8],
     tx: Sender<Event>,
+    on_event: Option<OnEvent>,
     max: usize,
     peer_timeout: Option<Duration>,
 ) {
+    let queue = Queue { tx, on_event };
     let r = match s.set_read_timeout(peer_timeout) {
-        Ok(()) => read_frames(peer, &mut s, pending, &tx, max),
+        Ok(()) => read_frames(peer, &mut s, pending, &queue, max),
         Err(e) => Err(e.into()),
     };
     let end = match (r, peer_timeout) {
@@ -78,14 +80,31 @@ pub(crate) fn read_loop(
         }
         (Ok(()), _) => Event::Closed(peer),
     };
-    let _ = tx.send(end);
+    let _ = queue.send(end);
+}
+
+/// The rank's inbox queue, and who is told of each event queued there.
+struct Queue {
+    tx: Sender<Event>,
+    on_event: Option<OnEvent>,
+}
+
+impl Queue {
+    /// Queues `e`; `Err` when the transport is gone (nobody reads the queue any more).
+    fn send(&self, e: Event) -> Result<(), ()> {
+        self.tx.send(e).map_err(|_| ())?;
+        if let Some(f) = &self.on_event {
+            f.call();
+        }
+        Ok(())
+    }
 }
 
 fn read_frames(
     peer: usize,
     s: &mut TcpStream,
     pending: &[u8],
-    tx: &Sender<Event>,
+    tx: &Queue,
     max: usize,
 ) -> Result<(), TransportError> {
     let mut buf = vec![0u8; READ_BUF.max(pending.len())];
@@ -268,7 +287,7 @@ mod tests {
         let (mut a, b) = pair();
         let (tx, rx) = mpsc::channel();
         let quiet = Duration::from_millis(300);
-        let t = std::thread::spawn(move || read_loop(1, b, &[], tx, 1 << 20, Some(quiet)));
+        let t = std::thread::spawn(move || read_loop(1, b, &[], tx, None, 1 << 20, Some(quiet)));
         // Heartbeats around a message, each well within the peer timeout: only the message
         // comes through.
         for _ in 0..3 {

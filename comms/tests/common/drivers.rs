@@ -481,3 +481,16 @@ mod shm_driver {
         }
     }
 }
+
+/// The hybrid driver: hosts of two consecutive ranks (shared memory between them, TCP over
+/// 127.0.0.1 to the others).
+#[cfg(all(feature = "tcp", feature = "shm", target_os = "linux"))]
+pub struct Hybrid;
+
+#[cfg(all(feature = "tcp", feature = "shm", target_os = "linux"))]
+impl Mesh for Hybrid {
+    type T = dtrain_comms::transport::hybrid::HybridTransport;
+    fn make(&self, world: usize) -> Vec<Self::T> {
+        crate::common::hybrid::mesh(world, 2)
+    }
+}

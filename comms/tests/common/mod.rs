@@ -1345,3 +1345,53 @@ pub mod shm {
         mesh_with(world, config(TOKEN))
     }
 }
+
+/// Hybrid meshes (shared memory within a "host", TCP across): every `per_host` consecutive
+/// ranks declare the same host key, over 127.0.0.1, set up concurrently.
+#[cfg(all(feature = "tcp", feature = "shm", target_os = "linux"))]
+pub mod hybrid {
+    use std::net::{SocketAddr, TcpListener};
+
+    use dtrain_comms::transport::hybrid::HybridTransport;
+    use dtrain_comms::{ShmConfig, TcpConfig, TransportError};
+
+    /// One rank's TCP and shared-memory configs and host key.
+    pub type Config = (TcpConfig, ShmConfig, String);
+
+    /// Configs for `world` ranks, `per_host` to a host (the last host may have fewer).
+    pub fn configs(world: usize, per_host: usize) -> Vec<Config> {
+        let shm = super::shm::config(super::tcp::TOKEN);
+        (0..world)
+            .map(|r| {
+                (
+                    super::tcp::config(super::tcp::TOKEN),
+                    shm.clone(),
+                    format!("host {}", r / per_host),
+                )
+            })
+            .collect()
+    }
+
+    fn connect(
+        rank: usize,
+        peers: &[SocketAddr],
+        l: TcpListener,
+        (tcp, shm, key): Config,
+    ) -> Result<HybridTransport, TransportError> {
+        HybridTransport::connect(rank, peers, l, tcp, shm, &key)
+    }
+
+    /// Connects every rank with its own config; returns each rank's result.
+    pub fn try_mesh(cfgs: Vec<Config>) -> Vec<Result<HybridTransport, TransportError>> {
+        let (ls, addrs) = super::tcp::listeners(cfgs.len());
+        super::connect_each(ls, addrs, cfgs, connect)
+    }
+
+    /// A working mesh of `world` ranks, `per_host` to a host.
+    pub fn mesh(world: usize, per_host: usize) -> Vec<HybridTransport> {
+        try_mesh(configs(world, per_host))
+            .into_iter()
+            .map(|t| t.expect("mesh set-up"))
+            .collect()
+    }
+}

@@ -224,6 +224,32 @@ impl ShmTransport {
             .unwrap_or(0)
     }
 
+    /// A handle that wakes this rank's receiver from another thread of this process: it
+    /// rings the doorbell every sender rings, so a [`ShmTransport::recv_or`] asleep on it
+    /// re-checks its `interrupt` (the hybrid driver's TCP readers call it after queuing a
+    /// message). `None` for a world of one (nothing to wake: no doorbell).
+    pub(crate) fn waker(&self) -> Option<impl Fn() + Send + Sync + 'static> {
+        let own = self.own.clone()?;
+        Some(move || own.get().bell.0.notify())
+    }
+
+    /// [`Transport::recv`] (from any peer, or only from `only`) that also returns
+    /// `Ok(None)` once `interrupt` returns true: for a receiver that waits on these rings
+    /// and on something else. Whatever changes that something must call
+    /// [`ShmTransport::waker`]'s handle after the change is visible to `interrupt`, so no
+    /// wake-up is lost between the check and the sleep.
+    pub(crate) fn recv_or(
+        &mut self,
+        only: Option<usize>,
+        deadline: Instant,
+        interrupt: &dyn Fn() -> bool,
+    ) -> Result<Option<(usize, Vec<u8>)>, TransportError> {
+        if let Some(from) = only {
+            check_peer(from, self.rank, self.world)?;
+        }
+        self.recv_inner(only, deadline, Some(interrupt))
+    }
+
     /// Marks peers whose process exited as dead (both directions).
     fn check_liveness(&mut self) {
         for (inb, out) in self.inbound.iter_mut().zip(&self.outbound) {
@@ -281,11 +307,15 @@ impl ShmTransport {
         None
     }
 
+    /// The next message (from `only`, or from any peer), waiting until `deadline`; with
+    /// `interrupt`, `Ok(None)` as soon as it returns true (checked whenever no message is
+    /// ready, and again after every ring of the doorbell: see [`ShmTransport::waker`]).
     fn recv_inner(
         &mut self,
         only: Option<usize>,
         deadline: Instant,
-    ) -> Result<(usize, Vec<u8>), TransportError> {
+        interrupt: Option<&dyn Fn() -> bool>,
+    ) -> Result<Option<(usize, Vec<u8>)>, TransportError> {
         let Some(own) = self.own.clone() else {
             std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
             return Err(TransportError::Timeout);
@@ -294,15 +324,18 @@ impl ShmTransport {
         loop {
             let seen = bell.word.load(SeqCst);
             if let Some(r) = self.poll(only) {
-                return r;
+                return r.map(Some);
             }
             let now = Instant::now();
             if now >= self.next_check {
                 self.next_check = now + self.liveness;
                 self.check_liveness();
                 if let Some(r) = self.poll(only) {
-                    return r;
+                    return r.map(Some);
                 }
+            }
+            if interrupt.is_some_and(|stop| stop()) {
+                return Ok(None);
             }
             if now >= deadline {
                 return Err(TransportError::Timeout);
@@ -351,12 +384,15 @@ impl Transport for ShmTransport {
     }
 
     fn recv(&mut self, deadline: Instant) -> Result<(usize, Vec<u8>), TransportError> {
-        self.recv_inner(None, deadline)
+        self.recv_inner(None, deadline, None)?
+            .ok_or(TransportError::Timeout)
     }
 
     fn recv_from(&mut self, from: usize, deadline: Instant) -> Result<Vec<u8>, TransportError> {
         check_peer(from, self.rank, self.world)?;
-        self.recv_inner(Some(from), deadline).map(|(_, m)| m)
+        self.recv_inner(Some(from), deadline, None)?
+            .map(|(_, m)| m)
+            .ok_or(TransportError::Timeout)
     }
 
     fn bytes(&self) -> ByteCount {
