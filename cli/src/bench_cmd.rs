@@ -63,7 +63,8 @@ pub(crate) struct ModelsArgs {
 /// Options shared by the `bench allreduce` launcher and its workers.
 #[derive(Args, Debug)]
 pub(crate) struct CollectiveArgs {
-    /// Transport: tcp, quic, shm, or mpi (dtrain's ring over MPI point-to-point under
+    /// Transport: tcp, quic, shm, hybrid (shared memory among the ranks of one host, TCP
+    /// between hosts), or mpi (dtrain's ring over MPI point-to-point under
     /// mpirun; needs the `mpi` feature; native `MPI_Allreduce` is compared side by side by
     /// the comms example `mpi_allreduce`).
     #[arg(long, default_value = "tcp")]

@@ -1,8 +1,10 @@
 //! Issue #22: a run over two "hosts" on this machine — two `dtrain run --nnodes 2
 //! --node-rank i` launchers on loopback with 2 workers each — takes the hierarchical
 //! all-reduce for its dense buckets, says so, records it, and trains as the flat run does
-//! up to f32 rounding (the two sum in different orders: `dtrain_comms::algo::hierarchical`).
-//! A tiny MLP for 8 steps: about a second, most of it starting eight worker processes.
+//! up to f32 rounding (the two sum in different orders: `dtrain_comms::algo::hierarchical`);
+//! over `cluster.transport = "tcp"`, and over the `hybrid` driver that `auto` picks for it
+//! (shared memory within a node, TCP between), bit for bit alike. A tiny MLP for 8 steps:
+//! about a second a run, most of it starting the worker processes.
 
 use std::net::TcpListener;
 use std::path::Path;
@@ -12,7 +14,7 @@ fn dtrain() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dtrain"))
 }
 
-fn config(out: &Path) -> String {
+fn config(out: &Path, transport: &str) -> String {
     format!(
         r#"
 name = "nodes"
@@ -35,7 +37,7 @@ epochs = 1
 max_steps = 8
 [cluster]
 workers = 4
-transport = "tcp"
+transport = "{transport}"
 [compress]
 kind = "none"
 [checkpoint]
@@ -57,27 +59,24 @@ fn summary(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
 }
 
-#[test]
-fn two_node_launchers_on_loopback_take_the_hierarchical_all_reduce() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = tmp.path().join("nodes.toml");
-    std::fs::write(&cfg, config(&tmp.path().join("runs"))).unwrap();
+/// Runs the config at `cfg` on two node launchers of 2 workers each over loopback, into
+/// `dir`; returns node 0's log.
+fn two_nodes(cfg: &Path, dir: &Path, token: &str) -> String {
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let rdv = format!("127.0.0.1:{port}");
-    let dir = tmp.path().join("two-nodes");
     let node = |i: usize| {
         let mut c = dtrain();
         c.arg("run")
-            .arg(&cfg)
+            .arg(cfg)
             .args(["--nnodes", "2", "--node-rank", &i.to_string()])
             .args(["--rendezvous", &rdv])
             .arg("--run-dir")
-            .arg(&dir)
-            .env("DTRAIN_RUN_TOKEN", "two-nodes-on-loopback")
+            .arg(dir)
+            .env("DTRAIN_RUN_TOKEN", token)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         c.spawn().unwrap()
@@ -89,6 +88,16 @@ fn two_node_launchers_on_loopback_take_the_hierarchical_all_reduce() {
     );
     let log = ok(&o0, "node 0");
     ok(&o1, "node 1");
+    log
+}
+
+#[test]
+fn two_node_launchers_on_loopback_take_the_hierarchical_all_reduce() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("nodes.toml");
+    std::fs::write(&cfg, config(&tmp.path().join("runs"), "tcp")).unwrap();
+    let dir = tmp.path().join("two-nodes");
+    let log = two_nodes(&cfg, &dir, "two-nodes-on-loopback");
     assert!(
         log.contains("hierarchical all-reduce over 2 hosts × 2 ranks (leaders [0, 2])"),
         "{log}"
@@ -97,6 +106,26 @@ fn two_node_launchers_on_loopback_take_the_hierarchical_all_reduce() {
     assert_eq!(s["collective"], "hierarchical-allreduce", "{s}");
     assert_eq!(s["hosts"], 2, "{s}");
     assert_eq!(s["workers"], 4, "{s}");
+
+    // `auto` takes the hybrid driver for two nodes of two workers: the same algorithm over
+    // shared memory within each node, so the same bits.
+    let auto_cfg = tmp.path().join("nodes-auto.toml");
+    std::fs::write(&auto_cfg, config(&tmp.path().join("runs"), "auto")).unwrap();
+    let hybrid_dir = tmp.path().join("two-nodes-hybrid");
+    let log = two_nodes(&auto_cfg, &hybrid_dir, "two-hybrid-nodes-on-loopback");
+    assert!(
+        log.contains("cluster.transport = \"auto\": hybrid (2 nodes of 2 workers"),
+        "{log}"
+    );
+    let written = std::fs::read_to_string(hybrid_dir.join("config.toml")).unwrap();
+    assert!(written.contains("transport = \"hybrid\""), "{written}");
+    let h = summary(&hybrid_dir);
+    assert_eq!(h["collective"], "hierarchical-allreduce", "{h}");
+    assert_eq!(
+        h["final_train_loss"].as_f64().unwrap().to_bits(),
+        s["final_train_loss"].as_f64().unwrap().to_bits(),
+        "hybrid {h} vs tcp {s}"
+    );
 
     // The same run on one launcher: the flat all-reduce, the same model up to rounding.
     let flat_dir = tmp.path().join("one-node");

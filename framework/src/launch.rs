@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use dtrain_comms::rendezvous::{self, Host, RendezvousConfig, RunIdentity};
 use dtrain_comms::shaping::LinkSpec;
+use dtrain_comms::transport::hybrid::HybridTransport;
 use dtrain_comms::{
     CommConfig, Communicator, QuicConfig, QuicTransport, ShmConfig, ShmTransport, TcpConfig,
     TcpTransport, Transport,
@@ -333,31 +334,49 @@ pub fn choose_checkpoint(
 /// What `cluster.transport = "auto"` becomes for a run of `world` ranks, and why (one line
 /// for the launch log); any other kind is returned as it is, with no reason.
 ///
-/// `one_host` says that every rank is a worker process of this launcher (standalone
-/// `dtrain run` without `--nnodes`). Then the run uses `shm` — on one host it is 2–5× faster
-/// than loopback TCP (`dtrain bench allreduce`) — provided the shared-memory file system has
-/// room for the rings with a quarter to spare; on Docker's default 64 MiB `/dev/shm` that is
-/// up to 4 workers. Otherwise (several nodes, ranks started by a scheduler, one worker, or
-/// too little room) the run uses `tcp`.
+/// `nodes` is the number of node launchers whose workers the ranks are (`Some(1)`: a
+/// standalone `dtrain run`; `Some(M)`: `--nnodes M`), `None` for ranks started by a
+/// scheduler. On one node the run uses `shm` — on one host it is 2–5× faster than loopback
+/// TCP (`dtrain bench allreduce`) — provided the shared-memory file system has room for the
+/// rings with a quarter to spare; on Docker's default 64 MiB `/dev/shm` that is up to 4
+/// workers. On several nodes with several workers each it uses `hybrid`: shared memory
+/// among each node's workers (the hierarchical all-reduce's host-local stages), TCP
+/// between nodes; every node launcher makes the same choice from the same numbers, and a
+/// node whose `/dev/shm` lacks room falls back to TCP inside the driver, where its ranks
+/// agree on it. Otherwise (one worker per node, ranks started by a scheduler — which may
+/// give ranks on one machine separate `/dev/shm`s —, one worker, or too little room on one
+/// node) the run uses `tcp`.
 pub fn resolve_transport(
     kind: TransportKind,
     world: usize,
-    one_host: bool,
+    nodes: Option<usize>,
 ) -> (TransportKind, Option<String>) {
     if kind != TransportKind::Auto {
         return (kind, None);
     }
-    let (k, why) = if !one_host {
-        (
+    let (k, why) = match nodes {
+        None => (
             TransportKind::Tcp,
-            "the ranks may be on several hosts".into(),
-        )
-    } else if world <= 1 {
-        (TransportKind::Tcp, "one worker: nothing to connect".into())
-    } else {
-        let cfg = ShmConfig::new(Vec::new(), Vec::new());
-        let free = dtrain_comms::transport::shm::free_bytes(&cfg.dir);
-        shm_if_room(world, cfg.mesh_bytes(world), &cfg.dir, free)
+            "ranks started by a scheduler may be on several hosts".into(),
+        ),
+        Some(_) if world <= 1 => (TransportKind::Tcp, "one worker: nothing to connect".into()),
+        Some(0 | 1) => {
+            let cfg = ShmConfig::new(Vec::new(), Vec::new());
+            let free = dtrain_comms::transport::shm::free_bytes(&cfg.dir);
+            shm_if_room(world, cfg.mesh_bytes(world), &cfg.dir, free)
+        }
+        Some(n) if world / n <= 1 => (
+            TransportKind::Tcp,
+            format!("{n} nodes of one worker each: no two ranks share a host"),
+        ),
+        Some(n) => (
+            TransportKind::Hybrid,
+            format!(
+                "{n} nodes of {} workers: shared memory among each node's workers (where its \
+                 /dev/shm has room for the rings), tcp between the nodes",
+                world / n
+            ),
+        ),
     };
     (
         k,
@@ -467,6 +486,31 @@ pub fn connect(
             };
             Box::new(ShmTransport::connect(rank, world, cfg).map_err(|e| e.to_string())?)
         }
+        TransportKind::Hybrid => {
+            let l = TcpListener::bind((ip, 0)).map_err(|e| e.to_string())?;
+            let me = l.local_addr().map_err(|e| e.to_string())?;
+            let j = rendezvous::join(host, rank, world, me, &rcfg).map_err(|e| e.to_string())?;
+            let tcp = TcpConfig {
+                link,
+                heartbeat_interval: Some(liveness.heartbeat),
+                peer_timeout: Some(liveness.peer_timeout),
+                connect_timeout: timeout,
+                ..TcpConfig::new(token.as_bytes().to_vec())
+            };
+            // The emulated link is the network's: the host-local rings are not shaped.
+            let shm = ShmConfig {
+                connect_timeout: timeout,
+                ..ShmConfig::from_joined(token.as_bytes().to_vec(), &j)
+            };
+            let mut key = hosts::host_key();
+            while key.len() > dtrain_comms::topology::MAX_KEY_LEN {
+                key.pop();
+            }
+            Box::new(
+                HybridTransport::connect(rank, &j.peers, l, tcp, shm, &key)
+                    .map_err(|e| e.to_string())?,
+            )
+        }
         TransportKind::Mpi => {
             return Err(
                 "transport mpi: the ranks and their connections are MPI's (started by \
@@ -495,9 +539,11 @@ pub(crate) fn host_rendezvous(
 ) -> Result<Host, String> {
     let identity = match kind {
         TransportKind::Quic => RunIdentity::generate().map_err(|e| e.to_string())?,
-        TransportKind::Tcp | TransportKind::Shm | TransportKind::Mpi | TransportKind::Auto => {
-            RunIdentity::default()
-        }
+        TransportKind::Tcp
+        | TransportKind::Shm
+        | TransportKind::Hybrid
+        | TransportKind::Mpi
+        | TransportKind::Auto => RunIdentity::default(),
     };
     let listener =
         TcpListener::bind(addr).map_err(|e| format!("rendezvous: binding {addr}: {e}"))?;
@@ -693,7 +739,7 @@ pub fn launch(
     // Resolved before the run directory is written: its config.toml names the transport
     // the workers use.
     let mut plan = plan;
-    let (kind, why) = resolve_transport(plan.config.cluster.transport, world, nnodes == 1);
+    let (kind, why) = resolve_transport(plan.config.cluster.transport, world, Some(nnodes));
     plan.config.cluster.transport = kind;
     if let Some(why) = why {
         log(&why);
@@ -868,7 +914,7 @@ pub fn run_as_rank(
         .into());
     }
     let mut plan = plan;
-    let (kind, why) = resolve_transport(plan.config.cluster.transport, world, false);
+    let (kind, why) = resolve_transport(plan.config.cluster.transport, world, None);
     plan.config.cluster.transport = kind;
     if let (Some(why), 0) = (why, rank) {
         log(&why);
@@ -949,30 +995,35 @@ mod tests {
         let (k, why) = shm_if_room(2, need, dir, gone);
         assert_eq!(k, TransportKind::Tcp);
         assert!(why.contains("/dev/shm is not usable"), "{why}");
-        // Several hosts possible, or nothing to connect: tcp without looking.
-        assert_eq!(
-            resolve_transport(TransportKind::Auto, 4, false).0,
-            TransportKind::Tcp
-        );
-        assert_eq!(
-            resolve_transport(TransportKind::Auto, 1, true).0,
-            TransportKind::Tcp
-        );
+        // A scheduler's ranks, one worker, one worker per node: tcp without looking.
+        for (world, nodes) in [(4, None), (1, Some(1)), (3, Some(3))] {
+            let (k, why) = resolve_transport(TransportKind::Auto, world, nodes);
+            assert_eq!(k, TransportKind::Tcp, "{why:?}");
+        }
+        // Several nodes of several workers: hybrid, decided from the numbers alone (every
+        // node launcher must choose alike).
+        let (k, why) = resolve_transport(TransportKind::Auto, 8, Some(2));
+        assert_eq!(k, TransportKind::Hybrid);
+        assert!(why.unwrap().contains("2 nodes of 4 workers"));
         // Other kinds pass through untouched, with nothing to log.
         for k in [
             TransportKind::Tcp,
             TransportKind::Quic,
             TransportKind::Shm,
+            TransportKind::Hybrid,
             TransportKind::Mpi,
         ] {
-            assert_eq!(resolve_transport(k, 4, true), (k, None));
+            assert_eq!(resolve_transport(k, 4, Some(1)), (k, None));
         }
         // The real lookup names what it chose.
-        let (k, why) = resolve_transport(TransportKind::Auto, 2, false);
+        let (k, why) = resolve_transport(TransportKind::Auto, 2, None);
         assert_eq!(k, TransportKind::Tcp);
         assert_eq!(
             why.as_deref(),
-            Some("cluster.transport = \"auto\": tcp (the ranks may be on several hosts)")
+            Some(
+                "cluster.transport = \"auto\": tcp (ranks started by a scheduler may be on \
+                 several hosts)"
+            )
         );
     }
 

@@ -47,7 +47,7 @@ impl Options {
         if self.transport == TransportKind::Auto {
             return Err(
                 "--transport auto is for training runs; a benchmark names its transport \
-                 (tcp, quic, shm or mpi)"
+                 (tcp, quic, shm, hybrid or mpi)"
                     .into(),
             );
         }

@@ -257,7 +257,8 @@ fn one_u64() -> u64 {
 pub enum TransportKind {
     /// The default: `shm` when every rank is a worker process of one `dtrain run` on this
     /// host (no `--nnodes`, no scheduler) and the shared-memory file system has room for
-    /// the rings, else `tcp`. The launcher resolves it before the workers start: the run
+    /// the rings; `hybrid` for `--nnodes` runs with several workers per node; else `tcp`.
+    /// The launcher resolves it before the workers start: the run
     /// directory's `config.toml` names the transport chosen, and the launch log says why
     /// (see [`crate::launch::resolve_transport`]).
     #[default]
@@ -269,6 +270,13 @@ pub enum TransportKind {
     /// Shared memory between processes on one host (Linux `/dev/shm` rings; every rank
     /// must be on the same host). The fastest choice for a standalone run.
     Shm,
+    /// Shared memory among the ranks on one host, TCP between hosts (the hybrid driver of
+    /// `dtrain_comms::transport::hybrid`): what `auto` picks for a multi-node run
+    /// (`--nnodes`) with several workers per node, so the hierarchical all-reduce's
+    /// host-local stages stay off the network. Ranks group by their host key (the node
+    /// launcher's node, else the host name); a host whose `/dev/shm` has no room for the
+    /// rings uses TCP between its ranks too.
+    Hybrid,
     /// MPI point-to-point messages (dtrain's own collectives on top): the ranks are MPI's,
     /// started by `mpirun` (`dtrain run` starts it itself on one node). Needs a `dtrain`
     /// built with the `mpi` feature.
@@ -283,9 +291,10 @@ impl std::str::FromStr for TransportKind {
             "tcp" => Ok(TransportKind::Tcp),
             "quic" => Ok(TransportKind::Quic),
             "shm" => Ok(TransportKind::Shm),
+            "hybrid" => Ok(TransportKind::Hybrid),
             "mpi" => Ok(TransportKind::Mpi),
             _ => Err(format!(
-                "unknown transport {s:?} (auto, tcp, quic, shm, mpi)"
+                "unknown transport {s:?} (auto, tcp, quic, shm, hybrid, mpi)"
             )),
         }
     }
@@ -298,6 +307,7 @@ impl std::fmt::Display for TransportKind {
             TransportKind::Tcp => "tcp",
             TransportKind::Quic => "quic",
             TransportKind::Shm => "shm",
+            TransportKind::Hybrid => "hybrid",
             TransportKind::Mpi => "mpi",
         })
     }

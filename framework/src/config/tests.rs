@@ -58,7 +58,7 @@ fn overrides_apply_before_validation() {
 fn the_transport_defaults_to_auto_and_every_kind_round_trips() {
     let p = parse(GOOD, &[]).unwrap();
     assert_eq!(p.config.cluster.transport, TransportKind::Auto);
-    for k in ["auto", "tcp", "quic", "shm", "mpi"] {
+    for k in ["auto", "tcp", "quic", "shm", "hybrid", "mpi"] {
         let p = parse(GOOD, &[&format!("cluster.transport=\"{k}\"")]).unwrap();
         assert_eq!(p.config.cluster.transport.to_string(), k);
         assert_eq!(
