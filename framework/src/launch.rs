@@ -441,18 +441,23 @@ pub fn connect(
         ..RendezvousConfig::new(token.as_bytes().to_vec())
     };
     let ip = rendezvous::bind_ip_for(host);
+    // A TCP listener of this rank, the rendezvous joined with its address.
+    let listen_and_join = || -> Result<(TcpListener, rendezvous::Joined), String> {
+        let l = TcpListener::bind((ip, 0)).map_err(|e| e.to_string())?;
+        let me = l.local_addr().map_err(|e| e.to_string())?;
+        let j = rendezvous::join(host, rank, world, me, &rcfg).map_err(|e| e.to_string())?;
+        Ok((l, j))
+    };
+    let tcp = TcpConfig {
+        link,
+        heartbeat_interval: Some(liveness.heartbeat),
+        peer_timeout: Some(liveness.peer_timeout),
+        ..TcpConfig::new(token.as_bytes().to_vec())
+    };
     Ok(match kind {
         TransportKind::Tcp => {
-            let l = TcpListener::bind((ip, 0)).map_err(|e| e.to_string())?;
-            let me = l.local_addr().map_err(|e| e.to_string())?;
-            let j = rendezvous::join(host, rank, world, me, &rcfg).map_err(|e| e.to_string())?;
-            let cfg = TcpConfig {
-                link,
-                heartbeat_interval: Some(liveness.heartbeat),
-                peer_timeout: Some(liveness.peer_timeout),
-                ..TcpConfig::new(token.as_bytes().to_vec())
-            };
-            Box::new(TcpTransport::connect(rank, &j.peers, l, cfg).map_err(|e| e.to_string())?)
+            let (l, j) = listen_and_join()?;
+            Box::new(TcpTransport::connect(rank, &j.peers, l, tcp).map_err(|e| e.to_string())?)
         }
         TransportKind::Quic => {
             let s = UdpSocket::bind((ip, 0)).map_err(|e| e.to_string())?;
@@ -469,9 +474,7 @@ pub fn connect(
         TransportKind::Shm => {
             // The rendezvous still runs (it checks the token and tells every rank the world);
             // the address joined with is only this host's, for the same-host check.
-            let l = TcpListener::bind((ip, 0)).map_err(|e| e.to_string())?;
-            let me = l.local_addr().map_err(|e| e.to_string())?;
-            let j = rendezvous::join(host, rank, world, me, &rcfg).map_err(|e| e.to_string())?;
+            let (_l, j) = listen_and_join()?;
             if !dtrain_comms::transport::shm::same_host(&j.peers) {
                 return Err(format!(
                     "transport shm needs every rank on one host; the ranks joined from {:?} \
@@ -487,27 +490,14 @@ pub fn connect(
             Box::new(ShmTransport::connect(rank, world, cfg).map_err(|e| e.to_string())?)
         }
         TransportKind::Hybrid => {
-            let l = TcpListener::bind((ip, 0)).map_err(|e| e.to_string())?;
-            let me = l.local_addr().map_err(|e| e.to_string())?;
-            let j = rendezvous::join(host, rank, world, me, &rcfg).map_err(|e| e.to_string())?;
-            let tcp = TcpConfig {
-                link,
-                heartbeat_interval: Some(liveness.heartbeat),
-                peer_timeout: Some(liveness.peer_timeout),
-                connect_timeout: timeout,
-                ..TcpConfig::new(token.as_bytes().to_vec())
-            };
+            let (l, j) = listen_and_join()?;
             // The emulated link is the network's: the host-local rings are not shaped.
             let shm = ShmConfig {
                 connect_timeout: timeout,
                 ..ShmConfig::from_joined(token.as_bytes().to_vec(), &j)
             };
-            let mut key = hosts::host_key();
-            while key.len() > dtrain_comms::topology::MAX_KEY_LEN {
-                key.pop();
-            }
             Box::new(
-                HybridTransport::connect(rank, &j.peers, l, tcp, shm, &key)
+                HybridTransport::connect(rank, &j.peers, l, tcp, shm, &hosts::host_key())
                     .map_err(|e| e.to_string())?,
             )
         }

@@ -22,17 +22,25 @@ use dtrain_comms::{CommError, Communicator, Transport};
 /// (set only with `--nnodes` above 1).
 pub const NODE_ENV: &str = "DTRAIN_NODE_RANK";
 
-/// This worker's host key (see the [module docs](self)).
+/// This worker's host key (see the [module docs](self)), at most
+/// [`MAX_KEY_LEN`](dtrain_comms::topology::MAX_KEY_LEN) bytes (keys are bounded on the wire;
+/// a longer host name is cut at a character boundary).
 pub fn host_key() -> String {
-    if let Ok(node) = std::env::var(NODE_ENV) {
-        return format!("node {}", node.trim());
+    let mut key = match std::env::var(NODE_ENV) {
+        Ok(node) => format!("node {}", node.trim()),
+        Err(_) => {
+            let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .or_else(|| std::env::var("HOSTNAME").ok())
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty());
+            format!("host {}", name.as_deref().unwrap_or("localhost"))
+        }
+    };
+    while key.len() > dtrain_comms::topology::MAX_KEY_LEN {
+        key.pop();
     }
-    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty());
-    format!("host {}", name.as_deref().unwrap_or("localhost"))
+    key
 }
 
 /// The run's topology, learnt from every rank's [`host_key`] (one all-gather; none for a
@@ -41,12 +49,7 @@ pub fn discover<T: Transport>(comm: &mut Communicator<T>) -> Result<Topology, Co
     if comm.world_size() == 1 {
         return Ok(Topology::single_host(1));
     }
-    let mut key = host_key();
-    // Keys are bounded on the wire; a longer host name is cut at a character boundary.
-    while key.len() > dtrain_comms::topology::MAX_KEY_LEN {
-        key.pop();
-    }
-    Topology::gather(comm, &key)
+    Topology::gather(comm, &host_key())
 }
 
 #[cfg(test)]
