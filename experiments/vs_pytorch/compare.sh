@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# experiments/vs_pytorch/compare.sh — dtrain's CPU step time beside PyTorch's, same models,
+# same batch, same thread counts, interleaved over several rounds (issue #26).
+#
+#   experiments/vs_pytorch/compare.sh [ROUNDS] [OUT]     (default 3 rounds, OUT = runs/vs-pytorch)
+#
+# Environment: DTRAIN_BIN (default target/release/dtrain, built if missing), PYTHON (a python
+# with torch; default venv/bin/python, else python3), MODELS (default
+# "mlp/mnist,lenet/lenet5,alexnet/cifar,resnet/resnet20,lstm/word"), THREADS (default "1 2"),
+# STEPS (default 10), WARMUP (default 2).
+#
+# Every round runs, for each thread count, `dtrain bench models --json` and the PyTorch twins
+# (`models.py --json`) one after the other, so slow drift of the machine touches both alike.
+# The table takes each figure's median over the rounds and the ratio dtrain / PyTorch; the
+# last column is each framework's speed-up from the first thread count to the last. Like every
+# timing here, it is only worth publishing from an idle machine: the script refuses to start
+# while the 1-minute load is above 0.3 or a rustc is running (COMPARE_FORCE=1 skips the check).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+rounds=${1:-3}
+out=${2:-runs/vs-pytorch}
+models=${MODELS:-mlp/mnist,lenet/lenet5,alexnet/cifar,resnet/resnet20,lstm/word}
+threads=${THREADS:-1 2}
+steps=${STEPS:-10}
+warmup=${WARMUP:-2}
+die() { echo "compare: $*" >&2; exit 1; }
+
+if [ "${COMPARE_FORCE:-0}" != 1 ]; then
+  load=$(cut -d' ' -f1 /proc/loadavg)
+  python3 -c "import sys; sys.exit(0 if float('$load') <= 0.3 else 1)" \
+    || die "1-minute load is $load (> 0.3): not an idle machine (COMPARE_FORCE=1 to run anyway)"
+  if pgrep -x rustc >/dev/null; then
+    die "a rustc is running: not an idle machine (COMPARE_FORCE=1 to run anyway)"
+  fi
+fi
+
+bin=${DTRAIN_BIN:-target/release/dtrain}
+[ -x "$bin" ] || cargo build --release -p dtrain-cli
+py=${PYTHON:-}
+if [ -z "$py" ]; then
+  if [ -x venv/bin/python ]; then py=venv/bin/python; else py=python3; fi
+fi
+"$py" -c "import torch" 2>/dev/null || die "$py has no torch (see experiments/vs_pytorch/README.md)"
+
+mkdir -p "$out"
+for r in $(seq 1 "$rounds"); do
+  for t in $threads; do
+    echo "compare: round $r/$rounds, $t thread(s): dtrain"
+    RAYON_NUM_THREADS=$t "$bin" bench models --models "$models" --warmup "$warmup" \
+      --steps "$steps" --json >"$out/dtrain-t$t-r$r.json"
+    echo "compare: round $r/$rounds, $t thread(s): pytorch"
+    "$py" experiments/vs_pytorch/models.py --threads "$t" --models "$models" \
+      --warmup "$warmup" --steps "$steps" --json >"$out/pytorch-t$t-r$r.json"
+  done
+done
+
+"$py" - "$out" "$rounds" "$threads" <<'EOF' | tee "$out/compare.md"
+import json, statistics, sys
+out, rounds, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
+def load(fw, t, r):
+    return {row["model"]: row["timing"] for row in json.load(open(f"{out}/{fw}-t{t}-r{r}.json"))}
+runs = {(fw, t): [load(fw, t, r) for r in range(1, rounds + 1)]
+        for fw in ("dtrain", "pytorch") for t in threads}
+def med(fw, t, model, key):
+    return statistics.median(run[model][key] for run in runs[(fw, t)])
+models = list(runs[("dtrain", threads[0])][0])
+print(f"\nmedian of {rounds} rounds, ms per step (forward / backward); ratio = dtrain / PyTorch\n")
+head = "| model | threads | dtrain step | dtrain fwd / bwd | PyTorch step | PyTorch fwd / bwd | ratio |"
+print(head)
+print("|---|---|---|---|---|---|---|")
+for m in models:
+    for t in threads:
+        d, p = med("dtrain", t, m, "step_ms"), med("pytorch", t, m, "step_ms")
+        print(f"| {m} | {t} | {d:.1f} | {med('dtrain', t, m, 'forward_ms'):.1f} / "
+              f"{med('dtrain', t, m, 'backward_ms'):.1f} | {p:.1f} | "
+              f"{med('pytorch', t, m, 'forward_ms'):.1f} / {med('pytorch', t, m, 'backward_ms'):.1f}"
+              f" | {d / p:.2f}x |")
+if len(threads) > 1:
+    a, b = threads[0], threads[-1]
+    print(f"\nspeed-up from {a} to {b} threads (step time)\n")
+    print("| model | dtrain | PyTorch |")
+    print("|---|---|---|")
+    for m in models:
+        print(f"| {m} | {med('dtrain', a, m, 'step_ms') / med('dtrain', b, m, 'step_ms'):.2f}x | "
+              f"{med('pytorch', a, m, 'step_ms') / med('pytorch', b, m, 'step_ms'):.2f}x |")
+EOF
