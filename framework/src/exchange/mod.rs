@@ -346,10 +346,7 @@ impl Exchanger {
             };
             let range = contiguous(&b);
             let shapes = b.params.iter().map(|&i| params[i].shape.clone()).collect();
-            let route = match pipe {
-                Some(_) => Route::Compressed(GatherCollective::AllGather),
-                None => Route::Dense,
-            };
+            let route = Route::fixed(pipe.is_some(), GatherCollective::AllGather);
             slots.push(Slot {
                 bucket: b,
                 pipe,
@@ -415,15 +412,8 @@ impl Exchanger {
     pub fn set_gather_collective(&mut self, c: GatherCollective) {
         self.gather = c;
         self.auto_pending = c == GatherCollective::Auto;
-        let fixed = match c {
-            GatherCollective::Auto => GatherCollective::AllGather,
-            c => c,
-        };
         for s in &mut self.slots {
-            s.route = match s.pipe {
-                Some(_) => Route::Compressed(fixed),
-                None => Route::Dense,
-            };
+            s.route = Route::fixed(s.pipe.is_some(), c);
         }
     }
 

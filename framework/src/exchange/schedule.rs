@@ -49,6 +49,17 @@ pub enum Route {
 }
 
 impl Route {
+    /// A bucket's route before (or without) the automatic choice: a compressed bucket's
+    /// payloads through `collective` (the all-gather for [`GatherCollective::Auto`], until
+    /// it has chosen), an uncompressed bucket dense.
+    pub(super) fn fixed(compressed: bool, collective: GatherCollective) -> Route {
+        match (compressed, collective) {
+            (false, _) => Route::Dense,
+            (true, GatherCollective::Auto) => Route::Compressed(GatherCollective::AllGather),
+            (true, g) => Route::Compressed(g),
+        }
+    }
+
     /// `dense`, or the collective's config spelling (as checkpoints record the route).
     pub fn name(self) -> &'static str {
         match self {
