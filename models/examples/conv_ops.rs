@@ -34,122 +34,48 @@ struct Layer {
     count: usize,
 }
 
+/// A [`Layer`] in one line: name, `c_in`, input size, `c_out`, kernel, stride, padding,
+/// count.
+#[allow(clippy::too_many_arguments)]
+const fn layer(
+    name: &'static str,
+    c_in: usize,
+    hw: usize,
+    c_out: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+    count: usize,
+) -> Layer {
+    Layer {
+        name,
+        c_in,
+        hw,
+        c_out,
+        k,
+        stride,
+        pad,
+        count,
+    }
+}
+
 const RESNET20: &[Layer] = &[
-    Layer {
-        name: "stem 3→16 @32",
-        c_in: 3,
-        hw: 32,
-        c_out: 16,
-        k: 3,
-        stride: 1,
-        pad: 1,
-        count: 1,
-    },
-    Layer {
-        name: "16→16 @32",
-        c_in: 16,
-        hw: 32,
-        c_out: 16,
-        k: 3,
-        stride: 1,
-        pad: 1,
-        count: 6,
-    },
-    Layer {
-        name: "16→32 /2 @32",
-        c_in: 16,
-        hw: 32,
-        c_out: 32,
-        k: 3,
-        stride: 2,
-        pad: 1,
-        count: 1,
-    },
-    Layer {
-        name: "32→32 @16",
-        c_in: 32,
-        hw: 16,
-        c_out: 32,
-        k: 3,
-        stride: 1,
-        pad: 1,
-        count: 5,
-    },
-    Layer {
-        name: "32→64 /2 @16",
-        c_in: 32,
-        hw: 16,
-        c_out: 64,
-        k: 3,
-        stride: 2,
-        pad: 1,
-        count: 1,
-    },
-    Layer {
-        name: "64→64 @8",
-        c_in: 64,
-        hw: 8,
-        c_out: 64,
-        k: 3,
-        stride: 1,
-        pad: 1,
-        count: 5,
-    },
+    layer("stem 3→16 @32", 3, 32, 16, 3, 1, 1, 1),
+    layer("16→16 @32", 16, 32, 16, 3, 1, 1, 6),
+    layer("16→32 /2 @32", 16, 32, 32, 3, 2, 1, 1),
+    layer("32→32 @16", 32, 16, 32, 3, 1, 1, 5),
+    layer("32→64 /2 @16", 32, 16, 64, 3, 2, 1, 1),
+    layer("64→64 @8", 64, 8, 64, 3, 1, 1, 5),
 ];
 
 // AlexNet-CIFAR as models/src/alexnet.rs builds it (CIFAR_CONVS; 2×2 max pools after
 // convolutions 1, 2 and 5: 32 → 8 → 4 → 2).
 const ALEXNET: &[Layer] = &[
-    Layer {
-        name: "3→64 11x11 /4 @32",
-        c_in: 3,
-        hw: 32,
-        c_out: 64,
-        k: 11,
-        stride: 4,
-        pad: 5,
-        count: 1,
-    },
-    Layer {
-        name: "64→192 5x5 @4",
-        c_in: 64,
-        hw: 4,
-        c_out: 192,
-        k: 5,
-        stride: 1,
-        pad: 2,
-        count: 1,
-    },
-    Layer {
-        name: "192→384 @2",
-        c_in: 192,
-        hw: 2,
-        c_out: 384,
-        k: 3,
-        stride: 1,
-        pad: 1,
-        count: 1,
-    },
-    Layer {
-        name: "384→256 @2",
-        c_in: 384,
-        hw: 2,
-        c_out: 256,
-        k: 3,
-        stride: 1,
-        pad: 1,
-        count: 1,
-    },
-    Layer {
-        name: "256→256 @2",
-        c_in: 256,
-        hw: 2,
-        c_out: 256,
-        k: 3,
-        stride: 1,
-        pad: 1,
-        count: 1,
-    },
+    layer("3→64 11x11 /4 @32", 3, 32, 64, 11, 4, 5, 1),
+    layer("64→192 5x5 @4", 64, 4, 192, 5, 1, 2, 1),
+    layer("192→384 @2", 192, 2, 384, 3, 1, 1, 1),
+    layer("384→256 @2", 384, 2, 256, 3, 1, 1, 1),
+    layer("256→256 @2", 256, 2, 256, 3, 1, 1, 1),
 ];
 
 const BATCH: usize = 32;
