@@ -7,10 +7,12 @@
 //! often the layer occurs in the model (issue #26's per-operation profile).
 //!
 //! ```text
-//! RAYON_NUM_THREADS=1 cargo run --release -p dtrain-models --example conv_ops -- [steps] [model]
+//! RAYON_NUM_THREADS=1 cargo run --release -p dtrain-models --example conv_ops -- [steps] [model] [kernels]
 //! ```
 //!
-//! `model` is `resnet20` (default), `alexnet` or `all`. Prints one row per layer shape and
+//! `model` is `resnet20` (default), `alexnet` or `all`; `kernels` is `burn` (Flex's own
+//! passes), `gemm` (the zoo's, `dtrain_models::gemm_conv`) or `both` (default, one after the
+//! other). Prints one row per layer shape and
 //! the totals per pass; `FLOP/s` is 2·MACs / time of the pass, the figure to hold against the
 //! machine's peak (one AVX2 core with two FMA units: 16 f32 FMAs, 32 FLOP, a cycle).
 
@@ -20,6 +22,7 @@ use burn::backend::ops::{ConvOptions, FloatTensorOps, ModuleOps};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::Flex;
 use burn::tensor::TensorData;
+use dtrain_models::gemm_conv::{ConvGeometry, GemmConvOps};
 
 /// One convolution of a model: input `[n, c_in, h, w]`, `c_out` filters `k × k`, stride,
 /// padding, and how many times it occurs.
@@ -113,9 +116,10 @@ fn time(steps: usize, mut f: impl FnMut()) -> f64 {
     )
 }
 
-fn profile(model: &str, layers: &[Layer], steps: usize) {
+fn profile(model: &str, layers: &[Layer], steps: usize, gemm: bool) {
     println!(
-        "\n{model}, batch {BATCH}, RAYON_NUM_THREADS={}: ms per occurrence × count (GFLOP/s of the pass)",
+        "\n{model}, {} kernels, batch {BATCH}, RAYON_NUM_THREADS={}: ms per occurrence × count (GFLOP/s of the pass)",
+        if gemm { "gemm_conv" } else { "burn's Flex" },
         std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "default".into())
     );
     println!(
@@ -126,19 +130,37 @@ fn profile(model: &str, layers: &[Layer], steps: usize) {
     for l in layers {
         let out = (l.hw + 2 * l.pad - l.k) / l.stride + 1;
         let opts = ConvOptions::new([l.stride; 2], [l.pad; 2], [1, 1], 1);
+        let geo = ConvGeometry {
+            stride: [l.stride; 2],
+            padding: [l.pad; 2],
+        };
         let x = tensor([BATCH, l.c_in, l.hw, l.hw], 1);
         let w = tensor([l.c_out, l.c_in, l.k, l.k], 2);
         let g = tensor([BATCH, l.c_out, out, out], 3);
         let macs = (BATCH * l.c_out * out * out * l.c_in * l.k * l.k) as f64;
         let passes = [
             time(steps, || {
-                let _ = Flex::conv2d(x.clone(), w.clone(), None, opts.clone());
+                let _ = if gemm {
+                    Flex::gemm_conv2d(x.clone(), w.clone(), geo)
+                } else {
+                    Flex::conv2d(x.clone(), w.clone(), None, opts.clone())
+                };
             }),
             time(steps, || {
-                let _ = Flex::conv2d_x_backward(x.clone(), w.clone(), g.clone(), opts.clone());
+                let (x, w, g) = (x.clone(), w.clone(), g.clone());
+                let _ = if gemm {
+                    Flex::gemm_conv2d_x_backward(x, w, g, geo)
+                } else {
+                    Flex::conv2d_x_backward(x, w, g, opts.clone())
+                };
             }),
             time(steps, || {
-                let _ = Flex::conv2d_weight_backward(x.clone(), w.clone(), g.clone(), opts.clone());
+                let (x, w, g) = (x.clone(), w.clone(), g.clone());
+                let _ = if gemm {
+                    Flex::gemm_conv2d_weight_backward(x, w, g, geo)
+                } else {
+                    Flex::conv2d_weight_backward(x, w, g, opts.clone())
+                };
             }),
         ];
         let cells: Vec<String> = passes
@@ -167,10 +189,16 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let steps: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(10);
     let model = args.next().unwrap_or_else(|| "resnet20".into());
-    if model == "resnet20" || model == "all" {
-        profile("ResNet-20", RESNET20, steps);
-    }
-    if model == "alexnet" || model == "all" {
-        profile("AlexNet-CIFAR", ALEXNET, steps);
+    let kernels = args.next().unwrap_or_else(|| "both".into());
+    for gemm in [false, true] {
+        if kernels != "both" && (kernels == "gemm") != gemm {
+            continue;
+        }
+        if model == "resnet20" || model == "all" {
+            profile("ResNet-20", RESNET20, steps, gemm);
+        }
+        if model == "alexnet" || model == "all" {
+            profile("AlexNet-CIFAR", ALEXNET, steps, gemm);
+        }
     }
 }

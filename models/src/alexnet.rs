@@ -23,6 +23,7 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::family::{autodiff, ModelFamily};
+use crate::gemm_conv::conv2d;
 use crate::layers::{check_dropout, check_positive, conv, max_pool, out_size};
 use crate::model::{ImageClassifier, ImageModel, InputSpec, Model};
 use crate::ModelError;
@@ -240,7 +241,7 @@ impl ImageClassifier for AlexNet {
     fn forward(&self, images: Tensor<4>) -> Tensor<2> {
         let mut x = images;
         for (i, layer) in self.features.iter().enumerate() {
-            x = self.activation.forward(layer.forward(x));
+            x = self.activation.forward(conv2d(layer, x));
             if i < 2 {
                 if let Some(lrn) = &self.lrn {
                     x = lrn.forward(x);

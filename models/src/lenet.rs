@@ -8,6 +8,7 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::family::{autodiff, ModelFamily};
+use crate::gemm_conv::conv2d;
 use crate::layers::{check_positive, conv, max_pool};
 use crate::model::{ImageClassifier, ImageModel, InputSpec, Model};
 use crate::ModelError;
@@ -101,8 +102,8 @@ impl ImageClassifier for LeNet5 {
     /// - output: `[batch, num_classes]`
     fn forward(&self, images: Tensor<4>) -> Tensor<2> {
         let relu = &self.activation;
-        let x = self.pool.forward(relu.forward(self.conv1.forward(images)));
-        let x = self.pool.forward(relu.forward(self.conv2.forward(x)));
+        let x = self.pool.forward(relu.forward(conv2d(&self.conv1, images)));
+        let x = self.pool.forward(relu.forward(conv2d(&self.conv2, x)));
         let x = x.flatten::<2>(1, 3);
         let x = relu.forward(self.fc1.forward(x));
         let x = relu.forward(self.fc2.forward(x));

@@ -42,6 +42,7 @@ pub mod alexnet;
 pub mod cuda;
 mod family;
 pub mod flat;
+pub mod gemm_conv;
 pub mod gpt;
 mod layers;
 pub mod lenet;

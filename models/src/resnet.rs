@@ -19,6 +19,7 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::family::{autodiff, ModelFamily};
+use crate::gemm_conv::conv2d;
 use crate::layers::{batch_norm, check_positive, conv, max_pool};
 use crate::model::{ImageClassifier, ImageModel, InputSpec, Model};
 use crate::ModelError;
@@ -308,7 +309,7 @@ impl Block {
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
         let relu = &self.activation;
         let identity = match (&self.downsample, &self.subsample) {
-            (Some(down), _) => down.bn.forward(down.conv.forward(x.clone())),
+            (Some(down), _) => down.bn.forward(conv2d(&down.conv, x.clone())),
             (None, Some(sub)) => sub.forward(x.clone()),
             (None, None) => x.clone(),
         };
@@ -319,10 +320,10 @@ impl Block {
         } else {
             identity
         };
-        let out = relu.forward(self.bn1.forward(self.conv1.forward(x)));
-        let out = self.bn2.forward(self.conv2.forward(out));
+        let out = relu.forward(self.bn1.forward(conv2d(&self.conv1, x)));
+        let out = self.bn2.forward(conv2d(&self.conv2, out));
         let out = match (&self.conv3, &self.bn3) {
-            (Some(conv3), Some(bn3)) => bn3.forward(conv3.forward(relu.forward(out))),
+            (Some(conv3), Some(bn3)) => bn3.forward(conv2d(conv3, relu.forward(out))),
             _ => out,
         };
         relu.forward(out + identity)
@@ -350,7 +351,7 @@ impl ImageClassifier for ResNet {
     fn forward(&self, images: Tensor<4>) -> Tensor<2> {
         let mut x = self
             .activation
-            .forward(self.bn1.forward(self.conv1.forward(images)));
+            .forward(self.bn1.forward(conv2d(&self.conv1, images)));
         if let Some(pool) = &self.maxpool {
             x = pool.forward(x);
         }

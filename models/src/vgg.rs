@@ -13,6 +13,7 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::family::{autodiff, ModelFamily};
+use crate::gemm_conv::conv2d;
 use crate::layers::{batch_norm, check_dropout, check_positive, conv, max_pool};
 use crate::model::{ImageClassifier, ImageModel, InputSpec, Model};
 use crate::ModelError;
@@ -232,7 +233,7 @@ impl ImageClassifier for Vgg {
     fn forward(&self, images: Tensor<4>) -> Tensor<2> {
         let mut x = images;
         for (i, layer) in self.features.iter().enumerate() {
-            x = layer.forward(x);
+            x = conv2d(layer, x);
             if let Some(norm) = self.norms.get(i) {
                 x = norm.forward(x);
             }

@@ -1,0 +1,848 @@
+//! The zoo's 2-D convolutions as one sample's im2col times a matrix product, in NCHW, for the
+//! forward pass and both backward passes — a backend extension like [`crate::meprop`].
+//!
+//! burn 0.22.1's `Flex` backend computes a convolution's weight gradient with its generic
+//! rule, a convolution of the batch-swapped input by the batch-swapped output gradient, and
+//! converts layouts serially around every pass. On ResNet-20 at batch 32 that weight gradient
+//! alone took 275 ms of a 526 ms one-thread step (`models/examples/conv_ops.rs`). Here every
+//! pass is one GEMM per sample on buffers the kernel owns, called through the `gemm` crate
+//! that `Flex` itself uses:
+//!
+//! * forward: `y_n [O × P] = W [O × K] · cols(x_n) [K × P]`;
+//! * input gradient: `dx_n = col2im(Wᵀ [K × O] · dy_n [O × P])`;
+//! * weight gradient: `dW [O × K] = Σ_n dy_n [O × P] · cols(x_n)ᵀ [P × K]`,
+//!
+//! with `K = C·kh·kw` and `P = OH·OW`; `cols(x_n)` row `(c, i, j)` holds input channel `c`
+//! shifted by the kernel offset `(i, j)`, zero where the window falls in the padding.
+//! Samples run in parallel on rayon's pool. The weight gradient sums fixed groups of
+//! [`SAMPLES_PER_PARTIAL`] samples and then the groups in order, so its bits do not depend on
+//! the thread count.
+//!
+//! # Backends
+//! [`GemmConvOps`] is implemented for `Flex` (these kernels, for contiguous-or-not `f32`
+//! tensors; any other element type takes burn's own convolution), for `Cube` when the `cuda`
+//! feature is on (burn's convolution), and for `Autodiff<B>` over either, whose backward pass
+//! calls the backend's two gradient operations. [`conv2d`] applies a [`Conv2d`] layer through
+//! it when the layer has symmetric padding, no dilation and one group, and through
+//! [`Conv2d::forward`] otherwise.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::Autodiff;
+use burn::backend::flex::FlexTensor;
+use burn::backend::ops::ModuleOps;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{backend_extension, Backend, Dispatch, Flex, TensorMetadata};
+use burn::nn::conv::Conv2d;
+use burn::nn::PaddingConfig2d;
+use burn::prelude::*;
+use burn::tensor::ops::ConvOptions;
+use burn::tensor::{DType, TensorData};
+use rayon::prelude::*;
+
+/// Samples summed into one partial weight gradient before the partials are added in order
+/// (at least; a multiple of the samples of one product).
+pub const SAMPLES_PER_PARTIAL: usize = 4;
+
+/// Columns a matrix product should have at least: samples are grouped into one product until
+/// `G·P` reaches it.
+pub const MIN_COLUMNS: usize = 256;
+
+/// Stride and zero padding of a square-or-not 2-D convolution without dilation or groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvGeometry {
+    /// Vertical and horizontal stride.
+    pub stride: [usize; 2],
+    /// Zero padding on each side, vertical and horizontal.
+    pub padding: [usize; 2],
+}
+
+impl ConvGeometry {
+    /// burn's options for the same convolution.
+    pub fn options(self) -> ConvOptions<2> {
+        ConvOptions::new(self.stride, self.padding, [1, 1], 1)
+    }
+}
+
+/// The convolution and its two gradients as backend operations (see the
+/// [module docs](self)). The default bodies are burn's own convolution operations.
+#[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cuda"))]
+pub trait GemmConvOps: Backend {
+    /// `x [N, C, H, W]` convolved with `w [O, C, kh, kw]`, no bias: `[N, O, OH, OW]`.
+    fn gemm_conv2d(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        geometry: ConvGeometry,
+    ) -> FloatTensor<Self> {
+        Self::conv2d(x, w, None, geometry.options())
+    }
+
+    /// The gradient with respect to `x` of [`GemmConvOps::gemm_conv2d`] for the output
+    /// gradient `dy`.
+    fn gemm_conv2d_x_backward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        geometry: ConvGeometry,
+    ) -> FloatTensor<Self> {
+        Self::conv2d_x_backward(x, w, dy, geometry.options())
+    }
+
+    /// The gradient with respect to `w` of [`GemmConvOps::gemm_conv2d`] for the output
+    /// gradient `dy`.
+    fn gemm_conv2d_weight_backward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        geometry: ConvGeometry,
+    ) -> FloatTensor<Self> {
+        Self::conv2d_weight_backward(x, w, dy, geometry.options())
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl GemmConvOps for burn::backend::Cube {}
+
+/// The f32 storage of a Flex tensor in row-major order (a copy only when it is a strided view).
+fn f32_contiguous(t: FlexTensor) -> Option<FlexTensor> {
+    (t.dtype() == DType::F32).then(|| t.to_contiguous())
+}
+
+fn flex_tensor(values: Vec<f32>, shape: [usize; 4]) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+/// The shapes of one convolution, from `x [N, C, H, W]`, `w [O, C, kh, kw]` and the geometry.
+fn shapes(x: &FlexTensor, w: &FlexTensor, geometry: ConvGeometry) -> Shapes {
+    let [n, c, h, wd] = x.shape().dims::<4>();
+    let [o, wc, kh, kw] = w.shape().dims::<4>();
+    assert_eq!(
+        c, wc,
+        "gemm_conv2d: input has {c} channels, weight expects {wc}"
+    );
+    Shapes::new([n, c, h, wd], [o, kh, kw], geometry)
+}
+
+impl GemmConvOps for Flex {
+    fn gemm_conv2d(x: FlexTensor, w: FlexTensor, geometry: ConvGeometry) -> FlexTensor {
+        let s = shapes(&x, &w, geometry);
+        match (f32_contiguous(x.clone()), f32_contiguous(w.clone())) {
+            (Some(xc), Some(wc)) => {
+                let mut y = vec![0f32; s.n * s.o * s.p()];
+                forward(&s, xc.storage(), wc.storage(), &mut y);
+                flex_tensor(y, [s.n, s.o, s.oh, s.ow])
+            }
+            _ => Self::conv2d(x, w, None, geometry.options()),
+        }
+    }
+
+    fn gemm_conv2d_x_backward(
+        x: FlexTensor,
+        w: FlexTensor,
+        dy: FlexTensor,
+        geometry: ConvGeometry,
+    ) -> FlexTensor {
+        let s = shapes(&x, &w, geometry);
+        match (f32_contiguous(w.clone()), f32_contiguous(dy.clone())) {
+            (Some(wc), Some(dyc)) if x.dtype() == DType::F32 => {
+                let mut dx = vec![0f32; s.n * s.c * s.h * s.w];
+                x_backward(&s, wc.storage(), dyc.storage(), &mut dx);
+                flex_tensor(dx, [s.n, s.c, s.h, s.w])
+            }
+            _ => Self::conv2d_x_backward(x, w, dy, geometry.options()),
+        }
+    }
+
+    fn gemm_conv2d_weight_backward(
+        x: FlexTensor,
+        w: FlexTensor,
+        dy: FlexTensor,
+        geometry: ConvGeometry,
+    ) -> FlexTensor {
+        let s = shapes(&x, &w, geometry);
+        match (f32_contiguous(x.clone()), f32_contiguous(dy.clone())) {
+            (Some(xc), Some(dyc)) if w.dtype() == DType::F32 => {
+                let mut dw = vec![0f32; s.o * s.k()];
+                weight_backward(&s, xc.storage(), dyc.storage(), &mut dw);
+                flex_tensor(dw, [s.o, s.c, s.kh, s.kw])
+            }
+            _ => Self::conv2d_weight_backward(x, w, dy, geometry.options()),
+        }
+    }
+}
+
+impl<B: Backend + GemmConvOps, C: CheckpointStrategy> GemmConvOps for Autodiff<B, C> {
+    fn gemm_conv2d(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        geometry: ConvGeometry,
+    ) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct GemmConv2d;
+
+        impl<B: Backend + GemmConvOps> Backward<B, 2> for GemmConv2d {
+            type State = (FloatTensor<B>, FloatTensor<B>, ConvGeometry);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 2>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let [node_x, node_w] = ops.parents;
+                let dy = grads.consume::<B>(&ops.node);
+                let (x, w, geometry) = ops.state;
+                if let Some(node) = node_x {
+                    let dx = B::gemm_conv2d_x_backward(x.clone(), w.clone(), dy.clone(), geometry);
+                    grads.register::<B>(node.id, dx);
+                }
+                if let Some(node) = node_w {
+                    grads
+                        .register::<B>(node.id, B::gemm_conv2d_weight_backward(x, w, dy, geometry));
+                }
+            }
+        }
+
+        match GemmConv2d
+            .prepare::<C>([x.node(), w.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let xp = x.primitive().clone();
+                let wp = w.primitive().clone();
+                let y = B::gemm_conv2d(xp.clone(), wp.clone(), geometry);
+                prep.finish((xp, wp, geometry), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::gemm_conv2d(
+                x.into_primitive(),
+                w.into_primitive(),
+                geometry,
+            )),
+        }
+    }
+}
+
+/// The geometry of a layer when [`GemmConvOps`] can run it: symmetric padding (explicit,
+/// valid, or "same" at stride 1 with odd kernels), no dilation, one group.
+pub fn layer_geometry(layer: &Conv2d) -> Option<ConvGeometry> {
+    let padding = match layer.padding {
+        PaddingConfig2d::Valid => [0, 0],
+        PaddingConfig2d::Explicit(top, left, bottom, right) if top == bottom && left == right => {
+            [top, left]
+        }
+        PaddingConfig2d::Same
+            if layer.stride == [1, 1] && layer.kernel_size.iter().all(|k| k % 2 == 1) =>
+        {
+            [layer.kernel_size[0] / 2, layer.kernel_size[1] / 2]
+        }
+        _ => return None,
+    };
+    (layer.dilation == [1, 1] && layer.groups == 1).then_some(ConvGeometry {
+        stride: layer.stride,
+        padding,
+    })
+}
+
+/// `layer.forward(x)` through [`GemmConvOps`] (the same result up to float rounding), or
+/// through burn's convolution when the layer's geometry is one this module does not cover.
+pub fn conv2d(layer: &Conv2d, x: Tensor<4>) -> Tensor<4> {
+    let Some(geometry) = layer_geometry(layer) else {
+        return layer.forward(x);
+    };
+    let y = Tensor::<4>::from_dispatch(<Dispatch as GemmConvOps>::gemm_conv2d(
+        x.into_dispatch(),
+        layer.weight.val().into_dispatch(),
+        geometry,
+    ));
+    match &layer.bias {
+        Some(b) => {
+            let o = b.dims()[0];
+            y + b.val().reshape([1, o, 1, 1])
+        }
+        None => y,
+    }
+}
+
+/// All the sizes of one convolution.
+#[derive(Debug, Clone, Copy)]
+struct Shapes {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    o: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    ph: usize,
+    pw: usize,
+    oh: usize,
+    ow: usize,
+}
+
+impl Shapes {
+    fn new(x: [usize; 4], kernel: [usize; 3], g: ConvGeometry) -> Self {
+        let [n, c, h, w] = x;
+        let [o, kh, kw] = kernel;
+        let [sh, sw] = g.stride;
+        let [ph, pw] = g.padding;
+        assert!(sh > 0 && sw > 0, "gemm_conv2d: zero stride");
+        let out = |size: usize, k: usize, p: usize, s: usize| {
+            (size + 2 * p)
+                .checked_sub(k)
+                .map(|d| d / s + 1)
+                .expect("gemm_conv2d: kernel larger than the padded input")
+        };
+        Self {
+            n,
+            c,
+            h,
+            w,
+            o,
+            kh,
+            kw,
+            sh,
+            sw,
+            ph,
+            pw,
+            oh: out(h, kh, ph, sh),
+            ow: out(w, kw, pw, sw),
+        }
+    }
+
+    /// Rows of a column matrix: `C·kh·kw`.
+    fn k(&self) -> usize {
+        self.c * self.kh * self.kw
+    }
+
+    /// Output positions of one sample: `OH·OW`.
+    fn p(&self) -> usize {
+        self.oh * self.ow
+    }
+
+    /// Values of one input sample: `C·H·W`.
+    fn x_len(&self) -> usize {
+        self.c * self.h * self.w
+    }
+
+    /// Samples per matrix product: enough that its column count `G·P` reaches
+    /// [`MIN_COLUMNS`] (AlexNet-CIFAR's last layers have `P = 4`: one sample's product is a
+    /// matrix–vector product), at most the batch.
+    fn group(&self) -> usize {
+        MIN_COLUMNS
+            .div_ceil(self.p().max(1))
+            .clamp(1, self.n.max(1))
+    }
+
+    /// Whether `cols(x_n)` is `x_n` itself (1×1 kernel, stride 1, no padding).
+    fn identity_cols(&self) -> bool {
+        self.kh == 1 && self.kw == 1 && self.sh == 1 && self.sw == 1 && self.ph == 0 && self.pw == 0
+    }
+
+    /// The output indices `lo..hi` along one side whose input index `o·s + k − p` lies in
+    /// `0..size`.
+    fn valid(out: usize, size: usize, k: usize, s: usize, p: usize) -> (usize, usize) {
+        // o·s + k ≥ p  ⇔  o ≥ ceil((p − k) / s);  o·s + k − p ≤ size − 1.
+        let lo = p.saturating_sub(k).div_ceil(s);
+        let hi = if size + p > k {
+            ((size + p - k - 1) / s + 1).min(out)
+        } else {
+            0
+        };
+        (lo.min(hi), hi)
+    }
+}
+
+/// Writes one sample's `cols(x_n)` (`K` rows of `P`) into `cols` at column `off` of rows
+/// `ld` long: row `(c, i, j)`, column `off + oh·OW + ow`.
+fn im2col(s: &Shapes, x_n: &[f32], cols: &mut [f32], ld: usize, off: usize) {
+    let p = s.p();
+    for c in 0..s.c {
+        let plane = &x_n[c * s.h * s.w..(c + 1) * s.h * s.w];
+        for i in 0..s.kh {
+            let (oh_lo, oh_hi) = Shapes::valid(s.oh, s.h, i, s.sh, s.ph);
+            for j in 0..s.kw {
+                let (ow_lo, ow_hi) = Shapes::valid(s.ow, s.w, j, s.sw, s.pw);
+                let row = &mut cols[((c * s.kh + i) * s.kw + j) * ld + off..][..p];
+                row[..oh_lo * s.ow].fill(0.0);
+                row[oh_hi * s.ow..].fill(0.0);
+                for oh in oh_lo..oh_hi {
+                    let ih = oh * s.sh + i - s.ph;
+                    let dst = &mut row[oh * s.ow..(oh + 1) * s.ow];
+                    dst[..ow_lo].fill(0.0);
+                    dst[ow_hi..].fill(0.0);
+                    let src = &plane[ih * s.w..(ih + 1) * s.w];
+                    if s.sw == 1 {
+                        let start = ow_lo + j - s.pw;
+                        dst[ow_lo..ow_hi].copy_from_slice(&src[start..start + ow_hi - ow_lo]);
+                    } else {
+                        for (ow, d) in dst.iter_mut().enumerate().take(ow_hi).skip(ow_lo) {
+                            *d = src[ow * s.sw + j - s.pw];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Adds the columns `off..off + P` of `cols` (`K` rows `ld` long) back into one sample's
+/// input gradient `dx_n [C × H × W]` — the adjoint of [`im2col`].
+fn col2im_add(s: &Shapes, cols: &[f32], ld: usize, off: usize, dx_n: &mut [f32]) {
+    let p = s.p();
+    for c in 0..s.c {
+        let plane = &mut dx_n[c * s.h * s.w..(c + 1) * s.h * s.w];
+        for i in 0..s.kh {
+            let (oh_lo, oh_hi) = Shapes::valid(s.oh, s.h, i, s.sh, s.ph);
+            for j in 0..s.kw {
+                let (ow_lo, ow_hi) = Shapes::valid(s.ow, s.w, j, s.sw, s.pw);
+                let row = &cols[((c * s.kh + i) * s.kw + j) * ld + off..][..p];
+                for oh in oh_lo..oh_hi {
+                    let ih = oh * s.sh + i - s.ph;
+                    let src = &row[oh * s.ow..(oh + 1) * s.ow];
+                    let dst = &mut plane[ih * s.w..(ih + 1) * s.w];
+                    if s.sw == 1 {
+                        let start = ow_lo + j - s.pw;
+                        for (d, v) in dst[start..start + ow_hi - ow_lo]
+                            .iter_mut()
+                            .zip(&src[ow_lo..ow_hi])
+                        {
+                            *d += v;
+                        }
+                    } else {
+                        for (ow, v) in src.iter().enumerate().take(ow_hi).skip(ow_lo) {
+                            dst[ow * s.sw + j - s.pw] += v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `cols [K × G·P]` of the `G` samples in `xs`, sample `n` in columns `n·P..(n + 1)·P`.
+fn im2col_group(s: &Shapes, xs: &[f32], cols: &mut [f32]) {
+    let g = xs.len() / s.x_len();
+    for (n, x_n) in xs.chunks(s.x_len()).enumerate() {
+        im2col(s, x_n, cols, g * s.p(), n * s.p());
+    }
+}
+
+/// `G` samples' `[G × O × P]` (NCHW) as one matrix `[O × G·P]`.
+fn to_matrix(s: &Shapes, nchw: &[f32], matrix: &mut [f32]) {
+    let p = s.p();
+    let g = nchw.len() / (s.o * p);
+    for (n, sample) in nchw.chunks(s.o * p).enumerate() {
+        for (o, row) in sample.chunks(p).enumerate() {
+            matrix[o * g * p + n * p..][..p].copy_from_slice(row);
+        }
+    }
+}
+
+/// The inverse of [`to_matrix`].
+fn from_matrix(s: &Shapes, matrix: &[f32], nchw: &mut [f32]) {
+    let p = s.p();
+    let g = nchw.len() / (s.o * p);
+    for (n, sample) in nchw.chunks_mut(s.o * p).enumerate() {
+        for (o, row) in sample.chunks_mut(p).enumerate() {
+            row.copy_from_slice(&matrix[o * g * p + n * p..][..p]);
+        }
+    }
+}
+
+/// A row-major matrix view for [`matmul`]: pointer, row stride, column stride.
+#[derive(Clone, Copy)]
+struct View {
+    ptr: *const f32,
+    rs: isize,
+    cs: isize,
+}
+
+impl View {
+    /// A row-major `[rows × cols]` matrix.
+    fn rows(data: &[f32], cols: usize) -> Self {
+        Self {
+            ptr: data.as_ptr(),
+            rs: cols as isize,
+            cs: 1,
+        }
+    }
+
+    /// The transpose of a row-major `[rows × cols]` matrix.
+    fn transposed(data: &[f32], cols: usize) -> Self {
+        Self {
+            ptr: data.as_ptr(),
+            rs: 1,
+            cs: cols as isize,
+        }
+    }
+}
+
+/// `dst [m × n] (+)= a [m × k] · b [k × n]`, with `dst` row-major and `accumulate` choosing
+/// between overwriting and adding. Single-threaded: the callers parallelise over samples.
+fn matmul(dst: &mut [f32], m: usize, n: usize, k: usize, a: View, b: View, accumulate: bool) {
+    assert!(dst.len() >= m * n, "matmul: destination too small");
+    // SAFETY: `dst` holds `m × n` values at row stride `n`; every caller builds `a` and `b`
+    // from slices holding `m × k` and `k × n` values at the strides given (checked by the
+    // shapes of the tensors they come from), and nothing else aliases `dst`.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.ptr,
+            a.cs,
+            a.rs,
+            b.ptr,
+            b.cs,
+            b.rs,
+            if accumulate { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// `y = W · cols(x)`, `G` samples per product.
+fn forward(s: &Shapes, x: &[f32], w: &[f32], y: &mut [f32]) {
+    let (k, p, g) = (s.k(), s.p(), s.group());
+    let direct = g == 1 && s.identity_cols();
+    y.par_chunks_mut(g * s.o * p)
+        .zip(x.par_chunks(g * s.x_len()))
+        .for_each_init(
+            || Scratch::new(s, !direct, g > 1),
+            |scratch, (ys, xs)| {
+                let gn = xs.len() / s.x_len();
+                let cols: &[f32] = if direct {
+                    xs
+                } else {
+                    im2col_group(s, xs, &mut scratch.cols);
+                    &scratch.cols
+                };
+                let a = View::rows(w, k);
+                if gn == 1 {
+                    matmul(ys, s.o, p, k, a, View::rows(cols, p), false);
+                } else {
+                    let out = &mut scratch.matrix[..s.o * gn * p];
+                    matmul(out, s.o, gn * p, k, a, View::rows(cols, gn * p), false);
+                    from_matrix(s, out, ys);
+                }
+            },
+        );
+}
+
+/// `dx = col2im(Wᵀ · dy)`, `G` samples per product.
+fn x_backward(s: &Shapes, w: &[f32], dy: &[f32], dx: &mut [f32]) {
+    let (k, p, g) = (s.k(), s.p(), s.group());
+    let direct = g == 1 && s.identity_cols();
+    dx.par_chunks_mut(g * s.x_len())
+        .zip(dy.par_chunks(g * s.o * p))
+        .for_each_init(
+            || Scratch::new(s, !direct, g > 1),
+            |scratch, (dxs, dys)| {
+                let gn = dxs.len() / s.x_len();
+                let a = View::transposed(w, k);
+                let b = if gn == 1 {
+                    View::rows(dys, p)
+                } else {
+                    let m = &mut scratch.matrix[..s.o * gn * p];
+                    to_matrix(s, dys, m);
+                    View::rows(m, gn * p)
+                };
+                if direct {
+                    matmul(dxs, k, p, s.o, a, b, false);
+                    return;
+                }
+                let cols = &mut scratch.cols[..k * gn * p];
+                matmul(cols, k, gn * p, s.o, a, b, false);
+                dxs.fill(0.0);
+                for (n, dx_n) in dxs.chunks_mut(s.x_len()).enumerate() {
+                    col2im_add(s, cols, gn * p, n * p, dx_n);
+                }
+            },
+        );
+}
+
+/// `dW = Σ_n dy_n · cols(x_n)ᵀ`: partial sums over fixed runs of samples (a multiple of `G`,
+/// at least [`SAMPLES_PER_PARTIAL`]), then the partials in order — whatever the thread count.
+fn weight_backward(s: &Shapes, x: &[f32], dy: &[f32], dw: &mut [f32]) {
+    let (k, p, g) = (s.k(), s.p(), s.group());
+    let direct = g == 1 && s.identity_cols();
+    let run = g * SAMPLES_PER_PARTIAL.div_ceil(g);
+    let partials: Vec<Vec<f32>> = x
+        .par_chunks(run * s.x_len())
+        .zip(dy.par_chunks(run * s.o * p))
+        .map_init(
+            || Scratch::new(s, !direct, g > 1),
+            |scratch, (xs, dys)| {
+                let mut part = vec![0f32; s.o * k];
+                let groups = xs.chunks(g * s.x_len()).zip(dys.chunks(g * s.o * p));
+                for (i, (xg, dyg)) in groups.enumerate() {
+                    let gn = xg.len() / s.x_len();
+                    let cols: &[f32] = if direct {
+                        xg
+                    } else {
+                        im2col_group(s, xg, &mut scratch.cols);
+                        &scratch.cols
+                    };
+                    let b = View::transposed(cols, gn * p);
+                    let a = if gn == 1 {
+                        View::rows(dyg, p)
+                    } else {
+                        let m = &mut scratch.matrix[..s.o * gn * p];
+                        to_matrix(s, dyg, m);
+                        View::rows(m, gn * p)
+                    };
+                    matmul(&mut part, s.o, k, gn * p, a, b, i > 0);
+                }
+                part
+            },
+        )
+        .collect();
+    dw.fill(0.0);
+    for part in &partials {
+        for (d, v) in dw.iter_mut().zip(part) {
+            *d += v;
+        }
+    }
+}
+
+/// One worker's buffers: the column matrix of a group and its output-sized matrix.
+struct Scratch {
+    cols: Vec<f32>,
+    matrix: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(s: &Shapes, cols: bool, matrix: bool) -> Self {
+        let columns = s.group() * s.p();
+        Self {
+            cols: vec![0f32; if cols { s.k() * columns } else { 0 }],
+            matrix: vec![0f32; if matrix { s.o * columns } else { 0 }],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::module::Param;
+    use burn::nn::conv::Conv2dConfig;
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+        t.into_data().try_to_vec::<f32>().expect("f32 data")
+    }
+
+    fn assert_close(got: &[f32], want: &[f32], what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}: length");
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1.0);
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-5 * scale,
+                "{what}[{i}]: {g} vs {w} (scale {scale})"
+            );
+        }
+    }
+
+    /// A layer with deterministic weights and bias.
+    fn layer(c: usize, o: usize, k: [usize; 2], stride: [usize; 2], pad: [usize; 2]) -> Conv2d {
+        let device = Device::flex().autodiff();
+        let mut l = Conv2dConfig::new([c, o], k)
+            .with_stride(stride)
+            .with_padding(PaddingConfig2d::Explicit(pad[0], pad[1], pad[0], pad[1]))
+            .init(&device);
+        let w = Tensor::<4>::from_data(
+            TensorData::new(values(o * c * k[0] * k[1], 3), [o, c, k[0], k[1]]),
+            &device,
+        );
+        l.weight = Param::from_tensor(w);
+        l.bias = Some(Param::from_tensor(Tensor::<1>::from_data(
+            TensorData::new(values(o, 4), [o]),
+            &device,
+        )));
+        l
+    }
+
+    /// `(y, dx, dW, db)` of `L = Σ y ⊙ g` through this module or through burn's `forward`.
+    fn run(layer: &Conv2d, x_dims: [usize; 4], ours: bool) -> [Vec<f32>; 4] {
+        let device = Device::flex().autodiff();
+        let n: usize = x_dims.iter().product();
+        let x =
+            Tensor::<4>::from_data(TensorData::new(values(n, 1), x_dims), &device).require_grad();
+        let y = if ours {
+            conv2d(layer, x.clone())
+        } else {
+            layer.forward(x.clone())
+        };
+        let g = Tensor::<4>::from_data(
+            TensorData::new(values(y.dims().iter().product(), 2), y.dims()),
+            &device,
+        );
+        let grads = (y.clone() * g).sum().backward();
+        [
+            host(y.without_autodiff()),
+            host(x.grad(&grads).expect("dx")),
+            host(layer.weight.val().grad(&grads).expect("dW")),
+            host(
+                layer
+                    .bias
+                    .as_ref()
+                    .expect("bias")
+                    .val()
+                    .grad(&grads)
+                    .expect("db"),
+            ),
+        ]
+    }
+
+    #[test]
+    fn matches_burns_convolution_and_its_gradients() {
+        // (C, O, kernel, stride, padding, input): the zoo's shapes and the corner cases
+        // (strides 2 and 4, asymmetric kernels, 1×1 with and without stride, padding
+        // wider than the kernel's reach, one output row).
+        /// `(C, O, kernel, stride, padding, input dims)`.
+        type Case = (usize, usize, [usize; 2], [usize; 2], [usize; 2], [usize; 4]);
+        let cases: &[Case] = &[
+            (3, 16, [3, 3], [1, 1], [1, 1], [5, 3, 8, 8]),
+            (16, 32, [3, 3], [2, 2], [1, 1], [4, 16, 9, 9]),
+            (4, 6, [1, 1], [1, 1], [0, 0], [3, 4, 5, 7]),
+            (4, 6, [1, 1], [2, 2], [0, 0], [3, 4, 6, 6]),
+            (3, 5, [5, 5], [1, 1], [2, 2], [2, 3, 7, 6]),
+            (3, 4, [11, 11], [4, 4], [2, 2], [2, 3, 23, 23]),
+            (2, 3, [3, 1], [1, 2], [0, 3], [6, 2, 5, 4]),
+            (2, 3, [3, 3], [1, 1], [0, 0], [9, 2, 3, 3]),
+        ];
+        for &(c, o, k, stride, pad, x) in cases {
+            let l = layer(c, o, k, stride, pad);
+            let [y, dx, dw, db] = run(&l, x, true);
+            let [y_ref, dx_ref, dw_ref, db_ref] = run(&l, x, false);
+            let what = format!("C={c} O={o} k={k:?} s={stride:?} p={pad:?} x={x:?}");
+            assert_close(&y, &y_ref, &format!("y {what}"));
+            assert_close(&dx, &dx_ref, &format!("dx {what}"));
+            assert_close(&dw, &dw_ref, &format!("dW {what}"));
+            assert_close(&db, &db_ref, &format!("db {what}"));
+        }
+    }
+
+    #[test]
+    fn the_layer_path_runs_these_kernels() {
+        // Through `conv2d` on an autodiff Flex device, the output and both gradients are the
+        // bits of the slice kernels themselves (without a bias, which adds a rounding step).
+        let mut l = layer(3, 5, [3, 3], [2, 1], [1, 2]);
+        l.bias = None;
+        let x_dims = [3, 3, 7, 6];
+        let device = Device::flex().autodiff();
+        let xv = values(x_dims.iter().product(), 1);
+        let x = Tensor::<4>::from_data(TensorData::new(xv.clone(), x_dims), &device).require_grad();
+        let y = conv2d(&l, x.clone());
+        let gv = values(y.dims().iter().product(), 2);
+        let g = Tensor::<4>::from_data(TensorData::new(gv.clone(), y.dims()), &device);
+        let grads = (y.clone() * g).sum().backward();
+        let s = Shapes::new(
+            x_dims,
+            [5, 3, 3],
+            ConvGeometry {
+                stride: [2, 1],
+                padding: [1, 2],
+            },
+        );
+        let wv = host(l.weight.val().without_autodiff());
+        let mut want_y = vec![0f32; s.n * s.o * s.p()];
+        forward(&s, &xv, &wv, &mut want_y);
+        let mut want_dx = vec![0f32; xv.len()];
+        x_backward(&s, &wv, &gv, &mut want_dx);
+        let mut want_dw = vec![0f32; wv.len()];
+        weight_backward(&s, &xv, &gv, &mut want_dw);
+        assert_eq!(host(y.without_autodiff()), want_y);
+        assert_eq!(host(x.grad(&grads).expect("dx")), want_dx);
+        assert_eq!(host(l.weight.val().grad(&grads).expect("dW")), want_dw);
+    }
+
+    #[test]
+    fn weight_gradient_bits_do_not_depend_on_the_thread_count() {
+        let l = layer(3, 8, [3, 3], [1, 1], [1, 1]);
+        let [.., dw_default, _] = run(&l, [11, 3, 6, 6], true);
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("pool");
+        let [.., dw_one, _] = one.install(|| run(&l, [11, 3, 6, 6], true));
+        let three = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .expect("pool");
+        let [.., dw_three, _] = three.install(|| run(&l, [11, 3, 6, 6], true));
+        assert_eq!(dw_one, dw_default);
+        assert_eq!(dw_one, dw_three);
+    }
+
+    #[test]
+    fn uncovered_geometries_fall_back_to_burn() {
+        let device = Device::flex();
+        let grouped = Conv2dConfig::new([4, 4], [3, 3])
+            .with_groups(2)
+            .init(&device);
+        assert_eq!(layer_geometry(&grouped), None);
+        let dilated = Conv2dConfig::new([2, 2], [3, 3])
+            .with_dilation([2, 2])
+            .init(&device);
+        assert_eq!(layer_geometry(&dilated), None);
+        let asymmetric = Conv2dConfig::new([2, 2], [3, 3])
+            .with_padding(PaddingConfig2d::Explicit(1, 0, 0, 0))
+            .init(&device);
+        assert_eq!(layer_geometry(&asymmetric), None);
+        let x = Tensor::<4>::from_data(TensorData::new(values(128, 5), [2, 4, 4, 4]), &device);
+        assert_eq!(host(conv2d(&grouped, x.clone())), host(grouped.forward(x)));
+        let same = Conv2dConfig::new([2, 2], [3, 3])
+            .with_padding(PaddingConfig2d::Same)
+            .init(&device);
+        assert_eq!(
+            layer_geometry(&same),
+            Some(ConvGeometry {
+                stride: [1, 1],
+                padding: [1, 1]
+            })
+        );
+    }
+
+    #[test]
+    fn untracked_inputs_work() {
+        let device = Device::flex();
+        let l = Conv2dConfig::new([2, 3], [3, 3])
+            .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+            .init(&device);
+        let x = Tensor::<4>::from_data(
+            TensorData::new(values(2 * 2 * 5 * 5, 6), [2, 2, 5, 5]),
+            &device,
+        );
+        assert_close(
+            &host(conv2d(&l, x.clone())),
+            &host(l.forward(x)),
+            "untracked",
+        );
+    }
+}
