@@ -46,6 +46,10 @@ use rayon::prelude::*;
 /// (at least; a multiple of the samples of one product).
 pub const SAMPLES_PER_PARTIAL: usize = 4;
 
+/// The most output channels for which [`GemmConvOps::gemm_conv2d_weight_backward`] computes
+/// `dWᵀ` instead of `dW` (see `weight_backward`).
+pub const TRANSPOSED_WEIGHT_GRAD_MAX_O: usize = 64;
+
 /// Columns a matrix product should have at least: samples are grouped into one product until
 /// `G·P` reaches it.
 pub const MIN_COLUMNS: usize = 256;
@@ -576,6 +580,12 @@ fn x_backward(s: &Shapes, w: &[f32], dy: &[f32], dx: &mut [f32]) {
 
 /// `dW = Σ_n dy_n · cols(x_n)ᵀ`: partial sums over fixed runs of samples (a multiple of `G`,
 /// at least [`SAMPLES_PER_PARTIAL`]), then the partials in order — whatever the thread count.
+///
+/// With at most [`TRANSPOSED_WEIGHT_GRAD_MAX_O`] output channels each product is computed
+/// transposed, `dWᵀ [K × O] += cols [K × G·P] · dyᵀ [G·P × O]`: `gemm` then runs it with the
+/// few output channels as its micro-kernel's rows and reads the column matrix down its
+/// columns, about 2.5× faster on ResNet-20's 16-channel layers; with hundreds of channels
+/// (AlexNet) the direct product is faster (`models/examples/conv_ops.rs`).
 fn weight_backward(s: &Shapes, x: &[f32], dy: &[f32], dw: &mut [f32]) {
     let (k, p, g) = (s.k(), s.p(), s.group());
     let direct = g == 1 && s.identity_cols();
@@ -586,7 +596,8 @@ fn weight_backward(s: &Shapes, x: &[f32], dy: &[f32], dw: &mut [f32]) {
         .map_init(
             || Scratch::new(s, !direct, g > 1),
             |scratch, (xs, dys)| {
-                let mut part = vec![0f32; s.o * k];
+                let mut part = vec![0f32; k * s.o];
+                let transposed = s.o <= TRANSPOSED_WEIGHT_GRAD_MAX_O;
                 let groups = xs.chunks(g * s.x_len()).zip(dys.chunks(g * s.o * p));
                 for (i, (xg, dyg)) in groups.enumerate() {
                     let gn = xg.len() / s.x_len();
@@ -596,15 +607,25 @@ fn weight_backward(s: &Shapes, x: &[f32], dy: &[f32], dw: &mut [f32]) {
                         im2col_group(s, xg, &mut scratch.cols);
                         &scratch.cols
                     };
-                    let b = View::transposed(cols, gn * p);
-                    let a = if gn == 1 {
-                        View::rows(dyg, p)
+                    let dy_rows: &[f32] = if gn == 1 {
+                        dyg
                     } else {
                         let m = &mut scratch.matrix[..s.o * gn * p];
                         to_matrix(s, dyg, m);
-                        View::rows(m, gn * p)
+                        m
                     };
-                    matmul(&mut part, s.o, k, gn * p, a, b, i > 0);
+                    let (cols, dy_rows) = (
+                        (View::rows(cols, gn * p), View::transposed(cols, gn * p)),
+                        (
+                            View::rows(dy_rows, gn * p),
+                            View::transposed(dy_rows, gn * p),
+                        ),
+                    );
+                    if transposed {
+                        matmul(&mut part, k, s.o, gn * p, cols.0, dy_rows.1, i > 0);
+                    } else {
+                        matmul(&mut part, s.o, k, gn * p, dy_rows.0, cols.1, i > 0);
+                    }
                 }
                 part
             },
@@ -612,8 +633,16 @@ fn weight_backward(s: &Shapes, x: &[f32], dy: &[f32], dw: &mut [f32]) {
         .collect();
     dw.fill(0.0);
     for part in &partials {
-        for (d, v) in dw.iter_mut().zip(part) {
-            *d += v;
+        if s.o <= TRANSPOSED_WEIGHT_GRAD_MAX_O {
+            for (o, row) in dw.chunks_mut(k).enumerate() {
+                for (r, d) in row.iter_mut().enumerate() {
+                    *d += part[r * s.o + o];
+                }
+            }
+        } else {
+            for (d, v) in dw.iter_mut().zip(part) {
+                *d += v;
+            }
         }
     }
 }
@@ -721,7 +750,7 @@ mod tests {
 
     #[test]
     fn matches_burns_convolution_and_its_gradients() {
-        // (C, O, kernel, stride, padding, input): the zoo's shapes and the corner cases
+        // The zoo's shapes and the corner cases
         // (strides 2 and 4, asymmetric kernels, 1×1 with and without stride, padding
         // wider than the kernel's reach, one output row).
         /// `(C, O, kernel, stride, padding, input dims)`.
@@ -735,6 +764,13 @@ mod tests {
             (3, 4, [11, 11], [4, 4], [2, 2], [2, 3, 23, 23]),
             (2, 3, [3, 1], [1, 2], [0, 3], [6, 2, 5, 4]),
             (2, 3, [3, 3], [1, 1], [0, 0], [9, 2, 3, 3]),
+            // More output channels than TRANSPOSED_WEIGHT_GRAD_MAX_O: dW untransposed.
+            (5, 80, [3, 3], [1, 1], [1, 1], [3, 5, 4, 4]),
+            // ResNet-50's last stage at CIFAR size: 1×1 maps, two samples.
+            (8, 16, [1, 1], [1, 1], [0, 0], [2, 8, 1, 1]),
+            (8, 16, [3, 3], [1, 1], [1, 1], [2, 8, 1, 1]),
+            (8, 16, [1, 1], [2, 2], [0, 0], [2, 8, 2, 2]),
+            (8, 16, [3, 3], [2, 2], [1, 1], [2, 8, 2, 2]),
         ];
         for &(c, o, k, stride, pad, x) in cases {
             let l = layer(c, o, k, stride, pad);

@@ -38,6 +38,7 @@
 //! ```
 
 pub mod alexnet;
+pub mod batch_norm;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod family;

@@ -18,6 +18,7 @@ use burn::prelude::*;
 
 use serde::{Deserialize, Serialize};
 
+use crate::batch_norm as bn;
 use crate::family::{autodiff, ModelFamily};
 use crate::gemm_conv::conv2d;
 use crate::layers::{batch_norm, check_positive, conv, max_pool};
@@ -309,7 +310,7 @@ impl Block {
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
         let relu = &self.activation;
         let identity = match (&self.downsample, &self.subsample) {
-            (Some(down), _) => down.bn.forward(conv2d(&down.conv, x.clone())),
+            (Some(down), _) => bn::forward(&down.bn, conv2d(&down.conv, x.clone())),
             (None, Some(sub)) => sub.forward(x.clone()),
             (None, None) => x.clone(),
         };
@@ -320,10 +321,10 @@ impl Block {
         } else {
             identity
         };
-        let out = relu.forward(self.bn1.forward(conv2d(&self.conv1, x)));
-        let out = self.bn2.forward(conv2d(&self.conv2, out));
+        let out = relu.forward(bn::forward(&self.bn1, conv2d(&self.conv1, x)));
+        let out = bn::forward(&self.bn2, conv2d(&self.conv2, out));
         let out = match (&self.conv3, &self.bn3) {
-            (Some(conv3), Some(bn3)) => bn3.forward(conv2d(conv3, relu.forward(out))),
+            (Some(conv3), Some(bn3)) => bn::forward(bn3, conv2d(conv3, relu.forward(out))),
             _ => out,
         };
         relu.forward(out + identity)
@@ -351,7 +352,7 @@ impl ImageClassifier for ResNet {
     fn forward(&self, images: Tensor<4>) -> Tensor<2> {
         let mut x = self
             .activation
-            .forward(self.bn1.forward(conv2d(&self.conv1, images)));
+            .forward(bn::forward(&self.bn1, conv2d(&self.conv1, images)));
         if let Some(pool) = &self.maxpool {
             x = pool.forward(x);
         }

@@ -12,6 +12,7 @@ use burn::prelude::*;
 
 use serde::{Deserialize, Serialize};
 
+use crate::batch_norm as bn;
 use crate::family::{autodiff, ModelFamily};
 use crate::gemm_conv::conv2d;
 use crate::layers::{batch_norm, check_dropout, check_positive, conv, max_pool};
@@ -235,7 +236,7 @@ impl ImageClassifier for Vgg {
         for (i, layer) in self.features.iter().enumerate() {
             x = conv2d(layer, x);
             if let Some(norm) = self.norms.get(i) {
-                x = norm.forward(x);
+                x = bn::forward(norm, x);
             }
             x = self.activation.forward(x);
             if self.pool_after[i] {
