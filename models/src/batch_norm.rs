@@ -153,13 +153,8 @@ impl BatchNormOps for Flex {
                 for i in 0..n {
                     let off = (i * c + ch) * p;
                     let (xr, dr) = (&xs[off..off + p], &dys[off..off + p]);
-                    let (mut a, mut b) = (0f32, 0f32);
-                    for (xv, dv) in xr.iter().zip(dr) {
-                        a += dv;
-                        b += dv * (xv - mu[ch]);
-                    }
-                    s += a as f64;
-                    sx += b as f64;
+                    s += lane_sum(dr, dr, |d, _| d);
+                    sx += lane_sum(xr, dr, |x, d| d * (x - mu[ch]));
                 }
                 (s, sx * inv_std[ch] as f64)
             })
@@ -194,21 +189,42 @@ impl BatchNormOps for Flex {
     }
 }
 
-/// Per-channel mean and biased variance of `x [N, C, P]`, two passes in `f64` per row.
+/// `Σ f(a_i, b_i)` over one row: [`LANES`] independent `f32` partial sums (so the loop is
+/// vectorised and not bound by the latency of one chain of additions), added in `f64`.
+fn lane_sum(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f64 {
+    let mut lanes = [0f32; LANES];
+    let (ac, bc) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f64 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(&x, &y)| f(x, y) as f64)
+        .sum();
+    for (ca, cb) in ac.zip(bc) {
+        for l in 0..LANES {
+            lanes[l] += f(ca[l], cb[l]);
+        }
+    }
+    lanes.iter().map(|&v| v as f64).sum::<f64>() + tail
+}
+
+/// Partial sums of [`lane_sum`].
+const LANES: usize = 16;
+
+/// Per-channel mean and biased variance of `x [N, C, P]`: two passes, each row summed by
+/// [`lane_sum`] and the rows in `f64`.
 fn statistics(xs: &[f32], [n, c, p]: [usize; 3]) -> (Vec<f32>, Vec<f32>) {
     let m = (n * p) as f64;
     (0..c)
         .into_par_iter()
         .map(|ch| {
             let rows = || (0..n).map(move |i| &xs[(i * c + ch) * p..][..p]);
-            let sum: f64 = rows()
-                .map(|r| r.iter().map(|&v| v as f64).sum::<f64>())
-                .sum();
-            let mean = sum / m;
+            let sum: f64 = rows().map(|r| lane_sum(r, r, |x, _| x)).sum();
+            let mean = (sum / m) as f32;
             let sq: f64 = rows()
-                .map(|r| r.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>())
+                .map(|r| lane_sum(r, r, |x, _| (x - mean) * (x - mean)))
                 .sum();
-            (mean as f32, (sq / m) as f32)
+            (mean, (sq / m) as f32)
         })
         .unzip()
 }

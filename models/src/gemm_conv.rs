@@ -152,7 +152,7 @@ impl GemmConvOps for Flex {
         match (f32_contiguous(w.clone()), f32_contiguous(dy.clone())) {
             (Some(wc), Some(dyc)) if x.dtype() == DType::F32 => {
                 let mut dx = vec![0f32; s.n * s.c * s.h * s.w];
-                x_backward(&s, wc.storage(), dyc.storage(), &mut dx);
+                x_backward_any(&s, wc.storage(), dyc.storage(), &mut dx);
                 flex_tensor(dx, [s.n, s.c, s.h, s.w])
             }
             _ => Self::conv2d_x_backward(x, w, dy, geometry.options()),
@@ -544,6 +544,40 @@ fn forward(s: &Shapes, x: &[f32], w: &[f32], y: &mut [f32]) {
                 }
             },
         );
+}
+
+/// The input gradient: for stride 1 (and padding inside the kernel) the forward convolution
+/// of `dy` by the flipped, transposed kernel with padding `k − 1 − p` — an im2col of row
+/// copies and a product with `O·kh·kw` terms — else [`x_backward`]'s product with `O` terms
+/// and col2im scatter-add. The first is faster for kernels up to 3×3 into at least 16 input
+/// channels (ResNet's 16-channel layers, AlexNet's 3×3 ones); for ResNet's 3-channel stem
+/// and AlexNet's 5×5 layer on 4×4 maps the second (`models/examples/conv_ops.rs`).
+fn x_backward_any(s: &Shapes, w: &[f32], dy: &[f32], dx: &mut [f32]) {
+    let worth_it = s.c >= 16 && s.kh * s.kw <= 9;
+    if !(worth_it && s.sh == 1 && s.sw == 1 && s.ph < s.kh && s.pw < s.kw) {
+        return x_backward(s, w, dy, dx);
+    }
+    let (kh, kw) = (s.kh, s.kw);
+    // w' [C, O, kh, kw] with w'[c, o, i, j] = w[o, c, kh − 1 − i, kw − 1 − j].
+    let mut flipped = vec![0f32; w.len()];
+    for o in 0..s.o {
+        for c in 0..s.c {
+            let src = &w[(o * s.c + c) * kh * kw..][..kh * kw];
+            let dst = &mut flipped[(c * s.o + o) * kh * kw..][..kh * kw];
+            for (d, v) in dst.iter_mut().zip(src.iter().rev()) {
+                *d = *v;
+            }
+        }
+    }
+    let transposed = Shapes::new(
+        [s.n, s.o, s.oh, s.ow],
+        [s.c, kh, kw],
+        ConvGeometry {
+            stride: [1, 1],
+            padding: [kh - 1 - s.ph, kw - 1 - s.pw],
+        },
+    );
+    forward(&transposed, dy, &flipped, dx);
 }
 
 /// `dx = col2im(Wᵀ · dy)`, `G` samples per product.
