@@ -335,38 +335,22 @@ mod tests {
     use burn::module::Param;
     use burn::nn::BatchNormConfig;
 
-    /// Deterministic values in [-1, 1) with a per-index offset (channels differ in mean).
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|i| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0 + (i % 7) as f32 * 0.3
-            })
-            .collect()
-    }
+    use crate::kernel_tests::{assert_close, host, values};
 
-    fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().try_to_vec::<f32>().expect("f32 data")
-    }
-
-    fn assert_close(got: &[f32], want: &[f32], what: &str) {
-        assert_eq!(got.len(), want.len(), "{what}: length");
-        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1.0);
-        for (i, (g, w)) in got.iter().zip(want).enumerate() {
-            assert!(
-                (g - w).abs() <= 2e-5 * scale,
-                "{what}[{i}]: {g} vs {w} (scale {scale})"
-            );
-        }
+    /// [`values`] with a per-index offset, so that channels differ in mean.
+    fn offset_values(n: usize, seed: u64) -> Vec<f32> {
+        let mut v = values(n, seed);
+        v.iter_mut()
+            .enumerate()
+            .for_each(|(i, x)| *x += (i % 7) as f32 * 0.3);
+        v
     }
 
     fn layer(c: usize) -> BatchNorm {
         let device = Device::flex().autodiff();
         let mut l = BatchNormConfig::new(c).init(&device);
-        let t = |seed| Tensor::<1>::from_data(TensorData::new(values(c, seed), [c]), &device);
+        let t =
+            |seed| Tensor::<1>::from_data(TensorData::new(offset_values(c, seed), [c]), &device);
         l.gamma = Param::from_tensor(t(3));
         l.beta = Param::from_tensor(t(4));
         l
@@ -378,13 +362,14 @@ mod tests {
         let device = Device::flex().autodiff();
         let l = layer(dims[1]);
         let n: usize = dims.iter().product();
-        let x = Tensor::<4>::from_data(TensorData::new(values(n, 1), dims), &device).require_grad();
+        let x = Tensor::<4>::from_data(TensorData::new(offset_values(n, 1), dims), &device)
+            .require_grad();
         let y = if ours {
             forward(&l, x.clone())
         } else {
             l.forward(x.clone())
         };
-        let g = Tensor::<4>::from_data(TensorData::new(values(n, 2), dims), &device);
+        let g = Tensor::<4>::from_data(TensorData::new(offset_values(n, 2), dims), &device);
         let grads = (y.clone() * g).sum().backward();
         [
             host(y.without_autodiff()),
@@ -411,7 +396,7 @@ mod tests {
                 .iter()
                 .zip(ours.iter().zip(&reference))
             {
-                assert_close(a, b, &format!("{what} {dims:?}"));
+                assert_close(a, b, 2e-5, &format!("{what} {dims:?}"));
             }
         }
     }
@@ -420,7 +405,8 @@ mod tests {
     fn inference_is_burns_forward() {
         let device = Device::flex();
         let l = BatchNormConfig::new(3).init(&device);
-        let x = Tensor::<4>::from_data(TensorData::new(values(48, 5), [2, 3, 2, 4]), &device);
+        let x =
+            Tensor::<4>::from_data(TensorData::new(offset_values(48, 5), [2, 3, 2, 4]), &device);
         assert_eq!(host(forward(&l, x.clone())), host(l.forward(x)));
     }
 }

@@ -703,33 +703,10 @@ mod tests {
     use burn::module::Param;
     use burn::nn::conv::Conv2dConfig;
 
-    /// Deterministic values in [-1, 1).
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::kernel_tests::{assert_close, host, values};
 
-    fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().try_to_vec::<f32>().expect("f32 data")
-    }
-
-    fn assert_close(got: &[f32], want: &[f32], what: &str) {
-        assert_eq!(got.len(), want.len(), "{what}: length");
-        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1.0);
-        for (i, (g, w)) in got.iter().zip(want).enumerate() {
-            assert!(
-                (g - w).abs() <= 1e-5 * scale,
-                "{what}[{i}]: {g} vs {w} (scale {scale})"
-            );
-        }
-    }
+    /// The tests' tolerance, relative to the largest value.
+    const TOL: f32 = 1e-5;
 
     /// A layer with deterministic weights and bias.
     fn layer(c: usize, o: usize, k: [usize; 2], stride: [usize; 2], pad: [usize; 2]) -> Conv2d {
@@ -811,10 +788,10 @@ mod tests {
             let [y, dx, dw, db] = run(&l, x, true);
             let [y_ref, dx_ref, dw_ref, db_ref] = run(&l, x, false);
             let what = format!("C={c} O={o} k={k:?} s={stride:?} p={pad:?} x={x:?}");
-            assert_close(&y, &y_ref, &format!("y {what}"));
-            assert_close(&dx, &dx_ref, &format!("dx {what}"));
-            assert_close(&dw, &dw_ref, &format!("dW {what}"));
-            assert_close(&db, &db_ref, &format!("db {what}"));
+            assert_close(&y, &y_ref, TOL, &format!("y {what}"));
+            assert_close(&dx, &dx_ref, TOL, &format!("dx {what}"));
+            assert_close(&dw, &dw_ref, TOL, &format!("dW {what}"));
+            assert_close(&db, &db_ref, TOL, &format!("db {what}"));
         }
     }
 
@@ -912,6 +889,7 @@ mod tests {
         assert_close(
             &host(conv2d(&l, x.clone())),
             &host(l.forward(x)),
+            TOL,
             "untracked",
         );
     }

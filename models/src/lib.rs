@@ -45,6 +45,8 @@ mod family;
 pub mod flat;
 pub mod gemm_conv;
 pub mod gpt;
+#[cfg(test)]
+mod kernel_tests;
 mod layers;
 pub mod lenet;
 pub mod lstm;

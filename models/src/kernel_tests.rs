@@ -1,0 +1,34 @@
+//! Helpers of the unit tests that hold the zoo's own kernels (`gemm_conv`, `batch_norm`)
+//! against burn's operations (test builds only).
+
+use burn::prelude::*;
+
+/// Deterministic values in [-1, 1) (xorshift; the tests need no rand).
+pub(crate) fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// A tensor's values on the host.
+pub(crate) fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().try_to_vec::<f32>().expect("f32 data")
+}
+
+/// Every `got[i]` within `tol × max(1, max |want|)` of `want[i]`.
+pub(crate) fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1.0);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * scale,
+            "{what}[{i}]: {g} vs {w} (scale {scale})"
+        );
+    }
+}
