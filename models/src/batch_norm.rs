@@ -7,8 +7,8 @@
 //! about ten element-wise passes. On ResNet-20 those copies were 11 % of a one-thread step
 //! (`copy_2d_tiled` in a sampling profile). Here, on `Flex` and `f32`:
 //!
-//! * forward: per channel, the mean and the biased variance (two passes, accumulated in
-//!   `f64`), then `y = (x − μ)·(γ/σ) + β` with `σ = √(var + ε)`;
+//! * forward: per channel, the mean and the biased variance (two passes, each row summed in
+//!   16 `f32` lanes and the rows in `f64`), then `y = (x − μ)·(γ/σ) + β`, `σ = √(var + ε)`;
 //! * backward: per channel `Σ dy` (β's gradient) and `Σ dy·x̂` (γ's), then
 //!   `dx = (γ/σ)·(dy − Σdy/M − x̂·Σdy·x̂/M)` with `x̂ = (x − μ)/σ` and `M` values per channel,
 //!

@@ -1,22 +1,26 @@
-//! The zoo's 2-D convolutions as one sample's im2col times a matrix product, in NCHW, for the
-//! forward pass and both backward passes — a backend extension like [`crate::meprop`].
+//! The zoo's 2-D convolutions as im2col times a matrix product, in NCHW, for the forward pass
+//! and both backward passes — a backend extension like [`crate::meprop`].
 //!
 //! burn 0.22.1's `Flex` backend computes a convolution's weight gradient with its generic
 //! rule, a convolution of the batch-swapped input by the batch-swapped output gradient, and
 //! converts layouts serially around every pass. On ResNet-20 at batch 32 that weight gradient
 //! alone took 275 ms of a 526 ms one-thread step (`models/examples/conv_ops.rs`). Here every
-//! pass is one GEMM per sample on buffers the kernel owns, called through the `gemm` crate
-//! that `Flex` itself uses:
+//! pass is one GEMM per group of `G` samples on buffers the kernel owns, called through the
+//! `gemm` crate that `Flex` itself uses:
 //!
-//! * forward: `y_n [O × P] = W [O × K] · cols(x_n) [K × P]`;
-//! * input gradient: `dx_n = col2im(Wᵀ [K × O] · dy_n [O × P])`;
-//! * weight gradient: `dW [O × K] = Σ_n dy_n [O × P] · cols(x_n)ᵀ [P × K]`,
+//! * forward: `y [O × G·P] = W [O × K] · cols(x) [K × G·P]`;
+//! * input gradient: `dx = col2im(Wᵀ [K × O] · dy [O × G·P])`, or — for stride 1, kernels up
+//!   to 3×3 and at least 16 input channels — the forward convolution of `dy` by the flipped,
+//!   transposed kernel with padding `k − 1 − p` (no scatter-add, `O·kh·kw` terms a product);
+//! * weight gradient: `dW [O × K] = Σ dy [O × G·P] · cols(x)ᵀ [G·P × K]`, computed as its
+//!   transpose for at most [`TRANSPOSED_WEIGHT_GRAD_MAX_O`] output channels,
 //!
-//! with `K = C·kh·kw` and `P = OH·OW`; `cols(x_n)` row `(c, i, j)` holds input channel `c`
-//! shifted by the kernel offset `(i, j)`, zero where the window falls in the padding.
-//! Samples run in parallel on rayon's pool. The weight gradient sums fixed groups of
-//! [`SAMPLES_PER_PARTIAL`] samples and then the groups in order, so its bits do not depend on
-//! the thread count.
+//! with `K = C·kh·kw`, `P = OH·OW` and `G` the fewest samples whose `G·P` reaches
+//! [`MIN_COLUMNS`] (one sample for ResNet's 32×32 and 16×16 maps, the batch for AlexNet's 2×2);
+//! `cols(x_n)` row `(c, i, j)` holds input channel `c` shifted by the kernel offset `(i, j)`,
+//! zero where the window falls in the padding. Groups run in parallel on rayon's pool. The
+//! weight gradient sums fixed runs of at least [`SAMPLES_PER_PARTIAL`] samples and then the
+//! runs in order, so its bits do not depend on the thread count.
 //!
 //! # Backends
 //! [`GemmConvOps`] is implemented for `Flex` (these kernels, for contiguous-or-not `f32`
