@@ -451,6 +451,17 @@ fn to_matrix(s: &Shapes, nchw: &[f32], matrix: &mut [f32]) {
     }
 }
 
+/// The output gradient of a group of `G` samples as one matrix `[O × G·P]`: the sample's
+/// own rows when `G = 1`, else [`to_matrix`]'s copy into `scratch`.
+fn dy_matrix<'a>(s: &Shapes, dys: &'a [f32], scratch: &'a mut [f32]) -> &'a [f32] {
+    if dys.len() == s.o * s.p() {
+        return dys;
+    }
+    let m = &mut scratch[..dys.len()];
+    to_matrix(s, dys, m);
+    m
+}
+
 /// The inverse of [`to_matrix`].
 fn from_matrix(s: &Shapes, matrix: &[f32], nchw: &mut [f32]) {
     let p = s.p();
@@ -595,13 +606,7 @@ fn x_backward(s: &Shapes, w: &[f32], dy: &[f32], dx: &mut [f32]) {
             |scratch, (dxs, dys)| {
                 let gn = dxs.len() / s.x_len();
                 let a = View::transposed(w, k);
-                let b = if gn == 1 {
-                    View::rows(dys, p)
-                } else {
-                    let m = &mut scratch.matrix[..s.o * gn * p];
-                    to_matrix(s, dys, m);
-                    View::rows(m, gn * p)
-                };
+                let b = View::rows(dy_matrix(s, dys, &mut scratch.matrix), gn * p);
                 if direct {
                     matmul(dxs, k, p, s.o, a, b, false);
                     return;
@@ -645,24 +650,14 @@ fn weight_backward(s: &Shapes, x: &[f32], dy: &[f32], dw: &mut [f32]) {
                         im2col_group(s, xg, &mut scratch.cols);
                         &scratch.cols
                     };
-                    let dy_rows: &[f32] = if gn == 1 {
-                        dyg
-                    } else {
-                        let m = &mut scratch.matrix[..s.o * gn * p];
-                        to_matrix(s, dyg, m);
-                        m
-                    };
-                    let (cols, dy_rows) = (
-                        (View::rows(cols, gn * p), View::transposed(cols, gn * p)),
-                        (
-                            View::rows(dy_rows, gn * p),
-                            View::transposed(dy_rows, gn * p),
-                        ),
-                    );
+                    let dy_m = dy_matrix(s, dyg, &mut scratch.matrix);
+                    let n = gn * p;
                     if transposed {
-                        matmul(&mut part, k, s.o, gn * p, cols.0, dy_rows.1, i > 0);
+                        let (a, b) = (View::rows(cols, n), View::transposed(dy_m, n));
+                        matmul(&mut part, k, s.o, n, a, b, i > 0);
                     } else {
-                        matmul(&mut part, s.o, k, gn * p, dy_rows.0, cols.1, i > 0);
+                        let (a, b) = (View::rows(dy_m, n), View::transposed(cols, n));
+                        matmul(&mut part, s.o, k, n, a, b, i > 0);
                     }
                 }
                 part
