@@ -53,6 +53,7 @@ pub mod lstm;
 pub mod meprop;
 pub mod mlp;
 pub mod model;
+pub mod pool;
 pub mod registry;
 pub mod resnet;
 pub mod synthetic;

@@ -3,6 +3,7 @@
 use std::time::Instant;
 
 use dtrain_comms::Transport;
+use dtrain_models::pool::on_pool;
 use dtrain_models::Metrics;
 
 use super::metrics::Tally;
@@ -200,9 +201,8 @@ impl<T: Transport> Trainer<T> {
         self.model.reset_eval_state();
         for j in 0..self.data.eval_batches() {
             let b = self.data.eval_batch(j, &device);
-            let r = self
-                .model
-                .evaluate(b)
+            let model = &mut self.model;
+            let r = on_pool(|| model.evaluate(b))
                 .map_err(|source| TrainError::Model { step, source })?;
             m.merge(&r);
         }
