@@ -367,8 +367,16 @@ impl Shapes {
 
 /// Writes one sample's `cols(x_n)` (`K` rows of `P`) into `cols` at column `off` of rows
 /// `ld` long: row `(c, i, j)`, column `off + oh·OW + ow`.
+///
+/// With stride 1 and an output as wide as the input (ResNet's and VGG's 3×3 layers, and the
+/// input gradient's flipped convolution), output position `d = oh·W + ow` reads input
+/// position `d + (i − ph)·W + (j − pw)`: the valid rows of a row of `cols` are one shifted
+/// copy of the plane, after which the few columns the shift wrapped around are zeroed. That
+/// is one copy per `(c, i, j)` instead of one per output row (a 32×32 map: 32 `memmove`
+/// calls of 31 values each, whose call overhead was most of the copy).
 fn im2col(s: &Shapes, x_n: &[f32], cols: &mut [f32], ld: usize, off: usize) {
     let p = s.p();
+    let shifted_copy = s.sh == 1 && s.sw == 1 && s.ow == s.w;
     for c in 0..s.c {
         let plane = &x_n[c * s.h * s.w..(c + 1) * s.h * s.w];
         for i in 0..s.kh {
@@ -378,6 +386,22 @@ fn im2col(s: &Shapes, x_n: &[f32], cols: &mut [f32], ld: usize, off: usize) {
                 let row = &mut cols[((c * s.kh + i) * s.kw + j) * ld + off..][..p];
                 row[..oh_lo * s.ow].fill(0.0);
                 row[oh_hi * s.ow..].fill(0.0);
+                if shifted_copy && oh_lo < oh_hi && ow_lo < ow_hi {
+                    // First and last valid output positions, and the constant shift to the
+                    // input (both ends read valid input positions, so everything between
+                    // lies inside the plane).
+                    let (lo, hi) = (oh_lo * s.ow + ow_lo, (oh_hi - 1) * s.ow + ow_hi);
+                    let src = (oh_lo + i - s.ph) * s.w + ow_lo + j - s.pw;
+                    row[lo..hi].copy_from_slice(&plane[src..src + (hi - lo)]);
+                    // Column by column (a stride-`OW` walk): a row-by-row loop over one or
+                    // two values becomes a `memset` call per output row.
+                    let valid_rows = oh_lo * s.ow..oh_hi * s.ow;
+                    for ow in (0..ow_lo).chain(ow_hi..s.ow) {
+                        let column = row[valid_rows.clone()].iter_mut().skip(ow).step_by(s.ow);
+                        column.for_each(|v| *v = 0.0);
+                    }
+                    continue;
+                }
                 for oh in oh_lo..oh_hi {
                     let ih = oh * s.sh + i - s.ph;
                     let dst = &mut row[oh * s.ow..(oh + 1) * s.ow];
@@ -791,6 +815,57 @@ mod tests {
             assert_close(&dx, &dx_ref, TOL, &format!("dx {what}"));
             assert_close(&dw, &dw_ref, TOL, &format!("dW {what}"));
             assert_close(&db, &db_ref, TOL, &format!("db {what}"));
+        }
+    }
+
+    #[test]
+    fn im2col_equals_its_definition() {
+        // The shifted-copy path (stride 1, output as wide as the input) and the row-by-row
+        // path, against `cols[(c, i, j), oh·OW + ow] = x[c, oh·sh + i − ph, ow·sw + j − pw]`
+        // (zero outside), written at an offset into wider rows as the groups use it.
+        /// `(C, H, W, kernel, stride, padding)`.
+        type Case = (usize, usize, usize, [usize; 2], [usize; 2], [usize; 2]);
+        let cases: &[Case] = &[
+            (2, 5, 6, [3, 3], [1, 1], [1, 1]),
+            (2, 4, 4, [5, 5], [1, 1], [2, 2]),
+            (1, 3, 5, [3, 3], [1, 1], [3, 1]),
+            (2, 7, 4, [5, 3], [1, 1], [0, 1]),
+            (1, 1, 1, [3, 3], [1, 1], [1, 1]),
+            (1, 2, 3, [1, 1], [1, 1], [0, 0]),
+            (2, 6, 6, [3, 3], [2, 2], [1, 1]),
+            (1, 5, 5, [3, 1], [1, 2], [0, 3]),
+        ];
+        for &(c, h, w, [kh, kw], stride, padding) in cases {
+            let s = Shapes::new([1, c, h, w], [1, kh, kw], ConvGeometry { stride, padding });
+            let x = values(c * h * w, 3);
+            let (p, off) = (s.p(), 3);
+            let ld = p + off + 2;
+            let mut cols = vec![f32::NAN; s.k() * ld];
+            im2col(&s, &x, &mut cols, ld, off);
+            for ((ci, i), j) in (0..c)
+                .flat_map(|ci| (0..kh).map(move |i| (ci, i)))
+                .flat_map(|ci_i| (0..kw).map(move |j| (ci_i, j)))
+            {
+                for oh in 0..s.oh {
+                    for ow in 0..s.ow {
+                        let ih = (oh * s.sh + i) as isize - s.ph as isize;
+                        let iw = (ow * s.sw + j) as isize - s.pw as isize;
+                        let inside = (0..h as isize).contains(&ih) && (0..w as isize).contains(&iw);
+                        let want = if inside {
+                            x[ci * h * w + ih as usize * w + iw as usize]
+                        } else {
+                            0.0
+                        };
+                        let got = cols[((ci * kh + i) * kw + j) * ld + off + oh * s.ow + ow];
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "case {:?} at c={ci} i={i} j={j} oh={oh} ow={ow}",
+                            (c, h, w, [kh, kw], stride, padding)
+                        );
+                    }
+                }
+            }
         }
     }
 
