@@ -367,10 +367,32 @@ pub(crate) fn parse_shape(s: &str) -> Result<(usize, usize), String> {
     Ok((num(r)?, num(c)?))
 }
 
-/// Splits `a,b:x=1;y=2,c` into methods; inside a method, `;` separates parameters.
+/// Splits `a,b:x=1;y=2,c` into methods; inside a method, `;` separates parameters. Commas
+/// inside brackets or quotes stay in their value (`mlp/mnist:hidden=[2048,1024]`).
 pub(crate) fn split_methods(s: &str) -> Vec<String> {
-    s.split(',')
+    bench::split_top_level(s, ',')
+        .into_iter()
         .filter(|m| !m.trim().is_empty())
         .map(|m| m.trim().replace(';', ","))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn methods_split_at_commas_outside_arrays() {
+        assert_eq!(
+            split_methods(
+                "none, qsgd:levels=7;bucket=512,mlp/mnist:hidden=[2048,1024];image_size=32"
+            ),
+            vec![
+                "none",
+                "qsgd:levels=7,bucket=512",
+                "mlp/mnist:hidden=[2048,1024],image_size=32"
+            ]
+        );
+        assert!(split_methods(" , ").is_empty());
+    }
 }

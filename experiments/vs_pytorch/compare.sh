@@ -6,8 +6,10 @@
 #
 # Environment: DTRAIN_BIN (default target/release/dtrain, built if missing), PYTHON (a python
 # with torch; default venv/bin/python, else python3), MODELS (default
-# "mlp/mnist,lenet/lenet5,alexnet/cifar,resnet/resnet20,lstm/word"), THREADS (default "1 2"),
-# STEPS (default 10), WARMUP (default 2).
+# "mlp/mnist,lenet/lenet5,alexnet/cifar,resnet/resnet20,lstm/word"; `:key=value;…` options
+# the twin mirrors, e.g. the issue's MLP "mlp/mnist:image_size=32;hidden=[2048,1024]"),
+# THREADS (default "1 2"), STEPS (default 10), WARMUP (default 2), BATCH (default: each
+# tool's own, 32 images or 20 sequences).
 #
 # Every round runs, for each thread count, `dtrain bench models --json` and the PyTorch twins
 # (`models.py --json`) one after the other, so slow drift of the machine touches both alike.
@@ -24,6 +26,8 @@ models=${MODELS:-mlp/mnist,lenet/lenet5,alexnet/cifar,resnet/resnet20,lstm/word}
 threads=${THREADS:-1 2}
 steps=${STEPS:-10}
 warmup=${WARMUP:-2}
+batch=()
+[ -n "${BATCH:-}" ] && batch=(--batch "$BATCH")
 die() { echo "compare: $*" >&2; exit 1; }
 
 if [ "${COMPARE_FORCE:-0}" != 1 ]; then
@@ -48,20 +52,29 @@ for r in $(seq 1 "$rounds"); do
   for t in $threads; do
     echo "compare: round $r/$rounds, $t thread(s): dtrain"
     RAYON_NUM_THREADS=$t "$bin" bench models --models "$models" --warmup "$warmup" \
-      --steps "$steps" --json >"$out/dtrain-t$t-r$r.json"
+      --steps "$steps" "${batch[@]}" --json >"$out/dtrain-t$t-r$r.json"
     echo "compare: round $r/$rounds, $t thread(s): pytorch"
     "$py" experiments/vs_pytorch/models.py --threads "$t" --models "$models" \
-      --warmup "$warmup" --steps "$steps" --json >"$out/pytorch-t$t-r$r.json"
+      --warmup "$warmup" --steps "$steps" "${batch[@]}" --json >"$out/pytorch-t$t-r$r.json"
   done
 done
 
 "$py" - "$out" "$rounds" "$threads" <<'EOF' | tee "$out/compare.md"
 import json, statistics, sys
 out, rounds, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
+def rows(fw, t, r):
+    # dtrain prints a model's `;` option separators as `,`: one spelling for both.
+    return {row["model"].replace(";", ","): row for row in json.load(open(f"{out}/{fw}-t{t}-r{r}.json"))}
 def load(fw, t, r):
-    return {row["model"]: row["timing"] for row in json.load(open(f"{out}/{fw}-t{t}-r{r}.json"))}
+    return {m: row["timing"] for m, row in rows(fw, t, r).items()}
 runs = {(fw, t): [load(fw, t, r) for r in range(1, rounds + 1)]
         for fw in ("dtrain", "pytorch") for t in threads}
+# A twin with another parameter count is another model: its ratio would mean nothing.
+params = {fw: {m: row["params"] for m, row in rows(fw, threads[0], 1).items()}
+          for fw in ("dtrain", "pytorch")}
+for m, n in params["dtrain"].items():
+    if params["pytorch"].get(m) != n:
+        sys.exit(f"compare: {m}: dtrain's model has {n} parameters, the twin {params['pytorch'].get(m)}")
 def med(fw, t, model, key):
     return statistics.median(run[model][key] for run in runs[(fw, t)])
 models = list(runs[("dtrain", threads[0])][0])

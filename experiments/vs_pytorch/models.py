@@ -36,6 +36,7 @@ them) and the random dropout masks.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import statistics
 import sys
@@ -300,6 +301,9 @@ class Twin:
     dtrain_params: int
     # The dtrain file the twin mirrors.
     mirrors: str
+    # dtrain's `:key=value` options the twin mirrors: keyword arguments of `build`. Those
+    # named like the input (`in_channels`, `image_size`, `num_classes`) also reshape it.
+    options: tuple = ()
 
     @property
     def is_language_model(self) -> bool:
@@ -311,7 +315,8 @@ DEFAULT_VOCAB = 10_000
 
 # In the order of dtrain's `DEFAULT_MODELS` (framework/src/bench/models.rs).
 TWINS: dict[str, Twin] = {
-    "mlp/mnist": Twin(Mlp, ("images", 1, 28, 28, 10), 535_818, "models/src/mlp.rs"),
+    "mlp/mnist": Twin(Mlp, ("images", 1, 28, 28, 10), 535_818, "models/src/mlp.rs",
+                      options=("in_channels", "image_size", "hidden", "num_classes")),
     "lenet/lenet5": Twin(LeNet5, ("images", 1, 28, 28, 10), 61_706, "models/src/lenet.rs"),
     "alexnet/cifar": Twin(AlexNetCifar, ("images", 3, 32, 32, 10), 2_472_266, "models/src/alexnet.rs"),
     "vgg/vgg11": Twin(lambda: Vgg("vgg11"), ("images", 3, 32, 32, 10), 9_225_610, "models/src/vgg.rs"),
@@ -320,6 +325,57 @@ TWINS: dict[str, Twin] = {
     "lstm/word": Twin(lambda: LstmLm(DEFAULT_VOCAB), ("tokens", DEFAULT_VOCAB), 2_653_200,
                       "models/src/lstm.rs"),
 }
+
+
+def split_top_level(text: str, seps: str) -> list[str]:
+    """`text` split at each character of `seps` outside brackets (dtrain's
+    `split_top_level`): `a,b=[1,2]` → `a`, `b=[1,2]`."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        depth = max(depth + {"[": 1, "]": -1}.get(c, 0), 0)
+        if c in seps and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
+def parse_options(text: str) -> dict:
+    """dtrain's `key=value;key=value` (or `,` between them, outside brackets): values are
+    Python literals (`32`, `[2048, 1024]`), anything else a string."""
+    options = {}
+    for part in filter(str.strip, split_top_level(text, ",;")):
+        key, eq, value = part.partition("=")
+        if not eq:
+            raise ValueError(f"option {part!r} is not key=value")
+        try:
+            options[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            options[key.strip()] = value.strip()
+    return options
+
+
+def resolve(name: str) -> Twin:
+    """The twin of `kind/variant` or `kind/variant:key=value;key=value` (the options it
+    mirrors only; its parameter count is then the twin's own, which compare.sh checks
+    against dtrain's row). Raises ValueError naming what is unknown."""
+    base, _, text = name.partition(":")
+    if base not in TWINS:
+        raise ValueError(f"unknown model {base!r}; known: {', '.join(TWINS)}")
+    twin = TWINS[base]
+    options = parse_options(text)
+    if not options:
+        return twin
+    unknown = sorted(set(options) - set(twin.options))
+    if unknown:
+        mirrored = ", ".join(twin.options) or "none"
+        raise ValueError(f"{base}: option(s) {', '.join(unknown)} not mirrored by the twin "
+                         f"(it takes: {mirrored})")
+    shape = list(twin.input)
+    if shape[0] == "images":
+        for i, key in ((1, "in_channels"), (2, "image_size"), (3, "image_size"), (4, "num_classes")):
+            shape[i] = options.get(key, shape[i])
+    return Twin(lambda: twin.build(**options), tuple(shape), None, twin.mirrors, twin.options)
 
 
 def count_params(model: nn.Module) -> int:
@@ -451,7 +507,7 @@ def make_stepper(name: str, batch: int | None = None, seq_len: int = 35, seed: i
                  data: str = "dtrain") -> tuple[Stepper, str]:
     """Builds the twin of `name` with weights from `seed` and its synthetic batch; returns the
     stepper and the batch's description. `batch` None: 32 images or 20 sequences."""
-    twin = TWINS[name]
+    twin = resolve(name)
     torch.manual_seed(seed)
     model = twin.build()
     if batch is None:
@@ -467,8 +523,8 @@ def measure(name: str, batch: int | None = None, seq_len: int = 35, warmup: int 
     JSON field names."""
     stepper, described = make_stepper(name, batch, seq_len, seed, data)
     params = count_params(stepper.model)
-    want = TWINS[name].dtrain_params
-    if params != want:
+    want = resolve(name).dtrain_params
+    if want is not None and params != want:
         print(f"warning: {name}: the twin has {params} parameters, dtrain's model {want}",
               file=sys.stderr)
     _, f, b = stepper.step()
@@ -543,12 +599,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = p.parse_args(argv)
     # As dtrain's clap option: commas or spaces between names, or the option repeated.
-    names = [m for arg in args.models for m in arg.replace(",", " ").split()]
+    names = [m.strip() for arg in args.models for m in split_top_level(arg, ", ") if m.strip()]
     for name in names:
-        if name not in TWINS:
-            extra = (" (dtrain's `:key=value` options are not mirrored; the twins are the "
-                     "registry defaults)") if ":" in name else ""
-            p.error(f"unknown model {name!r}{extra}; known: {', '.join(TWINS)}")
+        try:
+            resolve(name)
+        except ValueError as e:
+            p.error(str(e))
     args.models = names or list(TWINS)
     for opt in ("threads", "batch", "seq_len"):
         value = getattr(args, opt)

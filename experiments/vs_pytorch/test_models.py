@@ -90,6 +90,23 @@ class TwinTest(unittest.TestCase):
                 loss2, _, _ = stepper.step()
                 self.assertTrue(math.isfinite(loss2))
 
+    def test_mlp_options_mirror_dtrains(self):
+        # The MLP: 1024-2048-1024-10 (dtrain: `mlp/mnist:image_size=32;hidden=[2048,1024]`).
+        name = "mlp/mnist:image_size=32;hidden=[2048,1024]"
+        twin = self.twins.resolve(name)
+        self.assertEqual(twin.input, ("images", 1, 32, 32, 10))
+        widths = [1024, 2048, 1024, 10]
+        want = sum(a * b + b for a, b in zip(widths, widths[1:]))
+        self.assertEqual(self.twins.count_params(twin.build()), want)
+        row = self.twins.measure(name, batch=2, warmup=1, steps=1)
+        self.assertEqual((row["params"], row["batch"]), (want, "2x1x32x32"))
+        with self.assertRaisesRegex(ValueError, "not mirrored"):
+            self.twins.resolve("resnet/resnet20:depth=32")
+        with self.assertRaisesRegex(ValueError, "unknown model"):
+            self.twins.resolve("mlp/huge")
+        self.assertEqual(self.twins.split_top_level("a,b:h=[1,2];c=3 d", ", "),
+                         ["a", "b:h=[1,2];c=3", "d"])
+
     def test_option_a_shortcut_subsamples_and_zero_pads(self):
         block = self.twins.BasicBlock(16, 32, 2)
         x = torch.randn(2, 16, 8, 8)

@@ -7,6 +7,7 @@ pub mod exchange;
 pub mod gradient;
 pub mod models;
 mod spec;
+pub use spec::split_top_level;
 
 /// Runs `f` on every rank of an in-process channel mesh of `world` ranks (one thread each)
 /// and returns the results in rank order (tests of the measuring loops).
