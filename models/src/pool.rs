@@ -14,7 +14,21 @@
 //! [`on_pool`] moves a whole pass — a forward, a backward, an evaluation — onto the pool:
 //! one hand-off per pass instead of one per operation. Results are the same bits: what runs
 //! where does not change the order of any sum (the kernels' partitions are fixed by their
-//! sizes, not by the thread that runs them).
+//! sizes, not by the thread that runs them). [`on_pool_for`] does it for `Flex` devices only.
+
+use burn::prelude::Device;
+
+/// [`on_pool`] for a pass on `device` when that is burn's `Flex` CPU backend (with autodiff
+/// or without), else `f()` in place: a GPU backend does not compute on rayon's pool, and
+/// cubecl queues each thread's work on a stream of that thread's own.
+pub fn on_pool_for<R: Send>(device: &Device, f: impl FnOnce() -> R + Send) -> R {
+    // Device equality is the hardware's: autodiff does not count.
+    if *device == Device::flex() {
+        on_pool(f)
+    } else {
+        f()
+    }
+}
 
 /// Runs `f` on a thread of rayon's global pool and returns what it returns; in place when
 /// the caller already is one. A panic in `f` resumes in the caller.
@@ -49,6 +63,16 @@ mod tests {
         let mut v = vec![1, 2, 3];
         on_pool(|| v.push(4));
         assert_eq!(v, [1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn only_flex_passes_go_to_the_pool() {
+        let on = |d: &Device| on_pool_for(d, || rayon::current_thread_index().is_some());
+        assert!(on(&Device::flex()));
+        assert!(on(&Device::flex().autodiff()));
+        // Comparing devices touches no GPU: this runs on a machine without one too.
+        #[cfg(feature = "cuda")]
+        assert!(!on(&Device::cuda(0).autodiff()));
     }
 
     #[test]

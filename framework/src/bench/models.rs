@@ -15,7 +15,7 @@
 
 use std::time::Instant;
 
-use dtrain_models::pool::on_pool;
+use dtrain_models::pool::on_pool_for;
 use dtrain_models::{Batch, InputSpec, Model, ModelSpec, SyntheticBatch};
 use serde::Serialize;
 
@@ -202,12 +202,13 @@ pub fn parse_model(name: &str, dropout_off: bool) -> Result<(ModelSpec, bool), S
 }
 
 /// One training step: the loss (mean, as the model reports it) and the time of each half.
-/// Each half runs on rayon's pool, as the trainer runs them ([`on_pool`]).
+/// On the CPU each half runs on rayon's pool, as the trainer runs them ([`on_pool_for`]).
 fn step(model: &mut dyn Model, batch: Batch, grads: &mut [f32]) -> Result<(f64, f64, f64), String> {
+    let device = model.device().clone();
     let t0 = Instant::now();
-    let out = on_pool(|| model.forward_loss(batch)).map_err(|e| e.to_string())?;
+    let out = on_pool_for(&device, || model.forward_loss(batch)).map_err(|e| e.to_string())?;
     let t1 = Instant::now();
-    on_pool(|| model.backward_into(out.loss, grads));
+    on_pool_for(&device, || model.backward_into(out.loss, grads));
     let t2 = Instant::now();
     let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
     Ok((out.metrics.loss, ms(t0, t1), ms(t1, t2)))

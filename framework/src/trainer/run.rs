@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use dtrain_comms::Transport;
-use dtrain_models::pool::on_pool;
+use dtrain_models::pool::on_pool_for;
 use dtrain_models::Metrics;
 
 use super::metrics::Tally;
@@ -202,7 +202,7 @@ impl<T: Transport> Trainer<T> {
         for j in 0..self.data.eval_batches() {
             let b = self.data.eval_batch(j, &device);
             let model = &mut self.model;
-            let r = on_pool(|| model.evaluate(b))
+            let r = on_pool_for(&device, || model.evaluate(b))
                 .map_err(|source| TrainError::Model { step, source })?;
             m.merge(&r);
         }

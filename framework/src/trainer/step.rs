@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use dtrain_comms::Transport;
 use dtrain_compress::compressor::first_non_finite;
-use dtrain_models::pool::on_pool;
+use dtrain_models::pool::on_pool_for;
 use dtrain_models::Metrics;
 
 use super::{Phases, StepRecord, TrainError, Trainer, BUILD, CTL_LEN};
@@ -46,20 +46,20 @@ impl<T: Transport> Trainer<T> {
                     mix(seed, micro as u64, 0)
                 });
             }
-            // Forward and backward each run on rayon's pool: one hand-off per pass instead
-            // of one per parallel operation (`dtrain_models::pool`).
+            // On the CPU, forward and backward each run on rayon's pool: one hand-off per
+            // pass instead of one per parallel operation (`dtrain_models::pool`).
             let model = &mut self.model;
-            let out = on_pool(|| model.forward_loss(batch))
+            let out = on_pool_for(&device, || model.forward_loss(batch))
                 .map_err(|source| TrainError::Model { step, source })?;
             let tc = Instant::now();
             let m: Metrics = out.metrics;
             if micro == 0 {
                 let grads = &mut self.grads;
-                on_pool(|| self.model.backward_into(out.loss, grads));
+                on_pool_for(&device, || self.model.backward_into(out.loss, grads));
             } else {
                 let mut g = std::mem::take(&mut self.micro_grads);
                 g.resize(self.grads.len(), 0.0);
-                on_pool(|| self.model.backward_into(out.loss, &mut g));
+                on_pool_for(&device, || self.model.backward_into(out.loss, &mut g));
                 for (a, b) in self.grads.iter_mut().zip(&g) {
                     *a += b;
                 }
