@@ -113,7 +113,7 @@ impl ImageClassifier for Mlp {
         for (i, layer) in self.layers.iter().enumerate() {
             x = match self.meprop_k {
                 Some(k) => meprop_forward(layer, x, k),
-                None => crate::matmul::linear(layer, x),
+                None => layer.forward(x),
             };
             if i < last {
                 x = self.dropout.forward(self.activation.forward(x));
