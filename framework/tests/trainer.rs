@@ -277,14 +277,14 @@ every_epochs = 0
         .vocab()
         .unwrap();
     let v = format!("model.vocab={vocab}");
-    // Dropout off: burn's RNG is process-global, so in-process ranks (threads) would draw
-    // from one stream in a racy order (separate worker processes do not share it).
+    // With the LSTM's dropout (0.2 here): the masks are a pure function of (seed, step,
+    // rank), so they are drawn again alike after the resume.
     resume_is_exact_on(
         LM,
         2,
         &[
             v.as_str(),
-            "model.dropout=0.0",
+            "model.dropout=0.2",
             "compress.kind=topk",
             "compress.ratio=0.1",
         ],
@@ -369,12 +369,12 @@ fn resume_is_exact_for_a_gpt_with_dgc_and_with_diloco() {
         eprintln!("skipped: DTRAIN_DATA_DIR is not set (CI sets it and fetches the corpus)");
         return;
     }
-    // Dropout off: in-process ranks share burn's global RNG (see the LSTM test above).
+    // With the GPT's default dropout (0.1): its masks are drawn again alike after the
+    // resume (see the LSTM test above).
     resume_is_exact_on(
         GPT,
         2,
         &[
-            "model.dropout=0.0",
             "train.optimizer=sgd",
             "train.lr=0.1",
             "train.momentum=0.9",
@@ -385,14 +385,7 @@ fn resume_is_exact_for_a_gpt_with_dgc_and_with_diloco() {
             "compress.steps_per_epoch=4",
         ],
     );
-    resume_is_exact_on(
-        GPT,
-        2,
-        &[
-            "model.dropout=0.0",
-            "sync={ kind = \"diloco\", period = 4 }",
-        ],
-    );
+    resume_is_exact_on(GPT, 2, &["sync={ kind = \"diloco\", period = 4 }"]);
 }
 
 #[test]
@@ -852,9 +845,12 @@ fn auto_choice_is_recorded_and_a_resume_keeps_it() {
     // The premise of the comparison below: the first half chose every bucket's route as the
     // straight run did.
     assert_eq!(
-        a.summary.bucket_collectives, full.summary.bucket_collectives,
+        (&a.summary.collective, &a.summary.bucket_collectives),
+        (&full.summary.collective, &full.summary.bucket_collectives),
         "two runs on the same slow link chose different routes"
     );
+    // … and trained alike up to the checkpoint.
+    assert_eq!(a.losses[..], full.losses[..6], "the first half's losses");
     let b = common::run(
         3,
         &with(&fast, "train.max_steps=12"),
@@ -864,4 +860,28 @@ fn auto_choice_is_recorded_and_a_resume_keeps_it() {
     assert_eq!(b.summary.resumed_from, Some(6));
     assert_eq!(b.summary.collective.as_deref(), Some(compressed.as_str()));
     common::same(&b.params, &full.params, "auto: parameters after resume");
+}
+
+/// Dropout draws from burn's process-global RNG. Two runs of 2 in-process ranks each, with
+/// dropout, started at once (4 ranks drawing in one process): both reach the same bits,
+/// and the same bits as a third run alone. Without the trainer's RNG lock held across the
+/// training forward pass the ranks' draws interleave in whatever order the threads run, and
+/// a run with dropout beside a test that initialises its model changed that test's weights.
+#[test]
+fn dropout_masks_are_a_function_of_the_seed_whatever_runs_beside() {
+    let sets = ["model.dropout=0.5", "train.max_steps=6"];
+    let beside: Vec<_> = (0..2)
+        .map(|_| std::thread::spawn(move || run(2, &sets, None, false).params))
+        .collect();
+    let beside: Vec<Vec<f32>> = beside.into_iter().map(|h| h.join().unwrap()).collect();
+    let alone = run(2, &sets, None, false);
+    same(&beside[0], &beside[1], "dropout: two runs at once");
+    same(
+        &beside[0],
+        &alone.params,
+        "dropout: a run beside another and one alone",
+    );
+    // The masks were drawn: without dropout the run ends elsewhere.
+    let off = run(2, &["train.max_steps=6"], None, false);
+    assert!(off.params.iter().zip(&alone.params).any(|(a, b)| a != b));
 }

@@ -179,13 +179,20 @@ impl RunDir {
     }
 }
 
-/// Serialises model construction: burn's CPU RNG is process-global, so seeding and
-/// initialising must not interleave between threads (in-process tests run several ranks).
-static BUILD: Mutex<()> = Mutex::new(());
+/// Serialises every use of burn's random number generator, which is process-global (one
+/// stream for the whole process, on the CPU backend and the GPU's alike): seeding then
+/// initialising a model ([`build_model`]), and seeding then running a training forward
+/// pass, whose dropout layers draw their masks from that stream. Held across the whole
+/// draw, so what a worker draws is a pure function of its seed, whatever other threads do.
+/// Separate worker processes never contend for it; in-process ranks (the trainer's tests,
+/// which run several runs at once) do, and without it one run's dropout draws landed in
+/// the middle of another run's initialisation: different initial weights, found as a
+/// resumed run that no longer matched its straight twin.
+pub(super) static RNG: Mutex<()> = Mutex::new(());
 
 /// Builds the model of `plan` on `device`, initialised from the run seed.
 pub fn build_model(plan: &Plan, device: &Device) -> Result<Box<dyn Model>, TrainError> {
-    let _g = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = RNG.lock().unwrap_or_else(|e| e.into_inner());
     device.seed(plan.config.seed);
     let model = plan
         .config

@@ -8,7 +8,7 @@ use dtrain_compress::compressor::first_non_finite;
 use dtrain_models::pool::on_pool_for;
 use dtrain_models::Metrics;
 
-use super::{Phases, StepRecord, TrainError, Trainer, BUILD, CTL_LEN};
+use super::{Phases, StepRecord, TrainError, Trainer, CTL_LEN, RNG};
 use crate::config::NonFinitePolicy;
 use crate::optim::clip_to_norm;
 use crate::ps_mode::Ready;
@@ -36,21 +36,23 @@ impl<T: Transport> Trainer<T> {
             let device = self.model.device().clone();
             let batch = self.data.train_batch(epoch, j * k + micro, &device);
             let tb = Instant::now();
-            // Dropout masks: a pure function of (seed, step, rank) and the micro-batch.
-            {
-                let _g = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-                let seed = mix(self.plan.config.seed, step, self.rank as u64);
-                device.seed(if micro == 0 {
-                    seed
-                } else {
-                    mix(seed, micro as u64, 0)
-                });
-            }
+            // Dropout masks: a pure function of (seed, step, rank) and the micro-batch, drawn
+            // while this thread holds burn's global RNG (see `RNG`): seeded here, drawn in the
+            // forward pass. Taken on this thread, never on a pool thread, so a pool thread that
+            // steals another rank's pass while this one waits never blocks on it.
+            let rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
+            let seed = mix(self.plan.config.seed, step, self.rank as u64);
+            device.seed(if micro == 0 {
+                seed
+            } else {
+                mix(seed, micro as u64, 0)
+            });
             // On the CPU, forward and backward each run on rayon's pool: one hand-off per
             // pass instead of one per parallel operation (`dtrain_models::pool`).
             let model = &mut self.model;
-            let out = on_pool_for(&device, || model.forward_loss(batch))
-                .map_err(|source| TrainError::Model { step, source })?;
+            let out = on_pool_for(&device, || model.forward_loss(batch));
+            drop(rng);
+            let out = out.map_err(|source| TrainError::Model { step, source })?;
             let tc = Instant::now();
             let m: Metrics = out.metrics;
             if micro == 0 {
