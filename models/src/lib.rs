@@ -50,6 +50,7 @@ mod kernel_tests;
 mod layers;
 pub mod lenet;
 pub mod lstm;
+pub mod matmul;
 pub mod meprop;
 pub mod mlp;
 pub mod model;

@@ -163,11 +163,11 @@ impl LanguageModel for LstmLm {
         let hidden = x.dims()[2];
         let x = x.reshape([b * t, hidden]);
         let logits = match (&self.decoder, &self.decoder_bias, self.meprop_k) {
-            (Some(decoder), _, None) => decoder.forward(x),
+            (Some(decoder), _, None) => crate::matmul::linear(decoder, x),
             (Some(decoder), _, Some(k)) => meprop_forward(decoder, x, k),
             (None, Some(bias), None) => {
                 let weight = self.embedding.weight.val().transpose();
-                x.matmul(weight) + bias.val().unsqueeze::<2>()
+                crate::matmul::matmul(x, weight) + bias.val().unsqueeze::<2>()
             }
             (None, Some(bias), Some(k)) => {
                 let weight = self.embedding.weight.val().transpose();

@@ -113,7 +113,7 @@ impl ImageClassifier for Mlp {
         for (i, layer) in self.layers.iter().enumerate() {
             x = match self.meprop_k {
                 Some(k) => meprop_forward(layer, x, k),
-                None => layer.forward(x),
+                None => crate::matmul::linear(layer, x),
             };
             if i < last {
                 x = self.dropout.forward(self.activation.forward(x));
