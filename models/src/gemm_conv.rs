@@ -726,7 +726,7 @@ mod tests {
     use burn::module::Param;
     use burn::nn::conv::Conv2dConfig;
 
-    use crate::kernel_tests::{assert_close, host, values};
+    use crate::kernel_tests::{assert_close, host, output_and_grads, values};
 
     /// The tests' tolerance, relative to the largest value.
     const TOL: f32 = 1e-5;
@@ -761,25 +761,8 @@ mod tests {
         } else {
             layer.forward(x.clone())
         };
-        let g = Tensor::<4>::from_data(
-            TensorData::new(values(y.dims().iter().product(), 2), y.dims()),
-            &device,
-        );
-        let grads = (y.clone() * g).sum().backward();
-        [
-            host(y.without_autodiff()),
-            host(x.grad(&grads).expect("dx")),
-            host(layer.weight.val().grad(&grads).expect("dW")),
-            host(
-                layer
-                    .bias
-                    .as_ref()
-                    .expect("bias")
-                    .val()
-                    .grad(&grads)
-                    .expect("db"),
-            ),
-        ]
+        let bias = layer.bias.as_ref().expect("bias").val();
+        output_and_grads(y, &x, layer.weight.val(), bias)
     }
 
     #[test]

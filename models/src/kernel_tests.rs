@@ -1,7 +1,29 @@
-//! Helpers of the unit tests that hold the zoo's own kernels (`gemm_conv`, `batch_norm`)
-//! against burn's operations (test builds only).
+//! Helpers of the unit tests that hold the zoo's own kernels (`gemm_conv`, `batch_norm`,
+//! `matmul`) against burn's operations (test builds only).
 
 use burn::prelude::*;
+use burn::tensor::TensorData;
+
+/// `(y, dx, dW, db)` of `L = Σ y ⊙ g`, `g` = [`values`] of seed 2, for a layer's output `y`
+/// from the tracked input `x`, with weight `w` and bias `b` (the layer's parameter values).
+pub(crate) fn output_and_grads<const D: usize, const W: usize>(
+    y: Tensor<D>,
+    x: &Tensor<D>,
+    w: Tensor<W>,
+    b: Tensor<1>,
+) -> [Vec<f32>; 4] {
+    let g = Tensor::<D>::from_data(
+        TensorData::new(values(y.dims().iter().product(), 2), y.dims()),
+        &y.device(),
+    );
+    let grads = (y.clone() * g).sum().backward();
+    [
+        host(y.without_autodiff()),
+        host(x.grad(&grads).expect("dx")),
+        host(w.grad(&grads).expect("dW")),
+        host(b.grad(&grads).expect("db")),
+    ]
+}
 
 /// Deterministic values in [-1, 1) (xorshift; the tests need no rand).
 pub(crate) fn values(n: usize, seed: u64) -> Vec<f32> {

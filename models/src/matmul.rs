@@ -140,32 +140,56 @@ fn product(out: &mut [f32], m: usize, n: usize, k: usize, a: &Operand, b: &Opera
         };
         // SAFETY: `a0` / `b0` address `rows × k` and `k × cols` elements at the operands'
         // strides, inside their storage (`check` above); `dst` addresses this block's
-        // `rows × cols` outputs at row stride `n`, which no other block writes; gemm does not
-        // read `dst` (`read_dst` false).
+        // `rows × cols` outputs at row stride `n`, which no other block writes.
         unsafe {
-            gemm::gemm(
-                rows,
-                cols,
-                k,
-                (out_addr as *mut f32).add(dst),
-                1,
-                n as isize,
-                false,
-                a0,
-                a.cs,
-                a.rs,
-                b0,
-                b.cs,
-                b.rs,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
+            let dst = (out_addr as *mut f32).add(dst);
+            gemm_block(
+                [rows, cols, k],
+                (dst, n),
+                (a0, a.rs, a.cs),
+                (b0, b.rs, b.cs),
             );
         }
     });
+}
+
+/// One single-threaded `gemm` call: `dst [rows × cols] = a [rows × k] · b [k × cols]`, each
+/// operand a pointer with its row and column strides (`dst` row-major at row stride `ld`,
+/// not read).
+///
+/// # Safety
+/// The pointers must address that many elements at those strides, and nothing else may
+/// access `dst`'s elements during the call.
+unsafe fn gemm_block(
+    [rows, cols, k]: [usize; 3],
+    (dst, ld): (*mut f32, usize),
+    (a, a_rs, a_cs): (*const f32, isize, isize),
+    (b, b_rs, b_cs): (*const f32, isize, isize),
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        gemm::gemm(
+            rows,
+            cols,
+            k,
+            dst,
+            1,
+            ld as isize,
+            false,
+            a,
+            a_cs,
+            a_rs,
+            b,
+            b_cs,
+            b_rs,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
 }
 
 impl MatmulOps for Flex {
@@ -272,7 +296,7 @@ mod tests {
     use burn::nn::LinearConfig;
     use burn::tensor::TensorData;
 
-    use crate::kernel_tests::{assert_close, host, values};
+    use crate::kernel_tests::{assert_close, host, output_and_grads, values};
 
     /// `(y, dx, dW, db)` of `L = Σ y ⊙ g` through [`linear`] or burn's `Linear::forward`.
     fn run(rows: usize, d_in: usize, d_out: usize, ours: bool) -> [Vec<f32>; 4] {
@@ -296,25 +320,8 @@ mod tests {
         } else {
             layer.forward(x.clone())
         };
-        let g = Tensor::<2>::from_data(
-            TensorData::new(values(rows * d_out, 2), [rows, d_out]),
-            &device,
-        );
-        let grads = (y.clone() * g).sum().backward();
-        [
-            host(y.without_autodiff()),
-            host(x.grad(&grads).expect("dx")),
-            host(layer.weight.val().grad(&grads).expect("dW")),
-            host(
-                layer
-                    .bias
-                    .as_ref()
-                    .expect("bias")
-                    .val()
-                    .grad(&grads)
-                    .expect("db"),
-            ),
-        ]
+        let bias = layer.bias.as_ref().expect("bias").val();
+        output_and_grads(y, &x, layer.weight.val(), bias)
     }
 
     #[test]
@@ -360,26 +367,11 @@ mod tests {
         let (av, bv) = (host(a.clone()), host(b.clone()));
         // SAFETY: row-major m × k and k × n inputs, m × n output.
         unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                whole.as_mut_ptr(),
-                1,
-                n as isize,
-                false,
-                av.as_ptr(),
-                1,
-                k as isize,
-                bv.as_ptr(),
-                1,
-                n as isize,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
+            gemm_block(
+                [m, n, k],
+                (whole.as_mut_ptr(), n),
+                (av.as_ptr(), k as isize, 1),
+                (bv.as_ptr(), n as isize, 1),
             );
         }
         assert_eq!(r1, whole);
