@@ -8,7 +8,7 @@
 //! | route | seconds predicted |
 //! |---|---|
 //! | dense (the bucket is not compressed) | the dense all-reduce of `4n` bytes — hierarchical over several hosts |
-//! | all-gather | `all_gather(c)` + compress + P · decompress |
+//! | all-gather | `all_gather(c)` + compress + decoding the P payloads into their sum |
 //! | sparse all-reduce | `sparse_all_reduce(k, n, u = 1)` + compress + decompress + its own work (measured): a bucket's + per entry × `2(k + s)(P−1)/P` |
 //! | compressed all-reduce | `compressed_all_reduce(c′)` + encode the P ranges + 2 · decompress + compress / P |
 //! | the method's own collective where it is neither (summable lanes, a `Dense` method's all-reduce of the decoded values) | its cost + compress + decompress |
@@ -19,7 +19,9 @@
 //! start-up on a synthetic gradient of the
 //! bucket's size and layer shapes (Gaussian, σ = [`GRAD_SCALE`], as `dtrain bench allreduce
 //! --compress` uses), with a fresh compressor of the method; "compress" and "decompress" are
-//! the times that took. The compressed all-reduce's owners decode their range's P shares (one
+//! the times that took; "decoding the P payloads" is timed too, on P copies of the payload,
+//! because a method with a joint decoder (FFT: one inverse transform of the summed spectra)
+//! decodes P payloads in far less than P times one. The compressed all-reduce's owners decode their range's P shares (one
 //! buffer's worth), re-encode their range (1/P of one) and every rank decodes the P sums
 //! (one buffer's worth). The sparse all-reduce spends CPU on every entry (delta-coding,
 //! merging the shares) that no byte count shows — on a fast link it costs more than the
@@ -57,7 +59,7 @@ use dtrain_comms::algo::Machine;
 use dtrain_comms::shaping::LinkSpec;
 use dtrain_comms::wire::Message;
 use dtrain_comms::{cost, CommError, Communicator, SparseVec, Transport};
-use dtrain_compress::compressor::{compress, decompress_add};
+use dtrain_compress::compressor::{compress, decompress_add, decompress_sum_add};
 use dtrain_compress::{Aggregation, Collective, Combine, Ctx, Payload, Pipeline, Rng, RunUse};
 
 use super::schedule::Route;
@@ -176,6 +178,9 @@ pub struct Measured {
     pub compress_s: f64,
     /// Decoding one payload of it.
     pub decompress_s: f64,
+    /// Decoding P payloads of it into their sum, as the all-gather's receivers do (with the
+    /// method's joint decoder where it has one).
+    pub gather_decode_s: f64,
     /// The payload's bytes.
     pub payload: f64,
     /// Compressing it as P range payloads (the compressed all-reduce's worker side);
@@ -194,12 +199,13 @@ pub struct Measured {
 }
 
 impl Measured {
-    const FIELDS: usize = 8;
+    const FIELDS: usize = 9;
 
     fn to_f32s(self) -> [f32; Self::FIELDS] {
         [
             self.compress_s,
             self.decompress_s,
+            self.gather_decode_s,
             self.payload,
             self.chunks_s,
             self.chunks_payload,
@@ -214,12 +220,13 @@ impl Measured {
         Measured {
             compress_s: v[0] as f64,
             decompress_s: v[1] as f64,
-            payload: v[2] as f64,
-            chunks_s: v[3] as f64,
-            chunks_payload: v[4] as f64,
-            nonzeros: v[5] as f64,
-            sparse_base_s: v[6] as f64,
-            sparse_entry_s: v[7] as f64,
+            gather_decode_s: v[2] as f64,
+            payload: v[3] as f64,
+            chunks_s: v[4] as f64,
+            chunks_payload: v[5] as f64,
+            nonzeros: v[6] as f64,
+            sparse_base_s: v[7] as f64,
+            sparse_entry_s: v[8] as f64,
         }
     }
 }
@@ -254,7 +261,7 @@ pub fn predict(
             }
         }
         Collective::AllGather => {
-            cost::all_gather(link, m.payload, p) + m.compress_s + pf * m.decompress_s
+            cost::all_gather(link, m.payload, p) + m.compress_s + m.gather_decode_s
         }
         Collective::SparseAllReduce => {
             // With independent index sets (the bytes' upper bound too): the sum has
@@ -408,6 +415,7 @@ fn measure_codec(
     let mut m = Measured {
         compress_s: f64::INFINITY,
         decompress_s: f64::INFINITY,
+        gather_decode_s: f64::INFINITY,
         chunks_s: f64::INFINITY,
         ..Measured::default()
     };
@@ -431,6 +439,17 @@ fn measure_codec(
             }
         })?;
         m.decompress_s = m.decompress_s.min(t0.elapsed().as_secs_f64());
+        out.fill(0.0);
+        let all = vec![payload.as_bytes(); world];
+        let t0 = Instant::now();
+        decompress_sum_add(pipe.compressor(), &all, &mut out).map_err(|(rank, source)| {
+            ExchangeError::Decode {
+                rank,
+                bucket: id,
+                source,
+            }
+        })?;
+        m.gather_decode_s = m.gather_decode_s.min(t0.elapsed().as_secs_f64());
         if Collective::chunkable(pipe.compressor()) {
             let t0 = Instant::now();
             // A method that cannot encode these ranges cannot take the compressed
@@ -608,6 +627,7 @@ mod tests {
         Measured {
             compress_s: 2e-3,
             decompress_s: 1e-3,
+            gather_decode_s: 2e-3,
             payload,
             chunks_s: 2e-3,
             chunks_payload: payload,
@@ -653,6 +673,29 @@ mod tests {
         // A link where 16 MB take less than the codec's 3 ms: compressing does not pay.
         let fast = LinkSpec::parse(Some("200Gbit"), Some("1us")).unwrap();
         assert_eq!(best(&fast, &m, 8), Collective::AllReduce);
+    }
+
+    #[test]
+    fn the_all_gather_is_charged_its_measured_decode_of_p_payloads() {
+        // FFT decodes P payloads with one inverse transform: its all-gather is charged what
+        // that took, not P separate decodes (which favoured the compressed all-reduce).
+        let link = LinkSpec::parse(Some("100Mbit"), Some("100us")).unwrap();
+        let layout = Layout {
+            world: 4,
+            hosts: None,
+        };
+        let at = |gather_decode_s| {
+            let m = Measured {
+                gather_decode_s,
+                ..measured(1e6)
+            };
+            predict(Collective::AllGather, &m, 4_000_000, &link, layout)
+        };
+        let (joint, separate) = (at(12e-3), at(40e-3));
+        assert!(
+            (separate - joint - 28e-3).abs() < 1e-9,
+            "{joint} {separate}"
+        );
     }
 
     #[test]
