@@ -212,6 +212,19 @@ pub(crate) struct CompressArgs {
     /// Timed repetitions per phase; the best is reported.
     #[arg(long, default_value_t = 5)]
     repeat: usize,
+    /// The input is this model's gradient layout (as `bench models` names models, e.g.
+    /// `alexnet/cifar`): one segment per parameter tensor, with its shape; sets the size
+    /// (`--elems` is ignored).
+    #[arg(long, conflicts_with_all = ["per_layer", "shape", "from"])]
+    model: Option<String>,
+    /// Compress through residual error feedback, as `compress.error_feedback = true` trains:
+    /// the compress time includes compensating the gradient and updating the residual.
+    #[arg(long)]
+    error_feedback: bool,
+    /// Decompression decodes this many payloads into their sum, an all-gather receiver's
+    /// work at this many workers (with the method's joint decoder where it has one).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    workers: u64,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -219,28 +232,51 @@ pub(crate) struct CompressArgs {
 
 pub(crate) fn bench_compress(a: CompressArgs) -> Result<()> {
     let methods: Vec<String> = a.methods.iter().flat_map(|m| split_methods(m)).collect();
+    let layers = match &a.model {
+        Some(m) => Some(bench::compress::model_layers(m).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
+    let elems = match &layers {
+        Some(l) => l.iter().map(|s| s.iter().product::<usize>()).sum(),
+        None => a.elems,
+    };
     let opts = bench::compress::Options {
         methods,
         repeat: a.repeat,
         per_layer: a.per_layer,
         shape: a.shape,
         rounds: a.rounds,
+        layers,
+        error_feedback: a.error_feedback,
+        workers: a.workers as usize,
     };
-    let (input, source) = match &a.from {
+    let (input, mut source) = match &a.from {
         Some(p) => (
             bench::gradient::read_f32_file(p).map_err(anyhow::Error::msg)?,
             p.display().to_string(),
         ),
         None => (
-            bench::gradient::synthesize(a.input, a.elems, 42),
+            bench::gradient::synthesize(a.input, elems, 42),
             format!("{:?}", a.input).to_lowercase(),
         ),
     };
+    if let (Some(m), Some(l)) = (&a.model, &opts.layers) {
+        source = format!("{source}, {}'s {} tensors", m, l.len());
+    }
+    if a.error_feedback {
+        source.push_str(", error feedback");
+    }
+    if a.workers > 1 {
+        source.push_str(&format!(", decoding {} payloads", a.workers));
+    }
     let rows = bench::compress::run(&input, &opts).map_err(anyhow::Error::msg)?;
     if a.json {
         let doc = serde_json::json!({
             "input": source,
             "elements": input.len(),
+            "model": a.model,
+            "error_feedback": a.error_feedback,
+            "workers": a.workers,
             "threads": 1,
             "results": rows,
         });

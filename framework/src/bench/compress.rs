@@ -3,12 +3,21 @@
 //!
 //! Throughput is GB/s of f32 *input* (4 bytes per element) — for decompression too, so the
 //! two columns are comparable. Each timing is the best of `repeat` runs after one warm-up.
+//!
+//! What a training step pays for the same gradient takes three options together: the model's
+//! tensors as the segments ([`Options::layers`]: the FFT transforms each tensor, a per-tensor
+//! method keeps per-tensor statistics, and one long segment of awkward length can cost far
+//! more than the model's own), error feedback ([`Options::error_feedback`]: compressing then
+//! includes compensating the gradient and updating the residual, which for a transform method
+//! is a second, inverse transform), and the receivers' work ([`Options::workers`]: decoding P
+//! payloads into their sum, with the method's joint decoder where it has one, as an all-gather
+//! receiver does).
 
 use std::ops::Range;
 use std::time::Instant;
 
 use dtrain_compress::{
-    compress, decompress, Aggregation, CompressorConfig, Ctx, Payload, Rng, METHODS,
+    Aggregation, CompressorConfig, Ctx, MemoryConfig, Payload, Pipeline, Rng, METHODS,
 };
 use serde::Serialize;
 
@@ -32,6 +41,16 @@ pub struct Options {
     /// (PowerSGD's warm-started `Q`); the error reported is the last one's. 0: `repeat + 1`
     /// (one warm-up, then the timed runs).
     pub rounds: usize,
+    /// The input's tensors, by shape, in order (their sizes must add up to the input's): one
+    /// segment each, the shapes told to the compressor. `None`: see `per_layer` / `shape`.
+    pub layers: Option<Vec<Vec<usize>>>,
+    /// Compress through the residual error-feedback memory (`compress.error_feedback`), so
+    /// the compress time includes compensating and updating the residual. The error column
+    /// is then the last payload's, which carries the residual of the rounds before.
+    pub error_feedback: bool,
+    /// Decompression decodes this many payloads into their sum (an all-gather receiver's
+    /// work at this many workers); 1: one payload.
+    pub workers: usize,
 }
 
 impl Default for Options {
@@ -42,6 +61,9 @@ impl Default for Options {
             per_layer: false,
             shape: None,
             rounds: 0,
+            layers: None,
+            error_feedback: false,
+            workers: 1,
         }
     }
 }
@@ -119,11 +141,21 @@ pub fn run(input: &[f32], opts: &Options) -> Result<Vec<Row>, String> {
             ));
         }
     }
-    let segs = if opts.per_layer && opts.shape.is_none() {
-        segments_of(&layer_lengths(n))
-    } else {
-        Vec::new()
+    let segs = match &opts.layers {
+        Some(shapes) => {
+            let lens: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
+            let total: usize = lens.iter().sum();
+            if total != n || lens.contains(&0) {
+                return Err(format!(
+                    "the layers hold {total} elements (none may be empty), the input {n}"
+                ));
+            }
+            segments_of(&lens)
+        }
+        None if opts.per_layer && opts.shape.is_none() => segments_of(&layer_lengths(n)),
+        None => Vec::new(),
     };
+    let workers = opts.workers.max(1);
     let ctx = Ctx {
         step: 1,
         rank: 0,
@@ -143,6 +175,16 @@ pub fn run(input: &[f32], opts: &Options) -> Result<Vec<Row>, String> {
         if let Some((rows, cols)) = opts.shape {
             c.set_segment_shapes(&[vec![rows, cols]]);
         }
+        if let Some(shapes) = &opts.layers {
+            c.set_segment_shapes(shapes);
+        }
+        c.set_world_size(workers);
+        let memory = if opts.error_feedback {
+            MemoryConfig::RESIDUAL
+        } else {
+            MemoryConfig::None
+        };
+        let mut pipe = Pipeline::new(c, memory.build().map_err(|e| format!("{spec}: {e}"))?);
         let mut payload = Payload::new();
         let mut out = vec![0f32; n];
         let mut best_c = f64::INFINITY;
@@ -158,7 +200,7 @@ pub fn run(input: &[f32], opts: &Options) -> Result<Vec<Row>, String> {
                 ..ctx
             };
             let t = Instant::now();
-            compress(c.as_mut(), input, &ctx, &mut rng, &mut payload)
+            pipe.compress(input, &ctx, &mut rng, &mut payload)
                 .map_err(|e| format!("{spec}: {e}"))?;
             let dt = t.elapsed().as_secs_f64();
             // The first is a warm-up (unless it is the only one).
@@ -167,15 +209,22 @@ pub fn run(input: &[f32], opts: &Options) -> Result<Vec<Row>, String> {
             }
         }
         let mut best_d = f64::INFINITY;
+        let all = vec![payload.as_bytes(); workers];
         for i in 0..=repeat {
             let t = Instant::now();
-            decompress(c.as_ref(), payload.as_bytes(), &mut out)
-                .map_err(|e| format!("{spec}: {e}"))?;
+            out.fill(0.0);
+            pipe.decompress_sum_add(&all, &mut out)
+                .map_err(|(_, e)| format!("{spec}: {e}"))?;
             let dt = t.elapsed().as_secs_f64();
             if i > 0 {
                 best_d = best_d.min(dt);
             }
         }
+        // The error is one payload's reconstruction's (with error feedback: of the last
+        // payload, which carries the residual of the ones before, against the input).
+        out.fill(0.0);
+        pipe.decompress_add(payload.as_bytes(), &mut out)
+            .map_err(|e| format!("{spec}: {e}"))?;
         let err: f64 = input
             .iter()
             .zip(&out)
@@ -191,7 +240,7 @@ pub fn run(input: &[f32], opts: &Options) -> Result<Vec<Row>, String> {
         rows.push(Row {
             method: spec.clone(),
             config: serde_json::to_value(&cfg).unwrap_or(serde_json::Value::Null),
-            aggregation: c.aggregation(),
+            aggregation: pipe.compressor().aggregation(),
             elements: n,
             payload_bytes: bytes,
             bits_per_element: bpe,
@@ -204,6 +253,17 @@ pub fn run(input: &[f32], opts: &Options) -> Result<Vec<Row>, String> {
         });
     }
     Ok(rows)
+}
+
+/// The shapes of the parameter tensors of model `spec` (as `dtrain bench models` names
+/// models: `kind/variant[:key=value;…]`), in the model's order: [`Options::layers`] for the
+/// gradient a training step of that model compresses.
+pub fn model_layers(spec: &str) -> Result<Vec<Vec<usize>>, String> {
+    let (model, _) = super::models::parse_model(spec, false)?;
+    let built = model
+        .build(&dtrain_models::cpu_device())
+        .map_err(|e| format!("{spec}: {e}"))?;
+    Ok(built.table().params().map(|p| p.shape.clone()).collect())
 }
 
 /// Runs on a synthetic input of `n` elements.
@@ -302,6 +362,44 @@ mod tests {
         let json = serde_json::to_string(&rows).unwrap();
         let back: serde_json::Value = serde_json::from_str(&json).unwrap();
         assert_eq!(back.as_array().unwrap().len(), rows.len());
+    }
+
+    #[test]
+    fn a_model_layout_error_feedback_and_several_receivers() {
+        let layers = model_layers("lenet").unwrap();
+        assert!(layers.len() >= 8, "{layers:?}");
+        let n: usize = layers.iter().map(|s| s.iter().product::<usize>()).sum();
+        let input = synthesize(Shape::Layered, n, 7);
+        let at = |error_feedback, workers| {
+            let opts = Options {
+                methods: vec!["fft".into(), "topk:ratio=0.01".into()],
+                repeat: 1,
+                rounds: 3,
+                layers: Some(layers.clone()),
+                error_feedback,
+                workers,
+                ..Options::default()
+            };
+            run(&input, &opts).unwrap()
+        };
+        for rows in [at(false, 1), at(true, 4)] {
+            for r in &rows {
+                assert_eq!(r.elements, n);
+                assert!(r.compress_ms > 0.0 && r.decompress_ms > 0.0, "{}", r.method);
+                assert!(r.rel_error.is_finite() && r.rel_error > 0.0, "{}", r.method);
+            }
+        }
+        // With error feedback the third payload carries what the first two left out: its
+        // reconstruction is further from the input than the one without the residual.
+        let (plain, ef) = (at(false, 1), at(true, 1));
+        assert!(ef[1].rel_error > plain[1].rel_error);
+        // The layout must cover the input.
+        let short = Options {
+            layers: Some(vec![vec![3, 3]]),
+            ..Options::default()
+        };
+        assert!(run(&input, &short).unwrap_err().contains("9 elements"));
+        assert!(model_layers("nope").is_err());
     }
 
     #[test]
