@@ -10,8 +10,9 @@ use dtrain_framework::alloc::ReuseAlloc;
 use dtrain_framework::launch;
 use dtrain_framework::optim::CompressedOptimizer;
 
-/// Large freed blocks are kept for the next step (see `dtrain_framework::alloc`);
-/// `DTRAIN_ALLOC_CACHE_MB` sets how much may stay parked (`0`: off).
+/// Large freed blocks are kept for the next step, and glibc keeps the smaller ones (see
+/// `dtrain_framework::alloc`); `DTRAIN_ALLOC_CACHE_MB` sets how much may stay parked (`0`:
+/// off, both).
 #[global_allocator]
 static ALLOC: ReuseAlloc = ReuseAlloc::new();
 
@@ -646,9 +647,13 @@ fn simulate(a: SimulateArgs) -> Result<()> {
 }
 
 fn main() -> ExitCode {
+    let mut keep = true;
     if let Ok(v) = std::env::var("DTRAIN_ALLOC_CACHE_MB") {
         match v.trim().parse::<usize>() {
-            Ok(mb) => ALLOC.set_limit(mb.saturating_mul(1 << 20)),
+            Ok(mb) => {
+                ALLOC.set_limit(mb.saturating_mul(1 << 20));
+                keep = mb > 0;
+            }
             Err(_) => {
                 eprintln!(
                     "dtrain: error: DTRAIN_ALLOC_CACHE_MB={v:?} is not a whole number of MiB"
@@ -656,6 +661,9 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         }
+    }
+    if keep {
+        dtrain_framework::alloc::keep_freed_memory();
     }
     match run() {
         Ok(()) => ExitCode::SUCCESS,

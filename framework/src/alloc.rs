@@ -25,7 +25,9 @@
 //! `System::realloc` / `System::dealloc` unchanged.
 //!
 //! The cost: up to the limit of memory stays resident after a peak. `DTRAIN_ALLOC_CACHE_MB`
-//! (read by the `dtrain` binary at start-up) changes the limit; `0` turns the reuse off.
+//! (read by the `dtrain` binary at start-up) changes the limit; `0` turns the reuse off,
+//! and with it [`keep_freed_memory`], which the binary otherwise applies to glibc for the
+//! smaller blocks.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -204,6 +206,33 @@ fn evict_until(t: &mut Table, incoming: usize, limit: usize) {
     }
 }
 
+/// Keeps glibc's own allocator from giving freed memory back to the kernel, for the blocks
+/// [`ReuseAlloc`] does not park (under [`ReuseAlloc::MIN_BLOCK`], or of a size that changes
+/// from step to step: FFT payloads as θ diminishes, received messages). glibc serves blocks
+/// above its mmap threshold (128 KiB at start, raised as blocks are freed) by `mmap` and
+/// returns them by `munmap`, and trims the top of its heaps above the trim threshold, so
+/// such blocks pay a page fault per 4 KiB page every step: on `dtrain run
+/// experiments/alexnet_fft.toml` the kernel's page clearing (`clear_page_erms`) was 20 % of
+/// the samples of a profile of both workers, and none with this setting. It fixes the mmap
+/// threshold at 32 MiB (glibc's largest) and the trim threshold at 1 GiB: what a step frees
+/// below 32 MiB stays in the process for the next step. Returns whether glibc accepted both;
+/// a no-op returning `false` where the C library is not glibc.
+pub fn keep_freed_memory() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallopt only changes allocator parameters; called before other threads
+        // allocate (at start-up), and glibc serialises it with allocations regardless.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20) == 1
+                && libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30) == 1
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
 // SAFETY: every block handed out is either a fresh `System` block or a parked `System` block
 // of exactly the requested size and alignment, which nothing else references while parked.
 unsafe impl GlobalAlloc for ReuseAlloc {
@@ -246,6 +275,15 @@ mod tests {
 
     fn big(n: usize) -> Layout {
         Layout::from_size_align(n, 64).unwrap()
+    }
+
+    #[test]
+    fn glibc_takes_the_thresholds() {
+        // Where the C library is glibc, both settings are accepted.
+        assert_eq!(
+            keep_freed_memory(),
+            cfg!(all(target_os = "linux", target_env = "gnu"))
+        );
     }
 
     #[test]
