@@ -354,3 +354,40 @@ fn e2e_acceptance_runs() {
         "FFT sends only {ratio:.1}x fewer bytes than fp32"
     );
 }
+
+/// `dtrain bench compress --model`: the model's tensors as segments, with error feedback and
+/// several receivers, recorded in the JSON; a model it does not know is a one-line error.
+#[test]
+fn bench_compress_on_a_models_layout() {
+    let out = dtrain()
+        .args(["bench", "compress", "--methods", "topk:ratio=0.01,fft"])
+        .args(["--model", "lenet", "--error-feedback", "--workers", "3"])
+        .args(["--repeat", "1", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["model"], "lenet");
+    assert_eq!(doc["error_feedback"], true);
+    assert_eq!(doc["workers"], 3);
+    let results = doc["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    for r in results {
+        assert_eq!(r["elements"], doc["elements"]);
+        assert!(r["decompress_ms"].as_f64().unwrap() > 0.0);
+    }
+    let bad = dtrain()
+        .args(["bench", "compress", "--model", "lenett"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("unknown model") && err.lines().count() == 1,
+        "{err}"
+    );
+}

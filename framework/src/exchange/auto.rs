@@ -18,8 +18,9 @@
 //! the model's upper bound), `s = min(P·k, n)` the entries of the sum — all measured at
 //! start-up on a synthetic gradient of the
 //! bucket's size and layer shapes (Gaussian, σ = [`GRAD_SCALE`], as `dtrain bench allreduce
-//! --compress` uses), with a fresh compressor of the method; "compress" and "decompress" are
-//! the times that took; "decoding the P payloads" is timed too, on P copies of the payload,
+//! --compress` uses), with a fresh compressor of the method and the run's error-feedback
+//! memory (so "compress" includes decoding what was sent into the residual); "compress" and
+//! "decompress" are the times that took; "decoding the P payloads" is timed too, on P copies of the payload,
 //! because a method with a joint decoder (FFT: one inverse transform of the summed spectra)
 //! decodes P payloads in far less than P times one. The compressed all-reduce's owners decode their range's P shares (one
 //! buffer's worth), re-encode their range (1/P of one) and every rank decodes the P sums
@@ -59,7 +60,7 @@ use dtrain_comms::algo::Machine;
 use dtrain_comms::shaping::LinkSpec;
 use dtrain_comms::wire::Message;
 use dtrain_comms::{cost, CommError, Communicator, SparseVec, Transport};
-use dtrain_compress::compressor::{compress, decompress_add, decompress_sum_add};
+use dtrain_compress::compressor::{decompress_add, decompress_sum_add};
 use dtrain_compress::{Aggregation, Collective, Combine, Ctx, Payload, Pipeline, Rng, RunUse};
 
 use super::schedule::Route;
@@ -387,8 +388,11 @@ pub fn sparse_seconds(dense: &[f32], chunk_elems: usize) -> (f64, f64) {
 }
 
 /// The figures of `pipe`'s method on a synthetic gradient of one bucket (`shapes` its
-/// parameters, `segments` their ranges), with a fresh compressor of the method built by
-/// `build`; `world` ranks.
+/// parameters, `segments` their ranges), with a fresh compressor of the method and the run's
+/// error-feedback memory built by `build`; `world` ranks. The memory is part of the cost:
+/// it decodes what was sent, and for the compressed all-reduce that is P range payloads,
+/// whose pieces of tensors (cut at the ranges' boundaries) can cost a transform method far
+/// more than the whole tensors.
 fn measure_codec(
     build: &dyn Fn() -> Result<Pipeline, ExchangeError>,
     id: u64,
@@ -427,7 +431,8 @@ fn measure_codec(
     for _ in 0..2 {
         let mut rng = Rng::for_step(seed, 0, 0, id);
         let t0 = Instant::now();
-        compress(pipe.compressor_mut(), &grad, &ctx, &mut rng, &mut payload).map_err(err)?;
+        pipe.compress(&grad, &ctx, &mut rng, &mut payload)
+            .map_err(err)?;
         m.compress_s = m.compress_s.min(t0.elapsed().as_secs_f64());
         out.fill(0.0);
         let t0 = Instant::now();
@@ -537,12 +542,12 @@ impl Exchanger {
             (Some(l), true) => (l, "[network] (emulated)".to_string()),
             (None, true) => probe_link(comm).map_err(comm_err)?,
         };
-        let method = self.method_cfg.clone();
+        let (method, memory) = (self.method_cfg.clone(), self.memory);
         let build = || -> Result<Pipeline, ExchangeError> {
             let c = method
                 .build()
                 .map_err(|e| ExchangeError::State(format!("compress.{}: {}", e.field, e.reason)))?;
-            let m = dtrain_compress::MemoryConfig::None.build().map_err(|e| {
+            let m = memory.build().map_err(|e| {
                 ExchangeError::State(format!("compress.memory.{}: {}", e.field, e.reason))
             })?;
             Ok(Pipeline::new(c, m))
