@@ -833,6 +833,13 @@ fn auto_choice_is_recorded_and_a_resume_keeps_it() {
     let full = common::run(3, &with(&slow, "train.max_steps=12"), None, false);
     let compressed = full.summary.collective.clone().unwrap();
     assert_ne!(compressed, "allreduce", "the slow link compresses");
+    // The run's log says what was chosen, bucket by bucket.
+    let said = |run: &common::Run, what: &str| run.messages.iter().any(|m| m.contains(what));
+    assert!(
+        said(&full, "compress.collective = \"auto\" on 3 workers") && said(&full, "bucket "),
+        "{:?}",
+        full.messages
+    );
     let dense = common::run(3, &with(&fast, "train.max_steps=2"), None, false);
     assert_eq!(dense.summary.collective.as_deref(), Some("allreduce"));
 
@@ -860,6 +867,11 @@ fn auto_choice_is_recorded_and_a_resume_keeps_it() {
         true,
     );
     assert_eq!(b.summary.resumed_from, Some(6));
+    assert!(
+        said(&b, "the routes of the checkpoint at step 6"),
+        "{:?}",
+        b.messages
+    );
     assert_eq!(b.summary.collective.as_deref(), Some(compressed.as_str()));
     common::same(&b.params, &full.params, "auto: parameters after resume");
 }

@@ -22,7 +22,10 @@ impl<T: Transport> Trainer<T> {
         for note in std::mem::take(&mut self.notes) {
             obs.on_message(&note);
         }
-        if let (Some(step), Some(_)) = (self.resumed_step, self.auto_note.take()) {
+        // Taken once: a `take()` inside the `if let` tuple below emptied the note before the
+        // `else` branch looked, so a fresh run never printed its choice.
+        let auto_note = self.auto_note.take();
+        if let (Some(step), Some(_)) = (self.resumed_step, &auto_note) {
             // The checkpoint's routes replaced what the set-up measured.
             let (_, per_bucket) = self.sync.collectives();
             let names: Vec<&str> = per_bucket.iter().map(|c| c.name()).collect();
@@ -34,7 +37,7 @@ impl<T: Transport> Trainer<T> {
                     names.join(", ")
                 }
             ));
-        } else if let Some(note) = self.auto_note.take() {
+        } else if let Some(note) = auto_note {
             obs.on_message(&note);
         }
         let t_start = Instant::now();

@@ -53,6 +53,8 @@ pub struct Run {
     pub losses: Vec<f64>,
     /// Steps this rank recorded as skipped.
     pub skipped: usize,
+    /// The messages this rank's run gave its observer (notes, the automatic choice, …).
+    pub messages: Vec<String>,
 }
 
 /// Runs `world` in-process ranks of BASE + `sets`; returns rank 0's result. With `out`, rank
@@ -120,7 +122,7 @@ pub fn run_all_slow(
                     let dir = out.as_ref().unwrap().latest().expect("a checkpoint");
                     tr.resume_from(&dir).unwrap();
                 }
-                struct Record(Vec<f64>, usize, Option<std::time::Duration>);
+                struct Record(Vec<f64>, usize, Option<std::time::Duration>, Vec<String>);
                 impl dtrain_framework::trainer::Observer for Record {
                     fn on_step(&mut self, r: &dtrain_framework::trainer::StepRecord) {
                         self.0.push(r.loss.unwrap_or(f64::NAN));
@@ -129,15 +131,19 @@ pub fn run_all_slow(
                             std::thread::sleep(d);
                         }
                     }
+                    fn on_message(&mut self, msg: &str) {
+                        self.3.push(msg.to_string());
+                    }
                 }
                 let nap = slow.filter(|s| s.0 == rank).map(|s| s.1);
-                let mut obs = Record(Vec::new(), 0, nap);
+                let mut obs = Record(Vec::new(), 0, nap, Vec::new());
                 let summary = tr.run(&mut obs).unwrap();
                 Run {
                     params: tr.params(),
                     summary,
                     losses: obs.0,
                     skipped: obs.1,
+                    messages: obs.3,
                 }
             })
         })
