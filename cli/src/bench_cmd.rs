@@ -237,7 +237,7 @@ pub(crate) fn bench_compress(a: CompressArgs) -> Result<()> {
         None => None,
     };
     let elems = match &layers {
-        Some(l) => l.iter().map(|s| s.iter().product::<usize>()).sum(),
+        Some(l) => bench::compress::elements(l),
         None => a.elems,
     };
     let opts = bench::compress::Options {

@@ -255,6 +255,11 @@ pub fn run(input: &[f32], opts: &Options) -> Result<Vec<Row>, String> {
     Ok(rows)
 }
 
+/// Elements in tensors of these shapes together (the input size [`Options::layers`] needs).
+pub fn elements(layers: &[Vec<usize>]) -> usize {
+    layers.iter().map(|s| s.iter().product::<usize>()).sum()
+}
+
 /// The shapes of the parameter tensors of model `spec` (as `dtrain bench models` names
 /// models: `kind/variant[:key=value;…]`), in the model's order: [`Options::layers`] for the
 /// gradient a training step of that model compresses.
@@ -368,7 +373,7 @@ mod tests {
     fn a_model_layout_error_feedback_and_several_receivers() {
         let layers = model_layers("lenet").unwrap();
         assert!(layers.len() >= 8, "{layers:?}");
-        let n: usize = layers.iter().map(|s| s.iter().product::<usize>()).sum();
+        let n = elements(&layers);
         let input = synthesize(Shape::Layered, n, 7);
         let at = |error_feedback, workers| {
             let opts = Options {
