@@ -23,7 +23,7 @@ pub(crate) enum BenchCommand {
 pub(crate) struct ModelsArgs {
     /// Models, `kind/variant` or `kind/variant:key=value;key=value` (comma-separated, or
     /// repeated). Default: one per family (mlp/mnist, lenet/lenet5, alexnet/cifar,
-    /// vgg/vgg11, resnet/resnet20, lstm/word).
+    /// vgg/vgg11, resnet/resnet20, lstm/word, gpt/mini).
     #[arg(long, value_delimiter = ' ', num_args = 1..)]
     models: Vec<String>,
     /// The device measured: cpu, cuda, cuda:N.

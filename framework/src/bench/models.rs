@@ -29,6 +29,7 @@ pub const DEFAULT_MODELS: &[&str] = &[
     "vgg/vgg11",
     "resnet/resnet20",
     "lstm/word",
+    "gpt/mini",
 ];
 
 /// Vocabulary of a language model whose spec names none (the word-level SOTU corpus has
