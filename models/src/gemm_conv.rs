@@ -563,9 +563,8 @@ fn forward(s: &Shapes, x: &[f32], w: &[f32], y: &mut [f32]) {
     let direct = g == 1 && s.identity_cols();
     y.par_chunks_mut(g * s.o * p)
         .zip(x.par_chunks(g * s.x_len()))
-        .for_each_init(
-            || Scratch::new(s, !direct, g > 1),
-            |scratch, (ys, xs)| {
+        .for_each(|(ys, xs)| {
+            Scratch::with(s, !direct, g > 1, |scratch| {
                 let gn = xs.len() / s.x_len();
                 let cols: &[f32] = if direct {
                     xs
@@ -581,8 +580,8 @@ fn forward(s: &Shapes, x: &[f32], w: &[f32], y: &mut [f32]) {
                     matmul(out, s.o, gn * p, k, a, View::rows(cols, gn * p), false);
                     from_matrix(s, out, ys);
                 }
-            },
-        );
+            })
+        });
 }
 
 /// The input gradient: for stride 1 (and padding inside the kernel) the forward convolution
@@ -625,9 +624,8 @@ fn x_backward(s: &Shapes, w: &[f32], dy: &[f32], dx: &mut [f32]) {
     let direct = g == 1 && s.identity_cols();
     dx.par_chunks_mut(g * s.x_len())
         .zip(dy.par_chunks(g * s.o * p))
-        .for_each_init(
-            || Scratch::new(s, !direct, g > 1),
-            |scratch, (dxs, dys)| {
+        .for_each(|(dxs, dys)| {
+            Scratch::with(s, !direct, g > 1, |scratch| {
                 let gn = dxs.len() / s.x_len();
                 let a = View::transposed(w, k);
                 let b = View::rows(dy_matrix(s, dys, &mut scratch.matrix), gn * p);
@@ -641,8 +639,8 @@ fn x_backward(s: &Shapes, w: &[f32], dy: &[f32], dx: &mut [f32]) {
                 for (n, dx_n) in dxs.chunks_mut(s.x_len()).enumerate() {
                     col2im_add(s, cols, gn * p, n * p, dx_n);
                 }
-            },
-        );
+            })
+        });
 }
 
 /// `dW = Σ_n dy_n · cols(x_n)ᵀ`: partial sums over fixed runs of samples (a multiple of `G`,
@@ -660,9 +658,8 @@ fn weight_backward(s: &Shapes, x: &[f32], dy: &[f32], dw: &mut [f32]) {
     let partials: Vec<Vec<f32>> = x
         .par_chunks(run * s.x_len())
         .zip(dy.par_chunks(run * s.o * p))
-        .map_init(
-            || Scratch::new(s, !direct, g > 1),
-            |scratch, (xs, dys)| {
+        .map(|(xs, dys)| {
+            Scratch::with(s, !direct, g > 1, |scratch| {
                 let mut part = vec![0f32; k * s.o];
                 let transposed = s.o <= TRANSPOSED_WEIGHT_GRAD_MAX_O;
                 let groups = xs.chunks(g * s.x_len()).zip(dys.chunks(g * s.o * p));
@@ -685,8 +682,8 @@ fn weight_backward(s: &Shapes, x: &[f32], dy: &[f32], dw: &mut [f32]) {
                     }
                 }
                 part
-            },
-        )
+            })
+        })
         .collect();
     dw.fill(0.0);
     for part in &partials {
@@ -704,19 +701,41 @@ fn weight_backward(s: &Shapes, x: &[f32], dy: &[f32], dw: &mut [f32]) {
     }
 }
 
-/// One worker's buffers: the column matrix of a group and its output-sized matrix.
+/// One thread's buffers: the column matrix of a group and its output-sized matrix.
+///
+/// Kept per thread across calls and only grown: a fresh zeroed pair per rayon split and per
+/// layer cost an allocation and a memset of up to `K × G·P` values each time, which
+/// [`im2col`] then overwrote entirely. Every user writes the part it reads first
+/// ([`im2col_group`], [`dy_matrix`], or a product that does not accumulate), so stale values
+/// from another layer are never read.
+#[derive(Default)]
 struct Scratch {
     cols: Vec<f32>,
     matrix: Vec<f32>,
 }
 
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
 impl Scratch {
-    fn new(s: &Shapes, cols: bool, matrix: bool) -> Self {
-        let columns = s.group() * s.p();
-        Self {
-            cols: vec![0f32; if cols { s.k() * columns } else { 0 }],
-            matrix: vec![0f32; if matrix { s.o * columns } else { 0 }],
-        }
+    /// Runs `f` with this thread's scratch, at least as large as shape `s` needs (`cols`:
+    /// the column matrix, `matrix`: the `O × G·P` one). `f` must not start parallel work:
+    /// a task stolen onto this thread while `f` runs would find the scratch borrowed.
+    fn with<R>(s: &Shapes, cols: bool, matrix: bool, f: impl FnOnce(&mut Scratch) -> R) -> R {
+        SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            let columns = s.group() * s.p();
+            let need = |wanted: bool, len: usize| if wanted { len } else { 0 };
+            let (c, m) = (need(cols, s.k() * columns), need(matrix, s.o * columns));
+            if scratch.cols.len() < c {
+                scratch.cols.resize(c, 0.0);
+            }
+            if scratch.matrix.len() < m {
+                scratch.matrix.resize(m, 0.0);
+            }
+            f(&mut scratch)
+        })
     }
 }
 
