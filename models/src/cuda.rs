@@ -91,12 +91,49 @@ pub fn missing(index: usize) -> Option<String> {
     None
 }
 
+/// Files in which cubecl (and burn, for its `[cubecl]` section) reads its configuration, in
+/// the working directory or any folder above it.
+const CUBECL_CONFIG_FILES: [&str; 4] = ["cubecl.toml", "CubeCL.toml", "burn.toml", "Burn.toml"];
+
+/// Whether a cubecl configuration file is in `dir` or a folder above it.
+fn cubecl_config_above(dir: &std::path::Path) -> bool {
+    dir.ancestors()
+        .any(|d| CUBECL_CONFIG_FILES.iter().any(|f| d.join(f).is_file()))
+}
+
+/// Turns on cubecl's persistent cache of compiled kernels, which is off by default.
+///
+/// Every kernel is CUDA C++ compiled by NVRTC on first use, one at a time: 1.5 to 8 minutes
+/// per model on an H100 (README "GPUs"), again in every new process. With the cache on, a
+/// process reads the kernels an earlier one compiled (a second run of a model started in
+/// 0.5 to 7 s on the H100). The cache lives where cubecl keeps its autotune results: the
+/// workspace's `target/environment` inside a Cargo workspace, the user cache folder
+/// (`~/.cache/cubecl`) elsewhere. Left alone when a cubecl configuration file is in the
+/// working directory or above it (its settings win, as cubecl's own loading would have it),
+/// when `DTRAIN_KERNEL_CACHE=0`, or when cubecl's configuration was already read. Returns
+/// whether it turned the cache on.
+pub fn enable_kernel_cache() -> bool {
+    use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
+    if std::env::var("DTRAIN_KERNEL_CACHE").is_ok_and(|v| v == "0") {
+        return false;
+    }
+    if std::env::current_dir().is_ok_and(|d| cubecl_config_above(&d)) {
+        return false;
+    }
+    // What cubecl would load by itself (its defaults, its environment variables), plus the
+    // cache.
+    let mut config = CubeClRuntimeConfig::default().override_from_env();
+    config.compilation.cache = true;
+    CubeClRuntimeConfig::try_set(config)
+}
+
 /// CUDA GPU `index` with autodiff, initialised with a one-element probe so that a failure
 /// comes back as an error rather than a panic in the first training step.
 pub fn cuda_device(index: usize) -> Result<Device, String> {
     if let Some(why) = missing(index) {
         return Err(why);
     }
+    enable_kernel_cache();
     let probe = std::panic::catch_unwind(move || {
         let device = Device::cuda(index).autodiff();
         let zero = burn::tensor::Tensor::<1>::zeros([1], &device);
@@ -121,6 +158,36 @@ pub fn cuda_device(index: usize) -> Result<Device, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cubecl_config_file_above_the_working_directory_is_found() {
+        if cubecl_config_above(&std::env::temp_dir()) {
+            return; // a configuration above the temporary folder would answer for every test
+        }
+        let root = std::env::temp_dir().join(format!("dtrain-cubecl-{}", std::process::id()));
+        let deep = root.join("a/b");
+        std::fs::create_dir_all(&deep).unwrap();
+        assert!(!cubecl_config_above(&deep));
+        std::fs::write(root.join("a/cubecl.toml"), "").unwrap();
+        assert!(cubecl_config_above(&deep));
+        assert!(!cubecl_config_above(&root));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn the_kernel_cache_is_turned_on_once() {
+        use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
+        let here = std::env::current_dir().unwrap();
+        if cubecl_config_above(&here) || std::env::var_os("DTRAIN_KERNEL_CACHE").is_some() {
+            return;
+        }
+        // Nothing in this binary reads cubecl's configuration before a device opens, and no
+        // other test opens one: this call sets it.
+        assert!(enable_kernel_cache());
+        assert!(CubeClRuntimeConfig::get().compilation.cache);
+        // Set once per process: a second call changes nothing.
+        assert!(!enable_kernel_cache());
+    }
 
     #[test]
     fn kernels_compile_through_nvrtc_not_llvm() {
