@@ -91,14 +91,20 @@ pub fn missing(index: usize) -> Option<String> {
     None
 }
 
-/// Files in which cubecl (and burn, for its `[cubecl]` section) reads its configuration, in
-/// the working directory or any folder above it.
-const CUBECL_CONFIG_FILES: [&str; 4] = ["cubecl.toml", "CubeCL.toml", "burn.toml", "Burn.toml"];
-
-/// Whether a cubecl configuration file is in `dir` or a folder above it.
+/// Whether a file cubecl reads its configuration from (its own `cubecl.toml`, or a `[cubecl]`
+/// section of `burn.toml`: the names cubecl lists) is in `dir` or a folder above it.
 fn cubecl_config_above(dir: &std::path::Path) -> bool {
+    use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
+    let sections = CubeClRuntimeConfig::section_file_names()
+        .iter()
+        .map(|(f, _)| f);
+    let names: Vec<&str> = CubeClRuntimeConfig::file_names()
+        .iter()
+        .chain(sections)
+        .copied()
+        .collect();
     dir.ancestors()
-        .any(|d| CUBECL_CONFIG_FILES.iter().any(|f| d.join(f).is_file()))
+        .any(|d| names.iter().any(|f| d.join(f).is_file()))
 }
 
 /// Turns on cubecl's persistent cache of compiled kernels, which is off by default.

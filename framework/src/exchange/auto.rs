@@ -16,16 +16,16 @@
 //! `c` is the method's payload of the bucket, `c′` the sum of its P range payloads, `k` the
 //! non-zeros of its decode (the sparse all-reduce's entries, with independent index sets:
 //! the model's upper bound), `s = min(P·k, n)` the entries of the sum — all measured at
-//! start-up on a synthetic gradient of the
-//! bucket's size and layer shapes (Gaussian, σ = [`GRAD_SCALE`], as `dtrain bench allreduce
-//! --compress` uses), with a fresh compressor of the method and the run's error-feedback
-//! memory (so "compress" includes decoding what was sent into the residual); "compress" and
-//! "decompress" are the times that took. "Decoding the P payloads" is timed too, on P copies
-//! of the payload, because a method with a joint decoder (FFT: one inverse transform of the
-//! summed spectra) decodes P payloads in far less than P times one. The compressed
-//! all-reduce's owners decode their range's P shares (one buffer's worth), re-encode their
-//! range (1/P of one) and every rank decodes the P sums (one buffer's worth). The sparse all-reduce spends CPU on every entry (delta-coding,
-//! merging the shares) that no byte count shows — on a fast link it costs more than the
+//! start-up on a synthetic gradient of the bucket's size and layer shapes (Gaussian,
+//! σ = [`GRAD_SCALE`], as `dtrain bench allreduce --compress` uses), with a fresh compressor
+//! of the method and the run's error-feedback memory (so "compress" includes decoding what
+//! was sent into the residual); "compress" and "decompress" are the times that took.
+//! "Decoding the P payloads" is timed too, on P copies of the payload, because a method with
+//! a joint decoder (FFT: one inverse transform of the summed spectra) decodes P payloads in
+//! far less than P times one. The compressed all-reduce's owners decode their range's P
+//! shares (one buffer's worth), re-encode their range (1/P of one) and every rank decodes
+//! the P sums (one buffer's worth). The sparse all-reduce spends CPU on every entry
+//! (delta-coding, merging the shares) that no byte count shows — on a fast link it costs more than the
 //! bytes it saves — so its per-entry cost is measured too, by running two ranks' machines
 //! in process on the decode's non-zeros and on none ([`sparse_seconds`]). A route the method
 //! refuses (its config's check for that
