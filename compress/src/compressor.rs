@@ -408,6 +408,43 @@ pub trait Compressor: Send {
         true
     }
 
+    /// Takes over classic residual error feedback (`e ← p − D(C(p))`, β = γ = 1) and keeps
+    /// the residual itself, in a domain of its own where that is cheaper than the generic
+    /// [`Memory`](crate::memory::Memory), which needs the decode of the method's own payload
+    /// every step. The FFT method keeps its residual as spectra: compensating is a spectral
+    /// add after its forward transform, and the update needs no inverse transform.
+    ///
+    /// Called once by [`Pipeline::new`](crate::Pipeline::new) when its memory is that
+    /// residual. `Some(name)` accepts: the pipeline then drops its memory, [`compress`]
+    /// encodes `g + e` and updates `e` inside the method, and the residual is exported and
+    /// imported through [`Compressor::export_feedback`] / [`Compressor::import_feedback`],
+    /// with `name` in the checkpoint's memory kind (`residual/<name>`) so that a residual of
+    /// the other domain is refused, not misread. `None` (the default): the generic memory.
+    fn adopt_error_feedback(&mut self) -> Option<&'static str> {
+        None
+    }
+
+    /// With adopted error feedback: the next [`compress`] call encodes the bucket's elements
+    /// from `offset` on (the compressed all-reduce encodes a bucket as one payload per
+    /// owner's range); the call after it starts at 0 again. Default: nothing.
+    fn feedback_offset(&mut self, _offset: usize) {}
+
+    /// The adopted residuals, one buffer per bucket key with one `f32` per bucket element
+    /// (in the method's own domain). Empty by default.
+    fn export_feedback(&self) -> BTreeMap<u64, Vec<f32>> {
+        BTreeMap::new()
+    }
+
+    /// Restores [`Compressor::export_feedback`] (an empty map clears every residual).
+    fn import_feedback(&mut self, _state: BTreeMap<u64, Vec<f32>>) {}
+
+    /// The adopted residual of bucket `key` as a signal (what the generic memory would hold),
+    /// for a bucket with these layer boundaries ([`Ctx::segments`]), written into `out` (the
+    /// bucket's length). `false` where there is none (the default; no bucket `key`).
+    fn feedback_signal(&self, _key: u64, _segments: &[Range<usize>], _out: &mut [f32]) -> bool {
+        false
+    }
+
     /// Decodes the payloads of several workers jointly and adds their sum into `out`, when
     /// the method has a cheaper way than decoding each (FFT: sum the sparse spectra, then
     /// one inverse transform per chunk — the linearity shortcut of ALGORITHMS.md §0.4).

@@ -50,7 +50,7 @@ use realfft::num_complex::Complex;
 use realfft::RealFftPlanner;
 use serde::{Deserialize, Serialize};
 
-use crate::compressor::{read_frame, Aggregation, Compressor, MethodId};
+use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
 use crate::rangefloat::{
     default_exp_bits, default_mantissa_bits, emax_of, RfDecoder, RfEncoder, RfFormat, Rounding,
@@ -60,6 +60,12 @@ use crate::rng::Rng;
 use crate::schedule::ThetaSchedule;
 use crate::select::{top_k, Scratch};
 use crate::wire::{bytes_for_bits, f32_at, u32_at, Reader, Writer};
+
+mod feedback;
+mod sum;
+
+use feedback::{compensate_spectrum, energy_scale, store_residual, Feedback};
+pub use sum::FftSum;
 
 /// Which bins are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -120,6 +126,13 @@ pub struct FftConfig {
     /// `step / steps_per_epoch`. Required (> 0) with a `step` schedule. Default 0.
     #[serde(default)]
     pub steps_per_epoch: u64,
+    /// With classic residual error feedback (`error_feedback = true`), keep the residual as
+    /// spectra (default true): the compensated spectrum is the gradient's plus the residual's,
+    /// and the residual is what the quantized kept bins left out, so a step needs one
+    /// forward transform and no inverse one of its own payload. Equal to the residual kept
+    /// over the signal (false: the generic memory, as before) up to float rounding.
+    #[serde(default = "default_true")]
+    pub spectral_feedback: bool,
 }
 
 fn default_theta() -> f64 {
@@ -141,6 +154,7 @@ impl Default for FftConfig {
             chunk: None,
             theta_schedule: None,
             steps_per_epoch: 0,
+            spectral_feedback: true,
         }
     }
 }
@@ -217,6 +231,8 @@ impl FftConfig {
             select: self.select,
             coding: self.index_coding,
             chunk: self.chunk,
+            spectral_feedback: self.spectral_feedback,
+            feedback: None,
             enc: EncScratch::default(),
             shared: Mutex::new(Shared {
                 planner: RealFftPlanner::new(),
@@ -234,6 +250,8 @@ struct EncScratch {
     keys: Vec<u32>,
     keep: Vec<u32>,
     vals: Vec<f32>,
+    /// The decoded (quantized) `vals`, for the adopted residual.
+    sent: Vec<f32>,
     sel: Scratch,
 }
 
@@ -244,6 +262,8 @@ struct DecScratch {
     fft_scratch: Vec<Complex<f32>>,
     keep: Vec<u32>,
     vals: Vec<f32>,
+    /// [`FftSum`]'s summed spectra, kept between sums so that a step allocates nothing.
+    sum: Vec<Complex<f32>>,
 }
 
 /// Plans (cached per length by the planner) and decode buffers, behind a lock because
@@ -268,6 +288,10 @@ pub struct Fft {
     select: Select,
     coding: IndexCoding,
     chunk: Option<usize>,
+    /// Whether to take classic residual error feedback over ([`FftConfig::spectral_feedback`]).
+    spectral_feedback: bool,
+    /// The adopted residual, once taken over.
+    feedback: Option<Feedback>,
     enc: EncScratch,
     shared: Mutex<Shared>,
 }
@@ -382,7 +406,7 @@ impl Fft {
     /// The bins this compressor keeps for `x` (one chunk), ascending. For diagnostics/tests.
     pub fn select_bins(&mut self, x: &[f32]) -> Vec<u32> {
         self.forward(x);
-        self.choose(x.len());
+        self.choose(x.len(), 1.0);
         self.enc.keep.clone()
     }
 
@@ -413,8 +437,9 @@ impl Fft {
         (pow2_f64(e0) / n as f64) as f32
     }
 
-    /// Fills `enc.keep` with the kept bins of the spectrum in `enc.spec` (length `n`).
-    fn choose(&mut self, n: usize) {
+    /// Fills `enc.keep` with the kept bins of the spectrum in `enc.spec` (length `n`), whose
+    /// energies are taken after multiplying it by `scale` (a power of two).
+    fn choose(&mut self, n: usize, scale: f32) {
         let m = bins(n);
         let k = kept_bins(m, self.theta);
         let enc = &mut self.enc;
@@ -424,7 +449,8 @@ impl Fft {
             Select::EnergyTopk => {
                 enc.keys.clear();
                 enc.keys.extend(enc.spec.iter().enumerate().map(|(i, c)| {
-                    let e = bin_weight(n, i) * (c.re * c.re + c.im * c.im);
+                    let (re, im) = (c.re * scale, c.im * scale);
+                    let e = bin_weight(n, i) * (re * re + im * im);
                     e.to_bits() + 1
                 }));
                 let keys = &enc.keys;
@@ -436,8 +462,24 @@ impl Fft {
     fn encode_chunk(&mut self, x: &[f32], w: &mut Writer<'_>) {
         let n = x.len();
         let m = bins(n);
-        let post = self.forward(x);
-        self.choose(n);
+        let mut post = self.forward(x);
+        let mut scale = 1.0;
+        let mut residual_at = None;
+        if let Some(fb) = &mut self.feedback {
+            // Y_p = Y_g + E: the spectrum in Y units, compensated; energies then need a
+            // power-of-two scale of their own.
+            let at = fb.at;
+            fb.at += n;
+            let e = fb.residuals.entry(fb.bucket).or_default();
+            if e.len() < at + n {
+                e.resize(at + n, 0.0);
+            }
+            compensate_spectrum(&mut self.enc.spec, post, &e[at..at + n]);
+            post = 1.0;
+            scale = energy_scale(&self.enc.spec);
+            residual_at = Some(at);
+        }
+        self.choose(n, scale);
         let layout = self.layout(m, self.enc.keep.len());
         let enc = &mut self.enc;
         let k = enc.keep.len();
@@ -485,8 +527,27 @@ impl Fft {
                     &mut Rng::seed_from_u64(0),
                     out,
                 );
+                if residual_at.is_some() {
+                    enc.sent.resize(enc.vals.len(), 0.0);
+                    let decoded =
+                        RfDecoder::new(f, emax, enc.vals.len()).decode(out, &mut enc.sent);
+                    if decoded.is_err() {
+                        // Codes just encoded always decode; this is only belt and braces.
+                        for (t, &v) in enc.sent.iter_mut().zip(&enc.vals) {
+                            *t = f.quantize(emax, v);
+                        }
+                    }
+                }
             }
-            None => w.f32_slice(&enc.vals),
+            None => {
+                w.f32_slice(&enc.vals);
+                enc.sent.clear();
+                enc.sent.extend_from_slice(&enc.vals);
+            }
+        }
+        if let (Some(at), Some(fb)) = (residual_at, &mut self.feedback) {
+            let e = fb.residuals.entry(fb.bucket).or_default();
+            store_residual(&enc.spec, &enc.keep, &enc.sent, &mut e[at..at + n]);
         }
     }
 
@@ -622,16 +683,7 @@ impl Fft {
     /// A receiver-side accumulator for `n`-element buffers: decode several workers'
     /// payloads into one summed spectrum and run one inverse FFT per chunk (§0.4).
     pub fn sum(&self, n: usize) -> FftSum<'_> {
-        FftSum {
-            fft: self,
-            n,
-            segs: None,
-            spectra: Vec::new(),
-            payloads: 0,
-            failed: false,
-            keep: Vec::new(),
-            vals: Vec::new(),
-        }
+        FftSum::new(self, n)
     }
 }
 
@@ -657,6 +709,10 @@ impl Compressor for Fft {
         Aggregation::Gather
     }
     fn begin(&mut self, _grad: &[f32], ctx: &crate::compressor::Ctx<'_>) {
+        if let Some(fb) = &mut self.feedback {
+            fb.bucket = ctx.bucket;
+            fb.at = std::mem::take(&mut fb.next);
+        }
         if let Some(s) = &self.schedule {
             let epoch = ctx.step.checked_div(self.steps_per_epoch).unwrap_or(0);
             self.base = s.theta(ctx.step, epoch);
@@ -665,6 +721,57 @@ impl Compressor for Fft {
     }
     fn ratio_metric(&self) -> Option<(&'static str, f64)> {
         Some(("theta", self.theta))
+    }
+    /// The residual as spectra, `n` reals per `n`-element transform (see
+    /// [`FftConfig::spectral_feedback`]).
+    fn adopt_error_feedback(&mut self) -> Option<&'static str> {
+        if !self.spectral_feedback {
+            return None;
+        }
+        self.feedback.get_or_insert_with(Feedback::default);
+        Some("spectra")
+    }
+    fn feedback_offset(&mut self, offset: usize) {
+        if let Some(fb) = &mut self.feedback {
+            fb.next = offset;
+        }
+    }
+    fn export_feedback(&self) -> BTreeMap<u64, Vec<f32>> {
+        self.feedback
+            .as_ref()
+            .map(|fb| fb.residuals.clone())
+            .unwrap_or_default()
+    }
+    fn feedback_signal(&self, key: u64, segments: &[Range<usize>], out: &mut [f32]) -> bool {
+        let Some(e) = self.feedback.as_ref().and_then(|fb| fb.residuals.get(&key)) else {
+            return false;
+        };
+        let Ok(segs) = crate::compressor::effective_segments(out.len(), segments) else {
+            return false;
+        };
+        if e.len() != out.len() {
+            return false;
+        }
+        out.fill(0.0);
+        let mut guard = lock(&self.shared);
+        let mut spec = Vec::new();
+        for s in &segs {
+            for c in self.chunks(s.len()) {
+                let range = s.start + c.start..s.start + c.end;
+                spec.clear();
+                spec.resize(bins(c.len()), Complex::default());
+                compensate_spectrum(&mut spec, 0.0, &e[range.clone()]);
+                if Self::inverse_add(&mut guard, &mut spec, &mut out[range]).is_err() {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+    fn import_feedback(&mut self, state: BTreeMap<u64, Vec<f32>>) {
+        if let Some(fb) = &mut self.feedback {
+            fb.residuals = state;
+        }
     }
     fn scale_theta(&mut self, factor: f64) -> bool {
         crate::compressor::check_factor(factor);
@@ -763,110 +870,6 @@ impl Compressor for Fft {
             };
         }
         Some(bits)
-    }
-}
-
-/// Sums the spectra of several [`Fft`] payloads of the same buffer layout, then runs one
-/// inverse FFT per chunk ([`FftSum::finish`]): equal, up to round-off, to summing the
-/// individual decompressions, at the cost of one inverse transform instead of `P`.
-pub struct FftSum<'a> {
-    fft: &'a Fft,
-    n: usize,
-    segs: Option<Vec<Range<usize>>>,
-    spectra: Vec<Complex<f32>>,
-    payloads: usize,
-    failed: bool,
-    keep: Vec<u32>,
-    vals: Vec<f32>,
-}
-
-impl FftSum<'_> {
-    /// Number of payloads added so far.
-    pub fn payloads(&self) -> usize {
-        self.payloads
-    }
-
-    /// Decodes one full payload (as produced by [`crate::compress`] with this
-    /// configuration) into the running spectrum sum. All payloads must have the same
-    /// segment layout. After an error the accumulator is unusable: [`FftSum::finish`] then
-    /// fails too.
-    pub fn add_payload(&mut self, bytes: &[u8]) -> Result<(), WireError> {
-        let res = self.add_inner(bytes);
-        if res.is_err() {
-            self.failed = true;
-        }
-        res
-    }
-
-    fn add_inner(&mut self, bytes: &[u8]) -> Result<(), WireError> {
-        if self.failed {
-            return Err(WireError::Invalid("fft sum already failed"));
-        }
-        let (mut r, segs) = read_frame(FftConfig::ID, bytes, self.n)?;
-        match &self.segs {
-            None => {
-                let total: usize = segs
-                    .iter()
-                    .flat_map(|s| self.fft.chunks(s.len()))
-                    .map(|c| bins(c.len()))
-                    .sum();
-                self.spectra = vec![Complex::default(); total];
-                self.segs = Some(segs.clone());
-            }
-            Some(s) if *s != segs => {
-                return Err(WireError::BadSegments(
-                    "payloads of one sum disagree on segments",
-                ))
-            }
-            Some(_) => {}
-        }
-        let mut at = 0;
-        for s in &segs {
-            for c in self.fft.chunks(s.len()) {
-                let m = bins(c.len());
-                self.fft.decode_chunk_add(
-                    &mut r,
-                    c.len(),
-                    &mut self.spectra[at..at + m],
-                    &mut self.keep,
-                    &mut self.vals,
-                )?;
-                at += m;
-            }
-        }
-        if r.remaining() != 0 {
-            return Err(WireError::TrailingBytes(r.remaining()));
-        }
-        self.payloads += 1;
-        Ok(())
-    }
-
-    /// Inverse-transforms the summed spectra and **adds** the result into `out`
-    /// (`out.len()` must be `n`). With no payload added, `out` is unchanged.
-    pub fn finish(mut self, out: &mut [f32]) -> Result<(), WireError> {
-        if self.failed {
-            return Err(WireError::Invalid("fft sum had a malformed payload"));
-        }
-        if out.len() != self.n {
-            return Err(WireError::LengthMismatch {
-                payload: self.n,
-                buffer: out.len(),
-            });
-        }
-        let Some(segs) = self.segs.take() else {
-            return Ok(());
-        };
-        let mut guard = lock(&self.fft.shared);
-        let mut at = 0;
-        for s in &segs {
-            for c in self.fft.chunks(s.len()) {
-                let m = bins(c.len());
-                let range = s.start + c.start..s.start + c.end;
-                Fft::inverse_add(&mut guard, &mut self.spectra[at..at + m], &mut out[range])?;
-                at += m;
-            }
-        }
-        Ok(())
     }
 }
 

@@ -1,10 +1,11 @@
 //! Compressor + error-feedback memory, composed the way the trainer uses them.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 
 use crate::compressor::{self, Compressor, Ctx, Payload};
 use crate::error::{CompressError, WireError};
-use crate::memory::Memory;
+use crate::memory::{Memory, NoMemory};
 use crate::rng::Rng;
 
 /// One bucket's compression path: `compensate → compress → (decode own payload) → update`.
@@ -29,9 +30,17 @@ use crate::rng::Rng;
 /// ([`Pipeline::compress_chunks`]); each owner reduces the shares of its range with a
 /// pipeline of its own ([`Pipeline::reduce_shares`]: decode, sum, re-encode), whose memory
 /// is the "server" residual of two-way error feedback (Tang et al., 2021).
+///
+/// ## Error feedback kept by the method
+/// A method may keep classic residual error feedback itself, in its own domain
+/// ([`Compressor::adopt_error_feedback`]; the FFT method keeps spectra): [`Pipeline::new`]
+/// offers it, and where it is taken the pipeline keeps no memory and the checkpoint state
+/// goes through [`Pipeline::export_memory`] / [`Pipeline::import_memory`] either way.
 pub struct Pipeline {
     compressor: Box<dyn Compressor>,
     memory: Box<dyn Memory>,
+    /// The compressor took the residual over (its name for the domain).
+    adopted: Option<&'static str>,
     compensated: Vec<f32>,
     transmitted: Vec<f32>,
     /// The owner's sum of the shares ([`Pipeline::reduce_shares`]).
@@ -45,11 +54,28 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Pairs a compressor with a memory.
-    pub fn new(compressor: Box<dyn Compressor>, memory: Box<dyn Memory>) -> Self {
+    /// Pairs a compressor with a memory. A classic residual memory is first offered to the
+    /// compressor ([`Compressor::adopt_error_feedback`]).
+    pub fn new(mut compressor: Box<dyn Compressor>, memory: Box<dyn Memory>) -> Self {
+        // Only a one-phase method may keep it: the agreement phases read the compensated
+        // buffer, which then would not hold the residual.
+        let one_phase = {
+            let ctx = Ctx::default();
+            compressor.broadcast_root(&ctx).is_none() && compressor.summed_agreement(&ctx).is_none()
+        };
+        let adopted = if memory.is_classic_residual() && one_phase {
+            compressor.adopt_error_feedback()
+        } else {
+            None
+        };
+        let memory: Box<dyn Memory> = match adopted {
+            Some(_) => Box::new(NoMemory),
+            None => memory,
+        };
         Pipeline {
             compressor,
             memory,
+            adopted,
             compensated: Vec::new(),
             transmitted: Vec::new(),
             shares_sum: Vec::new(),
@@ -68,14 +94,65 @@ impl Pipeline {
         self.compressor.as_mut()
     }
 
-    /// The memory.
+    /// The memory ([`NoMemory`] where the compressor adopted the error feedback).
     pub fn memory(&self) -> &dyn Memory {
         self.memory.as_ref()
     }
 
-    /// The memory, mutably (checkpoint restore).
+    /// The memory, mutably.
     pub fn memory_mut(&mut self) -> &mut dyn Memory {
         self.memory.as_mut()
+    }
+
+    /// The domain in which the compressor keeps the error feedback it adopted
+    /// ([`Compressor::adopt_error_feedback`]), or `None` where the memory keeps it.
+    pub fn adopted_feedback(&self) -> Option<&'static str> {
+        self.adopted
+    }
+
+    /// Whether anything keeps error feedback: an active memory or the compressor.
+    pub fn feedback_active(&self) -> bool {
+        self.adopted.is_some() || self.memory.is_active()
+    }
+
+    /// The error-feedback state for a checkpoint, wherever it is kept: the memory's, or the
+    /// compressor's adopted residual.
+    pub fn export_memory(&self) -> BTreeMap<u64, Vec<f32>> {
+        match self.adopted {
+            Some(_) => self.compressor.export_feedback(),
+            None => self.memory.export(),
+        }
+    }
+
+    /// The residual of bucket `key` over the signal, wherever it is kept (for diagnostics and
+    /// tests): the classic residual memory's buffer, or the compressor's adopted residual
+    /// mapped back to the signal ([`Compressor::feedback_signal`]); `None` for other memories
+    /// or an unknown bucket. `segments` are the bucket's layer boundaries, `len` its length.
+    pub fn residual_signal(
+        &self,
+        key: u64,
+        segments: &[Range<usize>],
+        len: usize,
+    ) -> Option<Vec<f32>> {
+        if self.adopted.is_some() {
+            let mut out = vec![0.0; len];
+            return self
+                .compressor
+                .feedback_signal(key, segments, &mut out)
+                .then_some(out);
+        }
+        if !self.memory.is_classic_residual() {
+            return None;
+        }
+        self.memory.export().remove(&key)
+    }
+
+    /// Restores [`Pipeline::export_memory`] (an empty map clears it).
+    pub fn import_memory(&mut self, state: BTreeMap<u64, Vec<f32>>) {
+        match self.adopted {
+            Some(_) => self.compressor.import_feedback(state),
+            None => self.memory.import(state),
+        }
     }
 
     /// Compresses `grad` for bucket `ctx.bucket` into `out`, updating the memory.
@@ -253,6 +330,7 @@ impl Pipeline {
                 ..*ctx
             };
             let x = &self.compensated[chunk.clone()];
+            self.compressor.feedback_offset(chunk.start);
             // (On an error the kept buffer is simply dropped.)
             compressor::compress(self.compressor.as_mut(), x, &sub, rng, payload)?;
         }

@@ -249,7 +249,7 @@ fn error_feedback_invariant() {
                 .unwrap();
             let mut d = vec![0f32; n];
             pipe.decompress_add(payload.as_bytes(), &mut d).unwrap();
-            let e_new = pipe.memory().export().remove(&1).unwrap();
+            let e_new = pipe.residual_signal(1, &segs, n).unwrap();
             let mut worst = 0f64;
             for i in 0..n {
                 let lhs = d[i] as f64 + e_new[i] as f64;

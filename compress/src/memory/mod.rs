@@ -61,6 +61,13 @@ pub trait Memory: Send {
         true
     }
 
+    /// Whether this is classic residual error feedback (`e ← p − t`, β = γ = 1), which a
+    /// compressor may keep in its own domain
+    /// ([`Compressor::adopt_error_feedback`](crate::Compressor::adopt_error_feedback)).
+    fn is_classic_residual(&self) -> bool {
+        false
+    }
+
     /// The state for a checkpoint: one named buffer per bucket key.
     fn export(&self) -> BTreeMap<u64, Vec<f32>>;
 

@@ -72,6 +72,10 @@ impl Memory for Residual {
         }
     }
 
+    fn is_classic_residual(&self) -> bool {
+        self.beta == 1.0 && self.gamma == 1.0
+    }
+
     fn export(&self) -> BTreeMap<u64, Vec<f32>> {
         self.residuals.clone()
     }

@@ -456,7 +456,7 @@ impl Exchanger {
         let explicit = self.server_ef;
         let server_memory = |p: &Pipeline| {
             let mean = p.compressor().combine() == dtrain_compress::Combine::Mean;
-            let default = p.memory().is_active() && p.compressor().owner_error_feedback();
+            let default = p.feedback_active() && p.compressor().owner_error_feedback();
             if mean && explicit.unwrap_or(default) {
                 MemoryConfig::RESIDUAL
             } else {
@@ -479,20 +479,20 @@ impl Exchanger {
             );
             if let Some(r) = self.server_state.remove(&id) {
                 let want = dtrain_comms::segment_range(s.bucket.len(), world, rank).len();
-                if r.len() != want || !server.memory().is_active() {
+                if r.len() != want || !server.feedback_active() {
                     return Err(ExchangeError::State(format!(
                         "the server residual of bucket {id} has {} values, this rank's range of \
                          it at {world} workers {want}{}: resume with the worker count and \
                          error feedback the checkpoint was written with",
                         r.len(),
-                        if server.memory().is_active() {
+                        if server.feedback_active() {
                             ""
                         } else {
                             " (and this run keeps none: see compress.server_error_feedback)"
                         },
                     )));
                 }
-                server.memory_mut().import(BTreeMap::from([(id, r)]));
+                server.import_memory(BTreeMap::from([(id, r)]));
             }
             s.server = Some(Box::new(OwnerReduce::new(server, id, self.seed)));
         }

@@ -159,11 +159,22 @@ pub(crate) mod bits {
 }
 
 impl Exchanger {
+    /// The memory kind a checkpoint records: the configured memory's, or
+    /// `residual/<domain>` where the method keeps the residual itself in a domain of its own
+    /// ([`Pipeline::adopted_feedback`](dtrain_compress::Pipeline::adopted_feedback)), so that
+    /// a residual of the other domain is refused rather than misread.
+    fn memory_kind(&self) -> String {
+        match self.pipes().find_map(|p| p.adopted_feedback()) {
+            Some(domain) => format!("{}/{domain}", self.memory.kind()),
+            None => self.memory.kind().to_string(),
+        }
+    }
+
     /// Error-feedback state of every compressed bucket (part of [`Exchanger::export_state`]).
     fn export_memory(&self) -> BTreeMap<u64, Vec<f32>> {
         let mut all = BTreeMap::new();
         for p in self.pipes() {
-            all.extend(p.memory().export());
+            all.extend(p.export_memory());
         }
         all
     }
@@ -177,7 +188,7 @@ impl Exchanger {
                     .remove(&s.bucket.id)
                     .map(|v| BTreeMap::from([(s.bucket.id, v)]))
                     .unwrap_or_default();
-                p.memory_mut().import(mine);
+                p.import_memory(mine);
             }
         }
     }
@@ -191,7 +202,7 @@ impl Exchanger {
         self.server_state.clear();
         for s in &mut self.slots {
             if let Some(owner) = &mut s.server {
-                owner.pipe.memory_mut().import(BTreeMap::new());
+                owner.pipe.import_memory(BTreeMap::new());
             }
         }
     }
@@ -210,7 +221,7 @@ impl Exchanger {
         ExchangerState {
             version: ExchangerState::VERSION,
             method: self.method.to_string(),
-            memory_kind: self.memory.kind().to_string(),
+            memory_kind: self.memory_kind(),
             plan: self
                 .slots
                 .iter()
@@ -238,7 +249,7 @@ impl Exchanger {
         let mut all = self.server_state.clone();
         for s in &self.slots {
             if let Some(owner) = &s.server {
-                all.extend(owner.pipe.memory().export());
+                all.extend(owner.pipe.export_memory());
             }
         }
         all
@@ -261,7 +272,7 @@ impl Exchanger {
                 state.method, self.method
             ));
         }
-        let kind = self.memory.kind();
+        let kind = self.memory_kind();
         if state.memory_kind != kind {
             return Err(format!(
                 "exchanger state holds {:?} memory, this run uses {kind:?}",

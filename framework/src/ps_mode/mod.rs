@@ -316,7 +316,7 @@ impl<T: Transport> PsState<T> {
         match &self.codec {
             Codec::Compressed { pipes, .. } => {
                 for (j, p) in pipes.iter().enumerate() {
-                    st.memory.extend(p.memory().export());
+                    st.memory.extend(p.export_memory());
                     let c = p.compressor().export_state();
                     if !c.is_empty() {
                         st.compressors.insert(j as u64, c);
@@ -361,7 +361,7 @@ impl<T: Transport> PsState<T> {
                 for (j, p) in pipes.iter_mut().enumerate() {
                     let key = j as u64;
                     if let Some(m) = st.memory.remove(&key) {
-                        p.memory_mut().import(BTreeMap::from([(key, m)]));
+                        p.import_memory(BTreeMap::from([(key, m)]));
                     }
                     if let Some(c) = st.compressors.remove(&key) {
                         p.compressor_mut()

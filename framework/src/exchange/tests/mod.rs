@@ -771,6 +771,11 @@ fn resume_from_exported_state_is_bit_identical() {
     });
     assert_resumes_bit_identically("fft", &res);
 
+    // FFT with error feedback, its residual kept as spectra (the main job's setting).
+    let mut setup = Setup::new(parse_method("fft:theta=0.8").unwrap());
+    setup.memory = MemoryConfig::RESIDUAL;
+    assert_resumes_bit_identically("fft + spectral residual", &resume(&setup, 2, k, |_, _| {}));
+
     // ScaleCom on three ranks with a low-pass memory.
     let mut setup = Setup::new(parse_method("scalecom:ratio=0.05").unwrap());
     setup.memory = MemoryConfig::LowPass { beta: 0.5 };
@@ -864,6 +869,20 @@ fn import_refuses_state_of_another_plan_method_or_shape() {
         .insert("theta_base".into(), 1.5);
     let e = err(fft.exchanger(), st);
     assert!(e.contains("bucket 2"), "{e}");
+    // FFT keeps its residual as spectra: a residual over the signal (an older build's, or
+    // `spectral_feedback = false`) is refused, not misread, and the other way round.
+    let mut fft = fft;
+    fft.memory = MemoryConfig::RESIDUAL;
+    let spectral = fft.exchanger().export_state();
+    assert_eq!(spectral.memory_kind, "residual/spectra");
+    let mut signal = Setup::new(parse_method("fft:spectral_feedback=false").unwrap());
+    signal.memory = MemoryConfig::RESIDUAL;
+    let st = signal.exchanger().export_state();
+    assert_eq!(st.memory_kind, "residual");
+    let e = err(fft.exchanger(), st);
+    assert!(e.contains("memory"), "{e}");
+    let e = err(signal.exchanger(), spectral);
+    assert!(e.contains("residual/spectra"), "{e}");
     // The good state imports.
     setup.exchanger().import_state(state).unwrap();
 }

@@ -1,0 +1,278 @@
+//! The FFT method's own error feedback: the residual kept as spectra
+//! ([`FftConfig::spectral_feedback`](super::FftConfig::spectral_feedback)).
+//!
+//! With classic residual error feedback a step compensates `p = g + e`, sends `C(p)` and keeps
+//! `e = p − D(C(p))`. Kept over the signal (the generic memory) that needs the inverse
+//! transform of the method's own payload every step. The transform is linear, so the same
+//! residual can be kept as its spectrum `E`: the compensated spectrum is `Y_g + E` (one forward
+//! transform of `g`), and the new residual is that spectrum with the sent, quantized values
+//! taken off the kept bins — no inverse transform. Equal to the signal residual up to float
+//! rounding (the property suite checks `D(C(p)) + e = g + e_old` over the signal).
+
+use std::collections::BTreeMap;
+
+use realfft::num_complex::Complex;
+
+use super::{bins, emax_of_bits, pow2_f32};
+
+/// The adopted error feedback ([`Compressor::adopt_error_feedback`](crate::Compressor::adopt_error_feedback)): per bucket, the
+/// residual spectrum `E = Y_p − T` of every chunk (in `Y = X/n` units), packed as exactly
+/// `n` reals for an `n`-element chunk — `Re E_0`, then `Re E_k, Im E_k` for `0 < k < n/2`,
+/// then `Re E_{n/2}` for even `n` (the imaginary parts of DC and Nyquist are zero for a real
+/// signal) — so a bucket's residual has one `f32` per element, like the generic memory's.
+#[derive(Default)]
+pub(super) struct Feedback {
+    pub(super) residuals: BTreeMap<u64, Vec<f32>>,
+    /// The bucket being compressed (from [`Compressor::begin`]).
+    pub(super) bucket: u64,
+    /// Where the next chunk starts in that bucket.
+    pub(super) at: usize,
+    /// Where the next compress call starts ([`Compressor::feedback_offset`]).
+    pub(super) next: usize,
+}
+
+/// `spec ← post·spec + E` for the packed residual `e` of an `e.len()`-element chunk (see
+/// [`Feedback`]); the imaginary parts of DC and Nyquist are set to zero.
+pub(super) fn compensate_spectrum(spec: &mut [Complex<f32>], post: f32, e: &[f32]) {
+    let n = e.len();
+    let m = spec.len();
+    debug_assert_eq!(m, bins(n));
+    spec[0] = Complex::new(spec[0].re * post + e[0], 0.0);
+    let pairs = if n % 2 == 0 { m - 1 } else { m };
+    for (c, e) in spec[1..pairs].iter_mut().zip(e[1..].chunks_exact(2)) {
+        c.re = c.re * post + e[0];
+        c.im = c.im * post + e[1];
+    }
+    if n % 2 == 0 && m > 1 {
+        spec[m - 1] = Complex::new(spec[m - 1].re * post + e[n - 1], 0.0);
+    }
+}
+
+/// The residual after sending: `E = Y_p` with the sent values `T` (two per kept bin, in
+/// `keep` order) taken off the kept bins, packed into `e` (see [`Feedback`]).
+pub(super) fn store_residual(spec: &[Complex<f32>], keep: &[u32], sent: &[f32], e: &mut [f32]) {
+    let n = e.len();
+    let m = spec.len();
+    let pairs = if n % 2 == 0 { m - 1 } else { m };
+    e[0] = spec[0].re;
+    for (c, e) in spec[1..pairs].iter().zip(e[1..].chunks_exact_mut(2)) {
+        e[0] = c.re;
+        e[1] = c.im;
+    }
+    if n % 2 == 0 && m > 1 {
+        e[n - 1] = spec[m - 1].re;
+    }
+    for (&b, t) in keep.iter().zip(sent.chunks_exact(2)) {
+        let b = b as usize;
+        if b == 0 {
+            e[0] -= t[0];
+        } else if b < pairs {
+            e[2 * b - 1] -= t[0];
+            e[2 * b] -= t[1];
+        } else {
+            e[n - 1] -= t[0];
+        }
+    }
+}
+
+/// A power of two that brings the largest component of `spec` into `[1, 2)` (1 for an
+/// all-zero spectrum), so that its energies neither overflow nor underflow.
+pub(super) fn energy_scale(spec: &[Complex<f32>]) -> f32 {
+    let mut amax = 0u32;
+    for c in spec {
+        amax = amax
+            .max(c.re.to_bits() & 0x7FFF_FFFF)
+            .max(c.im.to_bits() & 0x7FFF_FFFF);
+    }
+    if amax == 0 {
+        1.0
+    } else {
+        pow2_f32(-emax_of_bits(amax).clamp(-100, 100))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compressor::{Ctx, Payload};
+    use crate::fft::FftConfig;
+    use crate::memory::MemoryConfig;
+    use crate::pipeline::Pipeline;
+    use crate::rng::Rng;
+
+    fn signal(n: usize, seed: u64) -> Vec<f32> {
+        let mut rng = Rng::seed_from_u64(seed);
+        (0..n).map(|_| rng.next_f32() * 2.0 - 1.0).collect()
+    }
+
+    #[test]
+    fn packing_keeps_exactly_n_reals_and_round_trips() {
+        for n in [1usize, 2, 3, 4, 7, 8, 33, 64] {
+            let m = bins(n);
+            let e = signal(n, n as u64);
+            // Unpack onto a zero spectrum, then pack with nothing sent: the same reals.
+            let mut spec = vec![Complex::new(0.0f32, 0.0); m];
+            compensate_spectrum(&mut spec, 0.0, &e);
+            assert_eq!(spec[0].im, 0.0, "n = {n}: DC has no imaginary part");
+            if n % 2 == 0 {
+                assert_eq!(spec[m - 1].im, 0.0, "n = {n}: Nyquist has none either");
+            }
+            let mut back = vec![f32::NAN; n];
+            store_residual(&spec, &[], &[], &mut back);
+            assert_eq!(back, e, "n = {n}");
+            // Every bin sent exactly: nothing is left.
+            let keep: Vec<u32> = (0..m as u32).collect();
+            let sent: Vec<f32> = spec.iter().flat_map(|c| [c.re, c.im]).collect();
+            store_residual(&spec, &keep, &sent, &mut back);
+            assert!(back.iter().all(|&v| v == 0.0), "n = {n}: {back:?}");
+        }
+    }
+
+    #[test]
+    fn energy_scale_brings_the_largest_component_into_one_to_two() {
+        for big in [1e-30f32, 3e-5, 1.0, 7.5e20] {
+            let spec = [Complex::new(0.5 * big, -big), Complex::new(0.0, 0.25 * big)];
+            let s = energy_scale(&spec);
+            let top = big * s;
+            assert!((1.0..2.0).contains(&top), "{big}: {top}");
+        }
+        assert_eq!(energy_scale(&[Complex::new(0.0, 0.0)]), 1.0);
+    }
+
+    fn pipeline(spectral: bool) -> Pipeline {
+        let cfg = FftConfig {
+            theta: 0.8,
+            spectral_feedback: spectral,
+            ..FftConfig::default()
+        };
+        Pipeline::new(
+            Box::new(cfg.init().unwrap()),
+            MemoryConfig::RESIDUAL.build().unwrap(),
+        )
+    }
+
+    #[test]
+    fn adopted_only_for_classic_residual_and_when_configured() {
+        assert_eq!(pipeline(true).adopted_feedback(), Some("spectra"));
+        assert_eq!(pipeline(false).adopted_feedback(), None);
+        let damped = MemoryConfig::Residual {
+            beta: 0.5,
+            gamma: 1.0,
+        };
+        let p = Pipeline::new(
+            Box::new(FftConfig::default().init().unwrap()),
+            damped.build().unwrap(),
+        );
+        assert_eq!(p.adopted_feedback(), None);
+        assert!(p.memory().is_active());
+    }
+
+    /// The spectral residual and the signal residual are the same error feedback: the sum
+    /// of what was sent plus the residual is the sum of the gradients, over the signal.
+    #[test]
+    fn sent_plus_residual_telescopes_to_the_gradients_like_the_signal_memory() {
+        let segs = [0..300, 300..301, 301..1000];
+        let n = 1000;
+        for spectral in [true, false] {
+            let mut p = pipeline(spectral);
+            let (mut sent, mut grads) = (vec![0f64; n], vec![0f64; n]);
+            let mut payload = Payload::new();
+            for step in 0..6 {
+                let g = signal(n, 100 + step);
+                let ctx = Ctx {
+                    step,
+                    rank: 0,
+                    bucket: 9,
+                    segments: &segs,
+                };
+                p.compress(&g, &ctx, &mut Rng::seed_from_u64(step), &mut payload)
+                    .unwrap();
+                let mut d = vec![0f32; n];
+                p.decompress_add(payload.as_bytes(), &mut d).unwrap();
+                for i in 0..n {
+                    sent[i] += d[i] as f64;
+                    grads[i] += g[i] as f64;
+                }
+            }
+            let e = p.residual_signal(9, &segs, n).unwrap();
+            let worst = (0..n)
+                .map(|i| (sent[i] + e[i] as f64 - grads[i]).abs())
+                .fold(0.0, f64::max);
+            assert!(worst < 1e-4, "spectral = {spectral}: off by {worst}");
+            assert!(e.iter().any(|&v| v != 0.0), "something was left out");
+        }
+    }
+
+    /// Exact resume: the exported residual, imported into a fresh pipeline, gives the same
+    /// payloads bit for bit; the offsets of the compressed all-reduce's ranges address the
+    /// same residual as one call over the whole bucket.
+    #[test]
+    fn export_import_is_exact_and_ranges_address_the_bucket() {
+        let segs = [0..500, 500..1200];
+        let n = 1200;
+        let run = |p: &mut Pipeline, step: u64| {
+            let g = signal(n, step);
+            let ctx = Ctx {
+                step,
+                rank: 0,
+                bucket: 3,
+                segments: &segs,
+            };
+            let mut out = Payload::new();
+            p.compress(&g, &ctx, &mut Rng::seed_from_u64(0), &mut out)
+                .unwrap();
+            out
+        };
+        let mut a = pipeline(true);
+        run(&mut a, 0);
+        run(&mut a, 1);
+        let state = a.export_memory();
+        assert_eq!(state[&3].len(), n, "one f32 per bucket element");
+        let mut b = pipeline(true);
+        b.import_memory(state.clone());
+        for step in 2..5 {
+            assert_eq!(run(&mut a, step), run(&mut b, step), "step {step}");
+        }
+        // Ranges: the same bucket in two payloads (cut at a layer boundary, so each range
+        // holds whole layers) equals the one-call encoding's two layers.
+        let mut whole = pipeline(true);
+        let mut split = pipeline(true);
+        whole.import_memory(state.clone());
+        split.import_memory(state);
+        let g = signal(n, 7);
+        let ctx = Ctx {
+            step: 2,
+            rank: 0,
+            bucket: 3,
+            segments: &segs,
+        };
+        let mut one = Payload::new();
+        whole
+            .compress(&g, &ctx, &mut Rng::seed_from_u64(0), &mut one)
+            .unwrap();
+        let mut parts = Vec::new();
+        split
+            .compress_chunks(
+                &g,
+                &ctx,
+                &[0..500, 500..1200],
+                &mut Rng::seed_from_u64(0),
+                &mut parts,
+            )
+            .unwrap();
+        let (mut d1, mut d2) = (vec![0f32; n], vec![0f32; n]);
+        whole.decompress_add(one.as_bytes(), &mut d1).unwrap();
+        split
+            .decompress_add(parts[0].as_bytes(), &mut d2[..500])
+            .unwrap();
+        split
+            .decompress_add(parts[1].as_bytes(), &mut d2[500..])
+            .unwrap();
+        assert_eq!(d1, d2);
+        assert_eq!(whole.export_memory(), split.export_memory());
+        // Clearing empties it.
+        split.import_memory(BTreeMap::new());
+        assert!(split.export_memory().is_empty());
+        assert!(split.compressor().export_feedback().is_empty());
+    }
+}

@@ -1,0 +1,139 @@
+//! [`FftSum`]: the joint decoder of several workers' FFT payloads (ALGORITHMS.md §0.4).
+
+use std::ops::Range;
+
+use realfft::num_complex::Complex;
+
+use super::{bins, lock, Fft, FftConfig};
+use crate::compressor::read_frame;
+use crate::error::WireError;
+use crate::registry::Method;
+
+/// Sums the spectra of several [`Fft`] payloads of the same buffer layout, then runs one
+/// inverse FFT per chunk ([`FftSum::finish`]): equal, up to round-off, to summing the
+/// individual decompressions, at the cost of one inverse transform instead of `P`.
+pub struct FftSum<'a> {
+    fft: &'a Fft,
+    n: usize,
+    segs: Option<Vec<Range<usize>>>,
+    spectra: Vec<Complex<f32>>,
+    payloads: usize,
+    failed: bool,
+    keep: Vec<u32>,
+    vals: Vec<f32>,
+}
+
+impl<'a> FftSum<'a> {
+    /// An empty sum for `n`-element buffers ([`Fft::sum`]).
+    pub(super) fn new(fft: &'a Fft, n: usize) -> Self {
+        FftSum {
+            fft,
+            n,
+            segs: None,
+            spectra: Vec::new(),
+            payloads: 0,
+            failed: false,
+            keep: Vec::new(),
+            vals: Vec::new(),
+        }
+    }
+
+    /// Number of payloads added so far.
+    pub fn payloads(&self) -> usize {
+        self.payloads
+    }
+
+    /// Decodes one full payload (as produced by [`crate::compress`] with this
+    /// configuration) into the running spectrum sum. All payloads must have the same
+    /// segment layout. After an error the accumulator is unusable: [`FftSum::finish`] then
+    /// fails too.
+    pub fn add_payload(&mut self, bytes: &[u8]) -> Result<(), WireError> {
+        let res = self.add_inner(bytes);
+        if res.is_err() {
+            self.failed = true;
+        }
+        res
+    }
+
+    fn add_inner(&mut self, bytes: &[u8]) -> Result<(), WireError> {
+        if self.failed {
+            return Err(WireError::Invalid("fft sum already failed"));
+        }
+        let (mut r, segs) = read_frame(FftConfig::ID, bytes, self.n)?;
+        match &self.segs {
+            None => {
+                let total: usize = segs
+                    .iter()
+                    .flat_map(|s| self.fft.chunks(s.len()))
+                    .map(|c| bins(c.len()))
+                    .sum();
+                self.spectra = std::mem::take(&mut lock(&self.fft.shared).dec.sum);
+                self.spectra.clear();
+                self.spectra.resize(total, Complex::default());
+                self.segs = Some(segs.clone());
+            }
+            Some(s) if *s != segs => {
+                return Err(WireError::BadSegments(
+                    "payloads of one sum disagree on segments",
+                ))
+            }
+            Some(_) => {}
+        }
+        let mut at = 0;
+        for s in &segs {
+            for c in self.fft.chunks(s.len()) {
+                let m = bins(c.len());
+                self.fft.decode_chunk_add(
+                    &mut r,
+                    c.len(),
+                    &mut self.spectra[at..at + m],
+                    &mut self.keep,
+                    &mut self.vals,
+                )?;
+                at += m;
+            }
+        }
+        if r.remaining() != 0 {
+            return Err(WireError::TrailingBytes(r.remaining()));
+        }
+        self.payloads += 1;
+        Ok(())
+    }
+
+    /// Inverse-transforms the summed spectra and **adds** the result into `out`
+    /// (`out.len()` must be `n`). With no payload added, `out` is unchanged.
+    pub fn finish(mut self, out: &mut [f32]) -> Result<(), WireError> {
+        if self.failed {
+            return Err(WireError::Invalid("fft sum had a malformed payload"));
+        }
+        if out.len() != self.n {
+            return Err(WireError::LengthMismatch {
+                payload: self.n,
+                buffer: out.len(),
+            });
+        }
+        let Some(segs) = self.segs.take() else {
+            return Ok(());
+        };
+        let mut guard = lock(&self.fft.shared);
+        let mut at = 0;
+        for s in &segs {
+            for c in self.fft.chunks(s.len()) {
+                let m = bins(c.len());
+                let range = s.start + c.start..s.start + c.end;
+                Fft::inverse_add(&mut guard, &mut self.spectra[at..at + m], &mut out[range])?;
+                at += m;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for FftSum<'_> {
+    /// Hands the spectra buffer back to the compressor for the next sum.
+    fn drop(&mut self) {
+        if self.spectra.capacity() > 0 {
+            lock(&self.fft.shared).dec.sum = std::mem::take(&mut self.spectra);
+        }
+    }
+}
