@@ -12,6 +12,11 @@
 //! is a second, inverse transform), and the receivers' work ([`Options::workers`]: decoding P
 //! payloads into their sum, with the method's joint decoder where it has one, as an all-gather
 //! receiver does).
+//!
+//! Every row also carries the **single-pass read** of the same input on the same thread
+//! ([`read_gbps`], timed in the same run): the speed of light of a compressor that reads its
+//! input once, against which `comp/read` puts each method (issue #25's goal: at least 60 %
+//! of it, or ten times GRACE's figure for the method).
 
 use std::ops::Range;
 use std::time::Instant;
@@ -95,6 +100,38 @@ pub struct Row {
     pub decompress_ms: f64,
     /// `‖g − D(C(g))‖ / ‖g‖` of the last compression.
     pub rel_error: f64,
+    /// One pass reading the input on this thread, GB/s ([`read_gbps`], same run).
+    pub read_gbps: f64,
+    /// `compress_gbps / read_gbps`: the share of the single-pass limit the compressor runs at.
+    pub compress_of_read: f64,
+}
+
+/// Reads `x` once (a sum in 16 independent lanes, which vectorises) and returns it so the
+/// read cannot be optimised away.
+fn read_once(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    acc.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
+}
+
+/// The single-pass read bandwidth of `input` on this thread, GB/s: best of `repeat` timed
+/// passes after one warm-up — the limit for a compressor that reads its input once.
+pub fn read_gbps(input: &[f32], repeat: usize) -> f64 {
+    let mut best = f64::INFINITY;
+    for i in 0..=repeat.max(1) {
+        let t = Instant::now();
+        std::hint::black_box(read_once(std::hint::black_box(input)));
+        let dt = t.elapsed().as_secs_f64();
+        if i > 0 {
+            best = best.min(dt);
+        }
+    }
+    4.0 * input.len() as f64 / 1e9 / best.max(1e-12)
 }
 
 /// Parses `name` or `name:key=value,key=value` into a method config.
@@ -168,6 +205,7 @@ pub fn run(input: &[f32], opts: &Options) -> Result<Vec<Row>, String> {
         .sum::<f64>()
         .sqrt();
     let repeat = opts.repeat.max(1);
+    let read = read_gbps(input, repeat);
     let mut rows = Vec::new();
     for spec in specs {
         let cfg = parse_method(&spec)?;
@@ -250,6 +288,8 @@ pub fn run(input: &[f32], opts: &Options) -> Result<Vec<Row>, String> {
             compress_ms: best_c * 1e3,
             decompress_ms: best_d * 1e3,
             rel_error: if norm > 0.0 { err / norm } else { 0.0 },
+            read_gbps: read,
+            compress_of_read: gb / best_c / read,
         });
     }
     Ok(rows)
@@ -283,14 +323,27 @@ pub fn table(rows: &[Row]) -> String {
         .map(|r| r.method.len())
         .max()
         .unwrap_or(6)
-        .max(6);
+        .max("(one-pass read)".len());
     let mut s = format!(
-        "{:<w$}  {:>9}  {:>8}  {:>10}  {:>12}  {:>9}  {:>10}\n",
-        "method", "bits/elem", "ratio", "comp GB/s", "decomp GB/s", "rel err", "aggregation"
+        "{:<w$}  {:>9}  {:>8}  {:>10}  {:>12}  {:>9}  {:>11}  {:>9}\n",
+        "method",
+        "bits/elem",
+        "ratio",
+        "comp GB/s",
+        "decomp GB/s",
+        "rel err",
+        "aggregation",
+        "comp/read"
     );
+    if let Some(r) = rows.first() {
+        s.push_str(&format!(
+            "{:<w$}  {:>9}  {:>8}  {:>10.3}  {:>12}  {:>9}  {:>11}  {:>9}\n",
+            "(one-pass read)", "—", "—", r.read_gbps, "—", "—", "—", "100 %"
+        ));
+    }
     for r in rows {
         s.push_str(&format!(
-            "{:<w$}  {:>9.3}  {:>7.1}x  {:>10.3}  {:>12.3}  {:>9.4}  {:>10}\n",
+            "{:<w$}  {:>9.3}  {:>7.1}x  {:>10.3}  {:>12.3}  {:>9.4}  {:>11}  {:>7.0} %\n",
             r.method,
             r.bits_per_element,
             r.compression_ratio,
@@ -298,6 +351,7 @@ pub fn table(rows: &[Row]) -> String {
             r.decompress_gbps,
             r.rel_error,
             format!("{:?}", r.aggregation).to_lowercase(),
+            100.0 * r.compress_of_read,
         ));
     }
     s
@@ -361,6 +415,16 @@ mod tests {
             assert!(r.rel_error.is_finite() && r.rel_error >= 0.0);
             assert!(r.bits_per_element > 0.0);
         }
+        for r in &rows {
+            assert!(r.read_gbps > 0.0 && r.read_gbps.is_finite(), "{}", r.method);
+            let share = r.compress_gbps / r.read_gbps;
+            assert!(
+                (r.compress_of_read - share).abs() <= 1e-9 * share,
+                "{}",
+                r.method
+            );
+        }
+        assert!(table(&rows).contains("(one-pass read)"));
         let none = rows.iter().find(|r| r.method == "none").unwrap();
         assert_eq!(none.rel_error, 0.0);
         assert!((none.bits_per_element - 32.0).abs() < 0.01);
@@ -405,6 +469,13 @@ mod tests {
         };
         assert!(run(&input, &short).unwrap_err().contains("9 elements"));
         assert!(model_layers("nope").is_err());
+    }
+
+    #[test]
+    fn the_one_pass_read_sums_every_element() {
+        let x: Vec<f32> = (0..1003).map(|i| (i % 7) as f32).collect();
+        assert_eq!(read_once(&x), x.iter().sum::<f32>());
+        assert!(read_gbps(&x, 2) > 0.0);
     }
 
     #[test]
