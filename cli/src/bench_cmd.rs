@@ -225,6 +225,10 @@ pub(crate) struct CompressArgs {
     /// work at this many workers (with the method's joint decoder where it has one).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=4096))]
     workers: u64,
+    /// Threads the methods may use (the FFT method encodes its tensors side by side); 1 is
+    /// the single-thread figure.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    threads: u64,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -249,6 +253,7 @@ pub(crate) fn bench_compress(a: CompressArgs) -> Result<()> {
         layers,
         error_feedback: a.error_feedback,
         workers: a.workers as usize,
+        threads: a.threads as usize,
     };
     let (input, mut source) = match &a.from {
         Some(p) => (
@@ -277,14 +282,18 @@ pub(crate) fn bench_compress(a: CompressArgs) -> Result<()> {
             "model": a.model,
             "error_feedback": a.error_feedback,
             "workers": a.workers,
-            "threads": 1,
+            "threads": a.threads,
             "results": rows,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         println!(
-            "dtrain bench compress: {} elements ({source}), single thread, best of {}",
+            "dtrain bench compress: {} elements ({source}), {}, best of {}",
             input.len(),
+            match a.threads {
+                1 => "single thread".to_string(),
+                t => format!("{t} threads"),
+            },
             a.repeat.max(1)
         );
         print!("{}", bench::compress::table(&rows));

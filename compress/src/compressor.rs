@@ -254,6 +254,22 @@ pub trait Compressor: Send {
     /// Encodes one segment's body. `x` is finite (the framing checks that first).
     fn encode_segment(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>);
 
+    /// Encodes the bodies of all `segments` of `x` (tiling it, in order), as [`compress`]
+    /// does after [`Compressor::begin`]. Default: [`Compressor::encode_segment`] on each in
+    /// turn. A method may encode them side by side (the FFT method on several threads) if it
+    /// writes the same bytes and keeps the same state as the default would.
+    fn encode_segments(
+        &mut self,
+        x: &[f32],
+        segments: &[Range<usize>],
+        rng: &mut Rng,
+        w: &mut Writer<'_>,
+    ) {
+        for s in segments {
+            self.encode_segment(&x[s.clone()], rng, w);
+        }
+    }
+
     /// Decodes one segment's body from `r` and **adds** it into `out` (`out.len()` is the
     /// segment length). Must validate everything it reads; must not panic on any input.
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError>;
@@ -678,9 +694,7 @@ pub fn compress(
     out.bytes.clear();
     let mut w = Writer::new(&mut out.bytes);
     write_frame_header(&mut w, c.method(), n, &segs);
-    for s in &segs {
-        c.encode_segment(&grad[s.clone()], rng, &mut w);
-    }
+    c.encode_segments(grad, &segs, rng, &mut w);
     Ok(())
 }
 

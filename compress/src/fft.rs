@@ -52,19 +52,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
-use crate::rangefloat::{
-    default_exp_bits, default_mantissa_bits, emax_of, RfDecoder, RfEncoder, RfFormat, Rounding,
-};
+use crate::rangefloat::{default_exp_bits, default_mantissa_bits, RfDecoder, RfFormat};
 use crate::registry::{Collective, Method, RunFacts, RunUse};
 use crate::rng::Rng;
 use crate::schedule::ThetaSchedule;
-use crate::select::{top_k, Scratch};
 use crate::wire::{bytes_for_bits, f32_at, u32_at, Reader, Writer};
 
+mod encode;
 mod feedback;
 mod sum;
 
-use feedback::{compensate_spectrum, energy_scale, store_residual, Feedback};
+use encode::{encode_parallel, EncScratch, Encoding, Job};
+use feedback::{compensate_spectrum, Feedback};
 pub use sum::FftSum;
 
 /// Which bins are kept.
@@ -234,25 +233,14 @@ impl FftConfig {
             spectral_feedback: self.spectral_feedback,
             feedback: None,
             enc: EncScratch::default(),
+            jobs: Vec::new(),
+            pool: Mutex::new(Vec::new()),
             shared: Mutex::new(Shared {
                 planner: RealFftPlanner::new(),
                 dec: DecScratch::default(),
             }),
         })
     }
-}
-
-#[derive(Default)]
-struct EncScratch {
-    input: Vec<f32>,
-    spec: Vec<Complex<f32>>,
-    fft_scratch: Vec<Complex<f32>>,
-    keys: Vec<u32>,
-    keep: Vec<u32>,
-    vals: Vec<f32>,
-    /// The decoded (quantized) `vals`, for the adopted residual.
-    sent: Vec<f32>,
-    sel: Scratch,
 }
 
 #[derive(Default)]
@@ -293,6 +281,10 @@ pub struct Fft {
     /// The adopted residual, once taken over.
     feedback: Option<Feedback>,
     enc: EncScratch,
+    /// The chunks of the last parallel encoding, their bytes kept for the next one.
+    jobs: Vec<Job>,
+    /// Scratch for the threads of a parallel encoding (about one per thread).
+    pool: Mutex<Vec<EncScratch>>,
     shared: Mutex<Shared>,
 }
 
@@ -308,6 +300,10 @@ impl std::fmt::Debug for Fft {
             .finish_non_exhaustive()
     }
 }
+
+/// Fewest elements in a bucket for [`Compressor::encode_segments`] to spread its chunks over
+/// threads (below it the hand-off costs more than it saves).
+pub const PARALLEL_MIN: usize = 1 << 16;
 
 const LIST: u8 = 0;
 const BITMAP: u8 = 1;
@@ -366,25 +362,24 @@ impl Fft {
         self.theta = (self.base * self.scale).clamp(0.0, 1.0 - f64::EPSILON);
     }
 
+    /// The settings a chunk's encoding reads.
+    fn encoding(&self) -> Encoding {
+        Encoding {
+            theta: self.theta,
+            fmt: self.fmt,
+            select: self.select,
+            coding: self.coding,
+        }
+    }
+
+    fn layout(&self, m: usize, k: usize) -> u8 {
+        self.encoding().layout(m, k)
+    }
+
     /// Chunk ranges (relative to the segment) of a segment of `n` elements.
     fn chunks(&self, n: usize) -> impl Iterator<Item = Range<usize>> {
         let c = self.chunk.unwrap_or(n).max(1);
         (0..n.div_ceil(c)).map(move |i| i * c..((i + 1) * c).min(n))
-    }
-
-    fn layout(&self, m: usize, k: usize) -> u8 {
-        match (self.select, self.coding) {
-            (Select::Lowpass, _) => PREFIX,
-            (_, IndexCoding::Bitmap) => BITMAP,
-            (_, IndexCoding::List) => LIST,
-            (_, IndexCoding::Auto) => {
-                if (m.div_ceil(8) as u64) * 8 < 32 * k as u64 {
-                    BITMAP
-                } else {
-                    LIST
-                }
-            }
-        }
     }
 
     /// Exact bits of one chunk body of length `n` at the current θ.
@@ -405,150 +400,20 @@ impl Fft {
 
     /// The bins this compressor keeps for `x` (one chunk), ascending. For diagnostics/tests.
     pub fn select_bins(&mut self, x: &[f32]) -> Vec<u32> {
-        self.forward(x);
-        self.choose(x.len(), 1.0);
+        let plan = lock(&self.shared).planner.plan_fft_forward(x.len());
+        let cfg = self.encoding();
+        self.enc.forward(&*plan, x);
+        self.enc.choose(&cfg, x.len(), 1.0);
         self.enc.keep.clone()
     }
 
-    /// Forward transform of `x` (scaled by a power of two into `[1, 2)` at the top so that
-    /// energies neither overflow nor underflow) into `enc.spec`; returns the factor that
-    /// turns `enc.spec` into `Y = X/n`.
-    fn forward(&mut self, x: &[f32]) -> f32 {
-        let n = x.len();
-        let mut amax = 0u32;
-        for v in x {
-            amax = amax.max(v.to_bits() & 0x7FFF_FFFF);
-        }
-        let e0 = if amax == 0 {
-            0
-        } else {
-            (emax_of_bits(amax)).clamp(-100, 100)
-        };
-        let pre = pow2_f32(-e0);
-        let enc = &mut self.enc;
-        enc.input.clear();
-        enc.input.extend(x.iter().map(|&v| v * pre));
-        let plan = lock(&self.shared).planner.plan_fft_forward(n);
-        enc.spec.resize(bins(n), Complex::default());
-        enc.fft_scratch
-            .resize(plan.get_scratch_len(), Complex::default());
-        // Lengths match the plan by construction, so this cannot fail.
-        let _ = plan.process_with_scratch(&mut enc.input, &mut enc.spec, &mut enc.fft_scratch);
-        (pow2_f64(e0) / n as f64) as f32
-    }
-
-    /// Fills `enc.keep` with the kept bins of the spectrum in `enc.spec` (length `n`), whose
-    /// energies are taken after multiplying it by `scale` (a power of two).
-    fn choose(&mut self, n: usize, scale: f32) {
-        let m = bins(n);
-        let k = kept_bins(m, self.theta);
-        let enc = &mut self.enc;
-        enc.keep.clear();
-        match self.select {
-            Select::Lowpass => enc.keep.extend(0..k as u32),
-            Select::EnergyTopk => {
-                enc.keys.clear();
-                enc.keys.extend(enc.spec.iter().enumerate().map(|(i, c)| {
-                    let (re, im) = (c.re * scale, c.im * scale);
-                    let e = bin_weight(n, i) * (re * re + im * im);
-                    e.to_bits() + 1
-                }));
-                let keys = &enc.keys;
-                top_k(m, k, |i| keys[i], &mut enc.sel, &mut enc.keep);
-            }
-        }
-    }
-
+    /// Encodes one chunk into `w`, through the adopted residual when there is one.
     fn encode_chunk(&mut self, x: &[f32], w: &mut Writer<'_>) {
         let n = x.len();
-        let m = bins(n);
-        let mut post = self.forward(x);
-        let mut scale = 1.0;
-        let mut residual_at = None;
-        if let Some(fb) = &mut self.feedback {
-            // Y_p = Y_g + E: the spectrum in Y units, compensated; energies then need a
-            // power-of-two scale of their own.
-            let at = fb.at;
-            fb.at += n;
-            let e = fb.residuals.entry(fb.bucket).or_default();
-            if e.len() < at + n {
-                e.resize(at + n, 0.0);
-            }
-            compensate_spectrum(&mut self.enc.spec, post, &e[at..at + n]);
-            post = 1.0;
-            scale = energy_scale(&self.enc.spec);
-            residual_at = Some(at);
-        }
-        self.choose(n, scale);
-        let layout = self.layout(m, self.enc.keep.len());
-        let enc = &mut self.enc;
-        let k = enc.keep.len();
-        let nyq = if n % 2 == 0 { n / 2 } else { usize::MAX };
-        enc.vals.clear();
-        for &b in &enc.keep {
-            let c = enc.spec[b as usize];
-            let b = b as usize;
-            let im = if b == 0 || b == nyq { 0.0 } else { c.im * post };
-            // Y is bounded by ~2·max|x|; clamp the (only theoretical) overflow near f32::MAX.
-            enc.vals.push((c.re * post).clamp(-f32::MAX, f32::MAX));
-            enc.vals.push(im.clamp(-f32::MAX, f32::MAX));
-        }
-        w.u8(layout);
-        match self.fmt {
-            Some(f) => {
-                w.u8(f.exp_bits() as u8);
-                w.u8(f.mantissa_bits() as u8);
-            }
-            None => {
-                w.u8(0);
-                w.u8(0);
-            }
-        }
-        w.u32(k as u32);
-        match layout {
-            LIST => w.u32_slice(&enc.keep),
-            BITMAP => {
-                let bm = w.zeroed(m.div_ceil(8));
-                for &i in &enc.keep {
-                    bm[(i >> 3) as usize] |= 1 << (i & 7);
-                }
-            }
-            _ => {}
-        }
-        match self.fmt {
-            Some(f) => {
-                let emax = emax_of(&enc.vals);
-                w.u8(emax as u8);
-                let out = w.zeroed(bytes_for_bits(enc.vals.len() as u64 * f.bits() as u64));
-                // Nearest rounding never draws from the RNG.
-                RfEncoder::new(f, emax).encode(
-                    &enc.vals,
-                    Rounding::Nearest,
-                    &mut Rng::seed_from_u64(0),
-                    out,
-                );
-                if residual_at.is_some() {
-                    enc.sent.resize(enc.vals.len(), 0.0);
-                    let decoded =
-                        RfDecoder::new(f, emax, enc.vals.len()).decode(out, &mut enc.sent);
-                    if decoded.is_err() {
-                        // Codes just encoded always decode; this is only belt and braces.
-                        for (t, &v) in enc.sent.iter_mut().zip(&enc.vals) {
-                            *t = f.quantize(emax, v);
-                        }
-                    }
-                }
-            }
-            None => {
-                w.f32_slice(&enc.vals);
-                enc.sent.clear();
-                enc.sent.extend_from_slice(&enc.vals);
-            }
-        }
-        if let (Some(at), Some(fb)) = (residual_at, &mut self.feedback) {
-            let e = fb.residuals.entry(fb.bucket).or_default();
-            store_residual(&enc.spec, &enc.keep, &enc.sent, &mut e[at..at + n]);
-        }
+        let cfg = self.encoding();
+        let plan = lock(&self.shared).planner.plan_fft_forward(n);
+        let residual = self.feedback.as_mut().map(|fb| fb.claim(n));
+        self.enc.encode_chunk(&cfg, &*plan, x, residual, w);
     }
 
     /// Reads one chunk body of length `n` and adds its coefficients into `spec` (`m` bins).
@@ -805,6 +670,56 @@ impl Compressor for Fft {
         self.apply_scale();
         Ok(())
     }
+    /// The chunks of every segment side by side on rayon's threads when there are several
+    /// threads, several chunks and at least [`PARALLEL_MIN`] elements (the same bytes and
+    /// residual as one after the other); else one after the other.
+    fn encode_segments(
+        &mut self,
+        x: &[f32],
+        segments: &[Range<usize>],
+        rng: &mut Rng,
+        w: &mut Writer<'_>,
+    ) {
+        let chunks: usize = segments
+            .iter()
+            .map(|s| s.len().div_ceil(self.chunk.unwrap_or(s.len()).max(1)))
+            .sum();
+        if rayon::current_num_threads() < 2 || chunks < 2 || x.len() < PARALLEL_MIN {
+            for s in segments {
+                self.encode_segment(&x[s.clone()], rng, w);
+            }
+            return;
+        }
+        let cfg = self.encoding();
+        {
+            let mut sh = lock(&self.shared);
+            let mut i = 0;
+            for s in segments {
+                for c in self.chunks(s.len()) {
+                    let range = s.start + c.start..s.start + c.end;
+                    let plan = sh.planner.plan_fft_forward(range.len());
+                    match self.jobs.get_mut(i) {
+                        Some(j) => {
+                            j.range = range;
+                            j.plan = plan;
+                        }
+                        None => self.jobs.push(Job {
+                            range,
+                            plan,
+                            out: Vec::new(),
+                        }),
+                    }
+                    i += 1;
+                }
+            }
+            self.jobs.truncate(i);
+        }
+        let residual = self.feedback.as_mut().map(|fb| fb.claim(x.len()));
+        encode_parallel(&cfg, x, &mut self.jobs, residual, &self.pool);
+        for j in &self.jobs {
+            w.bytes(&j.out);
+        }
+    }
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
         let chunks: Vec<Range<usize>> = self.chunks(x.len()).collect();
         for c in chunks {
@@ -960,7 +875,8 @@ mod tests {
             let nx = norm2(&x);
             let e: f64 = energies(&x).iter().sum::<f64>() / n as f64;
             assert!((e - nx).abs() <= 1e-9 * nx, "n {n}: {e} vs {nx}");
-            let post = c.forward(&x) as f64;
+            let plan = lock(&c.shared).planner.plan_fft_forward(n);
+            let post = c.enc.forward(&*plan, &x) as f64;
             let ef: f64 = c
                 .enc
                 .spec

@@ -31,6 +31,20 @@ pub(super) struct Feedback {
     pub(super) next: usize,
 }
 
+impl Feedback {
+    /// The residual of the next `n` elements of the current bucket (zeros the first time),
+    /// advancing past them.
+    pub(super) fn claim(&mut self, n: usize) -> &mut [f32] {
+        let at = self.at;
+        self.at += n;
+        let e = self.residuals.entry(self.bucket).or_default();
+        if e.len() < at + n {
+            e.resize(at + n, 0.0);
+        }
+        &mut e[at..at + n]
+    }
+}
+
 /// `spec ← post·spec + E` for the packed residual `e` of an `e.len()`-element chunk (see
 /// [`Feedback`]); the imaginary parts of DC and Nyquist are set to zero.
 pub(super) fn compensate_spectrum(spec: &mut [Complex<f32>], post: f32, e: &[f32]) {

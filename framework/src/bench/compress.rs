@@ -56,6 +56,9 @@ pub struct Options {
     /// Decompression decodes this many payloads into their sum (an all-gather receiver's
     /// work at this many workers); 1: one payload.
     pub workers: usize,
+    /// Threads the methods may use (a rayon pool of this many runs them; the FFT method
+    /// encodes its tensors side by side on them). 1 (the default): single-threaded.
+    pub threads: usize,
 }
 
 impl Default for Options {
@@ -69,6 +72,7 @@ impl Default for Options {
             layers: None,
             error_feedback: false,
             workers: 1,
+            threads: 1,
         }
     }
 }
@@ -162,8 +166,16 @@ fn segments_of(lens: &[usize]) -> Vec<Range<usize>> {
         .collect()
 }
 
-/// Runs the benchmark on `input`.
+/// Runs the benchmark on `input`, in a pool of [`Options::threads`] threads.
 pub fn run(input: &[f32], opts: &Options) -> Result<Vec<Row>, String> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.threads.max(1))
+        .build()
+        .map_err(|e| format!("a pool of {} threads: {e}", opts.threads))?
+        .install(|| run_in_pool(input, opts))
+}
+
+fn run_in_pool(input: &[f32], opts: &Options) -> Result<Vec<Row>, String> {
     let specs: Vec<String> = if opts.methods.is_empty() {
         METHODS.iter().map(|m| m.name.to_string()).collect()
     } else {
