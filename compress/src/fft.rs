@@ -47,7 +47,7 @@ use std::ops::Range;
 use std::sync::Mutex;
 
 use realfft::num_complex::Complex;
-use realfft::RealFftPlanner;
+use realfft::{ComplexToReal, RealFftPlanner};
 use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, MethodId};
@@ -235,6 +235,7 @@ impl FftConfig {
             enc: EncScratch::default(),
             jobs: Vec::new(),
             pool: Mutex::new(Vec::new()),
+            inv_pool: Mutex::new(Vec::new()),
             shared: Mutex::new(Shared {
                 planner: RealFftPlanner::new(),
                 dec: DecScratch::default(),
@@ -246,12 +247,43 @@ impl FftConfig {
 #[derive(Default)]
 struct DecScratch {
     spec: Vec<Complex<f32>>,
-    real: Vec<f32>,
-    fft_scratch: Vec<Complex<f32>>,
+    inv: InvScratch,
     keep: Vec<u32>,
     vals: Vec<f32>,
     /// [`FftSum`]'s summed spectra, kept between sums so that a step allocates nothing.
     sum: Vec<Complex<f32>>,
+}
+
+/// The buffers of one inverse transform.
+#[derive(Default)]
+struct InvScratch {
+    real: Vec<f32>,
+    fft_scratch: Vec<Complex<f32>>,
+}
+
+impl InvScratch {
+    /// Inverse transform of `spec` with `plan` (of length `out.len()`), then adds into `out`
+    /// after checking that the reconstruction is finite.
+    fn inverse_add(
+        &mut self,
+        plan: &dyn ComplexToReal<f32>,
+        spec: &mut [Complex<f32>],
+        out: &mut [f32],
+    ) -> Result<(), WireError> {
+        self.real.resize(out.len(), 0.0);
+        self.fft_scratch
+            .resize(plan.get_scratch_len(), Complex::default());
+        // DC/Nyquist imaginary parts were validated as zero; sums of zeros stay zero.
+        plan.process_with_scratch(spec, &mut self.real, &mut self.fft_scratch)
+            .map_err(|_| WireError::Invalid("fft inverse transform refused the spectrum"))?;
+        if self.real.iter().fold(false, |acc, v| acc | !v.is_finite()) {
+            return Err(WireError::Invalid("fft reconstruction is not finite"));
+        }
+        for (o, v) in out.iter_mut().zip(&self.real) {
+            *o += v;
+        }
+        Ok(())
+    }
 }
 
 /// Plans (cached per length by the planner) and decode buffers, behind a lock because
@@ -285,6 +317,8 @@ pub struct Fft {
     jobs: Vec<Job>,
     /// Scratch for the threads of a parallel encoding (about one per thread).
     pool: Mutex<Vec<EncScratch>>,
+    /// Scratch for the threads of a parallel joint decode ([`FftSum::finish`]).
+    inv_pool: Mutex<Vec<InvScratch>>,
     shared: Mutex<Shared>,
 }
 
@@ -527,22 +561,8 @@ impl Fft {
         spec: &mut [Complex<f32>],
         out: &mut [f32],
     ) -> Result<(), WireError> {
-        let n = out.len();
-        let plan = shared.planner.plan_fft_inverse(n);
-        let d = &mut shared.dec;
-        d.real.resize(n, 0.0);
-        d.fft_scratch
-            .resize(plan.get_scratch_len(), Complex::default());
-        // DC/Nyquist imaginary parts were validated as zero; sums of zeros stay zero.
-        plan.process_with_scratch(spec, &mut d.real, &mut d.fft_scratch)
-            .map_err(|_| WireError::Invalid("fft inverse transform refused the spectrum"))?;
-        if d.real.iter().fold(false, |acc, v| acc | !v.is_finite()) {
-            return Err(WireError::Invalid("fft reconstruction is not finite"));
-        }
-        for (o, v) in out.iter_mut().zip(&d.real) {
-            *o += v;
-        }
-        Ok(())
+        let plan = shared.planner.plan_fft_inverse(out.len());
+        shared.dec.inv.inverse_add(&*plan, spec, out)
     }
 
     /// A receiver-side accumulator for `n`-element buffers: decode several workers'

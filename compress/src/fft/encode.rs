@@ -211,14 +211,30 @@ pub(super) struct Job {
     pub(super) out: Vec<u8>,
 }
 
-/// A scratch borrowed from the pool for one rayon split, handed back when the split ends, so
+/// A scratch borrowed from a pool for one rayon split, handed back when the split ends, so
 /// the pool holds about one scratch per thread, each grown to the largest chunk it met.
-struct Lease<'a> {
-    pool: &'a Mutex<Vec<EncScratch>>,
-    scratch: Option<EncScratch>,
+pub(super) struct Lease<'a, T> {
+    pool: &'a Mutex<Vec<T>>,
+    scratch: Option<T>,
 }
 
-impl Drop for Lease<'_> {
+impl<'a, T: Default> Lease<'a, T> {
+    /// Takes a scratch from `pool` (a new one if it is empty).
+    pub(super) fn take(pool: &'a Mutex<Vec<T>>) -> Self {
+        let scratch = pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        Lease {
+            pool,
+            scratch: Some(scratch.unwrap_or_default()),
+        }
+    }
+
+    /// The borrowed scratch.
+    pub(super) fn get(&mut self) -> &mut T {
+        self.scratch.get_or_insert_with(T::default)
+    }
+}
+
+impl<T> Drop for Lease<'_, T> {
     fn drop(&mut self) {
         if let Some(s) = self.scratch.take() {
             self.pool.lock().unwrap_or_else(|e| e.into_inner()).push(s);
@@ -250,17 +266,9 @@ pub(super) fn encode_parallel(
         None => pieces.resize_with(jobs.len(), || None),
     }
     jobs.par_iter_mut().zip(pieces).for_each_init(
-        || Lease {
-            pool,
-            scratch: Some(
-                pool.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .pop()
-                    .unwrap_or_default(),
-            ),
-        },
+        || Lease::take(pool),
         |lease, (job, piece)| {
-            let scratch = lease.scratch.get_or_insert_with(EncScratch::default);
+            let scratch = lease.get();
             job.out.clear();
             let mut w = Writer::new(&mut job.out);
             scratch.encode_chunk(cfg, &*job.plan, &x[job.range.clone()], piece, &mut w);
@@ -277,7 +285,8 @@ mod tests {
     use crate::rng::Rng;
 
     /// Several threads write the same bytes and keep the same residual as one, with and
-    /// without adopted error feedback, whole tensors and chunked.
+    /// without adopted error feedback, whole tensors and chunked; the joint decode gives
+    /// the same sum.
     #[test]
     fn the_threads_encode_what_one_thread_encodes() {
         let lens = [70_000usize, 3, 40_000, 1, 25_001];
@@ -326,11 +335,27 @@ mod tests {
                             out.into_bytes()
                         })
                         .collect();
-                    (payloads, p.export_memory())
+                    // The receivers' joint decode of two payloads, inverse transforms side
+                    // by side or not.
+                    let mut sum = vec![0f32; n];
+                    p.decompress_sum_add(&[&payloads[1], &payloads[2]], &mut sum)
+                        .unwrap();
+                    (payloads, p.export_memory(), sum)
                 })
             };
             let (one, three) = (run(1), run(3));
-            assert!(one == three, "chunk {chunk:?}, memory {memory:?}");
+            assert!(
+                one.0 == three.0,
+                "bytes: chunk {chunk:?}, memory {memory:?}"
+            );
+            assert!(
+                one.1 == three.1,
+                "residual: chunk {chunk:?}, memory {memory:?}"
+            );
+            assert!(
+                one.2 == three.2,
+                "decoded sum: chunk {chunk:?}, memory {memory:?}"
+            );
         }
     }
 }

@@ -4,7 +4,10 @@ use std::ops::Range;
 
 use realfft::num_complex::Complex;
 
-use super::{bins, lock, Fft, FftConfig};
+use rayon::prelude::*;
+
+use super::encode::Lease;
+use super::{bins, lock, Fft, FftConfig, PARALLEL_MIN};
 use crate::compressor::read_frame;
 use crate::error::WireError;
 use crate::registry::Method;
@@ -115,17 +118,47 @@ impl<'a> FftSum<'a> {
         let Some(segs) = self.segs.take() else {
             return Ok(());
         };
-        let mut guard = lock(&self.fft.shared);
-        let mut at = 0;
-        for s in &segs {
-            for c in self.fft.chunks(s.len()) {
-                let m = bins(c.len());
-                let range = s.start + c.start..s.start + c.end;
+        let ranges: Vec<Range<usize>> = segs
+            .iter()
+            .flat_map(|s| {
+                self.fft
+                    .chunks(s.len())
+                    .map(move |c| s.start + c.start..s.start + c.end)
+            })
+            .collect();
+        if rayon::current_num_threads() < 2 || ranges.len() < 2 || self.n < PARALLEL_MIN {
+            let mut guard = lock(&self.fft.shared);
+            let mut at = 0;
+            for range in ranges {
+                let m = bins(range.len());
                 Fft::inverse_add(&mut guard, &mut self.spectra[at..at + m], &mut out[range])?;
                 at += m;
             }
+            return Ok(());
         }
-        Ok(())
+        // Side by side: each chunk's spectrum and output are disjoint pieces, each inverse
+        // transform the same arithmetic as one after the other.
+        let plans: Vec<_> = {
+            let mut sh = lock(&self.fft.shared);
+            ranges
+                .iter()
+                .map(|r| sh.planner.plan_fft_inverse(r.len()))
+                .collect()
+        };
+        let mut jobs = Vec::with_capacity(ranges.len());
+        let (mut spec, mut rest) = (&mut self.spectra[..], out);
+        for (range, plan) in ranges.iter().zip(plans) {
+            let (s, s_tail) = std::mem::take(&mut spec).split_at_mut(bins(range.len()));
+            let (o, o_tail) = std::mem::take(&mut rest).split_at_mut(range.len());
+            jobs.push((s, o, plan));
+            spec = s_tail;
+            rest = o_tail;
+        }
+        let pool = &self.fft.inv_pool;
+        jobs.into_par_iter().try_for_each_init(
+            || Lease::take(pool),
+            |lease, (s, o, plan)| lease.get().inverse_add(&*plan, s, o),
+        )
     }
 }
 
