@@ -410,10 +410,26 @@ impl Fft {
         self.encoding().layout(m, k)
     }
 
+    /// The chunks of every segment of a buffer, as ranges of the buffer, in order.
+    fn chunk_ranges<'s>(
+        &self,
+        segments: &'s [Range<usize>],
+    ) -> impl Iterator<Item = Range<usize>> + use<'s> {
+        let chunk = self.chunk;
+        segments.iter().flat_map(move |s| {
+            chunk_spans(chunk, s.len()).map(move |c| s.start + c.start..s.start + c.end)
+        })
+    }
+
+    /// Whether `chunks` chunks of a buffer of `n` elements are transformed side by side:
+    /// several threads, several chunks, at least [`PARALLEL_MIN`] elements.
+    fn side_by_side(chunks: usize, n: usize) -> bool {
+        rayon::current_num_threads() >= 2 && chunks >= 2 && n >= PARALLEL_MIN
+    }
+
     /// Chunk ranges (relative to the segment) of a segment of `n` elements.
-    fn chunks(&self, n: usize) -> impl Iterator<Item = Range<usize>> {
-        let c = self.chunk.unwrap_or(n).max(1);
-        (0..n.div_ceil(c)).map(move |i| i * c..((i + 1) * c).min(n))
+    fn chunks(&self, n: usize) -> impl Iterator<Item = Range<usize>> + use<> {
+        chunk_spans(self.chunk, n)
     }
 
     /// Exact bits of one chunk body of length `n` at the current θ.
@@ -572,6 +588,12 @@ impl Fft {
     }
 }
 
+/// The chunks of `chunk` elements (the whole of it for `None`) of a segment of `n`.
+fn chunk_spans(chunk: Option<usize>, n: usize) -> impl Iterator<Item = Range<usize>> {
+    let c = chunk.unwrap_or(n).max(1);
+    (0..n.div_ceil(c)).map(move |i| i * c..((i + 1) * c).min(n))
+}
+
 #[inline]
 fn emax_of_bits(abs_bits: u32) -> i32 {
     crate::rangefloat::emax_of_abs_bits(abs_bits) as i32
@@ -640,15 +662,12 @@ impl Compressor for Fft {
         out.fill(0.0);
         let mut guard = lock(&self.shared);
         let mut spec = Vec::new();
-        for s in &segs {
-            for c in self.chunks(s.len()) {
-                let range = s.start + c.start..s.start + c.end;
-                spec.clear();
-                spec.resize(bins(c.len()), Complex::default());
-                compensate_spectrum(&mut spec, 0.0, &e[range.clone()]);
-                if Self::inverse_add(&mut guard, &mut spec, &mut out[range]).is_err() {
-                    return false;
-                }
+        for range in self.chunk_ranges(&segs) {
+            spec.clear();
+            spec.resize(bins(range.len()), Complex::default());
+            compensate_spectrum(&mut spec, 0.0, &e[range.clone()]);
+            if Self::inverse_add(&mut guard, &mut spec, &mut out[range]).is_err() {
+                return false;
             }
         }
         true
@@ -700,11 +719,7 @@ impl Compressor for Fft {
         rng: &mut Rng,
         w: &mut Writer<'_>,
     ) {
-        let chunks: usize = segments
-            .iter()
-            .map(|s| s.len().div_ceil(self.chunk.unwrap_or(s.len()).max(1)))
-            .sum();
-        if rayon::current_num_threads() < 2 || chunks < 2 || x.len() < PARALLEL_MIN {
+        if !Self::side_by_side(self.chunk_ranges(segments).count(), x.len()) {
             for s in segments {
                 self.encode_segment(&x[s.clone()], rng, w);
             }
@@ -714,23 +729,20 @@ impl Compressor for Fft {
         {
             let mut sh = lock(&self.shared);
             let mut i = 0;
-            for s in segments {
-                for c in self.chunks(s.len()) {
-                    let range = s.start + c.start..s.start + c.end;
-                    let plan = sh.planner.plan_fft_forward(range.len());
-                    match self.jobs.get_mut(i) {
-                        Some(j) => {
-                            j.range = range;
-                            j.plan = plan;
-                        }
-                        None => self.jobs.push(Job {
-                            range,
-                            plan,
-                            out: Vec::new(),
-                        }),
+            for range in self.chunk_ranges(segments) {
+                let plan = sh.planner.plan_fft_forward(range.len());
+                match self.jobs.get_mut(i) {
+                    Some(j) => {
+                        j.range = range;
+                        j.plan = plan;
                     }
-                    i += 1;
+                    None => self.jobs.push(Job {
+                        range,
+                        plan,
+                        out: Vec::new(),
+                    }),
                 }
+                i += 1;
             }
             self.jobs.truncate(i);
         }

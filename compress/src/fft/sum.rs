@@ -7,7 +7,7 @@ use realfft::num_complex::Complex;
 use rayon::prelude::*;
 
 use super::encode::Lease;
-use super::{bins, lock, Fft, FftConfig, PARALLEL_MIN};
+use super::{bins, lock, Fft, FftConfig};
 use crate::compressor::read_frame;
 use crate::error::WireError;
 use crate::registry::Method;
@@ -65,11 +65,7 @@ impl<'a> FftSum<'a> {
         let (mut r, segs) = read_frame(FftConfig::ID, bytes, self.n)?;
         match &self.segs {
             None => {
-                let total: usize = segs
-                    .iter()
-                    .flat_map(|s| self.fft.chunks(s.len()))
-                    .map(|c| bins(c.len()))
-                    .sum();
+                let total: usize = self.fft.chunk_ranges(&segs).map(|c| bins(c.len())).sum();
                 self.spectra = std::mem::take(&mut lock(&self.fft.shared).dec.sum);
                 self.spectra.clear();
                 self.spectra.resize(total, Complex::default());
@@ -83,18 +79,16 @@ impl<'a> FftSum<'a> {
             Some(_) => {}
         }
         let mut at = 0;
-        for s in &segs {
-            for c in self.fft.chunks(s.len()) {
-                let m = bins(c.len());
-                self.fft.decode_chunk_add(
-                    &mut r,
-                    c.len(),
-                    &mut self.spectra[at..at + m],
-                    &mut self.keep,
-                    &mut self.vals,
-                )?;
-                at += m;
-            }
+        for c in self.fft.chunk_ranges(&segs) {
+            let m = bins(c.len());
+            self.fft.decode_chunk_add(
+                &mut r,
+                c.len(),
+                &mut self.spectra[at..at + m],
+                &mut self.keep,
+                &mut self.vals,
+            )?;
+            at += m;
         }
         if r.remaining() != 0 {
             return Err(WireError::TrailingBytes(r.remaining()));
@@ -118,15 +112,8 @@ impl<'a> FftSum<'a> {
         let Some(segs) = self.segs.take() else {
             return Ok(());
         };
-        let ranges: Vec<Range<usize>> = segs
-            .iter()
-            .flat_map(|s| {
-                self.fft
-                    .chunks(s.len())
-                    .map(move |c| s.start + c.start..s.start + c.end)
-            })
-            .collect();
-        if rayon::current_num_threads() < 2 || ranges.len() < 2 || self.n < PARALLEL_MIN {
+        let ranges: Vec<Range<usize>> = self.fft.chunk_ranges(&segs).collect();
+        if !Fft::side_by_side(ranges.len(), self.n) {
             let mut guard = lock(&self.fft.shared);
             let mut at = 0;
             for range in ranges {
