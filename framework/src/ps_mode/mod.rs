@@ -149,6 +149,14 @@ enum Codec {
     },
 }
 
+/// The domain the shards' pipelines keep an adopted residual in (one method: all alike).
+fn adopted_domain(pipes: &[Pipeline]) -> Option<String> {
+    pipes
+        .iter()
+        .find_map(|p| p.adopted_feedback())
+        .map(str::to_string)
+}
+
 /// A rank's parameter-server state for checkpoints ([`PsState::export_state`]). The
 /// compressor states serialize exactly (IEEE bits, as the exchanger's); the memories and
 /// MIPD's server vectors are large and travel as raw checkpoint sections instead.
@@ -161,6 +169,11 @@ pub(crate) struct PsCodecState {
     /// Compressor state per shard, where the compressor carries any.
     #[serde(with = "crate::exchange::bits::state_bits")]
     pub compressors: BTreeMap<u64, BTreeMap<String, f64>>,
+    /// The domain of `memory` where the method keeps its residual itself
+    /// ([`Pipeline::adopted_feedback`]: FFT's `spectra`); `None` for a signal residual, and
+    /// in checkpoints written before the field existed, which held signal residuals.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feedback_domain: Option<String>,
     /// A method with its own protocol: the shard this rank serves and its server state.
     #[serde(skip)]
     pub server: Option<(usize, ServerState)>,
@@ -315,6 +328,7 @@ impl<T: Transport> PsState<T> {
         let mut st = PsCodecState::default();
         match &self.codec {
             Codec::Compressed { pipes, .. } => {
+                st.feedback_domain = adopted_domain(pipes);
                 for (j, p) in pipes.iter().enumerate() {
                     st.memory.extend(p.export_memory());
                     let c = p.compressor().export_state();
@@ -356,6 +370,18 @@ impl<T: Transport> PsState<T> {
                         "the checkpoint holds a parameter server's own state; this run \
                          pushes compressed payloads of {}",
                         self.method
+                    ));
+                }
+                let ours = adopted_domain(pipes);
+                if !st.memory.is_empty() && st.feedback_domain != ours {
+                    let name = |d: &Option<String>| d.clone().unwrap_or_else(|| "signal".into());
+                    return Err(format!(
+                        "its error-feedback residuals of {} are kept as {}, this run keeps \
+                         them as {} (compress.spectral_feedback selects FFT's domain): they \
+                         would be misread",
+                        self.method,
+                        name(&st.feedback_domain),
+                        name(&ours)
                     ));
                 }
                 for (j, p) in pipes.iter_mut().enumerate() {
@@ -526,5 +552,55 @@ impl<T: Transport> PsState<T> {
     pub fn finish(&mut self) -> Result<Vec<Ready>, CommError> {
         let aggs = self.node.finish()?;
         self.ready(aggs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::compress::parse_method;
+
+    fn worker(method: &str) -> PsState<dtrain_comms::ChannelTransport> {
+        let t = dtrain_comms::channel_mesh(1).pop().unwrap();
+        let method = parse_method(method).unwrap();
+        let layers = vec![0..3000, 3000..8192];
+        PsState::new(
+            t,
+            &ClusterConfig::default(),
+            &method,
+            &MemoryConfig::RESIDUAL,
+            layers,
+            1,
+        )
+        .unwrap()
+    }
+
+    /// FFT keeps its residual as spectra: a parameter-server checkpoint holding signal
+    /// residuals (written before the domain was recorded, or with `spectral_feedback =
+    /// false`) is refused, not misread, and the other way round; each imports into its own.
+    #[test]
+    fn a_residual_of_the_other_domain_is_refused() {
+        let (mut spectral, mut signal) = (worker("fft"), worker("fft:spectral_feedback=false"));
+        let with_memory = |w: &PsState<_>| {
+            let mut st = w.export_state();
+            st.memory
+                .insert(0, vec![0.25; w.node.layout().shard_range(0).len()]);
+            st
+        };
+        let (a, b) = (with_memory(&spectral), with_memory(&signal));
+        assert_eq!(a.feedback_domain.as_deref(), Some("spectra"));
+        assert_eq!(b.feedback_domain, None);
+        // An older checkpoint's JSON has no field: it reads as the signal domain.
+        let old: PsCodecState = serde_json::from_str(r#"{"compressors":{}}"#).unwrap();
+        assert_eq!(old.feedback_domain, None);
+        let e = spectral.import_state(b.clone()).unwrap_err();
+        assert!(
+            e.contains("kept as signal") && e.contains("as spectra"),
+            "{e}"
+        );
+        let e = signal.import_state(a.clone()).unwrap_err();
+        assert!(e.contains("kept as spectra"), "{e}");
+        spectral.import_state(a).unwrap();
+        signal.import_state(b).unwrap();
     }
 }
