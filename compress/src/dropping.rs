@@ -45,7 +45,7 @@ use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
 use crate::registry::Method;
 use crate::rng::Rng;
-use crate::select::{abs_key, top_k, Scratch};
+use crate::select::{abs_key, top_k_abs, Scratch};
 use crate::sparse;
 use crate::wire::{u32_at, Reader, Writer};
 
@@ -200,7 +200,7 @@ impl GradientDropping {
         let k = keep_count(n, self.keep);
         let m = ((self.sample_fraction * n as f64).ceil() as usize).max(MIN_SAMPLES);
         let key = if self.exact || m >= n {
-            top_k(n, k, |i| abs_key(x[i]), &mut self.scratch, &mut self.idx);
+            top_k_abs(x, k, &mut self.scratch, &mut self.idx);
             self.idx
                 .iter()
                 .map(|&i| abs_key(x[i as usize]))

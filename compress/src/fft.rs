@@ -52,6 +52,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
+use crate::memory::AdoptedResidual;
 use crate::rangefloat::{default_exp_bits, default_mantissa_bits, RfDecoder, RfFormat};
 use crate::registry::{Collective, Method, RunFacts, RunUse};
 use crate::rng::Rng;
@@ -63,7 +64,7 @@ mod feedback;
 mod sum;
 
 use encode::{encode_parallel, EncScratch, Encoding, Job};
-use feedback::{compensate_spectrum, Feedback};
+use feedback::compensate_spectrum;
 pub use sum::FftSum;
 
 /// Which bins are kept.
@@ -311,7 +312,7 @@ pub struct Fft {
     /// Whether to take classic residual error feedback over ([`FftConfig::spectral_feedback`]).
     spectral_feedback: bool,
     /// The adopted residual, once taken over.
-    feedback: Option<Feedback>,
+    feedback: Option<AdoptedResidual>,
     enc: EncScratch,
     /// The chunks of the last parallel encoding, their bytes kept for the next one.
     jobs: Vec<Job>,
@@ -617,8 +618,7 @@ impl Compressor for Fft {
     }
     fn begin(&mut self, _grad: &[f32], ctx: &crate::compressor::Ctx<'_>) {
         if let Some(fb) = &mut self.feedback {
-            fb.bucket = ctx.bucket;
-            fb.at = std::mem::take(&mut fb.next);
+            fb.begin(ctx.bucket);
         }
         if let Some(s) = &self.schedule {
             let epoch = ctx.step.checked_div(self.steps_per_epoch).unwrap_or(0);
@@ -635,12 +635,12 @@ impl Compressor for Fft {
         if !self.spectral_feedback {
             return None;
         }
-        self.feedback.get_or_insert_with(Feedback::default);
+        self.feedback.get_or_insert_with(AdoptedResidual::default);
         Some("spectra")
     }
     fn feedback_offset(&mut self, offset: usize) {
         if let Some(fb) = &mut self.feedback {
-            fb.next = offset;
+            fb.set_offset(offset);
         }
     }
     fn export_feedback(&self) -> BTreeMap<u64, Vec<f32>> {

@@ -105,9 +105,12 @@ impl Pipeline {
     }
 
     /// The domain in which the compressor keeps the error feedback it adopted
-    /// ([`Compressor::adopt_error_feedback`]), or `None` where the memory keeps it.
+    /// ([`Compressor::adopt_error_feedback`]), or `None` where the residual is over the
+    /// signal: kept by the memory, or by the compressor in
+    /// [`SIGNAL_DOMAIN`](crate::memory::SIGNAL_DOMAIN) — the same state, so a checkpoint of
+    /// either keeper restores into the other.
     pub fn adopted_feedback(&self) -> Option<&'static str> {
-        self.adopted
+        self.adopted.filter(|d| *d != crate::memory::SIGNAL_DOMAIN)
     }
 
     /// Whether anything keeps error feedback: an active memory or the compressor.
@@ -320,7 +323,11 @@ impl Pipeline {
                 "the chunks {chunks:?} do not tile a buffer of {n} elements"
             )));
         }
-        self.compensate(grad, ctx);
+        // Without an active memory the ranges are encoded straight from `grad` (no copy).
+        let active = self.memory.is_active();
+        if active {
+            self.compensate(grad, ctx);
+        }
         out.resize_with(chunks.len(), Payload::new);
         let mut segs = std::mem::take(&mut self.chunk_segs);
         for (chunk, payload) in chunks.iter().zip(out.iter_mut()) {
@@ -329,7 +336,11 @@ impl Pipeline {
                 segments: &segs,
                 ..*ctx
             };
-            let x = &self.compensated[chunk.clone()];
+            let x = if active {
+                &self.compensated[chunk.clone()]
+            } else {
+                &grad[chunk.clone()]
+            };
             self.compressor.feedback_offset(chunk.start);
             // (On an error the kept buffer is simply dropped.)
             compressor::compress(self.compressor.as_mut(), x, &sub, rng, payload)?;
@@ -340,7 +351,8 @@ impl Pipeline {
     }
 
     /// Compressed all-reduce, owner side: decodes the workers' shares of one range (rank
-    /// order; `len` elements each) into their sum and compresses that sum into `out` like
+    /// order; `len` elements each) into their sum (jointly where the method has a joint
+    /// decoder, [`Compressor::joint_decompress_add`]) and compresses that sum into `out` like
     /// [`Pipeline::compress`] — compensated by this pipeline's memory and updating it, which
     /// makes the memory the owner's "server" residual. `ctx.segments` are the range's layer
     /// boundaries ([`chunk_segments`]).
@@ -355,10 +367,10 @@ impl Pipeline {
         let mut sum = std::mem::take(&mut self.shares_sum);
         sum.clear();
         sum.resize(len, 0.0);
-        let decoded = shares.iter().enumerate().try_for_each(|(q, s)| {
-            compressor::decompress_add(self.compressor.as_ref(), s, &mut sum)
-                .map_err(|e| ReduceError::Share(q, e))
-        });
+        // Jointly where the method has a joint decoder (FFT: the shares' spectra summed, one
+        // inverse transform per chunk instead of P).
+        let decoded = compressor::decompress_sum_add(self.compressor.as_ref(), shares, &mut sum)
+            .map_err(|(q, e)| ReduceError::Share(q, e));
         let res = decoded.and_then(|()| {
             self.compress(&sum, ctx, rng, out)
                 .map_err(ReduceError::Compress)

@@ -64,7 +64,7 @@ use crate::memory::Memory;
 use crate::memory::MemoryConfig;
 use crate::registry::{Method, RunFacts, RunUse};
 use crate::rng::Rng;
-use crate::select::{abs_key, top_k, Scratch};
+use crate::select::{abs_key, top_k, top_k_abs, Scratch};
 use crate::sparse;
 use crate::topk::{check_ratio, k_for};
 use crate::wire::{f32_at, u32_at, Reader, Writer};
@@ -479,7 +479,7 @@ impl Compressor for ScaleCom {
             sparse::write_indexed(n, set.segment(self.seg), |i| x[i as usize], w);
         } else {
             let k = k_for(n, self.cfg.ratio);
-            top_k(n, k, |i| abs_key(x[i]), &mut self.scratch, &mut self.own);
+            top_k_abs(x, k, &mut self.scratch, &mut self.own);
             sparse::write_indexed(n, &self.own, |i| x[i as usize], w);
             set.seg_lens.push(n);
             set.idx.extend_from_slice(&self.own);

@@ -43,51 +43,150 @@ pub fn top_k(
     if k == 0 || len == 0 {
         return;
     }
-    // Threshold estimate from a strided sample with a fixed odd step (deterministic).
-    let mut t: u32 = 1;
-    if len > 4 * SAMPLE && k < len / 4 {
-        s.sample.clear();
-        let step = len / SAMPLE;
-        for j in 0..SAMPLE {
-            // Spread the sample point inside each stride to avoid aliasing with layer
-            // structure (multiplicative hash of j).
-            let off = (j.wrapping_mul(0x9E37_79B1) >> 7) % step;
-            s.sample.push(key(j * step + off));
-        }
-        // Expected candidates above sample rank r: r/SAMPLE·len. Aim for ~1.5k + slack.
-        let want = ((k as f64 * 1.5 / len as f64) * SAMPLE as f64).ceil() as usize + 8;
-        if want < SAMPLE {
-            let r = want;
-            s.sample.select_nth_unstable_by(r, |a, b| b.cmp(a));
-            t = s.sample[r].max(1);
-        }
+    let t = threshold_estimate(len, k, &key, s);
+    candidates(len, &key, t, k, s);
+    finish(k, s, out);
+}
+
+/// [`top_k`] of `abs_key(x[i])`, the largest magnitudes of `x`: the same indices, with the
+/// keys of a block of elements computed side by side (vectorised) in the candidate pass.
+pub fn top_k_abs(x: &[f32], k: usize, s: &mut Scratch, out: &mut Vec<u32>) {
+    out.clear();
+    if k == 0 || x.is_empty() {
+        return;
     }
+    let t = threshold_estimate(x.len(), k, |i| abs_key(x[i]), s);
+    s.cand.clear();
+    s.keys.clear();
+    let mut keys = [0u32; BLOCK];
+    for (b, block) in x.chunks(BLOCK).enumerate() {
+        for (key, &v) in keys.iter_mut().zip(block) {
+            *key = abs_key(v);
+        }
+        gather_block(b * BLOCK, &keys[..block.len()], t, s);
+    }
+    if s.cand.len() < k && t > 1 {
+        candidates(x.len(), |i| abs_key(x[i]), (t / 2).max(1), k, s);
+    }
+    finish(k, s, out);
+}
+
+/// `e += g` element by element, then [`top_k`] of `abs_key(e[i])` into `out` — in one pass
+/// over the two buffers where the threshold estimate holds (the selection's candidate pass
+/// reads each sum as it is stored). The same indices as the two steps one after the other.
+///
+/// # Panics
+/// If `e` and `g` differ in length.
+pub fn top_k_accumulate(e: &mut [f32], g: &[f32], k: usize, s: &mut Scratch, out: &mut Vec<u32>) {
+    assert_eq!(
+        e.len(),
+        g.len(),
+        "top_k_accumulate: buffers of different lengths"
+    );
+    out.clear();
+    let len = e.len();
+    if k == 0 || len == 0 {
+        for (e, &g) in e.iter_mut().zip(g) {
+            *e += g;
+        }
+        return;
+    }
+    let t = threshold_estimate(len, k, |i| abs_key(e[i] + g[i]), s);
+    s.cand.clear();
+    s.keys.clear();
+    let mut keys = [0u32; BLOCK];
+    for (b, (eb, gb)) in e.chunks_mut(BLOCK).zip(g.chunks(BLOCK)).enumerate() {
+        for ((key, e), &g) in keys.iter_mut().zip(eb.iter_mut()).zip(gb) {
+            *e += g;
+            *key = abs_key(*e);
+        }
+        gather_block(b * BLOCK, &keys[..eb.len()], t, s);
+    }
+    if s.cand.len() < k && t > 1 {
+        // Under-estimated: the sums are stored, so the retries read them alone.
+        candidates(len, |i| abs_key(e[i]), (t / 2).max(1), k, s);
+    }
+    finish(k, s, out);
+}
+
+/// Elements per block of the vectorised candidate passes (one `u64` mask).
+const BLOCK: usize = 64;
+
+/// Appends the elements of a block (starting at `base`, with these keys) whose key reaches
+/// `t` to the candidates, with their keys: a branch-free mask, then its few set bits.
+#[inline(always)]
+fn gather_block(base: usize, keys: &[u32], t: u32, s: &mut Scratch) {
+    let mut mask = 0u64;
+    for (j, &key) in keys.iter().enumerate() {
+        mask |= u64::from(key >= t) << j;
+    }
+    while mask != 0 {
+        let j = mask.trailing_zeros() as usize;
+        mask &= mask - 1;
+        s.cand.push((base + j) as u32);
+        s.keys.push(keys[j]);
+    }
+}
+
+/// A threshold that about 1.5k keys reach, from a strided sample with a fixed odd step
+/// (deterministic); 1 (every member) for short buffers or large `k`.
+fn threshold_estimate(len: usize, k: usize, key: impl Fn(usize) -> u32, s: &mut Scratch) -> u32 {
+    if !(len > 4 * SAMPLE && k < len / 4) {
+        return 1;
+    }
+    s.sample.clear();
+    let step = len / SAMPLE;
+    for j in 0..SAMPLE {
+        // Spread the sample point inside each stride to avoid aliasing with layer
+        // structure (multiplicative hash of j).
+        let off = (j.wrapping_mul(0x9E37_79B1) >> 7) % step;
+        s.sample.push(key(j * step + off));
+    }
+    // Expected candidates above sample rank r: r/SAMPLE·len. Aim for ~1.5k + slack.
+    let want = ((k as f64 * 1.5 / len as f64) * SAMPLE as f64).ceil() as usize + 8;
+    if want >= SAMPLE {
+        return 1;
+    }
+    s.sample.select_nth_unstable_by(want, |a, b| b.cmp(a));
+    s.sample[want].max(1)
+}
+
+/// The indices whose key reaches `t` into `s.cand` and their keys into `s.keys`, `t` halved
+/// and the pass repeated until there are at least `k` of them or `t` is 1 (every member).
+fn candidates(len: usize, key: impl Fn(usize) -> u32, mut t: u32, k: usize, s: &mut Scratch) {
     loop {
         s.cand.clear();
+        s.keys.clear();
         for i in 0..len {
-            if key(i) >= t {
+            let v = key(i);
+            if v >= t {
                 s.cand.push(i as u32);
+                s.keys.push(v);
             }
         }
         if s.cand.len() >= k || t == 1 {
-            break;
+            return;
         }
         // Under-estimated: retry from a threshold at most half as large.
         t = (t / 2).max(1);
     }
+}
+
+/// The `k` largest keys among the candidates (`s.cand`, ascending, with their keys in
+/// `s.keys`) into `out`, ascending.
+fn finish(k: usize, s: &mut Scratch, out: &mut Vec<u32>) {
     if s.cand.len() <= k {
         out.extend_from_slice(&s.cand);
         return;
     }
-    // Exact k-th largest key among the candidates.
-    s.keys.clear();
-    s.keys.extend(s.cand.iter().map(|&i| key(i as usize)));
-    let (_, &mut kth, _) = s.keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
+    // Exact k-th largest key among the candidates (on a copy: the keys stay in index order).
+    s.sample.clear();
+    s.sample.extend_from_slice(&s.keys);
+    let (_, &mut kth, _) = s.sample.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
     let above = s.keys.iter().filter(|&&x| x > kth).count();
     let mut ties = k - above;
     out.reserve(k);
-    for &i in &s.cand {
-        let kv = key(i as usize);
+    for (&i, &kv) in s.cand.iter().zip(&s.keys) {
         if kv > kth {
             out.push(i);
         } else if kv == kth && ties > 0 {
@@ -124,6 +223,67 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn by_magnitude_matches_the_keyed_selection() {
+        let mut rng = Rng::seed_from_u64(9);
+        let mut s = Scratch::default();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for &len in &[0usize, 1, 63, 64, 65, 9000, 40_001] {
+            for &k in &[0usize, 1, len / 100 + 1, len / 3, len] {
+                // Few distinct magnitudes (ties) and both signs.
+                let x: Vec<f32> = (0..len)
+                    .map(|_| (rng.below(64) as f32 - 32.0) * 0.125)
+                    .collect();
+                top_k_abs(&x, k, &mut s, &mut a);
+                top_k(len, k, |i| abs_key(x[i]), &mut s, &mut b);
+                assert_eq!(a, b, "len {len} k {k}");
+                let brute_b = brute(&x.iter().map(|&v| abs_key(v)).collect::<Vec<_>>(), k);
+                assert_eq!(a, brute_b, "len {len} k {k}");
+            }
+        }
+    }
+
+    #[test]
+    fn accumulating_selects_what_adding_then_selecting_does() {
+        let mut rng = Rng::seed_from_u64(5);
+        let mut s = Scratch::default();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for &len in &[0usize, 1, 9, 5000, 40_000] {
+            for &k in &[0usize, 1, len / 100 + 1, len / 3, len] {
+                let g: Vec<f32> = (0..len).map(|_| rng.next_f32() - 0.5).collect();
+                // A residual that hides large values where the sample never looks too.
+                let e0: Vec<f32> = (0..len)
+                    .map(|i| {
+                        if i % 97 == 3 {
+                            50.0
+                        } else {
+                            rng.next_f32() - 0.5
+                        }
+                    })
+                    .collect();
+                let mut e = e0.clone();
+                top_k_accumulate(&mut e, &g, k, &mut s, &mut a);
+                let sum: Vec<f32> = e0.iter().zip(&g).map(|(e, g)| e + g).collect();
+                assert_eq!(e, sum, "len {len} k {k}: the sums are stored");
+                top_k(len, k, |i| abs_key(sum[i]), &mut s, &mut b);
+                assert_eq!(a, b, "len {len} k {k}");
+            }
+        }
+        // Large values at the first sample points only: the estimate is too high, the
+        // fused pass finds fewer than k and the retry reads the stored sums.
+        let (len, k) = (40_000usize, 401);
+        let step = len / SAMPLE;
+        let mut e: Vec<f32> = (0..len).map(|i| (i % 13) as f32 * 1e-3).collect();
+        for j in 0..60 {
+            e[j * step + (j.wrapping_mul(0x9E37_79B1) >> 7) % step] = 50.0 + j as f32;
+        }
+        let g = vec![1e-4f32; len];
+        let sum: Vec<f32> = e.iter().zip(&g).map(|(e, g)| e + g).collect();
+        top_k_accumulate(&mut e, &g, k, &mut s, &mut a);
+        top_k(len, k, |i| abs_key(sum[i]), &mut s, &mut b);
+        assert_eq!((a.len(), &a), (k, &b));
     }
 
     #[test]

@@ -274,7 +274,30 @@ pub fn read_indexed_add(r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireE
     if (0..k).any(|j| !f32_at(vals, j).is_finite()) {
         return Err(WireError::Invalid("non-finite sparse value"));
     }
-    part.for_each(k, n, |j, i| out[i] += f32_at(vals, j))
+    // Indices are decoded a block ahead of the adds: the adds of a block are then
+    // independent loads and stores into `out`, which the CPU overlaps, where one add behind
+    // each decoded index waits on that index's cache miss (a 1 % index set touches a new
+    // cache line per entry; decoding 2 × 42 k entries into a 16.8 MB buffer took ~3.7 ms a
+    // payload inside a training step before).
+    const AHEAD: usize = 256;
+    let mut block = [0u32; AHEAD];
+    let (mut filled, mut first) = (0usize, 0usize);
+    let mut add_block = |block: &[u32], first: usize| {
+        for (t, &i) in block.iter().enumerate() {
+            out[i as usize] += f32_at(vals, first + t);
+        }
+    };
+    part.for_each(k, n, |j, i| {
+        block[filled] = i as u32;
+        filled += 1;
+        if filled == AHEAD {
+            add_block(&block, first);
+            first = j + 1;
+            filled = 0;
+        }
+    })?;
+    add_block(&block[..filled], first);
+    Ok(())
 }
 
 #[cfg(test)]

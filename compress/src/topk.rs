@@ -12,15 +12,29 @@
 //! The smaller layout is chosen: the bitmap wins when `k/n > 1/32` (ALGORITHMS.md §0.5).
 //! Bits per segment: `40 + min(64k, 8⌈n/8⌉ + 32k)`. Biased (a δ-contraction with
 //! δ = k/n); use error feedback. Aggregation: all-gather.
+//!
+//! With classic residual error feedback the method keeps the residual itself
+//! ([`Compressor::adopt_error_feedback`], domain [`SIGNAL_DOMAIN`]): the kept values are
+//! sent exactly, so `e ← p − D(C(p))` is `p` with the kept entries zeroed, and one pass
+//! `e += g`, fused with the selection's candidate pass ([`top_k_accumulate`]), and a zeroing
+//! of the `k` kept entries after it replace the generic memory's compensation, the decode of
+//! the own payload and its three-array update.
+//! The payloads and the residual are bit for bit those of the generic memory (tested). One
+//! difference: where `e + g` overflows (magnitudes near `f32::MAX`) the generic memory
+//! refuses to compress the infinity, while here it is sent and reaches the receivers'
+//! average, which the trainer's non-finite policy then handles.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::compressor::{Aggregation, Compressor, MethodId};
+use crate::compressor::{Aggregation, Compressor, Ctx, MethodId};
 use crate::error::{ConfigError, WireError};
-use crate::memory::MemoryConfig;
+use crate::memory::{AdoptedResidual, MemoryConfig, SIGNAL_DOMAIN};
 use crate::registry::Method;
 use crate::rng::Rng;
-use crate::select::{abs_key, top_k, Scratch};
+use crate::select::{top_k_abs, top_k_accumulate, Scratch};
 use crate::sparse;
 use crate::wire::{Reader, Writer};
 
@@ -68,6 +82,7 @@ impl TopKConfig {
             ratio: self.ratio,
             scratch: Scratch::default(),
             idx: Vec::new(),
+            feedback: None,
         })
     }
 }
@@ -97,6 +112,18 @@ pub struct TopK {
     ratio: f64,
     scratch: Scratch,
     idx: Vec<u32>,
+    /// The residual, once classic error feedback is adopted.
+    feedback: Option<AdoptedResidual>,
+}
+
+impl TopK {
+    /// Selects the `k` largest magnitudes of `x` into `self.idx` and writes the segment.
+    fn select_and_write(&mut self, x: &[f32], w: &mut Writer<'_>) {
+        let k = k_for(x.len(), self.ratio);
+        top_k_abs(x, k, &mut self.scratch, &mut self.idx);
+        debug_assert_eq!(self.idx.len(), k);
+        sparse::write_indexed(x.len(), &self.idx, |i| x[i as usize], w);
+    }
 }
 
 impl Compressor for TopK {
@@ -109,17 +136,66 @@ impl Compressor for TopK {
     fn aggregation(&self) -> Aggregation {
         Aggregation::Gather
     }
+    fn begin(&mut self, _grad: &[f32], ctx: &Ctx<'_>) {
+        if let Some(fb) = &mut self.feedback {
+            fb.begin(ctx.bucket);
+        }
+    }
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
-        let k = k_for(x.len(), self.ratio);
-        top_k(
-            x.len(),
-            k,
-            |i| abs_key(x[i]),
-            &mut self.scratch,
-            &mut self.idx,
-        );
+        let Some(mut fb) = self.feedback.take() else {
+            return self.select_and_write(x, w);
+        };
+        // p = e + g in place (the generic memory's `1·e + 1·g`; a new residual is `g`),
+        // summed in the selection's own pass where the residual is known.
+        let n = x.len();
+        let (e, known) = fb.claim_known(n);
+        let k = k_for(n, self.ratio);
+        if known == n {
+            top_k_accumulate(e, x, k, &mut self.scratch, &mut self.idx);
+        } else {
+            for (e, &g) in e[..known].iter_mut().zip(x) {
+                *e += g;
+            }
+            e[known..].copy_from_slice(&x[known..]);
+            top_k_abs(e, k, &mut self.scratch, &mut self.idx);
+        }
         debug_assert_eq!(self.idx.len(), k);
-        sparse::write_indexed(x.len(), &self.idx, |i| x[i as usize], w);
+        sparse::write_indexed(n, &self.idx, |i| e[i as usize], w);
+        // e = p − D(C(p)): the kept values were sent exactly, so they leave nothing behind.
+        for &i in &self.idx {
+            e[i as usize] = 0.0;
+        }
+        self.feedback = Some(fb);
+    }
+    /// The residual over the signal (see the module docs).
+    fn adopt_error_feedback(&mut self) -> Option<&'static str> {
+        self.feedback.get_or_insert_with(AdoptedResidual::default);
+        Some(SIGNAL_DOMAIN)
+    }
+    fn feedback_offset(&mut self, offset: usize) {
+        if let Some(fb) = &mut self.feedback {
+            fb.set_offset(offset);
+        }
+    }
+    fn export_feedback(&self) -> BTreeMap<u64, Vec<f32>> {
+        self.feedback
+            .as_ref()
+            .map(|fb| fb.residuals.clone())
+            .unwrap_or_default()
+    }
+    fn import_feedback(&mut self, state: BTreeMap<u64, Vec<f32>>) {
+        if let Some(fb) = &mut self.feedback {
+            fb.residuals = state;
+        }
+    }
+    fn feedback_signal(&self, key: u64, _segments: &[Range<usize>], out: &mut [f32]) -> bool {
+        match self.feedback.as_ref().and_then(|fb| fb.residuals.get(&key)) {
+            Some(e) if e.len() == out.len() => {
+                out.copy_from_slice(e);
+                true
+            }
+            _ => false,
+        }
     }
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
         sparse::read_indexed_add(r, out)
@@ -133,7 +209,7 @@ impl Compressor for TopK {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compressor::{compress_new, decompress, Ctx};
+    use crate::compressor::{compress_new, decompress};
 
     fn run(c: &mut TopK, x: &[f32]) -> (Vec<f32>, usize) {
         let p = compress_new(c, x, &Ctx::default(), &mut Rng::seed_from_u64(0)).unwrap();
@@ -212,6 +288,112 @@ mod tests {
         assert_eq!(k, 1000);
         let per_index = (len - 12 - 5 - 4 * k) as f64 / k as f64;
         assert!(per_index < 2.0, "{per_index} bytes per index");
+    }
+
+    /// Top-k with the generic memory: everything but the adoption is the wrapped method's.
+    struct Generic(TopK);
+
+    impl Compressor for Generic {
+        fn method(&self) -> MethodId {
+            self.0.method()
+        }
+        fn aggregation(&self) -> Aggregation {
+            self.0.aggregation()
+        }
+        fn encode_segment(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>) {
+            self.0.encode_segment(x, rng, w)
+        }
+        fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
+            self.0.decode_segment_add(r, out)
+        }
+        fn segment_bits(&self, n: usize) -> Option<u64> {
+            self.0.segment_bits(n)
+        }
+    }
+
+    /// A gradient with exact zeros of both signs among its values (ReLU layers give them).
+    fn gradient(n: usize, seed: u64) -> Vec<f32> {
+        let mut rng = Rng::seed_from_u64(seed);
+        (0..n)
+            .map(|_| match rng.next_u64() % 8 {
+                0 => 0.0,
+                1 => -0.0,
+                _ => rng.next_f32() * 2.0 - 1.0,
+            })
+            .collect()
+    }
+
+    /// The adopted residual is the generic memory's, bit for bit: the same payloads and the
+    /// same residual after every step, through whole buckets and through the compressed
+    /// all-reduce's ranges; and the checkpoint of either restores into the other.
+    #[test]
+    fn adopted_feedback_is_the_generic_memory_bit_for_bit() {
+        use crate::memory::MemoryConfig;
+        use crate::pipeline::Pipeline;
+        use crate::Payload;
+
+        let cfg = TopKConfig { ratio: 0.05 };
+        let memory = || MemoryConfig::RESIDUAL.build().unwrap();
+        let mut adopted = Pipeline::new(Box::new(cfg.init().unwrap()), memory());
+        let mut generic = Pipeline::new(Box::new(Generic(cfg.init().unwrap())), memory());
+        assert!(!adopted.memory().is_active() && adopted.feedback_active());
+        assert!(generic.memory().is_active());
+        assert_eq!(
+            adopted.adopted_feedback(),
+            None,
+            "the signal domain is the memory's"
+        );
+        let (n, segs) = (1000usize, [0..300, 300..301, 301..1000]);
+        let ranges = [0..400, 400..1000];
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for step in 0..8u64 {
+            let g = gradient(n, 40 + step);
+            let ctx = Ctx {
+                step,
+                rank: 0,
+                bucket: 6,
+                segments: &segs,
+            };
+            let mut rng = Rng::seed_from_u64(step);
+            if step % 2 == 0 {
+                let (mut a, mut b) = (Payload::new(), Payload::new());
+                adopted.compress(&g, &ctx, &mut rng, &mut a).unwrap();
+                generic.compress(&g, &ctx, &mut rng, &mut b).unwrap();
+                assert_eq!(a.as_bytes(), b.as_bytes(), "step {step}");
+            } else {
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                adopted
+                    .compress_chunks(&g, &ctx, &ranges, &mut rng, &mut a)
+                    .unwrap();
+                generic
+                    .compress_chunks(&g, &ctx, &ranges, &mut rng, &mut b)
+                    .unwrap();
+                for (a, b) in a.iter().zip(&b) {
+                    assert_eq!(a.as_bytes(), b.as_bytes(), "step {step}");
+                }
+            }
+            let (ea, eb) = (adopted.export_memory(), generic.export_memory());
+            assert_eq!(bits(&ea[&6]), bits(&eb[&6]), "step {step}");
+            assert_eq!(adopted.residual_signal(6, &segs, n).unwrap(), ea[&6]);
+        }
+        // Checkpoints cross: the generic memory's state restored into the adopting method.
+        let mut resumed = Pipeline::new(Box::new(cfg.init().unwrap()), memory());
+        resumed.import_memory(generic.export_memory());
+        let g = gradient(n, 99);
+        let ctx = Ctx {
+            step: 8,
+            rank: 0,
+            bucket: 6,
+            segments: &segs,
+        };
+        let (mut a, mut b) = (Payload::new(), Payload::new());
+        resumed
+            .compress(&g, &ctx, &mut Rng::seed_from_u64(8), &mut a)
+            .unwrap();
+        generic
+            .compress(&g, &ctx, &mut Rng::seed_from_u64(8), &mut b)
+            .unwrap();
+        assert_eq!(a.as_bytes(), b.as_bytes());
     }
 
     #[test]

@@ -8,45 +8,19 @@
 //! transform of `g`), and the new residual is that spectrum with the sent, quantized values
 //! taken off the kept bins — no inverse transform. Equal to the signal residual up to float
 //! rounding (the property suite checks `D(C(p)) + e = g + e_old` over the signal).
-
-use std::collections::BTreeMap;
+//!
+//! Per bucket ([`AdoptedResidual`](crate::memory::AdoptedResidual)), the residual spectrum
+//! `E = Y_p − T` of every chunk (in `Y = X/n` units) is packed as exactly `n` reals for an
+//! `n`-element chunk — `Re E_0`, then `Re E_k, Im E_k` for `0 < k < n/2`, then `Re E_{n/2}`
+//! for even `n` (the imaginary parts of DC and Nyquist are zero for a real signal) — so a
+//! bucket's residual has one `f32` per element, like the generic memory's.
 
 use realfft::num_complex::Complex;
 
 use super::{bins, emax_of_bits, pow2_f32};
 
-/// The adopted error feedback ([`Compressor::adopt_error_feedback`](crate::Compressor::adopt_error_feedback)): per bucket, the
-/// residual spectrum `E = Y_p − T` of every chunk (in `Y = X/n` units), packed as exactly
-/// `n` reals for an `n`-element chunk — `Re E_0`, then `Re E_k, Im E_k` for `0 < k < n/2`,
-/// then `Re E_{n/2}` for even `n` (the imaginary parts of DC and Nyquist are zero for a real
-/// signal) — so a bucket's residual has one `f32` per element, like the generic memory's.
-#[derive(Default)]
-pub(super) struct Feedback {
-    pub(super) residuals: BTreeMap<u64, Vec<f32>>,
-    /// The bucket being compressed (from [`Compressor::begin`]).
-    pub(super) bucket: u64,
-    /// Where the next chunk starts in that bucket.
-    pub(super) at: usize,
-    /// Where the next compress call starts ([`Compressor::feedback_offset`]).
-    pub(super) next: usize,
-}
-
-impl Feedback {
-    /// The residual of the next `n` elements of the current bucket (zeros the first time),
-    /// advancing past them.
-    pub(super) fn claim(&mut self, n: usize) -> &mut [f32] {
-        let at = self.at;
-        self.at += n;
-        let e = self.residuals.entry(self.bucket).or_default();
-        if e.len() < at + n {
-            e.resize(at + n, 0.0);
-        }
-        &mut e[at..at + n]
-    }
-}
-
 /// `spec ← post·spec + E` for the packed residual `e` of an `e.len()`-element chunk (see
-/// [`Feedback`]); the imaginary parts of DC and Nyquist are set to zero.
+/// the module docs); the imaginary parts of DC and Nyquist are set to zero.
 pub(super) fn compensate_spectrum(spec: &mut [Complex<f32>], post: f32, e: &[f32]) {
     let n = e.len();
     let m = spec.len();
@@ -63,7 +37,7 @@ pub(super) fn compensate_spectrum(spec: &mut [Complex<f32>], post: f32, e: &[f32
 }
 
 /// The residual after sending: `E = Y_p` with the sent values `T` (two per kept bin, in
-/// `keep` order) taken off the kept bins, packed into `e` (see [`Feedback`]).
+/// `keep` order) taken off the kept bins, packed into `e` (see the module docs).
 pub(super) fn store_residual(spec: &[Complex<f32>], keep: &[u32], sent: &[f32], e: &mut [f32]) {
     let n = e.len();
     let m = spec.len();
@@ -107,6 +81,8 @@ pub(super) fn energy_scale(spec: &[Complex<f32>]) -> f32 {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use crate::compressor::{Ctx, Payload};
     use crate::fft::FftConfig;

@@ -16,6 +16,9 @@
 //! * `lowpass`: ScaleCom's low-pass-filtered memory [`LowPass`].
 //! * `momentum`: Signum's worker momentum [`Momentum`] (not error feedback: the compressor
 //!   sends the sign of the momentum).
+//! * `adopted`: the per-bucket residual buffers of a compressor that keeps error feedback
+//!   itself ([`Compressor::adopt_error_feedback`](crate::Compressor::adopt_error_feedback)),
+//!   and [`SIGNAL_DOMAIN`].
 //! * `dlcp`: DLCP's dropped-value residual [`DlcpResidual`], which the framework's exchanger
 //!   keeps per dense bucket (it is not a [`Memory`]: see its docs).
 //!
@@ -28,12 +31,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
 
+mod adopted;
 mod dgc_momentum;
 mod dlcp;
 mod lowpass;
 mod momentum;
 mod residual;
 
+pub(crate) use adopted::AdoptedResidual;
+pub use adopted::SIGNAL_DOMAIN;
 pub use dgc_momentum::{reference_clip_value, Clip, DgcMemory};
 pub use dlcp::DlcpResidual;
 pub use lowpass::LowPass;
