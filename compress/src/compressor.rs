@@ -597,6 +597,21 @@ pub fn scale_has_non_finite(x: &mut [f32], k: f32) -> bool {
     bad
 }
 
+/// Writes `src[i] · k` into `dst[i]`; returns whether the result holds a NaN or an
+/// infinity, checked block by block while each is still in L1 (see
+/// [`scale_has_non_finite`]). `dst` and `src` have the same length.
+pub fn scale_into_has_non_finite(dst: &mut [f32], src: &[f32], k: f32) -> bool {
+    debug_assert_eq!(dst.len(), src.len());
+    let mut bad = false;
+    for (d, s) in dst.chunks_mut(64).zip(src.chunks(64)) {
+        for (d, &s) in d.iter_mut().zip(s) {
+            *d = s * k;
+        }
+        bad |= block_non_finite(d);
+    }
+    bad
+}
+
 /// Parses and validates the framing of `bytes` (header and segment table) for a decoder of
 /// method `method` and an output of `n` elements, returning a reader positioned at the first
 /// segment body and the segment ranges. For receivers that decode bodies themselves (e.g.

@@ -10,6 +10,8 @@
 
 use std::ops::Range;
 
+use dtrain_compress::compressor::scale_into_has_non_finite;
+
 /// One trainable parameter, as listed by the model in a stable order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParamInfo {
@@ -131,12 +133,14 @@ pub fn gather(bucket: &Bucket, flat: &[f32], buf: &mut Vec<f32>) {
 
 /// Writes a bucket buffer back into the model's flat gradient, every value multiplied by
 /// `k` on the way (the exchange's averaging, fused into the copy; `k = 1` copies exactly).
-pub fn scatter(bucket: &Bucket, buf: &[f32], k: f32, flat: &mut [f32]) {
+/// Returns whether a written value is a NaN or an infinity (checked in the same pass).
+#[must_use = "the written values' finiteness is the exchange's non-finite check"]
+pub fn scatter(bucket: &Bucket, buf: &[f32], k: f32, flat: &mut [f32]) -> bool {
+    let mut bad = false;
     for (r, s) in bucket.flat_ranges.iter().zip(&bucket.segments) {
-        for (d, v) in flat[r.clone()].iter_mut().zip(&buf[s.clone()]) {
-            *d = *v * k;
-        }
+        bad |= scale_into_has_non_finite(&mut flat[r.clone()], &buf[s.clone()], k);
     }
+    bad
 }
 
 #[cfg(test)]
@@ -210,13 +214,13 @@ mod tests {
         for b in &plan {
             gather(b, &flat, &mut buf);
             assert_eq!(buf.len(), b.len());
-            scatter(b, &buf, 1.0, &mut back);
+            assert!(!scatter(b, &buf, 1.0, &mut back));
         }
         assert_eq!(back, flat);
         let mut halves = vec![0f32; 12];
         for b in &plan {
             gather(b, &flat, &mut buf);
-            scatter(b, &buf, 0.5, &mut halves);
+            assert!(!scatter(b, &buf, 0.5, &mut halves));
         }
         let want: Vec<f32> = flat.iter().map(|v| v * 0.5).collect();
         assert_eq!(halves, want);

@@ -200,8 +200,9 @@ pub struct ExchangeStats {
     #[serde(default)]
     pub retransmitted: u64,
     /// Whether the averaged gradient holds a NaN or an infinity, where the exchange already
-    /// found out while writing it (the uncompressed path checks in its averaging pass, so
-    /// the caller need not scan the gradient again); `None` where it did not look.
+    /// found out while writing it (the uncompressed path checks in its averaging pass, the
+    /// bucket pipeline as it writes each average back, so the caller need not scan the
+    /// gradient again); `None` where it did not look.
     #[serde(default)]
     pub non_finite: Option<bool>,
 }

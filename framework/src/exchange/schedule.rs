@@ -560,7 +560,7 @@ impl Job<'_> {
             .as_ref()
             .map_or(Combine::Mean, |p| p.compressor().combine());
         let absorbs = pipe.as_ref().is_some_and(|p| p.absorbs_aggregate(&ctx));
-        match pipe {
+        let bad = match pipe {
             Some(p) if combine != Combine::Mean || absorbs => {
                 f.buf.iter_mut().for_each(|v| *v *= self.inv);
                 combine.finish(&mut f.buf);
@@ -569,11 +569,14 @@ impl Job<'_> {
                     // warm-starts the next step; its memory learns from the mean.
                     p.absorb_aggregate(f.payload.as_bytes(), &f.buf, &ctx);
                 }
-                bucket::scatter(bucket, &f.buf, 1.0, grad);
+                bucket::scatter(bucket, &f.buf, 1.0, grad)
             }
             // Averaging fused into the copy back: one pass over the bucket instead of two.
             _ => bucket::scatter(bucket, &f.buf, self.inv, grad),
-        }
+        };
+        // Every bucket passes here: the average's finiteness, checked as it is written, so
+        // that the caller need not scan the gradient again ([`ExchangeStats::non_finite`]).
+        st.non_finite = Some(st.non_finite.unwrap_or(false) | bad);
         self.spare.push(f);
         st.decompress_s += t0.elapsed().as_secs_f64();
         Ok(())

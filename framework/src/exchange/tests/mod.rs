@@ -231,7 +231,7 @@ fn uncompressed_exchange_in_place_matches_gather_sum_scatter_bit_for_bit() {
                         for b in &buckets {
                             bucket::gather(b, &g, &mut buf);
                             comm.all_reduce_sum(&mut buf).unwrap();
-                            bucket::scatter(b, &buf, 1.0 / world as f32, &mut g);
+                            assert!(!bucket::scatter(b, &buf, 1.0 / world as f32, &mut g));
                         }
                         g
                     })
@@ -259,6 +259,29 @@ fn uncompressed_exchange_reports_an_overflowing_average() {
         let mut ex = setup.exchanger();
         let mut g = grad(rank, n, 0);
         let ok = ex.exchange(comm, &mut g, 0).unwrap().non_finite;
+        g[n - 1] = 3e38;
+        let st = ex.exchange(comm, &mut g, 1).unwrap();
+        (ok, st.non_finite, g[n - 1])
+    });
+    for (ok, overflow, last) in res {
+        assert_eq!(ok, Some(false));
+        assert_eq!(overflow, Some(true));
+        assert!(last.is_infinite());
+    }
+}
+
+/// The bucket pipeline checks each average as it writes it back, so the trainer need not
+/// scan the compressed exchange's result either: finite says `Some(false)`, and a sum of
+/// kept values that overflows says `Some(true)`.
+#[test]
+fn compressed_exchange_reports_an_overflowing_average() {
+    let setup = Setup::new(parse_method("topk:ratio=0.1").unwrap());
+    let n = setup.n();
+    let res = on_ranks(2, |rank, comm| {
+        let mut ex = setup.exchanger();
+        let mut g = grad(rank, n, 0);
+        let ok = ex.exchange(comm, &mut g, 0).unwrap().non_finite;
+        let mut g = grad(rank, n, 1);
         g[n - 1] = 3e38;
         let st = ex.exchange(comm, &mut g, 1).unwrap();
         (ok, st.non_finite, g[n - 1])
@@ -411,7 +434,7 @@ fn clt_k_reference(
                     avg[j] = (u.iter().map(|ur| ur[j] as f64).sum::<f64>() / world as f64) as f32;
                 }
             }
-            bucket::scatter(b, &avg, 1.0, &mut want);
+            assert!(!bucket::scatter(b, &avg, 1.0, &mut want));
         }
         out.push(want);
     }
