@@ -10,7 +10,7 @@
 //! | dense (the bucket is not compressed) | the dense all-reduce of `4n` bytes — hierarchical over several hosts |
 //! | all-gather | `all_gather(c)` + compress + decoding the P payloads into their sum |
 //! | sparse all-reduce | `sparse_all_reduce(k, n, u = 1)` + compress + decompress + its own work (measured): a bucket's + per entry × `2(k + s)(P−1)/P` |
-//! | compressed all-reduce | `compressed_all_reduce(c′)` + encode the P ranges + 2 · decompress + compress / P |
+//! | compressed all-reduce | `compressed_all_reduce(c′)` + encode the P ranges + an owner's reduction of its range + decoding the P ranges' sums |
 //! | the method's own collective where it is neither (summable lanes, a `Dense` method's all-reduce of the decoded values) | its cost + compress + decompress |
 //!
 //! `c` is the method's payload of the bucket, `c′` the sum of its P range payloads, `k` the
@@ -22,9 +22,11 @@
 //! was sent into the residual); "compress" and "decompress" are the times that took.
 //! "Decoding the P payloads" is timed too, on P copies of the payload, because a method with
 //! a joint decoder (FFT: one inverse transform of the summed spectra) decodes P payloads in
-//! far less than P times one. The compressed all-reduce's owners decode their range's P
-//! shares (one buffer's worth), re-encode their range (1/P of one) and every rank decodes
-//! the P sums (one buffer's worth). The sparse all-reduce spends CPU on every entry
+//! far less than P times one. The compressed all-reduce's owner work is timed as it runs:
+//! an owner's reduction of its range ([`Pipeline::reduce_shares`] on P shares: the joint
+//! decode, the sum and the re-encoding with its own residual), and the decode of the P
+//! range payloads into their ranges that every rank does with the owners' sums — the ranges
+//! cut tensors into pieces, which a transform method pays for on both sides. The sparse all-reduce spends CPU on every entry
 //! (delta-coding, merging the shares) that no byte count shows — on a fast link it costs more than the
 //! bytes it saves — so its per-entry cost is measured too, by running two ranks' machines
 //! in process on the decode's non-zeros and on none ([`sparse_seconds`]). A route the method
@@ -191,6 +193,12 @@ pub struct Measured {
     pub chunks_payload: f64,
     /// Non-zeros of the payload's decode.
     pub nonzeros: f64,
+    /// The compressed all-reduce's owner side: reducing one range's P shares
+    /// ([`Pipeline::reduce_shares`]); infinite where the method could not.
+    pub owner_s: f64,
+    /// Decoding the P range payloads into their ranges (what every rank does with the
+    /// owners' sums); infinite where the method could not.
+    pub ranges_decode_s: f64,
     /// Seconds a rank spends in the sparse all-reduce's own work on a bucket whatever its
     /// entries, and per entry (encoding and decoding them, merging shares): what the byte
     /// model does not see ([`sparse_seconds`]); infinite where it could not be measured.
@@ -200,7 +208,7 @@ pub struct Measured {
 }
 
 impl Measured {
-    const FIELDS: usize = 9;
+    const FIELDS: usize = 11;
 
     fn to_f32s(self) -> [f32; Self::FIELDS] {
         [
@@ -213,6 +221,8 @@ impl Measured {
             self.nonzeros,
             self.sparse_base_s,
             self.sparse_entry_s,
+            self.owner_s,
+            self.ranges_decode_s,
         ]
         .map(|x| x as f32)
     }
@@ -228,6 +238,8 @@ impl Measured {
             nonzeros: v[6] as f64,
             sparse_base_s: v[7] as f64,
             sparse_entry_s: v[8] as f64,
+            owner_s: v[9] as f64,
+            ranges_decode_s: v[10] as f64,
         }
     }
 }
@@ -279,8 +291,8 @@ pub fn predict(
         Collective::CompressedAllReduce => {
             cost::compressed_all_reduce(link, m.chunks_payload, p)
                 + m.chunks_s
-                + 2.0 * m.decompress_s
-                + m.compress_s / pf
+                + m.owner_s
+                + m.ranges_decode_s
         }
         Collective::Lanes => cost::dense_all_reduce(link, m.payload, p) + codec,
         Collective::BroadcastAllReduce => cost::broadcast_all_reduce(link, m.payload, p) + codec,
@@ -421,12 +433,23 @@ fn measure_codec(
         decompress_s: f64::INFINITY,
         gather_decode_s: f64::INFINITY,
         chunks_s: f64::INFINITY,
+        owner_s: f64::INFINITY,
+        ranges_decode_s: f64::INFINITY,
         ..Measured::default()
     };
     let ranges: Vec<_> = (0..world)
         .map(|q| dtrain_comms::segment_range(n, world, q))
         .collect();
     let mut shares = Vec::new();
+    // Built as the exchanger builds its owners' pipelines (with the workers' memory here).
+    let mut owner = build()?;
+    let mut owner_segs = Vec::new();
+    dtrain_compress::chunk_segments(segments, ranges[0].clone(), &mut owner_segs);
+    let mut owner_out = Payload::new();
+    let mut ranges_out = Vec::new();
+    if Collective::chunkable(pipe.compressor()) {
+        ranges_out.resize(n, 0.0);
+    }
     // Twice each, the faster counting: the first also warms caches and allocations.
     for _ in 0..2 {
         let mut rng = Rng::for_step(seed, 0, 0, id);
@@ -463,6 +486,32 @@ fn measure_codec(
             let chunked = pipe.compress_chunks(&grad, &ctx, &ranges, &mut rng, &mut shares);
             if chunked.is_ok() {
                 m.chunks_s = m.chunks_s.min(t0.elapsed().as_secs_f64());
+                // The owner of range 0 with P shares of it (this rank's, P times).
+                let all = vec![shares[0].as_bytes(); world];
+                let owner_ctx = Ctx {
+                    segments: &owner_segs,
+                    ..ctx
+                };
+                let t0 = Instant::now();
+                let reduced = owner.reduce_shares(
+                    &all,
+                    ranges[0].len(),
+                    &owner_ctx,
+                    &mut rng,
+                    &mut owner_out,
+                );
+                if reduced.is_ok() {
+                    m.owner_s = m.owner_s.min(t0.elapsed().as_secs_f64());
+                }
+                // The P sums, stood in for by the P shares: each decoded into its range.
+                ranges_out.fill(0.0);
+                let t0 = Instant::now();
+                let decoded = shares.iter().zip(&ranges).try_for_each(|(sh, r)| {
+                    decompress_add(pipe.compressor(), sh.as_bytes(), &mut ranges_out[r.clone()])
+                });
+                if decoded.is_ok() {
+                    m.ranges_decode_s = m.ranges_decode_s.min(t0.elapsed().as_secs_f64());
+                }
             }
         }
     }
@@ -639,6 +688,8 @@ mod tests {
             nonzeros: 4e6,
             sparse_base_s: 1e-3,
             sparse_entry_s: 1e-8,
+            owner_s: 1.5e-3,
+            ranges_decode_s: 1e-3,
         }
     }
 
