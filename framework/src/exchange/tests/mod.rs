@@ -249,79 +249,6 @@ fn uncompressed_exchange_in_place_matches_gather_sum_scatter_bit_for_bit() {
     }
 }
 
-/// A sum can overflow although every rank's gradient is finite: the uncompressed
-/// exchange must say so (the trainer relies on it instead of scanning again).
-#[test]
-fn uncompressed_exchange_reports_an_overflowing_average() {
-    let setup = Setup::new(parse_method("none").unwrap());
-    let n = setup.n();
-    let res = on_ranks(2, |rank, comm| {
-        let mut ex = setup.exchanger();
-        let mut g = grad(rank, n, 0);
-        let ok = ex.exchange(comm, &mut g, 0).unwrap().non_finite;
-        g[n - 1] = 3e38;
-        let st = ex.exchange(comm, &mut g, 1).unwrap();
-        (ok, st.non_finite, g[n - 1])
-    });
-    for (ok, overflow, last) in res {
-        assert_eq!(ok, Some(false));
-        assert_eq!(overflow, Some(true));
-        assert!(last.is_infinite());
-    }
-}
-
-/// The bucket pipeline checks each average as it writes it back, so the trainer need not
-/// scan the compressed exchange's result either: finite says `Some(false)`, and a sum of
-/// kept values that overflows says `Some(true)`.
-#[test]
-fn compressed_exchange_reports_an_overflowing_average() {
-    let setup = Setup::new(parse_method("topk:ratio=0.1").unwrap());
-    let n = setup.n();
-    let res = on_ranks(2, |rank, comm| {
-        let mut ex = setup.exchanger();
-        let mut g = grad(rank, n, 0);
-        let ok = ex.exchange(comm, &mut g, 0).unwrap().non_finite;
-        let mut g = grad(rank, n, 1);
-        g[n - 1] = 3e38;
-        let st = ex.exchange(comm, &mut g, 1).unwrap();
-        (ok, st.non_finite, g[n - 1])
-    });
-    for (ok, overflow, last) in res {
-        assert_eq!(ok, Some(false));
-        assert_eq!(overflow, Some(true));
-        assert!(last.is_infinite());
-    }
-}
-
-#[test]
-fn a_non_finite_gradient_on_one_rank_makes_every_ranks_dense_average_non_finite() {
-    // What lets the trainer skip its scan before a dense exchange.
-    let setup = Setup::new(parse_method("none").unwrap());
-    let n = setup.n();
-    assert!(setup.exchanger().is_dense());
-    assert!(!Setup::new(parse_method("topk:ratio=0.1").unwrap())
-        .exchanger()
-        .is_dense());
-    for world in [2, 3] {
-        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            for at in [0, n / 2, n - 1] {
-                let res = on_ranks(world, |rank, comm| {
-                    let mut ex = setup.exchanger();
-                    let mut g = grad(rank, n, 0);
-                    if rank == world - 1 {
-                        g[at] = bad;
-                    }
-                    ex.exchange(comm, &mut g, 0).unwrap().non_finite
-                });
-                assert!(
-                    res.iter().all(|&r| r == Some(true)),
-                    "world {world}, {bad} at {at}: {res:?}"
-                );
-            }
-        }
-    }
-}
-
 #[test]
 fn compressed_exchanges_agree_across_ranks_for_every_aggregation_kind() {
     // topk: gather; randomk: summable; fp16: dense.
@@ -1027,3 +954,4 @@ fn powersgd_in_bfloat16_halves_its_bytes_and_stays_near_the_f32_exchange() {
 
 mod auto;
 mod compressed_allreduce;
+mod non_finite;
