@@ -694,11 +694,38 @@ pub fn compress(
     rng: &mut Rng,
     out: &mut Payload,
 ) -> Result<(), CompressError> {
+    encode(c, grad, ctx, rng, out, true)
+}
+
+/// [`compress`] without its scan of `grad` for non-finite values, for a caller that has
+/// just checked `grad` itself (the trainer scans the whole gradient before a compressed
+/// exchange; a second pass over it here cost ~6 % of a top-k step on a 4 M-parameter MLP).
+/// A non-finite value in `grad` is then encoded as the method's arithmetic makes it, and
+/// the decoded average shows it. The other checks of [`compress`] remain.
+pub fn compress_prechecked(
+    c: &mut dyn Compressor,
+    grad: &[f32],
+    ctx: &Ctx<'_>,
+    rng: &mut Rng,
+    out: &mut Payload,
+) -> Result<(), CompressError> {
+    encode(c, grad, ctx, rng, out, false)
+}
+
+/// [`compress`], scanning `grad` for non-finite values when `scan`.
+fn encode(
+    c: &mut dyn Compressor,
+    grad: &[f32],
+    ctx: &Ctx<'_>,
+    rng: &mut Rng,
+    out: &mut Payload,
+    scan: bool,
+) -> Result<(), CompressError> {
     let n = grad.len();
     if n > MAX_ELEMS {
         return Err(CompressError::TooLarge(n));
     }
-    if let Some((index, value)) = first_non_finite(grad) {
+    if let Some((index, value)) = scan.then(|| first_non_finite(grad)).flatten() {
         return Err(CompressError::NonFinite { index, value });
     }
     let segs = effective_segments(n, ctx.segments)?;

@@ -51,6 +51,8 @@ pub struct Pipeline {
     /// A summed agreement was installed for a method whose memory learns from the
     /// aggregate: the memory update waits for [`Pipeline::absorb_aggregate`].
     feedback_pending: bool,
+    /// The caller checks its gradients for non-finite values ([`Pipeline::set_prechecked`]).
+    prechecked: bool,
 }
 
 impl Pipeline {
@@ -81,6 +83,7 @@ impl Pipeline {
             shares_sum: Vec::new(),
             chunk_segs: Vec::new(),
             feedback_pending: false,
+            prechecked: false,
         }
     }
 
@@ -158,6 +161,32 @@ impl Pipeline {
         }
     }
 
+    /// Whether the caller has checked every gradient it passes to [`Pipeline::compress`]
+    /// and [`Pipeline::compress_chunks`] for non-finite values (default false). Where that
+    /// gradient reaches the compressor unchanged (no memory, or one the compressor adopted)
+    /// the encoder then skips its own scan ([`compressor::compress_prechecked`]); a
+    /// compensated buffer (gradient plus residual, which may overflow) is still scanned.
+    pub fn set_prechecked(&mut self, on: bool) {
+        self.prechecked = on;
+    }
+
+    /// Encodes `x`, a gradient as the caller passed it (unchanged), scanning it unless the
+    /// caller checked it ([`Pipeline::set_prechecked`]).
+    fn encode_input(
+        &mut self,
+        x: &[f32],
+        ctx: &Ctx<'_>,
+        rng: &mut Rng,
+        out: &mut Payload,
+    ) -> Result<(), CompressError> {
+        let c = self.compressor.as_mut();
+        if self.prechecked {
+            compressor::compress_prechecked(c, x, ctx, rng, out)
+        } else {
+            compressor::compress(c, x, ctx, rng, out)
+        }
+    }
+
     /// Compresses `grad` for bucket `ctx.bucket` into `out`, updating the memory.
     pub fn compress(
         &mut self,
@@ -167,7 +196,7 @@ impl Pipeline {
         out: &mut Payload,
     ) -> Result<(), CompressError> {
         if !self.memory.is_active() {
-            return compressor::compress(self.compressor.as_mut(), grad, ctx, rng, out);
+            return self.encode_input(grad, ctx, rng, out);
         }
         self.compensate(grad, ctx);
         self.compress_compensated(ctx, rng, out)
@@ -336,14 +365,14 @@ impl Pipeline {
                 segments: &segs,
                 ..*ctx
             };
-            let x = if active {
-                &self.compensated[chunk.clone()]
-            } else {
-                &grad[chunk.clone()]
-            };
             self.compressor.feedback_offset(chunk.start);
             // (On an error the kept buffer is simply dropped.)
-            compressor::compress(self.compressor.as_mut(), x, &sub, rng, payload)?;
+            if active {
+                let x = &self.compensated[chunk.clone()];
+                compressor::compress(self.compressor.as_mut(), x, &sub, rng, payload)?;
+            } else {
+                self.encode_input(&grad[chunk.clone()], &sub, rng, payload)?;
+            }
         }
         self.chunk_segs = segs;
         self.learn_sent(ctx, chunks.iter().cloned().zip(out.iter()));
@@ -371,10 +400,13 @@ impl Pipeline {
         // inverse transform per chunk instead of P).
         let decoded = compressor::decompress_sum_add(self.compressor.as_ref(), shares, &mut sum)
             .map_err(|(q, e)| ReduceError::Share(q, e));
+        // The sum is this pipeline's own making (it may overflow): always scanned.
+        let prechecked = std::mem::replace(&mut self.prechecked, false);
         let res = decoded.and_then(|()| {
             self.compress(&sum, ctx, rng, out)
                 .map_err(ReduceError::Compress)
         });
+        self.prechecked = prechecked;
         self.shares_sum = sum;
         res
     }
@@ -425,6 +457,7 @@ mod tests {
     use crate::onebit::OneBitConfig;
     use crate::qsgd::QsgdConfig;
     use crate::registry::Method;
+    use crate::topk::TopKConfig;
 
     fn pipeline<M: Method>(m: M, memory: MemoryConfig) -> Pipeline {
         Pipeline::new(m.build().unwrap(), memory.build().unwrap())
@@ -434,6 +467,55 @@ mod tests {
         let mut out = vec![0.0; len];
         p.decompress_add(payload.as_bytes(), &mut out).unwrap();
         out
+    }
+
+    #[test]
+    fn prechecked_input_skips_only_the_scan_of_an_unchanged_gradient() {
+        let mut grad: Vec<f32> = (0..40).map(|i| i as f32 * 0.25 - 3.0).collect();
+        grad[3] = f32::NAN;
+        let ctx = Ctx::default();
+        let chunks = [0..20, 20..40];
+        let rng = || Rng::seed_from_u64(1);
+        let non_finite = |r: Result<(), CompressError>| {
+            matches!(r, Err(CompressError::NonFinite { index: 3, .. }))
+        };
+        let topk = || TopKConfig { ratio: 0.25 };
+        // No memory, and top-k's adopted residual: the gradient reaches the compressor
+        // unchanged, so a caller that checked it spares the scan.
+        for mut p in [
+            pipeline(QsgdConfig::default(), MemoryConfig::None),
+            pipeline(topk(), MemoryConfig::RESIDUAL),
+        ] {
+            let (mut out, mut outs) = (Payload::new(), Vec::new());
+            assert!(non_finite(p.compress(&grad, &ctx, &mut rng(), &mut out)));
+            let chunked = p.compress_chunks(&grad, &ctx, &chunks, &mut rng(), &mut outs);
+            assert!(non_finite(chunked));
+            p.set_prechecked(true);
+            p.compress(&grad, &ctx, &mut rng(), &mut out).unwrap();
+            p.compress_chunks(&grad, &ctx, &chunks, &mut rng(), &mut outs)
+                .unwrap();
+        }
+        // A compensated buffer (gradient + residual) is this pipeline's own sum: scanned.
+        let mut p = pipeline(QsgdConfig::default(), MemoryConfig::RESIDUAL);
+        p.set_prechecked(true);
+        let mut out = Payload::new();
+        assert!(non_finite(p.compress(&grad, &ctx, &mut rng(), &mut out)));
+        // So is an owner's sum of shares, which may overflow although each share is finite.
+        let big = vec![3e38_f32; 40];
+        let mut owner = pipeline(TopKConfig { ratio: 1.0 }, MemoryConfig::None);
+        owner.set_prechecked(true);
+        let share =
+            compressor::compress_new(owner.compressor_mut(), &big, &ctx, &mut rng()).unwrap();
+        let shares = [share.as_bytes(), share.as_bytes()];
+        let res = owner.reduce_shares(&shares, 40, &ctx, &mut rng(), &mut out);
+        assert!(
+            matches!(
+                res,
+                Err(ReduceError::Compress(CompressError::NonFinite { .. }))
+            ),
+            "{res:?}"
+        );
+        assert!(owner.prechecked, "the caller's setting is kept");
     }
 
     #[test]

@@ -603,6 +603,29 @@ impl Exchanger {
         grad: &mut [f32],
         step: u64,
     ) -> Result<ExchangeStats, ExchangeError> {
+        self.exchange_with(comm, grad, step, false)
+    }
+
+    /// [`Exchanger::exchange`] of a `grad` the caller has checked for non-finite values on
+    /// every rank (the trainer does before a compressed exchange, and skips the step when
+    /// one has any): the compressors do not scan it again where it reaches them unchanged
+    /// ([`Pipeline::set_prechecked`]).
+    pub fn exchange_prechecked<T: Transport>(
+        &mut self,
+        comm: &mut Communicator<T>,
+        grad: &mut [f32],
+        step: u64,
+    ) -> Result<ExchangeStats, ExchangeError> {
+        self.exchange_with(comm, grad, step, true)
+    }
+
+    fn exchange_with<T: Transport>(
+        &mut self,
+        comm: &mut Communicator<T>,
+        grad: &mut [f32],
+        step: u64,
+        prechecked: bool,
+    ) -> Result<ExchangeStats, ExchangeError> {
         if grad.len() != self.total {
             return Err(ExchangeError::Length {
                 want: self.total,
@@ -621,6 +644,7 @@ impl Exchanger {
         }
         for p in self.pipes_mut() {
             p.compressor_mut().set_world_size(world);
+            p.set_prechecked(prechecked);
         }
         if self.auto_pending {
             self.choose_collectives(comm)?;

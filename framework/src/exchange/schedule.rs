@@ -9,6 +9,7 @@ use std::time::Instant;
 use dtrain_comms::algo::compressed_allreduce::SegmentReduce;
 use dtrain_comms::topology::Topology;
 use dtrain_comms::{segment_range, Communicator, Transport};
+use dtrain_compress::compressor;
 use dtrain_compress::memory::DlcpResidual;
 use dtrain_compress::{
     chunk_segments, summable_lanes, Aggregation, Combine, Ctx, LaneFormat, Payload, Pipeline,
@@ -318,15 +319,24 @@ impl Job<'_> {
             pipe,
             server,
             route,
+            range,
             ..
         } = &mut self.slots[i];
-        bucket::gather(bucket, grad, &mut f.buf);
         let id = bucket.id;
         let gather = match *route {
             Route::Compressed(g) => Some(g),
             Route::Dense => None,
         };
         let pipe = pipe.as_mut().filter(|_| gather.is_some());
+        // A compressed bucket that is one range of the gradient is compressed straight from
+        // it (the compressors only read their input); the rest are gathered first.
+        let input: &[f32] = match range.clone().filter(|_| pipe.is_some()) {
+            Some(r) => &grad[r],
+            None => {
+                bucket::gather(bucket, grad, &mut f.buf);
+                &f.buf
+            }
+        };
         let ctx = Ctx {
             step,
             rank: rank as u32,
@@ -361,7 +371,7 @@ impl Job<'_> {
                 // A summed agreement (PowerSGD's P): every rank's message, all-reduced. Its
                 // size is not added to the payload bytes: the payload carries the agreed
                 // factor again (it is self-contained), and that copy is what is counted.
-                pipe.compensate(&f.buf, &ctx);
+                pipe.compensate(input, &ctx);
                 f.lane.clear();
                 pipe.sum_message(&ctx, &mut f.lane).map_err(compress_err)?;
                 comms.submit(sum_in(
@@ -372,7 +382,7 @@ impl Job<'_> {
             }
             Some(pipe) => match pipe.broadcast_root(&ctx) {
                 Some(root) => {
-                    pipe.compensate(&f.buf, &ctx);
+                    pipe.compensate(input, &ctx);
                     f.msg.clear();
                     if root == rank {
                         pipe.broadcast_message(&ctx, &mut f.msg)
@@ -390,7 +400,7 @@ impl Job<'_> {
                     f.ranges
                         .extend((0..self.world).map(|q| segment_range(n, self.world, q)));
                     let mut rng = Rng::for_step(seed, step, rank as u64, id);
-                    pipe.compress_chunks(&f.buf, &ctx, &f.ranges, &mut rng, &mut f.shares)
+                    pipe.compress_chunks(input, &ctx, &f.ranges, &mut rng, &mut f.shares)
                         .map_err(compress_err)?;
                     st.payload_bytes +=
                         f.shares.iter().map(|p| p.encoded_len() as u64).sum::<u64>();
@@ -405,10 +415,10 @@ impl Job<'_> {
                 }
                 None => {
                     let mut rng = Rng::for_step(seed, step, rank as u64, id);
-                    pipe.compress(&f.buf, &ctx, &mut rng, &mut f.payload)
+                    pipe.compress(input, &ctx, &mut rng, &mut f.payload)
                         .map_err(compress_err)?;
                     let gather = gather.expect("a compressed route");
-                    submit_payload(pipe, id, rank, gather, &mut f, comms, st)?
+                    submit_payload(pipe, bucket, rank, gather, &mut f, comms, st)?
                 }
             },
         };
@@ -464,7 +474,7 @@ impl Job<'_> {
         }
         pipe.compress_compensated(&ctx, &mut rng, &mut f.payload)
             .map_err(compress_err)?;
-        let stage = submit_payload(pipe, id, self.rank, gather, &mut f, comms, st)?;
+        let stage = submit_payload(pipe, bucket, self.rank, gather, &mut f, comms, st)?;
         st.compress_s += t0.elapsed().as_secs_f64() - (comms.blocked - b0);
         Ok((f, stage))
     }
@@ -484,6 +494,7 @@ impl Job<'_> {
             pipe,
             server,
             route,
+            range,
             ..
         } = &mut self.slots[i];
         // A compressed bucket sent dense is averaged like an uncompressed one.
@@ -493,6 +504,26 @@ impl Job<'_> {
             .wait()
             .map_err(|source| ExchangeError::Comm { bucket: id, source })?;
         let t0 = Instant::now();
+        let ctx = Ctx {
+            step: self.step,
+            rank: self.rank as u32,
+            bucket: id,
+            segments: &bucket.segments,
+        };
+        let combine = pipe
+            .as_ref()
+            .map_or(Combine::Mean, |p| p.compressor().combine());
+        let absorbs = pipe.as_ref().is_some_and(|p| p.absorbs_aggregate(&ctx));
+        // Decoded payloads of a bucket that is one range of the gradient, averaged by the
+        // mean, are summed straight into that range and scaled there: no bucket-sized
+        // buffer to zero, fill and copy back. (The same operations in the same order: the
+        // result is bit for bit the buffered path's.)
+        let in_place = range.clone().filter(|_| {
+            combine == Combine::Mean
+                && !absorbs
+                && pipe.is_some()
+                && matches!(stage, Stage::Compressed | Stage::Gathered)
+        });
         let decode_err = |r: usize| {
             move |source| ExchangeError::Decode {
                 rank: r,
@@ -532,36 +563,26 @@ impl Job<'_> {
             (Stage::Compressed, Reply::Compressed(sums, shares, owner), Some(pipe)) => {
                 *server = Some(owner);
                 f.shares = shares;
-                f.buf.clear();
-                f.buf.resize(bucket.len(), 0.0);
+                let out = zeroed(in_place.as_ref(), bucket.len(), &mut f.buf, grad);
                 for (q, (sum, range)) in sums.iter().zip(&f.ranges).enumerate() {
-                    pipe.decompress_add(sum, &mut f.buf[range.clone()])
+                    pipe.decompress_add(sum, &mut out[range.clone()])
                         .map_err(decode_err(q))?;
                 }
             }
             (Stage::Gathered, Reply::Gather(all), Some(pipe)) => {
-                f.buf.clear();
-                f.buf.resize(bucket.len(), 0.0);
+                let out = zeroed(in_place.as_ref(), bucket.len(), &mut f.buf, grad);
                 // Rank order; a method with a joint decoder (FFT: one inverse transform of
                 // the summed spectra) uses it.
                 let refs: Vec<&[u8]> = all.iter().map(Vec::as_slice).collect();
-                pipe.decompress_sum_add(&refs, &mut f.buf)
+                pipe.decompress_sum_add(&refs, out)
                     .map_err(|(r, e)| decode_err(r)(e))?;
             }
             _ => unreachable!("replies come in submission order"),
         }
-        let ctx = Ctx {
-            step: self.step,
-            rank: self.rank as u32,
-            bucket: id,
-            segments: &bucket.segments,
-        };
-        let combine = pipe
-            .as_ref()
-            .map_or(Combine::Mean, |p| p.compressor().combine());
-        let absorbs = pipe.as_ref().is_some_and(|p| p.absorbs_aggregate(&ctx));
-        let bad = match pipe {
-            Some(p) if combine != Combine::Mean || absorbs => {
+        let bad = match (in_place, pipe) {
+            // The sum is already where the average goes.
+            (Some(r), _) => compressor::scale_has_non_finite(&mut grad[r], self.inv),
+            (None, Some(p)) if combine != Combine::Mean || absorbs => {
                 f.buf.iter_mut().for_each(|v| *v *= self.inv);
                 combine.finish(&mut f.buf);
                 if absorbs {
@@ -572,7 +593,7 @@ impl Job<'_> {
                 bucket::scatter(bucket, &f.buf, 1.0, grad)
             }
             // Averaging fused into the copy back: one pass over the bucket instead of two.
-            _ => bucket::scatter(bucket, &f.buf, self.inv, grad),
+            (None, _) => bucket::scatter(bucket, &f.buf, self.inv, grad),
         };
         // Every bucket passes here: the average's finiteness, checked as it is written, so
         // that the caller need not scan the gradient again ([`ExchangeStats::non_finite`]).
@@ -583,10 +604,32 @@ impl Job<'_> {
     }
 }
 
+/// Where a bucket's decodes are summed: its range of `grad` when it is one (`in_place`),
+/// else `buf` (`len` elements); zeroed.
+fn zeroed<'a>(
+    in_place: Option<&Range<usize>>,
+    len: usize,
+    buf: &'a mut Vec<f32>,
+    grad: &'a mut [f32],
+) -> &'a mut [f32] {
+    match in_place {
+        Some(r) => {
+            let out = &mut grad[r.clone()];
+            out.fill(0.0);
+            out
+        }
+        None => {
+            buf.clear();
+            buf.resize(len, 0.0);
+            buf
+        }
+    }
+}
+
 /// Submits the collective for the compressed payload in `f` by the method's aggregation.
 fn submit_payload<T: Transport>(
     pipe: &Pipeline,
-    id: u64,
+    bucket: &Bucket,
     rank: usize,
     gather: GatherCollective,
     f: &mut Flight,
@@ -594,6 +637,7 @@ fn submit_payload<T: Transport>(
     st: &mut ExchangeStats,
 ) -> Result<Stage, ExchangeError> {
     st.payload_bytes += f.payload.encoded_len() as u64;
+    let id = bucket.id;
     let own = |source| ExchangeError::Decode {
         rank,
         bucket: id,
@@ -601,7 +645,9 @@ fn submit_payload<T: Transport>(
     };
     Ok(match pipe.compressor().aggregation() {
         Aggregation::Dense => {
-            f.buf.fill(0.0);
+            // (A bucket compressed straight from the gradient left `f.buf` as it was.)
+            f.buf.clear();
+            f.buf.resize(bucket.len(), 0.0);
             pipe.decompress_add(f.payload.as_bytes(), &mut f.buf)
                 .map_err(own)?;
             comms.submit(Op::Sum(std::mem::take(&mut f.buf)));
@@ -621,7 +667,9 @@ fn submit_payload<T: Transport>(
         Aggregation::Gather if gather == GatherCollective::SparseAllReduce => {
             // Decode our own payload and hand its non-zeros (bitwise: −0.0 is kept, so the
             // sum is exactly the gathered path's) to the sparse all-reduce.
-            f.buf.fill(0.0);
+            // (A bucket compressed straight from the gradient left `f.buf` as it was.)
+            f.buf.clear();
+            f.buf.resize(bucket.len(), 0.0);
             pipe.decompress_add(f.payload.as_bytes(), &mut f.buf)
                 .map_err(own)?;
             f.idx.clear();

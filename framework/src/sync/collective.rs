@@ -36,10 +36,25 @@ impl Collectives {
         step: u64,
         record: &mut StepRecord,
     ) -> Result<bool, SyncError> {
-        let st = self
-            .exchanger
-            .exchange(comm, buf, step)
-            .map_err(SyncError::Exchange)?;
+        self.exchange_with(comm, buf, step, false, record)
+    }
+
+    /// [`Collectives::exchange`]; `prechecked`: every rank's `buf` was checked for
+    /// non-finite values ([`Exchanger::exchange_prechecked`]).
+    fn exchange_with<T: Transport>(
+        &mut self,
+        comm: &mut Communicator<T>,
+        buf: &mut [f32],
+        step: u64,
+        prechecked: bool,
+        record: &mut StepRecord,
+    ) -> Result<bool, SyncError> {
+        let st = if prechecked {
+            self.exchanger.exchange_prechecked(comm, buf, step)
+        } else {
+            self.exchanger.exchange(comm, buf, step)
+        }
+        .map_err(SyncError::Exchange)?;
         let time = &mut record.time;
         time.compress_s = st.compress_s;
         time.communicate_s += st.communicate_s;
@@ -114,7 +129,10 @@ impl<T: Transport> GradientSync<T> for Collectives {
         _lr: f64,
         record: &mut StepRecord,
     ) -> Result<Update, SyncError> {
-        let non_finite = self.exchange(comm, grads, step, record)?;
+        // The trainer scanned `grads` on every rank when this exchange needs it
+        // (`scans_gradient`), and a step with a non-finite gradient does not get here.
+        let prechecked = GradientSync::<T>::scans_gradient(self);
+        let non_finite = self.exchange_with(comm, grads, step, prechecked, record)?;
         Ok(Update::Averaged { non_finite })
     }
 

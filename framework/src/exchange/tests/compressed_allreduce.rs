@@ -5,7 +5,7 @@
 use super::*;
 
 /// The methods the compressed all-reduce takes, among [`all_kinds`].
-fn chunkable_kinds() -> Vec<CompressorConfig> {
+pub(super) fn chunkable_kinds() -> Vec<CompressorConfig> {
     all_kinds()
         .into_iter()
         .filter(|m| {

@@ -954,4 +954,5 @@ fn powersgd_in_bfloat16_halves_its_bytes_and_stays_near_the_f32_exchange() {
 
 mod auto;
 mod compressed_allreduce;
+mod in_place;
 mod non_finite;
