@@ -755,4 +755,26 @@ mod tests {
         collect_sign_words(&[0.0, -2.0, 1.0, -0.5, 3.0], 1.0, -1.0, &mut words);
         assert_eq!(words, [3, 4, 8]);
     }
+
+    #[test]
+    fn sign_words_are_every_element_beyond_the_thresholds_in_order() {
+        // The blocked pass against the definition, at lengths around the block size, with
+        // values on the thresholds and non-finite ones.
+        let mut rng = Rng::seed_from_u64(5);
+        let mut words = Vec::new();
+        for n in [0, 1, 63, 64, 65, 127, 128, 1000, 4099] {
+            let mut x: Vec<f32> = (0..n).map(|_| rng.next_f32() * 4.0 - 2.0).collect();
+            for (i, v) in [(3, 1.0), (70, -1.0), (200, f32::NAN), (500, f32::INFINITY)] {
+                if i < n {
+                    x[i] = v;
+                }
+            }
+            let want: Vec<u32> = (0..n)
+                .filter(|&i| x[i] >= 1.0 || x[i] <= -1.0)
+                .map(|i| (i as u32) << 1 | (x[i] <= -1.0) as u32)
+                .collect();
+            collect_sign_words(&x, 1.0, -1.0, &mut words);
+            assert_eq!(words, want, "n = {n}");
+        }
+    }
 }
