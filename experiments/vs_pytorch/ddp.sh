@@ -27,24 +27,10 @@ rounds=${1:-3}
 out=${2:-runs/vs-pytorch-ddp}
 models=${MODELS:-mlp}
 transports=${TRANSPORTS:-shm tcp}
-die() { echo "ddp: $*" >&2; exit 1; }
 
-if [ "${COMPARE_FORCE:-0}" != 1 ]; then
-  load=$(cut -d' ' -f1 /proc/loadavg)
-  python3 -c "import sys; sys.exit(0 if float('$load') <= 0.3 else 1)" \
-    || die "1-minute load is $load (> 0.3): not an idle machine (COMPARE_FORCE=1 to run anyway)"
-  if pgrep -x rustc >/dev/null; then
-    die "a rustc is running: not an idle machine (COMPARE_FORCE=1 to run anyway)"
-  fi
-fi
-
-bin=${DTRAIN_BIN:-target/release/dtrain}
-[ -x "$bin" ] || cargo build --release -p dtrain-cli
-py=${PYTHON:-}
-if [ -z "$py" ]; then
-  if [ -x venv/bin/python ]; then py=venv/bin/python; else py=python3; fi
-fi
-"$py" -c "import torch" 2>/dev/null || die "$py has no torch (see experiments/vs_pytorch/README.md)"
+tool=ddp
+# shellcheck source=experiments/vs_pytorch/common.sh
+. experiments/vs_pytorch/common.sh
 
 # dtrain's run and PyTorch's arguments for each model (the same model, batch, optimizer).
 dtrain_args() {

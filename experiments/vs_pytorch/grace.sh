@@ -19,25 +19,11 @@ rounds=${1:-3}
 out=${2:-runs/vs-grace}
 elems=${ELEMS:-4194304}
 methods="topk:ratio=0.01,dgc:ratio=0.001,threshold:tau=0.02,terngrad,onebit"
-die() { echo "grace: $*" >&2; exit 1; }
+
+tool=grace
+# shellcheck source=experiments/vs_pytorch/common.sh
+. experiments/vs_pytorch/common.sh
 [ -n "${GRACE_DIR:-}" ] || die "set GRACE_DIR to a checkout of github.com/sands-lab/grace"
-
-if [ "${COMPARE_FORCE:-0}" != 1 ]; then
-  load=$(cut -d' ' -f1 /proc/loadavg)
-  python3 -c "import sys; sys.exit(0 if float('$load') <= 0.3 else 1)" \
-    || die "1-minute load is $load (> 0.3): not an idle machine (COMPARE_FORCE=1 to run anyway)"
-  if pgrep -x rustc >/dev/null; then
-    die "a rustc is running: not an idle machine (COMPARE_FORCE=1 to run anyway)"
-  fi
-fi
-
-bin=${DTRAIN_BIN:-target/release/dtrain}
-[ -x "$bin" ] || cargo build --release -p dtrain-cli
-py=${PYTHON:-}
-if [ -z "$py" ]; then
-  if [ -x venv/bin/python ]; then py=venv/bin/python; else py=python3; fi
-fi
-"$py" -c "import torch" 2>/dev/null || die "$py has no torch (see experiments/vs_pytorch/README.md)"
 
 mkdir -p "$out"
 "$py" -c "
