@@ -694,26 +694,15 @@ pub fn compress(
     rng: &mut Rng,
     out: &mut Payload,
 ) -> Result<(), CompressError> {
-    encode(c, grad, ctx, rng, out, true)
+    compress_scanning(c, grad, ctx, rng, out, true)
 }
 
-/// [`compress`] without its scan of `grad` for non-finite values, for a caller that has
-/// just checked `grad` itself (the trainer scans the whole gradient before a compressed
-/// exchange; a second pass over it here cost ~6 % of a top-k step on a 4 M-parameter MLP).
-/// A non-finite value in `grad` is then encoded as the method's arithmetic makes it, and
-/// the decoded average shows it. The other checks of [`compress`] remain.
-pub fn compress_prechecked(
-    c: &mut dyn Compressor,
-    grad: &[f32],
-    ctx: &Ctx<'_>,
-    rng: &mut Rng,
-    out: &mut Payload,
-) -> Result<(), CompressError> {
-    encode(c, grad, ctx, rng, out, false)
-}
-
-/// [`compress`], scanning `grad` for non-finite values when `scan`.
-fn encode(
+/// [`compress`], scanning `grad` for non-finite values only when `scan`: a caller that has
+/// just checked `grad` itself passes false (the trainer scans the whole gradient before a
+/// compressed exchange; a second pass over it here cost ~6 % of a top-k step on a
+/// 4 M-parameter MLP). A non-finite value in an unscanned `grad` is encoded as the method's
+/// arithmetic makes it, and the decoded average shows it. The other checks remain.
+pub fn compress_scanning(
     c: &mut dyn Compressor,
     grad: &[f32],
     ctx: &Ctx<'_>,

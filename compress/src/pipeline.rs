@@ -164,7 +164,7 @@ impl Pipeline {
     /// Whether the caller has checked every gradient it passes to [`Pipeline::compress`]
     /// and [`Pipeline::compress_chunks`] for non-finite values (default false). Where that
     /// gradient reaches the compressor unchanged (no memory, or one the compressor adopted)
-    /// the encoder then skips its own scan ([`compressor::compress_prechecked`]); a
+    /// the encoder then skips its own scan ([`compressor::compress_scanning`]); a
     /// compensated buffer (gradient plus residual, which may overflow) is still scanned.
     pub fn set_prechecked(&mut self, on: bool) {
         self.prechecked = on;
@@ -179,12 +179,8 @@ impl Pipeline {
         rng: &mut Rng,
         out: &mut Payload,
     ) -> Result<(), CompressError> {
-        let c = self.compressor.as_mut();
-        if self.prechecked {
-            compressor::compress_prechecked(c, x, ctx, rng, out)
-        } else {
-            compressor::compress(c, x, ctx, rng, out)
-        }
+        let scan = !self.prechecked;
+        compressor::compress_scanning(self.compressor.as_mut(), x, ctx, rng, out, scan)
     }
 
     /// Compresses `grad` for bucket `ctx.bucket` into `out`, updating the memory.

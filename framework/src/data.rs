@@ -323,21 +323,14 @@ impl TrainData {
                     _ => (epoch, self.epoch_indices(epoch)),
                 };
                 let items = &idx[index * self.batch..(index + 1) * self.batch];
-                let ready = self.prefetch.as_mut().and_then(|p| p.take(epoch, items));
-                let b = match ready {
-                    Some(p) => {
-                        let [c, h, w] = p.shape;
-                        let b = Batch::images_from_slice(
-                            &p.data,
-                            [items.len(), c, h, w],
-                            &p.labels,
-                            device,
-                        );
-                        self.prefetch.as_mut().expect("it prepared").recycle(p);
-                        b
-                    }
-                    None => self.image_batch(items, Some(epoch), device),
-                };
+                let (data, labels) = (&mut self.scratch, &mut self.labels);
+                let ready = self
+                    .prefetch
+                    .as_mut()
+                    .and_then(|p| p.take_into(epoch, items, data, labels));
+                let shape = ready
+                    .unwrap_or_else(|| fill_images(&self.src, items, Some(epoch), data, labels));
+                let b = images_batch(data, labels, shape, device);
                 // The next batch of the epoch (the trainer asks for them in order), while the
                 // model computes on this one.
                 let next = (index + 1) * self.batch..(index + 2) * self.batch;
@@ -404,14 +397,15 @@ impl TrainData {
 
     /// Assembles images `items` (train set if `epoch` is given, else test set).
     fn image_batch(&mut self, items: &[usize], epoch: Option<u64>, device: &Device) -> Batch {
-        let shape = fill_images(&self.src, items, epoch, &mut self.scratch, &mut self.labels);
-        Batch::images_from_slice(
-            &self.scratch,
-            [items.len(), shape[0], shape[1], shape[2]],
-            &self.labels,
-            device,
-        )
+        let (data, labels) = (&mut self.scratch, &mut self.labels);
+        let shape = fill_images(&self.src, items, epoch, data, labels);
+        images_batch(data, labels, shape, device)
     }
+}
+
+/// The batch of the images in `data` (each `[c, h, w]`) and their `labels`.
+fn images_batch(data: &[f32], labels: &[i64], [c, h, w]: [usize; 3], device: &Device) -> Batch {
+    Batch::images_from_slice(data, [labels.len(), c, h, w], labels, device)
 }
 
 /// Draws `items` of `src` (training items of `epoch`, or test items for `None`) — augmented

@@ -14,13 +14,13 @@ use super::{fill_images, Source};
 
 /// One batch's host data: the items asked for and, once assembled, their values.
 #[derive(Default)]
-pub(super) struct Prepared {
-    pub(super) epoch: u64,
-    pub(super) items: Vec<usize>,
-    pub(super) data: Vec<f32>,
-    pub(super) labels: Vec<i64>,
+struct Prepared {
+    epoch: u64,
+    items: Vec<usize>,
+    data: Vec<f32>,
+    labels: Vec<i64>,
     /// `[c, h, w]` of every item.
-    pub(super) shape: [usize; 3],
+    shape: [usize; 3],
 }
 
 /// The prefetch thread and its one batch in flight.
@@ -79,9 +79,17 @@ impl Prefetch {
         }
     }
 
-    /// The batch asked for last, when it is `items` of `epoch`; `None` otherwise (or when the
-    /// thread has ended), the caller then assembles it itself.
-    pub(super) fn take(&mut self, epoch: u64, items: &[usize]) -> Option<Prepared> {
+    /// When the batch asked for last is `items` of `epoch`: swaps its values into `data` and
+    /// its labels into `labels` (their old buffers serve the next request) and returns the
+    /// `[c, h, w]` of an item. `None` otherwise (or when the thread has ended): the caller
+    /// then assembles the batch itself.
+    pub(super) fn take_into(
+        &mut self,
+        epoch: u64,
+        items: &[usize],
+        data: &mut Vec<f32>,
+        labels: &mut Vec<i64>,
+    ) -> Option<[usize; 3]> {
         if !std::mem::take(&mut self.pending) {
             return None;
         }
@@ -90,17 +98,13 @@ impl Prefetch {
             self.stop();
             return None;
         };
-        if p.epoch == epoch && p.items == items {
-            Some(p)
-        } else {
-            self.spare = p;
-            None
-        }
-    }
-
-    /// Gives back the buffers of a batch [`Prefetch::take`] returned.
-    pub(super) fn recycle(&mut self, p: Prepared) {
+        let hit = p.epoch == epoch && p.items == items;
         self.spare = p;
+        hit.then(|| {
+            std::mem::swap(&mut self.spare.data, data);
+            std::mem::swap(&mut self.spare.labels, labels);
+            self.spare.shape
+        })
     }
 
     fn stop(&mut self) {

@@ -603,23 +603,14 @@ impl Exchanger {
         grad: &mut [f32],
         step: u64,
     ) -> Result<ExchangeStats, ExchangeError> {
-        self.exchange_with(comm, grad, step, false)
+        self.exchange_checked(comm, grad, step, false)
     }
 
-    /// [`Exchanger::exchange`] of a `grad` the caller has checked for non-finite values on
-    /// every rank (the trainer does before a compressed exchange, and skips the step when
-    /// one has any): the compressors do not scan it again where it reaches them unchanged
-    /// ([`Pipeline::set_prechecked`]).
-    pub fn exchange_prechecked<T: Transport>(
-        &mut self,
-        comm: &mut Communicator<T>,
-        grad: &mut [f32],
-        step: u64,
-    ) -> Result<ExchangeStats, ExchangeError> {
-        self.exchange_with(comm, grad, step, true)
-    }
-
-    fn exchange_with<T: Transport>(
+    /// [`Exchanger::exchange`]; `prechecked`: the caller has checked `grad` for non-finite
+    /// values on every rank (the trainer does before a compressed exchange, and skips the
+    /// step when one has any), so the compressors do not scan it again where it reaches
+    /// them unchanged ([`Pipeline::set_prechecked`]).
+    pub fn exchange_checked<T: Transport>(
         &mut self,
         comm: &mut Communicator<T>,
         grad: &mut [f32],

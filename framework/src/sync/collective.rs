@@ -40,7 +40,7 @@ impl Collectives {
     }
 
     /// [`Collectives::exchange`]; `prechecked`: every rank's `buf` was checked for
-    /// non-finite values ([`Exchanger::exchange_prechecked`]).
+    /// non-finite values ([`Exchanger::exchange_checked`]).
     fn exchange_with<T: Transport>(
         &mut self,
         comm: &mut Communicator<T>,
@@ -49,12 +49,10 @@ impl Collectives {
         prechecked: bool,
         record: &mut StepRecord,
     ) -> Result<bool, SyncError> {
-        let st = if prechecked {
-            self.exchanger.exchange_prechecked(comm, buf, step)
-        } else {
-            self.exchanger.exchange(comm, buf, step)
-        }
-        .map_err(SyncError::Exchange)?;
+        let st = self
+            .exchanger
+            .exchange_checked(comm, buf, step, prechecked)
+            .map_err(SyncError::Exchange)?;
         let time = &mut record.time;
         time.compress_s = st.compress_s;
         time.communicate_s += st.communicate_s;

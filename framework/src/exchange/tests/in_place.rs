@@ -7,7 +7,7 @@ use super::*;
 
 /// Every rank's averaged gradients of `steps` exchanges of `setup` on `world` ranks.
 /// `gathered`: every bucket gathered and scattered as if none were contiguous;
-/// `prechecked`: through [`Exchanger::exchange_prechecked`].
+/// `prechecked`: told so ([`Exchanger::exchange_checked`]).
 fn trace(
     setup: &Setup,
     world: usize,
@@ -24,12 +24,8 @@ fn trace(
         (0..steps)
             .map(|s| {
                 let mut g = grad(rank, n, s);
-                let st = if prechecked {
-                    ex.exchange_prechecked(comm, &mut g, s)
-                } else {
-                    ex.exchange(comm, &mut g, s)
-                };
-                assert_eq!(st.unwrap().non_finite, Some(false));
+                let st = ex.exchange_checked(comm, &mut g, s, prechecked).unwrap();
+                assert_eq!(st.non_finite, Some(false));
                 g
             })
             .collect()
