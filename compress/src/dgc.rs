@@ -46,7 +46,7 @@ use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
 use crate::registry::{Method, RunFacts};
 use crate::rng::Rng;
-use crate::select::abs_key;
+use crate::select::{abs_key, gather_at_least};
 use crate::sparse;
 use crate::wire::{f32_at, Reader, Writer};
 
@@ -319,24 +319,6 @@ impl Dgc {
     /// Whether a segment of `n` elements at density `d` is sent dense.
     fn dense(&self, n: usize, k: usize) -> bool {
         n < self.cfg.min_sparse_len || k >= n
-    }
-}
-
-/// Appends to `out` the ascending indices `i` with `abs_key(x[i]) >= thr`.
-#[inline]
-pub fn gather_at_least(x: &[f32], thr: u32, out: &mut Vec<u32>) {
-    out.clear();
-    let mut base = 0u32;
-    for chunk in x.chunks(64) {
-        let mut bits: u64 = 0;
-        for (j, v) in chunk.iter().enumerate() {
-            bits |= ((abs_key(*v) >= thr) as u64) << j;
-        }
-        while bits != 0 {
-            out.push(base + bits.trailing_zeros());
-            bits &= bits - 1;
-        }
-        base += 64;
     }
 }
 

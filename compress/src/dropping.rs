@@ -45,7 +45,7 @@ use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
 use crate::registry::Method;
 use crate::rng::Rng;
-use crate::select::{abs_key, top_k_abs, Scratch};
+use crate::select::{abs_key, gather_at_least, top_k_abs, Scratch};
 use crate::sparse;
 use crate::wire::{u32_at, Reader, Writer};
 
@@ -173,23 +173,6 @@ pub fn keep_count(n: usize, keep: f64) -> usize {
         return 0;
     }
     ((keep * n as f64 - 1e-9).ceil() as usize).clamp(1, n)
-}
-
-/// Writes into `idx` (cleared first) the ascending indices of `x` whose magnitude key is
-/// at least `key`.
-pub fn gather_at_least(x: &[f32], key: u32, idx: &mut Vec<u32>) {
-    idx.clear();
-    const BLOCK: usize = 2048;
-    let mut buf = [0u32; BLOCK];
-    for (b, block) in x.chunks(BLOCK).enumerate() {
-        let base = (b * BLOCK) as u32;
-        let mut m = 0usize;
-        for (j, &v) in block.iter().enumerate() {
-            buf[m] = base + j as u32;
-            m += (abs_key(v) >= key) as usize;
-        }
-        idx.extend_from_slice(&buf[..m]);
-    }
 }
 
 impl GradientDropping {

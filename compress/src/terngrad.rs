@@ -106,17 +106,31 @@ pub struct TernGrad {
     segment: usize,
 }
 
-/// Population standard deviation of `x`, two passes in `f64`.
-fn std_dev(x: &[f32]) -> f64 {
-    let n = x.len() as f64;
+/// `Σ x` in `f64` (eight lanes, then the tail) and `max |x|`, in one pass over `x`.
+fn sum_and_max_abs(x: &[f32]) -> (f64, f32) {
     let mut acc = [0f64; 8];
+    let mut m = [0f32; 8];
     let mut it = x.chunks_exact(8);
     for c in &mut it {
         for k in 0..8 {
             acc[k] += c[k] as f64;
+            let a = c[k].abs();
+            m[k] = if a > m[k] { a } else { m[k] };
         }
     }
-    let sum: f64 = acc.iter().sum::<f64>() + it.remainder().iter().map(|&v| v as f64).sum::<f64>();
+    let rest = it.remainder();
+    let sum = acc.iter().sum::<f64>() + rest.iter().map(|&v| v as f64).sum::<f64>();
+    let mut r = rest.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for v in m {
+        r = r.max(v);
+    }
+    (sum, r)
+}
+
+/// Population standard deviation of `x` given `sum = Σ x` from [`sum_and_max_abs`]: the
+/// second pass of the two-pass formula, in `f64`.
+fn std_dev_from_sum(x: &[f32], sum: f64) -> f64 {
+    let n = x.len() as f64;
     let mean = sum / n;
     let mut acc = [0f64; 8];
     let mut it = x.chunks_exact(8);
@@ -153,20 +167,24 @@ fn max_abs(x: &[f32]) -> f32 {
 impl TernGrad {
     /// The clipping bound `c·σ` of a segment as `f32` (`f32::INFINITY` when not clipping).
     pub fn clip_bound(&self, x: &[f32]) -> f32 {
-        if self.clip == 0.0 || x.is_empty() {
-            return f32::INFINITY;
-        }
-        let b = (self.clip as f64 * std_dev(x)) as f32;
-        if b > 0.0 {
-            b
-        } else {
-            f32::INFINITY
-        }
+        self.bound_and_scale(x).0
     }
 
     /// This worker's scaler for one segment: `max|clip(x)|`.
     pub fn local_scale(&self, x: &[f32]) -> f32 {
-        max_abs(x).min(self.clip_bound(x))
+        self.bound_and_scale(x).1
+    }
+
+    /// The clipping bound and the local scaler `max|clip(x)|` of a segment, in two passes
+    /// over `x` when clipping (`Σx` and `max|x|` together, then `Σ(x − mean)²`), one when not.
+    fn bound_and_scale(&self, x: &[f32]) -> (f32, f32) {
+        if self.clip == 0.0 || x.is_empty() {
+            return (f32::INFINITY, max_abs(x));
+        }
+        let (sum, m) = sum_and_max_abs(x);
+        let b = (self.clip as f64 * std_dev_from_sum(x, sum)) as f32;
+        let bound = if b > 0.0 { b } else { f32::INFINITY };
+        (bound, m.min(bound))
     }
 
     /// This worker's scalers for every segment of `grad` (`segments` as in [`Ctx`]; empty
@@ -283,8 +301,7 @@ impl Compressor for TernGrad {
     }
     fn encode_segment(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>) {
         let n = x.len();
-        let bound = self.clip_bound(x);
-        let local = max_abs(x).min(bound);
+        let (bound, local) = self.bound_and_scale(x);
         let shared = self
             .active
             .as_ref()
