@@ -46,7 +46,7 @@ use crate::dlcp::{DlcpAllReduce, DlcpConfig, DlcpReport, DlcpTensor};
 use crate::sparse::{SparseSlice, SparseVec};
 use crate::topology::Topology;
 use crate::transport::{ByteCount, Transport, TransportError};
-use crate::wire::{AbortInfo, AbortReason, Algo, Kind, Message};
+use crate::wire::{has_non_finite, AbortInfo, AbortReason, Algo, Kind, Message};
 
 /// Errors of a collective call. Every failure caused by a peer names it.
 #[derive(Debug, Error)]
@@ -252,6 +252,37 @@ impl<T: Transport> Communicator<T> {
     /// gets bit-identical results. All ranks must pass the same length.
     pub fn all_reduce_sum(&mut self, data: &mut [f32]) -> Result<(), CommError> {
         self.all_reduce(data, ReduceOp::Sum)
+    }
+
+    /// Averages `data` element-wise over all ranks, in place, and returns whether the
+    /// average holds a NaN or an infinity (on every rank alike: a sum can overflow even
+    /// when every rank's input is finite). The values are bit for bit those of
+    /// [`Communicator::all_reduce_sum`] followed by a product with `1/P` (as `f32`). Over
+    /// the ring the product and the check ride on the collective's own passes over each
+    /// chunk ([`Ring::all_reduce_mean`]); for the small sizes that go by recursive
+    /// doubling they are one pass after it.
+    pub fn all_reduce_mean(&mut self, data: &mut [f32]) -> Result<bool, CommError> {
+        let (rank, world, seq) = (self.rank(), self.world_size(), self.seq);
+        match self.all_reduce_algo(data.len()) {
+            Algo::RecursiveDoubling => {
+                self.drive(&mut RecursiveDoubling::new(
+                    rank,
+                    world,
+                    seq,
+                    ReduceOp::Sum,
+                    data,
+                ))?;
+                let k = 1.0 / world as f32;
+                data.iter_mut().for_each(|v| *v *= k);
+                Ok(has_non_finite(data))
+            }
+            _ => {
+                let chunk = self.chunk_elems();
+                let mut m = Ring::all_reduce_mean(rank, world, seq, data, chunk);
+                self.drive(&mut m)?;
+                Ok(m.non_finite())
+            }
+        }
     }
 
     /// Element-wise maximum over all ranks, in place.

@@ -352,6 +352,32 @@ pub(crate) fn copy_f32_le(dst: &mut [f32], payload: &[u8]) {
     }
 }
 
+/// Whether `x` holds a NaN or an infinity: a branch-free OR over the exponent bits, which
+/// vectorises.
+pub(crate) fn has_non_finite(x: &[f32]) -> bool {
+    const EXP: u32 = 0x7F80_0000;
+    let mut bad = false;
+    for v in x {
+        bad |= (v.to_bits() & EXP) == EXP;
+    }
+    bad
+}
+
+/// [`copy_f32_le`], then whether the copied values hold a NaN or an infinity, checked
+/// block by block while each block is still in L1 (no pass of its own over memory).
+///
+/// # Panics
+/// If `payload.len() != 4 * dst.len()`.
+pub(crate) fn copy_f32_le_non_finite(dst: &mut [f32], payload: &[u8]) -> bool {
+    assert_eq!(payload.len(), size_of_val(dst), "payload length");
+    let mut bad = false;
+    for (d, p) in dst.chunks_mut(1024).zip(payload.chunks(4096)) {
+        copy_f32_le(d, p);
+        bad |= has_non_finite(d);
+    }
+    bad
+}
+
 /// `payload[i] = f(payload[i], own[i])` over little-endian f32 values, in place: the
 /// received operand comes first, as the summation order requires. Written as a plain
 /// loop over fixed-size chunks so that it vectorises.

@@ -174,3 +174,83 @@ fn sparse_all_reduce_receives_less_than_all_gather_of_the_pairs() {
         assert!(sparse < gather, "rank {r}: {sparse} >= {gather}");
     }
 }
+
+/// The averaging all-reduce is bit for bit the sum followed by the product with `1/P`, on
+/// every rank, by the ring (many chunks) and by recursive doubling (small sizes), for
+/// 1..=5 ranks; and it reports a NaN or an infinity on every rank, whether one rank's input
+/// held it (first, middle or last chunk) or the sum overflowed from finite inputs.
+#[test]
+fn all_reduce_mean_is_the_sum_times_one_over_p_and_reports_non_finite() {
+    use dtrain_comms::CommConfig;
+    for p in 1usize..=5 {
+        for n in [0usize, 1, 7, 16, 1000, 4099] {
+            let inputs: Vec<Vec<f32>> = (0..p)
+                .map(|r| {
+                    (0..n)
+                        .map(|i| ((i * 7919 + r * 104_729) % 2003) as f32 / 317.0 - 3.1)
+                        .collect()
+                })
+                .collect();
+            let cfg = CommConfig {
+                chunk_bytes: 96,
+                ..test_config()
+            };
+            let ins = inputs.clone();
+            let out = run_ranks(channel_mesh(p), cfg.clone(), move |c| {
+                let mut sum = ins[c.rank()].clone();
+                c.all_reduce_sum(&mut sum).unwrap();
+                let k = 1.0 / c.world_size() as f32;
+                sum.iter_mut().for_each(|v| *v *= k);
+                let mut mean = ins[c.rank()].clone();
+                let bad = c.all_reduce_mean(&mut mean).unwrap();
+                (sum, mean, bad)
+            });
+            for (r, (want, got, bad)) in out.iter().enumerate() {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(got), bits(want), "p {p} n {n} rank {r}");
+                assert!(
+                    !bad,
+                    "p {p} n {n} rank {r}: finite inputs reported non-finite"
+                );
+            }
+            if n == 0 {
+                continue;
+            }
+            // One rank's bad value, or an overflowing sum.
+            let cases: Vec<(usize, usize, f32)> = [0, n / 2, n - 1]
+                .into_iter()
+                .flat_map(|i| [(p - 1, i, f32::NAN), (0, i, f32::NEG_INFINITY)])
+                .collect();
+            for (who, at, v) in cases {
+                let mut ins = inputs.clone();
+                ins[who][at] = v;
+                let out = run_ranks(channel_mesh(p), cfg.clone(), move |c| {
+                    let mut x = ins[c.rank()].clone();
+                    c.all_reduce_mean(&mut x).unwrap()
+                });
+                assert!(
+                    out.iter().all(|&b| b),
+                    "p {p} n {n}: {v} at {at} on rank {who}: {out:?}"
+                );
+            }
+            if p > 1 {
+                let ins: Vec<Vec<f32>> = inputs
+                    .iter()
+                    .map(|x| {
+                        let mut x = x.clone();
+                        x[n - 1] = f32::MAX;
+                        x
+                    })
+                    .collect();
+                let out = run_ranks(channel_mesh(p), cfg.clone(), move |c| {
+                    let mut x = ins[c.rank()].clone();
+                    c.all_reduce_mean(&mut x).unwrap()
+                });
+                assert!(
+                    out.iter().all(|&b| b),
+                    "p {p} n {n}: overflow not reported: {out:?}"
+                );
+            }
+        }
+    }
+}

@@ -26,7 +26,10 @@ use std::ops::Range;
 use super::{
     check_chunk_len, check_header, chunk_count, segment_range, AlgoError, Machine, ReduceOp,
 };
-use crate::wire::{copy_f32_le, Algo, Header, Kind, Message};
+use crate::wire::{
+    combine_f32_le, copy_f32_le, copy_f32_le_non_finite, has_non_finite, Algo, Header, Kind,
+    Message,
+};
 
 const RS: u8 = 0;
 const AG: u8 = 1;
@@ -49,6 +52,11 @@ pub struct Ring<'a> {
     own_chunks: usize,
     own_sent: usize,
     out: VecDeque<(usize, Message)>,
+    /// `Some(k)` for [`Ring::all_reduce_mean`]: each fully reduced chunk is multiplied by
+    /// `k` before it is stored and sent round, and every stored chunk is checked.
+    mean: Option<f32>,
+    /// Whether a stored chunk held a NaN or an infinity (averaging rings only).
+    non_finite: bool,
 }
 
 impl<'a> Ring<'a> {
@@ -66,6 +74,38 @@ impl<'a> Ring<'a> {
         chunk_elems: usize,
     ) -> Self {
         Self::new(rank, world, seq, op, op.kind(), buf, chunk_elems)
+    }
+
+    /// All-reduce `buf` to the average over the ranks: the sum in the documented order,
+    /// then each element multiplied by `1/world` (as `f32`) — bit for bit
+    /// [`Ring::all_reduce`] with [`ReduceOp::Sum`] followed by that product — and
+    /// [`Ring::non_finite`] tells whether the average holds a NaN or an infinity. The
+    /// product is taken where each chunk's sum is completed and the check where each chunk
+    /// is stored, while the chunk is in cache: no pass over `buf` of their own. With one
+    /// rank nothing is exchanged and `buf` is its own average (checked all the same).
+    ///
+    /// # Panics
+    /// If `rank >= world`.
+    pub fn all_reduce_mean(
+        rank: usize,
+        world: usize,
+        seq: u64,
+        buf: &'a mut [f32],
+        chunk_elems: usize,
+    ) -> Self {
+        let mut m = Self::all_reduce(rank, world, seq, ReduceOp::Sum, buf, chunk_elems);
+        m.mean = Some(1.0 / world as f32);
+        if world == 1 {
+            m.non_finite = has_non_finite(m.buf);
+        }
+        m
+    }
+
+    /// For a ring made by [`Ring::all_reduce_mean`], once done: whether the average holds
+    /// a NaN or an infinity (a sum can overflow even when every rank's input is finite).
+    /// Always `false` for the other kinds.
+    pub fn non_finite(&self) -> bool {
+        self.non_finite
     }
 
     /// Reduce-scatter (sum): on completion `buf[segment_range(n, world, rank)]` holds the
@@ -114,6 +154,8 @@ impl<'a> Ring<'a> {
             own_chunks: 0,
             own_sent: 0,
             out: VecDeque::new(),
+            mean: None,
+            non_finite: false,
         };
         if world == 1 {
             return m;
@@ -188,6 +230,18 @@ impl<'a> Ring<'a> {
     }
 }
 
+impl Ring<'_> {
+    /// Stores a final chunk (fully reduced, or received in the all-gather) into `buf`,
+    /// checking it on an averaging ring.
+    fn store(&mut self, range: Range<usize>, payload: &[u8]) {
+        if self.mean.is_some() {
+            self.non_finite |= copy_f32_le_non_finite(&mut self.buf[range], payload);
+        } else {
+            copy_f32_le(&mut self.buf[range], payload);
+        }
+    }
+}
+
 impl Machine for Ring<'_> {
     fn handle(&mut self, from: usize, mut msg: Message) -> Result<(), AlgoError> {
         // A driver that feeds a message before draining `poll_transmit` must not see the
@@ -244,21 +298,30 @@ impl Machine for Ring<'_> {
         // The received message is reduced into in place and forwarded: no allocation and
         // one pass over the chunk per step.
         if phase == RS {
-            // payload = received ⊕ own (the documented order).
-            self.op
-                .combine_into(msg.payload_mut(), &self.buf[range.clone()]);
+            // payload = received ⊕ own (the documented order); for the average, the
+            // completed sum times k in the same pass (two roundings, as sum then scale).
+            match (self.mean, last) {
+                (Some(k), true) => {
+                    combine_f32_le(msg.payload_mut(), &self.buf[range.clone()], |a, b| {
+                        (a + b) * k
+                    })
+                }
+                _ => self
+                    .op
+                    .combine_into(msg.payload_mut(), &self.buf[range.clone()]),
+            }
             if !last {
                 let h = self.header(RS, step + 1, off);
                 self.out.push_back((self.right(), msg.with_header(h)));
             } else {
-                copy_f32_le(&mut self.buf[range], msg.payload());
+                self.store(range, msg.payload());
                 if self.kind != Kind::ReduceScatter {
                     let h = self.header(AG, 0, off);
                     self.out.push_back((self.right(), msg.with_header(h)));
                 }
             }
         } else {
-            copy_f32_le(&mut self.buf[range], msg.payload());
+            self.store(range, msg.payload());
             if !last {
                 let h = self.header(AG, step + 1, off);
                 self.out.push_back((self.right(), msg.with_header(h)));

@@ -188,9 +188,8 @@ fn average_params<T: Transport>(
 ) -> Result<Vec<f32>, SyncError> {
     let mut avg = vec![0.0; model.table().num_params()];
     model.read_params(&mut avg);
-    comm.all_reduce_sum(&mut avg).map_err(SyncError::Comm)?;
-    let inv = 1.0 / comm.world_size() as f32;
-    avg.iter_mut().for_each(|x| *x *= inv);
+    // (Non-finite parameters are the trainer's to report, not the consensus's.)
+    comm.all_reduce_mean(&mut avg).map_err(SyncError::Comm)?;
     Ok(avg)
 }
 
