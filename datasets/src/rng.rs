@@ -52,11 +52,27 @@ impl SplitMix64 {
         (self.next_u64() >> 40) as f32 * (1.0 / (1u64 << 24) as f32)
     }
 
-    /// A standard normal draw (Box–Muller).
-    pub fn normal_f32(&mut self) -> f32 {
+    /// Two independent standard normal draws: Box–Muller's cosine and sine of one angle
+    /// (in `f64`, from two 53-bit uniforms).
+    pub fn normal_pair_f32(&mut self) -> (f32, f32) {
         let u1 = 1.0 - (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
         let u2 = (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
-        ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+        let r = (-2.0 * u1.ln()).sqrt();
+        let (sin, cos) = (std::f64::consts::TAU * u2).sin_cos();
+        ((r * cos) as f32, (r * sin) as f32)
+    }
+
+    /// Fills `out` with standard normal draws, two per [`SplitMix64::normal_pair_f32`] (an
+    /// odd length drops the last pair's sine): half the logarithms, roots and two draws
+    /// per value of one draw per value.
+    pub fn fill_normal_f32(&mut self, out: &mut [f32]) {
+        for pair in out.chunks_mut(2) {
+            let (a, b) = self.normal_pair_f32();
+            pair[0] = a;
+            if let [_, second] = pair {
+                *second = b;
+            }
+        }
     }
 
     /// Shuffles `v` in place (Fisher–Yates).
@@ -84,6 +100,32 @@ mod tests {
         let mut r = SplitMix64::new(1234567);
         assert_eq!(r.next_u64(), 6457827717110365317);
         assert_eq!(r.next_u64(), 3203168211198807973);
+    }
+
+    #[test]
+    fn normal_draws_have_unit_moments_and_independent_halves() {
+        let mut r = SplitMix64::new(11);
+        let mut x = vec![0f32; 200_001];
+        r.fill_normal_f32(&mut x);
+        let n = x.len() as f64;
+        let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
+        let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+        let kurt = x.iter().map(|&v| (v as f64 - mean).powi(4)).sum::<f64>() / n / var / var;
+        assert!(mean.abs() < 0.01, "mean {mean}");
+        assert!((var - 1.0).abs() < 0.01, "var {var}");
+        assert!((kurt - 3.0).abs() < 0.05, "kurtosis {kurt}");
+        // The two halves of a pair (cosine, sine of one angle) are uncorrelated.
+        let pairs = x.len() / 2;
+        let cov = (0..pairs)
+            .map(|i| x[2 * i] as f64 * x[2 * i + 1] as f64)
+            .sum::<f64>()
+            / pairs as f64;
+        assert!(cov.abs() < 0.01, "covariance of a pair's halves {cov}");
+        let within_one = x.iter().filter(|v| v.abs() < 1.0).count() as f64 / n;
+        assert!(
+            (within_one - 0.6827).abs() < 0.005,
+            "P(|x| < 1) = {within_one}"
+        );
     }
 
     #[test]

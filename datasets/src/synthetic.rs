@@ -49,7 +49,9 @@ impl SyntheticConfig {
         let prototypes = (0..self.num_classes)
             .map(|c| {
                 let mut r = SplitMix64::keyed(&[self.seed, 0x70726f74, c as u64]);
-                (0..size).map(|_| r.normal_f32()).collect()
+                let mut p = vec![0f32; size];
+                r.fill_normal_f32(&mut p);
+                p
             })
             .collect();
         Synthetic {
@@ -84,10 +86,11 @@ impl Synthetic {
         );
         let mut r = SplitMix64::keyed(&[self.config.seed, 0x6974656d, index as u64]);
         let label = r.below(self.config.num_classes as u64) as usize;
-        let data = self.prototypes[label]
-            .iter()
-            .map(|&p| p + self.config.noise * r.normal_f32())
-            .collect();
+        let mut data = vec![0f32; self.prototypes[label].len()];
+        r.fill_normal_f32(&mut data);
+        for (d, &p) in data.iter_mut().zip(&self.prototypes[label]) {
+            *d = p + self.config.noise * *d;
+        }
         Sample {
             data,
             shape: self.config.shape.clone(),
