@@ -216,40 +216,26 @@ fn all_reduce_mean_is_the_sum_times_one_over_p_and_reports_non_finite() {
             if n == 0 {
                 continue;
             }
-            // One rank's bad value, or an overflowing sum.
-            let cases: Vec<(usize, usize, f32)> = [0, n / 2, n - 1]
-                .into_iter()
-                .flat_map(|i| [(p - 1, i, f32::NAN), (0, i, f32::NEG_INFINITY)])
-                .collect();
-            for (who, at, v) in cases {
-                let mut ins = inputs.clone();
-                ins[who][at] = v;
-                let out = run_ranks(channel_mesh(p), cfg.clone(), move |c| {
-                    let mut x = ins[c.rank()].clone();
-                    c.all_reduce_mean(&mut x).unwrap()
-                });
-                assert!(
-                    out.iter().all(|&b| b),
-                    "p {p} n {n}: {v} at {at} on rank {who}: {out:?}"
-                );
+            // One rank's bad value, or an overflowing sum of finite inputs.
+            let mut cases: Vec<(String, Vec<Vec<f32>>)> = Vec::new();
+            for at in [0, n / 2, n - 1] {
+                for (who, v) in [(p - 1, f32::NAN), (0, f32::NEG_INFINITY)] {
+                    let mut ins = inputs.clone();
+                    ins[who][at] = v;
+                    cases.push((format!("{v} at {at} on rank {who}"), ins));
+                }
             }
             if p > 1 {
-                let ins: Vec<Vec<f32>> = inputs
-                    .iter()
-                    .map(|x| {
-                        let mut x = x.clone();
-                        x[n - 1] = f32::MAX;
-                        x
-                    })
-                    .collect();
+                let mut ins = inputs.clone();
+                ins.iter_mut().for_each(|x| x[n - 1] = f32::MAX);
+                cases.push(("an overflowing sum".into(), ins));
+            }
+            for (what, ins) in cases {
                 let out = run_ranks(channel_mesh(p), cfg.clone(), move |c| {
                     let mut x = ins[c.rank()].clone();
                     c.all_reduce_mean(&mut x).unwrap()
                 });
-                assert!(
-                    out.iter().all(|&b| b),
-                    "p {p} n {n}: overflow not reported: {out:?}"
-                );
+                assert!(out.iter().all(|&b| b), "p {p} n {n}: {what}: {out:?}");
             }
         }
     }

@@ -4,16 +4,9 @@
 
 die() { echo "$tool: $*" >&2; exit 1; }
 
-# Timings are only worth publishing from an idle machine: refuse while the 1-minute load is
-# above 0.3 or a rustc is running (COMPARE_FORCE=1 skips the check).
-if [ "${COMPARE_FORCE:-0}" != 1 ]; then
-  load=$(cut -d' ' -f1 /proc/loadavg)
-  python3 -c "import sys; sys.exit(0 if float('$load') <= 0.3 else 1)" \
-    || die "1-minute load is $load (> 0.3): not an idle machine (COMPARE_FORCE=1 to run anyway)"
-  if pgrep -x rustc >/dev/null; then
-    die "a rustc is running: not an idle machine (COMPARE_FORCE=1 to run anyway)"
-  fi
-fi
+# shellcheck source=scripts/lib/idle.sh
+. scripts/lib/idle.sh
+require_idle COMPARE_FORCE
 
 # DTRAIN_BIN (default target/release/dtrain, built if missing); PYTHON (default
 # venv/bin/python when there is one, else python3), which must import torch.
