@@ -43,8 +43,7 @@ use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
 use crate::registry::Method;
 use crate::rng::Rng;
-use crate::select::gather_at_least;
-use crate::select::{abs_key, top_k, Scratch};
+use crate::select::{abs_key, gather_at_least, top_k, Scratch};
 use crate::threshold::{read_sign_words_add, write_sign_words, MAX_SIGN_WORD_SEGMENT};
 use crate::wire::{Reader, Writer};
 

@@ -37,6 +37,7 @@ pub fn gather_at_least(x: &[f32], key: u32, out: &mut Vec<u32>) {
         let base = (b * 64) as u32;
         let mut m = 0usize;
         for (j, &v) in chunk.iter().enumerate() {
+            // m <= j < 64: the mask only spares the bounds check.
             buf[m & 63] = base + j as u32;
             m += (abs_key(v) >= key) as usize;
         }
