@@ -46,7 +46,7 @@ use crate::dlcp::{DlcpAllReduce, DlcpConfig, DlcpReport, DlcpTensor};
 use crate::sparse::{SparseSlice, SparseVec};
 use crate::topology::Topology;
 use crate::transport::{ByteCount, Transport, TransportError};
-use crate::wire::{has_non_finite, AbortInfo, AbortReason, Algo, Kind, Message};
+use crate::wire::{scale_non_finite, AbortInfo, AbortReason, Algo, Kind, Message};
 
 /// Errors of a collective call. Every failure caused by a peer names it.
 #[derive(Debug, Error)]
@@ -272,9 +272,7 @@ impl<T: Transport> Communicator<T> {
                     ReduceOp::Sum,
                     data,
                 ))?;
-                let k = 1.0 / world as f32;
-                data.iter_mut().for_each(|v| *v *= k);
-                Ok(has_non_finite(data))
+                Ok(scale_non_finite(data, 1.0 / world as f32))
             }
             _ => {
                 let chunk = self.chunk_elems();
@@ -351,6 +349,19 @@ impl<T: Transport> Communicator<T> {
         let chunk = self.chunk_elems();
         let mut m = Hierarchical::new(self.rank(), topology, self.seq, data, chunk, small);
         self.drive(&mut m)
+    }
+
+    /// [`Communicator::hierarchical_all_reduce_sum`], then the product with `1/P` (as
+    /// `f32`) and the finiteness check in one pass after it: the average over `topology`
+    /// as [`Communicator::all_reduce_mean`] gives it flat (the same bits wherever the
+    /// hierarchical sum equals the flat one), and whether it holds a NaN or an infinity.
+    pub fn hierarchical_all_reduce_mean(
+        &mut self,
+        data: &mut [f32],
+        topology: &Topology,
+    ) -> Result<bool, CommError> {
+        self.hierarchical_all_reduce_sum(data, topology)?;
+        Ok(scale_non_finite(data, 1.0 / self.world_size() as f32))
     }
 
     /// Reduce-scatter (sum): on return `data[range]` holds the sum over all ranks of that

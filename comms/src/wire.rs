@@ -363,6 +363,17 @@ pub(crate) fn has_non_finite(x: &[f32]) -> bool {
     bad
 }
 
+/// Multiplies every element of `x` by `k` and returns whether the result holds a NaN or an
+/// infinity, checking each block while it is still in L1: one pass over memory.
+pub(crate) fn scale_non_finite(x: &mut [f32], k: f32) -> bool {
+    let mut bad = false;
+    for block in x.chunks_mut(1024) {
+        block.iter_mut().for_each(|v| *v *= k);
+        bad |= has_non_finite(block);
+    }
+    bad
+}
+
 /// [`copy_f32_le`], then whether the copied values hold a NaN or an infinity, checked
 /// block by block while each block is still in L1 (no pass of its own over memory).
 ///

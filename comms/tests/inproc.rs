@@ -240,3 +240,39 @@ fn all_reduce_mean_is_the_sum_times_one_over_p_and_reports_non_finite() {
         }
     }
 }
+
+/// The hierarchical average (2 hosts × 2 ranks) is the hierarchical sum times `1/P` on every
+/// rank, ring-sized and recursive-doubling-sized, and reports an overflowing sum.
+#[test]
+fn hierarchical_all_reduce_mean_is_its_sum_times_one_over_p_and_reports_non_finite() {
+    use dtrain_comms::topology::Topology;
+    use dtrain_comms::CommConfig;
+    let cfg = CommConfig {
+        chunk_bytes: 96,
+        ..test_config()
+    };
+    for n in [3usize, 1000] {
+        for overflow in [false, true] {
+            let out = run_ranks(channel_mesh(4), cfg.clone(), move |c| {
+                let hosts = Topology::from_nodes(4, 2).unwrap();
+                let r = c.rank();
+                let mut x: Vec<f32> = (0..n)
+                    .map(|i| ((i * 31 + r * 17) % 97) as f32 / 7.0)
+                    .collect();
+                if overflow {
+                    x[n - 1] = f32::MAX;
+                }
+                let mut sum = x.clone();
+                c.hierarchical_all_reduce_sum(&mut sum, &hosts).unwrap();
+                sum.iter_mut().for_each(|v| *v *= 0.25);
+                let bad = c.hierarchical_all_reduce_mean(&mut x, &hosts).unwrap();
+                (sum, x, bad)
+            });
+            for (r, (want, got, bad)) in out.iter().enumerate() {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(got), bits(want), "n {n} rank {r}");
+                assert_eq!(*bad, overflow, "n {n} rank {r}");
+            }
+        }
+    }
+}

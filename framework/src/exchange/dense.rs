@@ -5,7 +5,6 @@ use std::time::Instant;
 
 use dtrain_comms::topology::Topology;
 use dtrain_comms::{CommError, Communicator, Transport};
-use dtrain_compress::compressor::scale_has_non_finite;
 
 use super::bucket::{self, Bucket};
 use super::{ExchangeError, ExchangeStats, Exchanger};
@@ -23,11 +22,11 @@ pub(super) fn contiguous(b: &Bucket) -> Option<Range<usize>> {
 /// An uncompressed bucket's exchange on `data` where it lies (the bucket's own range of the
 /// flat gradient when the bucket is contiguous there), with two ranks or more: the
 /// average, bit for bit the pipelined path's gather, sum and scatter times `1/P` (the same
-/// sum, then the same product), without its two copies. Flat, the collective takes the
-/// product and the finiteness check on its own passes over each chunk
-/// ([`Communicator::all_reduce_mean`]): on issue #25's 4.2 M-parameter MLP the separate
-/// averaging pass was 3 ms of a 73 ms step. Hierarchically over `hosts`, the sum, then one
-/// pass for both. Sets `st.non_finite` to `Some(true)` on a NaN or an infinity (a sum can
+/// sum, then the same product), without its two copies. The collective takes the product
+/// and the finiteness check: flat, on its own passes over each chunk
+/// ([`Communicator::all_reduce_mean`]; on issue #25's 4.2 M-parameter MLP a separate
+/// averaging pass was 3 ms of a 73 ms step); hierarchically over `hosts`, in one pass
+/// after the sum. Sets `st.non_finite` to `Some(true)` on a NaN or an infinity (a sum can
 /// overflow even when every rank's gradient is finite).
 pub(super) fn average_in_place<T: Transport>(
     comm: &mut Communicator<T>,
@@ -36,23 +35,14 @@ pub(super) fn average_in_place<T: Transport>(
     st: &mut ExchangeStats,
 ) -> Result<(), CommError> {
     let t0 = Instant::now();
-    let (non_finite, comm_s) = match hosts {
-        Some(h) => {
-            comm.hierarchical_all_reduce_sum(data, h)?;
-            let comm_s = t0.elapsed().as_secs_f64();
-            let t1 = Instant::now();
-            let bad = scale_has_non_finite(data, 1.0 / comm.world_size() as f32);
-            st.decompress_s += t1.elapsed().as_secs_f64();
-            (bad, comm_s)
-        }
-        None => {
-            let bad = comm.all_reduce_mean(data)?;
-            (bad, t0.elapsed().as_secs_f64())
-        }
+    let non_finite = match hosts {
+        Some(h) => comm.hierarchical_all_reduce_mean(data, h)?,
+        None => comm.all_reduce_mean(data)?,
     };
     if non_finite {
         st.non_finite = Some(true);
     }
+    let comm_s = t0.elapsed().as_secs_f64();
     st.communicate_s += comm_s;
     st.wait_s += comm_s;
     Ok(())
