@@ -251,8 +251,29 @@ pub trait Compressor: Send {
     /// statistic over the whole buffer (e.g. a global threshold). Default: nothing.
     fn begin(&mut self, _grad: &[f32], _ctx: &Ctx<'_>) {}
 
-    /// Encodes one segment's body. `x` is finite (the framing checks that first).
+    /// Encodes one segment's body. `x` is finite (the framing checks that first), unless the
+    /// method finds non-finite input itself ([`Compressor::finds_non_finite`]).
     fn encode_segment(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>);
+
+    /// Whether this method's encoder detects non-finite input in passes it makes anyway (a
+    /// statistic that a NaN or an infinity poisons, a selection that always keeps them) and
+    /// reports the first one through [`Compressor::take_non_finite`]. [`compress`] then
+    /// skips its own scan of the input, a whole pass over memory. Default false.
+    ///
+    /// A method that answers true must find **every** non-finite input, report the lowest
+    /// index (counted from the start of the buffer, over all segments of the call), and
+    /// keep no state of a failed call that a following call would see: [`compress`] then
+    /// discards the bytes written and restores the generator.
+    fn finds_non_finite(&self) -> bool {
+        false
+    }
+
+    /// For a method that [finds non-finite input](Compressor::finds_non_finite): the first
+    /// non-finite element of the buffer encoded since [`Compressor::begin`] (its index in
+    /// the buffer and its value), or `None`. Default `None`.
+    fn take_non_finite(&mut self) -> Option<(usize, f32)> {
+        None
+    }
 
     /// Encodes the bodies of all `segments` of `x` (tiling it, in order), as [`compress`]
     /// does after [`Compressor::begin`]. Default: [`Compressor::encode_segment`] on each in
@@ -702,6 +723,10 @@ pub fn compress(
 /// compressed exchange; a second pass over it here cost ~6 % of a top-k step on a
 /// 4 M-parameter MLP). A non-finite value in an unscanned `grad` is encoded as the method's
 /// arithmetic makes it, and the decoded average shows it. The other checks remain.
+///
+/// For a method that [finds non-finite input](Compressor::finds_non_finite) itself, the
+/// scan is its own: the same error (first index, its value), no separate pass; on that
+/// error `out` is left empty and `rng` as it was.
 pub fn compress_scanning(
     c: &mut dyn Compressor,
     grad: &[f32],
@@ -714,18 +739,28 @@ pub fn compress_scanning(
     if n > MAX_ELEMS {
         return Err(CompressError::TooLarge(n));
     }
-    if let Some((index, value)) = scan.then(|| first_non_finite(grad)).flatten() {
+    // A method that finds non-finite input in its own passes is asked afterwards instead.
+    let fused = scan && c.finds_non_finite();
+    if let Some((index, value)) = (scan && !fused).then(|| first_non_finite(grad)).flatten() {
         return Err(CompressError::NonFinite { index, value });
     }
     let segs = effective_segments(n, ctx.segments)?;
     if let Some(s) = segs.iter().find(|s| s.len() > c.max_segment_len()) {
         return Err(CompressError::TooLarge(s.len()));
     }
+    // A failed fused call leaves the generator where it was, as the scan before would have.
+    let saved = fused.then(|| rng.clone());
     c.begin(grad, ctx);
     out.bytes.clear();
     let mut w = Writer::new(&mut out.bytes);
     write_frame_header(&mut w, c.method(), n, &segs);
     c.encode_segments(grad, &segs, rng, &mut w);
+    let found = c.take_non_finite();
+    if let (Some((index, value)), Some(saved)) = (found, saved) {
+        out.bytes.clear();
+        *rng = saved;
+        return Err(CompressError::NonFinite { index, value });
+    }
     Ok(())
 }
 

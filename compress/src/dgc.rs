@@ -39,9 +39,11 @@
 //! about `64·(1−s)` bits per element at sparsity `s`. The count `k` is data-dependent except
 //! in `exact` mode without warm-up. Biased; aggregation: all-gather (pattern B).
 
+use std::ops::Range;
+
 use serde::{Deserialize, Serialize};
 
-use crate::compressor::{Aggregation, Compressor, Ctx, MethodId};
+use crate::compressor::{first_non_finite, Aggregation, Compressor, Ctx, MethodId};
 use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
 use crate::registry::{Method, RunFacts};
@@ -282,6 +284,7 @@ impl DgcConfig {
             // The warm-up's epoch-0 density until `begin` sets the step's.
             density: self.warmup.density(0, self.ratio),
             scratch: SelectScratch::default(),
+            non_finite: None,
         })
     }
 }
@@ -302,6 +305,8 @@ pub struct Dgc {
     cfg: DgcConfig,
     density: f64,
     scratch: SelectScratch,
+    /// The first non-finite input of the buffer being encoded (index in the buffer, value).
+    non_finite: Option<(usize, f32)>,
 }
 
 impl Dgc {
@@ -320,6 +325,48 @@ impl Dgc {
     fn dense(&self, n: usize, k: usize) -> bool {
         n < self.cfg.min_sparse_len || k >= n
     }
+
+    /// Encodes the segment `x` that starts at element `at` of the buffer, noting its first
+    /// non-finite element if the buffer has none before it.
+    fn encode_at(&mut self, x: &[f32], at: usize, rng: &mut Rng, w: &mut Writer<'_>) {
+        let n = x.len();
+        let k = keep_count(n, self.density);
+        let found = if self.dense(n, k) {
+            w.u8(DENSE);
+            w.f32_slice(x);
+            first_non_finite(x)
+        } else {
+            let found = select_sampled(
+                x,
+                k,
+                self.cfg.sample_ratio,
+                self.cfg.adaptation,
+                self.cfg.max_adapt_iters,
+                rng,
+                &mut self.scratch,
+            );
+            w.u8(SPARSE);
+            sparse::write_indexed(n, &self.scratch.idx, |i| x[i as usize], w);
+            found
+        };
+        if self.non_finite.is_none() {
+            self.non_finite = found.map(|(i, v)| (at + i, v));
+        }
+    }
+}
+
+/// The first non-finite element of `x`, given `cand`, the ascending indices of the elements
+/// whose [`abs_key`] is at least `key`. A NaN's or an infinity's key is above every finite
+/// magnitude's, so when `key` is a finite magnitude's they are all among `cand` and only
+/// those are read; a larger `key` (the sample itself drew one) means a scan of `x`.
+fn first_non_finite_among(x: &[f32], key: u32, cand: &[u32]) -> Option<(usize, f32)> {
+    if key > abs_key(f32::MAX) {
+        return first_non_finite(x);
+    }
+    cand.iter()
+        .map(|&i| i as usize)
+        .find(|&i| !x[i].is_finite())
+        .map(|i| (i, x[i]))
 }
 
 /// Keeps in `out` (ascending) the `k` candidates of `cand` (ascending) with the largest
@@ -402,6 +449,11 @@ fn sampled_threshold(
 
 /// Selects the entries of `x` to send at target count `k` (`1 <= k < x.len()`) by sampled
 /// threshold plus the `mode` adaptation; the ascending indices are left in `s.idx`.
+///
+/// Returns the first non-finite element of `x` (index, value), if any, found among the
+/// candidates of the last gather: every gather's threshold is a finite magnitude's key
+/// unless the sample itself drew a NaN or an infinity, so the selection is also the input's
+/// finiteness check, without a pass of its own.
 pub fn select_sampled(
     x: &[f32],
     k: usize,
@@ -410,7 +462,7 @@ pub fn select_sampled(
     max_iters: u32,
     rng: &mut Rng,
     s: &mut SelectScratch,
-) {
+) -> Option<(usize, f32)> {
     let margin = mode == Adaptation::Exact;
     let mut thr = sampled_threshold(x, k, sample_ratio, margin, rng, &mut s.sample);
     let kf = k as f64;
@@ -476,6 +528,13 @@ pub fn select_sampled(
             std::mem::swap(&mut s.idx, &mut s.cand);
         }
     }
+    // The last gather's candidates: `s.idx` after the grace rule's swap, `s.cand` otherwise.
+    let last = if mode == Adaptation::Grace {
+        &s.idx
+    } else {
+        &s.cand
+    };
+    first_non_finite_among(x, thr, last)
 }
 
 impl Compressor for Dgc {
@@ -493,26 +552,29 @@ impl Compressor for Dgc {
             .cfg
             .warmup
             .density(self.epoch_of(ctx.step), self.cfg.ratio);
+        self.non_finite = None;
     }
     fn encode_segment(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>) {
-        let n = x.len();
-        let k = keep_count(n, self.density);
-        if self.dense(n, k) {
-            w.u8(DENSE);
-            w.f32_slice(x);
-            return;
+        self.encode_at(x, 0, rng, w);
+    }
+    fn encode_segments(
+        &mut self,
+        x: &[f32],
+        segments: &[Range<usize>],
+        rng: &mut Rng,
+        w: &mut Writer<'_>,
+    ) {
+        for s in segments {
+            self.encode_at(&x[s.clone()], s.start, rng, w);
         }
-        select_sampled(
-            x,
-            k,
-            self.cfg.sample_ratio,
-            self.cfg.adaptation,
-            self.cfg.max_adapt_iters,
-            rng,
-            &mut self.scratch,
-        );
-        w.u8(SPARSE);
-        sparse::write_indexed(n, &self.scratch.idx, |i| x[i as usize], w);
+    }
+    /// The sampled-threshold gather keeps every NaN and infinity ([`select_sampled`]); dense
+    /// segments are short and scanned.
+    fn finds_non_finite(&self) -> bool {
+        true
+    }
+    fn take_non_finite(&mut self) -> Option<(usize, f32)> {
+        self.non_finite.take()
     }
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
         match r.u8("dgc layout")? {
@@ -545,6 +607,7 @@ impl Compressor for Dgc {
 mod tests {
     use super::*;
     use crate::compressor::{compress_new, decompress, decompress_add, payload_bits};
+    use crate::error::CompressError;
     use crate::memory::Memory;
     use crate::pipeline::Pipeline;
     use crate::select::{top_k, Scratch};
@@ -691,6 +754,47 @@ mod tests {
         for j in [5u32, 77, n as u32 - 1] {
             assert!(c.scratch.idx.binary_search(&j).is_ok());
         }
+    }
+
+    /// The selection is the input's finiteness check: in every adaptation mode, at every
+    /// density, whether or not the sample itself draws the bad value (sample ratio 1 reads
+    /// every element, and draws so many that its threshold is one), the first is named.
+    #[test]
+    fn selection_names_the_first_non_finite_input_in_every_mode() {
+        let n = 50_000;
+        let clean = data(n, 3);
+        for mode in [Adaptation::Exact, Adaptation::Synxlin, Adaptation::Grace] {
+            for (ratio, sample_ratio) in [(0.001, 0.01), (0.05, 0.01), (0.001, 1.0)] {
+                for bad in [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                    for at in [[0, 40_000], [17, 18], [4_321, 4_320 + 64], [n - 2, n - 1]] {
+                        let mut x = clean.clone();
+                        x[at[0]] = bad;
+                        x[at[1]] = f32::NAN;
+                        if at[0] == 0 {
+                            // More bad values than the sample's threshold rank: the
+                            // threshold itself is non-finite.
+                            x[10_000..14_000].fill(bad);
+                        }
+                        let mut c = DgcConfig {
+                            sample_ratio,
+                            ..cfg(ratio, mode)
+                        }
+                        .init()
+                        .unwrap();
+                        let e = compress_new(&mut c, &x, &Ctx::default(), &mut rng()).unwrap_err();
+                        let first = at[0].min(at[1]);
+                        assert!(
+                            matches!(e, CompressError::NonFinite { index, .. } if index == first),
+                            "{mode:?} {ratio} {sample_ratio} {bad} {at:?}: {e:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn rng() -> Rng {
+        Rng::seed_from_u64(11)
     }
 
     /// f(x) = ½ Σ a_j (x_j − b_j)²  →  g = a ⊙ (x − b).

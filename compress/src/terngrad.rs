@@ -37,7 +37,9 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::compressor::{effective_segments, Aggregation, Compressor, Ctx, MethodId, Payload};
+use crate::compressor::{
+    effective_segments, first_non_finite, Aggregation, Compressor, Ctx, MethodId, Payload,
+};
 use crate::error::{CompressError, ConfigError, WireError};
 use crate::registry::Method;
 use crate::rng::Rng;
@@ -90,6 +92,8 @@ impl TernGradConfig {
             pending: None,
             active: None,
             segment: 0,
+            at: 0,
+            non_finite: None,
         })
     }
 }
@@ -104,6 +108,10 @@ pub struct TernGrad {
     active: Option<Vec<f32>>,
     /// Index of the next segment of the call in progress.
     segment: usize,
+    /// Element offset of the next segment of the call in progress.
+    at: usize,
+    /// The first non-finite input of the call in progress (index in the buffer, value).
+    non_finite: Option<(usize, f32)>,
 }
 
 /// `Σ x` in `f64` (eight lanes, then the tail) and `max |x|`, in one pass over `x`.
@@ -148,20 +156,20 @@ fn std_dev_from_sum(x: &[f32], sum: f64) -> f64 {
     (ss / n).sqrt()
 }
 
+/// `max |x|`, as the largest magnitude's bits: for finite values the order of the bits is
+/// the order of the magnitudes, and a NaN's bits are above an infinity's, which are above
+/// every finite value's, so the result is non-finite exactly when `x` holds a NaN or ±∞.
 fn max_abs(x: &[f32]) -> f32 {
-    let mut m = [0f32; 8];
+    let mut m = [0i32; 8];
     let mut it = x.chunks_exact(8);
     for c in &mut it {
         for k in 0..8 {
-            let a = c[k].abs();
-            m[k] = if a > m[k] { a } else { m[k] };
+            m[k] = m[k].max((c[k].to_bits() & 0x7FFF_FFFF) as i32);
         }
     }
-    let mut r = it.remainder().iter().fold(0f32, |m, v| m.max(v.abs()));
-    for v in m {
-        r = r.max(v);
-    }
-    r
+    let rest = it.remainder().iter();
+    let r = rest.fold(0i32, |m, v| m.max((v.to_bits() & 0x7FFF_FFFF) as i32));
+    f32::from_bits(m.iter().fold(r, |r, &v| r.max(v)) as u32)
 }
 
 impl TernGrad {
@@ -178,13 +186,26 @@ impl TernGrad {
     /// The clipping bound and the local scaler `max|clip(x)|` of a segment, in two passes
     /// over `x` when clipping (`Σx` and `max|x|` together, then `Σ(x − mean)²`), one when not.
     fn bound_and_scale(&self, x: &[f32]) -> (f32, f32) {
+        self.checked_bound_and_scale(x)
+            .unwrap_or((f32::INFINITY, f32::NAN))
+    }
+
+    /// [`TernGrad::bound_and_scale`], or `None` when `x` holds a NaN or an infinity: the
+    /// first pass finds it at no cost (a sum of finite `f32` values cannot overflow `f64`,
+    /// so `Σx` is finite exactly when every element is; unclipped, `max|x|` is non-finite
+    /// exactly then, see [`max_abs`]).
+    fn checked_bound_and_scale(&self, x: &[f32]) -> Option<(f32, f32)> {
         if self.clip == 0.0 || x.is_empty() {
-            return (f32::INFINITY, max_abs(x));
+            let m = max_abs(x);
+            return m.is_finite().then_some((f32::INFINITY, m));
         }
         let (sum, m) = sum_and_max_abs(x);
+        if !sum.is_finite() {
+            return None;
+        }
         let b = (self.clip as f64 * std_dev_from_sum(x, sum)) as f32;
         let bound = if b > 0.0 { b } else { f32::INFINITY };
-        (bound, m.min(bound))
+        Some((bound, m.min(bound)))
     }
 
     /// This worker's scalers for every segment of `grad` (`segments` as in [`Ctx`]; empty
@@ -298,15 +319,28 @@ impl Compressor for TernGrad {
     fn begin(&mut self, _grad: &[f32], _ctx: &Ctx<'_>) {
         self.active = self.pending.take();
         self.segment = 0;
+        self.at = 0;
+        self.non_finite = None;
     }
     fn encode_segment(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>) {
         let n = x.len();
-        let (bound, local) = self.bound_and_scale(x);
+        let stats = self.checked_bound_and_scale(x);
         let shared = self
             .active
             .as_ref()
             .and_then(|v| v.get(self.segment).copied());
         self.segment += 1;
+        let at = self.at;
+        self.at += n;
+        let Some((bound, local)) = stats else {
+            // Non-finite input: noted for `compress`, which discards these bytes.
+            if self.non_finite.is_none() {
+                self.non_finite = first_non_finite(x).map(|(i, v)| (at + i, v));
+            }
+            w.f32(0.0);
+            w.zeroed(n.div_ceil(4)).fill(0);
+            return;
+        };
         let s = shared.unwrap_or(local);
         w.f32(s);
         let out = w.zeroed(n.div_ceil(4));
@@ -341,6 +375,14 @@ impl Compressor for TernGrad {
     }
     fn segment_bits(&self, n: usize) -> Option<u64> {
         Some(32 + 8 * n.div_ceil(4) as u64)
+    }
+    /// The scaler's first pass finds every NaN and infinity
+    /// ([`TernGrad::checked_bound_and_scale`]).
+    fn finds_non_finite(&self) -> bool {
+        true
+    }
+    fn take_non_finite(&mut self) -> Option<(usize, f32)> {
+        self.non_finite.take()
     }
 }
 
@@ -473,6 +515,45 @@ mod tests {
 
     fn tern(clip: f32) -> TernGrad {
         TernGradConfig { clip }.init().unwrap()
+    }
+
+    /// The scaler's pass is the finiteness check, with and without clipping, and `max|x|`
+    /// over the magnitudes' bits is the float maximum for finite input (signed zeros and
+    /// subnormals included).
+    #[test]
+    fn scaler_pass_finds_non_finite_input_and_max_abs_is_the_float_maximum() {
+        let segs = [0..700, 700..701, 701..5000];
+        let ctx = Ctx {
+            segments: &segs,
+            ..Ctx::default()
+        };
+        let clean = test_vector(5000, 1.0, 2);
+        for clip in [0.0, 2.5] {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                for at in [0, 699, 700, 701, 4999] {
+                    let mut g = clean.clone();
+                    g[at] = bad;
+                    g[4999] = bad;
+                    let e = compress_new(&mut tern(clip), &g, &ctx, &mut Rng::seed_from_u64(1));
+                    assert!(
+                        matches!(e, Err(CompressError::NonFinite { index, .. }) if index == at),
+                        "clip {clip}, {bad} at {at}: {e:?}"
+                    );
+                }
+            }
+        }
+        let mut x = test_vector(1001, 1.0, 3);
+        x[3] = -0.0;
+        x[10] = 1e-42;
+        x[11] = -3e-41;
+        for len in [0, 1, 7, 8, 9, 1001] {
+            let want = x[..len].iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert_eq!(max_abs(&x[..len]).to_bits(), want.to_bits(), "len {len}");
+        }
+        assert_eq!(
+            max_abs(&[-0.0, 1e-42, -3e-41]).to_bits(),
+            3e-41f32.to_bits()
+        );
     }
 
     /// The clipped vector and the scaler, computed independently of the encoder.

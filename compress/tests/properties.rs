@@ -184,6 +184,54 @@ fn non_finite_input_is_an_error_naming_the_element() {
     }
 }
 
+/// Methods that find non-finite input in their own passes ([`Compressor::finds_non_finite`])
+/// must answer as the scan would: the first bad element of the buffer over all its segments,
+/// with the generator and the method's state as they were (the next call encodes the same
+/// bytes as on a compressor that never saw the bad buffer).
+#[test]
+fn non_finite_input_is_found_first_across_segments_and_leaves_no_trace() {
+    let segs = segments(&[3000, 5000, 100, 6000]);
+    let n = segs.last().unwrap().end;
+    let clean = gradient(n, 9);
+    let positions: [&[usize]; 6] = [
+        &[0],
+        &[2999],
+        &[3000, 8100],
+        &[7999, 8050],
+        &[8150],
+        &[n - 1],
+    ];
+    for m in METHODS {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for at in positions {
+                let mut g = clean.clone();
+                for &i in at {
+                    g[i] = bad;
+                }
+                let mut seen = (m.default)().build().expect(m.name);
+                let mut rng = Rng::seed_from_u64(5);
+                let e = compress_new(seen.as_mut(), &g, &ctx(&segs), &mut rng).unwrap_err();
+                assert!(
+                    matches!(e, CompressError::NonFinite { index, .. } if index == at[0]),
+                    "{}: {bad} at {at:?}: {e:?}",
+                    m.name
+                );
+                assert_eq!(rng, Rng::seed_from_u64(5), "{}: generator moved", m.name);
+                let after = compress_new(seen.as_mut(), &clean, &ctx(&segs), &mut rng).unwrap();
+                let mut fresh = (m.default)().build().expect(m.name);
+                let want = compress_new(
+                    fresh.as_mut(),
+                    &clean,
+                    &ctx(&segs),
+                    &mut Rng::seed_from_u64(5),
+                )
+                .unwrap();
+                assert_eq!(after.as_bytes(), want.as_bytes(), "{}: state kept", m.name);
+            }
+        }
+    }
+}
+
 #[test]
 fn bad_segments_are_rejected() {
     for (name, mut c) in all() {
