@@ -64,6 +64,7 @@ pub mod rng;
 pub mod schedule;
 pub mod select;
 pub mod sharded;
+mod simd;
 pub mod sparse;
 #[cfg(test)]
 mod test_util;

@@ -17,8 +17,10 @@
 //!            LSB-first; the unused bits of the last byte are zero. When s = 0 every
 //!            symbol is 1.                                      bits: 32 + 8⌈n/4⌉
 //! ```
-//! 2 bits per element plus 32 per segment. Randomness: one 64-bit draw per 4 elements
-//! (24 bits per Bernoulli trial).
+//! 2 bits per element plus 32 per segment. Randomness: four draws of the encoder's Rng per
+//! segment seed four xoshiro256++ lanes ([`LaneRng`]), which give element `8j + 2l` the low
+//! and element `8j + 2l + 1` the high half of lane `l`'s `j`-th draw; each Bernoulli trial
+//! uses the top 24 bits of its word.
 //!
 //! ## Configuration
 //! `clip = c` (default 2.5); `clip = 0` disables clipping (TOML has no null). Clipping is
@@ -42,7 +44,8 @@ use crate::compressor::{
 };
 use crate::error::{CompressError, ConfigError, WireError};
 use crate::registry::Method;
-use crate::rng::Rng;
+use crate::rng::{LaneRng, Rng};
+use crate::simd::avx2_dispatch;
 use crate::wire::{Reader, Writer};
 
 /// Configuration of [`TernGrad`].
@@ -114,8 +117,13 @@ pub struct TernGrad {
     non_finite: Option<(usize, f32)>,
 }
 
-/// `Σ x` in `f64` (eight lanes, then the tail) and `max |x|`, in one pass over `x`.
-fn sum_and_max_abs(x: &[f32]) -> (f64, f32) {
+avx2_dispatch! {
+    /// `Σ x` in `f64` (eight lanes, then the tail) and `max |x|`, in one pass over `x`.
+    fn sum_and_max_abs(x: &[f32]) -> (f64, f32) = sum_and_max_abs_lanes;
+}
+
+#[inline(always)]
+fn sum_and_max_abs_lanes(x: &[f32]) -> (f64, f32) {
     let mut acc = [0f64; 8];
     let mut m = [0f32; 8];
     let mut it = x.chunks_exact(8);
@@ -135,9 +143,14 @@ fn sum_and_max_abs(x: &[f32]) -> (f64, f32) {
     (sum, r)
 }
 
-/// Population standard deviation of `x` given `sum = Σ x` from [`sum_and_max_abs`]: the
-/// second pass of the two-pass formula, in `f64`.
-fn std_dev_from_sum(x: &[f32], sum: f64) -> f64 {
+avx2_dispatch! {
+    /// Population standard deviation of `x` given `sum = Σ x` from [`sum_and_max_abs`]: the
+    /// second pass of the two-pass formula, in `f64`.
+    fn std_dev_from_sum(x: &[f32], sum: f64) -> f64 = std_dev_lanes;
+}
+
+#[inline(always)]
+fn std_dev_lanes(x: &[f32], sum: f64) -> f64 {
     let n = x.len() as f64;
     let mean = sum / n;
     let mut acc = [0f64; 8];
@@ -156,10 +169,16 @@ fn std_dev_from_sum(x: &[f32], sum: f64) -> f64 {
     (ss / n).sqrt()
 }
 
-/// `max |x|`, as the largest magnitude's bits: for finite values the order of the bits is
-/// the order of the magnitudes, and a NaN's bits are above an infinity's, which are above
-/// every finite value's, so the result is non-finite exactly when `x` holds a NaN or ±∞.
-fn max_abs(x: &[f32]) -> f32 {
+avx2_dispatch! {
+    /// `max |x|`, as the largest magnitude's bits: for finite values the order of the bits
+    /// is the order of the magnitudes, and a NaN's bits are above an infinity's, which are
+    /// above every finite value's, so the result is non-finite exactly when `x` holds a NaN
+    /// or ±∞.
+    fn max_abs(x: &[f32]) -> f32 = max_abs_lanes;
+}
+
+#[inline(always)]
+fn max_abs_lanes(x: &[f32]) -> f32 {
     let mut m = [0i32; 8];
     let mut it = x.chunks_exact(8);
     for c in &mut it {
@@ -243,18 +262,21 @@ const U24: f32 = 1.0 / (1u32 << 24) as f32;
 /// Elements per block of random draws (a multiple of 4, so blocks fill whole bytes).
 const BLOCK: usize = 256;
 
-/// Ternarizes `x` (clamped to `±bound`) with scaler `s > 0` into `out` (`⌈len/4⌉` bytes).
-fn ternarize(x: &[f32], bound: f32, s: f32, rng: &mut Rng, out: &mut [u8]) {
+avx2_dispatch! {
+    /// Ternarizes `x` (clamped to `±bound`) with scaler `s > 0` into `out` (`⌈len/4⌉`
+    /// bytes).
+    fn ternarize(x: &[f32], bound: f32, s: f32, rng: &mut Rng, out: &mut [u8]) = ternarize_lanes;
+}
+
+#[inline(always)]
+fn ternarize_lanes(x: &[f32], bound: f32, s: f32, rng: &mut Rng, out: &mut [u8]) {
     let inv = 1.0 / s;
+    let mut lanes = LaneRng::from_rng(rng);
     let mut rnd = [0u32; BLOCK];
     let mut sym = [0u8; BLOCK];
     for (xb, ob) in x.chunks(BLOCK).zip(out.chunks_mut(BLOCK / 4)) {
         let m = xb.len();
-        for pair in rnd[..m.div_ceil(2) * 2].chunks_exact_mut(2) {
-            let u = rng.next_u64();
-            pair[0] = u as u32;
-            pair[1] = (u >> 32) as u32;
-        }
+        lanes.fill_u32(&mut rnd[..m]);
         for ((t, &v), &bits) in sym.iter_mut().zip(xb).zip(&rnd[..m]) {
             let a = v.abs().min(bound);
             let p = if a >= s { 1.0 } else { a * inv };
