@@ -604,6 +604,42 @@ pub fn first_non_finite(x: &[f32]) -> Option<(usize, f32)> {
     None
 }
 
+/// The bookkeeping of a method that [finds non-finite input](Compressor::finds_non_finite)
+/// itself: where the segment being encoded starts in the buffer, and the first non-finite
+/// element found so far.
+#[derive(Debug, Clone, Default)]
+pub struct FirstNonFinite {
+    next: usize,
+    found: Option<(usize, f32)>,
+}
+
+impl FirstNonFinite {
+    /// A new buffer ([`Compressor::begin`]): offset 0, nothing found.
+    pub fn reset(&mut self) {
+        *self = Self::default();
+    }
+
+    /// Starts the next segment, of `n` elements; returns its offset in the buffer.
+    pub fn segment(&mut self, n: usize) -> usize {
+        let at = self.next;
+        self.next += n;
+        at
+    }
+
+    /// Notes `local` (an index in the segment starting at `at`, and its value) unless an
+    /// earlier element was noted.
+    pub fn note(&mut self, at: usize, local: Option<(usize, f32)>) {
+        if self.found.is_none() {
+            self.found = local.map(|(i, v)| (at + i, v));
+        }
+    }
+
+    /// The first non-finite element noted since the last call or reset.
+    pub fn take(&mut self) -> Option<(usize, f32)> {
+        self.found.take()
+    }
+}
+
 /// Multiplies every element by `k`; returns whether the result holds a NaN or an infinity,
 /// in one pass over memory (each 64-element block is checked while it is still in L1): an
 /// average and its finiteness check at the cost of the average alone.

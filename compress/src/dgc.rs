@@ -39,11 +39,9 @@
 //! about `64·(1−s)` bits per element at sparsity `s`. The count `k` is data-dependent except
 //! in `exact` mode without warm-up. Biased; aggregation: all-gather (pattern B).
 
-use std::ops::Range;
-
 use serde::{Deserialize, Serialize};
 
-use crate::compressor::{first_non_finite, Aggregation, Compressor, Ctx, MethodId};
+use crate::compressor::{first_non_finite, Aggregation, Compressor, Ctx, FirstNonFinite, MethodId};
 use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
 use crate::registry::{Method, RunFacts};
@@ -284,7 +282,7 @@ impl DgcConfig {
             // The warm-up's epoch-0 density until `begin` sets the step's.
             density: self.warmup.density(0, self.ratio),
             scratch: SelectScratch::default(),
-            non_finite: None,
+            non_finite: FirstNonFinite::default(),
         })
     }
 }
@@ -305,8 +303,7 @@ pub struct Dgc {
     cfg: DgcConfig,
     density: f64,
     scratch: SelectScratch,
-    /// The first non-finite input of the buffer being encoded (index in the buffer, value).
-    non_finite: Option<(usize, f32)>,
+    non_finite: FirstNonFinite,
 }
 
 impl Dgc {
@@ -326,10 +323,10 @@ impl Dgc {
         n < self.cfg.min_sparse_len || k >= n
     }
 
-    /// Encodes the segment `x` that starts at element `at` of the buffer, noting its first
-    /// non-finite element if the buffer has none before it.
-    fn encode_at(&mut self, x: &[f32], at: usize, rng: &mut Rng, w: &mut Writer<'_>) {
+    /// Encodes the next segment, `x`, noting its first non-finite element.
+    fn encode(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>) {
         let n = x.len();
+        let at = self.non_finite.segment(n);
         let k = keep_count(n, self.density);
         let found = if self.dense(n, k) {
             w.u8(DENSE);
@@ -349,9 +346,7 @@ impl Dgc {
             sparse::write_indexed(n, &self.scratch.idx, |i| x[i as usize], w);
             found
         };
-        if self.non_finite.is_none() {
-            self.non_finite = found.map(|(i, v)| (at + i, v));
-        }
+        self.non_finite.note(at, found);
     }
 }
 
@@ -552,21 +547,10 @@ impl Compressor for Dgc {
             .cfg
             .warmup
             .density(self.epoch_of(ctx.step), self.cfg.ratio);
-        self.non_finite = None;
+        self.non_finite.reset();
     }
     fn encode_segment(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>) {
-        self.encode_at(x, 0, rng, w);
-    }
-    fn encode_segments(
-        &mut self,
-        x: &[f32],
-        segments: &[Range<usize>],
-        rng: &mut Rng,
-        w: &mut Writer<'_>,
-    ) {
-        for s in segments {
-            self.encode_at(&x[s.clone()], s.start, rng, w);
-        }
+        self.encode(x, rng, w);
     }
     /// The sampled-threshold gather keeps every NaN and infinity ([`select_sampled`]); dense
     /// segments are short and scanned.

@@ -11,6 +11,8 @@
 //! `(x.to_bits() & 0x7FFF_FFFF)` orders by `|x|`. A key of 0 marks an element that must
 //! never be selected (see [`abs_key`]).
 
+use crate::simd::avx2_dispatch;
+
 /// Order-preserving key of `|x|` for finite `x`, shifted by one so that 0 stays reserved
 /// for "not a member".
 #[inline(always)]
@@ -18,13 +20,19 @@ pub fn abs_key(x: f32) -> u32 {
     (x.to_bits() & 0x7FFF_FFFF) + 1
 }
 
-/// Writes into `out` (cleared first) the ascending indices of `x` whose magnitude key is
-/// at least `key` (the candidate gather of DGC, gradient dropping and Dryden's threshold).
-///
-/// At the densities these methods run at (0.1–5 %), most 64-element chunks hold nothing:
-/// a vectorised "any" test skips them, and a chunk with a hit is gathered branch-free
-/// (every index written, the cursor advanced only on a hit).
-pub fn gather_at_least(x: &[f32], key: u32, out: &mut Vec<u32>) {
+avx2_dispatch! {
+    /// Writes into `out` (cleared first) the ascending indices of `x` whose magnitude key
+    /// is at least `key` (the candidate gather of DGC, gradient dropping and Dryden's
+    /// threshold).
+    ///
+    /// At the densities these methods run at (0.1–5 %), most 64-element chunks hold
+    /// nothing: a vectorised "any" test skips them, and a chunk with a hit is gathered
+    /// branch-free (every index written, the cursor advanced only on a hit).
+    pub fn gather_at_least(x: &[f32], key: u32, out: &mut Vec<u32>) = gather_at_least_lanes;
+}
+
+#[inline(always)]
+fn gather_at_least_lanes(x: &[f32], key: u32, out: &mut Vec<u32>) {
     out.clear();
     let mut buf = [0u32; 64];
     for (b, chunk) in x.chunks(64).enumerate() {

@@ -40,7 +40,8 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use crate::compressor::{
-    effective_segments, first_non_finite, Aggregation, Compressor, Ctx, MethodId, Payload,
+    effective_segments, first_non_finite, Aggregation, Compressor, Ctx, FirstNonFinite, MethodId,
+    Payload,
 };
 use crate::error::{CompressError, ConfigError, WireError};
 use crate::registry::Method;
@@ -95,8 +96,7 @@ impl TernGradConfig {
             pending: None,
             active: None,
             segment: 0,
-            at: 0,
-            non_finite: None,
+            non_finite: FirstNonFinite::default(),
         })
     }
 }
@@ -111,10 +111,7 @@ pub struct TernGrad {
     active: Option<Vec<f32>>,
     /// Index of the next segment of the call in progress.
     segment: usize,
-    /// Element offset of the next segment of the call in progress.
-    at: usize,
-    /// The first non-finite input of the call in progress (index in the buffer, value).
-    non_finite: Option<(usize, f32)>,
+    non_finite: FirstNonFinite,
 }
 
 avx2_dispatch! {
@@ -341,8 +338,7 @@ impl Compressor for TernGrad {
     fn begin(&mut self, _grad: &[f32], _ctx: &Ctx<'_>) {
         self.active = self.pending.take();
         self.segment = 0;
-        self.at = 0;
-        self.non_finite = None;
+        self.non_finite.reset();
     }
     fn encode_segment(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>) {
         let n = x.len();
@@ -352,13 +348,10 @@ impl Compressor for TernGrad {
             .as_ref()
             .and_then(|v| v.get(self.segment).copied());
         self.segment += 1;
-        let at = self.at;
-        self.at += n;
+        let at = self.non_finite.segment(n);
         let Some((bound, local)) = stats else {
             // Non-finite input: noted for `compress`, which discards these bytes.
-            if self.non_finite.is_none() {
-                self.non_finite = first_non_finite(x).map(|(i, v)| (at + i, v));
-            }
+            self.non_finite.note(at, first_non_finite(x));
             w.f32(0.0);
             w.zeroed(n.div_ceil(4)).fill(0);
             return;

@@ -36,11 +36,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::compressor::{Aggregation, Compressor, MethodId};
+use crate::compressor::{Aggregation, Compressor, Ctx, FirstNonFinite, MethodId};
 use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
 use crate::registry::Method;
 use crate::rng::Rng;
+use crate::simd::avx2_dispatch;
 use crate::wire::{u32_at, BitReader, BitWriter, Reader, Writer};
 
 /// Longest segment a sign-word body can describe: indices must fit in 31 bits.
@@ -113,6 +114,7 @@ impl ThresholdConfig {
             tau: self.tau,
             coding: self.coding,
             words: Vec::new(),
+            non_finite: FirstNonFinite::default(),
         })
     }
 }
@@ -123,6 +125,7 @@ pub struct Threshold {
     tau: f32,
     coding: IndexCoding,
     words: Vec<u32>,
+    non_finite: FirstNonFinite,
 }
 
 impl Threshold {
@@ -132,36 +135,50 @@ impl Threshold {
     }
 }
 
-/// Appends the sign word of every entry of `x` with `x ≥ pos` or `x ≤ neg` to `words`
-/// (cleared first), in ascending index order. `x.len()` must not exceed
-/// [`MAX_SIGN_WORD_SEGMENT`].
-pub fn collect_sign_words(x: &[f32], pos: f32, neg: f32, words: &mut Vec<u32>) {
+avx2_dispatch! {
+    /// Appends the sign word of every entry of `x` with `x ≥ pos` or `x ≤ neg` to `words`
+    /// (cleared first), in ascending index order; returns the index of the first NaN or ±∞
+    /// of `x`, if any (found in the same pass). `x.len()` must not exceed
+    /// [`MAX_SIGN_WORD_SEGMENT`].
+    pub fn collect_sign_words(x: &[f32], pos: f32, neg: f32, words: &mut Vec<u32>) -> Option<usize> =
+        collect_sign_words_lanes;
+}
+
+#[inline(always)]
+fn collect_sign_words_lanes(x: &[f32], pos: f32, neg: f32, words: &mut Vec<u32>) -> Option<usize> {
     debug_assert!(x.len() <= MAX_SIGN_WORD_SEGMENT);
     words.clear();
     // A vectorised "any" test skips the 16-element chunks without a hit (about half at
     // Strom's τ on Gaussian-like gradients, most at sparser ones); a chunk with a hit is
     // gathered branch-free: every candidate word written into a stack block, the cursor
-    // advanced only on a hit, then the hits appended.
+    // advanced only on a hit, then the hits appended. The same test flags a chunk holding
+    // a NaN or an infinity (all exponent bits set).
     const CHUNK: usize = 16;
     const BLOCK: usize = 2048;
     let mut buf = [0u32; BLOCK];
+    let mut first_bad = None;
     for (b, block) in x.chunks(BLOCK).enumerate() {
         let mut m = 0usize;
         for (c, chunk) in block.chunks(CHUNK).enumerate() {
-            if !chunk
-                .iter()
-                .fold(false, |any, &v| any | (v >= pos) | (v <= neg))
-            {
+            let (hit, bad) = chunk.iter().fold((false, false), |(hit, bad), &v| {
+                let exp = v.to_bits() & 0x7F80_0000;
+                (hit | (v >= pos) | (v <= neg), bad | (exp == 0x7F80_0000))
+            });
+            let base = b * BLOCK + c * CHUNK;
+            if bad && first_bad.is_none() {
+                first_bad = chunk.iter().position(|v| !v.is_finite()).map(|j| base + j);
+            }
+            if !hit {
                 continue;
             }
-            let base = (b * BLOCK + c * CHUNK) as u32;
             for (j, &v) in chunk.iter().enumerate() {
-                buf[m] = ((base + j as u32) << 1) | (v <= neg) as u32;
+                buf[m] = ((base + j) as u32) << 1 | (v <= neg) as u32;
                 m += ((v >= pos) | (v <= neg)) as usize;
             }
         }
         words.extend_from_slice(&buf[..m]);
     }
+    first_bad
 }
 
 /// Writes a sign-word body: the count, then the words.
@@ -320,8 +337,13 @@ impl Compressor for Threshold {
     fn aggregation(&self) -> Aggregation {
         Aggregation::Gather
     }
+    fn begin(&mut self, _grad: &[f32], _ctx: &Ctx<'_>) {
+        self.non_finite.reset();
+    }
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
-        collect_sign_words(x, self.tau, -self.tau, &mut self.words);
+        let at = self.non_finite.segment(x.len());
+        let bad = collect_sign_words(x, self.tau, -self.tau, &mut self.words);
+        self.non_finite.note(at, bad.map(|i| (i, x[i])));
         match self.coding {
             IndexCoding::Words => write_sign_words(&self.words, w),
             IndexCoding::GolombRice => write_golomb_rice(&self.words, w),
@@ -338,6 +360,13 @@ impl Compressor for Threshold {
     }
     fn max_segment_len(&self) -> usize {
         MAX_SIGN_WORD_SEGMENT
+    }
+    /// The sign-word pass flags every NaN and infinity ([`collect_sign_words`]).
+    fn finds_non_finite(&self) -> bool {
+        true
+    }
+    fn take_non_finite(&mut self) -> Option<(usize, f32)> {
+        self.non_finite.take()
     }
 }
 
@@ -800,8 +829,9 @@ mod tests {
                 .filter(|&i| x[i] >= 1.0 || x[i] <= -1.0)
                 .map(|i| (i as u32) << 1 | (x[i] <= -1.0) as u32)
                 .collect();
-            collect_sign_words(&x, 1.0, -1.0, &mut words);
+            let bad = collect_sign_words(&x, 1.0, -1.0, &mut words);
             assert_eq!(words, want, "n = {n}, spread {spread}");
+            assert_eq!(bad, x.iter().position(|v| !v.is_finite()), "n = {n}");
         }
     }
 }
