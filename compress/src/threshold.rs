@@ -41,7 +41,6 @@ use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
 use crate::registry::Method;
 use crate::rng::Rng;
-use crate::simd::avx2_dispatch;
 use crate::wire::{u32_at, BitReader, BitWriter, Reader, Writer};
 
 /// Longest segment a sign-word body can describe: indices must fit in 31 bits.
@@ -135,16 +134,20 @@ impl Threshold {
     }
 }
 
-avx2_dispatch! {
-    /// Appends the sign word of every entry of `x` with `x ≥ pos` or `x ≤ neg` to `words`
-    /// (cleared first), in ascending index order; returns the index of the first NaN or ±∞
-    /// of `x`, if any (found in the same pass). `x.len()` must not exceed
-    /// [`MAX_SIGN_WORD_SEGMENT`].
-    pub fn collect_sign_words(x: &[f32], pos: f32, neg: f32, words: &mut Vec<u32>) -> Option<usize> =
-        collect_sign_words_lanes;
+/// Appends the sign word of every entry of `x` with `x ≥ pos` or `x ≤ neg` to `words`
+/// (cleared first), in ascending index order; returns the index of the first NaN or ±∞ of
+/// `x`, if any (found in the same pass). `x.len()` must not exceed
+/// [`MAX_SIGN_WORD_SEGMENT`].
+pub fn collect_sign_words(x: &[f32], pos: f32, neg: f32, words: &mut Vec<u32>) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU executes AVX2, checked on the line above.
+        return unsafe { avx2::collect_sign_words(x, pos, neg, words) };
+    }
+    collect_sign_words_lanes(x, pos, neg, words)
 }
 
-#[inline(always)]
+/// [`collect_sign_words`] without AVX2.
 fn collect_sign_words_lanes(x: &[f32], pos: f32, neg: f32, words: &mut Vec<u32>) -> Option<usize> {
     debug_assert!(x.len() <= MAX_SIGN_WORD_SEGMENT);
     words.clear();
@@ -179,6 +182,106 @@ fn collect_sign_words_lanes(x: &[f32], pos: f32, neg: f32, words: &mut Vec<u32>)
         words.extend_from_slice(&buf[..m]);
     }
     first_bad
+}
+
+/// [`collect_sign_words`] with AVX2: eight elements per step, their hits packed to the
+/// front of the vector by a permutation looked up from the hit mask and stored at the
+/// cursor, which advances by the number of hits (AVX2 has no compress-store). Branch-free
+/// whatever the density; an all-miss step costs a store that the next one overwrites.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::{
+        __m256i, _mm256_and_ps, _mm256_and_si256, _mm256_castps_si256, _mm256_cmp_ps,
+        _mm256_cmpeq_epi32, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_movemask_ps, _mm256_or_ps,
+        _mm256_or_si256, _mm256_permutevar8x32_epi32, _mm256_set1_epi32, _mm256_set1_ps,
+        _mm256_setr_epi32, _mm256_setzero_si256, _mm256_slli_epi32, _mm256_storeu_si256,
+        _mm256_testz_si256, _CMP_GE_OQ, _CMP_LE_OQ,
+    };
+
+    use super::MAX_SIGN_WORD_SEGMENT;
+
+    /// For each 8-bit hit mask, the lanes that hit in ascending order, then zeros.
+    static PACK: [[u32; 8]; 256] = pack_table();
+
+    const fn pack_table() -> [[u32; 8]; 256] {
+        let mut t = [[0u32; 8]; 256];
+        let mut m = 0;
+        while m < 256 {
+            let (mut lane, mut k) = (0, 0);
+            while lane < 8 {
+                if m & (1 << lane) != 0 {
+                    t[m][k] = lane as u32;
+                    k += 1;
+                }
+                lane += 1;
+            }
+            m += 1;
+        }
+        t
+    }
+
+    /// Elements per block: the hits of a block are gathered on the stack, then appended.
+    const BLOCK: usize = 2048;
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn collect_sign_words(
+        x: &[f32],
+        pos: f32,
+        neg: f32,
+        words: &mut Vec<u32>,
+    ) -> Option<usize> {
+        debug_assert!(x.len() <= MAX_SIGN_WORD_SEGMENT);
+        words.clear();
+        // Eight spare words: a step stores a whole vector at the cursor.
+        let mut buf = [0u32; BLOCK + 8];
+        let mut first_bad = None;
+        // SAFETY: the loads read 8 elements of an 8-element chunk of `x`, the table row
+        // is 8 words, and the store writes 8 words at `m <= BLOCK` of `buf` (BLOCK + 8).
+        unsafe {
+            let vpos = _mm256_set1_ps(pos);
+            let vneg = _mm256_set1_ps(neg);
+            let exp = _mm256_set1_ps(f32::from_bits(0x7F80_0000));
+            let one = _mm256_set1_epi32(1);
+            let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            for (b, block) in x.chunks(BLOCK).enumerate() {
+                let mut m = 0usize;
+                let mut bad = _mm256_setzero_si256();
+                let mut it = block.chunks_exact(8);
+                for (c, v8) in (&mut it).enumerate() {
+                    let v = _mm256_loadu_ps(v8.as_ptr());
+                    let ge = _mm256_cmp_ps::<_CMP_GE_OQ>(v, vpos);
+                    let le = _mm256_cmp_ps::<_CMP_LE_OQ>(v, vneg);
+                    let hit = _mm256_movemask_ps(_mm256_or_ps(ge, le)) as usize;
+                    let e = _mm256_castps_si256(_mm256_and_ps(v, exp));
+                    bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(e, _mm256_castps_si256(exp)));
+                    let base = _mm256_set1_epi32((b * BLOCK + c * 8) as i32);
+                    let idx = _mm256_or_si256(base, lanes);
+                    let sign = _mm256_and_si256(_mm256_castps_si256(le), one);
+                    let word = _mm256_or_si256(_mm256_slli_epi32::<1>(idx), sign);
+                    let perm = _mm256_loadu_si256(PACK[hit].as_ptr().cast::<__m256i>());
+                    let packed = _mm256_permutevar8x32_epi32(word, perm);
+                    _mm256_storeu_si256(buf.as_mut_ptr().add(m).cast::<__m256i>(), packed);
+                    m += hit.count_ones() as usize;
+                }
+                let tail = block.len() - it.remainder().len();
+                for (j, &v) in it.remainder().iter().enumerate() {
+                    buf[m] = ((b * BLOCK + tail + j) as u32) << 1 | (v <= neg) as u32;
+                    m += ((v >= pos) | (v <= neg)) as usize;
+                    if !v.is_finite() {
+                        bad = _mm256_set1_epi32(-1);
+                    }
+                }
+                if first_bad.is_none() && _mm256_testz_si256(bad, bad) == 0 {
+                    first_bad = block
+                        .iter()
+                        .position(|v| !v.is_finite())
+                        .map(|j| b * BLOCK + j);
+                }
+                words.extend_from_slice(&buf[..m]);
+            }
+        }
+        first_bad
+    }
 }
 
 /// Writes a sign-word body: the count, then the words.
@@ -817,10 +920,11 @@ mod tests {
                 (2047, 1.0),
                 (2048, -3.0),
             ];
-            for (i, v) in edges
-                .into_iter()
-                .chain([(200, f32::NAN), (500, f32::INFINITY)])
-            {
+            for (i, v) in edges.into_iter().chain([
+                (200, f32::NAN),
+                (500, f32::INFINITY),
+                (n.max(1) - 1, f32::NAN),
+            ]) {
                 if i < n {
                     x[i] = v;
                 }
@@ -829,9 +933,14 @@ mod tests {
                 .filter(|&i| x[i] >= 1.0 || x[i] <= -1.0)
                 .map(|i| (i as u32) << 1 | (x[i] <= -1.0) as u32)
                 .collect();
+            let first_bad = x.iter().position(|v| !v.is_finite());
+            // The dispatched pass (AVX2 where the CPU has it) and the portable one.
             let bad = collect_sign_words(&x, 1.0, -1.0, &mut words);
             assert_eq!(words, want, "n = {n}, spread {spread}");
-            assert_eq!(bad, x.iter().position(|v| !v.is_finite()), "n = {n}");
+            assert_eq!(bad, first_bad, "n = {n}");
+            let bad = collect_sign_words_lanes(&x, 1.0, -1.0, &mut words);
+            assert_eq!(words, want, "portable, n = {n}, spread {spread}");
+            assert_eq!(bad, first_bad, "portable, n = {n}");
         }
     }
 }
