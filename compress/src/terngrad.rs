@@ -391,8 +391,9 @@ impl Compressor for TernGrad {
     fn segment_bits(&self, n: usize) -> Option<u64> {
         Some(32 + 8 * n.div_ceil(4) as u64)
     }
-    /// The scaler's first pass finds every NaN and infinity
-    /// ([`TernGrad::checked_bound_and_scale`]).
+    /// The scaler's first pass finds every NaN and infinity: a sum of finite `f32` values
+    /// cannot overflow `f64`, so `Σx` is finite exactly when the input is (unclipped,
+    /// `max|x|` over the magnitudes' bits is non-finite exactly then).
     fn finds_non_finite(&self) -> bool {
         true
     }
