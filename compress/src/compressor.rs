@@ -29,6 +29,10 @@ use crate::error::{CompressError, WireError};
 use crate::rng::Rng;
 use crate::wire::{Reader, Writer};
 
+pub use crate::finite::{
+    first_non_finite, scale_has_non_finite, scale_into_has_non_finite, FirstNonFinite,
+};
+
 /// First byte of every payload.
 pub const MAGIC: u8 = 0xD7;
 /// Wire-format version written by this crate.
@@ -581,94 +585,6 @@ pub fn effective_segments(
     Ok(segments.to_vec())
 }
 
-/// Whether a short block holds a NaN or an infinity: a branch-free OR-reduction over the
-/// exponent bits, which vectorises (a per-element `is_finite` early exit does not).
-fn block_non_finite(block: &[f32]) -> bool {
-    const EXP: u32 = 0x7F80_0000;
-    let mut bad = false;
-    for v in block {
-        bad |= (v.to_bits() & EXP) == EXP;
-    }
-    bad
-}
-
-/// Index and value of the first non-finite element, if any.
-pub fn first_non_finite(x: &[f32]) -> Option<(usize, f32)> {
-    // 64-element blocks; only a hit is rescanned.
-    for (bi, block) in x.chunks(64).enumerate() {
-        if block_non_finite(block) {
-            let j = block.iter().position(|v| !v.is_finite()).unwrap_or(0);
-            return Some((bi * 64 + j, block[j]));
-        }
-    }
-    None
-}
-
-/// The bookkeeping of a method that [finds non-finite input](Compressor::finds_non_finite)
-/// itself: where the segment being encoded starts in the buffer, and the first non-finite
-/// element found so far.
-#[derive(Debug, Clone, Default)]
-pub struct FirstNonFinite {
-    next: usize,
-    found: Option<(usize, f32)>,
-}
-
-impl FirstNonFinite {
-    /// A new buffer ([`Compressor::begin`]): offset 0, nothing found.
-    pub fn reset(&mut self) {
-        *self = Self::default();
-    }
-
-    /// Starts the next segment, of `n` elements; returns its offset in the buffer.
-    pub fn segment(&mut self, n: usize) -> usize {
-        let at = self.next;
-        self.next += n;
-        at
-    }
-
-    /// Notes `local` (an index in the segment starting at `at`, and its value) unless an
-    /// earlier element was noted.
-    pub fn note(&mut self, at: usize, local: Option<(usize, f32)>) {
-        if self.found.is_none() {
-            self.found = local.map(|(i, v)| (at + i, v));
-        }
-    }
-
-    /// The first non-finite element noted since the last call or reset.
-    pub fn take(&mut self) -> Option<(usize, f32)> {
-        self.found.take()
-    }
-}
-
-/// Multiplies every element by `k`; returns whether the result holds a NaN or an infinity,
-/// in one pass over memory (each 64-element block is checked while it is still in L1): an
-/// average and its finiteness check at the cost of the average alone.
-pub fn scale_has_non_finite(x: &mut [f32], k: f32) -> bool {
-    let mut bad = false;
-    for block in x.chunks_mut(64) {
-        for v in block.iter_mut() {
-            *v *= k;
-        }
-        bad |= block_non_finite(block);
-    }
-    bad
-}
-
-/// Writes `src[i] · k` into `dst[i]`; returns whether the result holds a NaN or an
-/// infinity, checked block by block while each is still in L1 (see
-/// [`scale_has_non_finite`]). `dst` and `src` have the same length.
-pub fn scale_into_has_non_finite(dst: &mut [f32], src: &[f32], k: f32) -> bool {
-    debug_assert_eq!(dst.len(), src.len());
-    let mut bad = false;
-    for (d, s) in dst.chunks_mut(64).zip(src.chunks(64)) {
-        for (d, &s) in d.iter_mut().zip(s) {
-            *d = s * k;
-        }
-        bad |= block_non_finite(d);
-    }
-    bad
-}
-
 /// Parses and validates the framing of `bytes` (header and segment table) for a decoder of
 /// method `method` and an output of `n` elements, returning a reader positioned at the first
 /// segment body and the segment ranges. For receivers that decode bodies themselves (e.g.
@@ -1031,32 +947,6 @@ pub fn payload_bits(c: &dyn Compressor, segment_lens: &[usize]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Both block scans find a bad value wherever it sits (first block, block edge, tail
-    /// block), and scaling can create one (overflow) or remove none.
-    #[test]
-    fn non_finite_scans_find_every_position_and_scaling_overflow() {
-        for n in [1usize, 63, 64, 65, 200] {
-            for at in [0, n / 2, n - 1] {
-                for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-                    let mut x: Vec<f32> = (0..n).map(|i| i as f32 - 7.5).collect();
-                    assert_eq!(first_non_finite(&x), None);
-                    x[at] = bad;
-                    let (i, v) = first_non_finite(&x).expect("found");
-                    assert_eq!(i, at);
-                    assert_eq!(v.to_bits(), bad.to_bits());
-                    let mut y = x.clone();
-                    assert!(scale_has_non_finite(&mut y, 0.5));
-                }
-                let mut x: Vec<f32> = (0..n).map(|i| i as f32 - 7.5).collect();
-                let want: Vec<f32> = x.iter().map(|v| v * 0.25).collect();
-                assert!(!scale_has_non_finite(&mut x, 0.25));
-                assert_eq!(x, want, "the same products as a plain multiply");
-                x[at] = 3e38;
-                assert!(scale_has_non_finite(&mut x, 2.0), "overflow at {at} of {n}");
-            }
-        }
-    }
 
     /// The identity compressor (the baseline, built through the registry so that this file
     /// imports no method) with a tiny segment limit, to exercise the framing's check.

@@ -54,6 +54,7 @@
 // The seams and helpers.
 pub mod compressor;
 pub mod error;
+mod finite;
 mod half16;
 pub mod memory;
 pub mod meprop;
