@@ -23,11 +23,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::compressor::{Aggregation, Compressor, MethodId};
+use crate::compressor::{Aggregation, Compressor, Ctx, FirstNonFinite, MethodId};
 use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
 use crate::registry::Method;
 use crate::rng::Rng;
+use crate::simd::avx2_dispatch;
 use crate::wire::{f32_at, Reader, Writer};
 
 /// Configuration of [`OneBit`].
@@ -68,6 +69,7 @@ impl OneBitConfig {
         }
         Ok(OneBit {
             column: self.column,
+            non_finite: FirstNonFinite::default(),
         })
     }
 }
@@ -76,6 +78,7 @@ impl OneBitConfig {
 #[derive(Debug, Clone)]
 pub struct OneBit {
     column: Option<usize>,
+    non_finite: FirstNonFinite,
 }
 
 impl OneBit {
@@ -85,8 +88,15 @@ impl OneBit {
     }
 }
 
-/// `(μ+, μ−)` of one column, accumulated in `f64`.
-fn column_means(x: &[f32]) -> (f32, f32) {
+avx2_dispatch! {
+    /// `(μ+, μ−)` of one column, accumulated in `f64`; `None` when the column holds a NaN
+    /// or an infinity (a sum of finite `f32` values cannot overflow `f64`, and a NaN or ±∞
+    /// makes one of the two sums non-finite).
+    fn column_means(x: &[f32]) -> Option<(f32, f32)> = column_means_lanes;
+}
+
+#[inline(always)]
+fn column_means_lanes(x: &[f32]) -> Option<(f32, f32)> {
     let mut sp = [0f64; 8];
     let mut sn = [0f64; 8];
     let mut np = [0u32; 8];
@@ -115,6 +125,9 @@ fn column_means(x: &[f32]) -> (f32, f32) {
             neg_sum += v as f64;
         }
     }
+    if !(pos_sum.is_finite() && neg_sum.is_finite()) {
+        return None;
+    }
     let neg_n = x.len() - pos_n;
     let mp = if pos_n > 0 {
         (pos_sum / pos_n as f64) as f32
@@ -126,7 +139,23 @@ fn column_means(x: &[f32]) -> (f32, f32) {
     } else {
         0.0
     };
-    (mp, mn)
+    Some((mp, mn))
+}
+
+avx2_dispatch! {
+    /// The sign bits of `x` into `bits` (`⌈len/8⌉` bytes, LSB first).
+    fn sign_bits(x: &[f32], bits: &mut [u8]) = sign_bits_lanes;
+}
+
+#[inline(always)]
+fn sign_bits_lanes(x: &[f32], bits: &mut [u8]) {
+    for (o, c) in bits.iter_mut().zip(x.chunks(8)) {
+        let mut b = 0u8;
+        for (k, &v) in c.iter().enumerate() {
+            b |= ((v >= 0.0) as u8) << k;
+        }
+        *o = b;
+    }
 }
 
 impl Compressor for OneBit {
@@ -142,33 +171,36 @@ impl Compressor for OneBit {
     fn aggregation(&self) -> Aggregation {
         Aggregation::Gather
     }
+    fn begin(&mut self, _grad: &[f32], _ctx: &Ctx<'_>) {
+        self.non_finite.reset();
+    }
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
         let n = x.len();
+        let at = self.non_finite.segment(n);
         let c = self.col(n);
         let m = n.div_ceil(c);
         let body = w.zeroed(8 * m + n.div_ceil(8));
         let (means, bits) = body.split_at_mut(8 * m);
-        for (col, o) in x.chunks(c).zip(means.chunks_exact_mut(8)) {
-            let (mp, mn) = column_means(col);
+        for (j, (col, o)) in x.chunks(c).zip(means.chunks_exact_mut(8)).enumerate() {
+            let (mp, mn) = match column_means(col) {
+                Some(means) => means,
+                None => {
+                    let bad = col.iter().position(|v| !v.is_finite());
+                    self.non_finite.note(at, bad.map(|i| (j * c + i, col[i])));
+                    (0.0, 0.0)
+                }
+            };
             o[..4].copy_from_slice(&mp.to_le_bytes());
             o[4..].copy_from_slice(&mn.to_le_bytes());
         }
-        let mut it = x.chunks_exact(8);
-        for (o, c) in bits.iter_mut().zip(&mut it) {
-            let mut b = 0u8;
-            for (k, &v) in c.iter().enumerate() {
-                b |= ((v >= 0.0) as u8) << k;
-            }
-            *o = b;
-        }
-        let rest = it.remainder();
-        if !rest.is_empty() {
-            let mut b = 0u8;
-            for (k, &v) in rest.iter().enumerate() {
-                b |= ((v >= 0.0) as u8) << k;
-            }
-            bits[n / 8] = b;
-        }
+        sign_bits(x, bits);
+    }
+    /// The column sums are non-finite exactly when the input is ([`column_means`]).
+    fn finds_non_finite(&self) -> bool {
+        true
+    }
+    fn take_non_finite(&mut self) -> Option<(usize, f32)> {
+        self.non_finite.take()
     }
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
         let n = out.len();
