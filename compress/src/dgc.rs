@@ -322,32 +322,6 @@ impl Dgc {
     fn dense(&self, n: usize, k: usize) -> bool {
         n < self.cfg.min_sparse_len || k >= n
     }
-
-    /// Encodes the next segment, `x`, noting its first non-finite element.
-    fn encode(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>) {
-        let n = x.len();
-        let at = self.non_finite.segment(n);
-        let k = keep_count(n, self.density);
-        let found = if self.dense(n, k) {
-            w.u8(DENSE);
-            w.f32_slice(x);
-            first_non_finite(x)
-        } else {
-            let found = select_sampled(
-                x,
-                k,
-                self.cfg.sample_ratio,
-                self.cfg.adaptation,
-                self.cfg.max_adapt_iters,
-                rng,
-                &mut self.scratch,
-            );
-            w.u8(SPARSE);
-            sparse::write_indexed(n, &self.scratch.idx, |i| x[i as usize], w);
-            found
-        };
-        self.non_finite.note(at, found);
-    }
 }
 
 /// The first non-finite element of `x`, given `cand`, the ascending indices of the elements
@@ -550,7 +524,28 @@ impl Compressor for Dgc {
         self.non_finite.reset();
     }
     fn encode_segment(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>) {
-        self.encode(x, rng, w);
+        let n = x.len();
+        let at = self.non_finite.segment(n);
+        let k = keep_count(n, self.density);
+        let found = if self.dense(n, k) {
+            w.u8(DENSE);
+            w.f32_slice(x);
+            first_non_finite(x)
+        } else {
+            let found = select_sampled(
+                x,
+                k,
+                self.cfg.sample_ratio,
+                self.cfg.adaptation,
+                self.cfg.max_adapt_iters,
+                rng,
+                &mut self.scratch,
+            );
+            w.u8(SPARSE);
+            sparse::write_indexed(n, &self.scratch.idx, |i| x[i as usize], w);
+            found
+        };
+        self.non_finite.note(at, found);
     }
     /// The sampled-threshold gather keeps every NaN and infinity ([`select_sampled`]); dense
     /// segments are short and scanned.

@@ -194,7 +194,8 @@ impl TernGrad {
         self.bound_and_scale(x).0
     }
 
-    /// This worker's scaler for one segment: `max|clip(x)|`.
+    /// This worker's scaler for one segment: `max|clip(x)|`; NaN when `x` holds a NaN or an
+    /// infinity (which [`TernGrad::set_shared_scales`] refuses).
     pub fn local_scale(&self, x: &[f32]) -> f32 {
         self.bound_and_scale(x).1
     }
