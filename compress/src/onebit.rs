@@ -195,7 +195,8 @@ impl Compressor for OneBit {
         }
         sign_bits(x, bits);
     }
-    /// The column sums are non-finite exactly when the input is ([`column_means`]).
+    /// The column sums are non-finite exactly when the input is (a sum of finite `f32`
+    /// values cannot overflow `f64`).
     fn finds_non_finite(&self) -> bool {
         true
     }
