@@ -6,12 +6,18 @@
 /// Whether a short block holds a NaN or an infinity: a branch-free OR-reduction over the
 /// exponent bits, which vectorises (a per-element `is_finite` early exit does not).
 fn block_non_finite(block: &[f32]) -> bool {
+    block
+        .iter()
+        .fold(false, |bad, &v| bad | exponent_all_ones(v))
+}
+
+/// Whether `v` is a NaN or an infinity, as a bit test (all exponent bits set) that a
+/// compiler vectorises inside a branch-free reduction, where `!v.is_finite()` is a compare
+/// per element.
+#[inline(always)]
+pub(crate) fn exponent_all_ones(v: f32) -> bool {
     const EXP: u32 = 0x7F80_0000;
-    let mut bad = false;
-    for v in block {
-        bad |= (v.to_bits() & EXP) == EXP;
-    }
-    bad
+    v.to_bits() & EXP == EXP
 }
 
 /// Index and value of the first non-finite element, if any.

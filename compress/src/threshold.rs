@@ -36,8 +36,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::compressor::{Aggregation, Compressor, Ctx, FirstNonFinite, MethodId};
+use crate::compressor::{first_non_finite, Aggregation, Compressor, Ctx, FirstNonFinite, MethodId};
 use crate::error::{ConfigError, WireError};
+use crate::finite::exponent_all_ones;
 use crate::memory::MemoryConfig;
 use crate::registry::Method;
 use crate::rng::Rng;
@@ -144,11 +145,16 @@ pub fn collect_sign_words(x: &[f32], pos: f32, neg: f32, words: &mut Vec<u32>) -
         // SAFETY: the CPU executes AVX2, checked on the line above.
         return unsafe { avx2::collect_sign_words(x, pos, neg, words) };
     }
-    collect_sign_words_lanes(x, pos, neg, words)
+    collect_sign_words_portable(x, pos, neg, words)
 }
 
 /// [`collect_sign_words`] without AVX2.
-fn collect_sign_words_lanes(x: &[f32], pos: f32, neg: f32, words: &mut Vec<u32>) -> Option<usize> {
+fn collect_sign_words_portable(
+    x: &[f32],
+    pos: f32,
+    neg: f32,
+    words: &mut Vec<u32>,
+) -> Option<usize> {
     debug_assert!(x.len() <= MAX_SIGN_WORD_SEGMENT);
     words.clear();
     // A vectorised "any" test skips the 16-element chunks without a hit (about half at
@@ -164,12 +170,11 @@ fn collect_sign_words_lanes(x: &[f32], pos: f32, neg: f32, words: &mut Vec<u32>)
         let mut m = 0usize;
         for (c, chunk) in block.chunks(CHUNK).enumerate() {
             let (hit, bad) = chunk.iter().fold((false, false), |(hit, bad), &v| {
-                let exp = v.to_bits() & 0x7F80_0000;
-                (hit | (v >= pos) | (v <= neg), bad | (exp == 0x7F80_0000))
+                (hit | (v >= pos) | (v <= neg), bad | exponent_all_ones(v))
             });
             let base = b * BLOCK + c * CHUNK;
             if bad && first_bad.is_none() {
-                first_bad = chunk.iter().position(|v| !v.is_finite()).map(|j| base + j);
+                first_bad = first_non_finite(chunk).map(|(j, _)| base + j);
             }
             if !hit {
                 continue;
@@ -199,6 +204,7 @@ mod avx2 {
     };
 
     use super::MAX_SIGN_WORD_SEGMENT;
+    use crate::compressor::first_non_finite;
 
     /// For each 8-bit hit mask, the lanes that hit in ascending order, then zeros.
     static PACK: [[u32; 8]; 256] = pack_table();
@@ -272,10 +278,7 @@ mod avx2 {
                     }
                 }
                 if first_bad.is_none() && _mm256_testz_si256(bad, bad) == 0 {
-                    first_bad = block
-                        .iter()
-                        .position(|v| !v.is_finite())
-                        .map(|j| b * BLOCK + j);
+                    first_bad = first_non_finite(block).map(|(j, _)| b * BLOCK + j);
                 }
                 words.extend_from_slice(&buf[..m]);
             }
@@ -938,7 +941,7 @@ mod tests {
             let bad = collect_sign_words(&x, 1.0, -1.0, &mut words);
             assert_eq!(words, want, "n = {n}, spread {spread}");
             assert_eq!(bad, first_bad, "n = {n}");
-            let bad = collect_sign_words_lanes(&x, 1.0, -1.0, &mut words);
+            let bad = collect_sign_words_portable(&x, 1.0, -1.0, &mut words);
             assert_eq!(words, want, "portable, n = {n}, spread {spread}");
             assert_eq!(bad, first_bad, "portable, n = {n}");
         }
