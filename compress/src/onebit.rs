@@ -28,7 +28,7 @@ use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
 use crate::registry::Method;
 use crate::rng::Rng;
-use crate::simd::avx2_dispatch;
+use crate::simd::vector_dispatch;
 use crate::wire::{f32_at, Reader, Writer};
 
 /// Configuration of [`OneBit`].
@@ -88,7 +88,7 @@ impl OneBit {
     }
 }
 
-avx2_dispatch! {
+vector_dispatch! {
     /// `(μ+, μ−)` of one column, accumulated in `f64`; `None` when the column holds a NaN
     /// or an infinity (a sum of finite `f32` values cannot overflow `f64`, and a NaN or ±∞
     /// makes one of the two sums non-finite).
@@ -142,7 +142,7 @@ fn column_means_lanes(x: &[f32]) -> Option<(f32, f32)> {
     Some((mp, mn))
 }
 
-avx2_dispatch! {
+vector_dispatch! {
     /// The sign bits of `x` into `bits` (`⌈len/8⌉` bytes, LSB first).
     fn sign_bits(x: &[f32], bits: &mut [u8]) = sign_bits_lanes;
 }
@@ -275,6 +275,28 @@ mod tests {
     }
 
     const COLUMNS: [Option<usize>; 6] = [None, Some(1), Some(7), Some(64), Some(100), Some(5000)];
+
+    #[test]
+    fn every_vector_tier_computes_the_same_bits() {
+        use crate::simd::assert_same_on_every_tier as same;
+        let mut rng = Rng::seed_from_u64(12);
+        for n in [0usize, 1, 7, 8, 9, 63, 64, 65, 1000, 4099] {
+            let mut x: Vec<f32> = (0..n).map(|_| rng.next_f32() - 0.5).collect();
+            for (i, v) in [(2, -0.0), (4, 0.0), (5, f32::from_bits(0x8000_0001))] {
+                if i < n {
+                    x[i] = v;
+                }
+            }
+            same("column means", || {
+                column_means(&x).map(|(p, q)| (p.to_bits(), q.to_bits()))
+            });
+            same("sign bits", || {
+                let mut bits = vec![0u8; n.div_ceil(8)];
+                sign_bits(&x, &mut bits);
+                bits
+            });
+        }
+    }
 
     #[test]
     fn onebit_preserves_every_column_sum() {

@@ -11,7 +11,7 @@
 //! `(x.to_bits() & 0x7FFF_FFFF)` orders by `|x|`. A key of 0 marks an element that must
 //! never be selected (see [`abs_key`]).
 
-use crate::simd::avx2_dispatch;
+use crate::simd::vector_dispatch;
 
 /// Order-preserving key of `|x|` for finite `x`, shifted by one so that 0 stays reserved
 /// for "not a member".
@@ -20,7 +20,7 @@ pub fn abs_key(x: f32) -> u32 {
     (x.to_bits() & 0x7FFF_FFFF) + 1
 }
 
-avx2_dispatch! {
+vector_dispatch! {
     /// Writes into `out` (cleared first) the ascending indices of `x` whose magnitude key
     /// is at least `key` (the candidate gather of DGC, gradient dropping and Dryden's
     /// threshold).
@@ -242,6 +242,21 @@ mod tests {
         idx.truncate(k);
         idx.sort();
         idx
+    }
+
+    #[test]
+    fn every_vector_tier_gathers_the_same_indices() {
+        let mut rng = Rng::seed_from_u64(13);
+        for n in [0usize, 1, 63, 64, 65, 1000, 4099] {
+            let x: Vec<f32> = (0..n).map(|_| rng.next_f32() - 0.5).collect();
+            for key in [1, abs_key(0.45), abs_key(0.499), u32::MAX] {
+                crate::simd::assert_same_on_every_tier("gather", || {
+                    let mut out = Vec::new();
+                    gather_at_least(&x, key, &mut out);
+                    out
+                });
+            }
+        }
     }
 
     #[test]

@@ -1,25 +1,89 @@
 //! Runtime dispatch of hot loops to wider vector units.
 //!
 //! The crate is built for the baseline x86-64 target (SSE2), so that one binary runs on any
-//! x86-64 machine. A loop wrapped in [`avx2_dispatch!`] is compiled twice, once as is and
-//! once with AVX2 enabled, and the CPU picks (`is_x86_feature_detected!`, which std caches
-//! after the first call). Both copies are the same source and Rust never contracts or
-//! reorders floating-point operations, so they compute the same bits; only the width of
-//! the vector instructions differs. Off x86-64 the macro is the plain function.
+//! x86-64 machine. A loop wrapped in [`vector_dispatch!`] is compiled three times: as is,
+//! with AVX2 enabled, and with AVX-512 (F, BW, DQ, VL) enabled; the CPU picks the widest it
+//! executes (`is_x86_feature_detected!`, which std caches after the first call). The copies
+//! are the same source and Rust never contracts or reorders floating-point operations, so
+//! they compute the same bits; only the width of the vector instructions differs. Off
+//! x86-64 the macro is the plain function.
+
+#[cfg(test)]
+thread_local! {
+    /// The widest tier the dispatch may pick on this thread (tests: [`each_tier`]).
+    static LIMIT: std::cell::Cell<u8> = const { std::cell::Cell::new(2) };
+}
+
+/// Whether the dispatch may use tier `tier` (1: AVX2, 2: AVX-512). Always, outside the
+/// crate's tests, which narrow it to hold every copy to the same bits ([`each_tier`]).
+#[inline(always)]
+pub(crate) fn allows(tier: u8) -> bool {
+    #[cfg(test)]
+    let limit = LIMIT.with(std::cell::Cell::get);
+    #[cfg(not(test))]
+    let limit = u8::MAX;
+    tier <= limit
+}
+
+/// `f()` with the dispatch limited to baseline x86-64, then AVX2, then AVX-512 (each as
+/// far as the CPU goes): the results, narrowest first.
+#[cfg(test)]
+pub(crate) fn each_tier<R>(mut f: impl FnMut() -> R) -> Vec<R> {
+    (0..=2)
+        .map(|tier| {
+            LIMIT.with(|l| l.set(tier));
+            let r = f();
+            LIMIT.with(|l| l.set(2));
+            r
+        })
+        .collect()
+}
+
+/// Asserts that `f()` gives the same result on every tier ([`each_tier`]).
+#[cfg(test)]
+pub(crate) fn assert_same_on_every_tier<R: PartialEq + std::fmt::Debug>(
+    what: &str,
+    f: impl FnMut() -> R,
+) {
+    let all = each_tier(f);
+    for (tier, r) in all.iter().enumerate().skip(1) {
+        assert_eq!(r, &all[0], "{what}: tier {tier} against the baseline copy");
+    }
+}
+
+/// Whether the CPU executes the AVX-512 subsets the wide copies are compiled for (F, BW,
+/// DQ, VL: every AVX-512 CPU since Skylake-SP and Zen 4).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn has_avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+}
 
 /// Defines `fn $name(args) -> R` running `$body(args)` (an `#[inline(always)]` function, so
-/// that it is compiled into each copy) with AVX2 when the CPU has it.
-macro_rules! avx2_dispatch {
+/// that it is compiled into each copy) with AVX-512 or AVX2 when the CPU has it.
+macro_rules! vector_dispatch {
     ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:path;) => {
         $(#[$m])*
         $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
+                #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+                unsafe fn widest($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
                 #[target_feature(enable = "avx2")]
                 unsafe fn wide($($arg: $ty),*) $(-> $ret)? {
                     $body($($arg),*)
                 }
-                if std::arch::is_x86_feature_detected!("avx2") {
+                if $crate::simd::allows(2) && $crate::simd::has_avx512() {
+                    // SAFETY: the CPU executes these AVX-512 subsets, checked on the line
+                    // above.
+                    return unsafe { widest($($arg),*) };
+                }
+                if $crate::simd::allows(1) && std::arch::is_x86_feature_detected!("avx2") {
                     // SAFETY: the CPU executes AVX2, checked on the line above.
                     return unsafe { wide($($arg),*) };
                 }
@@ -29,4 +93,4 @@ macro_rules! avx2_dispatch {
     };
 }
 
-pub(crate) use avx2_dispatch;
+pub(crate) use vector_dispatch;

@@ -46,7 +46,7 @@ use crate::compressor::{
 use crate::error::{CompressError, ConfigError, WireError};
 use crate::registry::Method;
 use crate::rng::{LaneRng, Rng};
-use crate::simd::avx2_dispatch;
+use crate::simd::vector_dispatch;
 use crate::wire::{Reader, Writer};
 
 /// Configuration of [`TernGrad`].
@@ -114,7 +114,7 @@ pub struct TernGrad {
     non_finite: FirstNonFinite,
 }
 
-avx2_dispatch! {
+vector_dispatch! {
     /// `Σ x` in `f64` (eight lanes, then the tail) and `max |x|`, in one pass over `x`.
     fn sum_and_max_abs(x: &[f32]) -> (f64, f32) = sum_and_max_abs_lanes;
 }
@@ -140,7 +140,7 @@ fn sum_and_max_abs_lanes(x: &[f32]) -> (f64, f32) {
     (sum, r)
 }
 
-avx2_dispatch! {
+vector_dispatch! {
     /// Population standard deviation of `x` given `sum = Σ x` from [`sum_and_max_abs`]: the
     /// second pass of the two-pass formula, in `f64`.
     fn std_dev_from_sum(x: &[f32], sum: f64) -> f64 = std_dev_lanes;
@@ -166,7 +166,7 @@ fn std_dev_lanes(x: &[f32], sum: f64) -> f64 {
     (ss / n).sqrt()
 }
 
-avx2_dispatch! {
+vector_dispatch! {
     /// `max |x|`, as the largest magnitude's bits: for finite values the order of the bits
     /// is the order of the magnitudes, and a NaN's bits are above an infinity's, which are
     /// above every finite value's, so the result is non-finite exactly when `x` holds a NaN
@@ -260,7 +260,7 @@ const U24: f32 = 1.0 / (1u32 << 24) as f32;
 /// Elements per block of random draws (a multiple of 4, so blocks fill whole bytes).
 const BLOCK: usize = 256;
 
-avx2_dispatch! {
+vector_dispatch! {
     /// Ternarizes `x` (clamped to `±bound`) with scaler `s > 0` into `out` (`⌈len/4⌉`
     /// bytes).
     fn ternarize(x: &[f32], bound: f32, s: f32, rng: &mut Rng, out: &mut [u8]) = ternarize_lanes;
@@ -537,6 +537,32 @@ mod tests {
     /// The scaler's pass is the finiteness check, with and without clipping, and `max|x|`
     /// over the magnitudes' bits is the float maximum for finite input (signed zeros and
     /// subnormals included).
+    #[test]
+    fn every_vector_tier_computes_the_same_bits() {
+        use crate::simd::assert_same_on_every_tier as same;
+        let mut rng = Rng::seed_from_u64(11);
+        for n in [0usize, 1, 7, 8, 9, 255, 256, 257, 1000, 4099] {
+            let mut x: Vec<f32> = (0..n).map(|_| (rng.next_f32() - 0.5) * 0.02).collect();
+            for (i, v) in [(3, -0.0), (5, f32::from_bits(1)), (6, 0.5), (n / 2, -0.3)] {
+                if i < n {
+                    x[i] = v;
+                }
+            }
+            same("sum and max", || {
+                let (s, m) = sum_and_max_abs(&x);
+                (s.to_bits(), m.to_bits())
+            });
+            same("std dev", || std_dev_from_sum(&x, 0.123).to_bits());
+            same("max abs", || max_abs(&x).to_bits());
+            same("ternarize", || {
+                let mut r = Rng::seed_from_u64(3);
+                let mut out = vec![0u8; n.div_ceil(4)];
+                ternarize(&x, 0.008, 0.007, &mut r, &mut out);
+                (out, r)
+            });
+        }
+    }
+
     #[test]
     fn scaler_pass_finds_non_finite_input_and_max_abs_is_the_float_maximum() {
         let segs = [0..700, 700..701, 701..5000];

@@ -141,9 +141,15 @@ impl Threshold {
 /// [`MAX_SIGN_WORD_SEGMENT`].
 pub fn collect_sign_words(x: &[f32], pos: f32, neg: f32, words: &mut Vec<u32>) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU executes AVX2, checked on the line above.
-        return unsafe { avx2::collect_sign_words(x, pos, neg, words) };
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU executes AVX-512F, checked on the line above.
+            return unsafe { avx512::collect_sign_words(x, pos, neg, words) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU executes AVX2, checked on the line above.
+            return unsafe { avx2::collect_sign_words(x, pos, neg, words) };
+        }
     }
     collect_sign_words_portable(x, pos, neg, words)
 }
@@ -278,6 +284,82 @@ mod avx2 {
                     }
                 }
                 if first_bad.is_none() && _mm256_testz_si256(bad, bad) == 0 {
+                    first_bad = first_non_finite(block).map(|(j, _)| b * BLOCK + j);
+                }
+                words.extend_from_slice(&buf[..m]);
+            }
+        }
+        first_bad
+    }
+}
+
+/// [`collect_sign_words`] with AVX-512F: sixteen elements per step, compared into a hit
+/// mask whose words are compressed to the front of the vector in one instruction
+/// (`vpcompressd` into a register, then one store at the cursor, which advances by the
+/// mask's popcount). Branch-free whatever the density.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::{
+        __mmask16, _mm512_add_epi32, _mm512_and_si512, _mm512_castps_si512, _mm512_cmp_ps_mask,
+        _mm512_cmpeq_epi32_mask, _mm512_loadu_ps, _mm512_mask_add_epi32,
+        _mm512_maskz_compress_epi32, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32,
+        _mm512_storeu_si512, _CMP_GE_OQ, _CMP_LE_OQ,
+    };
+
+    use super::MAX_SIGN_WORD_SEGMENT;
+    use crate::compressor::first_non_finite;
+
+    /// Elements per block: the hits of a block are gathered on the stack, then appended.
+    const BLOCK: usize = 2048;
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn collect_sign_words(
+        x: &[f32],
+        pos: f32,
+        neg: f32,
+        words: &mut Vec<u32>,
+    ) -> Option<usize> {
+        debug_assert!(x.len() <= MAX_SIGN_WORD_SEGMENT);
+        words.clear();
+        // Sixteen spare words: a step stores a whole vector at the cursor.
+        let mut buf = [0u32; BLOCK + 16];
+        let mut first_bad = None;
+        // SAFETY: the loads read 16 elements of a 16-element chunk of `x`, and the store
+        // writes 16 words at `m <= BLOCK` of `buf` (BLOCK + 16).
+        unsafe {
+            let vpos = _mm512_set1_ps(pos);
+            let vneg = _mm512_set1_ps(neg);
+            let exp = _mm512_set1_epi32(0x7F80_0000);
+            let one = _mm512_set1_epi32(1);
+            // Each lane's index, shifted to its place in the word.
+            let lanes =
+                _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+            for (b, block) in x.chunks(BLOCK).enumerate() {
+                let mut m = 0usize;
+                let mut bad: __mmask16 = 0;
+                let mut it = block.chunks_exact(16);
+                for (c, v16) in (&mut it).enumerate() {
+                    let v = _mm512_loadu_ps(v16.as_ptr());
+                    let ge = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, vpos);
+                    let le = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(v, vneg);
+                    let e = _mm512_and_si512(_mm512_castps_si512(v), exp);
+                    bad |= _mm512_cmpeq_epi32_mask(e, exp);
+                    // Indices < 2^31, so the shifted index fits the word.
+                    let base = (((b * BLOCK + c * 16) as u32) << 1) as i32;
+                    let word = _mm512_add_epi32(_mm512_set1_epi32(base), lanes);
+                    let word = _mm512_mask_add_epi32(word, le, word, one);
+                    let hit = ge | le;
+                    let packed = _mm512_maskz_compress_epi32(hit, word);
+                    _mm512_storeu_si512(buf.as_mut_ptr().add(m).cast(), packed);
+                    m += hit.count_ones() as usize;
+                }
+                let tail = block.len() - it.remainder().len();
+                for (j, &v) in it.remainder().iter().enumerate() {
+                    buf[m] = ((b * BLOCK + tail + j) as u32) << 1 | (v <= neg) as u32;
+                    m += ((v >= pos) | (v <= neg)) as usize;
+                    bad |= (!v.is_finite()) as __mmask16;
+                }
+                if first_bad.is_none() && bad != 0 {
                     first_bad = first_non_finite(block).map(|(j, _)| b * BLOCK + j);
                 }
                 words.extend_from_slice(&buf[..m]);
@@ -937,10 +1019,26 @@ mod tests {
                 .map(|i| (i as u32) << 1 | (x[i] <= -1.0) as u32)
                 .collect();
             let first_bad = x.iter().position(|v| !v.is_finite());
-            // The dispatched pass (AVX2 where the CPU has it) and the portable one.
+            // The dispatched pass (AVX-512 or AVX2 where the CPU has it), each vector pass
+            // the CPU executes, and the portable one.
             let bad = collect_sign_words(&x, 1.0, -1.0, &mut words);
             assert_eq!(words, want, "n = {n}, spread {spread}");
             assert_eq!(bad, first_bad, "n = {n}");
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: checked on the line above.
+                    let bad = unsafe { avx512::collect_sign_words(&x, 1.0, -1.0, &mut words) };
+                    assert_eq!(words, want, "AVX-512, n = {n}, spread {spread}");
+                    assert_eq!(bad, first_bad, "AVX-512, n = {n}");
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: checked on the line above.
+                    let bad = unsafe { avx2::collect_sign_words(&x, 1.0, -1.0, &mut words) };
+                    assert_eq!(words, want, "AVX2, n = {n}, spread {spread}");
+                    assert_eq!(bad, first_bad, "AVX2, n = {n}");
+                }
+            }
             let bad = collect_sign_words_portable(&x, 1.0, -1.0, &mut words);
             assert_eq!(words, want, "portable, n = {n}, spread {spread}");
             assert_eq!(bad, first_bad, "portable, n = {n}");
