@@ -120,7 +120,7 @@ impl Observer for Progress {
             b.set_message(self.line());
             b.inc(1);
         }
-        let end_of_epoch = (r.step + 1) % self.per_epoch == 0 || r.step + 1 == self.total;
+        let end_of_epoch = (r.step + 1).is_multiple_of(self.per_epoch) || r.step + 1 == self.total;
         if !self.tty && end_of_epoch {
             eprintln!("epoch {}: {}", r.epoch + 1, self.line());
         }

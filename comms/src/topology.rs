@@ -69,7 +69,7 @@ impl Topology {
     /// # Errors
     /// When `nodes` is 0 or does not divide `world`.
     pub fn from_nodes(world: usize, nodes: usize) -> Result<Self, String> {
-        if nodes == 0 || world % nodes != 0 {
+        if nodes == 0 || !world.is_multiple_of(nodes) {
             return Err(format!(
                 "{world} ranks cannot be split evenly over {nodes} nodes"
             ));

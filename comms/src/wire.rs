@@ -295,7 +295,7 @@ impl Message {
 ///
 /// Returns an error if the payload length is not a multiple of 4.
 pub fn f32s(payload: &[u8]) -> Result<impl Iterator<Item = f32> + '_, WireError> {
-    if payload.len() % 4 != 0 {
+    if !payload.len().is_multiple_of(4) {
         return Err(WireError::Payload(
             "f32 payload length is not a multiple of 4",
         ));

@@ -61,7 +61,7 @@ fn reference(step: u64, workers: usize, len: usize, agg: Reduction) -> Vec<f32> 
 }
 
 fn agg_of(step: u64) -> Reduction {
-    if step % 2 == 0 {
+    if step.is_multiple_of(2) {
         Reduction::SUM
     } else {
         Reduction::MEAN

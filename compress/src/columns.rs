@@ -121,7 +121,7 @@ impl Compressor for Columns {
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
         let width = self.widths.get(self.next).copied().unwrap_or(0);
         self.next += 1;
-        if width >= 2 && x.len() % width == 0 && u32::try_from(width).is_ok() {
+        if width >= 2 && x.len().is_multiple_of(width) && u32::try_from(width).is_ok() {
             self.nonzero_columns(x, width);
             let rows = x.len() / width;
             let k = self.keep.len();
@@ -157,7 +157,7 @@ impl Compressor for Columns {
             }
             COLUMNS => {
                 let width = r.u32("row width")? as usize;
-                if width == 0 || out.len() % width != 0 {
+                if width == 0 || !out.len().is_multiple_of(width) {
                     return Err(WireError::Invalid("row width does not divide the segment"));
                 }
                 let k = r.u32("column count")? as usize;

@@ -243,7 +243,7 @@ impl GradientDropping {
         }
         let idx = r.take_items(count, 4, "dropping indices")?;
         let signs = r.take(count.div_ceil(8), "dropping sign bits")?;
-        if count % 8 != 0 && signs[signs.len() - 1] >> (count % 8) != 0 {
+        if !count.is_multiple_of(8) && signs[signs.len() - 1] >> (count % 8) != 0 {
             return Err(WireError::Invalid("sign bits set past the last survivor"));
         }
         let mut next = 0usize;

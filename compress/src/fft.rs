@@ -358,7 +358,7 @@ pub fn kept_bins(m: usize, theta: f64) -> usize {
 /// Hermitian multiplicity of bin `k` of a length-`n` transform.
 #[inline]
 pub fn bin_weight(n: usize, k: usize) -> f32 {
-    if k == 0 || (n % 2 == 0 && k == n / 2) {
+    if k == 0 || (n.is_multiple_of(2) && k == n / 2) {
         1.0
     } else {
         2.0
@@ -520,7 +520,7 @@ impl Fft {
                 if set != k {
                     return Err(WireError::Invalid("fft bitmap population differs from K"));
                 }
-                if m % 8 != 0 && (bm[bm.len() - 1] >> (m % 8)) != 0 {
+                if !m.is_multiple_of(8) && (bm[bm.len() - 1] >> (m % 8)) != 0 {
                     return Err(WireError::Invalid("fft bitmap has bits past the last bin"));
                 }
                 for (bi, &b) in bm.iter().enumerate() {
@@ -556,7 +556,11 @@ impl Fft {
                 }
             }
         }
-        let nyq = if n % 2 == 0 { n / 2 } else { usize::MAX };
+        let nyq = if n.is_multiple_of(2) {
+            n / 2
+        } else {
+            usize::MAX
+        };
         for (j, &b) in keep.iter().enumerate() {
             let b = b as usize;
             let (re, im) = (vals[2 * j], vals[2 * j + 1]);

@@ -93,7 +93,7 @@ impl Compressor for Natural {
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
         let nbits = CODE_BITS as u64 * out.len() as u64;
         let bytes = r.take(bytes_for_bits(nbits), "natural codes")?;
-        if nbits % 8 != 0 && bytes[bytes.len() - 1] >> (nbits % 8) != 0 {
+        if !nbits.is_multiple_of(8) && bytes[bytes.len() - 1] >> (nbits % 8) != 0 {
             return Err(WireError::Invalid("natural: unused code bits are not zero"));
         }
         let mut br = BitReader::new(bytes);

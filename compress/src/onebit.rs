@@ -209,7 +209,7 @@ impl Compressor for OneBit {
         let m = n.div_ceil(c);
         let means = r.take_items(m, 8, "onebit means")?;
         let bits = r.take(n.div_ceil(8), "onebit bits")?;
-        if n % 8 != 0 && bits[bits.len() - 1] >> (n % 8) != 0 {
+        if !n.is_multiple_of(8) && bits[bits.len() - 1] >> (n % 8) != 0 {
             return Err(WireError::Invalid("onebit padding bits are not zero"));
         }
         for (j, o) in out.chunks_mut(c).enumerate() {
@@ -223,7 +223,7 @@ impl Compressor for OneBit {
             }
             let table = [mn, mp];
             let start = j * c;
-            if start % 8 == 0 {
+            if start.is_multiple_of(8) {
                 // Whole bytes at a time.
                 let bytes = &bits[start / 8..];
                 let full = o.len() / 8;

@@ -489,10 +489,10 @@ impl Qsgd {
         let norms = r.take_items(nb, 4, "qsgd norms")?;
         let nbits = n as u64 * width as u64;
         let codes = r.take(bytes_for_bits(nbits), "qsgd codes")?;
-        if nbits % 8 != 0 && codes[codes.len() - 1] >> (nbits % 8) != 0 {
+        if !nbits.is_multiple_of(8) && codes[codes.len() - 1] >> (nbits % 8) != 0 {
             return Err(WireError::Invalid("qsgd padding bits are not zero"));
         }
-        if (self.d as u64 * width as u64) % 8 == 0 {
+        if (self.d as u64 * width as u64).is_multiple_of(8) {
             match width {
                 2 => return self.decode_bytes::<2>(norms, codes, out),
                 4 => return self.decode_bytes::<4>(norms, codes, out),
@@ -650,7 +650,7 @@ impl Qsgd {
                 "qsgd stream length disagrees with its content",
             ));
         }
-        if used % 8 != 0 && stream[len - 1] >> (used % 8) != 0 {
+        if !used.is_multiple_of(8) && stream[len - 1] >> (used % 8) != 0 {
             return Err(WireError::Invalid("qsgd padding bits are not zero"));
         }
         Ok(())

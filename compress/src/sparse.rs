@@ -142,7 +142,7 @@ fn index_part<'a>(r: &mut Reader<'a>, n: usize) -> Result<(usize, IndexPart<'a>)
         LIST => IndexPart::List(r.take_items(k, 4, "sparse indices")?),
         BITMAP => {
             let bm = r.take(n.div_ceil(8), "sparse bitmap")?;
-            if n % 8 != 0 && (bm[bm.len() - 1] >> (n % 8)) != 0 {
+            if !n.is_multiple_of(8) && (bm[bm.len() - 1] >> (n % 8)) != 0 {
                 return Err(WireError::Invalid("bitmap has bits past the segment end"));
             }
             let set: usize = bm.iter().map(|b| b.count_ones() as usize).sum();

@@ -362,7 +362,7 @@ impl Compressor for TernGrad {
         let out = w.zeroed(n.div_ceil(4));
         if s == 0.0 {
             out.fill(0x55);
-            if n % 4 != 0 {
+            if !n.is_multiple_of(4) {
                 out[n / 4] = 0x55 & ((1u8 << (2 * (n % 4))) - 1);
             }
             return;

@@ -195,7 +195,7 @@ impl<'a> Reader<'a> {
     /// bits of the last byte checked to be 0.
     pub fn sign_bits(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], WireError> {
         let bits = self.take(n.div_ceil(8), what)?;
-        if n % 8 != 0 && bits[n / 8] >> (n % 8) != 0 {
+        if !n.is_multiple_of(8) && bits[n / 8] >> (n % 8) != 0 {
             return Err(WireError::Invalid(what));
         }
         Ok(bits)

@@ -27,7 +27,7 @@ fn gradient(n: usize, seed: u64) -> Vec<f32> {
             let layer_scale = 10f32.powi(-(((i / 97) % 4) as i32));
             let u = r.next_f32().max(1e-7);
             let lap = -u.ln() * if r.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
-            if r.next_u64() % 17 == 0 {
+            if r.next_u64().is_multiple_of(17) {
                 0.0
             } else {
                 layer_scale * lap

@@ -103,7 +103,7 @@ impl GptConfig {
         check_positive("layers", self.layers)?;
         check_positive("mlp_ratio", self.mlp_ratio)?;
         check_dropout(self.dropout)?;
-        if self.d_model % self.heads != 0 {
+        if !self.d_model.is_multiple_of(self.heads) {
             return Err(ModelError::Config(format!(
                 "heads = {} must divide d_model = {}",
                 self.heads, self.d_model

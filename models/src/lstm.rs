@@ -204,7 +204,7 @@ impl LanguageModel for LstmLm {
 
     fn state_from_values(&self, values: &[f32], device: &Device) -> Result<Self::State, String> {
         let per_row: usize = self.layers.iter().map(|l| 2 * l.d_hidden).sum();
-        if per_row == 0 || values.len() % per_row != 0 {
+        if per_row == 0 || !values.len().is_multiple_of(per_row) {
             return Err(format!(
                 "{} values are not a whole number of batch rows of {per_row} (2 × hidden per layer)",
                 values.len()

@@ -73,7 +73,7 @@ impl ResNetConfig {
     /// Panics if `depth` is not of the form `6n + 2` with `n ≥ 1`.
     pub fn cifar(depth: usize) -> Self {
         assert!(
-            depth >= 8 && (depth - 2) % 6 == 0,
+            depth >= 8 && (depth - 2).is_multiple_of(6),
             "CIFAR ResNet depth must be 6n+2, got {depth}"
         );
         let n = (depth - 2) / 6;
@@ -175,7 +175,7 @@ impl ResNetConfig {
                 "option-A shortcuts are defined for basic blocks only".into(),
             ));
         }
-        if self.shortcut == Shortcut::A && self.base_width % 2 != 0 {
+        if self.shortcut == Shortcut::A && !self.base_width.is_multiple_of(2) {
             return Err(ModelError::Config(
                 "option-A shortcuts need an even base_width (channels are padded evenly)".into(),
             ));

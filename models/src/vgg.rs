@@ -158,7 +158,7 @@ impl VggConfig {
         check_positive("in_channels", self.in_channels)?;
         check_positive("num_classes", self.num_classes)?;
         check_dropout(self.dropout)?;
-        if self.image_size == 0 || self.image_size % 32 != 0 {
+        if self.image_size == 0 || !self.image_size.is_multiple_of(32) {
             return Err(ModelError::Config(format!(
                 "VGG needs an image size that is a positive multiple of 32, got {}",
                 self.image_size

@@ -20,9 +20,9 @@ pub fn parse_size(s: &str) -> usize {
 
 /// The shortest exact `K` / `M` spelling of `b` bytes.
 pub fn fmt_size(b: usize) -> String {
-    if b >= 1 << 20 && b % (1 << 20) == 0 {
+    if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
         format!("{}M", b >> 20)
-    } else if b >= 1 << 10 && b % (1 << 10) == 0 {
+    } else if b >= 1 << 10 && b.is_multiple_of(1 << 10) {
         format!("{}K", b >> 10)
     } else {
         b.to_string()

@@ -509,7 +509,7 @@ impl<'a> DlcpAllReduce<'a> {
             return Ok(()); // The owner already reduced; nothing to resend.
         }
         let k = self.layouts[from].len();
-        if payload.len() % 4 != 0 || payload.len() / 4 > k {
+        if !payload.len().is_multiple_of(4) || payload.len() / 4 > k {
             return Err(AlgoError::protocol(
                 from,
                 format!(

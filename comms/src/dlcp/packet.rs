@@ -138,7 +138,7 @@ pub fn decode(b: &[u8]) -> Result<(PacketHeader, &[u8]), PacketError> {
         owner: u16_at(34),
     };
     let body = &b[PACKET_HEADER_LEN..];
-    if body.len() % 4 != 0 || (body.len() / 4) as u64 != u64::from(h.count) {
+    if !body.len().is_multiple_of(4) || (body.len() / 4) as u64 != u64::from(h.count) {
         return Err(PacketError::BodyLength {
             count: h.count,
             body: body.len(),

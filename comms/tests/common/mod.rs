@@ -139,7 +139,7 @@ pub fn hierarchical_reference(inputs: &[Vec<f32>], topology: &Topology, small: b
 /// equal size, hosts of unequal sizes with interleaved ranks, one host, one rank per host.
 pub fn topologies(world: usize) -> Vec<Topology> {
     let mut out: Vec<Topology> = (2..world)
-        .filter(|h| world % h == 0)
+        .filter(|h| world.is_multiple_of(*h))
         .map(|h| Topology::from_nodes(world, h).unwrap())
         .collect();
     if world >= 3 {
@@ -974,7 +974,7 @@ pub fn sum_f32_shares(shares: &[&[u8]]) -> Result<Vec<u8>, (usize, String)> {
     let n = shares.first().map_or(0, |s| s.len());
     let mut acc = vec![0.0f32; n / 4];
     for (q, s) in shares.iter().enumerate() {
-        if s.len() != n || n % 4 != 0 {
+        if s.len() != n || !n.is_multiple_of(4) {
             return Err((q, format!("share of {} bytes, expected {n}", s.len())));
         }
         for (a, c) in acc.iter_mut().zip(s.chunks_exact(4)) {

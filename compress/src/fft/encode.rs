@@ -136,7 +136,11 @@ impl EncScratch {
         self.choose(cfg, n, scale);
         let layout = cfg.layout(m, self.keep.len());
         let k = self.keep.len();
-        let nyq = if n % 2 == 0 { n / 2 } else { usize::MAX };
+        let nyq = if n.is_multiple_of(2) {
+            n / 2
+        } else {
+            usize::MAX
+        };
         self.vals.clear();
         for &b in &self.keep {
             let c = self.spec[b as usize];

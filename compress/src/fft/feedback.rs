@@ -26,12 +26,12 @@ pub(super) fn compensate_spectrum(spec: &mut [Complex<f32>], post: f32, e: &[f32
     let m = spec.len();
     debug_assert_eq!(m, bins(n));
     spec[0] = Complex::new(spec[0].re * post + e[0], 0.0);
-    let pairs = if n % 2 == 0 { m - 1 } else { m };
+    let pairs = if n.is_multiple_of(2) { m - 1 } else { m };
     for (c, e) in spec[1..pairs].iter_mut().zip(e[1..].chunks_exact(2)) {
         c.re = c.re * post + e[0];
         c.im = c.im * post + e[1];
     }
-    if n % 2 == 0 && m > 1 {
+    if n.is_multiple_of(2) && m > 1 {
         spec[m - 1] = Complex::new(spec[m - 1].re * post + e[n - 1], 0.0);
     }
 }
@@ -41,13 +41,13 @@ pub(super) fn compensate_spectrum(spec: &mut [Complex<f32>], post: f32, e: &[f32
 pub(super) fn store_residual(spec: &[Complex<f32>], keep: &[u32], sent: &[f32], e: &mut [f32]) {
     let n = e.len();
     let m = spec.len();
-    let pairs = if n % 2 == 0 { m - 1 } else { m };
+    let pairs = if n.is_multiple_of(2) { m - 1 } else { m };
     e[0] = spec[0].re;
     for (c, e) in spec[1..pairs].iter().zip(e[1..].chunks_exact_mut(2)) {
         e[0] = c.re;
         e[1] = c.im;
     }
-    if n % 2 == 0 && m > 1 {
+    if n.is_multiple_of(2) && m > 1 {
         e[n - 1] = spec[m - 1].re;
     }
     for (&b, t) in keep.iter().zip(sent.chunks_exact(2)) {

@@ -466,7 +466,7 @@ pub fn decode_pull(
         }
         PULL_SPARSE => {
             let bm = r.take(m.div_ceil(8), "pull bitmap")?;
-            if m % 8 != 0 && (bm[bm.len() - 1] >> (m % 8)) != 0 {
+            if !m.is_multiple_of(8) && (bm[bm.len() - 1] >> (m % 8)) != 0 {
                 return Err(WireError::Invalid("mipd pull: bitmap bits past the end"));
             }
             let nnz: usize = bm.iter().map(|b| b.count_ones() as usize).sum();

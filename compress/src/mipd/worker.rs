@@ -390,7 +390,7 @@ pub fn decode_layer(
                     "mipd: bitmap population differs from count",
                 ));
             }
-            if n % 8 != 0 && (idx[m - 1] >> (n % 8)) != 0 {
+            if !n.is_multiple_of(8) && (idx[m - 1] >> (n % 8)) != 0 {
                 return Err(WireError::Invalid(
                     "mipd: bitmap has bits past the layer end",
                 ));

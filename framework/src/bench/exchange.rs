@@ -49,7 +49,7 @@ pub fn layer_shape(n: usize) -> Vec<usize> {
         return vec![n.max(1)];
     }
     let mut cols = 1usize;
-    while cols * 2 <= n / (cols * 2) && n % (cols * 2) == 0 {
+    while cols * 2 <= n / (cols * 2) && n.is_multiple_of(cols * 2) {
         cols *= 2;
     }
     if cols == 1 {

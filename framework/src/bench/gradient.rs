@@ -97,7 +97,11 @@ pub fn synthesize(shape: Shape, n: usize, seed: u64) -> Vec<f32> {
                 for j in 0..len {
                     let u = r.next_f32().max(1e-7);
                     let lap = -u.ln() * if r.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
-                    let outlier = if r.next_u64() % 1000 == 0 { 20.0 } else { 1.0 };
+                    let outlier = if r.next_u64().is_multiple_of(1000) {
+                        20.0
+                    } else {
+                        1.0
+                    };
                     let smooth =
                         (std::f64::consts::TAU * freq * j as f64 / len as f64 + phase).sin() as f32;
                     v.push(scale * (0.7 * lap * outlier + 0.5 * smooth));

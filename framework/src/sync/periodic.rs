@@ -122,7 +122,7 @@ impl Periodic {
 
     /// Whether the round ends after `step` (a local step).
     fn round_ends(&self, step: u64) -> bool {
-        (step + 1 - self.start) % self.period == 0
+        (step + 1 - self.start).is_multiple_of(self.period)
     }
 
     /// The outer step on the averaged change `delta` (in `self.scratch`): moves the anchor.

@@ -319,7 +319,7 @@ fn zeroone_adam_is_deepspeeds_step_with_exact_averages() {
 
 /// Rank-dependent gradients that are exactly zero on every third parameter.
 fn holey(r: usize, step: u64, i: usize) -> f32 {
-    if i % 3 == 0 {
+    if i.is_multiple_of(3) {
         0.0
     } else {
         grad(r, step, i)

@@ -160,7 +160,7 @@ impl ZeroOneAdam {
         step: u64,
         record: &mut StepRecord,
     ) -> Result<bool, SyncError> {
-        let refresh = (step + 1) % self.c.var_interval == 0;
+        let refresh = (step + 1).is_multiple_of(self.c.var_interval);
         if refresh {
             if self.dense.exchange(comm, grads, step, record)? {
                 return Ok(true);
@@ -274,7 +274,7 @@ impl<T: Transport> GradientSync<T> for ZeroOneAdam {
         if !self.frozen_at(step) {
             return Ok(false);
         }
-        let non_finite = if (step + 1) % self.c.local_step_interval == 0 {
+        let non_finite = if (step + 1).is_multiple_of(self.c.local_step_interval) {
             self.synchronise(comm, model, step, record)?
         } else {
             false

@@ -65,7 +65,8 @@ impl<T: Transport> Trainer<T> {
             }
             let ck0 = Checkpoint::load(&rank0)?;
             let meta0: Meta = ck0.json("meta")?;
-            let mid_epoch = meta0.steps_per_epoch == 0 || meta0.step % meta0.steps_per_epoch != 0;
+            let mid_epoch =
+                meta0.steps_per_epoch == 0 || !meta0.step.is_multiple_of(meta0.steps_per_epoch);
             let why = if ck0.names().any(|n| n.starts_with("ps/") && n != "ps/state") {
                 Some(
                     "its parameter-server state is per rank and per shard, and no rule \

@@ -66,7 +66,7 @@ impl<T: Transport> Trainer<T> {
             match rec {
                 StepOutcome::Done(r) => {
                     tally.add(&r, self.world);
-                    if step % self.plan.config.output.log_every.max(1) == 0 {
+                    if step.is_multiple_of(self.plan.config.output.log_every.max(1)) {
                         Self::log_line(
                             &mut self.metrics_file,
                             self.out.as_ref(),
@@ -86,7 +86,7 @@ impl<T: Transport> Trainer<T> {
                 }
             }
             self.step += 1;
-            let done_epoch = self.step % per_epoch == 0;
+            let done_epoch = self.step.is_multiple_of(per_epoch);
             let epochs_done = self.step / per_epoch;
             let last = self.step == total;
             let eval_every = self.plan.config.train.eval_every_epochs;
@@ -95,16 +95,21 @@ impl<T: Transport> Trainer<T> {
                 .config
                 .train
                 .eval_every_steps
-                .is_some_and(|n| self.step % n == 0);
-            if (done_epoch && eval_every > 0 && epochs_done % eval_every == 0) || last || by_steps {
+                .is_some_and(|n| self.step.is_multiple_of(n));
+            if (done_epoch && eval_every > 0 && epochs_done.is_multiple_of(eval_every))
+                || last
+                || by_steps
+            {
                 self.evaluate_and_log(epochs_done, obs)?;
             }
             let ck = &self.plan.config.checkpoint;
-            let by_steps = ck.every_steps.is_some_and(|n| n > 0 && self.step % n == 0);
+            let by_steps = ck
+                .every_steps
+                .is_some_and(|n| n > 0 && self.step.is_multiple_of(n));
             let by_epochs = done_epoch
                 && ck
                     .every_epochs
-                    .is_some_and(|n| n > 0 && epochs_done % n == 0);
+                    .is_some_and(|n| n > 0 && epochs_done.is_multiple_of(n));
             if by_steps || by_epochs || (last && self.out.is_some()) {
                 if let Some(d) = self.save_checkpoint()? {
                     obs.on_message(&format!("checkpoint {}", d.display()));

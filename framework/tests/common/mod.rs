@@ -158,8 +158,8 @@ pub fn run_all_slow(
             SyncConfig::PostLocalSgd {
                 period,
                 switch_step,
-            } => steps <= switch_step || (steps - switch_step) % period == 0,
-            ref other => other.period().is_none_or(|h| steps % h == 0),
+            } => steps <= switch_step || (steps - switch_step).is_multiple_of(period),
+            ref other => other.period().is_none_or(|h| steps.is_multiple_of(h)),
         };
     if synchronised {
         for (r, run) in runs.iter().enumerate().skip(1) {

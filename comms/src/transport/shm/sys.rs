@@ -42,7 +42,7 @@ impl Mapping {
     /// Maps `len` bytes of `file` from `offset` (a multiple of the page size), shared and
     /// read-write, with the page tables populated up front.
     pub(crate) fn map(file: &File, offset: usize, len: usize) -> io::Result<Mapping> {
-        if len == 0 || offset % page_size() != 0 {
+        if len == 0 || !offset.is_multiple_of(page_size()) {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
         }
         let off = libc::off_t::try_from(offset)
