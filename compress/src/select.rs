@@ -21,6 +21,8 @@ pub fn abs_key(x: f32) -> u32 {
 }
 
 vector_dispatch! {
+    // AVX2 at most: the AVX-512 copy measured 10 % slower (DGC 0.1 % on 4 M values).
+    avx2_only;
     /// Writes into `out` (cleared first) the ascending indices of `x` whose magnitude key
     /// is at least `key` (the candidate gather of DGC, gradient dropping and Dryden's
     /// threshold).

@@ -293,76 +293,110 @@ mod avx2 {
     }
 }
 
-/// [`collect_sign_words`] with AVX-512F: sixteen elements per step, compared into a hit
-/// mask whose words are compressed to the front of the vector in one instruction
-/// (`vpcompressd` into a register, then one store at the cursor, which advances by the
-/// mask's popcount). Branch-free whatever the density.
+/// [`collect_sign_words`] with AVX-512F, for symmetric thresholds (`neg = −pos < 0`, as
+/// the threshold method calls it; otherwise the AVX2 pass): sixteen magnitudes compared
+/// with `pos` into a hit mask (as integers: for non-negative floats the bits order as the
+/// values), the words of the hits compressed to the front of a vector in one instruction
+/// (`vpcompressd`) and stored straight into `words` at the cursor (32 bytes when at most
+/// eight hit, which keeps most stores within one cache line), which advances by the mask's
+/// popcount. Branch-free whatever the density apart from that store's width. A word's sign
+/// is the element's sign bit (for a hit, `x ≤ neg` exactly when it is set); the NaN/∞ test
+/// is the largest magnitude's bits, one integer maximum per step.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::{
-        __mmask16, _mm512_add_epi32, _mm512_and_si512, _mm512_castps_si512, _mm512_cmp_ps_mask,
-        _mm512_cmpeq_epi32_mask, _mm512_loadu_ps, _mm512_mask_add_epi32,
-        _mm512_maskz_compress_epi32, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32,
-        _mm512_storeu_si512, _CMP_GE_OQ, _CMP_LE_OQ,
+        _mm256_storeu_si256, _mm512_add_epi32, _mm512_and_si512, _mm512_castsi512_si256,
+        _mm512_cmpge_epu32_mask, _mm512_loadu_si512, _mm512_maskz_compress_epi32, _mm512_max_epu32,
+        _mm512_or_si512, _mm512_reduce_max_epu32, _mm512_set1_epi32, _mm512_setr_epi32,
+        _mm512_setzero_si512, _mm512_srli_epi32, _mm512_storeu_si512,
     };
 
     use super::MAX_SIGN_WORD_SEGMENT;
     use crate::compressor::first_non_finite;
 
-    /// Elements per block: the hits of a block are gathered on the stack, then appended.
+    /// Elements per block: room for a block's words is reserved before it, and its NaN/∞
+    /// test made after it.
     const BLOCK: usize = 2048;
 
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx2")]
     pub(super) unsafe fn collect_sign_words(
         x: &[f32],
         pos: f32,
         neg: f32,
         words: &mut Vec<u32>,
     ) -> Option<usize> {
+        if !(pos > 0.0 && neg == -pos) {
+            // SAFETY: every AVX-512F CPU executes AVX2.
+            return unsafe { super::avx2::collect_sign_words(x, pos, neg, words) };
+        }
         debug_assert!(x.len() <= MAX_SIGN_WORD_SEGMENT);
         words.clear();
-        // Sixteen spare words: a step stores a whole vector at the cursor.
-        let mut buf = [0u32; BLOCK + 16];
         let mut first_bad = None;
-        // SAFETY: the loads read 16 elements of a 16-element chunk of `x`, and the store
-        // writes 16 words at `m <= BLOCK` of `buf` (BLOCK + 16).
+        // For a positive `pos`, `|x| ≥ pos` as floats is `|x|`'s bits ≥ `pos`'s bits as
+        // integers, except that a NaN's bits are above every finite value's: a NaN hits.
+        // The block holding it is then redone by the portable pass, which leaves NaN out.
+        let tau = pos.to_bits() as i32;
+        // SAFETY: the loads read 16 elements of a 16-element chunk of `x`; each block
+        // reserves room for all its words plus 16 spare, so a store writes at most 16
+        // words at `m <= BLOCK` past the words' length, within the capacity, and the
+        // length is set to cover exactly the `m` words written.
         unsafe {
-            let vpos = _mm512_set1_ps(pos);
-            let vneg = _mm512_set1_ps(neg);
-            let exp = _mm512_set1_epi32(0x7F80_0000);
-            let one = _mm512_set1_epi32(1);
+            let vtau = _mm512_set1_epi32(tau);
+            let magnitude = _mm512_set1_epi32(0x7FFF_FFFF);
+            let step = _mm512_set1_epi32(32);
             // Each lane's index, shifted to its place in the word.
             let lanes =
                 _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
             for (b, block) in x.chunks(BLOCK).enumerate() {
+                words.reserve(block.len() + 16);
+                let buf = words.as_mut_ptr().add(words.len());
                 let mut m = 0usize;
-                let mut bad: __mmask16 = 0;
+                let mut top = _mm512_setzero_si512();
+                // Indices < 2^31, so the shifted index fits the word.
+                let mut idx =
+                    _mm512_add_epi32(_mm512_set1_epi32(((b * BLOCK) as u32) as i32 * 2), lanes);
                 let mut it = block.chunks_exact(16);
-                for (c, v16) in (&mut it).enumerate() {
-                    let v = _mm512_loadu_ps(v16.as_ptr());
-                    let ge = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, vpos);
-                    let le = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(v, vneg);
-                    let e = _mm512_and_si512(_mm512_castps_si512(v), exp);
-                    bad |= _mm512_cmpeq_epi32_mask(e, exp);
-                    // Indices < 2^31, so the shifted index fits the word.
-                    let base = (((b * BLOCK + c * 16) as u32) << 1) as i32;
-                    let word = _mm512_add_epi32(_mm512_set1_epi32(base), lanes);
-                    let word = _mm512_mask_add_epi32(word, le, word, one);
-                    let hit = ge | le;
+                for v16 in &mut it {
+                    let v = _mm512_loadu_si512(v16.as_ptr().cast());
+                    let a = _mm512_and_si512(v, magnitude);
+                    top = _mm512_max_epu32(top, a);
+                    let hit = _mm512_cmpge_epu32_mask(a, vtau);
+                    let word = _mm512_or_si512(idx, _mm512_srli_epi32::<31>(v));
                     let packed = _mm512_maskz_compress_epi32(hit, word);
-                    _mm512_storeu_si512(buf.as_mut_ptr().add(m).cast(), packed);
-                    m += hit.count_ones() as usize;
+                    let n = hit.count_ones() as usize;
+                    if n <= 8 {
+                        _mm256_storeu_si256(buf.add(m).cast(), _mm512_castsi512_si256(packed));
+                    } else {
+                        _mm512_storeu_si512(buf.add(m).cast(), packed);
+                    }
+                    m += n;
+                    idx = _mm512_add_epi32(idx, step);
                 }
-                let tail = block.len() - it.remainder().len();
-                for (j, &v) in it.remainder().iter().enumerate() {
-                    buf[m] = ((b * BLOCK + tail + j) as u32) << 1 | (v <= neg) as u32;
-                    m += ((v >= pos) | (v <= neg)) as usize;
-                    bad |= (!v.is_finite()) as __mmask16;
+                let bad = _mm512_reduce_max_epu32(top) >= 0x7F80_0000;
+                if bad {
+                    // Redone without the NaN hits; the tail is part of the block.
+                    m = 0;
+                    let base = b * BLOCK;
+                    for (j, &v) in block.iter().enumerate() {
+                        buf.add(m)
+                            .write(((base + j) as u32) << 1 | (v <= neg) as u32);
+                        m += ((v >= pos) | (v <= neg)) as usize;
+                    }
+                    if first_bad.is_none() {
+                        first_bad = first_non_finite(block).map(|(j, _)| base + j);
+                    }
+                } else {
+                    let tail = block.len() - it.remainder().len();
+                    for (j, &v) in it.remainder().iter().enumerate() {
+                        buf.add(m)
+                            .write(((b * BLOCK + tail + j) as u32) << 1 | (v <= neg) as u32);
+                        m += ((v >= pos) | (v <= neg)) as usize;
+                        if !v.is_finite() && first_bad.is_none() {
+                            first_bad = Some(b * BLOCK + tail + j);
+                        }
+                    }
                 }
-                if first_bad.is_none() && bad != 0 {
-                    first_bad = first_non_finite(block).map(|(j, _)| b * BLOCK + j);
-                }
-                words.extend_from_slice(&buf[..m]);
+                words.set_len(words.len() + m);
             }
         }
         first_bad
@@ -1042,6 +1076,14 @@ mod tests {
             let bad = collect_sign_words_portable(&x, 1.0, -1.0, &mut words);
             assert_eq!(words, want, "portable, n = {n}, spread {spread}");
             assert_eq!(bad, first_bad, "portable, n = {n}");
+            // Asymmetric thresholds (the AVX-512 pass hands them to the AVX2 one).
+            let want: Vec<u32> = (0..n)
+                .filter(|&i| x[i] >= 1.0 || x[i] <= -0.5)
+                .map(|i| (i as u32) << 1 | (x[i] <= -0.5) as u32)
+                .collect();
+            let bad = collect_sign_words(&x, 1.0, -0.5, &mut words);
+            assert_eq!(words, want, "asymmetric, n = {n}, spread {spread}");
+            assert_eq!(bad, first_bad, "asymmetric, n = {n}");
         }
     }
 }
