@@ -10,7 +10,7 @@
 # adds ResNet-20), TRANSPORTS (dtrain's, default "shm tcp"; PyTorch's gloo is TCP).
 #
 # The models: "mlp" is issue 25's 1024-2048-1024-10 MLP (4.2 M parameters), batch 64 per
-# worker, SGD lr 0.05 momentum 0.9, 100 timed steps (`experiments/mlp_compress_step.toml`,
+# worker, SGD lr 0.002 momentum 0.9, 100 timed steps (`experiments/mlp_compress_step.toml`,
 # variant none); "resnet20" is ResNet-20 on 3×32×32 images, batch 32 per worker, SGD lr 0.1
 # momentum 0.9 weight decay 1e-4, 30 timed steps (`experiments/resnet20_overhead.toml` on
 # synthetic data). Both run 2 workers. Each run's figure is the median over its steps after
@@ -44,7 +44,7 @@ dtrain_args() {
 torch_args() {
   case $1 in
     mlp) echo "--model mlp/mnist:image_size=32;hidden=[2048,1024] --batch 64 --steps 90
-      --warmup 10 --lr 0.05 --momentum 0.9" ;;
+      --warmup 10 --lr 0.002 --momentum 0.9" ;;
     resnet20) echo "--model resnet/resnet20 --batch 32 --steps 30 --warmup 5 --lr 0.1
       --momentum 0.9 --weight-decay 1e-4" ;;
   esac
