@@ -334,7 +334,8 @@ mod avx512 {
         let mut first_bad = None;
         // For a positive `pos`, `|x| ≥ pos` as floats is `|x|`'s bits ≥ `pos`'s bits as
         // integers, except that a NaN's bits are above every finite value's: a NaN hits.
-        // The block holding it is then redone by the portable pass, which leaves NaN out.
+        // A block holding a NaN or an infinity is then redone by a scalar loop (which
+        // leaves NaN out) and reports its first.
         let tau = pos.to_bits() as i32;
         // SAFETY: the loads read 16 elements of a 16-element chunk of `x`; each block
         // reserves room for all its words plus 16 spare, so a store writes at most 16
@@ -354,7 +355,7 @@ mod avx512 {
                 let mut top = _mm512_setzero_si512();
                 // Indices < 2^31, so the shifted index fits the word.
                 let mut idx =
-                    _mm512_add_epi32(_mm512_set1_epi32(((b * BLOCK) as u32) as i32 * 2), lanes);
+                    _mm512_add_epi32(_mm512_set1_epi32((((b * BLOCK) as u32) << 1) as i32), lanes);
                 let mut it = block.chunks_exact(16);
                 for v16 in &mut it {
                     let v = _mm512_loadu_si512(v16.as_ptr().cast());
