@@ -27,6 +27,7 @@ use std::ops::Range;
 
 use crate::error::{CompressError, WireError};
 use crate::rng::Rng;
+pub use crate::touched::Touched;
 use crate::wire::{Reader, Writer};
 
 pub use crate::finite::{
@@ -298,6 +299,22 @@ pub trait Compressor: Send {
     /// Decodes one segment's body from `r` and **adds** it into `out` (`out.len()` is the
     /// segment length). Must validate everything it reads; must not panic on any input.
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError>;
+
+    /// [`Compressor::decode_segment_add`], also marking in `touched` every element of `out`
+    /// it adds to (indices relative to `out`), for [`decompress_mean`]. The default marks the
+    /// whole segment, which is right for any method; a method whose body lists the indices
+    /// it adds at (the sparsifiers) marks those alone, so that the mean scales them alone.
+    /// An element left unmarked must be left unchanged.
+    fn decode_segment_add_touched(
+        &self,
+        r: &mut Reader<'_>,
+        out: &mut [f32],
+        touched: &mut Touched,
+    ) -> Result<(), WireError> {
+        self.decode_segment_add(r, out)?;
+        touched.mark_range(0..out.len());
+        Ok(())
+    }
 
     /// Exact encoded size in bits of one segment body of `n` elements, when it depends only
     /// on `n` and the configuration; `None` for data-dependent sizes (thresholds).
@@ -750,6 +767,64 @@ pub fn decompress_sum_add(
 /// reconstruction into `out`. Never panics; any malformed input is a [`WireError`], and
 /// `out` may then hold a partial sum.
 pub fn decompress_add(c: &dyn Compressor, bytes: &[u8], out: &mut [f32]) -> Result<(), WireError> {
+    decode_frame(c, bytes, out.len(), |r, seg| {
+        c.decode_segment_add(r, &mut out[seg])
+    })
+}
+
+/// [`decompress_add`], also marking in `touched` (reset for `out`'s length) the elements
+/// the decode added to ([`Compressor::decode_segment_add_touched`]).
+pub fn decompress_add_touched(
+    c: &dyn Compressor,
+    bytes: &[u8],
+    out: &mut [f32],
+    touched: &mut Touched,
+) -> Result<(), WireError> {
+    debug_assert_eq!(touched.len(), out.len());
+    decode_frame(c, bytes, out.len(), |r, seg| {
+        touched.set_base(seg.start);
+        c.decode_segment_add_touched(r, &mut out[seg], touched)
+    })
+}
+
+/// The mean of several workers' payloads (in rank order) written into `out` (overwriting
+/// it): zero, add each decode, multiply by `inv` (`1/P`). Returns whether the mean holds a
+/// NaN or an infinity. Bit for bit [`decompress_sum_add`] into a zeroed `out` followed by
+/// [`scale_has_non_finite`], but only the elements the decodes added to are scaled
+/// ([`Touched`]; `touched` is scratch, reused across calls): a sparsifier's mean then
+/// costs the zero fill and its entries, not a second pass over the buffer. `inv` must be
+/// positive. A method with a joint decoder uses it and scales the whole buffer. On return
+/// `touched` marks what was scaled. On a malformed payload the error carries its index.
+pub fn decompress_mean(
+    c: &dyn Compressor,
+    payloads: &[&[u8]],
+    inv: f32,
+    out: &mut [f32],
+    touched: &mut Touched,
+) -> Result<bool, (usize, WireError)> {
+    debug_assert!(inv > 0.0 && inv.is_finite());
+    out.fill(0.0);
+    touched.reset(out.len());
+    if let Some(res) = c.joint_decompress_add(payloads, out) {
+        res?;
+        touched.mark_range(0..out.len());
+        return Ok(scale_has_non_finite(out, inv));
+    }
+    for (i, p) in payloads.iter().enumerate() {
+        decompress_add_touched(c, p, out, touched).map_err(|e| (i, e))?;
+    }
+    Ok(touched.scale(out, inv))
+}
+
+/// Checks the frame of `bytes` (header, method, length `n`, segment table, no trailing
+/// bytes) and calls `body` with the reader at each segment's body and that segment's range
+/// of the buffer, in order.
+fn decode_frame(
+    c: &dyn Compressor,
+    bytes: &[u8],
+    n: usize,
+    mut body: impl FnMut(&mut Reader<'_>, Range<usize>) -> Result<(), WireError>,
+) -> Result<(), WireError> {
     let mut r = Reader::new(bytes);
     let h = Header::parse(&mut r)?;
     if h.method != c.method().0 {
@@ -758,15 +833,15 @@ pub fn decompress_add(c: &dyn Compressor, bytes: &[u8], out: &mut [f32]) -> Resu
             found: h.method,
         });
     }
-    if h.n != out.len() {
+    if h.n != n {
         return Err(WireError::LengthMismatch {
             payload: h.n,
-            buffer: out.len(),
+            buffer: n,
         });
     }
     if h.segments <= 1 {
         if h.n > 0 {
-            c.decode_segment_add(&mut r, out)?;
+            body(&mut r, 0..n)?;
         }
     } else {
         let table = r.take_items(h.segments, 4, "segment table")?;
@@ -788,7 +863,7 @@ pub fn decompress_add(c: &dyn Compressor, bytes: &[u8], out: &mut [f32]) -> Resu
         let mut at = 0usize;
         for i in 0..h.segments {
             let len = crate::wire::u32_at(table, i) as usize;
-            c.decode_segment_add(&mut r, &mut out[at..at + len])?;
+            body(&mut r, at..at + len)?;
             at += len;
         }
     }

@@ -557,18 +557,24 @@ impl Compressor for Dgc {
     }
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
         match r.u8("dgc layout")? {
+            DENSE => read_dense_add(r, out),
+            SPARSE => sparse::read_indexed_add(r, out),
+            _ => Err(WireError::Invalid("unknown dgc layout")),
+        }
+    }
+    fn decode_segment_add_touched(
+        &self,
+        r: &mut Reader<'_>,
+        out: &mut [f32],
+        touched: &mut crate::touched::Touched,
+    ) -> Result<(), WireError> {
+        match r.u8("dgc layout")? {
             DENSE => {
-                let vals = r.take_items(out.len(), 4, "dgc dense values")?;
-                for (j, o) in out.iter_mut().enumerate() {
-                    let v = f32_at(vals, j);
-                    if !v.is_finite() {
-                        return Err(WireError::Invalid("non-finite dense value"));
-                    }
-                    *o += v;
-                }
+                read_dense_add(r, out)?;
+                touched.mark_range(0..out.len());
                 Ok(())
             }
-            SPARSE => sparse::read_indexed_add(r, out),
+            SPARSE => sparse::read_indexed_add_touched(r, out, touched),
             _ => Err(WireError::Invalid("unknown dgc layout")),
         }
     }
@@ -580,6 +586,19 @@ impl Compressor for Dgc {
         let k = keep_count(n, self.cfg.ratio);
         self.dense(n, k).then_some(8 + 32 * n as u64)
     }
+}
+
+/// A dense segment's body (its values, all finite) added into `out`.
+fn read_dense_add(r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
+    let vals = r.take_items(out.len(), 4, "dgc dense values")?;
+    for (j, o) in out.iter_mut().enumerate() {
+        let v = f32_at(vals, j);
+        if !v.is_finite() {
+            return Err(WireError::Invalid("non-finite dense value"));
+        }
+        *o += v;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -306,6 +306,20 @@ impl Compressor for GradientDropping {
             sparse::read_indexed_add(r, out)
         }
     }
+    fn decode_segment_add_touched(
+        &self,
+        r: &mut Reader<'_>,
+        out: &mut [f32],
+        touched: &mut crate::touched::Touched,
+    ) -> Result<(), WireError> {
+        if self.one_bit {
+            Self::read_one_bit_add(r, out)?;
+            touched.mark_range(0..out.len());
+            Ok(())
+        } else {
+            sparse::read_indexed_add_touched(r, out, touched)
+        }
+    }
     fn segment_bits(&self, _n: usize) -> Option<u64> {
         None
     }

@@ -69,6 +69,7 @@ mod simd;
 pub mod sparse;
 #[cfg(test)]
 mod test_util;
+pub mod touched;
 pub mod wire;
 
 // The methods: a `mod` line each, and one registry line each below.
@@ -121,9 +122,9 @@ methods! {
 }
 
 pub use compressor::{
-    compress, compress_new, decompress, decompress_add, decompress_sum_add, payload_bits,
-    sum_lanes, summable_lanes, Aggregation, Combine, Compressor, Ctx, LaneFormat, MethodId,
-    Payload, HEADER_BITS,
+    compress, compress_new, decompress, decompress_add, decompress_mean, decompress_sum_add,
+    payload_bits, sum_lanes, summable_lanes, Aggregation, Combine, Compressor, Ctx, LaneFormat,
+    MethodId, Payload, Touched, HEADER_BITS,
 };
 pub use error::{CompressError, ConfigError, WireError};
 pub use memory::{Memory, MemoryConfig};

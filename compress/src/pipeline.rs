@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use crate::compressor::{self, Compressor, Ctx, Payload};
+use crate::compressor::{self, Compressor, Ctx, Payload, Touched};
 use crate::error::{CompressError, WireError};
 use crate::memory::{Memory, NoMemory};
 use crate::rng::Rng;
@@ -420,6 +420,19 @@ impl Pipeline {
         out: &mut [f32],
     ) -> Result<(), (usize, WireError)> {
         compressor::decompress_sum_add(self.compressor.as_ref(), payloads, out)
+    }
+
+    /// Writes the mean of the payloads of all workers (rank order, `inv` = 1/P) into `out`,
+    /// scaling only the elements the decodes added to; returns whether the mean holds a NaN
+    /// or an infinity (see [`compressor::decompress_mean`]; `touched` is reused scratch).
+    pub fn decompress_mean(
+        &self,
+        payloads: &[&[u8]],
+        inv: f32,
+        out: &mut [f32],
+        touched: &mut Touched,
+    ) -> Result<bool, (usize, WireError)> {
+        compressor::decompress_mean(self.compressor.as_ref(), payloads, inv, out, touched)
     }
 }
 

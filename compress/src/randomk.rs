@@ -154,24 +154,15 @@ impl Compressor for RandomK {
         }
     }
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
-        let n = out.len();
-        let seed = r.u64("random-k seed")?;
-        let k = r.u32("random-k count")? as usize;
-        if k > n {
-            return Err(WireError::Invalid("more random-k entries than elements"));
-        }
-        let vals = r.take_items(k, 4, "random-k values")?;
-        let mut seen = Vec::new();
-        let mut idx = Vec::with_capacity(k);
-        sample_indices(n, k, seed, &mut seen, &mut idx);
-        for (j, &i) in idx.iter().enumerate() {
-            let v = f32_at(vals, j);
-            if !v.is_finite() {
-                return Err(WireError::Invalid("non-finite random-k value"));
-            }
-            out[i as usize] += v;
-        }
-        Ok(())
+        read_add(r, out, |_| {})
+    }
+    fn decode_segment_add_touched(
+        &self,
+        r: &mut Reader<'_>,
+        out: &mut [f32],
+        touched: &mut crate::touched::Touched,
+    ) -> Result<(), WireError> {
+        read_add(r, out, |i| touched.mark(i))
     }
     fn segment_bits(&self, n: usize) -> Option<u64> {
         Some(8 * Self::body_len(k_for(n, self.cfg.ratio)) as u64)
@@ -191,6 +182,34 @@ impl Compressor for RandomK {
         r.take_items(k, 4, "random-k values")?;
         Ok(start..r.position())
     }
+}
+
+/// Decodes a segment's body (seed, count, values) and adds it into `out`, calling `mark`
+/// with each index it adds at.
+fn read_add(
+    r: &mut Reader<'_>,
+    out: &mut [f32],
+    mut mark: impl FnMut(usize),
+) -> Result<(), WireError> {
+    let n = out.len();
+    let seed = r.u64("random-k seed")?;
+    let k = r.u32("random-k count")? as usize;
+    if k > n {
+        return Err(WireError::Invalid("more random-k entries than elements"));
+    }
+    let vals = r.take_items(k, 4, "random-k values")?;
+    let mut seen = Vec::new();
+    let mut idx = Vec::with_capacity(k);
+    sample_indices(n, k, seed, &mut seen, &mut idx);
+    for (j, &i) in idx.iter().enumerate() {
+        let v = f32_at(vals, j);
+        if !v.is_finite() {
+            return Err(WireError::Invalid("non-finite random-k value"));
+        }
+        out[i as usize] += v;
+        mark(i as usize);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

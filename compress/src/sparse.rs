@@ -20,6 +20,7 @@
 //! and keeps the smallest exact size; the sizes are therefore data-dependent.
 
 use crate::error::WireError;
+use crate::touched::Touched;
 use crate::wire::{f32_at, u32_at, BitReader, BitWriter, Reader, Writer};
 
 const LIST: u8 = 0;
@@ -235,10 +236,15 @@ fn read_rice(
     let mut next = 0u64;
     for j in 0..k {
         let mut q = 0u64;
-        while r.bit() {
-            q += 1;
-            if (q << b) >= n as u64 || r.bits_read() > avail {
+        loop {
+            let (run, ends) = r.ones();
+            q += run as u64;
+            if run > 0 && ((q << b) >= n as u64 || r.bits_read() > avail) {
                 return Err(WireError::Invalid("rice gap past the segment end"));
+            }
+            if ends {
+                r.get(1);
+                break;
             }
         }
         let low = if b > 0 { r.get(b) as u64 } else { 0 };
@@ -268,6 +274,25 @@ pub fn skip_indices(r: &mut Reader<'_>, len: usize) -> Result<usize, WireError> 
 /// Reads a body written by [`write_indexed`] and adds the values into `out`. The values are
 /// checked first; an index past the end stops the decode with the entries before it added.
 pub fn read_indexed_add(r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
+    read_indexed_add_marking(r, out, |_| {})
+}
+
+/// [`read_indexed_add`], also marking in `touched` the indices it adds at
+/// ([`crate::Compressor::decode_segment_add_touched`] of a sparsifier).
+pub fn read_indexed_add_touched(
+    r: &mut Reader<'_>,
+    out: &mut [f32],
+    touched: &mut Touched,
+) -> Result<(), WireError> {
+    read_indexed_add_marking(r, out, |i| touched.mark(i))
+}
+
+/// [`read_indexed_add`], calling `mark` with each index it adds at.
+fn read_indexed_add_marking(
+    r: &mut Reader<'_>,
+    out: &mut [f32],
+    mut mark: impl FnMut(usize),
+) -> Result<(), WireError> {
     let n = out.len();
     let (k, part) = index_part(r, n)?;
     let vals = r.take_items(k, 4, "sparse values")?;
@@ -285,6 +310,7 @@ pub fn read_indexed_add(r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireE
     let mut add_block = |block: &[u32], first: usize| {
         for (t, &i) in block.iter().enumerate() {
             out[i as usize] += f32_at(vals, first + t);
+            mark(i as usize);
         }
     };
     part.for_each(k, n, |j, i| {

@@ -200,6 +200,14 @@ impl Compressor for TopK {
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
         sparse::read_indexed_add(r, out)
     }
+    fn decode_segment_add_touched(
+        &self,
+        r: &mut Reader<'_>,
+        out: &mut [f32],
+        touched: &mut crate::touched::Touched,
+    ) -> Result<(), WireError> {
+        sparse::read_indexed_add_touched(r, out, touched)
+    }
     /// `None`: the index set's size depends on where the entries are (see [`sparse`]).
     fn segment_bits(&self, _n: usize) -> Option<u64> {
         None

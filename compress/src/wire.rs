@@ -351,6 +351,22 @@ impl<'a> BitReader<'a> {
         self.get(1) != 0
     }
 
+    /// Consumes the run of 1 bits at the front of the buffered bits (refilling first when
+    /// none are buffered) and returns its length, and whether a 0 bit follows it there
+    /// (left unread); `false` means the run may go on past the buffered bits, so call again.
+    /// A unary code's ones a word at a time rather than a bit at a time.
+    #[inline(always)]
+    pub fn ones(&mut self) -> (u32, bool) {
+        if self.nacc == 0 {
+            self.refill();
+        }
+        let t = self.acc.trailing_ones().min(self.nacc);
+        self.acc = self.acc.checked_shr(t).unwrap_or(0);
+        self.nacc -= t;
+        self.consumed += t as u64;
+        (t, self.nacc > 0)
+    }
+
     /// Total bits consumed so far (reads past the end count too, so a caller can compare
     /// this with the bits actually present to detect an overrun).
     pub fn bits_read(&self) -> u64 {

@@ -5,10 +5,12 @@
 
 use std::ops::Range;
 
+use dtrain_compress::compressor::scale_has_non_finite;
 use dtrain_compress::memory::{Memory, Residual};
 use dtrain_compress::{
-    compress_new, decompress, decompress_add, decompress_sum_add, payload_bits, CompressError,
-    Compressor, Ctx, Payload, Pipeline, Rng, WireError, HEADER_BITS, METHODS,
+    compress_new, decompress, decompress_add, decompress_mean, decompress_sum_add, payload_bits,
+    CompressError, Compressor, Ctx, Payload, Pipeline, Rng, Touched, WireError, HEADER_BITS,
+    METHODS,
 };
 use proptest::prelude::*;
 
@@ -128,6 +130,51 @@ fn joint_decoding_of_several_payloads_equals_decoding_each() {
         let broken = [refs[0], bad.as_slice(), refs[2]];
         let (i, _) = decompress_sum_add(c.as_ref(), &broken, &mut vec![0f32; n]).unwrap_err();
         assert_eq!(i, 1, "{name}: the truncated payload is named");
+    }
+}
+
+/// The mean the exchanger writes (`decompress_mean`: zero, decode every payload, scale
+/// only the elements the decodes marked) is bit for bit the zero fill, the sum and the
+/// full scaling pass, for every method over one to three payloads, one segment or several;
+/// the sparsifiers mark only their entries (else the shortcut would be no faster); and a
+/// malformed payload is named by its index.
+#[test]
+fn the_mean_of_payloads_scales_only_what_the_decodes_marked_bit_for_bit() {
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let mut touched = Touched::default();
+    for (name, mut c) in all() {
+        for lens in [vec![5000usize], vec![1, 2048, 2050]] {
+            let n: usize = lens.iter().sum();
+            let segs = segments(&lens);
+            let payloads: Vec<Payload> = (0..3)
+                .map(|w| {
+                    let g = gradient(n, 30 + w);
+                    compress_new(c.as_mut(), &g, &ctx(&segs), &mut Rng::seed_from_u64(w))
+                        .unwrap_or_else(|e| panic!("{name}: {e}"))
+                })
+                .collect();
+            let refs: Vec<&[u8]> = payloads.iter().map(|p| p.as_bytes()).collect();
+            for p in 1..=3 {
+                let inv = 1.0 / p as f32;
+                let mut want = vec![0f32; n];
+                decompress_sum_add(c.as_ref(), &refs[..p], &mut want).unwrap();
+                let want_bad = scale_has_non_finite(&mut want, inv);
+                let mut got = vec![-7.5f32; n];
+                let bad = decompress_mean(c.as_ref(), &refs[..p], inv, &mut got, &mut touched)
+                    .unwrap_or_else(|(i, e)| panic!("{name}: payload {i}: {e}"));
+                assert_eq!(bits(&got), bits(&want), "{name} {lens:?} P={p}");
+                assert_eq!(bad, want_bad, "{name} {lens:?} P={p}");
+                let marked = (0..n).filter(|&i| touched.is_marked(i)).count();
+                if ["topk", "randomk"].contains(&name) {
+                    assert!(marked <= n / 4, "{name}: {marked} of {n} marked");
+                }
+            }
+            let mut broken = refs.clone();
+            let bad = [0xD7u8, 1, 0, 0];
+            broken[1] = &bad;
+            let err = decompress_mean(c.as_ref(), &broken, 0.5, &mut vec![0f32; n], &mut touched);
+            assert!(matches!(err, Err((1, _))), "{name}");
+        }
     }
 }
 
@@ -372,6 +419,7 @@ proptest! {
             }
             let mut out = vec![0f32; n];
             let _ = decompress_add(c.as_ref(), &bytes, &mut out);
+            let _ = decompress_mean(c.as_ref(), &[&bytes, &bytes], 0.5, &mut out, &mut Touched::default());
             let _ = Payload::decode(bytes);
         }
     }
@@ -398,6 +446,19 @@ proptest! {
         let mut out = vec![0f32; n];
         if decompress_add(cs[mi].1.as_ref(), &bytes, &mut out).is_ok() {
             prop_assert!(out.iter().all(|v| v.is_finite()));
+            // What a mutated payload decodes to, its mean marks: scaling only the marked
+            // elements gives the full pass's bits.
+            let mut want = out.clone();
+            let want_bad = scale_has_non_finite(&mut want, 0.5);
+            let mut got = vec![1.0f32; n];
+            let c = cs[mi].1.as_ref();
+            let bad = decompress_mean(c, &[&bytes], 0.5, &mut got, &mut Touched::default());
+            prop_assert_eq!(bad.ok(), Some(want_bad));
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&got), bits(&want));
+        } else {
+            let r = decompress_mean(cs[mi].1.as_ref(), &[&bytes], 0.5, &mut out, &mut Touched::default());
+            prop_assert!(r.is_err());
         }
     }
 }

@@ -13,7 +13,7 @@ use dtrain_compress::compressor;
 use dtrain_compress::memory::DlcpResidual;
 use dtrain_compress::{
     chunk_segments, summable_lanes, Aggregation, Combine, Ctx, LaneFormat, Payload, Pipeline,
-    ReduceError, Rng,
+    ReduceError, Rng, Touched,
 };
 
 use super::bucket::{self, Bucket};
@@ -102,6 +102,8 @@ pub(super) struct Flight {
     pub(super) shares: Vec<Payload>,
     /// Compressed all-reduce: the owners' ranges of the bucket, in rank order.
     pub(super) ranges: Vec<Range<usize>>,
+    /// Gathered payloads decoded in place: the elements their decodes added to.
+    pub(super) touched: Touched,
 }
 
 /// RNG stream bit of the compressed all-reduce's owner side (the workers' streams use the
@@ -524,6 +526,8 @@ impl Job<'_> {
                 && pipe.is_some()
                 && matches!(stage, Stage::Compressed | Stage::Gathered)
         });
+        // Whether the in-place mean, when the decode wrote it already, is non-finite.
+        let mut averaged = None;
         let decode_err = |r: usize| {
             move |source| ExchangeError::Decode {
                 rank: r,
@@ -570,18 +574,31 @@ impl Job<'_> {
                 }
             }
             (Stage::Gathered, Reply::Gather(all), Some(pipe)) => {
-                let out = zeroed(in_place.as_ref(), bucket.len(), &mut f.buf, grad);
                 // Rank order; a method with a joint decoder (FFT: one inverse transform of
                 // the summed spectra) uses it.
                 let refs: Vec<&[u8]> = all.iter().map(Vec::as_slice).collect();
-                pipe.decompress_sum_add(&refs, out)
-                    .map_err(|(r, e)| decode_err(r)(e))?;
+                if let Some(r) = &in_place {
+                    // Written as the mean, scaling only what the decodes added to (a
+                    // sparsifier's entries, not the whole range): bit for bit the zero
+                    // fill, sum and scaling pass below.
+                    let out = &mut grad[r.clone()];
+                    let bad = pipe
+                        .decompress_mean(&refs, self.inv, out, &mut f.touched)
+                        .map_err(|(r, e)| decode_err(r)(e))?;
+                    averaged = Some(bad);
+                } else {
+                    let out = zeroed(None, bucket.len(), &mut f.buf, grad);
+                    pipe.decompress_sum_add(&refs, out)
+                        .map_err(|(r, e)| decode_err(r)(e))?;
+                }
             }
             _ => unreachable!("replies come in submission order"),
         }
         let bad = match (in_place, pipe) {
             // The sum is already where the average goes.
-            (Some(r), _) => compressor::scale_has_non_finite(&mut grad[r], self.inv),
+            (Some(r), _) => {
+                averaged.unwrap_or_else(|| compressor::scale_has_non_finite(&mut grad[r], self.inv))
+            }
             (None, Some(p)) if combine != Combine::Mean || absorbs => {
                 f.buf.iter_mut().for_each(|v| *v *= self.inv);
                 combine.finish(&mut f.buf);
