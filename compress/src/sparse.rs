@@ -338,6 +338,88 @@ mod tests {
         (0..n as u32).filter(|_| rng.below(scale) < cut).collect()
     }
 
+    /// `read_rice` as it was, one bit of the unary part at a time: the oracle for the
+    /// word-at-a-time version.
+    fn read_rice_bitwise(bits: &[u8], b: u32, k: usize, n: usize) -> Result<Vec<usize>, WireError> {
+        let avail = 8 * bits.len() as u64;
+        let mut r = BitReader::new(bits);
+        let (mut next, mut out) = (0u64, Vec::new());
+        for _ in 0..k {
+            let mut q = 0u64;
+            while r.bit() {
+                q += 1;
+                if (q << b) >= n as u64 || r.bits_read() > avail {
+                    return Err(WireError::Invalid("rice gap past the segment end"));
+                }
+            }
+            let low = if b > 0 { r.get(b) as u64 } else { 0 };
+            if r.bits_read() > avail {
+                return Err(WireError::Invalid("rice code runs past its bytes"));
+            }
+            let i = next + ((q << b) | low);
+            if i >= n as u64 {
+                return Err(WireError::IndexOutOfRange { index: i, len: n });
+            }
+            out.push(i as usize);
+            next = i + 1;
+        }
+        if avail - r.bits_read() >= 8 {
+            return Err(WireError::Invalid("rice code has trailing bytes"));
+        }
+        Ok(out)
+    }
+
+    /// On random bits (long runs of ones included), valid codes and their truncations, the
+    /// unary part read a word at a time gives the bit-at-a-time reader's indices or error.
+    #[test]
+    fn rice_reads_as_the_bitwise_reader_did() {
+        let mut rng = Rng::seed_from_u64(5);
+        for case in 0..4000 {
+            let n = 1 + rng.below(1 << (4 + case % 20)) as usize;
+            let b = rng.below(12) as u32;
+            let k = rng.below(40) as usize;
+            let mut bits: Vec<u8> = (0..rng.below(48)).map(|_| rng.next_u64() as u8).collect();
+            match case % 4 {
+                // Mostly ones: unary runs across words and past the end.
+                0 => bits
+                    .iter_mut()
+                    .for_each(|x| *x |= rng.next_u64() as u8 | 0xEF),
+                // A valid code of a random set, maybe cut short.
+                1 => {
+                    let idx = random_set(&mut rng, n.min(5000), 0.05);
+                    let mut buf = vec![0u8; rice_bits(&idx, b).div_ceil(8) as usize];
+                    let mut w = BitWriter::new(&mut buf);
+                    let mut next = 0u32;
+                    for &i in &idx {
+                        let g = i - next;
+                        (0..g >> b).for_each(|_| w.put(1, 1));
+                        w.put(0, 1);
+                        if b > 0 {
+                            w.put(g & ((1 << b) - 1), b);
+                        }
+                        next = i + 1;
+                    }
+                    w.finish();
+                    bits = buf;
+                    let cut = rng.below(bits.len() as u64 + 1) as usize;
+                    if case % 8 == 1 {
+                        bits.truncate(cut);
+                    }
+                }
+                _ => {}
+            }
+            let mut got = Vec::new();
+            let res = read_rice(&bits, b, k, n, |_, i| got.push(i));
+            match read_rice_bitwise(&bits, b, k, n) {
+                Ok(want) => {
+                    assert!(res.is_ok(), "case {case}: {res:?}");
+                    assert_eq!(got, want, "case {case}");
+                }
+                Err(e) => assert_eq!(res.unwrap_err().to_string(), e.to_string(), "case {case}"),
+            }
+        }
+    }
+
     fn encode(n: usize, idx: &[u32]) -> Vec<u8> {
         let mut buf = Vec::new();
         let mut w = Writer::new(&mut buf);
