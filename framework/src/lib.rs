@@ -24,6 +24,7 @@
 //!   exact resume, failure policies, metrics.
 //! * [`launch`]: `dtrain run` — validation, run directory, worker processes, multi-node and
 //!   scheduler placement, supervision (signals forwarded, restarts after a failure).
+//! * [`provenance`]: the commit, build and machine each run records in its summary.
 //! * [`signals`]: SIGTERM / SIGINT for the launcher and its workers (a stop request the
 //!   trainer honours at a step boundary), and workers that die with their launcher.
 
@@ -38,6 +39,7 @@ pub mod launch;
 pub mod lr;
 pub mod mpi_env;
 pub mod optim;
+pub mod provenance;
 pub mod ps_mode;
 pub mod signals;
 pub(crate) mod sync;

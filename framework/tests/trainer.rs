@@ -18,6 +18,12 @@ fn data_parallel_equals_one_worker_with_the_global_batch() {
         let one = run(1, &[steps, &big], None, false);
         let many = run(world, &[steps], None, false);
         assert_eq!(one.summary.steps, Some(10));
+        // The summary says what produced it.
+        let p = many.summary.provenance.as_ref().expect("a provenance");
+        assert!(
+            p.started_utc.is_some() && p.profile.is_some() && p.cpus.is_some(),
+            "{p:?}"
+        );
         let d = max_rel_diff(&one.params, &many.params);
         // Only the float summation order differs (mean over 8P vs mean of P means of 8).
         assert!(d < 1e-5, "world {world}: max relative difference {d}");

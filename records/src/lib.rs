@@ -296,6 +296,71 @@ pub struct Summary {
     /// in order; absent when there was none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restarts: Option<Vec<Restart>>,
+    /// What the run was measured with and on: commit, build, date, machine. Absent in runs
+    /// written before it was recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<Provenance>,
+}
+
+/// Where a run's figures come from: the build and the machine that produced them, so that
+/// a table rendered from runs can say what it was measured at (`dtrain report` prints it
+/// under each run's source). Every field may be missing.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Provenance {
+    /// The dtrain commit the binary was built from (abbreviated), with `-dirty` when the
+    /// checkout's tracked files differed from it at build time; absent for a build outside
+    /// a git checkout.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    /// The cargo profile of the build (`release`, or `debug` for the dev and test
+    /// profiles).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// When the session started, UTC, `YYYY-mm-dd HH:MM:SS`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_utc: Option<String>,
+    /// The CPU's model name (rank 0's host).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<String>,
+    /// The x86-64 microarchitecture level the CPU supports (`x86-64`, `x86-64-v2`, `-v3`,
+    /// `-v4`): training runs are bit for bit the same only within one level (burn's CPU
+    /// kernels dispatch on it). Absent on other architectures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_level: Option<String>,
+    /// Logical CPUs available to rank 0's process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<usize>,
+}
+
+impl Provenance {
+    /// One line for a report: `commit abc1234, release, 2026-11-28 12:20:17 UTC, Intel Xeon
+    /// (x86-64-v4, 2 CPUs)`; the parts that are known.
+    pub fn line(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(c) = &self.commit {
+            parts.push(format!("commit {c}"));
+        }
+        if let Some(p) = &self.profile {
+            parts.push(p.clone());
+        }
+        if let Some(t) = &self.started_utc {
+            parts.push(format!("{t} UTC"));
+        }
+        let detail: Vec<String> = self
+            .cpu_level
+            .iter()
+            .cloned()
+            .chain(self.cpus.map(|n| format!("{n} CPUs")))
+            .collect();
+        match (&self.cpu, detail.is_empty()) {
+            (Some(cpu), true) => parts.push(cpu.clone()),
+            (Some(cpu), false) => parts.push(format!("{cpu} ({})", detail.join(", "))),
+            (None, false) => parts.push(detail.join(", ")),
+            (None, true) => {}
+        }
+        parts.join(", ")
+    }
 }
 
 /// One restart of the workers after a failure (`dtrain run --max-restarts N`).

@@ -42,6 +42,7 @@ use crate::md::{self, Table};
 use crate::plot::{self, Legend, LinePlot, Scale, Series, StackedBars};
 use crate::run::{load_runs, FinalMetric, Phases, Run};
 use crate::target::{Reached, Target};
+use dtrain_records::Provenance;
 
 /// What [`report`] should do.
 #[derive(Debug, Clone)]
@@ -338,6 +339,9 @@ fn render_markdown(
          time.\n",
         rows.len()
     );
+    if let Some(m) = measured(runs) {
+        let _ = writeln!(out, "{m}\n");
+    }
 
     let _ = writeln!(out, "## Runs\n");
     let any_link = runs.iter().any(|r| r.network.is_some());
@@ -589,10 +593,74 @@ fn render_markdown(
         }
     }
     let _ = writeln!(out, "\n## Sources\n");
-    for row in rows {
-        let _ = writeln!(out, "- {}: `{}`", row.label, row.dir.display());
+    for (run, row) in runs.iter().zip(rows) {
+        let _ = write!(out, "- {}: `{}`", row.label, row.dir.display());
+        match provenance(run).map(Provenance::line) {
+            Some(line) if !line.is_empty() => {
+                let _ = writeln!(out, " ({line})");
+            }
+            _ => out.push('\n'),
+        }
     }
     out
+}
+
+/// A run's provenance, when its summary recorded one.
+fn provenance(run: &Run) -> Option<&Provenance> {
+    run.summary.as_ref()?.provenance.as_ref()
+}
+
+/// One sentence saying what the runs were measured at: their commits, the span of their
+/// start times and their machines (`None` when no run recorded a provenance).
+fn measured(runs: &[Run]) -> Option<String> {
+    let ps: Vec<&Provenance> = runs.iter().filter_map(provenance).collect();
+    if ps.is_empty() {
+        return None;
+    }
+    let distinct = |f: &dyn Fn(&Provenance) -> Option<String>| {
+        let mut v: Vec<String> = ps.iter().filter_map(|p| f(p)).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let commits = distinct(&|p| p.commit.clone());
+    let machines = distinct(&|p| {
+        let level = p.cpu_level.as_deref().map(|l| format!(", {l}"));
+        p.cpu
+            .clone()
+            .map(|c| format!("{c}{}", level.unwrap_or_default()))
+    });
+    let starts = distinct(&|p| p.started_utc.clone());
+    let mut s = format!(
+        "Measured at {}",
+        if commits.is_empty() {
+            "an unrecorded commit".to_string()
+        } else {
+            format!("commit {}", commits.join(" / "))
+        }
+    );
+    match (starts.first(), starts.last()) {
+        (Some(a), Some(b)) if a == b => {
+            let _ = write!(s, ", started {a} UTC");
+        }
+        (Some(a), Some(b)) => {
+            let _ = write!(s, ", started {a} – {b} UTC");
+        }
+        _ => {}
+    }
+    if !machines.is_empty() {
+        let _ = write!(s, ", on {}", machines.join(" / "));
+    }
+    s.push('.');
+    if ps.len() < runs.len() {
+        let _ = write!(
+            s,
+            " ({} of the {} runs recorded this.)",
+            ps.len(),
+            runs.len()
+        );
+    }
+    Some(s)
 }
 
 /// Bytes sent per step, by group label (`name/method` + link) and worker count.

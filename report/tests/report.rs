@@ -487,3 +487,41 @@ fn time_to_target_is_interpolated_and_compared_with_the_baseline() {
     let plain = report(&[out.runs[0].dir.clone()], &opts(tmp.path())).unwrap();
     assert!(!plain.markdown.contains("Time to target"));
 }
+
+/// A run that recorded its provenance has it under its source, and the report's preamble
+/// says what the runs were measured at; a run from before provenance was recorded has a
+/// bare source line, and the preamble counts it out.
+#[test]
+fn sources_carry_the_commit_date_and_machine_each_run_recorded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = Spec::new("mlp_a", "none").write(tmp.path(), "runs/mlp_a/20261128-122722");
+    let b = Spec::new("mlp_b", "topk").write(tmp.path(), "runs/mlp_b/20261128-122801");
+    let c = Spec::new("mlp_c", "qsgd").write(tmp.path(), "runs/mlp_c/20261127-090000");
+    for (dir, started) in [(&a, "2026-11-28 12:27:22"), (&b, "2026-11-28 12:28:01")] {
+        let path = dir.join("summary.json");
+        let mut s: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        s["provenance"] = serde_json::json!({
+            "commit": "f9b530eca", "profile": "release", "started_utc": started,
+            "cpu": "Intel(R) Xeon(R) Processor", "cpu_level": "x86-64-v4", "cpus": 2,
+            "a_later_field": true,
+        });
+        fs::write(&path, serde_json::to_vec(&s).unwrap()).unwrap();
+    }
+    let out = report(&[a, b, c], &opts(tmp.path())).unwrap();
+    let md = &out.markdown;
+    assert!(
+        md.contains(
+            "Measured at commit f9b530eca, started 2026-11-28 12:27:22 – 2026-11-28 12:28:01 \
+             UTC, on Intel(R) Xeon(R) Processor, x86-64-v4. (2 of the 3 runs recorded this.)"
+        ),
+        "{md}"
+    );
+    assert!(
+        md.contains(
+            "/runs/mlp_a/20261128-122722` (commit f9b530eca, release, 2026-11-28 12:27:22 UTC, \
+             Intel(R) Xeon(R) Processor (x86-64-v4, 2 CPUs))\n"
+        ),
+        "{md}"
+    );
+    assert!(md.contains("/runs/mlp_c/20261127-090000`\n"), "{md}");
+}

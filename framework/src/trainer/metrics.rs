@@ -250,6 +250,11 @@ impl<T: Transport> Trainer<T> {
             }),
             // The launcher adds the restarts it made (`dtrain run --max-restarts`).
             restarts: None,
+            provenance: Some(crate::provenance::provenance(
+                std::time::SystemTime::now()
+                    .checked_sub(std::time::Duration::from_secs_f64(wall.max(0.0)))
+                    .unwrap_or_else(std::time::SystemTime::now),
+            )),
         };
         let summary = match (&self.out, n_session) {
             (Some(out), 0) => match std::fs::read(out.root.join("summary.json"))
