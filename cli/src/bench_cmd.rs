@@ -164,6 +164,7 @@ pub(crate) fn bench_allreduce(a: AllreduceArgs) -> Result<()> {
             "latency": opts.latency,
             "methods": opts.methods,
             "collective": opts.collective.map(|c| c.name()),
+            "provenance": measured_now(),
             "results": rows,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -283,6 +284,7 @@ pub(crate) fn bench_compress(a: CompressArgs) -> Result<()> {
             "error_feedback": a.error_feedback,
             "workers": a.workers,
             "threads": a.threads,
+            "provenance": measured_now(),
             "results": rows,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -296,6 +298,7 @@ pub(crate) fn bench_compress(a: CompressArgs) -> Result<()> {
             },
             a.repeat.max(1)
         );
+        println!("measured at {}", measured_now().line());
         print!("{}", bench::compress::table(&rows));
     }
     Ok(())
@@ -420,6 +423,11 @@ pub(crate) fn split_methods(s: &str) -> Vec<String> {
         .filter(|m| !m.trim().is_empty())
         .map(|m| m.trim().replace(';', ","))
         .collect()
+}
+
+/// The build and machine a bench figure comes from (its JSON's `provenance`).
+fn measured_now() -> dtrain_framework::provenance::Provenance {
+    dtrain_framework::provenance::provenance(std::time::SystemTime::now())
 }
 
 #[cfg(test)]

@@ -374,6 +374,12 @@ fn bench_compress_on_a_models_layout() {
     assert_eq!(doc["model"], "lenet");
     assert_eq!(doc["error_feedback"], true);
     assert_eq!(doc["workers"], 3);
+    // What measured it: the build and the machine.
+    assert!(
+        doc["provenance"]["cpus"].as_u64().is_some_and(|n| n >= 1),
+        "{doc}"
+    );
+    assert!(doc["provenance"]["started_utc"].is_string(), "{doc}");
     let results = doc["results"].as_array().unwrap();
     assert_eq!(results.len(), 2);
     for r in results {

@@ -4,7 +4,7 @@
 
 use std::time::SystemTime;
 
-use dtrain_records::Provenance;
+pub use dtrain_records::Provenance;
 
 /// The commit this binary was built from, `-dirty` appended when tracked files differed
 /// from it; `None` outside a git checkout.
