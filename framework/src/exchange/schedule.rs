@@ -524,7 +524,7 @@ impl Job<'_> {
             combine == Combine::Mean
                 && !absorbs
                 && pipe.is_some()
-                && matches!(stage, Stage::Compressed | Stage::Gathered)
+                && matches!(stage, Stage::Compressed | Stage::Gathered | Stage::Lanes)
         });
         // Whether the in-place mean, when the decode wrote it already, is non-finite.
         let mut averaged = None;
@@ -559,10 +559,21 @@ impl Job<'_> {
                     fmt.write(&mut vals, &mut bytes[l.clone()]);
                 }
                 f.lane = v;
-                f.buf.clear();
-                f.buf.resize(bucket.len(), 0.0);
-                pipe.decompress_add(f.payload.as_bytes(), &mut f.buf)
-                    .map_err(decode_err(self.rank))?;
+                if let Some(r) = &in_place {
+                    // The summed payload's decode written as the mean where it lies:
+                    // random-k's lanes touch 1 % of the range, so only that is scaled.
+                    let out = &mut grad[r.clone()];
+                    let one = [f.payload.as_bytes()];
+                    let bad = pipe
+                        .decompress_mean(&one, self.inv, out, &mut f.touched)
+                        .map_err(|(_, e)| decode_err(self.rank)(e))?;
+                    averaged = Some(bad);
+                } else {
+                    f.buf.clear();
+                    f.buf.resize(bucket.len(), 0.0);
+                    pipe.decompress_add(f.payload.as_bytes(), &mut f.buf)
+                        .map_err(decode_err(self.rank))?;
+                }
             }
             (Stage::Compressed, Reply::Compressed(sums, shares, owner), Some(pipe)) => {
                 *server = Some(owner);
