@@ -772,15 +772,19 @@ pub fn decompress_add(c: &dyn Compressor, bytes: &[u8], out: &mut [f32]) -> Resu
     })
 }
 
-/// [`decompress_add`], also marking in `touched` (reset for `out`'s length) the elements
-/// the decode added to ([`Compressor::decode_segment_add_touched`]).
+/// [`decompress_add`], also marking in `touched` the elements the decode added to
+/// ([`Compressor::decode_segment_add_touched`]); the marks of earlier calls stay, so that
+/// several payloads' decodes into one buffer mark their union. A `touched` of another length
+/// than `out` is reset for it first.
 pub fn decompress_add_touched(
     c: &dyn Compressor,
     bytes: &[u8],
     out: &mut [f32],
     touched: &mut Touched,
 ) -> Result<(), WireError> {
-    debug_assert_eq!(touched.len(), out.len());
+    if touched.len() != out.len() {
+        touched.reset(out.len());
+    }
     decode_frame(c, bytes, out.len(), |r, seg| {
         touched.set_base(seg.start);
         c.decode_segment_add_touched(r, &mut out[seg], touched)

@@ -8,9 +8,9 @@ use std::ops::Range;
 use dtrain_compress::compressor::scale_has_non_finite;
 use dtrain_compress::memory::{Memory, Residual};
 use dtrain_compress::{
-    compress_new, decompress, decompress_add, decompress_mean, decompress_sum_add, payload_bits,
-    CompressError, Compressor, Ctx, Payload, Pipeline, Rng, Touched, WireError, HEADER_BITS,
-    METHODS,
+    compress_new, decompress, decompress_add, decompress_add_touched, decompress_mean,
+    decompress_sum_add, payload_bits, CompressError, Compressor, Ctx, Payload, Pipeline, Rng,
+    Touched, WireError, HEADER_BITS, METHODS,
 };
 use proptest::prelude::*;
 
@@ -169,6 +169,15 @@ fn the_mean_of_payloads_scales_only_what_the_decodes_marked_bit_for_bit() {
                     assert!(marked <= n / 4, "{name}: {marked} of {n} marked");
                 }
             }
+            // A fresh (empty) `touched` is sized by the call, not a panic.
+            let mut fresh = Touched::default();
+            let mut sum = vec![0f32; n];
+            decompress_add_touched(c.as_ref(), refs[0], &mut sum, &mut fresh).unwrap();
+            assert_eq!(fresh.len(), n, "{name}");
+            assert!(
+                (0..n).all(|i| sum[i] == 0.0 || fresh.is_marked(i)),
+                "{name}: an element changed without a mark"
+            );
             let mut broken = refs.clone();
             let bad = [0xD7u8, 1, 0, 0];
             broken[1] = &bad;

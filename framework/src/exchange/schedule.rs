@@ -102,7 +102,8 @@ pub(super) struct Flight {
     pub(super) shares: Vec<Payload>,
     /// Compressed all-reduce: the owners' ranges of the bucket, in rank order.
     pub(super) ranges: Vec<Range<usize>>,
-    /// Gathered payloads decoded in place: the elements their decodes added to.
+    /// Payloads decoded in place as the mean (gathered, or a summable method's summed
+    /// lanes): the elements their decodes added to.
     pub(super) touched: Touched,
 }
 
