@@ -56,6 +56,7 @@ pub mod compressor;
 pub mod error;
 mod finite;
 mod half16;
+mod lanes;
 pub mod memory;
 pub mod meprop;
 pub mod pipeline;
