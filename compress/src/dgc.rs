@@ -41,7 +41,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::compressor::{first_non_finite, Aggregation, Compressor, Ctx, FirstNonFinite, MethodId};
+use crate::compressor::{
+    first_non_finite, Aggregation, Compressor, Ctx, FirstNonFinite, MethodId, Touched,
+};
 use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
 use crate::registry::{Method, RunFacts};
@@ -556,27 +558,15 @@ impl Compressor for Dgc {
         self.non_finite.take()
     }
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
-        match r.u8("dgc layout")? {
-            DENSE => read_dense_add(r, out),
-            SPARSE => sparse::read_indexed_add(r, out),
-            _ => Err(WireError::Invalid("unknown dgc layout")),
-        }
+        read_body_add(r, out, None)
     }
     fn decode_segment_add_touched(
         &self,
         r: &mut Reader<'_>,
         out: &mut [f32],
-        touched: &mut crate::touched::Touched,
+        touched: &mut Touched,
     ) -> Result<(), WireError> {
-        match r.u8("dgc layout")? {
-            DENSE => {
-                read_dense_add(r, out)?;
-                touched.mark_range(0..out.len());
-                Ok(())
-            }
-            SPARSE => sparse::read_indexed_add_touched(r, out, touched),
-            _ => Err(WireError::Invalid("unknown dgc layout")),
-        }
+        read_body_add(r, out, Some(touched))
     }
     fn segment_bits(&self, n: usize) -> Option<u64> {
         if self.cfg.adaptation != Adaptation::Exact || !self.cfg.warmup.is_none() {
@@ -585,6 +575,27 @@ impl Compressor for Dgc {
         // Sparse segments' index sets have data-dependent sizes (see [`sparse`]).
         let k = keep_count(n, self.cfg.ratio);
         self.dense(n, k).then_some(8 + 32 * n as u64)
+    }
+}
+
+/// A segment's body, in either layout, added into `out`; with `touched`, the elements it
+/// added to are marked there.
+fn read_body_add(
+    r: &mut Reader<'_>,
+    out: &mut [f32],
+    touched: Option<&mut Touched>,
+) -> Result<(), WireError> {
+    match (r.u8("dgc layout")?, touched) {
+        (DENSE, touched) => {
+            read_dense_add(r, out)?;
+            if let Some(t) = touched {
+                t.mark_range(0..out.len());
+            }
+            Ok(())
+        }
+        (SPARSE, Some(t)) => sparse::read_indexed_add_touched(r, out, t),
+        (SPARSE, None) => sparse::read_indexed_add(r, out),
+        _ => Err(WireError::Invalid("unknown dgc layout")),
     }
 }
 

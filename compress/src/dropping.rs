@@ -40,7 +40,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::compressor::{Aggregation, Compressor, Ctx, MethodId};
+use crate::compressor::{Aggregation, Compressor, Ctx, MethodId, Touched};
 use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
 use crate::registry::Method;
@@ -230,6 +230,27 @@ impl GradientDropping {
         }
     }
 
+    /// A segment's body, in this configuration's layout, added into `out`; with `touched`,
+    /// the elements it added to are marked there.
+    fn read_body_add(
+        &self,
+        r: &mut Reader<'_>,
+        out: &mut [f32],
+        touched: Option<&mut Touched>,
+    ) -> Result<(), WireError> {
+        match (self.one_bit, touched) {
+            (true, touched) => {
+                Self::read_one_bit_add(r, out)?;
+                if let Some(t) = touched {
+                    t.mark_range(0..out.len());
+                }
+                Ok(())
+            }
+            (false, Some(t)) => sparse::read_indexed_add_touched(r, out, t),
+            (false, None) => sparse::read_indexed_add(r, out),
+        }
+    }
+
     fn read_one_bit_add(r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
         let n = out.len();
         let mu_pos = r.finite_f32("dropping mean of positives")?;
@@ -300,25 +321,15 @@ impl Compressor for GradientDropping {
         }
     }
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
-        if self.one_bit {
-            Self::read_one_bit_add(r, out)
-        } else {
-            sparse::read_indexed_add(r, out)
-        }
+        self.read_body_add(r, out, None)
     }
     fn decode_segment_add_touched(
         &self,
         r: &mut Reader<'_>,
         out: &mut [f32],
-        touched: &mut crate::touched::Touched,
+        touched: &mut Touched,
     ) -> Result<(), WireError> {
-        if self.one_bit {
-            Self::read_one_bit_add(r, out)?;
-            touched.mark_range(0..out.len());
-            Ok(())
-        } else {
-            sparse::read_indexed_add_touched(r, out, touched)
-        }
+        self.read_body_add(r, out, Some(touched))
     }
     fn segment_bits(&self, _n: usize) -> Option<u64> {
         None

@@ -14,7 +14,7 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::compressor::{Aggregation, Compressor, Ctx, MethodId};
+use crate::compressor::{Aggregation, Compressor, Ctx, MethodId, Touched};
 use crate::error::{ConfigError, WireError};
 use crate::registry::Method;
 use crate::rng::{derive_seed, Rng};
@@ -160,7 +160,7 @@ impl Compressor for RandomK {
         &self,
         r: &mut Reader<'_>,
         out: &mut [f32],
-        touched: &mut crate::touched::Touched,
+        touched: &mut Touched,
     ) -> Result<(), WireError> {
         read_add(r, out, |i| touched.mark(i))
     }

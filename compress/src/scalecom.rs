@@ -57,7 +57,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::compressor::{
     self, effective_segments, first_non_finite, Aggregation, Compressor, Ctx, MethodId, Payload,
-    MAX_ELEMS,
+    Touched, MAX_ELEMS,
 };
 use crate::error::{CompressError, ConfigError, WireError};
 use crate::memory::Memory;
@@ -494,7 +494,7 @@ impl Compressor for ScaleCom {
         &self,
         r: &mut Reader<'_>,
         out: &mut [f32],
-        touched: &mut crate::touched::Touched,
+        touched: &mut Touched,
     ) -> Result<(), WireError> {
         sparse::read_indexed_add_touched(r, out, touched)
     }

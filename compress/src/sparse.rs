@@ -93,21 +93,7 @@ pub fn write_indices(n: usize, idx: &[u32], w: &mut Writer<'_>) {
         w.u8(b as u8);
         let nbytes = (rice - 5) as usize;
         w.u32(nbytes as u32);
-        let out = w.zeroed(nbytes);
-        let mut bw = BitWriter::new(out);
-        for g in gaps(idx) {
-            let mut q = g >> b;
-            while q > 0 {
-                let c = q.min(32);
-                bw.put(u32::MAX >> (32 - c), c);
-                q -= c;
-            }
-            bw.put(0, 1);
-            if b > 0 {
-                bw.put(g & (u32::MAX >> (32 - b)), b);
-            }
-        }
-        bw.finish();
+        write_rice(idx, b, w.zeroed(nbytes));
     } else if bitmap < list {
         w.u8(BITMAP);
         w.u32(k as u32);
@@ -120,6 +106,25 @@ pub fn write_indices(n: usize, idx: &[u32], w: &mut Writer<'_>) {
         w.u32(k as u32);
         w.u32_slice(idx);
     }
+}
+
+/// Writes the Rice code of `idx`'s gaps with parameter `b` into `out` (at least
+/// [`rice_bits`]`(idx, b)` bits, zeroed).
+fn write_rice(idx: &[u32], b: u32, out: &mut [u8]) {
+    let mut bw = BitWriter::new(out);
+    for g in gaps(idx) {
+        let mut q = g >> b;
+        while q > 0 {
+            let c = q.min(32);
+            bw.put(u32::MAX >> (32 - c), c);
+            q -= c;
+        }
+        bw.put(0, 1);
+        if b > 0 {
+            bw.put(g & (u32::MAX >> (32 - b)), b);
+        }
+    }
+    bw.finish();
 }
 
 /// The index part of a body, located and size-checked but not yet decoded.
@@ -388,18 +393,7 @@ mod tests {
                 1 => {
                     let idx = random_set(&mut rng, n.min(5000), 0.05);
                     let mut buf = vec![0u8; rice_bits(&idx, b).div_ceil(8) as usize];
-                    let mut w = BitWriter::new(&mut buf);
-                    let mut next = 0u32;
-                    for &i in &idx {
-                        let g = i - next;
-                        (0..g >> b).for_each(|_| w.put(1, 1));
-                        w.put(0, 1);
-                        if b > 0 {
-                            w.put(g & ((1 << b) - 1), b);
-                        }
-                        next = i + 1;
-                    }
-                    w.finish();
+                    write_rice(&idx, b, &mut buf);
                     bits = buf;
                     let cut = rng.below(bits.len() as u64 + 1) as usize;
                     if case % 8 == 1 {

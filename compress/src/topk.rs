@@ -29,7 +29,7 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::compressor::{Aggregation, Compressor, Ctx, MethodId};
+use crate::compressor::{Aggregation, Compressor, Ctx, MethodId, Touched};
 use crate::error::{ConfigError, WireError};
 use crate::memory::{AdoptedResidual, MemoryConfig, SIGNAL_DOMAIN};
 use crate::registry::Method;
@@ -204,7 +204,7 @@ impl Compressor for TopK {
         &self,
         r: &mut Reader<'_>,
         out: &mut [f32],
-        touched: &mut crate::touched::Touched,
+        touched: &mut Touched,
     ) -> Result<(), WireError> {
         sparse::read_indexed_add_touched(r, out, touched)
     }

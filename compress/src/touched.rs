@@ -4,9 +4,10 @@
 //! A sparsifier's payload adds at its listed indices only: after a zero fill and the P
 //! decodes, every other element is still `+0.0`, which the mean's `·1/P` would leave as it
 //! is. On the 4.2 M-parameter MLP with top-k 1 % on two workers, the full scaling pass was
-//! about a third of the in-step decompression (1.9 of 5.2 ms, the bucket no longer in
-//! cache after the step's other passes); a bitmap of the touched elements (one bit each,
-//! 0.5 MB for that bucket) is cleared, marked and scanned in a small fraction of that.
+//! about a third of the in-step decompression in an instrumented run (1.9 of 5.2 ms, the
+//! bucket no longer in cache after the step's other passes); a bitmap of the touched
+//! elements (one bit each, 0.5 MB for that bucket) is cleared, marked and scanned in
+//! 0.5–0.75 ms.
 //! A dense method marks its whole segment, and runs of full words are scaled as one slice,
 //! so its mean costs what the plain scaling pass did.
 
