@@ -46,6 +46,7 @@ fn main() {
     watch.push("../Cargo.toml".into());
     watch.push("../Cargo.lock".into());
     // HEAD, the branch it names and the packed refs (a commit moves one of them).
+    let branch = git(&["symbolic-ref", "-q", "HEAD"]);
     for dir in [
         git(&["rev-parse", "--git-dir"]),
         git(&["rev-parse", "--git-common-dir"]),
@@ -55,7 +56,7 @@ fn main() {
     {
         watch.push(format!("{dir}/HEAD"));
         watch.push(format!("{dir}/packed-refs"));
-        if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        if let Some(r) = &branch {
             watch.push(format!("{dir}/{r}"));
         }
     }

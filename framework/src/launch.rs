@@ -189,6 +189,12 @@ fn new_run_dir(cfg: &RunConfig) -> Result<PathBuf, String> {
 
 /// `YYYYmmdd-HHMMSS` in UTC.
 pub fn utc_stamp(t: std::time::SystemTime) -> String {
+    let (y, m, d, hh, mm, ss) = utc_civil(t);
+    format!("{y:04}{m:02}{d:02}-{hh:02}{mm:02}{ss:02}")
+}
+
+/// `t` in UTC as (year, month, day, hour, minute, second); times before 1970 as 1970.
+pub fn utc_civil(t: std::time::SystemTime) -> (i64, i64, i64, u64, u64, u64) {
     let secs = t
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -205,12 +211,7 @@ pub fn utc_stamp(t: std::time::SystemTime) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = if m <= 2 { y + 1 } else { y };
-    format!(
-        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    (y, m, d, rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 /// Keys that may differ between a run and its resumption (they do not change the

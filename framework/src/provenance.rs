@@ -14,24 +14,11 @@ pub fn build_commit() -> Option<&'static str> {
 
 /// The provenance of a session that started at `started`, on this machine.
 pub fn provenance(started: SystemTime) -> Provenance {
-    let stamp = crate::launch::utc_stamp(started);
-    // `YYYYmmdd-HHMMSS` → `YYYY-mm-dd HH:MM:SS`.
-    let started_utc = (stamp.len() == 15).then(|| {
-        let (d, t) = (&stamp[..8], &stamp[9..]);
-        format!(
-            "{}-{}-{} {}:{}:{}",
-            &d[..4],
-            &d[4..6],
-            &d[6..],
-            &t[..2],
-            &t[2..4],
-            &t[4..]
-        )
-    });
+    let (y, m, d, hh, mm, ss) = crate::launch::utc_civil(started);
     Provenance {
         commit: build_commit().map(str::to_string),
         profile: Some(env!("DTRAIN_PROFILE").to_string()).filter(|p| !p.is_empty()),
-        started_utc,
+        started_utc: Some(format!("{y:04}-{m:02}-{d:02} {hh:02}:{mm:02}:{ss:02}")),
         cpu: cpu_model(),
         cpu_level: x86_64_level().map(str::to_string),
         cpus: std::thread::available_parallelism().ok().map(|n| n.get()),
