@@ -95,13 +95,14 @@ pub fn top_k_abs(x: &[f32], k: usize, s: &mut Scratch, out: &mut Vec<u32>) {
     let t = threshold_estimate(x.len(), k, |i| abs_key(x[i]), s);
     s.cand.clear();
     s.keys.clear();
+    let full = x.len() - x.len() % BLOCK;
+    blocks::gather_abs(&x[..full], t, s);
     let mut keys = [0u32; BLOCK];
-    for (b, block) in x.chunks(BLOCK).enumerate() {
-        for (key, &v) in keys.iter_mut().zip(block) {
-            *key = abs_key(v);
-        }
-        gather_block(b * BLOCK, &keys[..block.len()], t, s);
+    let tail = &x[full..];
+    for (key, &v) in keys.iter_mut().zip(tail) {
+        *key = abs_key(v);
     }
+    gather_block(full, &keys[..tail.len()], t, s);
     if s.cand.len() < k && t > 1 {
         candidates(x.len(), |i| abs_key(x[i]), (t / 2).max(1), k, s);
     }
@@ -131,14 +132,15 @@ pub fn top_k_accumulate(e: &mut [f32], g: &[f32], k: usize, s: &mut Scratch, out
     let t = threshold_estimate(len, k, |i| abs_key(e[i] + g[i]), s);
     s.cand.clear();
     s.keys.clear();
+    let full = len - len % BLOCK;
+    let (eh, et) = e.split_at_mut(full);
+    blocks::gather_accumulate(eh, &g[..full], t, s);
     let mut keys = [0u32; BLOCK];
-    for (b, (eb, gb)) in e.chunks_mut(BLOCK).zip(g.chunks(BLOCK)).enumerate() {
-        for ((key, e), &g) in keys.iter_mut().zip(eb.iter_mut()).zip(gb) {
-            *e += g;
-            *key = abs_key(*e);
-        }
-        gather_block(b * BLOCK, &keys[..eb.len()], t, s);
+    for ((key, e), &g) in keys.iter_mut().zip(et.iter_mut()).zip(&g[full..]) {
+        *e += g;
+        *key = abs_key(*e);
     }
+    gather_block(full, &keys[..et.len()], t, s);
     if s.cand.len() < k && t > 1 {
         // Under-estimated: the sums are stored, so the retries read them alone.
         candidates(len, |i| abs_key(e[i]), (t / 2).max(1), k, s);
@@ -150,7 +152,8 @@ pub fn top_k_accumulate(e: &mut [f32], g: &[f32], k: usize, s: &mut Scratch, out
 const BLOCK: usize = 64;
 
 /// Appends the elements of a block (starting at `base`, with these keys) whose key reaches
-/// `t` to the candidates, with their keys: a branch-free mask, then its few set bits.
+/// `t` to the candidates, with their keys: a branch-free mask, then its few set bits (the
+/// partial last block; whole blocks go through [`blocks`]).
 #[inline(always)]
 fn gather_block(base: usize, keys: &[u32], t: u32, s: &mut Scratch) {
     let mut mask = 0u64;
@@ -162,6 +165,260 @@ fn gather_block(base: usize, keys: &[u32], t: u32, s: &mut Scratch) {
         mask &= mask - 1;
         s.cand.push((base + j) as u32);
         s.keys.push(keys[j]);
+    }
+}
+
+/// The candidate passes over whole 64-element blocks, one mask per block and then its few
+/// set bits. The mask is the part that costs: written as a loop of shifted comparisons
+/// (above), the compiler builds it from 64-bit variable shifts, several instructions per
+/// element; here it is a compare and a move-mask per vector (x86-64: SSE2, AVX2, or
+/// AVX-512's compare into a mask register, the widest the CPU has). Every copy gives the
+/// same candidates (and, accumulating, the same sums: one IEEE addition per element,
+/// whatever the width), held by a test per tier.
+mod blocks {
+    use super::{abs_key, Scratch, BLOCK};
+
+    /// Appends the indices (offset by nothing: `x` starts a buffer) and keys of the
+    /// elements of `x` whose [`abs_key`] reaches `t` to `s.cand` / `s.keys`, in order.
+    /// `x.len()` is a multiple of [`BLOCK`].
+    pub(super) fn gather_abs(x: &[f32], t: u32, s: &mut Scratch) {
+        debug_assert_eq!(x.len() % BLOCK, 0);
+        #[cfg(target_arch = "x86_64")]
+        x86::gather_abs(x, t, s);
+        #[cfg(not(target_arch = "x86_64"))]
+        pass_abs(x, s, |b| portable_mask(b, t));
+    }
+
+    /// `e += g` element by element, with [`gather_abs`] of the sums as they are stored.
+    /// The lengths are equal multiples of [`BLOCK`].
+    pub(super) fn gather_accumulate(e: &mut [f32], g: &[f32], t: u32, s: &mut Scratch) {
+        debug_assert!(e.len() == g.len() && e.len().is_multiple_of(BLOCK));
+        #[cfg(target_arch = "x86_64")]
+        x86::gather_accumulate(e, g, t, s);
+        #[cfg(not(target_arch = "x86_64"))]
+        pass_accumulate(e, g, s, |e, g| {
+            for (e, &g) in e.iter_mut().zip(g) {
+                *e += g;
+            }
+            portable_mask(e, t)
+        });
+    }
+
+    /// The block's mask as the partial block's loop builds it (the reference of the tests;
+    /// the path off x86-64).
+    #[cfg_attr(all(target_arch = "x86_64", not(test)), allow(dead_code))]
+    #[inline(always)]
+    pub(super) fn portable_mask(b: &[f32; BLOCK], t: u32) -> u64 {
+        let mut mask = 0u64;
+        for (j, &v) in b.iter().enumerate() {
+            mask |= u64::from(abs_key(v) >= t) << j;
+        }
+        mask
+    }
+
+    /// The set bits of `mask` as candidates of the block at `base`.
+    #[inline(always)]
+    fn push_hits(base: usize, mut mask: u64, b: &[f32; BLOCK], s: &mut Scratch) {
+        while mask != 0 {
+            let j = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            s.cand.push((base + j) as u32);
+            s.keys.push(abs_key(b[j]));
+        }
+    }
+
+    /// The loop of [`gather_abs`] with a block mask.
+    #[inline(always)]
+    pub(super) fn pass_abs(x: &[f32], s: &mut Scratch, mask: impl Fn(&[f32; BLOCK]) -> u64) {
+        for (i, b) in x.chunks_exact(BLOCK).enumerate() {
+            let b: &[f32; BLOCK] = b.try_into().expect("a whole block");
+            push_hits(i * BLOCK, mask(b), b, s);
+        }
+    }
+
+    /// The loop of [`gather_accumulate`] with a block step that adds `g` into `e` and
+    /// returns the mask of the sums.
+    #[inline(always)]
+    pub(super) fn pass_accumulate(
+        e: &mut [f32],
+        g: &[f32],
+        s: &mut Scratch,
+        add_mask: impl Fn(&mut [f32; BLOCK], &[f32; BLOCK]) -> u64,
+    ) {
+        for (i, (eb, gb)) in e
+            .chunks_exact_mut(BLOCK)
+            .zip(g.chunks_exact(BLOCK))
+            .enumerate()
+        {
+            let eb: &mut [f32; BLOCK] = eb.try_into().expect("a whole block");
+            let gb: &[f32; BLOCK] = gb.try_into().expect("a whole block");
+            let mask = add_mask(eb, gb);
+            push_hits(i * BLOCK, mask, eb, s);
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use std::arch::x86_64::*;
+
+        use super::{pass_abs, pass_accumulate, Scratch, BLOCK};
+        use crate::simd::{allows, has_avx512};
+
+        /// The signed bound `lim` with `(bits & 0x7FFF_FFFF) > lim` exactly when
+        /// `abs_key >= t` (`abs_key` is the magnitude bits plus one, so `≥ t` is `> t − 2`;
+        /// magnitude bits are non-negative as `i32`, and `t ≥ 1`).
+        fn bound(t: u32) -> i32 {
+            if t > 0x8000_0000 {
+                // Above every key.
+                i32::MAX
+            } else {
+                (t as i32).wrapping_sub(2)
+            }
+        }
+
+        pub(super) fn gather_abs(x: &[f32], t: u32, s: &mut Scratch) {
+            let lim = bound(t);
+            if allows(2) && has_avx512() {
+                // SAFETY: the CPU executes AVX-512F/BW/DQ/VL, checked on the line above.
+                unsafe { abs_avx512(x, lim, s) }
+            } else if allows(1) && is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU executes AVX2, checked on the line above.
+                unsafe { abs_avx2(x, lim, s) }
+            } else {
+                abs_sse2(x, lim, s)
+            }
+        }
+
+        pub(super) fn gather_accumulate(e: &mut [f32], g: &[f32], t: u32, s: &mut Scratch) {
+            let lim = bound(t);
+            if allows(2) && has_avx512() {
+                // SAFETY: as in `gather_abs`.
+                unsafe { acc_avx512(e, g, lim, s) }
+            } else if allows(1) && is_x86_feature_detected!("avx2") {
+                // SAFETY: as in `gather_abs`.
+                unsafe { acc_avx2(e, g, lim, s) }
+            } else {
+                acc_sse2(e, g, lim, s)
+            }
+        }
+
+        // Each step: four (SSE2), eight (AVX2) or sixteen (AVX-512) elements loaded as
+        // integers, the sign bit masked off, compared (signed) with `lim`, the comparison
+        // turned into that many mask bits at the step's offset. The loads and stores are
+        // unaligned and stay inside the 64-element block the references give.
+
+        fn abs_sse2(x: &[f32], lim: i32, s: &mut Scratch) {
+            // SAFETY: SSE2 is part of x86-64; each load reads 4 floats at 4·i < 64.
+            unsafe {
+                let (mag, lim) = (_mm_set1_epi32(0x7FFF_FFFF), _mm_set1_epi32(lim));
+                pass_abs(x, s, |b| {
+                    let mut m = 0u64;
+                    for i in 0..BLOCK / 4 {
+                        let v = _mm_loadu_si128(b.as_ptr().add(4 * i).cast());
+                        let c = _mm_cmpgt_epi32(_mm_and_si128(v, mag), lim);
+                        m |= (_mm_movemask_ps(_mm_castsi128_ps(c)) as u64) << (4 * i);
+                    }
+                    m
+                })
+            }
+        }
+
+        fn acc_sse2(e: &mut [f32], g: &[f32], lim: i32, s: &mut Scratch) {
+            // SAFETY: as in `abs_sse2`, for the loads of `e` and `g` and the store to `e`.
+            unsafe {
+                let (mag, lim) = (_mm_set1_epi32(0x7FFF_FFFF), _mm_set1_epi32(lim));
+                pass_accumulate(e, g, s, |eb, gb| {
+                    let mut m = 0u64;
+                    for i in 0..BLOCK / 4 {
+                        let pe = eb.as_mut_ptr().add(4 * i);
+                        let v = _mm_add_ps(_mm_loadu_ps(pe), _mm_loadu_ps(gb.as_ptr().add(4 * i)));
+                        _mm_storeu_ps(pe, v);
+                        let c = _mm_cmpgt_epi32(_mm_and_si128(_mm_castps_si128(v), mag), lim);
+                        m |= (_mm_movemask_ps(_mm_castsi128_ps(c)) as u64) << (4 * i);
+                    }
+                    m
+                })
+            }
+        }
+
+        #[target_feature(enable = "avx2")]
+        unsafe fn abs_avx2(x: &[f32], lim: i32, s: &mut Scratch) {
+            // SAFETY: AVX2 is enabled; each load reads 8 floats at 8·i < 64.
+            unsafe {
+                let (mag, lim) = (_mm256_set1_epi32(0x7FFF_FFFF), _mm256_set1_epi32(lim));
+                pass_abs(x, s, |b| {
+                    let mut m = 0u64;
+                    for i in 0..BLOCK / 8 {
+                        let v = _mm256_loadu_si256(b.as_ptr().add(8 * i).cast());
+                        let c = _mm256_cmpgt_epi32(_mm256_and_si256(v, mag), lim);
+                        m |= (_mm256_movemask_ps(_mm256_castsi256_ps(c)) as u32 as u64) << (8 * i);
+                    }
+                    m
+                })
+            }
+        }
+
+        #[target_feature(enable = "avx2")]
+        unsafe fn acc_avx2(e: &mut [f32], g: &[f32], lim: i32, s: &mut Scratch) {
+            // SAFETY: as in `abs_avx2`, for the loads of `e` and `g` and the store to `e`.
+            unsafe {
+                let (mag, lim) = (_mm256_set1_epi32(0x7FFF_FFFF), _mm256_set1_epi32(lim));
+                pass_accumulate(e, g, s, |eb, gb| {
+                    let mut m = 0u64;
+                    for i in 0..BLOCK / 8 {
+                        let pe = eb.as_mut_ptr().add(8 * i);
+                        let v = _mm256_add_ps(
+                            _mm256_loadu_ps(pe),
+                            _mm256_loadu_ps(gb.as_ptr().add(8 * i)),
+                        );
+                        _mm256_storeu_ps(pe, v);
+                        let c =
+                            _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(v), mag), lim);
+                        m |= (_mm256_movemask_ps(_mm256_castsi256_ps(c)) as u32 as u64) << (8 * i);
+                    }
+                    m
+                })
+            }
+        }
+
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+        unsafe fn abs_avx512(x: &[f32], lim: i32, s: &mut Scratch) {
+            // SAFETY: AVX-512F is enabled; each load reads 16 floats at 16·i < 64.
+            unsafe {
+                let (mag, lim) = (_mm512_set1_epi32(0x7FFF_FFFF), _mm512_set1_epi32(lim));
+                pass_abs(x, s, |b| {
+                    let mut m = 0u64;
+                    for i in 0..BLOCK / 16 {
+                        let v = _mm512_loadu_si512(b.as_ptr().add(16 * i).cast());
+                        let k = _mm512_cmpgt_epi32_mask(_mm512_and_si512(v, mag), lim);
+                        m |= (k as u64) << (16 * i);
+                    }
+                    m
+                })
+            }
+        }
+
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+        unsafe fn acc_avx512(e: &mut [f32], g: &[f32], lim: i32, s: &mut Scratch) {
+            // SAFETY: as in `abs_avx512`, for the loads of `e` and `g` and the store to `e`.
+            unsafe {
+                let (mag, lim) = (_mm512_set1_epi32(0x7FFF_FFFF), _mm512_set1_epi32(lim));
+                pass_accumulate(e, g, s, |eb, gb| {
+                    let mut m = 0u64;
+                    for i in 0..BLOCK / 16 {
+                        let pe = eb.as_mut_ptr().add(16 * i);
+                        let v = _mm512_add_ps(
+                            _mm512_loadu_ps(pe),
+                            _mm512_loadu_ps(gb.as_ptr().add(16 * i)),
+                        );
+                        _mm512_storeu_ps(pe, v);
+                        let c = _mm512_and_si512(_mm512_castps_si512(v), mag);
+                        m |= (_mm512_cmpgt_epi32_mask(c, lim) as u64) << (16 * i);
+                    }
+                    m
+                })
+            }
+        }
     }
 }
 
@@ -258,6 +515,70 @@ mod tests {
                     out
                 });
             }
+        }
+    }
+
+    /// Every tier's block passes give the candidates (indices and keys) and sums of the
+    /// portable mask's loop, at thresholds from "every element" to "none", on inputs with
+    /// both zeros, subnormals, infinities and NaNs (as keys order them: above every finite).
+    #[test]
+    fn block_passes_are_the_portable_mask_on_every_tier() {
+        let mut rng = Rng::seed_from_u64(17);
+        let mut x: Vec<f32> = (0..BLOCK * 40)
+            .map(|_| rng.next_f32() * 2.0 - 1.0)
+            .collect();
+        let specials = [
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE / 4.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7FFF_FFFF),
+            f32::MAX,
+        ];
+        for (j, v) in specials.iter().enumerate() {
+            x[j * 67 + 5] = *v;
+        }
+        let g: Vec<f32> = (0..x.len()).map(|_| rng.next_f32() - 0.5).collect();
+        let thresholds = [
+            1,
+            2,
+            abs_key(0.5),
+            abs_key(0.999),
+            abs_key(f32::MAX),
+            abs_key(f32::INFINITY),
+            0x8000_0000,
+            0x8000_0001,
+            u32::MAX,
+        ];
+        for t in thresholds {
+            let mut want = Scratch::default();
+            blocks::pass_abs(&x, &mut want, |b| blocks::portable_mask(b, t));
+            crate::simd::assert_same_on_every_tier("abs", || {
+                let mut s = Scratch::default();
+                blocks::gather_abs(&x, t, &mut s);
+                assert_eq!((&s.cand, &s.keys), (&want.cand, &want.keys), "t {t:#x}");
+                s.cand
+            });
+            let mut e_want = x.clone();
+            let mut want = Scratch::default();
+            blocks::pass_accumulate(&mut e_want, &g, &mut want, |e, g| {
+                for (e, &g) in e.iter_mut().zip(g) {
+                    *e += g;
+                }
+                blocks::portable_mask(e, t)
+            });
+            crate::simd::assert_same_on_every_tier("accumulate", || {
+                let mut s = Scratch::default();
+                let mut e = x.clone();
+                blocks::gather_accumulate(&mut e, &g, t, &mut s);
+                assert_eq!((&s.cand, &s.keys), (&want.cand, &want.keys), "t {t:#x}");
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&e), bits(&e_want), "t {t:#x}: the stored sums");
+                s.cand
+            });
         }
     }
 
