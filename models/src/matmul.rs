@@ -19,18 +19,20 @@
 //! `dA = dC · Bᵀ` and `dB = Aᵀ · dC` through the same operation (the transposes are views).
 //! [`linear`] applies a [`Linear`] layer through it.
 
+use std::mem::MaybeUninit;
+
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::Autodiff;
-use burn::backend::flex::FlexTensor;
+use burn::backend::flex::{FlexTensor, Layout};
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{backend_extension, Backend, Dispatch, Flex, TensorMetadata};
 use burn::nn::Linear;
 use burn::prelude::*;
-use burn::tensor::DType;
+use burn::tensor::{Bytes, DType};
 use rayon::prelude::*;
 
 /// The most blocks an output is cut into.
@@ -113,13 +115,14 @@ impl<'a> Operand<'a> {
 }
 
 /// `out [m × n] = a [m × k] · b [k × n]`, `out` row-major, in [`blocks`] parallel blocks.
-fn product(out: &mut [f32], m: usize, n: usize, k: usize, a: &Operand, b: &Operand) {
+/// Every element of `out` is written (and none read), so it may come uninitialised.
+fn product(out: &mut [MaybeUninit<f32>], m: usize, n: usize, k: usize, a: &Operand, b: &Operand) {
     assert_eq!(out.len(), m * n, "mm: output size");
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
-        out.fill(0.0);
+        out.fill(MaybeUninit::new(0.0));
         return;
     }
     a.check(m, k);
@@ -130,7 +133,7 @@ fn product(out: &mut [f32], m: usize, n: usize, k: usize, a: &Operand, b: &Opera
     let width = side.div_ceil(count);
     // The output's address as an integer, so that the blocks can share it across threads:
     // each writes its own rows or columns only.
-    let out_addr = out.as_mut_ptr() as usize;
+    let out_addr = out.as_mut_ptr().cast::<f32>() as usize;
     (0..side.div_ceil(width)).into_par_iter().for_each(|blk| {
         let (lo, hi) = (blk * width, ((blk + 1) * width).min(side));
         let (rows, cols, a0, b0, dst) = if by_columns {
@@ -201,19 +204,26 @@ impl MatmulOps for Flex {
         let [m, k] = lhs.shape().dims::<2>();
         let [k2, n] = rhs.shape().dims::<2>();
         assert_eq!(k, k2, "mm: inner dimensions {k} and {k2}");
-        // A typed allocation: `FlexTensor::empty` allocates bytes (alignment 1) and then
-        // copies them into a 16-byte-aligned buffer — a second pass over every product's
-        // output (3 % of the MLP step's samples in a profile).
-        let mut out = FlexTensor::filled_typed(Shape::new([m, n]), DType::F32, 0.0f32);
+        // The output allocated typed and left uninitialised: `FlexTensor::empty` zeroes
+        // bytes (alignment 1) and then copies them into a 16-byte-aligned buffer — two
+        // passes over every product's output that `gemm` overwrites anyway (5 % of the MLP
+        // step's samples in a profile).
+        let mut data: Vec<f32> = Vec::with_capacity(m * n);
         product(
-            out.storage_mut(),
+            &mut data.spare_capacity_mut()[..m * n],
             m,
             n,
             k,
             &Operand::of(&lhs),
             &Operand::of(&rhs),
         );
-        out
+        // SAFETY: `product` wrote all `m · n` elements.
+        unsafe { data.set_len(m * n) };
+        FlexTensor::new(
+            Bytes::from_elems(data),
+            Layout::contiguous(Shape::new([m, n])),
+            DType::F32,
+        )
     }
 }
 
