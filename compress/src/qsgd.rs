@@ -40,6 +40,7 @@ use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
 use crate::registry::Method;
 use crate::rng::Rng;
+use crate::simd::vector_dispatch;
 use crate::wire::{
     bytes_for_bits, elias_gamma_len, elias_gamma_put, f32_at, BitReader, BitWriter, GammaReader,
     Reader, Writer,
@@ -197,8 +198,20 @@ pub struct Qsgd {
     norms: Vec<f32>,
 }
 
+vector_dispatch! {
+    /// `max |x|` ([`max_norm_lanes`]) with the widest vectors the CPU has.
+    fn max_norm(x: &[f32]) -> f32 = max_norm_lanes;
+}
+
+vector_dispatch! {
+    /// The 2-norm ([`l2_norm_lanes`]) with the widest vectors the CPU has: the same eight
+    /// `f64` partial sums in the same order on every tier.
+    fn l2_norm(x: &[f32]) -> f32 = l2_norm_lanes;
+}
+
 /// `f32` max-norm of `x` (exact).
-fn max_norm(x: &[f32]) -> f32 {
+#[inline(always)]
+fn max_norm_lanes(x: &[f32]) -> f32 {
     let mut m = [0f32; 8];
     let mut it = x.chunks_exact(8);
     for c in &mut it {
@@ -215,7 +228,8 @@ fn max_norm(x: &[f32]) -> f32 {
 }
 
 /// 2-norm of `x` accumulated in `f64`, rounded to `f32` (saturating at `f32::MAX`).
-fn l2_norm(x: &[f32]) -> f32 {
+#[inline(always)]
+fn l2_norm_lanes(x: &[f32]) -> f32 {
     let mut acc = [0f64; 8];
     let mut it = x.chunks_exact(8);
     for c in &mut it {
@@ -353,9 +367,29 @@ fn quantize_bucket_u8(x: &[f32], nrm: f32, s: u32, rng: &mut Rng, codes: &mut [u
             pair[0] = u as u32;
             pair[1] = (u >> 32) as u32;
         }
-        for ((c, &v), &b) in cb.iter_mut().zip(xb).zip(&rnd[..m]) {
-            *c = fast_code(v, b, nrm, scale, sf, s as i32) as u8;
-        }
+        block_codes(xb, &rnd[..m], cb, nrm, scale, sf, s as i32);
+    }
+}
+
+vector_dispatch! {
+    /// The codes of a block from its draws ([`fast_code`] of each element), with the widest
+    /// vectors the CPU has (the same bits on every tier, tested).
+    fn block_codes(xb: &[f32], rnd: &[u32], cb: &mut [u8], nrm: f32, scale: f32, sf: f32, s: i32) =
+        block_codes_lanes;
+}
+
+#[inline(always)]
+fn block_codes_lanes(
+    xb: &[f32],
+    rnd: &[u32],
+    cb: &mut [u8],
+    nrm: f32,
+    scale: f32,
+    sf: f32,
+    s: i32,
+) {
+    for ((c, &v), &b) in cb.iter_mut().zip(xb).zip(rnd) {
+        *c = fast_code(v, b, nrm, scale, sf, s) as u8;
     }
 }
 
@@ -771,6 +805,24 @@ mod tests {
         compress, compress_new, decompress, decompress_add, payload_bits, Ctx, Payload,
     };
     use crate::test_util::{fuzz_decoder, test_vector};
+
+    /// The encoder's dispatched loops (norms, codes) give the same payload bytes on every
+    /// tier, for both norms and the three byte-packed widths, buckets whole and partial.
+    #[test]
+    fn payloads_are_the_same_on_every_tier() {
+        for levels in [1, 7, 127] {
+            for norm in [QsgdNorm::Max, QsgdNorm::L2] {
+                let mut c = qsgd(levels, 512, norm, QsgdCoding::Fixed);
+                let v = test_vector(5000, 3.0, u64::from(levels));
+                crate::simd::assert_same_on_every_tier("qsgd encode", || {
+                    compress_new(&mut c, &v, &Ctx::default(), &mut Rng::seed_from_u64(9))
+                        .unwrap()
+                        .as_bytes()
+                        .to_vec()
+                });
+            }
+        }
+    }
 
     /// The 4-bit decoder's vector groups give the scalar loop's sums and errors on every
     /// tier: buckets of whole groups, of groups and a rest, shorter than a group, a partial
