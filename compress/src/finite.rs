@@ -3,8 +3,11 @@
 //! non-finite input in its own passes ([`crate::Compressor::finds_non_finite`]). The items
 //! are re-exported from [`crate::compressor`], where callers have always found them.
 
+use crate::simd::vector_dispatch;
+
 /// Whether a short block holds a NaN or an infinity: a branch-free OR-reduction over the
 /// exponent bits, which vectorises (a per-element `is_finite` early exit does not).
+#[inline(always)]
 fn block_non_finite(block: &[f32]) -> bool {
     block
         .iter()
@@ -20,8 +23,13 @@ pub(crate) fn exponent_all_ones(v: f32) -> bool {
     v.to_bits() & EXP == EXP
 }
 
-/// Index and value of the first non-finite element, if any.
-pub fn first_non_finite(x: &[f32]) -> Option<(usize, f32)> {
+vector_dispatch! {
+    /// Index and value of the first non-finite element, if any.
+    pub fn first_non_finite(x: &[f32]) -> Option<(usize, f32)> = first_non_finite_lanes;
+}
+
+#[inline(always)]
+fn first_non_finite_lanes(x: &[f32]) -> Option<(usize, f32)> {
     // 64-element blocks; only a hit is rescanned.
     for (bi, block) in x.chunks(64).enumerate() {
         if block_non_finite(block) {
@@ -68,10 +76,15 @@ impl FirstNonFinite {
     }
 }
 
-/// Multiplies every element by `k`; returns whether the result holds a NaN or an infinity,
-/// in one pass over memory (each 64-element block is checked while it is still in L1): an
-/// average and its finiteness check at the cost of the average alone.
-pub fn scale_has_non_finite(x: &mut [f32], k: f32) -> bool {
+vector_dispatch! {
+    /// Multiplies every element by `k`; returns whether the result holds a NaN or an
+    /// infinity, in one pass over memory (each 64-element block is checked while it is
+    /// still in L1): an average and its finiteness check at the cost of the average alone.
+    pub fn scale_has_non_finite(x: &mut [f32], k: f32) -> bool = scale_has_non_finite_lanes;
+}
+
+#[inline(always)]
+fn scale_has_non_finite_lanes(x: &mut [f32], k: f32) -> bool {
     let mut bad = false;
     for block in x.chunks_mut(64) {
         for v in block.iter_mut() {
@@ -82,10 +95,16 @@ pub fn scale_has_non_finite(x: &mut [f32], k: f32) -> bool {
     bad
 }
 
-/// Writes `src[i] · k` into `dst[i]`; returns whether the result holds a NaN or an
-/// infinity, checked block by block while each is still in L1 (see
-/// [`scale_has_non_finite`]). `dst` and `src` have the same length.
-pub fn scale_into_has_non_finite(dst: &mut [f32], src: &[f32], k: f32) -> bool {
+vector_dispatch! {
+    /// Writes `src[i] · k` into `dst[i]`; returns whether the result holds a NaN or an
+    /// infinity, checked block by block while each is still in L1 (see
+    /// [`scale_has_non_finite`]). `dst` and `src` have the same length.
+    pub fn scale_into_has_non_finite(dst: &mut [f32], src: &[f32], k: f32) -> bool =
+        scale_into_has_non_finite_lanes;
+}
+
+#[inline(always)]
+fn scale_into_has_non_finite_lanes(dst: &mut [f32], src: &[f32], k: f32) -> bool {
     debug_assert_eq!(dst.len(), src.len());
     let mut bad = false;
     for (d, s) in dst.chunks_mut(64).zip(src.chunks(64)) {
@@ -102,9 +121,13 @@ mod tests {
     use super::*;
 
     /// Both block scans find a bad value wherever it sits (first block, block edge, tail
-    /// block), and scaling can create one (overflow) or remove none.
+    /// block), and scaling can create one (overflow) or remove none — on every vector tier.
     #[test]
     fn non_finite_scans_find_every_position_and_scaling_overflow() {
+        crate::simd::each_tier(every_position_and_overflow);
+    }
+
+    fn every_position_and_overflow() {
         for n in [1usize, 63, 64, 65, 200] {
             for at in [0, n / 2, n - 1] {
                 for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
@@ -123,6 +146,19 @@ mod tests {
                 assert_eq!(x, want, "the same products as a plain multiply");
                 x[at] = 3e38;
                 assert!(scale_has_non_finite(&mut x, 2.0), "overflow at {at} of {n}");
+                let mut src: Vec<f32> = (0..n).map(|i| i as f32 - 7.5).collect();
+                src[at] = 3e38;
+                let mut dst = vec![0.0; n];
+                assert!(
+                    scale_into_has_non_finite(&mut dst, &src, 2.0),
+                    "into, {at} of {n}"
+                );
+                assert!(
+                    !scale_into_has_non_finite(&mut dst, &src, 0.5),
+                    "into, {at} of {n}"
+                );
+                let want: Vec<f32> = src.iter().map(|v| v * 0.5).collect();
+                assert_eq!(dst, want, "into: the same products as a plain multiply");
             }
         }
     }
