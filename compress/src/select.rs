@@ -85,6 +85,25 @@ pub fn top_k(
     finish(k, s, out);
 }
 
+/// [`top_k`] of `keys[i]` (keys computed beforehand): the same indices, with the keys of a
+/// block compared side by side (vectorised) in the candidate pass.
+pub fn top_k_keys(keys: &[u32], k: usize, s: &mut Scratch, out: &mut Vec<u32>) {
+    out.clear();
+    if k == 0 || keys.is_empty() {
+        return;
+    }
+    let t = threshold_estimate(keys.len(), k, |i| keys[i], s);
+    s.cand.clear();
+    s.keys.clear();
+    let full = keys.len() - keys.len() % BLOCK;
+    blocks::gather_keys(&keys[..full], t, s);
+    gather_block(full, &keys[full..], t, s);
+    if s.cand.len() < k && t > 1 {
+        candidates(keys.len(), |i| keys[i], (t / 2).max(1), k, s);
+    }
+    finish(k, s, out);
+}
+
 /// [`top_k`] of `abs_key(x[i])`, the largest magnitudes of `x`: the same indices, with the
 /// keys of a block of elements computed side by side (vectorised) in the candidate pass.
 pub fn top_k_abs(x: &[f32], k: usize, s: &mut Scratch, out: &mut Vec<u32>) {
@@ -204,6 +223,42 @@ mod blocks {
         });
     }
 
+    /// Appends the indices and keys of the members of `keys` that reach `t` (at least 1)
+    /// to `s.cand` / `s.keys`, in order. `keys.len()` is a multiple of [`BLOCK`].
+    pub(super) fn gather_keys(keys: &[u32], t: u32, s: &mut Scratch) {
+        debug_assert!(t >= 1 && keys.len().is_multiple_of(BLOCK));
+        #[cfg(target_arch = "x86_64")]
+        x86::gather_keys(keys, t, s);
+        #[cfg(not(target_arch = "x86_64"))]
+        pass_keys(keys, s, |b| portable_key_mask(b, t));
+    }
+
+    /// [`portable_mask`] of precomputed keys.
+    #[cfg_attr(all(target_arch = "x86_64", not(test)), allow(dead_code))]
+    #[inline(always)]
+    pub(super) fn portable_key_mask(b: &[u32; BLOCK], t: u32) -> u64 {
+        let mut mask = 0u64;
+        for (j, &key) in b.iter().enumerate() {
+            mask |= u64::from(key >= t) << j;
+        }
+        mask
+    }
+
+    /// The loop of [`gather_keys`] with a block mask.
+    #[inline(always)]
+    pub(super) fn pass_keys(keys: &[u32], s: &mut Scratch, mask: impl Fn(&[u32; BLOCK]) -> u64) {
+        for (i, b) in keys.chunks_exact(BLOCK).enumerate() {
+            let b: &[u32; BLOCK] = b.try_into().expect("a whole block");
+            let mut m = mask(b);
+            while m != 0 {
+                let j = m.trailing_zeros() as usize;
+                m &= m - 1;
+                s.cand.push((i * BLOCK + j) as u32);
+                s.keys.push(b[j]);
+            }
+        }
+    }
+
     /// The block's mask as the partial block's loop builds it (the reference of the tests;
     /// the path off x86-64).
     #[cfg_attr(all(target_arch = "x86_64", not(test)), allow(dead_code))]
@@ -261,7 +316,7 @@ mod blocks {
     mod x86 {
         use std::arch::x86_64::*;
 
-        use super::{pass_abs, pass_accumulate, Scratch, BLOCK};
+        use super::{pass_abs, pass_accumulate, pass_keys, Scratch, BLOCK};
         use crate::simd::{allows, has_avx512};
 
         /// The signed bound `lim` with `(bits & 0x7FFF_FFFF) > lim` exactly when
@@ -299,6 +354,75 @@ mod blocks {
                 unsafe { acc_avx2(e, g, lim, s) }
             } else {
                 acc_sse2(e, g, lim, s)
+            }
+        }
+
+        pub(super) fn gather_keys(keys: &[u32], t: u32, s: &mut Scratch) {
+            if allows(2) && has_avx512() {
+                // SAFETY: as in `gather_abs`.
+                unsafe { keys_avx512(keys, t, s) }
+            } else if allows(1) && is_x86_feature_detected!("avx2") {
+                // SAFETY: as in `gather_abs`.
+                unsafe { keys_avx2(keys, t, s) }
+            } else {
+                keys_sse2(keys, t, s)
+            }
+        }
+
+        /// `key ≥ t` for `t ≥ 1` as a signed comparison: both sides with the top bit
+        /// flipped (which orders `u32`s as `i32`s), against `t − 1` with `>`.
+        fn key_bound(t: u32) -> (i32, i32) {
+            (i32::MIN, ((t - 1) ^ 0x8000_0000) as i32)
+        }
+
+        fn keys_sse2(keys: &[u32], t: u32, s: &mut Scratch) {
+            let (flip, lim) = key_bound(t);
+            // SAFETY: SSE2 is part of x86-64; each load reads 4 keys at 4·i < 64.
+            unsafe {
+                let (flip, lim) = (_mm_set1_epi32(flip), _mm_set1_epi32(lim));
+                pass_keys(keys, s, |b| {
+                    let mut m = 0u64;
+                    for i in 0..BLOCK / 4 {
+                        let v = _mm_loadu_si128(b.as_ptr().add(4 * i).cast());
+                        let c = _mm_cmpgt_epi32(_mm_xor_si128(v, flip), lim);
+                        m |= (_mm_movemask_ps(_mm_castsi128_ps(c)) as u64) << (4 * i);
+                    }
+                    m
+                })
+            }
+        }
+
+        #[target_feature(enable = "avx2")]
+        unsafe fn keys_avx2(keys: &[u32], t: u32, s: &mut Scratch) {
+            let (flip, lim) = key_bound(t);
+            // SAFETY: AVX2 is enabled; each load reads 8 keys at 8·i < 64.
+            unsafe {
+                let (flip, lim) = (_mm256_set1_epi32(flip), _mm256_set1_epi32(lim));
+                pass_keys(keys, s, |b| {
+                    let mut m = 0u64;
+                    for i in 0..BLOCK / 8 {
+                        let v = _mm256_loadu_si256(b.as_ptr().add(8 * i).cast());
+                        let c = _mm256_cmpgt_epi32(_mm256_xor_si256(v, flip), lim);
+                        m |= (_mm256_movemask_ps(_mm256_castsi256_ps(c)) as u32 as u64) << (8 * i);
+                    }
+                    m
+                })
+            }
+        }
+
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+        unsafe fn keys_avx512(keys: &[u32], t: u32, s: &mut Scratch) {
+            // SAFETY: AVX-512F is enabled; each load reads 16 keys at 16·i < 64.
+            unsafe {
+                let t = _mm512_set1_epi32(t as i32);
+                pass_keys(keys, s, |b| {
+                    let mut m = 0u64;
+                    for i in 0..BLOCK / 16 {
+                        let v = _mm512_loadu_si512(b.as_ptr().add(16 * i).cast());
+                        m |= (_mm512_cmpge_epu32_mask(v, t) as u64) << (16 * i);
+                    }
+                    m
+                })
             }
         }
 
@@ -579,6 +703,53 @@ mod tests {
                 assert_eq!(bits(&e), bits(&e_want), "t {t:#x}: the stored sums");
                 s.cand
             });
+        }
+    }
+
+    /// The keyed block pass is the portable mask's loop on every tier, for thresholds
+    /// across the whole `u32` range (the SSE2 / AVX2 copies compare with the top bit
+    /// flipped), and `top_k_keys` is `top_k` of the same keys.
+    #[test]
+    fn keyed_passes_are_the_portable_mask_on_every_tier() {
+        let mut rng = Rng::seed_from_u64(19);
+        let mut keys: Vec<u32> = (0..BLOCK * 30).map(|_| rng.next_u64() as u32).collect();
+        for (j, v) in [0, 1, 2, 0x7FFF_FFFF, 0x8000_0000, 0x8000_0001, u32::MAX]
+            .iter()
+            .enumerate()
+        {
+            keys[j * 131 + 7] = *v;
+        }
+        for t in [
+            1,
+            2,
+            0x7FFF_FFFF,
+            0x8000_0000,
+            0x8000_0001,
+            0xC000_0000,
+            u32::MAX,
+        ] {
+            let mut want = Scratch::default();
+            blocks::pass_keys(&keys, &mut want, |b| blocks::portable_key_mask(b, t));
+            crate::simd::assert_same_on_every_tier("keys", || {
+                let mut s = Scratch::default();
+                blocks::gather_keys(&keys, t, &mut s);
+                assert_eq!((&s.cand, &s.keys), (&want.cand, &want.keys), "t {t:#x}");
+                s.cand
+            });
+        }
+        let mut s = Scratch::default();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for &len in &[0usize, 1, 63, 64, 65, 9000, 40_001] {
+            for &k in &[0usize, 1, len / 100 + 1, len / 7, len] {
+                // Few distinct keys (ties), zeros (never members) among them.
+                let v: Vec<u32> = (0..len)
+                    .map(|_| rng.below(200) as u32 * 0x0100_0001)
+                    .collect();
+                top_k_keys(&v, k, &mut s, &mut a);
+                top_k(len, k, |i| v[i], &mut s, &mut b);
+                assert_eq!(a, b, "len {len} k {k}");
+                assert_eq!(a, brute(&v, k), "len {len} k {k}");
+            }
         }
     }
 

@@ -20,7 +20,8 @@ use super::{
 };
 use crate::rangefloat::{emax_of, RfDecoder, RfEncoder, RfFormat, Rounding};
 use crate::rng::Rng;
-use crate::select::{top_k, Scratch};
+use crate::select::{top_k_keys, Scratch};
+use crate::simd::vector_dispatch;
 use crate::wire::{bytes_for_bits, Writer};
 
 /// The settings a chunk's encoding reads (θ in effect, value format, selection, index coding).
@@ -64,24 +65,43 @@ pub(super) struct EncScratch {
     sel: Scratch,
 }
 
+vector_dispatch! {
+    /// The largest magnitude's bits (`|v|` as an integer) of `x`, 0 for an empty `x`.
+    fn max_magnitude_bits(x: &[f32]) -> u32 = max_magnitude_bits_lanes;
+}
+
+#[inline(always)]
+fn max_magnitude_bits_lanes(x: &[f32]) -> u32 {
+    x.iter().fold(0u32, |m, v| m.max(v.to_bits() & 0x7FFF_FFFF))
+}
+
+vector_dispatch! {
+    /// `dst[i] = src[i] · k` (equal lengths).
+    fn scale_into(dst: &mut [f32], src: &[f32], k: f32) = scale_into_lanes;
+}
+
+#[inline(always)]
+fn scale_into_lanes(dst: &mut [f32], src: &[f32], k: f32) {
+    for (d, &v) in dst.iter_mut().zip(src) {
+        *d = v * k;
+    }
+}
+
 impl EncScratch {
     /// Forward transform of `x` with `plan` (scaled by a power of two into `[1, 2)` at the
     /// top so that energies neither overflow nor underflow) into `spec`; returns the factor
     /// that turns `spec` into `Y = X/n`.
     pub(super) fn forward(&mut self, plan: &dyn RealToComplex<f32>, x: &[f32]) -> f32 {
         let n = x.len();
-        let mut amax = 0u32;
-        for v in x {
-            amax = amax.max(v.to_bits() & 0x7FFF_FFFF);
-        }
+        let amax = max_magnitude_bits(x);
         let e0 = if amax == 0 {
             0
         } else {
             (emax_of_bits(amax)).clamp(-100, 100)
         };
         let pre = pow2_f32(-e0);
-        self.input.clear();
-        self.input.extend(x.iter().map(|&v| v * pre));
+        self.input.resize(n, 0.0);
+        scale_into(&mut self.input, x, pre);
         self.spec.resize(bins(n), Complex::default());
         self.fft_scratch
             .resize(plan.get_scratch_len(), Complex::default());
@@ -105,8 +125,7 @@ impl EncScratch {
                     let e = bin_weight(n, i) * (re * re + im * im);
                     e.to_bits() + 1
                 }));
-                let keys = &self.keys;
-                top_k(m, k, |i| keys[i], &mut self.sel, &mut self.keep);
+                top_k_keys(&self.keys, k, &mut self.sel, &mut self.keep);
             }
         }
     }

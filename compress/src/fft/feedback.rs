@@ -18,10 +18,32 @@
 use realfft::num_complex::Complex;
 
 use super::{bins, emax_of_bits, pow2_f32};
+use crate::simd::vector_dispatch;
 
-/// `spec ← post·spec + E` for the packed residual `e` of an `e.len()`-element chunk (see
-/// the module docs); the imaginary parts of DC and Nyquist are set to zero.
-pub(super) fn compensate_spectrum(spec: &mut [Complex<f32>], post: f32, e: &[f32]) {
+// The three passes over a chunk's spectrum, with the widest vectors the CPU has (the same
+// source per tier, so the same bits; the FFT tests run the method on every tier).
+vector_dispatch! {
+    /// `spec ← post·spec + E` for the packed residual `e` of an `e.len()`-element chunk (see
+    /// the module docs); the imaginary parts of DC and Nyquist are set to zero.
+    pub(super) fn compensate_spectrum(spec: &mut [Complex<f32>], post: f32, e: &[f32]) =
+        compensate_spectrum_lanes;
+}
+
+vector_dispatch! {
+    /// The residual after sending: `E = Y_p` with the sent values `T` (two per kept bin, in
+    /// `keep` order) taken off the kept bins, packed into `e` (see the module docs).
+    pub(super) fn store_residual(spec: &[Complex<f32>], keep: &[u32], sent: &[f32], e: &mut [f32]) =
+        store_residual_lanes;
+}
+
+vector_dispatch! {
+    /// A power of two that brings the largest component of `spec` into `[1, 2)` (1 for an
+    /// all-zero spectrum), so that its energies neither overflow nor underflow.
+    pub(super) fn energy_scale(spec: &[Complex<f32>]) -> f32 = energy_scale_lanes;
+}
+
+#[inline(always)]
+fn compensate_spectrum_lanes(spec: &mut [Complex<f32>], post: f32, e: &[f32]) {
     let n = e.len();
     let m = spec.len();
     debug_assert_eq!(m, bins(n));
@@ -36,9 +58,8 @@ pub(super) fn compensate_spectrum(spec: &mut [Complex<f32>], post: f32, e: &[f32
     }
 }
 
-/// The residual after sending: `E = Y_p` with the sent values `T` (two per kept bin, in
-/// `keep` order) taken off the kept bins, packed into `e` (see the module docs).
-pub(super) fn store_residual(spec: &[Complex<f32>], keep: &[u32], sent: &[f32], e: &mut [f32]) {
+#[inline(always)]
+fn store_residual_lanes(spec: &[Complex<f32>], keep: &[u32], sent: &[f32], e: &mut [f32]) {
     let n = e.len();
     let m = spec.len();
     let pairs = if n.is_multiple_of(2) { m - 1 } else { m };
@@ -63,9 +84,8 @@ pub(super) fn store_residual(spec: &[Complex<f32>], keep: &[u32], sent: &[f32], 
     }
 }
 
-/// A power of two that brings the largest component of `spec` into `[1, 2)` (1 for an
-/// all-zero spectrum), so that its energies neither overflow nor underflow.
-pub(super) fn energy_scale(spec: &[Complex<f32>]) -> f32 {
+#[inline(always)]
+fn energy_scale_lanes(spec: &[Complex<f32>]) -> f32 {
     let mut amax = 0u32;
     for c in spec {
         amax = amax
@@ -155,6 +175,41 @@ mod tests {
         );
         assert_eq!(p.adopted_feedback(), None);
         assert!(p.memory().is_active());
+    }
+
+    /// The method's dispatched passes (the forward scaling, compensation, energy scale,
+    /// residual, selection, the receiver's sum) give the same payloads, residuals and
+    /// decodes on every vector tier, with spectral and signal feedback.
+    #[test]
+    fn payloads_residuals_and_decodes_are_the_same_on_every_tier() {
+        let segs = [0..300, 300..301, 301..4000];
+        let n = 4000;
+        for spectral in [true, false] {
+            crate::simd::assert_same_on_every_tier("fft", || {
+                let mut p = pipeline(spectral);
+                let mut payload = Payload::new();
+                let mut seen = Vec::new();
+                for step in 0..3 {
+                    let g = signal(n, 200 + step);
+                    let ctx = Ctx {
+                        step,
+                        rank: 0,
+                        bucket: 9,
+                        segments: &segs,
+                    };
+                    p.compress(&g, &ctx, &mut Rng::seed_from_u64(step), &mut payload)
+                        .unwrap();
+                    let mut d = vec![0.5f32; n];
+                    crate::compressor::decompress_add(p.compressor(), payload.as_bytes(), &mut d)
+                        .unwrap();
+                    seen.push(payload.as_bytes().to_vec());
+                    seen.push(d.iter().flat_map(|v| v.to_le_bytes()).collect());
+                    let mem = p.export_memory();
+                    seen.push(mem[&9].iter().flat_map(|v| v.to_le_bytes()).collect());
+                }
+                seen
+            });
+        }
     }
 
     /// The spectral residual and the signal residual are the same error feedback: the sum
