@@ -102,6 +102,7 @@ fn energy_scale_lanes(spec: &[Complex<f32>]) -> f32 {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
+    use std::ops::Range;
 
     use super::*;
     use crate::compressor::{Ctx, Payload};
@@ -177,6 +178,24 @@ mod tests {
         assert!(p.memory().is_active());
     }
 
+    /// Compresses `g` as bucket 9 at `step`, with that step's generator.
+    fn compress_step(
+        p: &mut Pipeline,
+        g: &[f32],
+        step: u64,
+        segs: &[Range<usize>],
+        out: &mut Payload,
+    ) {
+        let ctx = Ctx {
+            step,
+            rank: 0,
+            bucket: 9,
+            segments: segs,
+        };
+        p.compress(g, &ctx, &mut Rng::seed_from_u64(step), out)
+            .unwrap();
+    }
+
     /// The method's dispatched passes (the forward scaling, compensation, energy scale,
     /// residual, selection, the receiver's sum) give the same payloads, residuals and
     /// decodes on every vector tier, with spectral and signal feedback.
@@ -191,17 +210,9 @@ mod tests {
                 let mut seen = Vec::new();
                 for step in 0..3 {
                     let g = signal(n, 200 + step);
-                    let ctx = Ctx {
-                        step,
-                        rank: 0,
-                        bucket: 9,
-                        segments: &segs,
-                    };
-                    p.compress(&g, &ctx, &mut Rng::seed_from_u64(step), &mut payload)
-                        .unwrap();
+                    compress_step(&mut p, &g, step, &segs, &mut payload);
                     let mut d = vec![0.5f32; n];
-                    crate::compressor::decompress_add(p.compressor(), payload.as_bytes(), &mut d)
-                        .unwrap();
+                    p.decompress_add(payload.as_bytes(), &mut d).unwrap();
                     seen.push(payload.as_bytes().to_vec());
                     seen.push(d.iter().flat_map(|v| v.to_le_bytes()).collect());
                     let mem = p.export_memory();
@@ -224,14 +235,7 @@ mod tests {
             let mut payload = Payload::new();
             for step in 0..6 {
                 let g = signal(n, 100 + step);
-                let ctx = Ctx {
-                    step,
-                    rank: 0,
-                    bucket: 9,
-                    segments: &segs,
-                };
-                p.compress(&g, &ctx, &mut Rng::seed_from_u64(step), &mut payload)
-                    .unwrap();
+                compress_step(&mut p, &g, step, &segs, &mut payload);
                 let mut d = vec![0f32; n];
                 p.decompress_add(payload.as_bytes(), &mut d).unwrap();
                 for i in 0..n {
