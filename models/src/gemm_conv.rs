@@ -351,6 +351,16 @@ impl Shapes {
         self.kh == 1 && self.kw == 1 && self.sh == 1 && self.sw == 1 && self.ph == 0 && self.pw == 0
     }
 
+    /// [`Shapes::valid`] of every kernel row `i` and every kernel column `j`: they depend on
+    /// the kernel position only, so one sample's passes compute them once, not once per
+    /// channel (two divisions each, which cost more than the copies of the small maps of
+    /// AlexNet-CIFAR's last layers).
+    fn valid_ranges(&self) -> (Vec<Span>, Vec<Span>) {
+        let rows = (0..self.kh).map(|i| Self::valid(self.oh, self.h, i, self.sh, self.ph));
+        let cols = (0..self.kw).map(|j| Self::valid(self.ow, self.w, j, self.sw, self.pw));
+        (rows.collect(), cols.collect())
+    }
+
     /// The output indices `lo..hi` along one side whose input index `o·s + k − p` lies in
     /// `0..size`.
     fn valid(out: usize, size: usize, k: usize, s: usize, p: usize) -> (usize, usize) {
@@ -365,6 +375,9 @@ impl Shapes {
     }
 }
 
+/// A range `lo..hi` of output indices, as `(lo, hi)`.
+type Span = (usize, usize);
+
 /// Writes one sample's `cols(x_n)` (`K` rows of `P`) into `cols` at column `off` of rows
 /// `ld` long: row `(c, i, j)`, column `off + oh·OW + ow`.
 ///
@@ -377,12 +390,11 @@ impl Shapes {
 fn im2col(s: &Shapes, x_n: &[f32], cols: &mut [f32], ld: usize, off: usize) {
     let p = s.p();
     let shifted_copy = s.sh == 1 && s.sw == 1 && s.ow == s.w;
+    let (rows_valid, cols_valid) = s.valid_ranges();
     for c in 0..s.c {
         let plane = &x_n[c * s.h * s.w..(c + 1) * s.h * s.w];
-        for i in 0..s.kh {
-            let (oh_lo, oh_hi) = Shapes::valid(s.oh, s.h, i, s.sh, s.ph);
-            for j in 0..s.kw {
-                let (ow_lo, ow_hi) = Shapes::valid(s.ow, s.w, j, s.sw, s.pw);
+        for (i, &(oh_lo, oh_hi)) in rows_valid.iter().enumerate() {
+            for (j, &(ow_lo, ow_hi)) in cols_valid.iter().enumerate() {
                 let row = &mut cols[((c * s.kh + i) * s.kw + j) * ld + off..][..p];
                 row[..oh_lo * s.ow].fill(0.0);
                 row[oh_hi * s.ow..].fill(0.0);
@@ -412,8 +424,10 @@ fn im2col(s: &Shapes, x_n: &[f32], cols: &mut [f32], ld: usize, off: usize) {
                         let start = ow_lo + j - s.pw;
                         dst[ow_lo..ow_hi].copy_from_slice(&src[start..start + ow_hi - ow_lo]);
                     } else {
-                        for (ow, d) in dst.iter_mut().enumerate().take(ow_hi).skip(ow_lo) {
-                            *d = src[ow * s.sw + j - s.pw];
+                        let start = ow_lo * s.sw + j - s.pw;
+                        let strided = src[start..].iter().step_by(s.sw);
+                        for (d, &v) in dst[ow_lo..ow_hi].iter_mut().zip(strided) {
+                            *d = v;
                         }
                     }
                 }
@@ -426,12 +440,11 @@ fn im2col(s: &Shapes, x_n: &[f32], cols: &mut [f32], ld: usize, off: usize) {
 /// input gradient `dx_n [C × H × W]` — the adjoint of [`im2col`].
 fn col2im_add(s: &Shapes, cols: &[f32], ld: usize, off: usize, dx_n: &mut [f32]) {
     let p = s.p();
+    let (rows_valid, cols_valid) = s.valid_ranges();
     for c in 0..s.c {
         let plane = &mut dx_n[c * s.h * s.w..(c + 1) * s.h * s.w];
-        for i in 0..s.kh {
-            let (oh_lo, oh_hi) = Shapes::valid(s.oh, s.h, i, s.sh, s.ph);
-            for j in 0..s.kw {
-                let (ow_lo, ow_hi) = Shapes::valid(s.ow, s.w, j, s.sw, s.pw);
+        for (i, &(oh_lo, oh_hi)) in rows_valid.iter().enumerate() {
+            for (j, &(ow_lo, ow_hi)) in cols_valid.iter().enumerate() {
                 let row = &cols[((c * s.kh + i) * s.kw + j) * ld + off..][..p];
                 for oh in oh_lo..oh_hi {
                     let ih = oh * s.sh + i - s.ph;
@@ -836,6 +849,7 @@ mod tests {
             (1, 2, 3, [1, 1], [1, 1], [0, 0]),
             (2, 6, 6, [3, 3], [2, 2], [1, 1]),
             (1, 5, 5, [3, 1], [1, 2], [0, 3]),
+            (2, 13, 15, [11, 11], [4, 4], [2, 2]),
         ];
         for &(c, h, w, [kh, kw], stride, padding) in cases {
             let s = Shapes::new([1, c, h, w], [1, kh, kw], ConvGeometry { stride, padding });
