@@ -272,16 +272,23 @@ impl InvScratch {
         spec: &mut [Complex<f32>],
         out: &mut [f32],
     ) -> Result<(), WireError> {
-        self.real.resize(out.len(), 0.0);
-        self.fft_scratch
-            .resize(plan.get_scratch_len(), Complex::default());
+        // Grow-only buffers, their prefixes used (as the encoder's; see `EncScratch::forward`).
+        let n = out.len();
+        if self.real.len() < n {
+            self.real.resize(n, 0.0);
+        }
+        let real = &mut self.real[..n];
+        let scratch = plan.get_scratch_len();
+        if self.fft_scratch.len() < scratch {
+            self.fft_scratch.resize(scratch, Complex::default());
+        }
         // DC/Nyquist imaginary parts were validated as zero; sums of zeros stay zero.
-        plan.process_with_scratch(spec, &mut self.real, &mut self.fft_scratch)
+        plan.process_with_scratch(spec, real, &mut self.fft_scratch)
             .map_err(|_| WireError::Invalid("fft inverse transform refused the spectrum"))?;
-        if crate::finite::first_non_finite(&self.real).is_some() {
+        if crate::finite::first_non_finite(real).is_some() {
             return Err(WireError::Invalid("fft reconstruction is not finite"));
         }
-        add_into(out, &self.real);
+        add_into(out, real);
         Ok(())
     }
 }

@@ -100,13 +100,21 @@ impl EncScratch {
             (emax_of_bits(amax)).clamp(-100, 100)
         };
         let pre = pow2_f32(-e0);
-        self.input.resize(n, 0.0);
-        scale_into(&mut self.input, x, pre);
+        // The input and scratch buffers only grow (the tensors of a bucket have different
+        // lengths: resizing to each would zero-fill on every growth); their prefixes are used.
+        if self.input.len() < n {
+            self.input.resize(n, 0.0);
+        }
+        let input = &mut self.input[..n];
+        scale_into(input, x, pre);
         self.spec.resize(bins(n), Complex::default());
-        self.fft_scratch
-            .resize(plan.get_scratch_len(), Complex::default());
-        // Lengths match the plan by construction, so this cannot fail.
-        let _ = plan.process_with_scratch(&mut self.input, &mut self.spec, &mut self.fft_scratch);
+        let scratch = plan.get_scratch_len();
+        if self.fft_scratch.len() < scratch {
+            self.fft_scratch.resize(scratch, Complex::default());
+        }
+        // Lengths match the plan by construction (the scratch may be longer), so this
+        // cannot fail.
+        let _ = plan.process_with_scratch(input, &mut self.spec, &mut self.fft_scratch);
         (pow2_f64(e0) / n as f64) as f32
     }
 
