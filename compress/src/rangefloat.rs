@@ -153,11 +153,7 @@ fn pow2(e: i32) -> f64 {
 /// `Emax = ⌊log2 max|v|⌋` of a block, clamped to `[-128, 127]`; 0 for an all-zero block.
 /// Non-finite values count as the largest magnitude (Emax 127).
 pub fn emax_of(x: &[f32]) -> i8 {
-    let mut m = 0u32;
-    for v in x {
-        m = m.max(v.to_bits() & 0x7FFF_FFFF);
-    }
-    emax_of_abs_bits(m)
+    emax_of_abs_bits(crate::simd::max_magnitude_bits(x))
 }
 
 /// [`emax_of`] from the bit pattern of the block's largest magnitude.

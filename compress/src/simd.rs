@@ -101,3 +101,25 @@ macro_rules! vector_dispatch {
 }
 
 pub(crate) use vector_dispatch;
+
+vector_dispatch! {
+    /// The largest magnitude of `x` as bits (each value's bits with the sign cleared; 0 for
+    /// an empty `x`). For finite values the order of the bits is the order of the
+    /// magnitudes, and a NaN's bits are above an infinity's, which are above every finite
+    /// value's. TernGrad's scaler, range-float's Emax and FFT's pre-scaling read it.
+    pub(crate) fn max_magnitude_bits(x: &[f32]) -> u32 = max_magnitude_bits_lanes;
+}
+
+#[inline(always)]
+fn max_magnitude_bits_lanes(x: &[f32]) -> u32 {
+    let mut m = [0u32; 8];
+    let mut it = x.chunks_exact(8);
+    for c in &mut it {
+        for k in 0..8 {
+            m[k] = m[k].max(c[k].to_bits() & 0x7FFF_FFFF);
+        }
+    }
+    let rest = it.remainder().iter();
+    let r = rest.fold(0u32, |m, v| m.max(v.to_bits() & 0x7FFF_FFFF));
+    m.iter().fold(r, |r, &v| r.max(v))
+}

@@ -46,7 +46,7 @@ use crate::compressor::{
 use crate::error::{CompressError, ConfigError, WireError};
 use crate::registry::Method;
 use crate::rng::{LaneRng, Rng};
-use crate::simd::vector_dispatch;
+use crate::simd::{max_magnitude_bits, vector_dispatch};
 use crate::wire::{Reader, Writer};
 
 /// Configuration of [`TernGrad`].
@@ -166,26 +166,10 @@ fn std_dev_lanes(x: &[f32], sum: f64) -> f64 {
     (ss / n).sqrt()
 }
 
-vector_dispatch! {
-    /// `max |x|`, as the largest magnitude's bits: for finite values the order of the bits
-    /// is the order of the magnitudes, and a NaN's bits are above an infinity's, which are
-    /// above every finite value's, so the result is non-finite exactly when `x` holds a NaN
-    /// or ±∞.
-    fn max_abs(x: &[f32]) -> f32 = max_abs_lanes;
-}
-
-#[inline(always)]
-fn max_abs_lanes(x: &[f32]) -> f32 {
-    let mut m = [0i32; 8];
-    let mut it = x.chunks_exact(8);
-    for c in &mut it {
-        for k in 0..8 {
-            m[k] = m[k].max((c[k].to_bits() & 0x7FFF_FFFF) as i32);
-        }
-    }
-    let rest = it.remainder().iter();
-    let r = rest.fold(0i32, |m, v| m.max((v.to_bits() & 0x7FFF_FFFF) as i32));
-    f32::from_bits(m.iter().fold(r, |r, &v| r.max(v)) as u32)
+/// `max |x|`, as the largest magnitude's bits ([`max_magnitude_bits`]): non-finite exactly
+/// when `x` holds a NaN or ±∞.
+fn max_abs(x: &[f32]) -> f32 {
+    f32::from_bits(max_magnitude_bits(x))
 }
 
 impl TernGrad {

@@ -21,7 +21,7 @@ use super::{
 use crate::rangefloat::{emax_of, RfDecoder, RfEncoder, RfFormat, Rounding};
 use crate::rng::Rng;
 use crate::select::{top_k_keys, Scratch};
-use crate::simd::vector_dispatch;
+use crate::simd::{max_magnitude_bits, vector_dispatch};
 use crate::wire::{bytes_for_bits, Writer};
 
 /// The settings a chunk's encoding reads (θ in effect, value format, selection, index coding).
@@ -63,16 +63,6 @@ pub(super) struct EncScratch {
     /// The decoded (quantized) `vals`, for the adopted residual.
     sent: Vec<f32>,
     sel: Scratch,
-}
-
-vector_dispatch! {
-    /// The largest magnitude's bits (`|v|` as an integer) of `x`, 0 for an empty `x`.
-    fn max_magnitude_bits(x: &[f32]) -> u32 = max_magnitude_bits_lanes;
-}
-
-#[inline(always)]
-fn max_magnitude_bits_lanes(x: &[f32]) -> u32 {
-    x.iter().fold(0u32, |m, v| m.max(v.to_bits() & 0x7FFF_FFFF))
 }
 
 vector_dispatch! {
