@@ -272,18 +272,10 @@ impl InvScratch {
         spec: &mut [Complex<f32>],
         out: &mut [f32],
     ) -> Result<(), WireError> {
-        // Grow-only buffers, their prefixes used (as the encoder's; see `EncScratch::forward`).
-        let n = out.len();
-        if self.real.len() < n {
-            self.real.resize(n, 0.0);
-        }
-        let real = &mut self.real[..n];
-        let scratch = plan.get_scratch_len();
-        if self.fft_scratch.len() < scratch {
-            self.fft_scratch.resize(scratch, Complex::default());
-        }
+        let real = grown(&mut self.real, out.len());
+        let scratch = grown(&mut self.fft_scratch, plan.get_scratch_len());
         // DC/Nyquist imaginary parts were validated as zero; sums of zeros stay zero.
-        plan.process_with_scratch(spec, real, &mut self.fft_scratch)
+        plan.process_with_scratch(spec, real, scratch)
             .map_err(|_| WireError::Invalid("fft inverse transform refused the spectrum"))?;
         if crate::finite::first_non_finite(real).is_some() {
             return Err(WireError::Invalid("fft reconstruction is not finite"));
@@ -291,6 +283,16 @@ impl InvScratch {
         add_into(out, real);
         Ok(())
     }
+}
+
+/// The first `n` elements of a buffer that only grows: the tensors of a bucket have
+/// different lengths, and resizing the transforms' buffers to each would zero-fill them on
+/// every growth (the transforms overwrite what they use).
+fn grown<T: Clone + Default>(v: &mut Vec<T>, n: usize) -> &mut [T] {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+    &mut v[..n]
 }
 
 vector_dispatch! {

@@ -15,8 +15,8 @@ use realfft::RealToComplex;
 
 use super::feedback::{compensate_spectrum, energy_scale, store_residual};
 use super::{
-    bin_weight, bins, emax_of_bits, kept_bins, pow2_f32, pow2_f64, IndexCoding, Select, BITMAP,
-    LIST, PREFIX,
+    bin_weight, bins, emax_of_bits, grown, kept_bins, pow2_f32, pow2_f64, IndexCoding, Select,
+    BITMAP, LIST, PREFIX,
 };
 use crate::rangefloat::{emax_of, RfDecoder, RfEncoder, RfFormat, Rounding};
 use crate::rng::Rng;
@@ -90,21 +90,12 @@ impl EncScratch {
             (emax_of_bits(amax)).clamp(-100, 100)
         };
         let pre = pow2_f32(-e0);
-        // The input and scratch buffers only grow (the tensors of a bucket have different
-        // lengths: resizing to each would zero-fill on every growth); their prefixes are used.
-        if self.input.len() < n {
-            self.input.resize(n, 0.0);
-        }
-        let input = &mut self.input[..n];
+        let input = grown(&mut self.input, n);
         scale_into(input, x, pre);
         self.spec.resize(bins(n), Complex::default());
-        let scratch = plan.get_scratch_len();
-        if self.fft_scratch.len() < scratch {
-            self.fft_scratch.resize(scratch, Complex::default());
-        }
-        // Lengths match the plan by construction (the scratch may be longer), so this
-        // cannot fail.
-        let _ = plan.process_with_scratch(input, &mut self.spec, &mut self.fft_scratch);
+        let scratch = grown(&mut self.fft_scratch, plan.get_scratch_len());
+        // Lengths match the plan by construction, so this cannot fail.
+        let _ = plan.process_with_scratch(input, &mut self.spec, scratch);
         (pow2_f64(e0) / n as f64) as f32
     }
 
