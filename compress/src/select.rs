@@ -179,11 +179,17 @@ fn gather_block(base: usize, keys: &[u32], t: u32, s: &mut Scratch) {
     for (j, &key) in keys.iter().enumerate() {
         mask |= u64::from(key >= t) << j;
     }
+    push_hits(base, mask, |j| keys[j], s);
+}
+
+/// The set bits `j` of `mask` as candidates `base + j`, with their keys `key(j)`.
+#[inline(always)]
+fn push_hits(base: usize, mut mask: u64, key: impl Fn(usize) -> u32, s: &mut Scratch) {
     while mask != 0 {
         let j = mask.trailing_zeros() as usize;
         mask &= mask - 1;
         s.cand.push((base + j) as u32);
-        s.keys.push(keys[j]);
+        s.keys.push(key(j));
     }
 }
 
@@ -195,7 +201,7 @@ fn gather_block(base: usize, keys: &[u32], t: u32, s: &mut Scratch) {
 /// same candidates (and, accumulating, the same sums: one IEEE addition per element,
 /// whatever the width), held by a test per tier.
 mod blocks {
-    use super::{abs_key, Scratch, BLOCK};
+    use super::{abs_key, push_hits, Scratch, BLOCK};
 
     /// Appends the indices (offset by nothing: `x` starts a buffer) and keys of the
     /// elements of `x` whose [`abs_key`] reaches `t` to `s.cand` / `s.keys`, in order.
@@ -249,13 +255,7 @@ mod blocks {
     pub(super) fn pass_keys(keys: &[u32], s: &mut Scratch, mask: impl Fn(&[u32; BLOCK]) -> u64) {
         for (i, b) in keys.chunks_exact(BLOCK).enumerate() {
             let b: &[u32; BLOCK] = b.try_into().expect("a whole block");
-            let mut m = mask(b);
-            while m != 0 {
-                let j = m.trailing_zeros() as usize;
-                m &= m - 1;
-                s.cand.push((i * BLOCK + j) as u32);
-                s.keys.push(b[j]);
-            }
+            push_hits(i * BLOCK, mask(b), |j| b[j], s);
         }
     }
 
@@ -271,23 +271,12 @@ mod blocks {
         mask
     }
 
-    /// The set bits of `mask` as candidates of the block at `base`.
-    #[inline(always)]
-    fn push_hits(base: usize, mut mask: u64, b: &[f32; BLOCK], s: &mut Scratch) {
-        while mask != 0 {
-            let j = mask.trailing_zeros() as usize;
-            mask &= mask - 1;
-            s.cand.push((base + j) as u32);
-            s.keys.push(abs_key(b[j]));
-        }
-    }
-
     /// The loop of [`gather_abs`] with a block mask.
     #[inline(always)]
     pub(super) fn pass_abs(x: &[f32], s: &mut Scratch, mask: impl Fn(&[f32; BLOCK]) -> u64) {
         for (i, b) in x.chunks_exact(BLOCK).enumerate() {
             let b: &[f32; BLOCK] = b.try_into().expect("a whole block");
-            push_hits(i * BLOCK, mask(b), b, s);
+            push_hits(i * BLOCK, mask(b), |j| abs_key(b[j]), s);
         }
     }
 
@@ -308,7 +297,7 @@ mod blocks {
             let eb: &mut [f32; BLOCK] = eb.try_into().expect("a whole block");
             let gb: &[f32; BLOCK] = gb.try_into().expect("a whole block");
             let mask = add_mask(eb, gb);
-            push_hits(i * BLOCK, mask, eb, s);
+            push_hits(i * BLOCK, mask, |j| abs_key(eb[j]), s);
         }
     }
 
