@@ -749,13 +749,13 @@ mod nibbles {
         bad: &mut bool,
     ) -> usize {
         #[cfg(target_arch = "x86_64")]
-        if crate::simd::allows(2) && crate::simd::has_avx512() {
+        if crate::simd::widest() == crate::simd::Tier::Avx512 {
             let groups = (out.len() / 16).min(cb.len() / 8);
             let mut flags = [0u32; 16];
             for (f, &b) in flags.iter_mut().zip(bad_byte) {
                 *f = u32::from(b);
             }
-            // SAFETY: the CPU executes AVX-512F/BW/DQ/VL (checked above); `groups` whole
+            // SAFETY: the CPU executes AVX-512F/BW/DQ/VL (`widest`, above); `groups` whole
             // groups fit in `cb` (8 bytes each) and `out` (16 values each).
             *bad |=
                 unsafe { add_avx512(&cb[..groups * 8], table, &flags, &mut out[..groups * 16]) };

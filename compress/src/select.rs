@@ -306,7 +306,7 @@ mod blocks {
         use std::arch::x86_64::*;
 
         use super::{pass_abs, pass_accumulate, pass_keys, Scratch, BLOCK};
-        use crate::simd::{allows, has_avx512};
+        use crate::simd::{widest, Tier};
 
         /// The signed bound `lim` with `(bits & 0x7FFF_FFFF) > lim` exactly when
         /// `abs_key >= t` (`abs_key` is the magnitude bits plus one, so `≥ t` is `> t − 2`;
@@ -322,39 +322,33 @@ mod blocks {
 
         pub(super) fn gather_abs(x: &[f32], t: u32, s: &mut Scratch) {
             let lim = bound(t);
-            if allows(2) && has_avx512() {
-                // SAFETY: the CPU executes AVX-512F/BW/DQ/VL, checked on the line above.
-                unsafe { abs_avx512(x, lim, s) }
-            } else if allows(1) && is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU executes AVX2, checked on the line above.
-                unsafe { abs_avx2(x, lim, s) }
-            } else {
-                abs_sse2(x, lim, s)
+            match widest() {
+                // SAFETY: `widest` names AVX-512 only when the CPU executes it.
+                Tier::Avx512 => unsafe { abs_avx512(x, lim, s) },
+                // SAFETY: `widest` names AVX2 only when the CPU executes it.
+                Tier::Avx2 => unsafe { abs_avx2(x, lim, s) },
+                Tier::Sse2 => abs_sse2(x, lim, s),
             }
         }
 
         pub(super) fn gather_accumulate(e: &mut [f32], g: &[f32], t: u32, s: &mut Scratch) {
             let lim = bound(t);
-            if allows(2) && has_avx512() {
-                // SAFETY: as in `gather_abs`.
-                unsafe { acc_avx512(e, g, lim, s) }
-            } else if allows(1) && is_x86_feature_detected!("avx2") {
-                // SAFETY: as in `gather_abs`.
-                unsafe { acc_avx2(e, g, lim, s) }
-            } else {
-                acc_sse2(e, g, lim, s)
+            match widest() {
+                // SAFETY: `widest` names AVX-512 only when the CPU executes it.
+                Tier::Avx512 => unsafe { acc_avx512(e, g, lim, s) },
+                // SAFETY: `widest` names AVX2 only when the CPU executes it.
+                Tier::Avx2 => unsafe { acc_avx2(e, g, lim, s) },
+                Tier::Sse2 => acc_sse2(e, g, lim, s),
             }
         }
 
         pub(super) fn gather_keys(keys: &[u32], t: u32, s: &mut Scratch) {
-            if allows(2) && has_avx512() {
-                // SAFETY: as in `gather_abs`.
-                unsafe { keys_avx512(keys, t, s) }
-            } else if allows(1) && is_x86_feature_detected!("avx2") {
-                // SAFETY: as in `gather_abs`.
-                unsafe { keys_avx2(keys, t, s) }
-            } else {
-                keys_sse2(keys, t, s)
+            match widest() {
+                // SAFETY: `widest` names AVX-512 only when the CPU executes it.
+                Tier::Avx512 => unsafe { keys_avx512(keys, t, s) },
+                // SAFETY: `widest` names AVX2 only when the CPU executes it.
+                Tier::Avx2 => unsafe { keys_avx2(keys, t, s) },
+                Tier::Sse2 => keys_sse2(keys, t, s),
             }
         }
 

@@ -62,6 +62,35 @@ pub(crate) fn has_avx512() -> bool {
         && std::arch::is_x86_feature_detected!("avx512vl")
 }
 
+/// The widest vector units a hand-written kernel may use: what the CPU executes, within
+/// the tests' limit ([`allows`]).
+#[cfg(target_arch = "x86_64")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tier {
+    /// Baseline x86-64.
+    Sse2,
+    /// AVX2.
+    Avx2,
+    /// AVX-512 F, BW, DQ and VL ([`has_avx512`]).
+    Avx512,
+}
+
+/// The [`Tier`] dispatched code runs at on this CPU (std caches the detection). AVX-512
+/// is named only with AVX2 beside it (every such CPU has both), so a kernel may fall back
+/// from the one to the other.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn widest() -> Tier {
+    let avx2 = || std::arch::is_x86_feature_detected!("avx2");
+    if allows(2) && has_avx512() && avx2() {
+        Tier::Avx512
+    } else if allows(1) && avx2() {
+        Tier::Avx2
+    } else {
+        Tier::Sse2
+    }
+}
+
 /// Defines `fn $name(args) -> R` running `$body(args)` (an `#[inline(always)]` function, so
 /// that it is compiled into each copy) with AVX-512 or AVX2 when the CPU has it. A leading
 /// `avx2_only;` leaves the AVX-512 copy out, for a loop that measured slower with it.
@@ -82,14 +111,15 @@ macro_rules! vector_dispatch {
                 unsafe fn wide($($arg: $ty),*) $(-> $ret)? {
                     $body($($arg),*)
                 }
-                if $avx512 && $crate::simd::allows(2) && $crate::simd::has_avx512() {
-                    // SAFETY: the CPU executes these AVX-512 subsets, checked on the line
-                    // above.
-                    return unsafe { widest($($arg),*) };
-                }
-                if $crate::simd::allows(1) && std::arch::is_x86_feature_detected!("avx2") {
-                    // SAFETY: the CPU executes AVX2, checked on the line above.
-                    return unsafe { wide($($arg),*) };
+                match $crate::simd::widest() {
+                    // SAFETY: `widest` names AVX-512 only when the CPU executes these
+                    // subsets.
+                    $crate::simd::Tier::Avx512 if $avx512 => return unsafe { widest($($arg),*) },
+                    // SAFETY: `widest` names AVX-512 only with AVX2 beside it.
+                    $crate::simd::Tier::Avx512 | $crate::simd::Tier::Avx2 => {
+                        return unsafe { wide($($arg),*) }
+                    }
+                    $crate::simd::Tier::Sse2 => {}
                 }
             }
             $body($($arg),*)

@@ -141,15 +141,14 @@ impl Threshold {
 /// [`MAX_SIGN_WORD_SEGMENT`].
 pub fn collect_sign_words(x: &[f32], pos: f32, neg: f32, words: &mut Vec<u32>) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU executes AVX-512F, checked on the line above.
-            return unsafe { avx512::collect_sign_words(x, pos, neg, words) };
+    match crate::simd::widest() {
+        // SAFETY: `widest` names AVX-512 only when the CPU executes it (F among others).
+        crate::simd::Tier::Avx512 => {
+            return unsafe { avx512::collect_sign_words(x, pos, neg, words) }
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU executes AVX2, checked on the line above.
-            return unsafe { avx2::collect_sign_words(x, pos, neg, words) };
-        }
+        // SAFETY: `widest` names AVX2 only when the CPU executes it.
+        crate::simd::Tier::Avx2 => return unsafe { avx2::collect_sign_words(x, pos, neg, words) },
+        crate::simd::Tier::Sse2 => {}
     }
     collect_sign_words_portable(x, pos, neg, words)
 }
