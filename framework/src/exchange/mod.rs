@@ -290,6 +290,8 @@ struct Lossy {
 /// Compresses and exchanges flat gradients, bucket by bucket. One per worker.
 pub struct Exchanger {
     slots: Vec<Slot>,
+    /// The ranges the dense path averages ([`dense::dense_plan`]).
+    dense_plan: Vec<std::ops::Range<usize>>,
     total: usize,
     seed: u64,
     method: &'static str,
@@ -359,6 +361,7 @@ impl Exchanger {
         }
         Ok(Exchanger {
             slots,
+            dense_plan: dense::dense_plan(params, policy),
             total: params.iter().map(|p| p.numel()).sum(),
             seed,
             method: method.name(),
