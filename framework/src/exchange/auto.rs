@@ -19,7 +19,8 @@
 //! start-up on a synthetic gradient of the bucket's size and layer shapes (Gaussian,
 //! σ = [`GRAD_SCALE`], as `dtrain bench allreduce --compress` uses), with a fresh compressor
 //! of the method and the run's error-feedback memory (so "compress" includes decoding what
-//! was sent into the residual); "compress" and "decompress" are the times that took.
+//! was sent into the residual); "compress" and "decompress" are the times that took (the
+//! fastest of [`CODEC_RUNS`] runs).
 //! "Decoding the P payloads" is timed too, on P copies of the payload, because a method with
 //! a joint decoder (FFT: one inverse transform of the summed spectra) decodes P payloads in
 //! far less than P times one. The compressed all-reduce's owner work is timed as it runs:
@@ -40,7 +41,7 @@
 //! # The link
 //! The run's emulated link (`[network]`, [`Exchanger::set_link`]) when it has one, else a
 //! short probe: the ring all-reduce of two sizes (just above the recursive-doubling limit,
-//! and 4 MiB), timed three times each after a warm-up, the fastest of each on every rank,
+//! and 4 MiB), timed [`PROBE_RUNS`] times each after a warm-up, the fastest of each on every rank,
 //! the slowest rank's figure of each agreed by an all-reduce (max); α and β follow from the
 //! ring's model through the two points.
 //!
@@ -76,6 +77,15 @@ const COMPRESSED: [GatherCollective; 3] = [
     GatherCollective::SparseAllReduce,
     GatherCollective::CompressedAllReduce,
 ];
+
+/// Runs of the codec per bucket at start-up, the fastest counting. Where workers share
+/// cores, each run lands in whatever time slices the scheduler gives it, and the fastest of
+/// two was not steady: issue #22's loopback table (4 workers on 2 cores) measured one
+/// bucket's all-gather at 9.3–13.4 ms over three start-ups, which flipped the choice.
+pub const CODEC_RUNS: usize = 4;
+
+/// Timed ring all-reduces per size of the link probe (after a warm-up), the fastest counting.
+pub const PROBE_RUNS: usize = 5;
 
 /// One way of exchanging a bucket and its predicted seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -318,7 +328,7 @@ pub fn probe_link<T: Transport>(
         let mut v = vec![0f32; n];
         comm.all_reduce_sum(&mut v)?;
         let mut best = f64::INFINITY;
-        for _ in 0..3 {
+        for _ in 0..PROBE_RUNS {
             let t0 = Instant::now();
             comm.all_reduce_sum(&mut v)?;
             best = best.min(t0.elapsed().as_secs_f64());
@@ -450,8 +460,8 @@ fn measure_codec(
     if Collective::chunkable(pipe.compressor()) {
         ranges_out.resize(n, 0.0);
     }
-    // Twice each, the faster counting: the first also warms caches and allocations.
-    for _ in 0..2 {
+    // The fastest of CODEC_RUNS runs counts (the first also warms caches and allocations).
+    for _ in 0..CODEC_RUNS {
         let mut rng = Rng::for_step(seed, 0, 0, id);
         let t0 = Instant::now();
         pipe.compress(&grad, &ctx, &mut rng, &mut payload)
