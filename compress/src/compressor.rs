@@ -517,6 +517,20 @@ pub trait Compressor: Send {
         None
     }
 
+    /// The joint decoder's mean written straight into `out` (overwriting it), where the
+    /// method can do that in fewer passes than [`decompress_mean`]'s zero fill,
+    /// [`Compressor::joint_decompress_add`] and scaling by `inv` (1/P) — and bit for bit
+    /// the same. Returns whether the mean holds a NaN or an infinity. `None` (the default):
+    /// [`decompress_mean`] takes those three steps.
+    fn joint_decompress_mean(
+        &self,
+        _payloads: &[&[u8]],
+        _inv: f32,
+        _out: &mut [f32],
+    ) -> Option<Result<bool, (usize, WireError)>> {
+        None
+    }
+
     /// The compression knob a trainer logs each step: `("theta", θ)` for a drop ratio (FFT,
     /// after its schedule and [`Compressor::scale_theta`]), `("density", ρ)` for a sparsifier
     /// with a known kept fraction (top-k, random-k, ScaleCom, gradient dropping, DGC's
@@ -798,7 +812,8 @@ pub fn decompress_add_touched(
 /// [`scale_has_non_finite`], but only the elements the decodes added to are scaled
 /// ([`Touched`]; `touched` is scratch, reused across calls): a sparsifier's mean then
 /// costs the zero fill and its entries, not a second pass over the buffer. `inv` must be
-/// positive. A method with a joint decoder uses it and scales the whole buffer. On return
+/// positive. A method with a joint decoder uses it and scales the whole buffer — in one
+/// pass where it writes the mean itself ([`Compressor::joint_decompress_mean`]). On return
 /// `touched` marks what was scaled. On a malformed payload the error carries its index.
 pub fn decompress_mean(
     c: &dyn Compressor,
@@ -808,8 +823,12 @@ pub fn decompress_mean(
     touched: &mut Touched,
 ) -> Result<bool, (usize, WireError)> {
     debug_assert!(inv > 0.0 && inv.is_finite());
-    out.fill(0.0);
     touched.reset(out.len());
+    if let Some(res) = c.joint_decompress_mean(payloads, inv, out) {
+        touched.mark_range(0..out.len());
+        return res;
+    }
+    out.fill(0.0);
     if let Some(res) = c.joint_decompress_add(payloads, out) {
         res?;
         touched.mark_range(0..out.len());

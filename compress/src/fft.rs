@@ -263,25 +263,54 @@ struct InvScratch {
     fft_scratch: Vec<Complex<f32>>,
 }
 
+/// What an inverse transform does with its reconstruction.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Emit {
+    /// Adds it into the output.
+    Add,
+    /// Writes it as a mean, times `1/P` (the field): bit for bit a zero fill, the addition
+    /// and the scaling, in one pass.
+    Mean(f32),
+}
+
+/// The error of a reconstruction with a NaN or an infinity.
+const NOT_FINITE: WireError = WireError::Invalid("fft reconstruction is not finite");
+
 impl InvScratch {
-    /// Inverse transform of `spec` with `plan` (of length `out.len()`), then adds into `out`
-    /// after checking that the reconstruction is finite.
-    fn inverse_add(
+    /// Inverse transform of `spec` with `plan` (of length `out.len()`), then into `out` as
+    /// `emit` says, after checking that the reconstruction is finite (an error if not).
+    /// Returns whether what was written holds a NaN or an infinity (a mean scaled up
+    /// could; `Add` never says so).
+    fn inverse_into(
         &mut self,
         plan: &dyn ComplexToReal<f32>,
         spec: &mut [Complex<f32>],
         out: &mut [f32],
-    ) -> Result<(), WireError> {
+        emit: Emit,
+    ) -> Result<bool, WireError> {
         let real = grown(&mut self.real, out.len());
         let scratch = grown(&mut self.fft_scratch, plan.get_scratch_len());
         // DC/Nyquist imaginary parts were validated as zero; sums of zeros stay zero.
         plan.process_with_scratch(spec, real, scratch)
             .map_err(|_| WireError::Invalid("fft inverse transform refused the spectrum"))?;
-        if crate::finite::first_non_finite(real).is_some() {
-            return Err(WireError::Invalid("fft reconstruction is not finite"));
+        match emit {
+            Emit::Add => {
+                if crate::finite::first_non_finite(real).is_some() {
+                    return Err(NOT_FINITE);
+                }
+                add_into(out, real);
+                Ok(false)
+            }
+            Emit::Mean(inv) => {
+                // The product is checked as it is written; only when it is non-finite is
+                // the reconstruction itself looked at again.
+                let bad = crate::finite::zero_add_scale_into_has_non_finite(out, real, inv);
+                if bad && crate::finite::first_non_finite(real).is_some() {
+                    return Err(NOT_FINITE);
+                }
+                Ok(bad)
+            }
         }
-        add_into(out, real);
-        Ok(())
     }
 }
 
@@ -591,19 +620,46 @@ impl Fft {
 
     /// Inverse transform of `spec` (length `n`), then adds into `out` after checking that
     /// the reconstruction is finite.
-    fn inverse_add(
+    fn inverse_into(
         shared: &mut Shared,
         spec: &mut [Complex<f32>],
         out: &mut [f32],
-    ) -> Result<(), WireError> {
+        emit: Emit,
+    ) -> Result<bool, WireError> {
         let plan = shared.planner.plan_fft_inverse(out.len());
-        shared.dec.inv.inverse_add(&*plan, spec, out)
+        shared.dec.inv.inverse_into(&*plan, spec, out, emit)
     }
 
     /// A receiver-side accumulator for `n`-element buffers: decode several workers'
     /// payloads into one summed spectrum and run one inverse FFT per chunk (§0.4).
     pub fn sum(&self, n: usize) -> FftSum<'_> {
         FftSum::new(self, n)
+    }
+
+    /// The joint decode of `payloads` into `out` as `emit` says ([`FftSum`]); whether the
+    /// written values hold a NaN or an infinity. An error names the payload.
+    fn joint(
+        &self,
+        payloads: &[&[u8]],
+        out: &mut [f32],
+        emit: Emit,
+    ) -> Result<bool, (usize, WireError)> {
+        let mut sum = self.sum(out.len());
+        for (i, p) in payloads.iter().enumerate() {
+            sum.add_payload(p).map_err(|e| (i, e))?;
+        }
+        sum.emit(out, emit).map_err(|e| {
+            // Only a non-finite reconstruction fails here: find the payload that has one
+            // (decoding it alone), or blame the sum of them all (the last payload).
+            let culprit = payloads
+                .iter()
+                .position(|p| {
+                    let mut probe = vec![0.0; out.len()];
+                    crate::compressor::decompress_add(self, p, &mut probe).is_err()
+                })
+                .unwrap_or(payloads.len().saturating_sub(1));
+            (culprit, e)
+        })
     }
 }
 
@@ -725,7 +781,7 @@ impl Compressor for Fft {
             spec.clear();
             spec.resize(bins(range.len()), Complex::default());
             compensate_spectrum(&mut spec, 0.0, &e[range.clone()]);
-            if Self::inverse_add(&mut guard, &mut spec, &mut out[range]).is_err() {
+            if Self::inverse_into(&mut guard, &mut spec, &mut out[range], Emit::Add).is_err() {
                 return false;
             }
         }
@@ -829,7 +885,7 @@ impl Compressor for Fft {
             spec.resize(bins(n), Complex::default());
             let res = self
                 .decode_chunk_add(r, n, &mut spec, &mut keep, &mut vals)
-                .and_then(|()| Self::inverse_add(sh, &mut spec, &mut out[c]));
+                .and_then(|()| Self::inverse_into(sh, &mut spec, &mut out[c], Emit::Add).map(drop));
             sh.dec.spec = spec;
             sh.dec.keep = keep;
             sh.dec.vals = vals;
@@ -845,24 +901,17 @@ impl Compressor for Fft {
         payloads: &[&[u8]],
         out: &mut [f32],
     ) -> Option<Result<(), (usize, WireError)>> {
-        let mut sum = self.sum(out.len());
-        for (i, p) in payloads.iter().enumerate() {
-            if let Err(e) = sum.add_payload(p) {
-                return Some(Err((i, e)));
-            }
-        }
-        Some(sum.finish(out).map_err(|e| {
-            // Only a non-finite reconstruction fails here: find the payload that has one
-            // (decoding it alone), or blame the sum of them all (the last payload).
-            let culprit = payloads
-                .iter()
-                .position(|p| {
-                    let mut probe = vec![0.0; out.len()];
-                    crate::compressor::decompress_add(self, p, &mut probe).is_err()
-                })
-                .unwrap_or(payloads.len().saturating_sub(1));
-            (culprit, e)
-        }))
+        Some(self.joint(payloads, out, Emit::Add).map(drop))
+    }
+    /// The same sum, written as the mean straight from each inverse transform: one pass
+    /// over the output instead of a zero fill, an addition and a scaling.
+    fn joint_decompress_mean(
+        &self,
+        payloads: &[&[u8]],
+        inv: f32,
+        out: &mut [f32],
+    ) -> Option<Result<bool, (usize, WireError)>> {
+        Some(self.joint(payloads, out, Emit::Mean(inv)))
     }
     fn segment_bits(&self, n: usize) -> Option<u64> {
         let chunks: Vec<usize> = self.chunks(n).map(|c| c.len()).collect();
@@ -1230,6 +1279,61 @@ mod tests {
             let mut bad = c.sum(n + 1);
             assert!(bad.add_payload(payloads[0].as_bytes()).is_err());
             assert!(bad.finish(&mut vec![0f32; n + 1]).is_err());
+        }
+    }
+
+    /// The joint decoder's mean, written in one pass from each inverse transform, is bit
+    /// for bit the zero fill, the joint sum and the scaling — whatever `out` held before,
+    /// with whole or chunked tensors, one thread or chunks side by side, and with no
+    /// payload (zeros).
+    #[test]
+    fn the_written_mean_is_the_filled_summed_and_scaled_one() {
+        let mut rng = Rng::seed_from_u64(11);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let n = PARALLEL_MIN + 999;
+        let segs = vec![0..40_000, 40_000..40_001, 40_001..n];
+        for (chunk, threads) in [(None, 1), (Some(4096), 1), (Some(4096), 3), (None, 3)] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                let mut c = FftConfig {
+                    theta: 0.9,
+                    chunk,
+                    ..FftConfig::default()
+                }
+                .init()
+                .unwrap();
+                let ctx = Ctx {
+                    segments: &segs,
+                    ..Ctx::default()
+                };
+                let payloads: Vec<_> = (0..3)
+                    .map(|_| compress_new(&mut c, &gauss(&mut rng, n), &ctx, &mut rng).unwrap())
+                    .collect();
+                let refs: Vec<&[u8]> = payloads.iter().map(|p| p.as_bytes()).collect();
+                for k in [0, 1, 3] {
+                    let mut want = vec![0f32; n];
+                    crate::compressor::decompress_sum_add(&c, &refs[..k], &mut want).unwrap();
+                    want.iter_mut().for_each(|v| *v *= 1.0 / 3.0);
+                    let mut out = vec![f32::NAN; n];
+                    let mut touched = crate::Touched::default();
+                    let bad = crate::compressor::decompress_mean(
+                        &c,
+                        &refs[..k],
+                        1.0 / 3.0,
+                        &mut out,
+                        &mut touched,
+                    )
+                    .unwrap();
+                    assert!(!bad);
+                    assert!(
+                        bits(&out) == bits(&want),
+                        "chunk {chunk:?}, {threads} threads, {k} payloads"
+                    );
+                }
+            });
         }
     }
 

@@ -105,11 +105,30 @@ vector_dispatch! {
 
 #[inline(always)]
 fn scale_into_has_non_finite_lanes(dst: &mut [f32], src: &[f32], k: f32) -> bool {
+    scale_into_lanes::<false>(dst, src, k)
+}
+
+vector_dispatch! {
+    /// Writes `(0 + src[i]) · k` into `dst[i]`: bit for bit zero-filling `dst`, adding
+    /// `src` into it and scaling it by `k` (the `+ 0` turns a −0 into +0 as that addition
+    /// does), in one pass; returns whether the result holds a NaN or an infinity (see
+    /// [`scale_has_non_finite`]). `dst` and `src` have the same length.
+    pub fn zero_add_scale_into_has_non_finite(dst: &mut [f32], src: &[f32], k: f32) -> bool =
+        zero_add_scale_into_has_non_finite_lanes;
+}
+
+#[inline(always)]
+fn zero_add_scale_into_has_non_finite_lanes(dst: &mut [f32], src: &[f32], k: f32) -> bool {
+    scale_into_lanes::<true>(dst, src, k)
+}
+
+#[inline(always)]
+fn scale_into_lanes<const FROM_ZERO: bool>(dst: &mut [f32], src: &[f32], k: f32) -> bool {
     debug_assert_eq!(dst.len(), src.len());
     let mut bad = false;
     for (d, s) in dst.chunks_mut(64).zip(src.chunks(64)) {
         for (d, &s) in d.iter_mut().zip(s) {
-            *d = s * k;
+            *d = if FROM_ZERO { (0.0 + s) * k } else { s * k };
         }
         bad |= block_non_finite(d);
     }
@@ -159,6 +178,17 @@ mod tests {
                 );
                 let want: Vec<f32> = src.iter().map(|v| v * 0.5).collect();
                 assert_eq!(dst, want, "into: the same products as a plain multiply");
+                // From zero: the bits of a zero fill, an addition and a scaling, −0 included.
+                src[at] = -0.0;
+                let mut want = vec![0.0f32; n];
+                want.iter_mut().zip(&src).for_each(|(w, s)| *w += s);
+                want.iter_mut().for_each(|w| *w *= 0.5);
+                let mut dst = vec![f32::NAN; n];
+                assert!(!zero_add_scale_into_has_non_finite(&mut dst, &src, 0.5));
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&dst), bits(&want), "from zero, {at} of {n}");
+                src[at] = 3e38;
+                assert!(zero_add_scale_into_has_non_finite(&mut dst, &src, 2.0));
             }
         }
     }

@@ -7,7 +7,7 @@ use realfft::num_complex::Complex;
 use rayon::prelude::*;
 
 use super::encode::Lease;
-use super::{bins, lock, Fft, FftConfig};
+use super::{bins, lock, Emit, Fft, FftConfig};
 use crate::compressor::read_frame;
 use crate::error::WireError;
 use crate::registry::Method;
@@ -99,7 +99,20 @@ impl<'a> FftSum<'a> {
 
     /// Inverse-transforms the summed spectra and **adds** the result into `out`
     /// (`out.len()` must be `n`). With no payload added, `out` is unchanged.
-    pub fn finish(mut self, out: &mut [f32]) -> Result<(), WireError> {
+    pub fn finish(self, out: &mut [f32]) -> Result<(), WireError> {
+        self.emit(out, Emit::Add).map(drop)
+    }
+
+    /// Inverse-transforms the summed spectra and **writes** their mean, times `inv` (1/P),
+    /// into `out` (`out.len()` must be `n`): bit for bit zeroing `out`, [`FftSum::finish`]
+    /// and multiplying by `inv`, in one pass over `out`. With no payload added, `out` is
+    /// zeroed. Returns whether the mean holds a NaN or an infinity.
+    pub fn finish_mean(self, inv: f32, out: &mut [f32]) -> Result<bool, WireError> {
+        self.emit(out, Emit::Mean(inv))
+    }
+
+    /// [`FftSum::finish`] or [`FftSum::finish_mean`], as `emit` says.
+    pub(super) fn emit(mut self, out: &mut [f32], emit: Emit) -> Result<bool, WireError> {
         if self.failed {
             return Err(WireError::Invalid("fft sum had a malformed payload"));
         }
@@ -110,18 +123,22 @@ impl<'a> FftSum<'a> {
             });
         }
         let Some(segs) = self.segs.take() else {
-            return Ok(());
+            if emit != Emit::Add {
+                out.fill(0.0);
+            }
+            return Ok(false);
         };
         let ranges: Vec<Range<usize>> = self.fft.chunk_ranges(&segs).collect();
         if !Fft::side_by_side(ranges.len(), self.n) {
             let mut guard = lock(&self.fft.shared);
-            let mut at = 0;
+            let (mut at, mut bad) = (0, false);
             for range in ranges {
                 let m = bins(range.len());
-                Fft::inverse_add(&mut guard, &mut self.spectra[at..at + m], &mut out[range])?;
+                let spec = &mut self.spectra[at..at + m];
+                bad |= Fft::inverse_into(&mut guard, spec, &mut out[range], emit)?;
                 at += m;
             }
-            return Ok(());
+            return Ok(bad);
         }
         // Side by side: each chunk's spectrum and output are disjoint pieces, each inverse
         // transform the same arithmetic as one after the other.
@@ -142,10 +159,12 @@ impl<'a> FftSum<'a> {
             rest = o_tail;
         }
         let pool = &self.fft.inv_pool;
-        jobs.into_par_iter().try_for_each_init(
-            || Lease::take(pool),
-            |lease, (s, o, plan)| lease.get().inverse_add(&*plan, s, o),
-        )
+        jobs.into_par_iter()
+            .map_init(
+                || Lease::take(pool),
+                |lease, (s, o, plan)| lease.get().inverse_into(&*plan, s, o, emit),
+            )
+            .try_reduce(|| false, |a, b| Ok(a | b))
     }
 }
 

@@ -529,6 +529,8 @@ impl Job<'_> {
         });
         // Whether the in-place mean, when the decode wrote it already, is non-finite.
         let mut averaged = None;
+        // Whether `f.buf` holds the mean already (not the sum).
+        let mut buf_is_mean = false;
         let decode_err = |r: usize| {
             move |source| ExchangeError::Decode {
                 rank: r,
@@ -599,9 +601,27 @@ impl Job<'_> {
                         .map_err(|(r, e)| decode_err(r)(e))?;
                     averaged = Some(bad);
                 } else {
-                    let out = zeroed(None, bucket.len(), &mut f.buf, grad);
-                    pipe.decompress_sum_add(&refs, out)
-                        .map_err(|(r, e)| decode_err(r)(e))?;
+                    // A joint decoder that writes the mean itself (FFT) overwrites the
+                    // buffer: no zero fill, and the copy back below does not scale again.
+                    // Bit for bit the zero fill, the sum and the scaling copy.
+                    f.buf.resize(bucket.len(), 0.0);
+                    let mean = (combine == Combine::Mean && !absorbs)
+                        .then(|| {
+                            pipe.compressor()
+                                .joint_decompress_mean(&refs, self.inv, &mut f.buf)
+                        })
+                        .flatten();
+                    match mean {
+                        Some(res) => {
+                            res.map_err(|(r, e)| decode_err(r)(e))?;
+                            buf_is_mean = true;
+                        }
+                        None => {
+                            let out = zeroed(None, bucket.len(), &mut f.buf, grad);
+                            pipe.decompress_sum_add(&refs, out)
+                                .map_err(|(r, e)| decode_err(r)(e))?;
+                        }
+                    }
                 }
             }
             _ => unreachable!("replies come in submission order"),
@@ -622,7 +642,10 @@ impl Job<'_> {
                 bucket::scatter(bucket, &f.buf, 1.0, grad)
             }
             // Averaging fused into the copy back: one pass over the bucket instead of two.
-            (None, _) => bucket::scatter(bucket, &f.buf, self.inv, grad),
+            (None, _) => {
+                let k = if buf_is_mean { 1.0 } else { self.inv };
+                bucket::scatter(bucket, &f.buf, k, grad)
+            }
         };
         // Every bucket passes here: the average's finiteness, checked as it is written, so
         // that the caller need not scan the gradient again ([`ExchangeStats::non_finite`]).
