@@ -618,8 +618,8 @@ impl Fft {
         Ok(())
     }
 
-    /// Inverse transform of `spec` (length `n`), then adds into `out` after checking that
-    /// the reconstruction is finite.
+    /// Inverse transform of `spec` (length `out.len()`) into `out` as `emit` says
+    /// ([`InvScratch::inverse_into`]).
     fn inverse_into(
         shared: &mut Shared,
         spec: &mut [Complex<f32>],
@@ -1017,6 +1017,36 @@ mod tests {
         out
     }
 
+    /// A compressor of θ `theta` and `chunk`, and `count` payloads of Gaussian gradients
+    /// of `n` elements with layers `segs`.
+    fn gauss_payloads(
+        theta: f64,
+        chunk: Option<usize>,
+        segs: &[Range<usize>],
+        n: usize,
+        count: usize,
+        rng: &mut Rng,
+    ) -> (Fft, Vec<crate::Payload>) {
+        let mut c = FftConfig {
+            theta,
+            chunk,
+            ..FftConfig::default()
+        }
+        .init()
+        .unwrap();
+        let ctx = Ctx {
+            segments: segs,
+            ..Ctx::default()
+        };
+        let payloads = (0..count)
+            .map(|_| {
+                let x = gauss(rng, n);
+                compress_new(&mut c, &x, &ctx, rng).unwrap()
+            })
+            .collect();
+        (c, payloads)
+    }
+
     fn gauss(rng: &mut Rng, n: usize) -> Vec<f32> {
         (0..n)
             .map(|_| {
@@ -1245,24 +1275,8 @@ mod tests {
             (1000, vec![0..300, 300..301, 301..1000], None),
             (999, vec![0..500, 500..999], Some(128)),
         ] {
-            let mut c = FftConfig {
-                theta: 0.7,
-                chunk,
-                ..FftConfig::default()
-            }
-            .init()
-            .unwrap();
-            let ctx = Ctx {
-                segments: &segs,
-                ..Ctx::default()
-            };
+            let (c, payloads) = gauss_payloads(0.7, chunk, &segs, n, 4, &mut rng);
             let mut direct = vec![0f32; n];
-            let payloads: Vec<_> = (0..4)
-                .map(|_| {
-                    let x = gauss(&mut rng, n);
-                    compress_new(&mut c, &x, &ctx, &mut rng).unwrap()
-                })
-                .collect();
             for p in &payloads {
                 crate::compressor::decompress_add(&c, p.as_bytes(), &mut direct).unwrap();
             }
@@ -1298,20 +1312,7 @@ mod tests {
                 .build()
                 .unwrap();
             pool.install(|| {
-                let mut c = FftConfig {
-                    theta: 0.9,
-                    chunk,
-                    ..FftConfig::default()
-                }
-                .init()
-                .unwrap();
-                let ctx = Ctx {
-                    segments: &segs,
-                    ..Ctx::default()
-                };
-                let payloads: Vec<_> = (0..3)
-                    .map(|_| compress_new(&mut c, &gauss(&mut rng, n), &ctx, &mut rng).unwrap())
-                    .collect();
+                let (c, payloads) = gauss_payloads(0.9, chunk, &segs, n, 3, &mut rng);
                 let refs: Vec<&[u8]> = payloads.iter().map(|p| p.as_bytes()).collect();
                 for k in [0, 1, 3] {
                     let mut want = vec![0f32; n];
