@@ -605,12 +605,12 @@ impl Job<'_> {
                     // buffer: no zero fill, and the copy back below does not scale again.
                     // Bit for bit the zero fill, the sum and the scaling copy.
                     f.buf.resize(bucket.len(), 0.0);
-                    let mean = (combine == Combine::Mean && !absorbs)
-                        .then(|| {
-                            pipe.compressor()
-                                .joint_decompress_mean(&refs, self.inv, &mut f.buf)
-                        })
-                        .flatten();
+                    let mean = if combine == Combine::Mean && !absorbs {
+                        let c = pipe.compressor();
+                        c.joint_decompress_mean(&refs, self.inv, &mut f.buf)
+                    } else {
+                        None
+                    };
                     match mean {
                         Some(res) => {
                             res.map_err(|(r, e)| decode_err(r)(e))?;
