@@ -65,7 +65,7 @@ mod feedback;
 mod sum;
 
 use encode::{encode_parallel, EncScratch, Encoding, Job};
-use feedback::compensate_spectrum;
+use feedback::unpack_residual;
 pub use sum::FftSum;
 
 /// Which bins are kept.
@@ -516,12 +516,15 @@ impl Fft {
         self.enc.encode_chunk(&cfg, &*plan, x, residual, w);
     }
 
-    /// Reads one chunk body of length `n` and adds its coefficients into `spec` (`m` bins).
-    fn decode_chunk_add(
+    /// Reads one chunk body of length `n` and adds its coefficients into `spec` (`m` bins),
+    /// or, with `fill`, writes them over `spec`, every other bin zero: bit for bit zeroing
+    /// `spec` first and adding (each kept value written as `0 + v`), in one pass.
+    fn decode_chunk_into(
         &self,
         r: &mut Reader<'_>,
         n: usize,
         spec: &mut [Complex<f32>],
+        fill: bool,
         keep: &mut Vec<u32>,
         vals: &mut Vec<f32>,
     ) -> Result<(), WireError> {
@@ -604,16 +607,35 @@ impl Fft {
         } else {
             usize::MAX
         };
-        for (j, &b) in keep.iter().enumerate() {
-            let b = b as usize;
-            let (re, im) = (vals[2 * j], vals[2 * j + 1]);
+        let dc_nyquist = |b: usize, im: f32| {
             if (b == 0 || b == nyq) && im != 0.0 {
-                return Err(WireError::Invalid(
+                Err(WireError::Invalid(
                     "fft imaginary part of DC/Nyquist is not zero",
-                ));
+                ))
+            } else {
+                Ok(())
             }
-            spec[b].re += re;
-            spec[b].im += im;
+        };
+        if fill {
+            // The bins are ascending (the list is checked so, the bitmap and the prefix are
+            // so by construction): the zeros between them, then each value.
+            let zero = Complex::new(0.0, 0.0);
+            let mut next = 0;
+            for (&b, v) in keep.iter().zip(vals.chunks_exact(2)) {
+                let b = b as usize;
+                dc_nyquist(b, v[1])?;
+                spec[next..b].fill(zero);
+                spec[b] = Complex::new(0.0 + v[0], 0.0 + v[1]);
+                next = b + 1;
+            }
+            spec[next..].fill(zero);
+        } else {
+            for (&b, v) in keep.iter().zip(vals.chunks_exact(2)) {
+                let b = b as usize;
+                dc_nyquist(b, v[1])?;
+                spec[b].re += v[0];
+                spec[b].im += v[1];
+            }
         }
         Ok(())
     }
@@ -780,7 +802,7 @@ impl Compressor for Fft {
         for range in self.chunk_ranges(&segs) {
             spec.clear();
             spec.resize(bins(range.len()), Complex::default());
-            compensate_spectrum(&mut spec, 0.0, &e[range.clone()]);
+            unpack_residual(&mut spec, &e[range.clone()]);
             if Self::inverse_into(&mut guard, &mut spec, &mut out[range], Emit::Add).is_err() {
                 return false;
             }
@@ -881,10 +903,10 @@ impl Compressor for Fft {
             let mut spec = std::mem::take(&mut sh.dec.spec);
             let mut keep = std::mem::take(&mut sh.dec.keep);
             let mut vals = std::mem::take(&mut sh.dec.vals);
-            spec.clear();
+            // Every bin is written by the decode.
             spec.resize(bins(n), Complex::default());
             let res = self
-                .decode_chunk_add(r, n, &mut spec, &mut keep, &mut vals)
+                .decode_chunk_into(r, n, &mut spec, true, &mut keep, &mut vals)
                 .and_then(|()| Self::inverse_into(sh, &mut spec, &mut out[c], Emit::Add).map(drop));
             sh.dec.spec = spec;
             sh.dec.keep = keep;
@@ -1293,6 +1315,76 @@ mod tests {
             let mut bad = c.sum(n + 1);
             assert!(bad.add_payload(payloads[0].as_bytes()).is_err());
             assert!(bad.finish(&mut vec![0f32; n + 1]).is_err());
+        }
+    }
+
+    /// The first payload's decode writes every bin of the chunk's spectrum (zeros between
+    /// the kept bins, `0 + v` at them): bit for bit a zero fill followed by the adding
+    /// decode, whatever the spectrum held, for every index layout and value format, with a
+    /// kept value of −0 among them (which the adding decode turns into +0).
+    #[test]
+    fn the_writing_decode_is_the_zero_fill_and_the_adding_one() {
+        let mut rng = Rng::seed_from_u64(17);
+        let (mut keep, mut vals) = (Vec::new(), Vec::new());
+        let layouts = [
+            (Select::EnergyTopk, IndexCoding::Bitmap),
+            (Select::EnergyTopk, IndexCoding::List),
+            (Select::Lowpass, IndexCoding::Auto),
+        ];
+        for (select, index_coding) in layouts {
+            for quantize in [true, false] {
+                for n in [1usize, 2, 7, 64, 1001, 4096] {
+                    let mut c = FftConfig {
+                        theta: 0.7,
+                        quantize,
+                        select,
+                        index_coding,
+                        ..FftConfig::default()
+                    }
+                    .init()
+                    .unwrap();
+                    let mut x = gauss(&mut rng, n);
+                    if n == 7 {
+                        x.fill(0.0);
+                    }
+                    let mut bytes = Vec::new();
+                    c.encode_chunk(&x, &mut Writer::new(&mut bytes));
+                    if !quantize {
+                        // The last value sent (f32s end the body) made −0.
+                        let at = bytes.len() - 4;
+                        bytes[at..].copy_from_slice(&(-0.0f32).to_le_bytes());
+                    }
+                    let m = bins(n);
+                    let mut want = vec![Complex::new(0.0f32, 0.0); m];
+                    c.decode_chunk_into(
+                        &mut Reader::new(&bytes),
+                        n,
+                        &mut want,
+                        false,
+                        &mut keep,
+                        &mut vals,
+                    )
+                    .unwrap();
+                    let mut got = vec![Complex::new(f32::NAN, -1.0); m];
+                    c.decode_chunk_into(
+                        &mut Reader::new(&bytes),
+                        n,
+                        &mut got,
+                        true,
+                        &mut keep,
+                        &mut vals,
+                    )
+                    .unwrap();
+                    let bits = |s: &[Complex<f32>]| -> Vec<(u32, u32)> {
+                        s.iter().map(|c| (c.re.to_bits(), c.im.to_bits())).collect()
+                    };
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{select:?} {index_coding:?}, quantize {quantize}, n = {n}"
+                    );
+                }
+            }
         }
     }
 

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use realfft::num_complex::Complex;
 use realfft::RealToComplex;
 
-use super::feedback::{compensate_spectrum, energy_scale, store_residual};
+use super::feedback::{compensate_spectrum, take_off_sent};
 use super::{
     bin_weight, bins, emax_of_bits, grown, kept_bins, pow2_f32, pow2_f64, IndexCoding, Select,
     BITMAP, LIST, PREFIX,
@@ -127,19 +127,18 @@ impl EncScratch {
         cfg: &Encoding,
         plan: &dyn RealToComplex<f32>,
         x: &[f32],
-        residual: Option<&mut [f32]>,
+        mut residual: Option<&mut [f32]>,
         w: &mut Writer<'_>,
     ) {
         let n = x.len();
         let m = bins(n);
         let mut post = self.forward(plan, x);
         let mut scale = 1.0;
-        if let Some(e) = residual.as_deref() {
-            // Y_p = Y_g + E: the spectrum in Y units, compensated; energies then need a
-            // power-of-two scale of their own.
-            compensate_spectrum(&mut self.spec, post, e);
+        if let Some(e) = residual.as_deref_mut() {
+            // Y_p = Y_g + E: the spectrum in Y units, compensated (and packed into `e`);
+            // energies then need a power-of-two scale of their own.
+            scale = compensate_spectrum(&mut self.spec, post, e);
             post = 1.0;
-            scale = energy_scale(&self.spec);
         }
         self.choose(cfg, n, scale);
         let layout = cfg.layout(m, self.keep.len());
@@ -211,7 +210,7 @@ impl EncScratch {
             }
         }
         if let Some(e) = residual {
-            store_residual(&self.spec, &self.keep, &self.sent, e);
+            take_off_sent(&self.keep, &self.sent, e);
         }
     }
 }

@@ -20,57 +20,24 @@ use realfft::num_complex::Complex;
 use super::{bins, emax_of_bits, pow2_f32};
 use crate::simd::vector_dispatch;
 
-// The three passes over a chunk's spectrum, with the widest vectors the CPU has (the same
-// source per tier, so the same bits; the FFT tests run the method on every tier).
+// The passes over a chunk's spectrum, with the widest vectors the CPU has (the same source
+// per tier, so the same bits; the FFT tests run the method on every tier).
 vector_dispatch! {
     /// `spec ← post·spec + E` for the packed residual `e` of an `e.len()`-element chunk (see
-    /// the module docs); the imaginary parts of DC and Nyquist are set to zero.
-    pub(super) fn compensate_spectrum(spec: &mut [Complex<f32>], post: f32, e: &[f32]) =
+    /// the module docs; the imaginary parts of DC and Nyquist are set to zero), and `e ←` the
+    /// packed result: the new residual before the sent values are taken off
+    /// ([`take_off_sent`]). One pass for what was the compensation, the residual's copy and
+    /// the energy scale's read; returns the [`energy_scale`] of the result.
+    pub(super) fn compensate_spectrum(spec: &mut [Complex<f32>], post: f32, e: &mut [f32]) -> f32 =
         compensate_spectrum_lanes;
 }
 
-vector_dispatch! {
-    /// The residual after sending: `E = Y_p` with the sent values `T` (two per kept bin, in
-    /// `keep` order) taken off the kept bins, packed into `e` (see the module docs).
-    pub(super) fn store_residual(spec: &[Complex<f32>], keep: &[u32], sent: &[f32], e: &mut [f32]) =
-        store_residual_lanes;
-}
-
-vector_dispatch! {
-    /// A power of two that brings the largest component of `spec` into `[1, 2)` (1 for an
-    /// all-zero spectrum), so that its energies neither overflow nor underflow.
-    pub(super) fn energy_scale(spec: &[Complex<f32>]) -> f32 = energy_scale_lanes;
-}
-
-#[inline(always)]
-fn compensate_spectrum_lanes(spec: &mut [Complex<f32>], post: f32, e: &[f32]) {
+/// The sent values `T` (two per kept bin, in `keep` order) taken off the kept bins of the
+/// packed residual `e` of an `e.len()`-element chunk, which holds `Y_p` packed
+/// ([`compensate_spectrum`]): then `e` is `Y_p − T`. Touches only the kept bins.
+pub(super) fn take_off_sent(keep: &[u32], sent: &[f32], e: &mut [f32]) {
     let n = e.len();
-    let m = spec.len();
-    debug_assert_eq!(m, bins(n));
-    spec[0] = Complex::new(spec[0].re * post + e[0], 0.0);
-    let pairs = if n.is_multiple_of(2) { m - 1 } else { m };
-    for (c, e) in spec[1..pairs].iter_mut().zip(e[1..].chunks_exact(2)) {
-        c.re = c.re * post + e[0];
-        c.im = c.im * post + e[1];
-    }
-    if n.is_multiple_of(2) && m > 1 {
-        spec[m - 1] = Complex::new(spec[m - 1].re * post + e[n - 1], 0.0);
-    }
-}
-
-#[inline(always)]
-fn store_residual_lanes(spec: &[Complex<f32>], keep: &[u32], sent: &[f32], e: &mut [f32]) {
-    let n = e.len();
-    let m = spec.len();
-    let pairs = if n.is_multiple_of(2) { m - 1 } else { m };
-    e[0] = spec[0].re;
-    for (c, e) in spec[1..pairs].iter().zip(e[1..].chunks_exact_mut(2)) {
-        e[0] = c.re;
-        e[1] = c.im;
-    }
-    if n.is_multiple_of(2) && m > 1 {
-        e[n - 1] = spec[m - 1].re;
-    }
+    let pairs = if n.is_multiple_of(2) { n / 2 } else { bins(n) };
     for (&b, t) in keep.iter().zip(sent.chunks_exact(2)) {
         let b = b as usize;
         if b == 0 {
@@ -84,19 +51,85 @@ fn store_residual_lanes(spec: &[Complex<f32>], keep: &[u32], sent: &[f32], e: &m
     }
 }
 
-#[inline(always)]
-fn energy_scale_lanes(spec: &[Complex<f32>]) -> f32 {
-    let mut amax = 0u32;
-    for c in spec {
-        amax = amax
-            .max(c.re.to_bits() & 0x7FFF_FFFF)
-            .max(c.im.to_bits() & 0x7FFF_FFFF);
+/// The spectrum of the packed residual `e` (see the module docs) written into `spec`
+/// (`bins(e.len())` bins): what the inverse transform of the residual reads.
+pub(super) fn unpack_residual(spec: &mut [Complex<f32>], e: &[f32]) {
+    let n = e.len();
+    let m = spec.len();
+    debug_assert_eq!(m, bins(n));
+    spec[0] = Complex::new(e[0], 0.0);
+    let pairs = if n.is_multiple_of(2) { m - 1 } else { m };
+    for (c, e) in spec[1..pairs].iter_mut().zip(e[1..].chunks_exact(2)) {
+        *c = Complex::new(e[0], e[1]);
     }
+    if n.is_multiple_of(2) && m > 1 {
+        spec[m - 1] = Complex::new(e[n - 1], 0.0);
+    }
+}
+
+/// A power of two that brings the largest magnitude, given as its bits `amax` (sign
+/// cleared), into `[1, 2)` (1 for zero), so that energies neither overflow nor underflow.
+pub(super) fn energy_scale(amax: u32) -> f32 {
     if amax == 0 {
         1.0
     } else {
         pow2_f32(-emax_of_bits(amax).clamp(-100, 100))
     }
+}
+
+/// A spectrum's bins as their interleaved real and imaginary parts.
+fn interleaved(spec: &mut [Complex<f32>]) -> &mut [f32] {
+    let len = spec.len() * 2;
+    // SAFETY: `Complex<f32>` is `#[repr(C)]` {re, im} (num-complex documents it), so a
+    // slice of `len / 2` of them is `len` consecutive `f32`s with the same borrow.
+    unsafe { std::slice::from_raw_parts_mut(spec.as_mut_ptr().cast::<f32>(), len) }
+}
+
+/// The sign-cleared bits of `v`: their order is the order of the magnitudes.
+#[inline(always)]
+fn magnitude_bits(v: f32) -> u32 {
+    v.to_bits() & 0x7FFF_FFFF
+}
+
+#[inline(always)]
+fn compensate_spectrum_lanes(spec: &mut [Complex<f32>], post: f32, e: &mut [f32]) -> f32 {
+    const L: usize = 16;
+    let n = e.len();
+    let m = spec.len();
+    debug_assert_eq!(m, bins(n));
+    let dc = spec[0].re * post + e[0];
+    spec[0] = Complex::new(dc, 0.0);
+    e[0] = dc;
+    let mut amax = magnitude_bits(dc);
+    let pairs = if n.is_multiple_of(2) { m - 1 } else { m };
+    // Bins 1..pairs are the reals e[1..2·pairs − 1], in the same interleaved order.
+    let flat = interleaved(&mut spec[1..pairs]);
+    let ev = &mut e[1..2 * pairs - 1];
+    let mut lanes = [0u32; L];
+    let mut fs = flat.chunks_exact_mut(L);
+    let mut es = ev.chunks_exact_mut(L);
+    for (s, r) in (&mut fs).zip(&mut es) {
+        for k in 0..L {
+            let v = s[k] * post + r[k];
+            s[k] = v;
+            r[k] = v;
+            lanes[k] = lanes[k].max(magnitude_bits(v));
+        }
+    }
+    for (s, r) in fs.into_remainder().iter_mut().zip(es.into_remainder()) {
+        let v = *s * post + *r;
+        *s = v;
+        *r = v;
+        amax = amax.max(magnitude_bits(v));
+    }
+    amax = lanes.iter().fold(amax, |a, &l| a.max(l));
+    if n.is_multiple_of(2) && m > 1 {
+        let ny = spec[m - 1].re * post + e[n - 1];
+        spec[m - 1] = Complex::new(ny, 0.0);
+        e[n - 1] = ny;
+        amax = amax.max(magnitude_bits(ny));
+    }
+    energy_scale(amax)
 }
 
 #[cfg(test)]
@@ -122,19 +155,23 @@ mod tests {
             let m = bins(n);
             let e = signal(n, n as u64);
             // Unpack onto a zero spectrum, then pack with nothing sent: the same reals.
-            let mut spec = vec![Complex::new(0.0f32, 0.0); m];
-            compensate_spectrum(&mut spec, 0.0, &e);
+            let mut spec = vec![Complex::new(f32::NAN, f32::NAN); m];
+            unpack_residual(&mut spec, &e);
             assert_eq!(spec[0].im, 0.0, "n = {n}: DC has no imaginary part");
             if n % 2 == 0 {
                 assert_eq!(spec[m - 1].im, 0.0, "n = {n}: Nyquist has none either");
             }
-            let mut back = vec![f32::NAN; n];
-            store_residual(&spec, &[], &[], &mut back);
+            // Compensating a zero spectrum packs the same reals back, and the unpacked
+            // spectrum is the compensated one.
+            let mut comp = vec![Complex::new(0.0f32, 0.0); m];
+            let mut back = e.clone();
+            compensate_spectrum(&mut comp, 1.0, &mut back);
             assert_eq!(back, e, "n = {n}");
+            assert_eq!(comp, spec, "n = {n}");
             // Every bin sent exactly: nothing is left.
             let keep: Vec<u32> = (0..m as u32).collect();
             let sent: Vec<f32> = spec.iter().flat_map(|c| [c.re, c.im]).collect();
-            store_residual(&spec, &keep, &sent, &mut back);
+            take_off_sent(&keep, &sent, &mut back);
             assert!(back.iter().all(|&v| v == 0.0), "n = {n}: {back:?}");
         }
     }
@@ -142,12 +179,19 @@ mod tests {
     #[test]
     fn energy_scale_brings_the_largest_component_into_one_to_two() {
         for big in [1e-30f32, 3e-5, 1.0, 7.5e20] {
-            let spec = [Complex::new(0.5 * big, -big), Complex::new(0.0, 0.25 * big)];
-            let s = energy_scale(&spec);
+            // The largest component anywhere (here an imaginary part mid-spectrum) sets
+            // the compensation's scale.
+            let mut spec = [
+                Complex::new(0.0, 0.0),
+                Complex::new(0.5 * big, -big),
+                Complex::new(0.25 * big, 0.0),
+                Complex::new(0.0, 0.0),
+            ];
+            let s = compensate_spectrum(&mut spec, 1.0, &mut [0.0; 6]);
             let top = big * s;
             assert!((1.0..2.0).contains(&top), "{big}: {top}");
         }
-        assert_eq!(energy_scale(&[Complex::new(0.0, 0.0)]), 1.0);
+        assert_eq!(energy_scale(0), 1.0);
     }
 
     fn pipeline(spectral: bool) -> Pipeline {

@@ -66,8 +66,8 @@ impl<'a> FftSum<'a> {
         match &self.segs {
             None => {
                 let total: usize = self.fft.chunk_ranges(&segs).map(|c| bins(c.len())).sum();
+                // No zero fill: the first payload's decode writes every bin.
                 self.spectra = std::mem::take(&mut lock(&self.fft.shared).dec.sum);
-                self.spectra.clear();
                 self.spectra.resize(total, Complex::default());
                 self.segs = Some(segs.clone());
             }
@@ -81,10 +81,11 @@ impl<'a> FftSum<'a> {
         let mut at = 0;
         for c in self.fft.chunk_ranges(&segs) {
             let m = bins(c.len());
-            self.fft.decode_chunk_add(
+            self.fft.decode_chunk_into(
                 &mut r,
                 c.len(),
                 &mut self.spectra[at..at + m],
+                self.payloads == 0,
                 &mut self.keep,
                 &mut self.vals,
             )?;
