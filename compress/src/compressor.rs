@@ -317,6 +317,22 @@ pub trait Compressor: Send {
         Ok(())
     }
 
+    /// Decodes one segment's body from `r` and **writes** it over `out`, marking in `touched`
+    /// what [`Compressor::decode_segment_add_touched`] would: bit for bit zeroing `out` and
+    /// adding (every value `v` written as `0 + v`), for the first payload of a mean
+    /// ([`decompress_mean`]). The default does exactly that; a method whose decode reaches
+    /// every element (QSGD's fixed-width codes, TernGrad) overrides it to skip the zero
+    /// fill and the first decode's read of `out`. After an error `out` may hold anything.
+    fn decode_segment_write(
+        &self,
+        r: &mut Reader<'_>,
+        out: &mut [f32],
+        touched: &mut Touched,
+    ) -> Result<(), WireError> {
+        out.fill(0.0);
+        self.decode_segment_add_touched(r, out, touched)
+    }
+
     /// Exact encoded size in bits of one segment body of `n` elements, when it depends only
     /// on `n` and the configuration; `None` for data-dependent sizes (thresholds).
     fn segment_bits(&self, n: usize) -> Option<u64>;
@@ -508,7 +524,9 @@ pub trait Compressor: Send {
     /// the method has a cheaper way than decoding each (FFT: sum the sparse spectra, then
     /// one inverse transform per chunk — the linearity shortcut of ALGORITHMS.md §0.4).
     /// `None` (the default): no joint decoder; [`decompress_sum_add`] then decodes the
-    /// payloads one by one. An error names the index of the offending payload.
+    /// payloads one by one. Whether the answer is `None` must not depend on the arguments
+    /// ([`decompress_mean`] asks with no payload). An error names the index of the offending
+    /// payload.
     fn joint_decompress_add(
         &self,
         _payloads: &[&[u8]],
@@ -828,16 +846,38 @@ pub fn decompress_mean(
         touched.mark_range(0..out.len());
         return res;
     }
-    out.fill(0.0);
-    if let Some(res) = c.joint_decompress_add(payloads, out) {
-        res?;
-        touched.mark_range(0..out.len());
-        return Ok(scale_has_non_finite(out, inv));
+    // Whether there is a joint decoder does not depend on the payloads (the trait says so):
+    // asking with none costs nothing.
+    if c.joint_decompress_add(&[], &mut []).is_some() {
+        out.fill(0.0);
+        if let Some(res) = c.joint_decompress_add(payloads, out) {
+            res?;
+            touched.mark_range(0..out.len());
+            return Ok(scale_has_non_finite(out, inv));
+        }
     }
-    for (i, p) in payloads.iter().enumerate() {
-        decompress_add_touched(c, p, out, touched).map_err(|e| (i, e))?;
+    let Some((first, rest)) = payloads.split_first() else {
+        out.fill(0.0);
+        return Ok(false);
+    };
+    // The first payload writes the buffer (no zero fill), the others add to it.
+    decode_frame(c, first, out.len(), |r, seg| {
+        touched.set_base(seg.start);
+        c.decode_segment_write(r, &mut out[seg], touched)
+    })
+    .map_err(|e| (0, e))?;
+    for (i, p) in rest.iter().enumerate() {
+        decompress_add_touched(c, p, out, touched).map_err(|e| (i + 1, e))?;
     }
     Ok(touched.scale(out, inv))
+}
+
+/// Where a decoder puts a value `v`: added to what the element holds (`ADD`), or written
+/// over it as `0 + v` ([`Compressor::decode_segment_write`]) — bit for bit adding into a
+/// zeroed buffer (`0 + −0` is `+0`).
+#[inline(always)]
+pub(crate) fn put<const ADD: bool>(o: &mut f32, v: f32) {
+    *o = if ADD { *o } else { 0.0 } + v;
 }
 
 /// Checks the frame of `bytes` (header, method, length `n`, segment table, no trailing

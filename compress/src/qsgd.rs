@@ -36,11 +36,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::compressor::{Aggregation, Compressor, MethodId};
+use crate::compressor::{put, Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
 use crate::registry::Method;
 use crate::rng::Rng;
 use crate::simd::vector_dispatch;
+use crate::touched::Touched;
 use crate::wire::{
     bytes_for_bits, elias_gamma_len, elias_gamma_put, f32_at, BitReader, BitWriter, GammaReader,
     Reader, Writer,
@@ -516,7 +517,13 @@ impl Qsgd {
         self.norms = norms;
     }
 
-    fn decode_fixed(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
+    /// The fixed-width decoder, adding into `out` (`ADD`) or writing over it
+    /// ([`put`]).
+    fn decode_fixed<const ADD: bool>(
+        &self,
+        r: &mut Reader<'_>,
+        out: &mut [f32],
+    ) -> Result<(), WireError> {
         let n = out.len();
         let nb = n.div_ceil(self.d);
         let width = self.width;
@@ -528,9 +535,9 @@ impl Qsgd {
         }
         if (self.d as u64 * width as u64).is_multiple_of(8) {
             match width {
-                2 => return self.decode_bytes::<2>(norms, codes, out),
-                4 => return self.decode_bytes::<4>(norms, codes, out),
-                8 => return self.decode_bytes::<8>(norms, codes, out),
+                2 => return self.decode_bytes::<2, ADD>(norms, codes, out),
+                4 => return self.decode_bytes::<4, ADD>(norms, codes, out),
+                8 => return self.decode_bytes::<8, ADD>(norms, codes, out),
                 _ => {}
             }
         }
@@ -545,6 +552,9 @@ impl Qsgd {
                 for _ in o.iter() {
                     bad |= br.get(width) != 0;
                 }
+                if !ADD {
+                    o.fill(0.0);
+                }
             } else if width <= TABLE_MAX_WIDTH {
                 let valid = &self.valid_codes[..1 << width];
                 let table = &mut table[..1 << width];
@@ -556,7 +566,7 @@ impl Qsgd {
                 for o in o.iter_mut() {
                     let c = br.get(width) as usize;
                     bad |= !valid[c];
-                    *o += table[c];
+                    put::<ADD>(o, table[c]);
                 }
             } else {
                 for o in o.iter_mut() {
@@ -564,7 +574,7 @@ impl Qsgd {
                     let level = c >> 1;
                     bad |= !code_is_valid(c, s);
                     let v = level_value(nrm, level.min(s), s);
-                    *o += if c & 1 == 1 { -v } else { v };
+                    put::<ADD>(o, if c & 1 == 1 { -v } else { v });
                 }
             }
             if bad {
@@ -578,7 +588,7 @@ impl Qsgd {
 
     /// The fixed-width decoder for widths dividing 8 when every bucket starts on a byte:
     /// whole bytes at a time, one value table per bucket, one validity table per byte.
-    fn decode_bytes<const W: u32>(
+    fn decode_bytes<const W: u32, const ADD: bool>(
         &self,
         norms: &[u8],
         codes: &[u8],
@@ -597,6 +607,9 @@ impl Qsgd {
                 if cb.iter().any(|&c| c != 0) {
                     return Err(WireError::Invalid("qsgd non-zero in a zero-norm bucket"));
                 }
+                if !ADD {
+                    o.fill(0.0);
+                }
                 continue;
             }
             for (c, t) in table[..1 << W].iter_mut().enumerate() {
@@ -608,7 +621,7 @@ impl Qsgd {
             // 4-bit codes: whole groups of 16 with vector table lookups where the CPU has
             // them (`nibbles`), the rest below.
             let done = if W == 4 {
-                nibbles::add(cb, &table, &self.bad_byte, o, &mut bad)
+                nibbles::put::<ADD>(cb, &table, &self.bad_byte, o, &mut bad)
             } else {
                 0
             };
@@ -617,7 +630,7 @@ impl Qsgd {
             for (oc, &byte) in (&mut it).zip(cb) {
                 bad |= self.bad_byte[byte as usize];
                 for (j, o) in oc.iter_mut().enumerate() {
-                    *o += table[((byte >> (j as u32 * W)) & mask) as usize];
+                    put::<ADD>(o, table[((byte >> (j as u32 * W)) & mask) as usize]);
                 }
             }
             let rest = it.into_remainder();
@@ -625,7 +638,7 @@ impl Qsgd {
                 let byte = cb[cb.len() - 1];
                 bad |= self.bad_byte[byte as usize];
                 for (j, o) in rest.iter_mut().enumerate() {
-                    *o += table[((byte >> (j as u32 * W)) & mask) as usize];
+                    put::<ADD>(o, table[((byte >> (j as u32 * W)) & mask) as usize]);
                 }
             }
             if bad {
@@ -717,9 +730,26 @@ impl Compressor for Qsgd {
     }
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
         match self.coding {
-            QsgdCoding::Fixed => self.decode_fixed(r, out),
+            QsgdCoding::Fixed => self.decode_fixed::<true>(r, out),
             QsgdCoding::Elias => self.decode_elias(r, out),
         }
+    }
+    /// Fixed-width codes reach every element: written without a zero fill first.
+    fn decode_segment_write(
+        &self,
+        r: &mut Reader<'_>,
+        out: &mut [f32],
+        touched: &mut Touched,
+    ) -> Result<(), WireError> {
+        match self.coding {
+            QsgdCoding::Fixed => self.decode_fixed::<false>(r, out)?,
+            QsgdCoding::Elias => {
+                out.fill(0.0);
+                self.decode_elias(r, out)?;
+            }
+        }
+        touched.mark_range(0..out.len());
+        Ok(())
     }
     fn segment_bits(&self, n: usize) -> Option<u64> {
         match self.coding {
@@ -734,14 +764,14 @@ impl Compressor for Qsgd {
 /// The 4-bit fixed-width decoder's inner loop, sixteen values at a time: eight code bytes
 /// widened to sixteen lanes (each byte twice, shifted by 0 and 4: the low nibble is the
 /// earlier value), the values looked up in the bucket's 16-entry table by one permute, and
-/// added to the output. The validity of a code is looked up the same way. The same
+/// added to the output (or to zero, written over it: [`put`](crate::compressor::put)). The validity of a code is looked up the same way. The same
 /// additions of the same table values as the scalar loop, so the same bits (tested).
 mod nibbles {
-    /// Adds the values of the first `16 · g` codes of `cb` (two per byte, low nibble first)
-    /// to `out` through `table`, for as many whole groups `g` as the CPU's vector path takes
+    /// Adds (`ADD`; else writes `0 + v`) the values of the first `16 · g` codes of `cb`
+    /// (two per byte, low nibble first) to `out` through `table`, for as many whole groups `g` as the CPU's vector path takes
     /// (none without AVX-512), sets `bad` if one of them is invalid (`bad_byte[c]` for a
     /// code `c < 16`), and returns `16 · g`.
-    pub(super) fn add(
+    pub(super) fn put<const ADD: bool>(
         cb: &[u8],
         table: &[f32; 256],
         bad_byte: &[bool; 256],
@@ -757,8 +787,9 @@ mod nibbles {
             }
             // SAFETY: the CPU executes AVX-512F/BW/DQ/VL (`widest`, above); `groups` whole
             // groups fit in `cb` (8 bytes each) and `out` (16 values each).
-            *bad |=
-                unsafe { add_avx512(&cb[..groups * 8], table, &flags, &mut out[..groups * 16]) };
+            *bad |= unsafe {
+                put_avx512::<ADD>(&cb[..groups * 8], table, &flags, &mut out[..groups * 16])
+            };
             return groups * 16;
         }
         let _ = (cb, table, bad_byte, out, bad);
@@ -768,7 +799,7 @@ mod nibbles {
     /// Returns whether a code was invalid. `cb.len() · 2 == out.len()`, a multiple of 16.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-    unsafe fn add_avx512(
+    unsafe fn put_avx512<const ADD: bool>(
         cb: &[u8],
         table: &[f32; 256],
         flags: &[u32; 16],
@@ -790,7 +821,12 @@ mod nibbles {
                 let code = _mm512_and_si512(_mm512_srlv_epi32(twice, shifts), nibble);
                 any = _mm512_or_si512(any, _mm512_permutexvar_epi32(code, invalid));
                 let po = out.as_mut_ptr().add(16 * g);
-                let v = _mm512_add_ps(_mm512_loadu_ps(po), _mm512_permutexvar_ps(code, values));
+                let base = if ADD {
+                    _mm512_loadu_ps(po)
+                } else {
+                    _mm512_setzero_ps()
+                };
+                let v = _mm512_add_ps(base, _mm512_permutexvar_ps(code, values));
                 _mm512_storeu_ps(po, v);
             }
             _mm512_test_epi32_mask(any, any) != 0

@@ -40,13 +40,14 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use crate::compressor::{
-    effective_segments, first_non_finite, Aggregation, Compressor, Ctx, FirstNonFinite, MethodId,
-    Payload,
+    effective_segments, first_non_finite, put, Aggregation, Compressor, Ctx, FirstNonFinite,
+    MethodId, Payload,
 };
 use crate::error::{CompressError, ConfigError, WireError};
 use crate::registry::Method;
 use crate::rng::{LaneRng, Rng};
 use crate::simd::{max_magnitude_bits, vector_dispatch};
+use crate::touched::Touched;
 use crate::wire::{Reader, Writer};
 
 /// Configuration of [`TernGrad`].
@@ -354,23 +355,17 @@ impl Compressor for TernGrad {
         ternarize(x, bound, s, rng, out);
     }
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
-        let (s, bytes) = read_segment(r, out.len())?;
-        let vals = [-s, 0.0, s, 0.0];
-        let mut it = out.chunks_exact_mut(4);
-        for (o, &b) in (&mut it).zip(bytes) {
-            o[0] += vals[(b & 3) as usize];
-            o[1] += vals[((b >> 2) & 3) as usize];
-            o[2] += vals[((b >> 4) & 3) as usize];
-            o[3] += vals[(b >> 6) as usize];
-        }
-        let rest = it.into_remainder();
-        if !rest.is_empty() {
-            // A partial group exists only when n % 4 ≠ 0, so the last byte is there.
-            let b = bytes[bytes.len() - 1];
-            for (k, o) in rest.iter_mut().enumerate() {
-                *o += vals[((b >> (2 * k)) & 3) as usize];
-            }
-        }
+        decode::<true>(r, out)
+    }
+    /// Every element has a symbol: written without a zero fill first.
+    fn decode_segment_write(
+        &self,
+        r: &mut Reader<'_>,
+        out: &mut [f32],
+        touched: &mut Touched,
+    ) -> Result<(), WireError> {
+        decode::<false>(r, out)?;
+        touched.mark_range(0..out.len());
         Ok(())
     }
     fn segment_bits(&self, n: usize) -> Option<u64> {
@@ -385,6 +380,28 @@ impl Compressor for TernGrad {
     fn take_non_finite(&mut self) -> Option<(usize, f32)> {
         self.non_finite.take()
     }
+}
+
+/// One segment's body decoded into `out`, added to it (`ADD`) or written over it ([`put`]).
+fn decode<const ADD: bool>(r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
+    let (s, bytes) = read_segment(r, out.len())?;
+    let vals = [-s, 0.0, s, 0.0];
+    let mut it = out.chunks_exact_mut(4);
+    for (o, &b) in (&mut it).zip(bytes) {
+        put::<ADD>(&mut o[0], vals[(b & 3) as usize]);
+        put::<ADD>(&mut o[1], vals[((b >> 2) & 3) as usize]);
+        put::<ADD>(&mut o[2], vals[((b >> 4) & 3) as usize]);
+        put::<ADD>(&mut o[3], vals[(b >> 6) as usize]);
+    }
+    let rest = it.into_remainder();
+    if !rest.is_empty() {
+        // A partial group exists only when n % 4 ≠ 0, so the last byte is there.
+        let b = bytes[bytes.len() - 1];
+        for (k, o) in rest.iter_mut().enumerate() {
+            put::<ADD>(o, vals[((b >> (2 * k)) & 3) as usize]);
+        }
+    }
+    Ok(())
 }
 
 /// The element-wise integer sum of the ternary symbols of several TernGrad payloads that

@@ -1,7 +1,8 @@
 //! Helpers shared by the methods' unit tests (compiled for tests only).
 
-use crate::compressor::{decompress_add, Compressor};
+use crate::compressor::{decompress_add, decompress_mean, Compressor};
 use crate::rng::Rng;
+use crate::touched::Touched;
 use crate::wire::Reader;
 
 /// Feeds a decoder random bytes, random bodies behind a valid header, and mutations of
@@ -61,12 +62,39 @@ pub(crate) fn fuzz_decoder(
             }
         }
         let mut out = vec![0f32; *n];
-        if decompress_add(c, &bytes, &mut out).is_ok() {
+        let added = decompress_add(c, &bytes, &mut out);
+        if added.is_ok() {
             assert!(
                 out.iter().all(|v| v.is_finite()),
                 "accepted payload decoded to non-finite values"
             );
         }
+        assert_mean_of_one_is_the_added(c, &bytes, &out, added.is_ok(), case);
+    }
+    for (case, (bytes, n)) in valid.iter().enumerate() {
+        let mut out = vec![0f32; *n];
+        let added = decompress_add(c, bytes, &mut out);
+        assert!(added.is_ok(), "valid payload {case} refused: {added:?}");
+        assert_mean_of_one_is_the_added(c, bytes, &out, true, case);
+    }
+}
+
+/// The mean of one payload at `1/P = 1` (which writes the buffer, no zero fill first:
+/// [`Compressor::decode_segment_write`]) over a buffer of garbage accepts what the adding
+/// decode into zeros accepted (`ok`), and then holds its bits, `added`.
+fn assert_mean_of_one_is_the_added(
+    c: &dyn Compressor,
+    bytes: &[u8],
+    added: &[f32],
+    ok: bool,
+    case: usize,
+) {
+    let mut got = vec![-3.5f32; added.len()];
+    let mean = decompress_mean(c, &[bytes], 1.0, &mut got, &mut Touched::default());
+    assert_eq!(mean.is_ok(), ok, "case {case}: mean {mean:?}, add ok {ok}");
+    if ok {
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert!(bits(&got) == bits(added), "case {case}: the mean differs");
     }
 }
 
