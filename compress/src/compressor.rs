@@ -830,9 +830,12 @@ pub fn decompress_add_touched(
 /// [`scale_has_non_finite`], but only the elements the decodes added to are scaled
 /// ([`Touched`]; `touched` is scratch, reused across calls): a sparsifier's mean then
 /// costs the zero fill and its entries, not a second pass over the buffer. `inv` must be
-/// positive. A method with a joint decoder uses it and scales the whole buffer — in one
-/// pass where it writes the mean itself ([`Compressor::joint_decompress_mean`]). On return
-/// `touched` marks what was scaled. On a malformed payload the error carries its index.
+/// positive. The first payload's decode writes `out` ([`Compressor::decode_segment_write`]:
+/// no zero fill first for a method whose decode reaches every element), the others add to
+/// it. A method with a joint decoder uses it and scales the whole buffer — in one pass
+/// where it writes the mean itself ([`Compressor::joint_decompress_mean`]). On return
+/// `touched` marks what was scaled. On a malformed payload the error carries its index, and
+/// `out` may hold anything.
 pub fn decompress_mean(
     c: &dyn Compressor,
     payloads: &[&[u8]],
