@@ -317,20 +317,28 @@ pub trait Compressor: Send {
         Ok(())
     }
 
-    /// Decodes one segment's body from `r` and **writes** it over `out`, marking in `touched`
-    /// what [`Compressor::decode_segment_add_touched`] would: bit for bit zeroing `out` and
-    /// adding (every value `v` written as `0 + v`), for the first payload of a mean
-    /// ([`decompress_mean`]). The default does exactly that; a method whose decode reaches
-    /// every element (QSGD's fixed-width codes, TernGrad) overrides it to skip the zero
-    /// fill and the first decode's read of `out`. After an error `out` may hold anything.
-    fn decode_segment_write(
+    /// Whether this method's decode reaches every element of a segment (QSGD's fixed-width
+    /// codes, TernGrad), so that [`decompress_mean`] has it put each value where the mean
+    /// goes in one pass per payload ([`Compressor::decode_segment_dense`]) — no zero fill
+    /// first, the scaling by `1/P` fused into the last payload's decode (in place of a
+    /// joint decoder's sum, [`Compressor::joint_decompress_add`]). Default false.
+    fn decodes_densely(&self) -> bool {
+        false
+    }
+
+    /// Decodes one segment's body from `r` and puts every element's value `v` into `out` as
+    /// `put` says ([`Put`]), returning whether a scaled result is a NaN or an infinity: bit
+    /// for bit a zero fill (for [`Put::Write`]), [`Compressor::decode_segment_add`] and, with
+    /// a scale, [`scale_has_non_finite`]. The default takes those passes one by one
+    /// ([`dense_by_passes`]); a method that [decodes densely](Compressor::decodes_densely)
+    /// does it in one. After an error `out` may hold anything.
+    fn decode_segment_dense(
         &self,
         r: &mut Reader<'_>,
         out: &mut [f32],
-        touched: &mut Touched,
-    ) -> Result<(), WireError> {
-        out.fill(0.0);
-        self.decode_segment_add_touched(r, out, touched)
+        put: Put,
+    ) -> Result<bool, WireError> {
+        dense_by_passes(self, r, out, put)
     }
 
     /// Exact encoded size in bits of one segment body of `n` elements, when it depends only
@@ -524,9 +532,7 @@ pub trait Compressor: Send {
     /// the method has a cheaper way than decoding each (FFT: sum the sparse spectra, then
     /// one inverse transform per chunk — the linearity shortcut of ALGORITHMS.md §0.4).
     /// `None` (the default): no joint decoder; [`decompress_sum_add`] then decodes the
-    /// payloads one by one. Whether the answer is `None` must not depend on the arguments
-    /// ([`decompress_mean`] asks with no payload). An error names the index of the offending
-    /// payload.
+    /// payloads one by one. An error names the index of the offending payload.
     fn joint_decompress_add(
         &self,
         _payloads: &[&[u8]],
@@ -830,10 +836,11 @@ pub fn decompress_add_touched(
 /// [`scale_has_non_finite`], but only the elements the decodes added to are scaled
 /// ([`Touched`]; `touched` is scratch, reused across calls): a sparsifier's mean then
 /// costs the zero fill and its entries, not a second pass over the buffer. `inv` must be
-/// positive. The first payload's decode writes `out` ([`Compressor::decode_segment_write`]:
-/// no zero fill first for a method whose decode reaches every element), the others add to
-/// it. A method with a joint decoder uses it and scales the whole buffer — in one pass
-/// where it writes the mean itself ([`Compressor::joint_decompress_mean`]). On return
+/// positive. A method that [decodes densely](Compressor::decodes_densely) puts each
+/// payload's values where the mean goes ([`Compressor::decode_segment_dense`]): no zero
+/// fill, the scaling fused into the last decode. A method with a joint decoder uses it and
+/// scales the whole buffer — in one pass where it writes the mean itself
+/// ([`Compressor::joint_decompress_mean`]). On return
 /// `touched` marks what was scaled. On a malformed payload the error carries its index, and
 /// `out` may hold anything.
 pub fn decompress_mean(
@@ -849,39 +856,163 @@ pub fn decompress_mean(
         touched.mark_range(0..out.len());
         return res;
     }
-    // Whether there is a joint decoder does not depend on the payloads (the trait says so):
-    // asking with none costs nothing.
-    if c.joint_decompress_add(&[], &mut []).is_some() {
-        out.fill(0.0);
-        if let Some(res) = c.joint_decompress_add(payloads, out) {
-            res?;
-            touched.mark_range(0..out.len());
-            return Ok(scale_has_non_finite(out, inv));
+    if c.decodes_densely() {
+        // Each payload's decode puts its values where the mean goes: the first writes the
+        // buffer, the last scales what it leaves.
+        let Some(last) = payloads.len().checked_sub(1) else {
+            out.fill(0.0);
+            return Ok(false);
+        };
+        let mut bad = false;
+        for (i, p) in payloads.iter().enumerate() {
+            let put = match (i == 0, i == last) {
+                (true, true) => Put::Write { scale: Some(inv) },
+                (true, false) => Put::Write { scale: None },
+                (false, true) => Put::Add { scale: Some(inv) },
+                (false, false) => Put::Add { scale: None },
+            };
+            decode_frame(c, p, out.len(), |r, seg| {
+                bad |= c.decode_segment_dense(r, &mut out[seg], put)?;
+                Ok(())
+            })
+            .map_err(|e| (i, e))?;
         }
+        touched.mark_range(0..out.len());
+        return Ok(bad);
     }
-    let Some((first, rest)) = payloads.split_first() else {
-        out.fill(0.0);
-        return Ok(false);
-    };
-    // The first payload writes the buffer (no zero fill), the others add to it.
-    decode_frame(c, first, out.len(), |r, seg| {
-        touched.set_base(seg.start);
-        c.decode_segment_write(r, &mut out[seg], touched)
-    })
-    .map_err(|e| (0, e))?;
-    for (i, p) in rest.iter().enumerate() {
-        decompress_add_touched(c, p, out, touched).map_err(|e| (i + 1, e))?;
+    out.fill(0.0);
+    if let Some(res) = c.joint_decompress_add(payloads, out) {
+        res?;
+        touched.mark_range(0..out.len());
+        return Ok(scale_has_non_finite(out, inv));
+    }
+    for (i, p) in payloads.iter().enumerate() {
+        decompress_add_touched(c, p, out, touched).map_err(|e| (i, e))?;
     }
     Ok(touched.scale(out, inv))
 }
 
-/// Where a decoder puts a value `v`: added to what the element holds (`ADD`), or written
-/// over it as `0 + v` ([`Compressor::decode_segment_write`]) — bit for bit adding into a
-/// zeroed buffer (`0 + −0` is `+0`).
-#[inline(always)]
-pub(crate) fn put<const ADD: bool>(o: &mut f32, v: f32) {
-    *o = if ADD { *o } else { 0.0 } + v;
+/// How a decode puts each element's value `v` into the buffer
+/// ([`Compressor::decode_segment_dense`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Put {
+    /// `o + v`, then times `scale` if there is one.
+    Add {
+        /// The factor the result is multiplied by (`1/P` for the last payload of a mean).
+        scale: Option<f32>,
+    },
+    /// `0 + v` over whatever the element held (bit for bit adding into a zeroed buffer:
+    /// `0 + −0` is `+0`), then times `scale` if there is one.
+    Write {
+        /// The factor the result is multiplied by (`1/P` for a mean of one payload).
+        scale: Option<f32>,
+    },
 }
+
+impl Put {
+    /// The factor, if any.
+    pub fn scale(self) -> Option<f32> {
+        match self {
+            Put::Add { scale } | Put::Write { scale } => scale,
+        }
+    }
+}
+
+/// [`Compressor::decode_segment_dense`] as separate passes: the zero fill (for
+/// [`Put::Write`]), [`Compressor::decode_segment_add`], the scaling — the definition a
+/// one-pass implementation must equal, and the default.
+pub fn dense_by_passes<C: Compressor + ?Sized>(
+    c: &C,
+    r: &mut Reader<'_>,
+    out: &mut [f32],
+    put: Put,
+) -> Result<bool, WireError> {
+    if let Put::Write { .. } = put {
+        out.fill(0.0);
+    }
+    c.decode_segment_add(r, out)?;
+    Ok(put.scale().is_some_and(|k| scale_has_non_finite(out, k)))
+}
+
+/// The one-pass forms of [`Put`] as a const parameter of a decoder's inner loop ([`put`]).
+pub(crate) mod put_mode {
+    /// The bit that says write (`0 + v`) rather than add (`o + v`).
+    pub const WRITE_BIT: u8 = 1;
+    /// The bit that says the result is then scaled.
+    pub const SCALE_BIT: u8 = 2;
+    /// `o + v`.
+    pub const ADD: u8 = 0;
+    /// `0 + v`.
+    pub const WRITE: u8 = WRITE_BIT;
+    /// `(o + v) · k`.
+    pub const ADD_SCALE: u8 = SCALE_BIT;
+    /// `(0 + v) · k`.
+    pub const WRITE_SCALE: u8 = WRITE_BIT | SCALE_BIT;
+}
+
+/// Puts `v` into `o` as the mode `M` ([`put_mode`]) says, with factor `k` for the scaling
+/// modes; whether the scaled result is a NaN or an infinity.
+#[inline(always)]
+pub(crate) fn put<const M: u8>(o: &mut f32, v: f32, k: f32) -> bool {
+    let sum = if M & put_mode::WRITE_BIT != 0 {
+        0.0
+    } else {
+        *o
+    } + v;
+    if M & put_mode::SCALE_BIT != 0 {
+        let r = sum * k;
+        *o = r;
+        crate::finite::exponent_all_ones(r)
+    } else {
+        *o = sum;
+        false
+    }
+}
+
+/// An element a decode has no value for (a zero-norm bucket's): what [`put`] leaves there
+/// when nothing is added — untouched, zero, or scaled.
+#[inline(always)]
+pub(crate) fn put_nothing<const M: u8>(o: &mut f32, k: f32) -> bool {
+    if M & put_mode::WRITE_BIT != 0 {
+        *o = 0.0;
+    }
+    if M & put_mode::SCALE_BIT != 0 {
+        let r = *o * k;
+        *o = r;
+        crate::finite::exponent_all_ones(r)
+    } else {
+        false
+    }
+}
+
+/// Evaluates `body` with the mode of `put` as the const `M` ([`put_mode`]) and its factor as
+/// `k` (1 where it has none): `with_put_mode!(put, |M, k| decode::<M>(r, out, k))`.
+macro_rules! with_put_mode {
+    ($put:expr, |$m:ident, $k:ident| $body:expr) => {{
+        use $crate::compressor::{put_mode, Put};
+        match $put {
+            Put::Add { scale: None } => {
+                const $m: u8 = put_mode::ADD;
+                let $k = 1.0f32;
+                $body
+            }
+            Put::Write { scale: None } => {
+                const $m: u8 = put_mode::WRITE;
+                let $k = 1.0f32;
+                $body
+            }
+            Put::Add { scale: Some($k) } => {
+                const $m: u8 = put_mode::ADD_SCALE;
+                $body
+            }
+            Put::Write { scale: Some($k) } => {
+                const $m: u8 = put_mode::WRITE_SCALE;
+                $body
+            }
+        }
+    }};
+}
+pub(crate) use with_put_mode;
 
 /// Checks the frame of `bytes` (header, method, length `n`, segment table, no trailing
 /// bytes) and calls `body` with the reader at each segment's body and that segment's range

@@ -125,7 +125,7 @@ methods! {
 pub use compressor::{
     compress, compress_new, decompress, decompress_add, decompress_add_touched, decompress_mean,
     decompress_sum_add, payload_bits, sum_lanes, summable_lanes, Aggregation, Combine, Compressor,
-    Ctx, LaneFormat, MethodId, Payload, Touched, HEADER_BITS,
+    Ctx, LaneFormat, MethodId, Payload, Put, Touched, HEADER_BITS,
 };
 pub use error::{CompressError, ConfigError, WireError};
 pub use memory::{Memory, MemoryConfig};

@@ -36,12 +36,14 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::compressor::{put, Aggregation, Compressor, MethodId};
+use crate::compressor::{
+    dense_by_passes, put, put_mode, put_nothing, with_put_mode, Aggregation, Compressor, MethodId,
+    Put,
+};
 use crate::error::{ConfigError, WireError};
 use crate::registry::Method;
 use crate::rng::Rng;
 use crate::simd::vector_dispatch;
-use crate::touched::Touched;
 use crate::wire::{
     bytes_for_bits, elias_gamma_len, elias_gamma_put, f32_at, BitReader, BitWriter, GammaReader,
     Reader, Writer,
@@ -517,13 +519,14 @@ impl Qsgd {
         self.norms = norms;
     }
 
-    /// The fixed-width decoder, adding into `out` (`ADD`) or writing over it
-    /// ([`put`]).
-    fn decode_fixed<const ADD: bool>(
+    /// The fixed-width decoder, putting each value into `out` as the mode `M` says, with
+    /// factor `k` ([`put`]); whether a scaled value is non-finite.
+    fn decode_fixed<const M: u8>(
         &self,
         r: &mut Reader<'_>,
         out: &mut [f32],
-    ) -> Result<(), WireError> {
+        k: f32,
+    ) -> Result<bool, WireError> {
         let n = out.len();
         let nb = n.div_ceil(self.d);
         let width = self.width;
@@ -535,25 +538,24 @@ impl Qsgd {
         }
         if (self.d as u64 * width as u64).is_multiple_of(8) {
             match width {
-                2 => return self.decode_bytes::<2, ADD>(norms, codes, out),
-                4 => return self.decode_bytes::<4, ADD>(norms, codes, out),
-                8 => return self.decode_bytes::<8, ADD>(norms, codes, out),
+                2 => return self.decode_bytes::<2, M>(norms, codes, out, k),
+                4 => return self.decode_bytes::<4, M>(norms, codes, out, k),
+                8 => return self.decode_bytes::<8, M>(norms, codes, out, k),
                 _ => {}
             }
         }
         let mut br = BitReader::new(codes);
         let s = self.s;
         let mut table = [0f32; 1 << TABLE_MAX_WIDTH];
+        let mut non_finite = false;
         for (b, o) in out.chunks_mut(self.d).enumerate() {
             let nrm = f32_at(norms, b);
             check_norm(nrm)?;
             let mut bad = false;
             if nrm == 0.0 {
-                for _ in o.iter() {
+                for o in o.iter_mut() {
                     bad |= br.get(width) != 0;
-                }
-                if !ADD {
-                    o.fill(0.0);
+                    non_finite |= put_nothing::<M>(o, k);
                 }
             } else if width <= TABLE_MAX_WIDTH {
                 let valid = &self.valid_codes[..1 << width];
@@ -566,7 +568,7 @@ impl Qsgd {
                 for o in o.iter_mut() {
                     let c = br.get(width) as usize;
                     bad |= !valid[c];
-                    put::<ADD>(o, table[c]);
+                    non_finite |= put::<M>(o, table[c], k);
                 }
             } else {
                 for o in o.iter_mut() {
@@ -574,7 +576,7 @@ impl Qsgd {
                     let level = c >> 1;
                     bad |= !code_is_valid(c, s);
                     let v = level_value(nrm, level.min(s), s);
-                    put::<ADD>(o, if c & 1 == 1 { -v } else { v });
+                    non_finite |= put::<M>(o, if c & 1 == 1 { -v } else { v }, k);
                 }
             }
             if bad {
@@ -583,21 +585,23 @@ impl Qsgd {
                 ));
             }
         }
-        Ok(())
+        Ok(non_finite)
     }
 
     /// The fixed-width decoder for widths dividing 8 when every bucket starts on a byte:
     /// whole bytes at a time, one value table per bucket, one validity table per byte.
-    fn decode_bytes<const W: u32, const ADD: bool>(
+    fn decode_bytes<const W: u32, const M: u8>(
         &self,
         norms: &[u8],
         codes: &[u8],
         out: &mut [f32],
-    ) -> Result<(), WireError> {
+        k: f32,
+    ) -> Result<bool, WireError> {
         let per = (8 / W) as usize;
         let mask = ((1u32 << W) - 1) as u8;
         let bucket_bytes = self.d / per;
         let mut table = [0f32; 256];
+        let mut non_finite = false;
         for (b, o) in out.chunks_mut(self.d).enumerate() {
             let nrm = f32_at(norms, b);
             check_norm(nrm)?;
@@ -607,8 +611,8 @@ impl Qsgd {
                 if cb.iter().any(|&c| c != 0) {
                     return Err(WireError::Invalid("qsgd non-zero in a zero-norm bucket"));
                 }
-                if !ADD {
-                    o.fill(0.0);
+                for o in o.iter_mut() {
+                    non_finite |= put_nothing::<M>(o, k);
                 }
                 continue;
             }
@@ -621,7 +625,7 @@ impl Qsgd {
             // 4-bit codes: whole groups of 16 with vector table lookups where the CPU has
             // them (`nibbles`), the rest below.
             let done = if W == 4 {
-                nibbles::put::<ADD>(cb, &table, &self.bad_byte, o, &mut bad)
+                nibbles::put::<M>(cb, &table, &self.bad_byte, o, k, &mut bad, &mut non_finite)
             } else {
                 0
             };
@@ -630,7 +634,7 @@ impl Qsgd {
             for (oc, &byte) in (&mut it).zip(cb) {
                 bad |= self.bad_byte[byte as usize];
                 for (j, o) in oc.iter_mut().enumerate() {
-                    put::<ADD>(o, table[((byte >> (j as u32 * W)) & mask) as usize]);
+                    non_finite |= put::<M>(o, table[((byte >> (j as u32 * W)) & mask) as usize], k);
                 }
             }
             let rest = it.into_remainder();
@@ -638,7 +642,7 @@ impl Qsgd {
                 let byte = cb[cb.len() - 1];
                 bad |= self.bad_byte[byte as usize];
                 for (j, o) in rest.iter_mut().enumerate() {
-                    put::<ADD>(o, table[((byte >> (j as u32 * W)) & mask) as usize]);
+                    non_finite |= put::<M>(o, table[((byte >> (j as u32 * W)) & mask) as usize], k);
                 }
             }
             if bad {
@@ -647,7 +651,7 @@ impl Qsgd {
                 ));
             }
         }
-        Ok(())
+        Ok(non_finite)
     }
 
     fn decode_elias(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
@@ -730,26 +734,26 @@ impl Compressor for Qsgd {
     }
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
         match self.coding {
-            QsgdCoding::Fixed => self.decode_fixed::<true>(r, out),
+            QsgdCoding::Fixed => self
+                .decode_fixed::<{ put_mode::ADD }>(r, out, 1.0)
+                .map(drop),
             QsgdCoding::Elias => self.decode_elias(r, out),
         }
     }
-    /// Fixed-width codes reach every element: written without a zero fill first.
-    fn decode_segment_write(
+    /// Fixed-width codes give every element a value; Elias codes list the non-zeros.
+    fn decodes_densely(&self) -> bool {
+        self.coding == QsgdCoding::Fixed
+    }
+    fn decode_segment_dense(
         &self,
         r: &mut Reader<'_>,
         out: &mut [f32],
-        touched: &mut Touched,
-    ) -> Result<(), WireError> {
+        put: Put,
+    ) -> Result<bool, WireError> {
         match self.coding {
-            QsgdCoding::Fixed => self.decode_fixed::<false>(r, out)?,
-            QsgdCoding::Elias => {
-                out.fill(0.0);
-                self.decode_elias(r, out)?;
-            }
+            QsgdCoding::Fixed => with_put_mode!(put, |M, k| self.decode_fixed::<M>(r, out, k)),
+            QsgdCoding::Elias => dense_by_passes(self, r, out, put),
         }
-        touched.mark_range(0..out.len());
-        Ok(())
     }
     fn segment_bits(&self, n: usize) -> Option<u64> {
         match self.coding {
@@ -764,19 +768,26 @@ impl Compressor for Qsgd {
 /// The 4-bit fixed-width decoder's inner loop, sixteen values at a time: eight code bytes
 /// widened to sixteen lanes (each byte twice, shifted by 0 and 4: the low nibble is the
 /// earlier value), the values looked up in the bucket's 16-entry table by one permute, and
-/// added to the output (or to zero, written over it: [`put`](crate::compressor::put)). The validity of a code is looked up the same way. The same
+/// added to the output (or to zero, written over it, and scaled, as the mode says:
+/// [`put`](crate::compressor::put)). The validity of a code is looked up the same way. The same
 /// additions of the same table values as the scalar loop, so the same bits (tested).
 mod nibbles {
-    /// Adds (`ADD`; else writes `0 + v`) the values of the first `16 · g` codes of `cb`
-    /// (two per byte, low nibble first) to `out` through `table`, for as many whole groups `g` as the CPU's vector path takes
-    /// (none without AVX-512), sets `bad` if one of them is invalid (`bad_byte[c]` for a
-    /// code `c < 16`), and returns `16 · g`.
-    pub(super) fn put<const ADD: bool>(
+    use crate::compressor::put_mode;
+
+    /// Puts the values of the first `16 · g` codes of `cb` (two per byte, low nibble first)
+    /// into `out` through `table` as the mode `M` says, with factor `k`
+    /// ([`put`](crate::compressor::put)), for as many whole groups `g` as the CPU's vector
+    /// path takes (none without AVX-512); sets `bad` if one of the codes is invalid
+    /// (`bad_byte[c]` for a code `c < 16`) and `non_finite` if a scaled value is; returns
+    /// `16 · g`.
+    pub(super) fn put<const M: u8>(
         cb: &[u8],
         table: &[f32; 256],
         bad_byte: &[bool; 256],
         out: &mut [f32],
+        k: f32,
         bad: &mut bool,
+        non_finite: &mut bool,
     ) -> usize {
         #[cfg(target_arch = "x86_64")]
         if crate::simd::widest() == crate::simd::Tier::Avx512 {
@@ -787,24 +798,28 @@ mod nibbles {
             }
             // SAFETY: the CPU executes AVX-512F/BW/DQ/VL (`widest`, above); `groups` whole
             // groups fit in `cb` (8 bytes each) and `out` (16 values each).
-            *bad |= unsafe {
-                put_avx512::<ADD>(&cb[..groups * 8], table, &flags, &mut out[..groups * 16])
+            let (invalid, inf) = unsafe {
+                put_avx512::<M>(&cb[..groups * 8], table, &flags, &mut out[..groups * 16], k)
             };
+            *bad |= invalid;
+            *non_finite |= inf;
             return groups * 16;
         }
-        let _ = (cb, table, bad_byte, out, bad);
+        let _ = (cb, table, bad_byte, out, k, bad, non_finite);
         0
     }
 
-    /// Returns whether a code was invalid. `cb.len() · 2 == out.len()`, a multiple of 16.
+    /// Returns whether a code was invalid and whether a scaled value is non-finite.
+    /// `cb.len() · 2 == out.len()`, a multiple of 16.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-    unsafe fn put_avx512<const ADD: bool>(
+    unsafe fn put_avx512<const M: u8>(
         cb: &[u8],
         table: &[f32; 256],
         flags: &[u32; 16],
         out: &mut [f32],
-    ) -> bool {
+        k: f32,
+    ) -> (bool, bool) {
         use std::arch::x86_64::*;
         debug_assert!(cb.len() * 2 == out.len() && out.len().is_multiple_of(16));
         // SAFETY: each step reads 8 bytes at 8·g of `cb` and 16 values at 16·g of `out`,
@@ -814,22 +829,30 @@ mod nibbles {
             let invalid = _mm512_loadu_si512(flags.as_ptr().cast());
             let shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
             let nibble = _mm512_set1_epi32(15);
+            let factor = _mm512_set1_ps(k);
+            let exponent = _mm512_set1_epi32(0x7F80_0000);
             let mut any = _mm512_setzero_si512();
+            let mut inf: u16 = 0;
             for g in 0..out.len() / 16 {
                 let bytes = _mm_loadl_epi64(cb.as_ptr().add(8 * g).cast());
                 let twice = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, bytes));
                 let code = _mm512_and_si512(_mm512_srlv_epi32(twice, shifts), nibble);
                 any = _mm512_or_si512(any, _mm512_permutexvar_epi32(code, invalid));
                 let po = out.as_mut_ptr().add(16 * g);
-                let base = if ADD {
-                    _mm512_loadu_ps(po)
-                } else {
+                let base = if M & put_mode::WRITE_BIT != 0 {
                     _mm512_setzero_ps()
+                } else {
+                    _mm512_loadu_ps(po)
                 };
-                let v = _mm512_add_ps(base, _mm512_permutexvar_ps(code, values));
+                let mut v = _mm512_add_ps(base, _mm512_permutexvar_ps(code, values));
+                if M & put_mode::SCALE_BIT != 0 {
+                    v = _mm512_mul_ps(v, factor);
+                    let e = _mm512_and_si512(_mm512_castps_si512(v), exponent);
+                    inf |= _mm512_cmpeq_epi32_mask(e, exponent);
+                }
                 _mm512_storeu_ps(po, v);
             }
-            _mm512_test_epi32_mask(any, any) != 0
+            (_mm512_test_epi32_mask(any, any) != 0, inf != 0)
         }
     }
 }

@@ -40,14 +40,13 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use crate::compressor::{
-    effective_segments, first_non_finite, put, Aggregation, Compressor, Ctx, FirstNonFinite,
-    MethodId, Payload,
+    effective_segments, first_non_finite, put, put_mode, with_put_mode, Aggregation, Compressor,
+    Ctx, FirstNonFinite, MethodId, Payload, Put,
 };
 use crate::error::{CompressError, ConfigError, WireError};
 use crate::registry::Method;
 use crate::rng::{LaneRng, Rng};
 use crate::simd::{max_magnitude_bits, vector_dispatch};
-use crate::touched::Touched;
 use crate::wire::{Reader, Writer};
 
 /// Configuration of [`TernGrad`].
@@ -355,18 +354,19 @@ impl Compressor for TernGrad {
         ternarize(x, bound, s, rng, out);
     }
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
-        decode::<true>(r, out)
+        decode::<{ put_mode::ADD }>(r, out, 1.0).map(drop)
     }
-    /// Every element has a symbol: written without a zero fill first.
-    fn decode_segment_write(
+    /// Every element has a symbol.
+    fn decodes_densely(&self) -> bool {
+        true
+    }
+    fn decode_segment_dense(
         &self,
         r: &mut Reader<'_>,
         out: &mut [f32],
-        touched: &mut Touched,
-    ) -> Result<(), WireError> {
-        decode::<false>(r, out)?;
-        touched.mark_range(0..out.len());
-        Ok(())
+        put: Put,
+    ) -> Result<bool, WireError> {
+        with_put_mode!(put, |M, k| decode::<M>(r, out, k))
     }
     fn segment_bits(&self, n: usize) -> Option<u64> {
         Some(32 + 8 * n.div_ceil(4) as u64)
@@ -382,26 +382,28 @@ impl Compressor for TernGrad {
     }
 }
 
-/// One segment's body decoded into `out`, added to it (`ADD`) or written over it ([`put`]).
-fn decode<const ADD: bool>(r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
+/// One segment's body decoded into `out`, each value put there as the mode `M` says, with
+/// factor `k` ([`put`]); whether a scaled value is non-finite.
+fn decode<const M: u8>(r: &mut Reader<'_>, out: &mut [f32], k: f32) -> Result<bool, WireError> {
     let (s, bytes) = read_segment(r, out.len())?;
     let vals = [-s, 0.0, s, 0.0];
+    let mut non_finite = false;
     let mut it = out.chunks_exact_mut(4);
     for (o, &b) in (&mut it).zip(bytes) {
-        put::<ADD>(&mut o[0], vals[(b & 3) as usize]);
-        put::<ADD>(&mut o[1], vals[((b >> 2) & 3) as usize]);
-        put::<ADD>(&mut o[2], vals[((b >> 4) & 3) as usize]);
-        put::<ADD>(&mut o[3], vals[(b >> 6) as usize]);
+        non_finite |= put::<M>(&mut o[0], vals[(b & 3) as usize], k);
+        non_finite |= put::<M>(&mut o[1], vals[((b >> 2) & 3) as usize], k);
+        non_finite |= put::<M>(&mut o[2], vals[((b >> 4) & 3) as usize], k);
+        non_finite |= put::<M>(&mut o[3], vals[(b >> 6) as usize], k);
     }
     let rest = it.into_remainder();
     if !rest.is_empty() {
         // A partial group exists only when n % 4 ≠ 0, so the last byte is there.
         let b = bytes[bytes.len() - 1];
-        for (k, o) in rest.iter_mut().enumerate() {
-            put::<ADD>(o, vals[((b >> (2 * k)) & 3) as usize]);
+        for (j, o) in rest.iter_mut().enumerate() {
+            non_finite |= put::<M>(o, vals[((b >> (2 * j)) & 3) as usize], k);
         }
     }
-    Ok(())
+    Ok(non_finite)
 }
 
 /// The element-wise integer sum of the ternary symbols of several TernGrad payloads that

@@ -1,13 +1,16 @@
 //! Helpers shared by the methods' unit tests (compiled for tests only).
 
 use crate::compressor::{decompress_add, decompress_mean, Compressor};
+use crate::finite::scale_has_non_finite;
 use crate::rng::Rng;
 use crate::touched::Touched;
 use crate::wire::Reader;
 
 /// Feeds a decoder random bytes, random bodies behind a valid header, and mutations of
 /// the `valid` payloads (each decoding into a buffer of the paired length). Every call must
-/// return without panicking, and a payload that is accepted must decode to finite values.
+/// return without panicking, a payload that is accepted must decode to finite values, and
+/// the mean of copies of it must be the decodes added into zeros and scaled, bit for bit
+/// (the one-pass forms of a method that decodes densely included).
 pub(crate) fn fuzz_decoder(
     c: &dyn Compressor,
     valid: &[(Vec<u8>, usize)],
@@ -79,9 +82,12 @@ pub(crate) fn fuzz_decoder(
     }
 }
 
-/// The mean of one payload at `1/P = 1` (which writes the buffer, no zero fill first:
-/// [`Compressor::decode_segment_write`]) over a buffer of garbage accepts what the adding
-/// decode into zeros accepted (`ok`), and then holds its bits, `added`.
+/// The mean of one, two and three copies of a payload, at factors 1, 1/2 and 10³⁸ (the
+/// last overflows, so the non-finite flag is checked too), written over a buffer of garbage
+/// (a method that [decodes densely](Compressor::decodes_densely) puts each value where the
+/// mean goes: no zero fill, the scaling fused into the last decode) accepts what the adding
+/// decode into zeros accepted (`ok`) and then holds the bits and the flag of the passes
+/// taken one by one: `added` (one decode into zeros), added again, and scaled.
 fn assert_mean_of_one_is_the_added(
     c: &dyn Compressor,
     bytes: &[u8],
@@ -89,12 +95,28 @@ fn assert_mean_of_one_is_the_added(
     ok: bool,
     case: usize,
 ) {
-    let mut got = vec![-3.5f32; added.len()];
-    let mean = decompress_mean(c, &[bytes], 1.0, &mut got, &mut Touched::default());
-    assert_eq!(mean.is_ok(), ok, "case {case}: mean {mean:?}, add ok {ok}");
-    if ok {
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert!(bits(&got) == bits(added), "case {case}: the mean differs");
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for (copies, k) in [(1usize, 1.0f32), (2, 0.5), (3, 1e38)] {
+        let mut got = vec![-3.5f32; added.len()];
+        let payloads = vec![bytes; copies];
+        let mean = decompress_mean(c, &payloads, k, &mut got, &mut Touched::default());
+        assert_eq!(
+            mean.is_ok(),
+            ok,
+            "case {case} ×{copies}: mean {mean:?}, add ok {ok}"
+        );
+        if let Ok(bad) = mean {
+            let mut want = added.to_vec();
+            for _ in 1..copies {
+                decompress_add(c, bytes, &mut want).expect("accepted once");
+            }
+            let want_bad = scale_has_non_finite(&mut want, k);
+            assert!(
+                bits(&got) == bits(&want),
+                "case {case} ×{copies}: the mean differs"
+            );
+            assert_eq!(bad, want_bad, "case {case} ×{copies}: the non-finite flag");
+        }
     }
 }
 
