@@ -60,6 +60,7 @@ mod lanes;
 pub mod memory;
 pub mod meprop;
 pub mod pipeline;
+pub mod put;
 #[macro_use]
 pub mod registry;
 pub mod rng;
@@ -125,11 +126,12 @@ methods! {
 pub use compressor::{
     compress, compress_new, decompress, decompress_add, decompress_add_touched, decompress_mean,
     decompress_sum_add, payload_bits, sum_lanes, summable_lanes, Aggregation, Combine, Compressor,
-    Ctx, LaneFormat, MethodId, Payload, Put, Touched, HEADER_BITS,
+    Ctx, LaneFormat, MethodId, Payload, Touched, HEADER_BITS,
 };
 pub use error::{CompressError, ConfigError, WireError};
 pub use memory::{Memory, MemoryConfig};
 pub use pipeline::{chunk_segments, Pipeline, ReduceError};
+pub use put::Put;
 pub use registry::{Collective, Method, MethodInfo, RunFacts, RunUse};
 pub use rng::Rng;
 

@@ -36,11 +36,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::compressor::{
-    dense_by_passes, put, put_mode, put_nothing, with_put_mode, Aggregation, Compressor, MethodId,
-    Put,
-};
+use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
+use crate::put::{dense_by_passes, put, put_mode, put_nothing, with_put_mode, Put};
 use crate::registry::Method;
 use crate::rng::Rng;
 use crate::simd::vector_dispatch;
@@ -769,14 +767,14 @@ impl Compressor for Qsgd {
 /// widened to sixteen lanes (each byte twice, shifted by 0 and 4: the low nibble is the
 /// earlier value), the values looked up in the bucket's 16-entry table by one permute, and
 /// added to the output (or to zero, written over it, and scaled, as the mode says:
-/// [`put`](crate::compressor::put)). The validity of a code is looked up the same way. The same
+/// [`put`](crate::put::put)). The validity of a code is looked up the same way. The same
 /// additions of the same table values as the scalar loop, so the same bits (tested).
 mod nibbles {
-    use crate::compressor::put_mode;
+    use crate::put::put_mode;
 
     /// Puts the values of the first `16 · g` codes of `cb` (two per byte, low nibble first)
     /// into `out` through `table` as the mode `M` says, with factor `k`
-    /// ([`put`](crate::compressor::put)), for as many whole groups `g` as the CPU's vector
+    /// ([`put`](crate::put::put)), for as many whole groups `g` as the CPU's vector
     /// path takes (none without AVX-512); sets `bad` if one of the codes is invalid
     /// (`bad_byte[c]` for a code `c < 16`) and `non_finite` if a scaled value is; returns
     /// `16 · g`.

@@ -40,10 +40,11 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use crate::compressor::{
-    effective_segments, first_non_finite, put, put_mode, with_put_mode, Aggregation, Compressor,
-    Ctx, FirstNonFinite, MethodId, Payload, Put,
+    effective_segments, first_non_finite, Aggregation, Compressor, Ctx, FirstNonFinite, MethodId,
+    Payload,
 };
 use crate::error::{CompressError, ConfigError, WireError};
+use crate::put::{put, put_mode, with_put_mode, Put};
 use crate::registry::Method;
 use crate::rng::{LaneRng, Rng};
 use crate::simd::{max_magnitude_bits, vector_dispatch};
