@@ -53,6 +53,7 @@ use serde::{Deserialize, Serialize};
 use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
 use crate::memory::AdoptedResidual;
+use crate::put::Put;
 use crate::rangefloat::{default_exp_bits, default_mantissa_bits, RfDecoder, RfFormat};
 use crate::registry::{Collective, Method, RunFacts, RunUse};
 use crate::rng::Rng;
@@ -263,52 +264,45 @@ struct InvScratch {
     fft_scratch: Vec<Complex<f32>>,
 }
 
-/// What an inverse transform does with its reconstruction.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Emit {
-    /// Adds it into the output.
-    Add,
-    /// Writes it as a mean, times `1/P` (the field): bit for bit a zero fill, the addition
-    /// and the scaling, in one pass.
-    Mean(f32),
-}
+/// A reconstruction added into the output, unscaled.
+const ADD: Put = Put::Add { scale: None };
 
 /// The error of a reconstruction with a NaN or an infinity.
 const NOT_FINITE: WireError = WireError::Invalid("fft reconstruction is not finite");
 
 impl InvScratch {
     /// Inverse transform of `spec` with `plan` (of length `out.len()`), then into `out` as
-    /// `emit` says, after checking that the reconstruction is finite (an error if not).
-    /// Returns whether what was written holds a NaN or an infinity (a mean scaled up
-    /// could; `Add` never says so).
+    /// `put` says ([`Put`]), after checking that the reconstruction is finite (an error if
+    /// not). Returns whether a scaled result holds a NaN or an infinity (scaling up could).
     fn inverse_into(
         &mut self,
         plan: &dyn ComplexToReal<f32>,
         spec: &mut [Complex<f32>],
         out: &mut [f32],
-        emit: Emit,
+        put: Put,
     ) -> Result<bool, WireError> {
         let real = grown(&mut self.real, out.len());
         let scratch = grown(&mut self.fft_scratch, plan.get_scratch_len());
         // DC/Nyquist imaginary parts were validated as zero; sums of zeros stay zero.
         plan.process_with_scratch(spec, real, scratch)
             .map_err(|_| WireError::Invalid("fft inverse transform refused the spectrum"))?;
-        match emit {
-            Emit::Add => {
-                if crate::finite::first_non_finite(real).is_some() {
-                    return Err(NOT_FINITE);
-                }
-                add_into(out, real);
-                Ok(false)
-            }
-            Emit::Mean(inv) => {
-                // The product is checked as it is written; only when it is non-finite is
-                // the reconstruction itself looked at again.
-                let bad = crate::finite::zero_add_scale_into_has_non_finite(out, real, inv);
+        match put {
+            // A mean written in one pass (the receivers'): the product is checked as it is
+            // written; only when it is non-finite is the reconstruction looked at again.
+            Put::Write { scale } => {
+                let k = scale.unwrap_or(1.0);
+                let bad = crate::finite::zero_add_scale_into_has_non_finite(out, real, k);
                 if bad && crate::finite::first_non_finite(real).is_some() {
                     return Err(NOT_FINITE);
                 }
                 Ok(bad)
+            }
+            Put::Add { scale } => {
+                if crate::finite::first_non_finite(real).is_some() {
+                    return Err(NOT_FINITE);
+                }
+                add_into(out, real);
+                Ok(scale.is_some_and(|k| crate::finite::scale_has_non_finite(out, k)))
             }
         }
     }
@@ -640,16 +634,16 @@ impl Fft {
         Ok(())
     }
 
-    /// Inverse transform of `spec` (length `out.len()`) into `out` as `emit` says
+    /// Inverse transform of `spec` (length `out.len()`) into `out` as `put` says
     /// ([`InvScratch::inverse_into`]).
     fn inverse_into(
         shared: &mut Shared,
         spec: &mut [Complex<f32>],
         out: &mut [f32],
-        emit: Emit,
+        put: Put,
     ) -> Result<bool, WireError> {
         let plan = shared.planner.plan_fft_inverse(out.len());
-        shared.dec.inv.inverse_into(&*plan, spec, out, emit)
+        shared.dec.inv.inverse_into(&*plan, spec, out, put)
     }
 
     /// A receiver-side accumulator for `n`-element buffers: decode several workers'
@@ -658,19 +652,19 @@ impl Fft {
         FftSum::new(self, n)
     }
 
-    /// The joint decode of `payloads` into `out` as `emit` says ([`FftSum`]); whether the
+    /// The joint decode of `payloads` into `out` as `put` says ([`FftSum`]); whether the
     /// written values hold a NaN or an infinity. An error names the payload.
     fn joint(
         &self,
         payloads: &[&[u8]],
         out: &mut [f32],
-        emit: Emit,
+        put: Put,
     ) -> Result<bool, (usize, WireError)> {
         let mut sum = self.sum(out.len());
         for (i, p) in payloads.iter().enumerate() {
             sum.add_payload(p).map_err(|e| (i, e))?;
         }
-        sum.emit(out, emit).map_err(|e| {
+        sum.emit(out, put).map_err(|e| {
             // Only a non-finite reconstruction fails here: find the payload that has one
             // (decoding it alone), or blame the sum of them all (the last payload).
             let culprit = payloads
@@ -803,7 +797,7 @@ impl Compressor for Fft {
             spec.clear();
             spec.resize(bins(range.len()), Complex::default());
             unpack_residual(&mut spec, &e[range.clone()]);
-            if Self::inverse_into(&mut guard, &mut spec, &mut out[range], Emit::Add).is_err() {
+            if Self::inverse_into(&mut guard, &mut spec, &mut out[range], ADD).is_err() {
                 return false;
             }
         }
@@ -907,7 +901,7 @@ impl Compressor for Fft {
             spec.resize(bins(n), Complex::default());
             let res = self
                 .decode_chunk_into(r, n, &mut spec, true, &mut keep, &mut vals)
-                .and_then(|()| Self::inverse_into(sh, &mut spec, &mut out[c], Emit::Add).map(drop));
+                .and_then(|()| Self::inverse_into(sh, &mut spec, &mut out[c], ADD).map(drop));
             sh.dec.spec = spec;
             sh.dec.keep = keep;
             sh.dec.vals = vals;
@@ -923,7 +917,7 @@ impl Compressor for Fft {
         payloads: &[&[u8]],
         out: &mut [f32],
     ) -> Option<Result<(), (usize, WireError)>> {
-        Some(self.joint(payloads, out, Emit::Add).map(drop))
+        Some(self.joint(payloads, out, ADD).map(drop))
     }
     /// The same sum, written as the mean straight from each inverse transform: one pass
     /// over the output instead of a zero fill, an addition and a scaling.
@@ -933,7 +927,7 @@ impl Compressor for Fft {
         inv: f32,
         out: &mut [f32],
     ) -> Option<Result<bool, (usize, WireError)>> {
-        Some(self.joint(payloads, out, Emit::Mean(inv)))
+        Some(self.joint(payloads, out, Put::Write { scale: Some(inv) }))
     }
     fn segment_bits(&self, n: usize) -> Option<u64> {
         let chunks: Vec<usize> = self.chunks(n).map(|c| c.len()).collect();

@@ -7,9 +7,10 @@ use realfft::num_complex::Complex;
 use rayon::prelude::*;
 
 use super::encode::Lease;
-use super::{bins, lock, Emit, Fft, FftConfig};
+use super::{bins, lock, Fft, FftConfig, ADD};
 use crate::compressor::read_frame;
 use crate::error::WireError;
+use crate::put::Put;
 use crate::registry::Method;
 
 /// Sums the spectra of several [`Fft`] payloads of the same buffer layout, then runs one
@@ -101,7 +102,7 @@ impl<'a> FftSum<'a> {
     /// Inverse-transforms the summed spectra and **adds** the result into `out`
     /// (`out.len()` must be `n`). With no payload added, `out` is unchanged.
     pub fn finish(self, out: &mut [f32]) -> Result<(), WireError> {
-        self.emit(out, Emit::Add).map(drop)
+        self.emit(out, ADD).map(drop)
     }
 
     /// Inverse-transforms the summed spectra and **writes** their mean, times `inv` (1/P),
@@ -109,11 +110,13 @@ impl<'a> FftSum<'a> {
     /// and multiplying by `inv`, in one pass over `out`. With no payload added, `out` is
     /// zeroed. Returns whether the mean holds a NaN or an infinity.
     pub fn finish_mean(self, inv: f32, out: &mut [f32]) -> Result<bool, WireError> {
-        self.emit(out, Emit::Mean(inv))
+        self.emit(out, Put::Write { scale: Some(inv) })
     }
 
-    /// [`FftSum::finish`] or [`FftSum::finish_mean`], as `emit` says.
-    pub(super) fn emit(mut self, out: &mut [f32], emit: Emit) -> Result<bool, WireError> {
+    /// The summed spectra's inverse transforms put into `out` as `put` says ([`Put`]:
+    /// [`FftSum::finish`] adds, [`FftSum::finish_mean`] writes and scales); whether a scaled
+    /// result holds a NaN or an infinity.
+    pub(super) fn emit(mut self, out: &mut [f32], put: Put) -> Result<bool, WireError> {
         if self.failed {
             return Err(WireError::Invalid("fft sum had a malformed payload"));
         }
@@ -124,10 +127,13 @@ impl<'a> FftSum<'a> {
             });
         }
         let Some(segs) = self.segs.take() else {
-            if emit != Emit::Add {
+            // No payload: nothing to add, then the scaling as asked.
+            if let Put::Write { .. } = put {
                 out.fill(0.0);
             }
-            return Ok(false);
+            return Ok(put
+                .scale()
+                .is_some_and(|k| crate::finite::scale_has_non_finite(out, k)));
         };
         let ranges: Vec<Range<usize>> = self.fft.chunk_ranges(&segs).collect();
         if !Fft::side_by_side(ranges.len(), self.n) {
@@ -136,7 +142,7 @@ impl<'a> FftSum<'a> {
             for range in ranges {
                 let m = bins(range.len());
                 let spec = &mut self.spectra[at..at + m];
-                bad |= Fft::inverse_into(&mut guard, spec, &mut out[range], emit)?;
+                bad |= Fft::inverse_into(&mut guard, spec, &mut out[range], put)?;
                 at += m;
             }
             return Ok(bad);
@@ -163,7 +169,7 @@ impl<'a> FftSum<'a> {
         jobs.into_par_iter()
             .map_init(
                 || Lease::take(pool),
-                |lease, (s, o, plan)| lease.get().inverse_into(&*plan, s, o, emit),
+                |lease, (s, o, plan)| lease.get().inverse_into(&*plan, s, o, put),
             )
             .try_reduce(|| false, |a, b| Ok(a | b))
     }
