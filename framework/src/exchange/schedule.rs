@@ -601,26 +601,19 @@ impl Job<'_> {
                         .map_err(|(r, e)| decode_err(r)(e))?;
                     averaged = Some(bad);
                 } else {
-                    // A joint decoder that writes the mean itself (FFT) overwrites the
-                    // buffer: no zero fill, and the copy back below does not scale again.
-                    // Bit for bit the zero fill, the sum and the scaling copy.
+                    // The mean written into the buffer as it is where the bucket lies (in
+                    // one pass by a joint or a dense decoder, no zero fill); the copy back
+                    // below then does not scale again (its finiteness check stands for the
+                    // mean's). Bit for bit the zero fill, the sum and the scaling copy.
                     f.buf.resize(bucket.len(), 0.0);
-                    let mean = if combine == Combine::Mean && !absorbs {
-                        let c = pipe.compressor();
-                        c.joint_decompress_mean(&refs, self.inv, &mut f.buf)
+                    if combine == Combine::Mean && !absorbs {
+                        pipe.decompress_mean(&refs, self.inv, &mut f.buf, &mut f.touched)
+                            .map_err(|(r, e)| decode_err(r)(e))?;
+                        buf_is_mean = true;
                     } else {
-                        None
-                    };
-                    match mean {
-                        Some(res) => {
-                            res.map_err(|(r, e)| decode_err(r)(e))?;
-                            buf_is_mean = true;
-                        }
-                        None => {
-                            let out = zeroed(None, bucket.len(), &mut f.buf, grad);
-                            pipe.decompress_sum_add(&refs, out)
-                                .map_err(|(r, e)| decode_err(r)(e))?;
-                        }
+                        let out = zeroed(None, bucket.len(), &mut f.buf, grad);
+                        pipe.decompress_sum_add(&refs, out)
+                            .map_err(|(r, e)| decode_err(r)(e))?;
                     }
                 }
             }
