@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::family::{autodiff, ModelFamily};
 use crate::gemm_conv::conv2d;
 use crate::layers::{check_dropout, check_positive, conv, max_pool, out_size};
+use crate::matmul::linear;
 use crate::model::{ImageClassifier, ImageModel, InputSpec, Model};
 use crate::ModelError;
 
@@ -260,9 +261,9 @@ impl ImageClassifier for AlexNet {
             if i < last {
                 x = self
                     .activation
-                    .forward(layer.forward(self.dropout.forward(x)));
+                    .forward(linear(layer, self.dropout.forward(x)));
             } else {
-                x = layer.forward(x);
+                x = linear(layer, x);
             }
         }
         x

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::family::{autodiff, ModelFamily};
 use crate::gemm_conv::conv2d;
 use crate::layers::{check_positive, conv, max_pool};
+use crate::matmul::linear;
 use crate::model::{ImageClassifier, ImageModel, InputSpec, Model};
 use crate::ModelError;
 
@@ -105,9 +106,9 @@ impl ImageClassifier for LeNet5 {
         let x = self.pool.forward(relu.forward(conv2d(&self.conv1, images)));
         let x = self.pool.forward(relu.forward(conv2d(&self.conv2, x)));
         let x = x.flatten::<2>(1, 3);
-        let x = relu.forward(self.fc1.forward(x));
-        let x = relu.forward(self.fc2.forward(x));
-        self.fc3.forward(x)
+        let x = relu.forward(linear(&self.fc1, x));
+        let x = relu.forward(linear(&self.fc2, x));
+        linear(&self.fc3, x)
     }
 }
 

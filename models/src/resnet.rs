@@ -22,6 +22,7 @@ use crate::batch_norm as bn;
 use crate::family::{autodiff, ModelFamily};
 use crate::gemm_conv::conv2d;
 use crate::layers::{batch_norm, check_positive, conv, max_pool};
+use crate::matmul::linear;
 use crate::model::{ImageClassifier, ImageModel, InputSpec, Model};
 use crate::ModelError;
 
@@ -361,7 +362,7 @@ impl ImageClassifier for ResNet {
                 x = block.forward(x);
             }
         }
-        self.fc.forward(self.avgpool.forward(x).flatten::<2>(1, 3))
+        linear(&self.fc, self.avgpool.forward(x).flatten::<2>(1, 3))
     }
 }
 

@@ -16,6 +16,7 @@ use crate::batch_norm as bn;
 use crate::family::{autodiff, ModelFamily};
 use crate::gemm_conv::conv2d;
 use crate::layers::{batch_norm, check_dropout, check_positive, conv, max_pool};
+use crate::matmul::linear;
 use crate::model::{ImageClassifier, ImageModel, InputSpec, Model};
 use crate::ModelError;
 
@@ -249,7 +250,7 @@ impl ImageClassifier for Vgg {
         let mut x = x.flatten::<2>(1, 3);
         let last = self.classifier.len() - 1;
         for (i, layer) in self.classifier.iter().enumerate() {
-            x = layer.forward(x);
+            x = linear(layer, x);
             if i < last {
                 x = self.dropout.forward(self.activation.forward(x));
             }
