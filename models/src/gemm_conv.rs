@@ -46,6 +46,8 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{DType, TensorData};
 use rayon::prelude::*;
 
+use crate::precision;
+
 /// Samples summed into one partial weight gradient before the partials are added in order
 /// (at least; a multiple of the samples of one product).
 pub const SAMPLES_PER_PARTIAL: usize = 4;
@@ -136,6 +138,7 @@ fn shapes(x: &FlexTensor, w: &FlexTensor, geometry: ConvGeometry) -> Shapes {
 impl GemmConvOps for Flex {
     fn gemm_conv2d(x: FlexTensor, w: FlexTensor, geometry: ConvGeometry) -> FlexTensor {
         let s = shapes(&x, &w, geometry);
+        let (x, w) = (precision::operand(x), precision::operand(w));
         match (f32_contiguous(x.clone()), f32_contiguous(w.clone())) {
             (Some(xc), Some(wc)) => {
                 let mut y = vec![0f32; s.n * s.o * s.p()];
@@ -153,6 +156,7 @@ impl GemmConvOps for Flex {
         geometry: ConvGeometry,
     ) -> FlexTensor {
         let s = shapes(&x, &w, geometry);
+        let (w, dy) = (precision::operand(w), precision::operand(dy));
         match (f32_contiguous(w.clone()), f32_contiguous(dy.clone())) {
             (Some(wc), Some(dyc)) if x.dtype() == DType::F32 => {
                 let mut dx = vec![0f32; s.n * s.c * s.h * s.w];
@@ -170,6 +174,7 @@ impl GemmConvOps for Flex {
         geometry: ConvGeometry,
     ) -> FlexTensor {
         let s = shapes(&x, &w, geometry);
+        let (x, dy) = (precision::operand(x), precision::operand(dy));
         match (f32_contiguous(x.clone()), f32_contiguous(dy.clone())) {
             (Some(xc), Some(dyc)) if w.dtype() == DType::F32 => {
                 let mut dw = vec![0f32; s.o * s.k()];

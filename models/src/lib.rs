@@ -55,6 +55,7 @@ pub mod meprop;
 pub mod mlp;
 pub mod model;
 pub mod pool;
+pub mod precision;
 pub mod registry;
 pub mod resnet;
 pub mod synthetic;

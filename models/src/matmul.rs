@@ -35,6 +35,8 @@ use burn::prelude::*;
 use burn::tensor::{Bytes, DType};
 use rayon::prelude::*;
 
+use crate::precision;
+
 /// The most blocks an output is cut into.
 pub const MAX_BLOCKS: usize = 8;
 
@@ -197,6 +199,7 @@ unsafe fn gemm_block(
 
 impl MatmulOps for Flex {
     fn mm(lhs: FlexTensor, rhs: FlexTensor) -> FlexTensor {
+        let (lhs, rhs) = (precision::operand(lhs), precision::operand(rhs));
         let two_d = lhs.shape().num_dims() == 2 && rhs.shape().num_dims() == 2;
         if !two_d || lhs.dtype() != DType::F32 || rhs.dtype() != DType::F32 {
             return Self::float_matmul(lhs, rhs);
