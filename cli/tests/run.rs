@@ -397,3 +397,69 @@ fn bench_compress_on_a_models_layout() {
         "{err}"
     );
 }
+
+/// `dtrain bench models --tf32-emulation on`: the CPU against itself, with the emulated
+/// references' error in the table and in the saved JSON; a factor that cannot be is refused.
+#[test]
+fn bench_models_says_what_tf32_does_to_a_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let saved = dir.path().join("models.json");
+    let out = dtrain()
+        .args([
+            "bench",
+            "models",
+            "--models",
+            "lenet/lenet5",
+            "--reference",
+            "cpu",
+        ])
+        .args([
+            "--tf32-emulation",
+            "on",
+            "--batch",
+            "2",
+            "--warmup",
+            "1",
+            "--steps",
+            "1",
+        ])
+        .arg("--save")
+        .arg(&saved)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
+    let e = &doc[0]["check"]["tf32_emulated"];
+    assert_eq!(e["covers_every_product"], true, "{doc}");
+    let grad = |mode: &str| e[mode]["grad_rel_err"].as_f64().unwrap();
+    let larger = grad("nearest").max(grad("truncated"));
+    assert!(larger > 1e-6 && larger < 0.5, "{doc}");
+    // The table shows the larger of the two, as printed with one decimal.
+    assert!(text.contains("tf32 err"), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("lenet/lenet5"))
+        .unwrap();
+    assert!(row.contains(&format!(" {larger:.1e} ")), "{row}");
+    assert!(row.contains(" ok "), "{row}");
+    let bad = dtrain()
+        .args([
+            "bench",
+            "models",
+            "--models",
+            "lenet/lenet5",
+            "--tf32-factor",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("--tf32-factor"), "{err}");
+}

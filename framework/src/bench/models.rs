@@ -10,12 +10,21 @@
 //! is `‖x − x_ref‖₂ / ‖x_ref‖₂` over the loss and over the whole flat gradient; the worst
 //! single tensor is reported beside it.
 //!
+//! On a device that multiplies f32 matrices in TF32 (found before the models run: see
+//! [`Precision`]), the reference step runs twice more on the CPU with every product's
+//! operands converted to TF32, rounded and truncated ([`dtrain_models::precision`]): how far
+//! TF32 alone moves the model's loss and gradients. For the families whose products that
+//! emulation covers, the device passes within [`Options::tf32_factor`] times the larger of
+//! those errors: the error TF32 explains, measured per model and batch, rather than one flat
+//! tolerance.
+//!
 //! Timings are medians over `steps` steps after `warmup` steps; the first step is reported
 //! apart (on a GPU it includes compiling the kernels).
 
 use std::time::Instant;
 
 use dtrain_models::pool::on_pool_for;
+use dtrain_models::precision::{self, Tf32};
 use dtrain_models::{Batch, InputSpec, Model, ModelSpec, SyntheticBatch};
 use serde::Serialize;
 
@@ -57,10 +66,21 @@ pub struct Options {
     pub steps: usize,
     /// The largest relative error of the loss and of the gradients that passes.
     pub tolerance: f64,
-    /// The tolerance instead of `tolerance` when the device multiplies f32 matrices in TF32
-    /// (found by [`dtrain_models::matmul_rel_err`] before the models run); `None`: `tolerance` always.
+    /// On a device that multiplies f32 matrices in TF32 (found by
+    /// [`dtrain_models::matmul_rel_err`] before the models run), the tolerance of the
+    /// families whose products the TF32 emulation does not cover (the LSTM, the GPT: see
+    /// [`dtrain_models::precision`]); `None`: `tolerance`.
     pub tf32_tolerance: Option<f64>,
-    /// Seed of the synthetic batch.
+    /// Whether the reference step is also run with TF32 emulated: `None`, when the device
+    /// multiplies in TF32; `Some(true)` always (with a reference; e.g. to see on a CPU what
+    /// TF32 does to each model), `Some(false)` never.
+    pub tf32_emulation: Option<bool>,
+    /// On a TF32 device, a family the emulation covers passes when its errors are at most
+    /// this many times the emulated references' larger error (and always within
+    /// `tolerance`).
+    pub tf32_factor: f64,
+    /// Seed of the synthetic batch and of the initial weights (drawn on the reference device
+    /// when there is one), so that a run repeats.
     pub seed: u64,
 }
 
@@ -76,6 +96,8 @@ impl Default for Options {
             steps: 10,
             tolerance: 1e-3,
             tf32_tolerance: None,
+            tf32_emulation: None,
+            tf32_factor: 2.0,
             seed: 7,
         }
     }
@@ -111,10 +133,95 @@ pub struct Check {
     pub worst_tensor: String,
     /// Its relative error.
     pub worst_tensor_rel_err: f64,
-    /// The tolerance applied.
+    /// The reference with TF32 emulated against the reference, when it ran.
+    pub tf32_emulated: Option<Emulated>,
+    /// The tolerance applied (see [`tolerance_for`]).
     pub tolerance: f64,
     /// Both errors finite and within the tolerance.
     pub passed: bool,
+}
+
+/// The reference step with every product's operands converted to TF32, against the
+/// reference step: what TF32 alone does to the model (see [`dtrain_models::precision`]).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Emulated {
+    /// Operands rounded to nearest.
+    pub nearest: Errors,
+    /// Operands truncated.
+    pub truncated: Errors,
+    /// Whether every product of the model went through the emulation; when not, the errors
+    /// are those of the products it covers only, and do not set the tolerance.
+    pub covers_every_product: bool,
+}
+
+impl Emulated {
+    /// The largest of the four errors (NaN when one is).
+    pub fn max(&self) -> f64 {
+        let all = [
+            self.nearest.loss_rel_err,
+            self.nearest.grad_rel_err,
+            self.truncated.loss_rel_err,
+            self.truncated.grad_rel_err,
+        ];
+        if all.iter().any(|e| e.is_nan()) {
+            return f64::NAN;
+        }
+        all.into_iter().fold(0.0, f64::max)
+    }
+
+    /// The larger gradient error of the two conversions (NaN when one is).
+    pub fn grad_rel_err(&self) -> f64 {
+        let (a, b) = (self.nearest.grad_rel_err, self.truncated.grad_rel_err);
+        if a.is_nan() || b.is_nan() {
+            f64::NAN
+        } else {
+            a.max(b)
+        }
+    }
+}
+
+/// One step's errors against the reference step.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Errors {
+    /// Relative error of the loss.
+    pub loss_rel_err: f64,
+    /// `‖g − g_ref‖₂ / ‖g_ref‖₂` over every gradient.
+    pub grad_rel_err: f64,
+}
+
+/// The tolerance of one model's comparison: `opts.tolerance` on a device that multiplies in
+/// f32; on a TF32 device, `opts.tf32_factor` times the emulated references' largest error
+/// ([`Emulated::max`]; at least `opts.tolerance`) for a family the emulation covers, else
+/// `opts.tf32_tolerance` (or `opts.tolerance`).
+pub fn tolerance_for(opts: &Options, tf32_device: bool, emulated: Option<&Emulated>) -> f64 {
+    if !tf32_device {
+        return opts.tolerance;
+    }
+    match emulated {
+        Some(e) if e.covers_every_product => {
+            // NaN (a non-finite emulated step) falls back to `tolerance` under `max`.
+            let explained = opts.tf32_factor * e.max();
+            opts.tolerance.max(explained)
+        }
+        _ => opts.tf32_tolerance.unwrap_or(opts.tolerance),
+    }
+}
+
+/// Switches the TF32 emulation on for as long as it lives (off again when dropped, also
+/// on an early return or a panic).
+struct EmulatingTf32;
+
+impl EmulatingTf32 {
+    fn start(mode: Tf32) -> Self {
+        precision::set_tf32_emulation(mode);
+        EmulatingTf32
+    }
+}
+
+impl Drop for EmulatingTf32 {
+    fn drop(&mut self) {
+        precision::set_tf32_emulation(Tf32::Off);
+    }
 }
 
 /// What the device's f32 matrix products are, from [`dtrain_models::matmul_rel_err`] against the reference.
@@ -285,6 +392,7 @@ fn compare(
     grads: &[f32],
     rloss: f64,
     rgrads: &[f32],
+    tf32_emulated: Option<Emulated>,
     tolerance: f64,
 ) -> Check {
     let loss_rel_err = rel_err(&[loss as f32], &[rloss as f32]);
@@ -307,15 +415,56 @@ fn compare(
         grad_rel_err,
         worst_tensor,
         worst_tensor_rel_err,
+        tf32_emulated,
         tolerance,
         passed,
     }
 }
 
-/// Runs one model; `tolerance` applies to its comparison.
-fn run_one(name: &str, opts: &Options, tolerance: f64) -> Result<Row, String> {
+/// Copies `from`'s parameters and BatchNorm buffers into `to`.
+fn copy_state(from: &dyn Model, to: &mut dyn Model) {
+    let mut params = vec![0.0f32; from.table().num_params()];
+    from.read_params(&mut params);
+    to.write_params(&params);
+    let mut bufs = vec![0.0f32; from.table().num_buffers()];
+    from.read_buffers(&mut bufs);
+    to.write_buffers(&bufs);
+}
+
+/// A copy of `r` (parameters and buffers) on its device.
+fn replica(spec: &ModelSpec, r: &dyn Model) -> Result<Box<dyn Model>, String> {
+    let mut copy = spec.build(r.device()).map_err(|e| e.to_string())?;
+    copy_state(r, copy.as_mut());
+    Ok(copy)
+}
+
+/// The reference step again with TF32 emulated as `mode` says, on `e` (a [`replica`] of the
+/// reference from before its step) and the same batch, against the reference's loss and
+/// gradients.
+fn emulated_step(
+    mut e: Box<dyn Model>,
+    mode: Tf32,
+    host: &SyntheticBatch,
+    (rloss, rgrads): (f64, &[f32]),
+) -> Result<Errors, String> {
+    let mut grads = vec![0.0f32; rgrads.len()];
+    let on = e.device().clone();
+    let loss = {
+        let _tf32 = EmulatingTf32::start(mode);
+        step(e.as_mut(), host.on(&on), &mut grads)?.0
+    };
+    Ok(Errors {
+        loss_rel_err: rel_err(&[loss as f32], &[rloss as f32]),
+        grad_rel_err: rel_err(&grads, rgrads),
+    })
+}
+
+/// Runs one model; `tf32_device` says whether the device multiplies in TF32 (see
+/// [`tolerance_for`]).
+fn run_one(name: &str, opts: &Options, tf32_device: bool) -> Result<Row, String> {
     let (spec, dropout_off) = parse_model(name, opts.reference.is_some())?;
     let device = worker_device(opts.device, 0)?;
+    device.seed(opts.seed);
     let mut model = spec.build(&device).map_err(|e| format!("{name}: {e}"))?;
     let n = model.table().num_params();
     let input = model.input();
@@ -330,14 +479,10 @@ fn run_one(name: &str, opts: &Options, tolerance: f64) -> Result<Row, String> {
         None => None,
         Some(kind) => {
             let rdev = worker_device(kind, 0)?;
+            rdev.seed(opts.seed);
             let r = spec.build(&rdev).map_err(|e| format!("{name}: {e}"))?;
             // The device under test gets the reference's weights and buffers.
-            let mut params = vec![0.0f32; n];
-            r.read_params(&mut params);
-            model.write_params(&params);
-            let mut bufs = vec![0.0f32; r.table().num_buffers()];
-            r.read_buffers(&mut bufs);
-            model.write_buffers(&bufs);
+            copy_state(r.as_ref(), model.as_mut());
             Some((kind, r))
         }
     };
@@ -353,9 +498,40 @@ fn run_one(name: &str, opts: &Options, tolerance: f64) -> Result<Row, String> {
         Some((kind, r)) => {
             let mut rgrads = vec![0.0f32; n];
             let on = r.device().clone();
+            // The copies for the emulated steps are taken before the reference's step, which
+            // updates BatchNorm's running statistics.
+            let tf32 = |e: String| format!("{name} with TF32 emulated: {e}");
+            let copies = match opts.tf32_emulation.unwrap_or(tf32_device) {
+                true => Some([
+                    replica(&spec, r.as_ref()).map_err(tf32)?,
+                    replica(&spec, r.as_ref()).map_err(tf32)?,
+                ]),
+                false => None,
+            };
             let (rloss, rf, rb) = step(r.as_mut(), host.on(&on), &mut rgrads)
                 .map_err(|e| format!("{name} on {}: {e}", device_name(*kind)))?;
-            let check = compare(model.as_ref(), loss, &grads, rloss, &rgrads, tolerance);
+            let emulated = match copies {
+                None => None,
+                Some([a, b]) => {
+                    let reference = (rloss, rgrads.as_slice());
+                    Some(Emulated {
+                        nearest: emulated_step(a, Tf32::Nearest, &host, reference).map_err(tf32)?,
+                        truncated: emulated_step(b, Tf32::Truncated, &host, reference)
+                            .map_err(tf32)?,
+                        covers_every_product: precision::covers_every_product(&spec),
+                    })
+                }
+            };
+            let tolerance = tolerance_for(opts, tf32_device, emulated.as_ref());
+            let check = compare(
+                model.as_ref(),
+                loss,
+                &grads,
+                rloss,
+                &rgrads,
+                emulated,
+                tolerance,
+            );
             let rtiming = timing(r.as_mut(), &mut rgrads, rf + rb, *kind)?;
             (Some(rtiming), Some(check))
         }
@@ -389,17 +565,15 @@ pub fn run(
     for name in &names {
         parse_model(name, false)?;
     }
-    let mut tolerance = opts.tolerance;
+    let mut tf32_device = false;
     if let Some(reference) = opts.reference {
         let p = Precision::measure(opts.device, reference)?;
-        if p.tf32 {
-            tolerance = opts.tf32_tolerance.unwrap_or(tolerance);
-        }
+        tf32_device = p.tf32;
         precision(&p);
     }
     let mut rows = Vec::new();
     for name in &names {
-        let row = run_one(name, opts, tolerance)?;
+        let row = run_one(name, opts, tf32_device)?;
         each(&row);
         rows.push(row);
     }
@@ -414,8 +588,8 @@ pub fn table_header(reference: bool) -> String {
     );
     if reference {
         s.push_str(&format!(
-            " {:>7} {:>9} {:>8} {:>9} {:>9} {:>6}  worst tensor",
-            "ref", "ref ms", "speed-up", "loss err", "grad err", "check"
+            " {:>7} {:>9} {:>8} {:>9} {:>9} {:>9} {:>8} {:>6}  worst tensor",
+            "ref", "ref ms", "speed-up", "loss err", "grad err", "tf32 err", "tol", "check"
         ));
     }
     s.push('\n');
@@ -430,13 +604,21 @@ pub fn table_row(r: &Row) -> String {
         r.model, r.params, r.batch, t.device, t.first_ms, t.step_ms, t.forward_ms, t.backward_ms
     );
     if let (Some(rt), Some(c)) = (&r.reference, &r.check) {
+        // The emulated references' larger gradient error; `*` where they cover only some
+        // products.
+        let tf32 = c.tf32_emulated.map_or("-".to_string(), |e| {
+            let partial = if e.covers_every_product { "" } else { "*" };
+            format!("{:.1e}{partial}", e.grad_rel_err())
+        });
         s.push_str(&format!(
-            " {:>7} {:>9.2} {:>7.1}x {:>9.1e} {:>9.1e} {:>6}  {} ({:.1e})",
+            " {:>7} {:>9.2} {:>7.1}x {:>9.1e} {:>9.1e} {:>9} {:>8.1e} {:>6}  {} ({:.1e})",
             rt.device,
             rt.step_ms,
             rt.step_ms / t.step_ms,
             c.loss_rel_err,
             c.grad_rel_err,
+            tf32,
+            c.tolerance,
             if c.passed { "ok" } else { "FAIL" },
             c.worst_tensor,
             c.worst_tensor_rel_err
@@ -480,6 +662,51 @@ mod tests {
     }
 
     #[test]
+    fn a_tf32_device_is_held_to_what_tf32_explains_where_the_emulation_covers_the_model() {
+        let opts = Options {
+            tf32_tolerance: Some(5e-2),
+            ..Options::default()
+        };
+        let errors = |loss, grad| Errors {
+            loss_rel_err: loss,
+            grad_rel_err: grad,
+        };
+        let emulated = |nearest, truncated, covers| Emulated {
+            nearest: errors(1e-7, nearest),
+            truncated: errors(2e-7, truncated),
+            covers_every_product: covers,
+        };
+        let covered = emulated(1e-2, 3e-2, true);
+        assert_eq!(covered.max(), 3e-2);
+        assert_eq!(covered.grad_rel_err(), 3e-2);
+        // An f32 device: the tolerance, whatever the emulation says.
+        assert_eq!(tolerance_for(&opts, false, Some(&covered)), 1e-3);
+        assert_eq!(tolerance_for(&opts, false, None), 1e-3);
+        // TF32, covered: the factor times the larger error, never below the tolerance.
+        assert_eq!(tolerance_for(&opts, true, Some(&covered)), 2.0 * 3e-2);
+        assert_eq!(
+            tolerance_for(&opts, true, Some(&emulated(1e-5, 2e-5, true))),
+            1e-3
+        );
+        // The loss counts too.
+        let mut loud_loss = emulated(1e-5, 2e-5, true);
+        loud_loss.truncated.loss_rel_err = 4e-3;
+        assert_eq!(tolerance_for(&opts, true, Some(&loud_loss)), 8e-3);
+        // Not covered, or not emulated: the flat TF32 tolerance, else the tolerance.
+        assert_eq!(
+            tolerance_for(&opts, true, Some(&emulated(1e-2, 3e-2, false))),
+            5e-2
+        );
+        assert_eq!(tolerance_for(&opts, true, None), 5e-2);
+        let no_flat = Options::default();
+        assert_eq!(tolerance_for(&no_flat, true, None), 1e-3);
+        // A non-finite emulated step explains nothing.
+        let nan = emulated(f64::NAN, 3e-2, true);
+        assert!(nan.max().is_nan() && nan.grad_rel_err().is_nan());
+        assert_eq!(tolerance_for(&opts, true, Some(&nan)), 1e-3);
+    }
+
+    #[test]
     fn cpu_against_cpu_agrees_and_reports_every_column() {
         // The comparison path end to end on the one device CI has: identical weights and
         // batch on two CPU instances must agree to rounding, whatever the model.
@@ -506,6 +733,7 @@ mod tests {
             let c = r.check.as_ref().unwrap();
             assert!(c.passed, "{r:?}");
             assert_eq!(c.tolerance, 1e-3);
+            assert!(c.tf32_emulated.is_none(), "f32 on both sides: no emulation");
             assert!(c.grad_rel_err < 1e-6 && c.loss_rel_err < 1e-6, "{r:?}");
             assert!(c.loss.is_finite() && c.loss > 0.0);
             assert!(r.timing.step_ms > 0.0 && r.reference.as_ref().unwrap().step_ms > 0.0);
