@@ -325,6 +325,9 @@ pub(crate) fn bench_models(a: ModelsArgs) -> Result<()> {
             a.tf32_factor
         );
     }
+    if a.tf32_emulation == "on" && a.reference.is_none() {
+        bail!("--tf32-emulation on runs the reference step again: it needs --reference cpu");
+    }
     let models: Vec<String> = a.models.iter().flat_map(|m| split_methods(m)).collect();
     let opts = bench::models::Options {
         models,

@@ -462,4 +462,18 @@ fn bench_models_says_what_tf32_does_to_a_model() {
     assert!(!bad.status.success());
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("--tf32-factor"), "{err}");
+    let alone = dtrain()
+        .args([
+            "bench",
+            "models",
+            "--models",
+            "lenet/lenet5",
+            "--tf32-emulation",
+            "on",
+        ])
+        .output()
+        .unwrap();
+    assert!(!alone.status.success());
+    let err = String::from_utf8_lossy(&alone.stderr);
+    assert!(err.contains("--reference"), "{err}");
 }

@@ -157,27 +157,30 @@ pub struct Emulated {
 impl Emulated {
     /// The largest of the four errors (NaN when one is).
     pub fn max(&self) -> f64 {
-        let all = [
-            self.nearest.loss_rel_err,
-            self.nearest.grad_rel_err,
-            self.truncated.loss_rel_err,
-            self.truncated.grad_rel_err,
-        ];
-        if all.iter().any(|e| e.is_nan()) {
-            return f64::NAN;
-        }
-        all.into_iter().fold(0.0, f64::max)
+        let (n, t) = (self.nearest, self.truncated);
+        max_or_nan([
+            n.loss_rel_err,
+            n.grad_rel_err,
+            t.loss_rel_err,
+            t.grad_rel_err,
+        ])
     }
 
     /// The larger gradient error of the two conversions (NaN when one is).
     pub fn grad_rel_err(&self) -> f64 {
-        let (a, b) = (self.nearest.grad_rel_err, self.truncated.grad_rel_err);
-        if a.is_nan() || b.is_nan() {
+        max_or_nan([self.nearest.grad_rel_err, self.truncated.grad_rel_err])
+    }
+}
+
+/// The largest of `errors` (at least 0), NaN when one is: `f64::max` would drop a NaN.
+fn max_or_nan(errors: impl IntoIterator<Item = f64>) -> f64 {
+    errors.into_iter().fold(0.0, |m, e| {
+        if m.is_nan() || e.is_nan() {
             f64::NAN
         } else {
-            a.max(b)
+            m.max(e)
         }
-    }
+    })
 }
 
 /// One step's errors against the reference step.
