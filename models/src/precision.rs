@@ -10,9 +10,10 @@
 //! convolution products of [`crate::gemm_conv::GemmConvOps`] — first convert both operands
 //! to TF32, then multiply in f32. A GPU converts in one of two ways, depending on the kernel
 //! its autotuner picks: rounding to nearest, ties away from zero (CUDA's `__float_to_tf32`,
-//! which cubecl's CUDA C++ emits where it converts), or dropping the 13 low bits (what the
-//! tensor cores' `mma` does with f32 bits handed to it unconverted); [`Tf32`] emulates
-//! either. `dtrain bench models` runs the reference step once with each, so to say how far
+//! which cubecl's CUDA C++ emits for a cast, where a kernel's loads cast), or dropping the 13
+//! low bits (what the tensor cores do with f32 bits that reach them unconverted, as
+//! cubek-matmul's asynchronous loaders leave them: `memcpy_async` copies the f32 bits into
+//! the TF32 stage as they are); [`Tf32`] emulates either. `dtrain bench models` runs the reference step once with each, so to say how far
 //! TF32 alone moves each model, and derives a GPU's tolerance from it.
 //!
 //! **Coverage.** The MLP, LeNet-5, AlexNet, VGG and ResNet compute every product through
