@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
 use dtrain_framework::bench::{self, gradient::Shape};
 
 #[derive(Subcommand, Debug)]
@@ -17,6 +17,17 @@ pub(crate) enum BenchCommand {
     /// `--reference cpu`, the same step on the CPU from the same weights and batch, timed
     /// beside it and compared (relative error of the loss and the gradients).
     Models(ModelsArgs),
+}
+
+/// `--tf32-emulation`: when the reference step also runs with TF32 emulated.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Tf32Emulation {
+    /// When the device turns out to multiply in TF32.
+    Auto,
+    /// Always (needs --reference).
+    On,
+    /// Never.
+    Off,
 }
 
 #[derive(Args, Debug)]
@@ -45,8 +56,8 @@ pub(crate) struct ModelsArgs {
     /// Also run the reference step with TF32 emulated on the CPU (every product's operands
     /// converted to TF32: rounded, then truncated): auto (when the device multiplies in
     /// TF32), on, or off.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
-    tf32_emulation: String,
+    #[arg(long, value_enum, default_value_t = Tf32Emulation::Auto)]
+    tf32_emulation: Tf32Emulation,
     /// On a TF32 device, a family the emulation covers passes within this many times the
     /// emulated references' larger error (and always within --tolerance).
     #[arg(long, default_value_t = 2.0)]
@@ -325,7 +336,7 @@ pub(crate) fn bench_models(a: ModelsArgs) -> Result<()> {
             a.tf32_factor
         );
     }
-    if a.tf32_emulation == "on" && a.reference.is_none() {
+    if a.tf32_emulation == Tf32Emulation::On && a.reference.is_none() {
         bail!("--tf32-emulation on runs the reference step again: it needs --reference cpu");
     }
     let models: Vec<String> = a.models.iter().flat_map(|m| split_methods(m)).collect();
@@ -339,10 +350,10 @@ pub(crate) fn bench_models(a: ModelsArgs) -> Result<()> {
         steps: a.steps,
         tolerance: a.tolerance,
         tf32_tolerance: a.tf32_tolerance,
-        tf32_emulation: match a.tf32_emulation.as_str() {
-            "on" => Some(true),
-            "off" => Some(false),
-            _ => None,
+        tf32_emulation: match a.tf32_emulation {
+            Tf32Emulation::Auto => None,
+            Tf32Emulation::On => Some(true),
+            Tf32Emulation::Off => Some(false),
         },
         tf32_factor: a.tf32_factor,
         seed: a.seed,

@@ -448,32 +448,17 @@ fn bench_models_says_what_tf32_does_to_a_model() {
         .unwrap();
     assert!(row.contains(&format!(" {larger:.1e} ")), "{row}");
     assert!(row.contains(" ok "), "{row}");
-    let bad = dtrain()
-        .args([
-            "bench",
-            "models",
-            "--models",
-            "lenet/lenet5",
-            "--tf32-factor",
-            "0",
-        ])
-        .output()
-        .unwrap();
-    assert!(!bad.status.success());
-    let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(err.contains("--tf32-factor"), "{err}");
-    let alone = dtrain()
-        .args([
-            "bench",
-            "models",
-            "--models",
-            "lenet/lenet5",
-            "--tf32-emulation",
-            "on",
-        ])
-        .output()
-        .unwrap();
-    assert!(!alone.status.success());
-    let err = String::from_utf8_lossy(&alone.stderr);
-    assert!(err.contains("--reference"), "{err}");
+    // Refused with a message naming what is wrong.
+    let refused = |flags: &[&str], named: &str| {
+        let out = dtrain()
+            .args(["bench", "models", "--models", "lenet/lenet5"])
+            .args(flags)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flags:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(named), "{flags:?}: {err}");
+    };
+    refused(&["--tf32-factor", "0"], "--tf32-factor");
+    refused(&["--tf32-emulation", "on"], "--reference");
 }

@@ -23,8 +23,9 @@
 //! top-k products (an MLP with `meprop_k`): [`covers_every_product`].
 //!
 //! **Process-wide.** The switch is one flag for the whole process, read when an operation
-//! starts: everything multiplied on the CPU while it is on is rounded, on every thread. It is
-//! for measurements that run one step at a time (the bench), not for a process that trains.
+//! starts: every operand multiplied on the CPU while it is on is converted, on every thread.
+//! It is for measurements that run one step at a time (the bench), not for a process that
+//! trains.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -50,15 +51,16 @@ static TF32: AtomicU8 = AtomicU8::new(Tf32::Off as u8);
 
 /// Sets the emulation for the whole process; returns what it was.
 pub fn set_tf32_emulation(mode: Tf32) -> Tf32 {
-    decode(TF32.swap(mode as u8, Ordering::SeqCst))
+    from_u8(TF32.swap(mode as u8, Ordering::SeqCst))
 }
 
 /// What CPU products currently do with their operands.
 pub fn tf32_emulation() -> Tf32 {
-    decode(TF32.load(Ordering::SeqCst))
+    from_u8(TF32.load(Ordering::SeqCst))
 }
 
-fn decode(v: u8) -> Tf32 {
+/// The mode stored as `v` (`Tf32 as u8`).
+fn from_u8(v: u8) -> Tf32 {
     match v {
         1 => Tf32::Nearest,
         2 => Tf32::Truncated,

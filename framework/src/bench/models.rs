@@ -210,20 +210,19 @@ pub fn tolerance_for(opts: &Options, tf32_device: bool, emulated: Option<&Emulat
     }
 }
 
-/// Switches the TF32 emulation on for as long as it lives (off again when dropped, also
-/// on an early return or a panic).
-struct EmulatingTf32;
+/// Sets the TF32 emulation for as long as it lives; what it was comes back when it is
+/// dropped (also on an early return or a panic).
+struct EmulatingTf32(Tf32);
 
 impl EmulatingTf32 {
     fn start(mode: Tf32) -> Self {
-        precision::set_tf32_emulation(mode);
-        EmulatingTf32
+        EmulatingTf32(precision::set_tf32_emulation(mode))
     }
 }
 
 impl Drop for EmulatingTf32 {
     fn drop(&mut self) {
-        precision::set_tf32_emulation(Tf32::Off);
+        precision::set_tf32_emulation(self.0);
     }
 }
 
