@@ -166,6 +166,14 @@ impl Payload {
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         &mut self.bytes
     }
+
+    /// The byte buffer itself (cleared by the caller), for encoders outside this crate that
+    /// write a payload in place: the device codecs of `dtrain-device` write the framing with
+    /// [`write_frame_header`] and append the bodies their kernels produced. The caller owns
+    /// the format; [`decompress_add`] checks it on the way back in.
+    pub fn buffer_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.bytes
+    }
 }
 
 /// The fixed part of a payload header.
@@ -693,13 +701,10 @@ pub fn read_frame(
 
 /// Writes the framing every payload starts with: magic, version, method id, a reserved
 /// byte, the element count, the segment count and (for more than one segment) the segment
-/// lengths. The segment bodies follow.
-pub(crate) fn write_frame_header(
-    w: &mut Writer<'_>,
-    method: MethodId,
-    n: usize,
-    segs: &[Range<usize>],
-) {
+/// lengths. The segment bodies follow. Public for encoders that produce the bodies
+/// elsewhere (the device codecs of `dtrain-device`), so every payload's framing is written
+/// here once.
+pub fn write_frame_header(w: &mut Writer<'_>, method: MethodId, n: usize, segs: &[Range<usize>]) {
     w.u8(MAGIC);
     w.u8(VERSION);
     w.u8(method.0);

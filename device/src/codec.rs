@@ -1,0 +1,209 @@
+//! The device codec seam, and the framing every device codec shares with its host codec.
+//!
+//! A device codec encodes a bucket that lives in device memory into the payload its host
+//! codec would write for the same values — the framing (header and segment table) from
+//! [`dtrain_compress::write_frame_header`], the bodies from kernels — and decodes a payload
+//! into a device buffer, adding to what it holds, as [`dtrain_compress::decompress_add`]
+//! does on the host. The payload is the only thing that crosses to the host.
+//!
+//! # Errors, as on the host
+//! Encoding refuses non-finite input with the host's [`CompressError::NonFinite`] (the first
+//! such element and its value: the kernels record the least index with an atomic minimum,
+//! read back with the payload) and segment lists that do not tile the buffer. Decoding
+//! checks the framing on the host (method, length, segment table, body lengths) and the
+//! values on the device; a defect is the host decoder's [`WireError`], and `out` may then
+//! hold part of the payload, as on the host. Where a payload has two defects the error may
+//! name another one than the host's (the host reads segment by segment; here the framing is
+//! checked before any value), never a different verdict.
+
+use std::ops::Range;
+
+use cubecl::server::Handle;
+use dtrain_compress::compressor::effective_segments;
+use dtrain_compress::{
+    read_frame, write_frame_header, CompressError, CompressorConfig, MethodId, Payload, WireError,
+};
+
+use crate::error::DeviceError;
+use crate::gpu::{Gpu, GpuBuffer};
+use crate::words::{to_words, words_for};
+
+/// A method's device codec. The host codec of the same method is its specification.
+pub trait DeviceCodec: Send {
+    /// The method's id byte (the host codec's).
+    fn method(&self) -> MethodId;
+
+    /// Encodes `grad` into `out` (cleared first): the bytes the host codec writes for the
+    /// same values and `segments` (empty: one segment over the whole buffer).
+    fn encode(
+        &mut self,
+        gpu: &Gpu,
+        grad: &GpuBuffer,
+        segments: &[Range<usize>],
+        out: &mut Payload,
+    ) -> Result<(), DeviceError>;
+
+    /// Decodes `payload` and adds the values into `out`, as the host's `decompress_add`.
+    fn decode_add(&self, gpu: &Gpu, payload: &[u8], out: &GpuBuffer) -> Result<(), DeviceError>;
+}
+
+/// The device codec of `cfg`'s method, or `None` where it has none (the caller uses the
+/// host codec on a copy of the bucket, and says so).
+pub fn device_codec(cfg: &CompressorConfig) -> Option<Box<dyn DeviceCodec>> {
+    use crate::{bf16, fp16, signsgd};
+    Some(match cfg {
+        CompressorConfig::Fp16(_) => Box::new(Stream(fp16::Fp16)),
+        CompressorConfig::Bf16(_) => Box::new(Stream(bf16::Bf16)),
+        CompressorConfig::SignSgd(_) => Box::new(Stream(signsgd::SignBits::SIGNSGD)),
+        CompressorConfig::Signum(_) => Box::new(Stream(signsgd::SignBits::SIGNUM)),
+        _ => return None,
+    })
+}
+
+/// A segment table on the device: `starts[s]` is segment `s`'s first element, and one more
+/// entry the end of the buffer (`S + 1` words).
+pub(crate) fn element_starts(segs: &[Range<usize>]) -> Vec<u32> {
+    segs.iter()
+        .map(|s| s.start as u32)
+        .chain(segs.last().map(|s| s.end as u32))
+        .collect()
+}
+
+/// A method whose payload body is one byte stream over all segments, written by one
+/// encode kernel and read by one decode kernel, with no per-payload state: the shape of
+/// the elementwise casts and the sign codecs. [`Stream`] turns one into a [`DeviceCodec`].
+pub(crate) trait StreamCodec: Send {
+    /// The method.
+    fn method(&self) -> MethodId;
+
+    /// Body bytes of a segment of `n` elements (the host's `segment_bits`, in bytes).
+    fn segment_len(&self, n: usize) -> usize;
+
+    /// What the host decoder calls a segment's body when it is cut short.
+    fn body_what(&self) -> &'static str;
+
+    /// Body bytes for these segments.
+    fn body_len(&self, segs: &[Range<usize>]) -> usize {
+        segs.iter().map(|s| self.segment_len(s.len())).sum()
+    }
+
+    /// Launches the kernels writing the body of `grad` into `body` (zeroed, `⌈len/4⌉`
+    /// words); a non-finite input element lowers `first_bad` (one word, `u32::MAX`) to its
+    /// index.
+    fn encode_body(
+        &self,
+        gpu: &Gpu,
+        grad: &GpuBuffer,
+        segs: &[Range<usize>],
+        body: &Handle,
+        first_bad: &Handle,
+    );
+
+    /// Checks on the host what a look at a few bytes can (e.g. the padding bits of each
+    /// segment's last byte), before the body goes to the device.
+    fn check_body(&self, _body: &[u8], _segs: &[Range<usize>]) -> Result<(), WireError> {
+        Ok(())
+    }
+
+    /// Launches the kernels adding the values of `body` (as words) into `out`; an invalid
+    /// value lowers `first_bad` to its element index.
+    fn decode_body(
+        &self,
+        gpu: &Gpu,
+        body: &Handle,
+        segs: &[Range<usize>],
+        out: &GpuBuffer,
+        first_bad: &Handle,
+    );
+
+    /// The host decoder's error for an invalid value in the body.
+    fn invalid_value(&self) -> WireError;
+}
+
+/// The [`DeviceCodec`] of a [`StreamCodec`]: framing, transfers and error reports.
+pub(crate) struct Stream<C>(pub(crate) C);
+
+impl<C: StreamCodec> DeviceCodec for Stream<C> {
+    fn method(&self) -> MethodId {
+        self.0.method()
+    }
+
+    fn encode(
+        &mut self,
+        gpu: &Gpu,
+        grad: &GpuBuffer,
+        segments: &[Range<usize>],
+        out: &mut Payload,
+    ) -> Result<(), DeviceError> {
+        let n = grad.len();
+        if n > dtrain_compress::compressor::MAX_ELEMS {
+            return Err(CompressError::TooLarge(n).into());
+        }
+        let segs = effective_segments(n, segments)?;
+        let bytes = out.buffer_mut();
+        bytes.clear();
+        write_frame_header(
+            &mut dtrain_compress::wire::Writer::new(bytes),
+            self.0.method(),
+            n,
+            &segs,
+        );
+        if n == 0 {
+            return Ok(());
+        }
+        let len = self.0.body_len(&segs);
+        let body = gpu.words(words_for(len), 0);
+        let first_bad = gpu.words(1, u32::MAX);
+        self.0.encode_body(gpu, grad, &segs, &body, &first_bad);
+        let mut read = gpu.read_words(vec![body, first_bad], "reading a payload")?;
+        let bad = u32::from_le_bytes(read[1][..4].try_into().expect("one word"));
+        if bad != u32::MAX {
+            bytes.clear();
+            let index = bad as usize;
+            let value = gpu.download(grad)?[index];
+            return Err(CompressError::NonFinite { index, value }.into());
+        }
+        bytes.extend_from_slice(&read.swap_remove(0)[..len]);
+        Ok(())
+    }
+
+    fn decode_add(&self, gpu: &Gpu, payload: &[u8], out: &GpuBuffer) -> Result<(), DeviceError> {
+        let (r, segs) = read_frame(self.0.method(), payload, out.len())?;
+        let body = &payload[r.position()..];
+        // The host reads segment by segment: the first one cut short is its error.
+        let mut len = 0;
+        for s in &segs {
+            let needed = self.0.segment_len(s.len());
+            if body.len() - len < needed {
+                return Err(WireError::Truncated {
+                    what: self.0.body_what(),
+                    needed,
+                    available: body.len() - len,
+                }
+                .into());
+            }
+            len += needed;
+        }
+        if body.len() > len {
+            return Err(WireError::TrailingBytes(body.len() - len).into());
+        }
+        if segs.is_empty() {
+            return Ok(());
+        }
+        self.0.check_body(body, &segs)?;
+        let words = gpu.client().create_from_slice(u32_bytes(&to_words(body)));
+        let first_bad = gpu.words(1, u32::MAX);
+        self.0.decode_body(gpu, &words, &segs, out, &first_bad);
+        let read = gpu.read_words(vec![first_bad], "decoding a payload")?;
+        if u32::from_le_bytes(read[0][..4].try_into().expect("one word")) != u32::MAX {
+            return Err(self.0.invalid_value().into());
+        }
+        Ok(())
+    }
+}
+
+/// Words as their little-endian bytes (for uploads).
+pub(crate) fn u32_bytes(words: &[u32]) -> &[u8] {
+    use cubecl::prelude::CubeElement;
+    u32::as_bytes(words)
+}

@@ -1,0 +1,223 @@
+//! Which device, and the flat `f32` buffers the codecs read and write on it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use cubecl::client::Client;
+use cubecl::device::WgpuDeviceKind;
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use cubecl::Device;
+
+use crate::error::DeviceError;
+
+/// A device named in a config or on the command line: `wgpu` (the best adapter wgpu finds),
+/// `wgpu:N` (the N-th discrete GPU), `wgpu:cpu` (a software adapter such as Mesa's
+/// lavapipe), `cuda` (GPU 0) or `cuda:N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// A wgpu adapter (Vulkan, Metal, DX12).
+    Wgpu(WgpuKind),
+    /// The CUDA GPU with this index.
+    Cuda(usize),
+}
+
+/// Which wgpu adapter a [`DeviceSpec::Wgpu`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WgpuKind {
+    /// The best adapter wgpu finds (cubecl's default; `CUBECL_WGPU_DEFAULT_DEVICE` overrides
+    /// it).
+    Default,
+    /// The N-th discrete GPU.
+    Discrete(usize),
+    /// A software adapter (lavapipe, llvmpipe, WARP).
+    Cpu,
+}
+
+impl FromStr for DeviceSpec {
+    type Err = DeviceError;
+
+    fn from_str(s: &str) -> Result<Self, DeviceError> {
+        let bad = |reason| DeviceError::BadSpec {
+            spec: s.to_string(),
+            reason,
+        };
+        let (name, arg) = match s.split_once(':') {
+            Some((n, a)) => (n, Some(a)),
+            None => (s, None),
+        };
+        let index = |a: &str| {
+            a.parse::<usize>()
+                .map_err(|_| bad("the index is not a number"))
+        };
+        match (name, arg) {
+            ("wgpu", None) => Ok(DeviceSpec::Wgpu(WgpuKind::Default)),
+            ("wgpu", Some("cpu")) => Ok(DeviceSpec::Wgpu(WgpuKind::Cpu)),
+            ("wgpu", Some(a)) => Ok(DeviceSpec::Wgpu(WgpuKind::Discrete(index(a)?))),
+            ("cuda", None) => Ok(DeviceSpec::Cuda(0)),
+            ("cuda", Some(a)) => Ok(DeviceSpec::Cuda(index(a)?)),
+            _ => Err(bad("unknown device")),
+        }
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    /// The form [`DeviceSpec::from_str`] reads.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Wgpu(WgpuKind::Default) => write!(f, "wgpu"),
+            DeviceSpec::Wgpu(WgpuKind::Discrete(i)) => write!(f, "wgpu:{i}"),
+            DeviceSpec::Wgpu(WgpuKind::Cpu) => write!(f, "wgpu:cpu"),
+            DeviceSpec::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// An opened device: the cubecl client every kernel of this crate launches on.
+#[derive(Clone)]
+pub struct Gpu {
+    client: Client,
+    spec: DeviceSpec,
+}
+
+impl fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Gpu({self})")
+    }
+}
+
+impl fmt::Display for Gpu {
+    /// The spec and the runtime, e.g. `wgpu:cpu (wgpu)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.spec, self.client.name())
+    }
+}
+
+impl Gpu {
+    /// Opens the device `spec` names: an error (never a panic) where this build lacks its
+    /// runtime or the machine lacks the device.
+    pub fn open(spec: DeviceSpec) -> Result<Gpu, DeviceError> {
+        let device = match spec {
+            DeviceSpec::Wgpu(kind) => Device::wgpu(match kind {
+                WgpuKind::Default => WgpuDeviceKind::DefaultDevice,
+                WgpuKind::Discrete(i) => WgpuDeviceKind::DiscreteGpu(i),
+                WgpuKind::Cpu => WgpuDeviceKind::Cpu,
+            }),
+            DeviceSpec::Cuda(i) => Device::cuda(i),
+        }
+        .map_err(|e| DeviceError::Unavailable {
+            spec: spec.to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(Gpu {
+            client: device.client(),
+            spec,
+        })
+    }
+
+    /// The device this was opened as.
+    pub fn spec(&self) -> DeviceSpec {
+        self.spec
+    }
+
+    /// The cubecl client (for launching kernels).
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// A server error on this device, as a [`DeviceError`].
+    pub(crate) fn server_error(&self, what: &'static str, e: impl fmt::Display) -> DeviceError {
+        DeviceError::Server {
+            device: self.to_string(),
+            what,
+            reason: e.to_string(),
+        }
+    }
+
+    /// A device buffer holding a copy of `values`.
+    pub fn upload(&self, values: &[f32]) -> GpuBuffer {
+        GpuBuffer {
+            handle: self.client.create_from_slice(f32::as_bytes(values)),
+            len: values.len(),
+        }
+    }
+
+    /// A device buffer of `len` zeros.
+    pub fn zeros(&self, len: usize) -> GpuBuffer {
+        self.upload(&vec![0.0; len])
+    }
+
+    /// The values of `buf`, copied to the host (waits for the kernels writing it).
+    pub fn download(&self, buf: &GpuBuffer) -> Result<Vec<f32>, DeviceError> {
+        if buf.len == 0 {
+            return Ok(Vec::new());
+        }
+        let bytes = self
+            .client
+            .read_one(buf.handle.clone())
+            .map_err(|e| self.server_error("reading a buffer", e))?;
+        Ok(f32::from_bytes(&bytes)[..buf.len].to_vec())
+    }
+
+    /// A device buffer of `words` `u32`s, every one `fill`.
+    pub(crate) fn words(&self, words: usize, fill: u32) -> Handle {
+        self.client
+            .create_from_slice(u32::as_bytes(&vec![fill; words.max(1)]))
+    }
+
+    /// `words` `u32`s read back from `handle` (as little-endian bytes).
+    pub(crate) fn read_words(
+        &self,
+        handles: Vec<Handle>,
+        what: &'static str,
+    ) -> Result<Vec<Vec<u8>>, DeviceError> {
+        let out = self
+            .client
+            .read(handles)
+            .map_err(|e| self.server_error(what, e))?;
+        Ok(out.into_iter().map(|b| b.to_vec()).collect())
+    }
+}
+
+/// A flat buffer of `f32` on a device (a bucket of gradients, an error-feedback memory, a
+/// decoded mean). Cloning shares the memory.
+#[derive(Clone, Debug)]
+pub struct GpuBuffer {
+    pub(crate) handle: Handle,
+    pub(crate) len: usize,
+}
+
+impl GpuBuffer {
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The kernel argument reading or writing the whole buffer.
+    pub(crate) fn arg(&self) -> BufferArg {
+        // SAFETY: the handle was created with at least `len` f32s (upload / zeros).
+        unsafe { BufferArg::from_raw_parts(self.handle.clone(), self.len.max(1)) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_round_trip_and_bad_ones_name_themselves() {
+        for s in ["wgpu", "wgpu:cpu", "wgpu:1", "cuda:0", "cuda:3"] {
+            assert_eq!(s.parse::<DeviceSpec>().unwrap().to_string(), s);
+        }
+        assert_eq!("cuda".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(0));
+        for s in ["gpu", "wgpu:x", "cuda:-1", ""] {
+            let e = s.parse::<DeviceSpec>().unwrap_err().to_string();
+            assert!(e.contains(&format!("{s:?}")), "{e}");
+        }
+    }
+}

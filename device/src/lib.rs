@@ -1,0 +1,54 @@
+//! # dtrain-device
+//!
+//! The device half of dtrain's gradient compressors: [cubecl] kernels that encode a bucket
+//! held in GPU memory into the **host codecs' exact wire format** (the payload bytes of
+//! `dtrain-compress`, framing included), and decode such payloads into a device buffer.
+//! Only payload bytes cross to the host; the dense gradient never does (ARCHITECTURE.md §10).
+//!
+//! This crate is **not** a second set of methods: the host codec in `dtrain-compress` is
+//! the specification, and every device codec is tested against it byte for byte (or, where
+//! floating-point order differs, by the decode identity the method defines). It knows
+//! nothing of burn, of networks or of the trainer.
+//!
+//! The kernels are written once, generic over cubecl's runtime: the same code runs on CUDA
+//! (feature `cuda`) and on wgpu (feature `wgpu`: Vulkan, Metal, DX12 — and Mesa's software
+//! Vulkan, lavapipe, on which CI runs them). Without either feature this crate is empty,
+//! so the default CPU build compiles none of cubecl.
+//!
+//! ## Layout
+//! (Plain names here, not links: without a runtime feature the items do not exist.)
+//! * `gpu`: `DeviceSpec` (`wgpu`, `wgpu:N`, `wgpu:cpu`, `cuda`, `cuda:N`), the opened
+//!   device `Gpu` and its flat `f32` buffers `GpuBuffer`.
+//! * `codec`: the `DeviceCodec` seam, the framing around the kernels' bodies, and
+//!   `device_codec`, which names the methods that have a device codec.
+//! * One file per method, mirroring `compress/src/`: `fp16`, `bf16` (their conversion
+//!   kernels in `half16`), `signsgd` (`signsgd` and `signum`); `words` holds the helpers
+//!   every kernel shares (grid-stride launch sizes, byte streams packed in `u32` words).
+//! * `error`: `DeviceError`.
+//!
+//! [cubecl]: https://docs.rs/cubecl
+
+// Every module needs a runtime feature; without one the crate is these docs alone.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod bf16;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod codec;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod error;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod fp16;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod gpu;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod half16;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod signsgd;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod words;
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub use {
+    codec::{device_codec, DeviceCodec},
+    error::DeviceError,
+    gpu::{DeviceSpec, Gpu, GpuBuffer},
+};

@@ -1,0 +1,224 @@
+//! Every device codec against its host codec (the specification), on the device named by
+//! `DTRAIN_TEST_DEVICE` (default `wgpu`: in CI, Mesa's lavapipe): the payload bytes equal
+//! the host's for the same values and segments; decoding a payload on the device adds what
+//! the host decoder adds, bit for bit; non-finite input and malformed payloads get the host's
+//! errors. Runs only with a runtime feature (`--features wgpu` or `cuda`).
+#![cfg(any(feature = "wgpu", feature = "cuda"))]
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use dtrain_compress::{
+    compress_new, decompress_add, CompressError, CompressorConfig, Ctx, Payload, Rng, WireError,
+};
+use dtrain_device::{device_codec, DeviceError, DeviceSpec, Gpu};
+
+/// The methods with a device codec, by name.
+const METHODS: &[&str] = &["fp16", "bf16", "signsgd", "signum"];
+
+fn gpu() -> &'static Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let spec = std::env::var("DTRAIN_TEST_DEVICE").unwrap_or_else(|_| "wgpu".into());
+        let spec: DeviceSpec = spec.parse().expect("DTRAIN_TEST_DEVICE");
+        Gpu::open(spec).unwrap_or_else(|e| panic!("the device tests need a device: {e}"))
+    })
+}
+
+fn cfg(name: &str) -> CompressorConfig {
+    CompressorConfig::default_for(name).expect(name)
+}
+
+/// Values that probe every rounding path of the 16-bit casts and the sign: both zeros,
+/// f32 subnormals, the binary16 subnormal and overflow thresholds and their neighbours,
+/// the top of the f32 range, and gradients whose magnitudes span 10⁻⁴⁰ to 10³⁸.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let edges = [
+        0.0f32,
+        -0.0,
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE / 3.0,
+        1e-45,
+        65504.0,
+        65519.996,
+        65520.0,
+        -65520.0,
+        65535.0,
+        2f32.powi(-24),
+        2f32.powi(-25),
+        -2f32.powi(-25) * 1.000_000_1,
+        3.0 * 2f32.powi(-26),
+        2f32.powi(-14),
+        2f32.powi(-14) * (1.0 - 2f32.powi(-11)),
+        1.0 + 2f32.powi(-11),
+        1.0 + 3.0 * 2f32.powi(-11),
+        f32::MAX,
+        -f32::MAX,
+        3.389_531_4e38,
+        1.0 + 2f32.powi(-8),
+    ];
+    let mut r = Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| match r.below(4) {
+            0 => edges[r.below(edges.len() as u64) as usize],
+            1 => f32::from_bits(r.next_u64() as u32 & 0x807F_FFFF | (r.below(255) as u32) << 23),
+            _ => (r.next_f32() - 0.5) * 10f32.powi(r.below(12) as i32 - 8),
+        })
+        .collect()
+}
+
+/// A random tiling of `0..n` into segments (sometimes none: one segment).
+fn segments(n: usize, seed: u64) -> Vec<Range<usize>> {
+    let mut r = Rng::seed_from_u64(seed ^ 0x5e9);
+    if n == 0 || r.below(3) == 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < n {
+        let len = (1 + r.below(1 + n as u64 / 3) as usize).min(n - at);
+        out.push(at..at + len);
+        at += len;
+    }
+    out
+}
+
+fn host_payload(name: &str, x: &[f32], segs: &[Range<usize>]) -> Payload {
+    let mut c = cfg(name).build().unwrap();
+    let ctx = Ctx {
+        segments: segs,
+        ..Ctx::default()
+    };
+    compress_new(c.as_mut(), x, &ctx, &mut Rng::seed_from_u64(0)).unwrap()
+}
+
+fn device_payload(name: &str, x: &[f32], segs: &[Range<usize>]) -> Result<Payload, DeviceError> {
+    let mut codec = device_codec(&cfg(name)).expect(name);
+    let mut out = Payload::new();
+    codec.encode(gpu(), &gpu().upload(x), segs, &mut out)?;
+    Ok(out)
+}
+
+const LENS: &[usize] = &[0, 1, 2, 3, 7, 8, 9, 31, 33, 64, 1000, 4099, 100_003];
+
+#[test]
+fn device_payloads_are_the_host_payloads() {
+    for name in METHODS {
+        for (t, &n) in LENS.iter().enumerate() {
+            let seed = 1000 * t as u64 + n as u64;
+            let x = values(n, seed);
+            let segs = segments(n, seed);
+            let host = host_payload(name, &x, &segs);
+            let dev = device_payload(name, &x, &segs).unwrap();
+            assert_eq!(
+                dev.as_bytes(),
+                host.as_bytes(),
+                "{name}: n = {n}, {} segments",
+                segs.len()
+            );
+        }
+    }
+}
+
+#[test]
+fn device_decoding_adds_what_the_host_decoder_adds() {
+    for name in METHODS {
+        let c = cfg(name).build().unwrap();
+        for (t, &n) in LENS.iter().enumerate() {
+            let seed = 7 + 1000 * t as u64 + n as u64;
+            let x = values(n, seed);
+            let segs = segments(n, seed);
+            let payload = host_payload(name, &x, &segs);
+            // Start from values the decoded ones are added to, as a receiver's sum does.
+            let start: Vec<f32> = values(n, seed + 1)
+                .iter()
+                .map(|v| v.clamp(-1e30, 1e30))
+                .collect();
+            let mut host = start.clone();
+            decompress_add(c.as_ref(), payload.as_bytes(), &mut host).unwrap();
+            let out = gpu().upload(&start);
+            let codec = device_codec(&cfg(name)).unwrap();
+            codec.decode_add(gpu(), payload.as_bytes(), &out).unwrap();
+            let dev = gpu().download(&out).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&dev), bits(&host), "{name}: n = {n}");
+        }
+    }
+}
+
+#[test]
+fn non_finite_input_is_the_host_error() {
+    for name in METHODS {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut x = values(300, 3);
+            x[200] = 1.0;
+            x[117] = bad;
+            x[250] = f32::NAN;
+            match device_payload(name, &x, &[]) {
+                Err(DeviceError::Compress(CompressError::NonFinite { index, value })) => {
+                    assert_eq!(index, 117, "{name}");
+                    assert_eq!(value.to_bits(), bad.to_bits(), "{name}");
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+    }
+}
+
+/// Malformed payloads, as a fuzzer makes them: the device decoder refuses exactly what the
+/// host decoder refuses, and where both accept they add the same values.
+#[test]
+fn device_decoders_agree_with_the_host_on_arbitrary_bytes() {
+    let mut r = Rng::seed_from_u64(99);
+    for name in METHODS {
+        let c = cfg(name).build().unwrap();
+        let codec = device_codec(&cfg(name)).unwrap();
+        for case in 0..200u64 {
+            let n = 1 + r.below(70) as usize;
+            let x = values(n, case);
+            let segs = segments(n, case);
+            let mut bytes = host_payload(name, &x, &segs).into_bytes();
+            match r.below(4) {
+                // Flip bits anywhere (header, table or body).
+                0 | 1 => {
+                    for _ in 0..=r.below(3) {
+                        let i = r.below(bytes.len() as u64) as usize;
+                        bytes[i] ^= 1 << r.below(8);
+                    }
+                }
+                // Cut or extend.
+                2 => bytes.truncate(r.below(bytes.len() as u64) as usize),
+                _ => bytes.extend((0..=r.below(5)).map(|_| r.next_u64() as u8)),
+            }
+            // Bodies of all-ones halves: ∞ / NaN codes for the casts.
+            if case % 7 == 0 && bytes.len() > 14 {
+                let at = bytes.len() - 2;
+                bytes[at..].copy_from_slice(&[0xFF, 0xFF]);
+            }
+            let mut host = vec![0f32; n];
+            let host_res = decompress_add(c.as_ref(), &bytes, &mut host);
+            let out = gpu().zeros(n);
+            let dev_res = codec.decode_add(gpu(), &bytes, &out);
+            match (host_res, dev_res) {
+                (Ok(()), Ok(())) => assert_eq!(gpu().download(&out).unwrap(), host, "{name}"),
+                // The same error, or (two defects) the framing one the device checks first.
+                (Err(h), Err(DeviceError::Wire(d))) => assert!(
+                    d == h
+                        || matches!(h, WireError::Invalid(_))
+                            && matches!(
+                                d,
+                                WireError::Truncated { .. } | WireError::TrailingBytes(_)
+                            ),
+                    "{name} case {case}: host {h:?}, device {d:?}"
+                ),
+                (h, d) => panic!("{name} case {case}: host {h:?}, device {d:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn methods_without_a_device_codec_say_so() {
+    assert!(device_codec(&cfg("topk")).is_none());
+    assert!(device_codec(&cfg("none")).is_none());
+}
