@@ -50,8 +50,9 @@ pub trait DeviceCodec: Send {
 /// The device codec of `cfg`'s method, or `None` where it has none (the caller uses the
 /// host codec on a copy of the bucket, and says so).
 pub fn device_codec(cfg: &CompressorConfig) -> Option<Box<dyn DeviceCodec>> {
-    use crate::{bf16, fp16, signsgd};
+    use crate::{bf16, fp16, signsgd, topk};
     Some(match cfg {
+        CompressorConfig::TopK(c) => Box::new(topk::TopK::new(c)),
         CompressorConfig::Fp16(_) => Box::new(Stream(fp16::Fp16)),
         CompressorConfig::Bf16(_) => Box::new(Stream(bf16::Bf16)),
         CompressorConfig::SignSgd(_) => Box::new(Stream(signsgd::SignBits::SIGNSGD)),
@@ -135,20 +136,8 @@ impl<C: StreamCodec> DeviceCodec for Stream<C> {
         segments: &[Range<usize>],
         out: &mut Payload,
     ) -> Result<(), DeviceError> {
-        let n = grad.len();
-        if n > dtrain_compress::compressor::MAX_ELEMS {
-            return Err(CompressError::TooLarge(n).into());
-        }
-        let segs = effective_segments(n, segments)?;
-        let bytes = out.buffer_mut();
-        bytes.clear();
-        write_frame_header(
-            &mut dtrain_compress::wire::Writer::new(bytes),
-            self.0.method(),
-            n,
-            &segs,
-        );
-        if n == 0 {
+        let segs = begin_payload(self.0.method(), grad.len(), segments, out)?;
+        if segs.is_empty() {
             return Ok(());
         }
         let len = self.0.body_len(&segs);
@@ -156,14 +145,9 @@ impl<C: StreamCodec> DeviceCodec for Stream<C> {
         let first_bad = gpu.words(1, u32::MAX);
         self.0.encode_body(gpu, grad, &segs, &body, &first_bad);
         let mut read = gpu.read_words(vec![body, first_bad], "reading a payload")?;
-        let bad = u32::from_le_bytes(read[1][..4].try_into().expect("one word"));
-        if bad != u32::MAX {
-            bytes.clear();
-            let index = bad as usize;
-            let value = gpu.download(grad)?[index];
-            return Err(CompressError::NonFinite { index, value }.into());
-        }
-        bytes.extend_from_slice(&read.swap_remove(0)[..len]);
+        refuse_non_finite(gpu, grad, &read[1], out)?;
+        out.buffer_mut()
+            .extend_from_slice(&read.swap_remove(0)[..len]);
         Ok(())
     }
 
@@ -200,6 +184,47 @@ impl<C: StreamCodec> DeviceCodec for Stream<C> {
         }
         Ok(())
     }
+}
+
+/// Checks a buffer of `n` elements and its `segments` as the host's `compress` does, clears
+/// `out` and writes the framing into it; the segments the bodies follow (none for `n = 0`).
+pub(crate) fn begin_payload(
+    method: MethodId,
+    n: usize,
+    segments: &[Range<usize>],
+    out: &mut Payload,
+) -> Result<Vec<Range<usize>>, DeviceError> {
+    if n > dtrain_compress::compressor::MAX_ELEMS {
+        return Err(CompressError::TooLarge(n).into());
+    }
+    let segs = effective_segments(n, segments)?;
+    let bytes = out.buffer_mut();
+    bytes.clear();
+    write_frame_header(
+        &mut dtrain_compress::wire::Writer::new(bytes),
+        method,
+        n,
+        &segs,
+    );
+    Ok(segs)
+}
+
+/// The host's error for non-finite input where a kernel lowered `first_bad` (one word read
+/// back) below `u32::MAX`: the first such element of `grad` and its value; `out` is cleared.
+pub(crate) fn refuse_non_finite(
+    gpu: &Gpu,
+    grad: &GpuBuffer,
+    first_bad: &[u8],
+    out: &mut Payload,
+) -> Result<(), DeviceError> {
+    let bad = u32::from_le_bytes(first_bad[..4].try_into().expect("one word"));
+    if bad == u32::MAX {
+        return Ok(());
+    }
+    out.buffer_mut().clear();
+    let index = bad as usize;
+    let value = gpu.download(grad)?[index];
+    Err(CompressError::NonFinite { index, value }.into())
 }
 
 /// Words as their little-endian bytes (for uploads).

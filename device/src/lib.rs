@@ -22,7 +22,7 @@
 //! * `codec`: the `DeviceCodec` seam, the framing around the kernels' bodies, and
 //!   `device_codec`, which names the methods that have a device codec.
 //! * One file per method, mirroring `compress/src/`: `fp16`, `bf16` (their conversion
-//!   kernels in `half16`), `signsgd` (`signsgd` and `signum`); `words` holds the helpers
+//!   kernels in `half16`), `signsgd` (`signsgd` and `signum`), `topk`; `words` holds the helpers
 //!   every kernel shares (grid-stride launch sizes, byte streams packed in `u32` words).
 //! * `error`: `DeviceError`.
 //!
@@ -43,6 +43,8 @@ pub mod gpu;
 mod half16;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod signsgd;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod topk;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod words;
 

@@ -14,7 +14,7 @@ use dtrain_compress::{
 use dtrain_device::{device_codec, DeviceError, DeviceSpec, Gpu};
 
 /// The methods with a device codec, by name.
-const METHODS: &[&str] = &["fp16", "bf16", "signsgd", "signum"];
+const METHODS: &[&str] = &["fp16", "bf16", "signsgd", "signum", "topk"];
 
 fn gpu() -> &'static Gpu {
     static GPU: OnceLock<Gpu> = OnceLock::new();
@@ -219,6 +219,41 @@ fn device_decoders_agree_with_the_host_on_arbitrary_bytes() {
 
 #[test]
 fn methods_without_a_device_codec_say_so() {
-    assert!(device_codec(&cfg("topk")).is_none());
+    assert!(device_codec(&cfg("dgc")).is_none());
     assert!(device_codec(&cfg("none")).is_none());
+}
+
+/// Top-k at densities that pick each index layout (list, Rice gaps, bitmap, everything),
+/// on values with heavy ties (a handful of magnitudes, both zeros) across several blocks
+/// of the compaction: the device keeps the host's entries, ties to the smaller index.
+#[test]
+fn topk_matches_the_host_at_every_density_and_on_ties() {
+    let mut r = Rng::seed_from_u64(5);
+    let few = [0.0f32, -0.0, 1.0, -1.0, 0.5, -2.0, 2.0];
+    for ratio in [0.001, 0.01, 0.05, 0.3, 1.0] {
+        let cfg: CompressorConfig =
+            toml::from_str(&format!("kind = \"topk\"\nratio = {ratio}")).unwrap();
+        for &n in &[1usize, 5, 1023, 1024, 1025, 5000, 40_000] {
+            let x: Vec<f32> = (0..n)
+                .map(|_| few[r.below(few.len() as u64) as usize])
+                .collect();
+            let segs = segments(n, n as u64 + 17);
+            let mut host_c = cfg.build().unwrap();
+            let ctx = Ctx {
+                segments: &segs,
+                ..Ctx::default()
+            };
+            let host = compress_new(host_c.as_mut(), &x, &ctx, &mut Rng::seed_from_u64(0)).unwrap();
+            let mut dev = Payload::new();
+            device_codec(&cfg)
+                .unwrap()
+                .encode(gpu(), &gpu().upload(&x), &segs, &mut dev)
+                .unwrap();
+            assert_eq!(
+                dev.as_bytes(),
+                host.as_bytes(),
+                "topk ratio {ratio}, n = {n}"
+            );
+        }
+    }
 }
