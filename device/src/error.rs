@@ -37,6 +37,9 @@ pub enum DeviceError {
     /// The method has no device codec (the caller falls back to the host codec).
     #[error("method {0} has no device codec")]
     NoCodec(&'static str),
+    /// The memory has no device form yet (the caller uses the host path).
+    #[error("memory {0} has no device form")]
+    NoMemory(String),
     /// A buffer of the wrong length for the operation.
     #[error("{what}: buffer of {found} elements, expected {expected}")]
     Length {

@@ -134,6 +134,12 @@ impl Gpu {
         }
     }
 
+    /// Waits for every kernel launched on this device so far (a timing boundary; the
+    /// codecs' own reads already wait for what they read).
+    pub fn sync(&self) -> Result<(), DeviceError> {
+        cubecl::future::block_on(self.client.sync()).map_err(|e| self.server_error("sync", e))
+    }
+
     /// A device buffer holding a copy of `values`.
     pub fn upload(&self, values: &[f32]) -> GpuBuffer {
         GpuBuffer {
@@ -145,6 +151,12 @@ impl Gpu {
     /// A device buffer of `len` zeros.
     pub fn zeros(&self, len: usize) -> GpuBuffer {
         self.upload(&vec![0.0; len])
+    }
+
+    /// Sets every element of `buf` to zero.
+    pub fn fill_zero(&self, buf: &GpuBuffer) {
+        let (count, dim) = crate::words::geometry(buf.len());
+        fill_zero::launch(&self.client, count, dim, buf.arg());
     }
 
     /// The values of `buf`, copied to the host (waits for the kernels writing it).
@@ -176,6 +188,16 @@ impl Gpu {
             .read(handles)
             .map_err(|e| self.server_error(what, e))?;
         Ok(out.into_iter().map(|b| b.to_vec()).collect())
+    }
+}
+
+/// `x = 0`.
+#[cube(launch)]
+fn fill_zero(x: &mut [f32]) {
+    let mut i = ABSOLUTE_POS;
+    while i < x.len() {
+        x[i] = 0.0;
+        i += crate::words::grid_stride();
     }
 }
 

@@ -24,6 +24,8 @@
 //! * One file per method, mirroring `compress/src/`: `fp16`, `bf16` (their conversion
 //!   kernels in `half16`), `signsgd` (`signsgd` and `signum`), `topk`; `words` holds the helpers
 //!   every kernel shares (grid-stride launch sizes, byte streams packed in `u32` words).
+//! * `memory`: `DeviceResidual`, residual error feedback with its buffers on the device;
+//!   `pipeline`: `DevicePipeline`, a codec and its memory as the trainer uses them.
 //! * `error`: `DeviceError`.
 //!
 //! [cubecl]: https://docs.rs/cubecl
@@ -42,6 +44,10 @@ pub mod gpu;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod half16;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod memory;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod pipeline;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod signsgd;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod topk;
@@ -53,4 +59,6 @@ pub use {
     codec::{device_codec, DeviceCodec},
     error::DeviceError,
     gpu::{DeviceSpec, Gpu, GpuBuffer},
+    memory::DeviceResidual,
+    pipeline::DevicePipeline,
 };

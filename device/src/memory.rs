@@ -1,0 +1,146 @@
+//! Residual error feedback on the device (`p = β·e + γ·g`, then `e ← p − D(C(p))`): the
+//! host's `memory::Residual`, its buffers kept in device memory per bucket.
+//!
+//! The arithmetic is the host's operation for operation — `β·e + γ·g`, `γ·g` where the
+//! bucket has no residual yet, `p − t` — so the residual is the host's bit for bit where the
+//! device rounds each operation as IEEE f32 does (lavapipe, tested). With β = γ = 1, classic
+//! error feedback and the default, that holds even where a compiler fuses `β·e + γ·g` into
+//! a fused multiply-add (CUDA's NVRTC does by default): the products by 1 are exact.
+
+use std::collections::BTreeMap;
+
+use cubecl::prelude::*;
+
+use crate::error::DeviceError;
+use crate::gpu::{Gpu, GpuBuffer};
+use crate::words::{geometry, grid_stride};
+
+/// `out = β·e + γ·g`.
+#[cube(launch)]
+fn compensate(e: &[f32], g: &[f32], out: &mut [f32], beta: f32, gamma: f32) {
+    let mut i = ABSOLUTE_POS;
+    while i < out.len() {
+        out[i] = beta * e[i] + gamma * g[i];
+        i += grid_stride();
+    }
+}
+
+/// `out = γ·g`.
+#[cube(launch)]
+fn scale(g: &[f32], out: &mut [f32], gamma: f32) {
+    let mut i = ABSOLUTE_POS;
+    while i < out.len() {
+        out[i] = gamma * g[i];
+        i += grid_stride();
+    }
+}
+
+/// `e = p − t`.
+#[cube(launch)]
+fn difference(p: &[f32], t: &[f32], e: &mut [f32]) {
+    let mut i = ABSOLUTE_POS;
+    while i < e.len() {
+        e[i] = p[i] - t[i];
+        i += grid_stride();
+    }
+}
+
+/// Residual memory on the device, keyed by bucket id like the host's.
+#[derive(Debug)]
+pub struct DeviceResidual {
+    beta: f32,
+    gamma: f32,
+    residuals: BTreeMap<u64, GpuBuffer>,
+}
+
+impl DeviceResidual {
+    /// A residual memory; `β = γ = 1` is classic error feedback.
+    pub fn new(beta: f32, gamma: f32) -> Self {
+        DeviceResidual {
+            beta,
+            gamma,
+            residuals: BTreeMap::new(),
+        }
+    }
+
+    /// Writes the compensated gradient `β·e + γ·g` of bucket `key` into `out`.
+    pub fn compensate(
+        &self,
+        gpu: &Gpu,
+        key: u64,
+        grad: &GpuBuffer,
+        out: &GpuBuffer,
+    ) -> Result<(), DeviceError> {
+        same_len("compensate", grad, out)?;
+        let (count, dim) = geometry(grad.len());
+        match self.residuals.get(&key) {
+            Some(e) if e.len() == grad.len() => compensate::launch(
+                gpu.client(),
+                count,
+                dim,
+                e.arg(),
+                grad.arg(),
+                out.arg(),
+                self.beta,
+                self.gamma,
+            ),
+            _ => scale::launch(gpu.client(), count, dim, grad.arg(), out.arg(), self.gamma),
+        }
+        Ok(())
+    }
+
+    /// Sets bucket `key`'s residual to `compensated − transmitted`.
+    pub fn update(
+        &mut self,
+        gpu: &Gpu,
+        key: u64,
+        compensated: &GpuBuffer,
+        transmitted: &GpuBuffer,
+    ) -> Result<(), DeviceError> {
+        same_len("update", compensated, transmitted)?;
+        let n = compensated.len();
+        let e = match self.residuals.get(&key) {
+            Some(e) if e.len() == n => e.clone(),
+            _ => {
+                let e = gpu.zeros(n);
+                self.residuals.insert(key, e.clone());
+                e
+            }
+        };
+        let (count, dim) = geometry(n);
+        difference::launch(
+            gpu.client(),
+            count,
+            dim,
+            compensated.arg(),
+            transmitted.arg(),
+            e.arg(),
+        );
+        Ok(())
+    }
+
+    /// The residuals, copied to the host (a checkpoint's `export`, the host memory's format).
+    pub fn export(&self, gpu: &Gpu) -> Result<BTreeMap<u64, Vec<f32>>, DeviceError> {
+        self.residuals
+            .iter()
+            .map(|(&k, e)| Ok((k, gpu.download(e)?)))
+            .collect()
+    }
+
+    /// Restores [`DeviceResidual::export`] (or the host memory's export).
+    pub fn import(&mut self, gpu: &Gpu, state: &BTreeMap<u64, Vec<f32>>) {
+        self.residuals = state.iter().map(|(&k, e)| (k, gpu.upload(e))).collect();
+    }
+}
+
+/// Refuses buffers of different lengths.
+fn same_len(what: &'static str, a: &GpuBuffer, b: &GpuBuffer) -> Result<(), DeviceError> {
+    if a.len() != b.len() {
+        return Err(DeviceError::Length {
+            what,
+            expected: a.len(),
+            found: b.len(),
+        });
+    }
+    Ok(())
+}
