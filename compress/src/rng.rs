@@ -319,3 +319,31 @@ mod tests {
         }
     }
 }
+
+/// The counter-based draw of element `index` under `key`: 32 random bits that depend only on
+/// `(key, index)`, so any element's draw can be made on its own, in any order, on any
+/// device — the "counter" mode of the stochastic codecs (TernGrad's `draws = "counter"`),
+/// whose device codecs compute the same function and so write the host's bytes.
+///
+/// Two rounds of a 32-bit bijective integer hash (Chris Wellons' `lowbias32`, from his
+/// hash-prospector search) over `index` mixed with the key's two halves; only 32-bit
+/// operations, which every GPU shading language has (WGSL has no 64-bit integers). It is a
+/// statistical generator for Bernoulli trials, not a cryptographic one. The key is one
+/// draw of the encoder's [`Rng`] per segment, so the stream stays tied to
+/// `(seed, step, rank, bucket)` as every other draw of a run.
+#[inline(always)]
+pub fn counter_bits(key: u64, index: u32) -> u32 {
+    let (k0, k1) = (key as u32, (key >> 32) as u32);
+    lowbias32(lowbias32(index ^ k0).wrapping_add(k1))
+}
+
+/// Wellons' `lowbias32`: a bijective 32-bit mix with low bias.
+#[inline(always)]
+fn lowbias32(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x7feb_352d);
+    h ^= h >> 15;
+    h = h.wrapping_mul(0x846c_a68b);
+    h ^= h >> 16;
+    h
+}

@@ -46,7 +46,7 @@ use crate::compressor::{
 use crate::error::{CompressError, ConfigError, WireError};
 use crate::put::{put, put_mode, with_put_mode, Put};
 use crate::registry::Method;
-use crate::rng::{LaneRng, Rng};
+use crate::rng::{counter_bits, LaneRng, Rng};
 use crate::simd::{max_magnitude_bits, vector_dispatch};
 use crate::wire::{Reader, Writer};
 
@@ -58,6 +58,30 @@ pub struct TernGradConfig {
     /// clipping. Default 2.5 (the authors' `--clip_factor`).
     #[serde(default = "default_clip")]
     pub clip: f32,
+    /// Where the Bernoulli trials' random bits come from: `lanes` (the default: four
+    /// xoshiro256++ lanes seeded from the encoder's Rng, the fastest on a CPU) or
+    /// `counter` (element `j` of a segment draws [`counter_bits`]`(key, j)`, the key one draw
+    /// of the encoder's Rng per segment: the mode a device codec computes identically, so its
+    /// payload can be checked byte for byte against the host's).
+    #[serde(default, skip_serializing_if = "Draws::is_lanes")]
+    pub draws: Draws,
+}
+
+/// The source of a stochastic codec's random bits (see [`TernGradConfig::draws`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Draws {
+    /// xoshiro256++ lanes seeded from the encoder's Rng.
+    #[default]
+    Lanes,
+    /// Counter-based: a hash of (per-segment key, element index).
+    Counter,
+}
+
+impl Draws {
+    fn is_lanes(&self) -> bool {
+        *self == Draws::Lanes
+    }
 }
 
 fn default_clip() -> f32 {
@@ -68,6 +92,7 @@ impl Default for TernGradConfig {
     fn default() -> Self {
         TernGradConfig {
             clip: default_clip(),
+            draws: Draws::Lanes,
         }
     }
 }
@@ -94,6 +119,7 @@ impl TernGradConfig {
         }
         Ok(TernGrad {
             clip: self.clip,
+            draws: self.draws,
             pending: None,
             active: None,
             segment: 0,
@@ -106,6 +132,7 @@ impl TernGradConfig {
 #[derive(Debug, Clone)]
 pub struct TernGrad {
     clip: f32,
+    draws: Draws,
     /// Shared scalers for the next `compress` call.
     pending: Option<Vec<f32>>,
     /// Shared scalers of the call in progress.
@@ -276,8 +303,30 @@ fn ternarize_lanes(x: &[f32], bound: f32, s: f32, rng: &mut Rng, out: &mut [u8])
     }
 }
 
-/// Reads and validates one segment body of `n` elements: the scaler and the symbol bytes.
-fn read_segment<'a>(r: &mut Reader<'a>, n: usize) -> Result<(f32, &'a [u8]), WireError> {
+/// [`ternarize`] with the counter-based draws of [`Draws::Counter`]: element `j`'s trial
+/// uses the top 24 bits of [`counter_bits`]`(key, j)`, the rest is the same arithmetic
+/// (`p = min(|x|, bound) · (1/s)`, 1 where `|x| ≥ s`; sent iff `u < p`).
+pub fn ternarize_counter(x: &[f32], bound: f32, s: f32, key: u64, out: &mut [u8]) {
+    let inv = 1.0 / s;
+    for (k, (o, q)) in out.iter_mut().zip(x.chunks(4)).enumerate() {
+        let mut byte = 0u8;
+        for (l, &v) in q.iter().enumerate() {
+            let a = v.abs().min(bound);
+            let p = if a >= s { 1.0 } else { a * inv };
+            let bits = counter_bits(key, (4 * k + l) as u32);
+            let u = ((bits >> 8) as i32) as f32 * U24;
+            let b = (u < p) as u8;
+            let neg = (v < 0.0) as u8;
+            byte |= (1 + b - 2 * (b & neg)) << (2 * l);
+        }
+        *o = byte;
+    }
+}
+
+/// Reads and validates one segment body of `n` elements: the scaler and the symbol bytes
+/// (public for decoders that check the body here and add the values elsewhere: the device
+/// codec of `dtrain-device`).
+pub fn read_segment<'a>(r: &mut Reader<'a>, n: usize) -> Result<(f32, &'a [u8]), WireError> {
     let s = r.f32("terngrad scaler")?;
     if !(s.is_finite() && s.is_sign_positive()) {
         return Err(WireError::Invalid(
@@ -345,6 +394,9 @@ impl Compressor for TernGrad {
         let s = shared.unwrap_or(local);
         w.f32(s);
         let out = w.zeroed(n.div_ceil(4));
+        // Counter mode draws its segment key whatever the scaler, so a device encoder knows
+        // the stream's position without the scalers.
+        let key = (self.draws == Draws::Counter).then(|| rng.next_u64());
         if s == 0.0 {
             out.fill(0x55);
             if !n.is_multiple_of(4) {
@@ -352,7 +404,10 @@ impl Compressor for TernGrad {
             }
             return;
         }
-        ternarize(x, bound, s, rng, out);
+        match key {
+            Some(key) => ternarize_counter(x, bound, s, key, out),
+            None => ternarize(x, bound, s, rng, out),
+        }
     }
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
         decode::<{ put_mode::ADD }>(r, out, 1.0).map(drop)
@@ -535,7 +590,72 @@ mod tests {
     use crate::test_util::{fuzz_decoder, test_vector};
 
     fn tern(clip: f32) -> TernGrad {
-        TernGradConfig { clip }.init().unwrap()
+        TernGradConfig {
+            clip,
+            ..TernGradConfig::default()
+        }
+        .init()
+        .unwrap()
+    }
+
+    /// Counter mode: the mean of many decodes (one key each) is the input (unbiased, clip
+    /// off), every symbol depends only on its own element and the key (so a segment's
+    /// encoding does not change when its neighbours do), and one draw of the Rng is used
+    /// per segment, zero scalers included.
+    #[test]
+    fn counter_draws_are_unbiased_per_element_and_use_one_draw_per_segment() {
+        use crate::compressor::{compress_new, decompress_add};
+        let cfg = TernGradConfig {
+            clip: 0.0,
+            draws: Draws::Counter,
+        };
+        let mut c = cfg.init().unwrap();
+        let x: Vec<f32> = (0..64).map(|i| (i as f32 - 20.0) / 17.0).collect();
+        let (rounds, mut mean) = (4000, vec![0f64; x.len()]);
+        for k in 0..rounds {
+            let p = compress_new(&mut c, &x, &Ctx::default(), &mut Rng::seed_from_u64(k)).unwrap();
+            let mut out = vec![0f32; x.len()];
+            decompress_add(&c, p.as_bytes(), &mut out).unwrap();
+            for (m, o) in mean.iter_mut().zip(&out) {
+                *m += f64::from(*o) / rounds as f64;
+            }
+        }
+        let s = x.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+        for (m, &v) in mean.iter().zip(&x) {
+            // Four standard errors of a ±s Bernoulli mean.
+            assert!(
+                (m - v as f64).abs() <= 4.0 * s / (rounds as f64).sqrt(),
+                "{m} vs {v}"
+            );
+        }
+        // Element j's symbol is a function of x_j and the key alone.
+        let mut y = x.clone();
+        y[5] = 0.01;
+        let mut encode =
+            |v: &[f32]| compress_new(&mut c, v, &Ctx::default(), &mut Rng::seed_from_u64(9));
+        let (px, py) = (encode(&x).unwrap(), encode(&y).unwrap());
+        let body = |p: &Payload| p.as_bytes()[16..].to_vec();
+        let (bx, by) = (body(&px), body(&py));
+        for j in (0..64).filter(|&j| j != 5) {
+            assert_eq!(
+                bx[j / 4] >> (2 * (j % 4)) & 3,
+                by[j / 4] >> (2 * (j % 4)) & 3,
+                "{j}"
+            );
+        }
+        // Two segments, the first all zeros (scaler 0): two draws.
+        let z = [0.0f32, 0.0, 1.0, -2.0];
+        let segs = [0..2, 2..4];
+        let mut rng = Rng::seed_from_u64(3);
+        let ctx = Ctx {
+            segments: &segs,
+            ..Ctx::default()
+        };
+        compress_new(&mut c, &z, &ctx, &mut rng).unwrap();
+        let mut two = Rng::seed_from_u64(3);
+        two.next_u64();
+        two.next_u64();
+        assert_eq!(rng.next_u64(), two.next_u64());
     }
 
     /// The scaler's pass is the finiteness check, with and without clipping, and `max|x|`
@@ -911,7 +1031,10 @@ mod tests {
         let cfg: crate::CompressorConfig = toml::from_str("kind = \"terngrad\"\nclip = 0").unwrap();
         assert_eq!(
             cfg,
-            crate::CompressorConfig::TernGrad(TernGradConfig { clip: 0.0 })
+            crate::CompressorConfig::TernGrad(TernGradConfig {
+                clip: 0.0,
+                ..TernGradConfig::default()
+            })
         );
         let bad: crate::CompressorConfig =
             toml::from_str("kind = \"terngrad\"\nclip = -1.0").unwrap();

@@ -21,7 +21,8 @@ use std::ops::Range;
 use cubecl::server::Handle;
 use dtrain_compress::compressor::effective_segments;
 use dtrain_compress::{
-    read_frame, write_frame_header, CompressError, CompressorConfig, MethodId, Payload, WireError,
+    read_frame, write_frame_header, CompressError, CompressorConfig, MethodId, Payload, Rng,
+    WireError,
 };
 
 use crate::error::DeviceError;
@@ -34,12 +35,14 @@ pub trait DeviceCodec: Send {
     fn method(&self) -> MethodId;
 
     /// Encodes `grad` into `out` (cleared first): the bytes the host codec writes for the
-    /// same values and `segments` (empty: one segment over the whole buffer).
+    /// same values, `segments` (empty: one segment over the whole buffer) and encoder `rng`
+    /// (drawn from as the host codec draws; the deterministic codecs ignore it).
     fn encode(
         &mut self,
         gpu: &Gpu,
         grad: &GpuBuffer,
         segments: &[Range<usize>],
+        rng: &mut Rng,
         out: &mut Payload,
     ) -> Result<(), DeviceError>;
 
@@ -50,8 +53,9 @@ pub trait DeviceCodec: Send {
 /// The device codec of `cfg`'s method, or `None` where it has none (the caller uses the
 /// host codec on a copy of the bucket, and says so).
 pub fn device_codec(cfg: &CompressorConfig) -> Option<Box<dyn DeviceCodec>> {
-    use crate::{bf16, fp16, signsgd, topk};
+    use crate::{bf16, fp16, signsgd, terngrad, topk};
     Some(match cfg {
+        CompressorConfig::TernGrad(c) => Box::new(terngrad::TernGrad::for_config(c)?),
         CompressorConfig::TopK(c) => Box::new(topk::TopK::new(c)),
         CompressorConfig::Fp16(_) => Box::new(Stream(fp16::Fp16)),
         CompressorConfig::Bf16(_) => Box::new(Stream(bf16::Bf16)),
@@ -134,6 +138,7 @@ impl<C: StreamCodec> DeviceCodec for Stream<C> {
         gpu: &Gpu,
         grad: &GpuBuffer,
         segments: &[Range<usize>],
+        _rng: &mut Rng,
         out: &mut Payload,
     ) -> Result<(), DeviceError> {
         let segs = begin_payload(self.0.method(), grad.len(), segments, out)?;

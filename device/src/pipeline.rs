@@ -7,7 +7,7 @@
 
 use std::ops::Range;
 
-use dtrain_compress::{MemoryConfig, Payload};
+use dtrain_compress::{MemoryConfig, Payload, Rng};
 
 use crate::codec::DeviceCodec;
 use crate::error::DeviceError;
@@ -51,22 +51,23 @@ impl DevicePipeline {
     }
 
     /// Compresses bucket `key`'s gradient `grad` (layer boundaries `segments`) through the
-    /// memory into `out`, and updates the memory.
+    /// memory into `out` with the encoder's `rng`, and updates the memory.
     pub fn compress(
         &mut self,
         gpu: &Gpu,
         key: u64,
         grad: &GpuBuffer,
         segments: &[Range<usize>],
+        rng: &mut Rng,
         out: &mut Payload,
     ) -> Result<(), DeviceError> {
         let Some(memory) = &mut self.memory else {
-            return self.codec.encode(gpu, grad, segments, out);
+            return self.codec.encode(gpu, grad, segments, rng, out);
         };
         let n = grad.len();
         let p = reuse(&mut self.compensated, gpu, n);
         memory.compensate(gpu, key, grad, &p)?;
-        self.codec.encode(gpu, &p, segments, out)?;
+        self.codec.encode(gpu, &p, segments, rng, out)?;
         let t = reuse(&mut self.transmitted, gpu, n);
         gpu.fill_zero(&t);
         self.codec.decode_add(gpu, out.as_bytes(), &t)?;

@@ -24,7 +24,7 @@ use std::ops::Range;
 use cubecl::prelude::*;
 use dtrain_compress::topk::{k_for, TopKConfig};
 use dtrain_compress::wire::{Reader, Writer};
-use dtrain_compress::{read_frame, sparse, Method, MethodId, Payload, WireError};
+use dtrain_compress::{read_frame, sparse, Method, MethodId, Payload, Rng, WireError};
 
 use crate::codec::{begin_payload, refuse_non_finite, u32_bytes, DeviceCodec};
 use crate::error::DeviceError;
@@ -355,6 +355,7 @@ impl DeviceCodec for TopK {
         gpu: &Gpu,
         grad: &GpuBuffer,
         segments: &[Range<usize>],
+        _rng: &mut Rng,
         out: &mut Payload,
     ) -> Result<(), DeviceError> {
         let segs = begin_payload(TopKConfig::ID, grad.len(), segments, out)?;

@@ -13,8 +13,15 @@ use dtrain_compress::{
 };
 use dtrain_device::{device_codec, DeviceError, DeviceSpec, Gpu};
 
-/// The methods with a device codec, by name.
-const METHODS: &[&str] = &["fp16", "bf16", "signsgd", "signum", "topk"];
+/// The methods with a device codec: a name (its defaults) or a `[compress]` table.
+const METHODS: &[&str] = &[
+    "fp16",
+    "bf16",
+    "signsgd",
+    "signum",
+    "topk",
+    "kind = \"terngrad\"\nclip = 0.0\ndraws = \"counter\"",
+];
 
 fn gpu() -> &'static Gpu {
     static GPU: OnceLock<Gpu> = OnceLock::new();
@@ -25,8 +32,11 @@ fn gpu() -> &'static Gpu {
     })
 }
 
-fn cfg(name: &str) -> CompressorConfig {
-    CompressorConfig::default_for(name).expect(name)
+fn cfg(spec: &str) -> CompressorConfig {
+    match spec.contains('=') {
+        true => toml::from_str(spec).expect(spec),
+        false => CompressorConfig::default_for(spec).expect(spec),
+    }
 }
 
 /// Values that probe every rounding path of the 16-bit casts and the sign: both zeros,
@@ -95,7 +105,13 @@ fn host_payload(name: &str, x: &[f32], segs: &[Range<usize>]) -> Payload {
 fn device_payload(name: &str, x: &[f32], segs: &[Range<usize>]) -> Result<Payload, DeviceError> {
     let mut codec = device_codec(&cfg(name)).expect(name);
     let mut out = Payload::new();
-    codec.encode(gpu(), &gpu().upload(x), segs, &mut out)?;
+    codec.encode(
+        gpu(),
+        &gpu().upload(x),
+        segs,
+        &mut Rng::seed_from_u64(0),
+        &mut out,
+    )?;
     Ok(out)
 }
 
@@ -220,6 +236,10 @@ fn device_decoders_agree_with_the_host_on_arbitrary_bytes() {
 #[test]
 fn methods_without_a_device_codec_say_so() {
     assert!(device_codec(&cfg("dgc")).is_none());
+    // TernGrad's defaults (lanes draws, clipping) have no device form; counter draws with
+    // clipping neither.
+    assert!(device_codec(&cfg("terngrad")).is_none());
+    assert!(device_codec(&cfg("kind = \"terngrad\"\ndraws = \"counter\"")).is_none());
     assert!(device_codec(&cfg("none")).is_none());
 }
 
@@ -247,7 +267,13 @@ fn topk_matches_the_host_at_every_density_and_on_ties() {
             let mut dev = Payload::new();
             device_codec(&cfg)
                 .unwrap()
-                .encode(gpu(), &gpu().upload(&x), &segs, &mut dev)
+                .encode(
+                    gpu(),
+                    &gpu().upload(&x),
+                    &segs,
+                    &mut Rng::seed_from_u64(0),
+                    &mut dev,
+                )
                 .unwrap();
             assert_eq!(
                 dev.as_bytes(),

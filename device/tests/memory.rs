@@ -57,8 +57,15 @@ fn residual_after_each_device_step_is_the_hosts() {
             };
             host.compress(&g, &ctx, &mut Rng::seed_from_u64(step), &mut hp)
                 .unwrap();
-            dev.compress(&gpu, 7, &gpu.upload(&g), &segs, &mut dp)
-                .unwrap();
+            dev.compress(
+                &gpu,
+                7,
+                &gpu.upload(&g),
+                &segs,
+                &mut Rng::seed_from_u64(step),
+                &mut dp,
+            )
+            .unwrap();
             assert_eq!(dp.as_bytes(), hp.as_bytes(), "{name}, step {step}: payload");
             let want = host.export_memory().remove(&7).expect("a host residual");
             let got = dev
