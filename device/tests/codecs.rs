@@ -1,5 +1,5 @@
 //! Every device codec against its host codec (the specification), on the device named by
-//! `DTRAIN_TEST_DEVICE` (default `wgpu`: in CI, Mesa's lavapipe): the payload bytes equal
+//! `DTRAIN_TEST_DEVICE` (default `wgpu` where built, else `cuda`; in CI, Mesa's lavapipe): the payload bytes equal
 //! the host's for the same values and segments; decoding a payload on the device adds what
 //! the host decoder adds, bit for bit; non-finite input and malformed payloads get the host's
 //! errors. Runs only with a runtime feature (`--features wgpu` or `cuda`).
@@ -11,7 +11,9 @@ use std::sync::OnceLock;
 use dtrain_compress::{
     compress_new, decompress_add, CompressError, CompressorConfig, Ctx, Payload, Rng, WireError,
 };
-use dtrain_device::{device_codec, DeviceError, DeviceSpec, Gpu};
+use dtrain_device::{device_codec, DeviceError, Gpu};
+
+mod common;
 
 /// The methods with a device codec: a name (its defaults) or a `[compress]` table.
 const METHODS: &[&str] = &[
@@ -25,11 +27,7 @@ const METHODS: &[&str] = &[
 
 fn gpu() -> &'static Gpu {
     static GPU: OnceLock<Gpu> = OnceLock::new();
-    GPU.get_or_init(|| {
-        let spec = std::env::var("DTRAIN_TEST_DEVICE").unwrap_or_else(|_| "wgpu".into());
-        let spec: DeviceSpec = spec.parse().expect("DTRAIN_TEST_DEVICE");
-        Gpu::open(spec).unwrap_or_else(|e| panic!("the device tests need a device: {e}"))
-    })
+    GPU.get_or_init(common::open_test_device)
 }
 
 fn cfg(spec: &str) -> CompressorConfig {

@@ -1,19 +1,15 @@
 //! Error feedback on the device against the host pipeline: over several steps of a codec
 //! with the residual memory, every payload equals the host's and the residual after each
 //! step equals the host's bit for bit (issue #51: "the residual after a device step equal to
-//! the CPU residual"). On `DTRAIN_TEST_DEVICE` (default `wgpu`).
+//! the CPU residual"). On `DTRAIN_TEST_DEVICE` (default `wgpu` where built, else `cuda`).
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 use std::ops::Range;
 
 use dtrain_compress::{CompressorConfig, Ctx, MemoryConfig, Payload, Pipeline, Rng};
-use dtrain_device::{device_codec, DevicePipeline, DeviceSpec, Gpu};
+use dtrain_device::{device_codec, DevicePipeline};
 
-fn gpu() -> Gpu {
-    let spec = std::env::var("DTRAIN_TEST_DEVICE").unwrap_or_else(|_| "wgpu".into());
-    let spec: DeviceSpec = spec.parse().expect("DTRAIN_TEST_DEVICE");
-    Gpu::open(spec).unwrap_or_else(|e| panic!("the device tests need a device: {e}"))
-}
+mod common;
 
 fn gradient(n: usize, seed: u64) -> Vec<f32> {
     let mut r = Rng::seed_from_u64(seed);
@@ -28,7 +24,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 #[test]
 fn residual_after_each_device_step_is_the_hosts() {
-    let gpu = gpu();
+    let gpu = common::open_test_device();
     let n = 3000;
     let segs: Vec<Range<usize>> = vec![0..1000, 1000..1001, 1001..2500, 2500..3000];
     for (name, memory) in [
