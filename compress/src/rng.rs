@@ -245,6 +245,34 @@ pub fn derive_seed(seed: u64, step: u64, rank: u64, bucket: u64) -> u64 {
     h
 }
 
+/// The counter-based draw of element `index` under `key`: 32 random bits that depend only on
+/// `(key, index)`, so any element's draw can be made on its own, in any order, on any
+/// device — the "counter" mode of the stochastic codecs (TernGrad's `draws = "counter"`),
+/// whose device codecs compute the same function and so write the host's bytes.
+///
+/// Two rounds of a 32-bit bijective integer hash (Chris Wellons' `lowbias32`, from his
+/// hash-prospector search) over `index` mixed with the key's two halves; only 32-bit
+/// operations, which every GPU shading language has (WGSL has no 64-bit integers). It is a
+/// statistical generator for Bernoulli trials, not a cryptographic one. The key is one
+/// draw of the encoder's [`Rng`] per segment, so the stream stays tied to
+/// `(seed, step, rank, bucket)` as every other draw of a run.
+#[inline(always)]
+pub fn counter_bits(key: u64, index: u32) -> u32 {
+    let (k0, k1) = (key as u32, (key >> 32) as u32);
+    lowbias32(lowbias32(index ^ k0).wrapping_add(k1))
+}
+
+/// Wellons' `lowbias32`: a bijective 32-bit mix with low bias.
+#[inline(always)]
+fn lowbias32(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x7feb_352d);
+    h ^= h >> 15;
+    h = h.wrapping_mul(0x846c_a68b);
+    h ^= h >> 16;
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,32 +346,30 @@ mod tests {
             assert!((9_400..10_600).contains(&h), "{hist:?}");
         }
     }
-}
 
-/// The counter-based draw of element `index` under `key`: 32 random bits that depend only on
-/// `(key, index)`, so any element's draw can be made on its own, in any order, on any
-/// device — the "counter" mode of the stochastic codecs (TernGrad's `draws = "counter"`),
-/// whose device codecs compute the same function and so write the host's bytes.
-///
-/// Two rounds of a 32-bit bijective integer hash (Chris Wellons' `lowbias32`, from his
-/// hash-prospector search) over `index` mixed with the key's two halves; only 32-bit
-/// operations, which every GPU shading language has (WGSL has no 64-bit integers). It is a
-/// statistical generator for Bernoulli trials, not a cryptographic one. The key is one
-/// draw of the encoder's [`Rng`] per segment, so the stream stays tied to
-/// `(seed, step, rank, bucket)` as every other draw of a run.
-#[inline(always)]
-pub fn counter_bits(key: u64, index: u32) -> u32 {
-    let (k0, k1) = (key as u32, (key >> 32) as u32);
-    lowbias32(lowbias32(index ^ k0).wrapping_add(k1))
-}
-
-/// Wellons' `lowbias32`: a bijective 32-bit mix with low bias.
-#[inline(always)]
-fn lowbias32(mut h: u32) -> u32 {
-    h ^= h >> 16;
-    h = h.wrapping_mul(0x7feb_352d);
-    h ^= h >> 15;
-    h = h.wrapping_mul(0x846c_a68b);
-    h ^= h >> 16;
-    h
+    /// The counter draws: every bit position balanced and successive indices uncorrelated
+    /// over 2^16 indices of one key, different keys giving different streams, and a value
+    /// fixed for all time (a device codec must compute the same function).
+    #[test]
+    fn counter_bits_are_balanced_and_fixed() {
+        let n = 1u32 << 16;
+        let mut ones = [0u32; 32];
+        let mut same_top = 0u32;
+        for j in 0..n {
+            let b = counter_bits(0x0123_4567_89ab_cdef, j);
+            for (k, o) in ones.iter_mut().enumerate() {
+                *o += b >> k & 1;
+            }
+            same_top += u32::from(b >> 31 == counter_bits(0x0123_4567_89ab_cdef, j + 1) >> 31);
+        }
+        let tol = 4 * (n as f64).sqrt() as u32 / 2;
+        for (k, &o) in ones.iter().enumerate() {
+            assert!(o.abs_diff(n / 2) <= tol, "bit {k}: {o} of {n}");
+        }
+        assert!(same_top.abs_diff(n / 2) <= tol, "{same_top}");
+        assert_ne!(counter_bits(1, 7), counter_bits(2, 7));
+        assert_ne!(counter_bits(1 << 32, 7), counter_bits(2 << 32, 7));
+        // Golden value, computed independently (Python, from Wellons' published constants).
+        assert_eq!(counter_bits(0x0123_4567_89ab_cdef, 12345), 0xe3b8_2514);
+    }
 }

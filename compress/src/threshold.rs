@@ -425,6 +425,19 @@ pub fn read_sign_words_add(
     neg: f32,
 ) -> Result<(), WireError> {
     let n = out.len();
+    read_sign_words(r, n, pos, neg, |i, v| out[i] += v)
+}
+
+/// [`read_sign_words_add`] for a segment of `n` elements, calling `each(index, value)` for
+/// each entry in order instead of adding (a decoder that adds elsewhere: the device codec of
+/// `dtrain-device`). The same checks, the same errors.
+pub fn read_sign_words(
+    r: &mut Reader<'_>,
+    n: usize,
+    pos: f32,
+    neg: f32,
+    mut each: impl FnMut(usize, f32),
+) -> Result<(), WireError> {
     let count = r.u32("sign-word count")? as usize;
     if count > n {
         return Err(WireError::Invalid("more sign words than elements"));
@@ -447,7 +460,7 @@ pub fn read_sign_words_add(
                 "sign-word indices not strictly ascending",
             ));
         }
-        out[i] += recon[(word & 1) as usize];
+        each(i, recon[(word & 1) as usize]);
         next = i + 1;
     }
     Ok(())
@@ -509,6 +522,18 @@ pub fn read_golomb_rice_add(
     neg: f32,
 ) -> Result<(), WireError> {
     let n = out.len();
+    read_golomb_rice(r, n, pos, neg, |i, v| out[i] += v)
+}
+
+/// [`read_golomb_rice_add`] for a segment of `n` elements, calling `each(index, value)` for
+/// each entry in order instead of adding. The same checks, the same errors.
+pub fn read_golomb_rice(
+    r: &mut Reader<'_>,
+    n: usize,
+    pos: f32,
+    neg: f32,
+    mut each: impl FnMut(usize, f32),
+) -> Result<(), WireError> {
     let count = r.u32("rice count")? as usize;
     if count > n {
         return Err(WireError::Invalid("more rice entries than elements"));
@@ -543,7 +568,7 @@ pub fn read_golomb_rice_add(
         if i >= n as u64 {
             return Err(WireError::IndexOutOfRange { index: i, len: n });
         }
-        out[i as usize] += if negative { neg } else { pos };
+        each(i as usize, if negative { neg } else { pos });
         next = i + 1;
     }
     if br.bits_read().div_ceil(8) != nbytes as u64 {

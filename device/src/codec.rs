@@ -53,8 +53,9 @@ pub trait DeviceCodec: Send {
 /// The device codec of `cfg`'s method, or `None` where it has none (the caller uses the
 /// host codec on a copy of the bucket, and says so).
 pub fn device_codec(cfg: &CompressorConfig) -> Option<Box<dyn DeviceCodec>> {
-    use crate::{bf16, fp16, signsgd, terngrad, topk};
+    use crate::{bf16, fp16, signsgd, terngrad, threshold, topk};
     Some(match cfg {
+        CompressorConfig::Threshold(c) => Box::new(threshold::Threshold::for_config(c)?),
         CompressorConfig::TernGrad(c) => Box::new(terngrad::TernGrad::for_config(c)?),
         CompressorConfig::TopK(c) => Box::new(topk::TopK::new(c)),
         CompressorConfig::Fp16(_) => Box::new(Stream(fp16::Fp16)),

@@ -22,8 +22,10 @@
 //! * `codec`: the `DeviceCodec` seam, the framing around the kernels' bodies, and
 //!   `device_codec`, which names the methods that have a device codec.
 //! * One file per method, mirroring `compress/src/`: `fp16`, `bf16` (their conversion
-//!   kernels in `half16`), `signsgd` (`signsgd` and `signum`), `terngrad` (counter draws), `topk`; `words` holds the helpers
-//!   every kernel shares (grid-stride launch sizes, byte streams packed in `u32` words).
+//!   kernels in `half16`), `signsgd` (`signsgd` and `signum`), `terngrad` (counter draws),
+//!   `threshold`, `topk`. `select` holds the ordered compaction `topk` and `threshold`
+//!   share; `words` the helpers every kernel shares (grid-stride launch sizes, byte streams
+//!   packed in `u32` words, segment search).
 //! * `memory`: `DeviceResidual`, residual error feedback with its buffers on the device;
 //!   `pipeline`: `DevicePipeline`, a codec and its memory as the trainer uses them.
 //! * `error`: `DeviceError`.
@@ -48,9 +50,13 @@ pub mod memory;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod pipeline;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod select;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod signsgd;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod terngrad;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod threshold;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod topk;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

@@ -5,9 +5,8 @@
 //! which orders finite values by `|x|`): four passes, each a 256-bin histogram of one key
 //! byte over the elements that match the bytes found so far, from the top byte down. With
 //! the threshold `t` and the number `need` of elements equal to it that the k must include,
-//! a compaction keeps every key above `t` and the first `need` keys equal to it, in index
-//! order: one pass counts both per block of 1 024 elements, the host scans the block counts,
-//! and a second pass writes each kept index and value at its place. Only the `k` indices
+//! the ordered compaction of `select` keeps every key above `t` and the first `need` keys
+//! equal to it, in index order. Only the `k` indices
 //! and values come back; the host writes them in the smallest index layout (list, bitmap
 //! or Rice-coded gaps) with the host codec's own `sparse::write_indices`, so the layout
 //! choice is the host's by construction.
@@ -26,15 +25,11 @@ use dtrain_compress::topk::{k_for, TopKConfig};
 use dtrain_compress::wire::{Reader, Writer};
 use dtrain_compress::{read_frame, sparse, Method, MethodId, Payload, Rng, WireError};
 
-use crate::codec::{begin_payload, refuse_non_finite, u32_bytes, DeviceCodec};
+use crate::codec::{begin_payload, refuse_non_finite, DeviceCodec};
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
-use crate::words::{geometry, grid_stride, UNITS};
-
-/// Elements each unit of the compaction takes, consecutive.
-const PER_UNIT: u32 = 4;
-/// Elements per block of the compaction (one cube).
-const BLOCK: usize = (UNITS * PER_UNIT) as usize;
+use crate::select::{add_at, compact_segment, word, Kept};
+use crate::words::{geometry, grid_stride};
 
 /// The `topk` device codec at density `ratio`.
 #[derive(Debug, Clone, Copy)]
@@ -76,157 +71,6 @@ fn histogram(
         }
         i += grid_stride();
     }
-}
-
-/// An exclusive prefix sum of `s` in place, by unit 0 (256 words), between two barriers.
-#[cube]
-fn scan_in_place(s: &mut Shared<[u32]>) {
-    sync_cube();
-    if UNIT_POS == 0 {
-        let mut acc = 0u32;
-        for u in 0..UNITS as usize {
-            let v = s[u];
-            s[u] = acc;
-            acc += v;
-        }
-    }
-    sync_cube();
-}
-
-/// The key of element `i` of the segment, or `0xFFFF_FFFF` past its end (no finite key is
-/// that large).
-#[cube]
-fn key_at(x: &[f32], start: u32, len: u32, i: usize) -> u32 {
-    let mut key = 0xFFFF_FFFFu32;
-    if i < len as usize {
-        key = u32::reinterpret(x[start as usize + i]) & 0x7FFF_FFFF;
-    }
-    key
-}
-
-/// Per block of the segment: how many keys lie above `t` (`gt`) and how many equal it
-/// (`eq`).
-#[cube(launch)]
-fn block_counts(x: &[f32], start: u32, len: u32, t: u32, gt: &mut [u32], eq: &mut [u32]) {
-    let mut s_gt = Shared::<[u32]>::new_slice(UNITS as usize);
-    let mut s_eq = Shared::<[u32]>::new_slice(UNITS as usize);
-    let mut b = CUBE_POS;
-    while b < gt.len() {
-        let first = b * BLOCK + UNIT_POS as usize * PER_UNIT as usize;
-        let mut g = 0u32;
-        let mut e = 0u32;
-        for j in 0..PER_UNIT as usize {
-            let key = key_at(x, start, len, first + j);
-            if key != 0xFFFF_FFFF {
-                if key > t {
-                    g += 1;
-                } else if key == t {
-                    e += 1;
-                }
-            }
-        }
-        s_gt[UNIT_POS as usize] = g;
-        s_eq[UNIT_POS as usize] = e;
-        sync_cube();
-        if UNIT_POS == 0 {
-            let mut sg = 0u32;
-            let mut se = 0u32;
-            for u in 0..UNITS as usize {
-                sg += s_gt[u];
-                se += s_eq[u];
-            }
-            gt[b] = sg;
-            eq[b] = se;
-        }
-        sync_cube();
-        b += CUBE_COUNT;
-    }
-}
-
-/// Writes the kept elements of the segment — keys above `t`, and the first `need` keys
-/// equal to it — at their places in `idx` (index within the segment) and `val`, in index
-/// order: block `b`'s first equal key has rank `eq_before[b]` among the equal keys and its
-/// first kept element goes to `kept_before[b]`.
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-fn compact(
-    x: &[f32],
-    start: u32,
-    len: u32,
-    t: u32,
-    need: u32,
-    eq_before: &[u32],
-    kept_before: &[u32],
-    idx: &mut [u32],
-    val: &mut [f32],
-) {
-    let mut s_eq = Shared::<[u32]>::new_slice(UNITS as usize);
-    let mut s_kept = Shared::<[u32]>::new_slice(UNITS as usize);
-    let mut b = CUBE_POS;
-    while b < eq_before.len() {
-        let first = b * BLOCK + UNIT_POS as usize * PER_UNIT as usize;
-        let mut e = 0u32;
-        for j in 0..PER_UNIT as usize {
-            if key_at(x, start, len, first + j) == t {
-                e += 1;
-            }
-        }
-        s_eq[UNIT_POS as usize] = e;
-        scan_in_place(&mut s_eq);
-        let rank0 = eq_before[b] + s_eq[UNIT_POS as usize];
-        let mut rank = rank0;
-        let mut kept = 0u32;
-        for j in 0..PER_UNIT as usize {
-            let key = key_at(x, start, len, first + j);
-            if key != 0xFFFF_FFFF {
-                if key > t {
-                    kept += 1;
-                } else if key == t {
-                    if rank < need {
-                        kept += 1;
-                    }
-                    rank += 1;
-                }
-            }
-        }
-        s_kept[UNIT_POS as usize] = kept;
-        scan_in_place(&mut s_kept);
-        let mut pos = (kept_before[b] + s_kept[UNIT_POS as usize]) as usize;
-        rank = rank0;
-        for j in 0..PER_UNIT as usize {
-            let i = first + j;
-            let key = key_at(x, start, len, i);
-            if key != 0xFFFF_FFFF {
-                let mut keep = key > t;
-                if key == t {
-                    keep = rank < need;
-                    rank += 1;
-                }
-                if keep {
-                    idx[pos] = i as u32;
-                    val[pos] = x[start as usize + i];
-                    pos += 1;
-                }
-            }
-        }
-        sync_cube();
-        b += CUBE_COUNT;
-    }
-}
-
-/// Adds `val[j]` at `out[idx[j]]` (the indices are distinct).
-#[cube(launch)]
-fn scatter_add(idx: &[u32], val: &[f32], out: &mut [f32]) {
-    let mut j = ABSOLUTE_POS;
-    while j < idx.len() {
-        out[idx[j] as usize] += val[j];
-        j += grid_stride();
-    }
-}
-
-/// Reads one word of a read-back buffer.
-fn word(bytes: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("a word"))
 }
 
 impl TopK {
@@ -280,68 +124,19 @@ impl TopK {
         Ok((prefix, remaining))
     }
 
-    /// The kept indices (within the segment, ascending) and values of one segment.
+    /// The kept entries of one segment.
     fn select(
         &self,
         gpu: &Gpu,
         grad: &GpuBuffer,
         seg: &Range<usize>,
         out: &mut Payload,
-    ) -> Result<(Vec<u32>, Vec<u8>), DeviceError> {
+    ) -> Result<Kept, DeviceError> {
         let k = k_for(seg.len(), self.ratio);
         let (t, need) = self.threshold(gpu, grad, seg, k, out)?;
-        let (start, len) = (seg.start as u32, seg.len() as u32);
-        let blocks = seg.len().div_ceil(BLOCK);
-        let (count, dim) = (geometry(blocks * UNITS as usize).0, CubeDim::new_1d(UNITS));
-        let (gt, eq) = (gpu.words(blocks, 0), gpu.words(blocks, 0));
-        // SAFETY: `gt` and `eq` hold a word per block.
-        unsafe {
-            block_counts::launch(
-                gpu.client(),
-                count.clone(),
-                dim,
-                grad.arg(),
-                start,
-                len,
-                t,
-                BufferArg::from_raw_parts(gt.clone(), blocks),
-                BufferArg::from_raw_parts(eq.clone(), blocks),
-            );
-        }
-        let read = gpu.read_words(vec![gt, eq], "reading block counts")?;
-        let (mut eq_before, mut kept_before) = (Vec::with_capacity(blocks), Vec::new());
-        let (mut gt_sum, mut eq_sum) = (0u32, 0u32);
-        for b in 0..blocks {
-            eq_before.push(eq_sum);
-            kept_before.push(gt_sum + eq_sum.min(need));
-            gt_sum += word(&read[0], b);
-            eq_sum += word(&read[1], b);
-        }
-        debug_assert_eq!(gt_sum + need, k as u32);
-        let eq_before = gpu.client().create_from_slice(u32_bytes(&eq_before));
-        let kept_before = gpu.client().create_from_slice(u32_bytes(&kept_before));
-        let (idx, val) = (gpu.words(k, 0), gpu.words(k, 0));
-        // SAFETY: the tables hold a word per block, `idx` and `val` k words.
-        unsafe {
-            compact::launch(
-                gpu.client(),
-                count,
-                dim,
-                grad.arg(),
-                start,
-                len,
-                t,
-                need,
-                BufferArg::from_raw_parts(eq_before, blocks),
-                BufferArg::from_raw_parts(kept_before, blocks),
-                BufferArg::from_raw_parts(idx.clone(), k),
-                BufferArg::from_raw_parts(val.clone(), k),
-            );
-        }
-        let mut read = gpu.read_words(vec![idx, val], "reading the kept entries")?;
-        let val = read.pop().expect("values");
-        let idx = (0..k).map(|j| word(&read[0], j)).collect();
-        Ok((idx, val[..4 * k].to_vec()))
+        let kept = compact_segment(gpu, grad, seg, t, need, out)?;
+        debug_assert_eq!(kept.idx.len(), k);
+        Ok(kept)
     }
 }
 
@@ -360,10 +155,10 @@ impl DeviceCodec for TopK {
     ) -> Result<(), DeviceError> {
         let segs = begin_payload(TopKConfig::ID, grad.len(), segments, out)?;
         for seg in &segs {
-            let (idx, val) = self.select(gpu, grad, seg, out)?;
+            let kept = self.select(gpu, grad, seg, out)?;
             let mut w = Writer::new(out.buffer_mut());
-            sparse::write_indices(seg.len(), &idx, &mut w);
-            w.bytes(&val);
+            sparse::write_indices(seg.len(), &kept.idx, &mut w);
+            w.bytes(&kept.val);
         }
         Ok(())
     }
@@ -388,24 +183,7 @@ impl DeviceCodec for TopK {
         if r.remaining() != 0 {
             return Err(WireError::TrailingBytes(r.remaining()).into());
         }
-        if idx.is_empty() {
-            return Ok(());
-        }
-        let n = idx.len();
-        let idx = gpu.client().create_from_slice(u32_bytes(&idx));
-        let val = gpu.upload(&val);
-        let (count, dim) = geometry(n);
-        // SAFETY: `idx` and `val` hold n words; every index was checked against its segment.
-        unsafe {
-            scatter_add::launch(
-                gpu.client(),
-                count,
-                dim,
-                BufferArg::from_raw_parts(idx, n),
-                val.arg(),
-                out.arg(),
-            );
-        }
+        add_at(gpu, &idx, &val, out);
         Ok(())
     }
 }

@@ -23,6 +23,8 @@ const METHODS: &[&str] = &[
     "signum",
     "topk",
     "kind = \"terngrad\"\nclip = 0.0\ndraws = \"counter\"",
+    "kind = \"threshold\"\ntau = 0.5",
+    "kind = \"threshold\"\ntau = 1e-3\ncoding = \"golomb-rice\"",
 ];
 
 fn gpu() -> &'static Gpu {
@@ -241,16 +243,22 @@ fn methods_without_a_device_codec_say_so() {
     assert!(device_codec(&cfg("none")).is_none());
 }
 
-/// Top-k at densities that pick each index layout (list, Rice gaps, bitmap, everything),
+/// Top-k at densities that pick each index layout (list, Rice gaps, bitmap, everything), and
+/// Strom's threshold at a value the input holds,
 /// on values with heavy ties (a handful of magnitudes, both zeros) across several blocks
 /// of the compaction: the device keeps the host's entries, ties to the smaller index.
 #[test]
-fn topk_matches_the_host_at_every_density_and_on_ties() {
+fn selections_match_the_host_at_every_density_and_on_ties() {
     let mut r = Rng::seed_from_u64(5);
     let few = [0.0f32, -0.0, 1.0, -1.0, 0.5, -2.0, 2.0];
-    for ratio in [0.001, 0.01, 0.05, 0.3, 1.0] {
-        let cfg: CompressorConfig =
-            toml::from_str(&format!("kind = \"topk\"\nratio = {ratio}")).unwrap();
+    // Strom's threshold at one of the values: every entry equal to τ in magnitude is sent.
+    let configs = [0.001, 0.01, 0.05, 0.3, 1.0]
+        .map(|ratio| format!("kind = \"topk\"\nratio = {ratio}"))
+        .into_iter()
+        .chain(["kind = \"threshold\"\ntau = 0.5".to_string()]);
+    for spec in configs {
+        let cfg: CompressorConfig = toml::from_str(&spec).unwrap();
+        let ratio = spec.replace('\n', " ");
         for &n in &[1usize, 5, 1023, 1024, 1025, 5000, 40_000] {
             let x: Vec<f32> = (0..n)
                 .map(|_| few[r.below(few.len() as u64) as usize])
