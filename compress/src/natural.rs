@@ -24,13 +24,18 @@
 //!                 unused bits of the last byte 0
 //! ```
 //! Bits: `8⌈9n/8⌉`, 9 bits per element.
+//!
+//! ## Random bits
+//! `draws = "lanes"` (the default) takes one draw of the encoder's Rng per element;
+//! `draws = "counter"` one per segment, the key of [`counter_bits`], whose top 23 bits for
+//! element `j` are its `u` — the mode the device codec computes identically.
 
 use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
 use crate::registry::Method;
-use crate::rng::Rng;
+use crate::rng::{counter_bits, Draws, Rng};
 use crate::wire::{bytes_for_bits, BitReader, BitWriter, Reader, Writer};
 
 /// Bits per element.
@@ -39,7 +44,14 @@ const CODE_BITS: u32 = 9;
 /// Configuration of [`Natural`] (it has no parameters).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct NaturalConfig {}
+pub struct NaturalConfig {
+    /// Where the 23 random bits of each element come from: `lanes` (the default: one draw
+    /// of the encoder's Rng per element) or `counter` (the top 23 bits of
+    /// [`counter_bits`]`(key, j)`, one key drawn per segment: what a device codec computes
+    /// identically).
+    #[serde(default, skip_serializing_if = "Draws::is_lanes")]
+    pub draws: Draws,
+}
 
 impl Method for NaturalConfig {
     const NAME: &'static str = "natural";
@@ -48,17 +60,20 @@ impl Method for NaturalConfig {
     const ID: MethodId = MethodId(18);
 
     fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
-        Ok(Box::new(Natural))
+        Ok(Box::new(Natural { draws: self.draws }))
     }
 }
 
 /// The natural-compression quantizer (stateless; randomness from the [`Rng`]).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Natural;
+pub struct Natural {
+    /// Where the random bits come from.
+    pub draws: Draws,
+}
 
 /// The 9-bit code of `x` for the 23 random bits `u` (`u < 2^23`).
 #[inline]
-fn encode(x: f32, u: u32) -> u32 {
+pub fn encode(x: f32, u: u32) -> u32 {
     let bits = x.to_bits();
     let sign = bits >> 31;
     let e = (bits >> 23) & 0xFF;
@@ -83,9 +98,19 @@ impl Compressor for Natural {
     fn encode_segment(&mut self, x: &[f32], rng: &mut Rng, w: &mut Writer<'_>) {
         let out = w.zeroed(bytes_for_bits(CODE_BITS as u64 * x.len() as u64));
         let mut bw = BitWriter::new(out);
-        for &v in x {
-            let u = (rng.next_u64() >> 41) as u32;
-            bw.put(encode(v, u), CODE_BITS);
+        match self.draws {
+            Draws::Lanes => {
+                for &v in x {
+                    let u = (rng.next_u64() >> 41) as u32;
+                    bw.put(encode(v, u), CODE_BITS);
+                }
+            }
+            Draws::Counter => {
+                let key = rng.next_u64();
+                for (j, &v) in x.iter().enumerate() {
+                    bw.put(encode(v, counter_bits(key, j as u32) >> 9), CODE_BITS);
+                }
+            }
         }
         bw.finish();
     }
@@ -121,7 +146,11 @@ mod tests {
     use crate::compressor::{compress_new, decompress, Ctx};
 
     fn once(x: &[f32], seed: u64) -> Vec<f32> {
-        let mut c = Natural;
+        once_drawn(Draws::Lanes, x, seed)
+    }
+
+    fn once_drawn(draws: Draws, x: &[f32], seed: u64) -> Vec<f32> {
+        let mut c = Natural { draws };
         let p = compress_new(&mut c, x, &Ctx::default(), &mut Rng::seed_from_u64(seed)).unwrap();
         let mut out = vec![0f32; x.len()];
         decompress(&c, p.as_bytes(), &mut out).unwrap();
@@ -162,13 +191,20 @@ mod tests {
         }
     }
 
+    /// Unbiased with either source of random bits.
     #[test]
     fn unbiased_over_seeds() {
+        for draws in [Draws::Lanes, Draws::Counter] {
+            unbiased_with(draws);
+        }
+    }
+
+    fn unbiased_with(draws: Draws) {
         let x = [3.0f32, -0.3, 1e-3, 7.9, 5e-40, -1.0e-39];
         let trials = 20_000;
         let mut sum = [0f64; 6];
         for seed in 0..trials {
-            for (s, v) in sum.iter_mut().zip(once(&x, seed)) {
+            for (s, v) in sum.iter_mut().zip(once_drawn(draws, &x, seed)) {
                 *s += f64::from(v);
             }
         }
@@ -188,13 +224,16 @@ mod tests {
                 2.0 * lo
             };
             let tol = 5.0 * ((hi - a) * (a - lo) / trials as f64).sqrt();
-            assert!((mean - f64::from(t)).abs() <= tol, "{t}: mean {mean}");
+            assert!(
+                (mean - f64::from(t)).abs() <= tol,
+                "{draws:?} {t}: mean {mean}"
+            );
         }
     }
 
     #[test]
     fn nine_bits_per_element_and_malformed_codes_refused() {
-        let c = Natural;
+        let c = Natural::default();
         assert_eq!(c.segment_bits(8), Some(72));
         assert_eq!(c.segment_bits(1), Some(16));
         let mut out = [0f32; 1];

@@ -245,6 +245,27 @@ pub fn derive_seed(seed: u64, step: u64, rank: u64, bucket: u64) -> u64 {
     h
 }
 
+/// Where a stochastic codec's random bits come from (`draws` in the configs of `terngrad`
+/// and `natural`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Draws {
+    /// The method's own stream from the encoder's Rng (the default; the fastest on a CPU).
+    #[default]
+    Lanes,
+    /// Counter-based: element `j` of a segment draws [`counter_bits`]`(key, j)`, the key one
+    /// draw of the encoder's Rng per segment. The mode a device codec computes identically,
+    /// so its payload can be checked byte for byte against the host's.
+    Counter,
+}
+
+impl Draws {
+    /// Whether this is the default (for `skip_serializing_if`).
+    pub fn is_lanes(&self) -> bool {
+        *self == Draws::Lanes
+    }
+}
+
 /// The counter-based draw of element `index` under `key`: 32 random bits that depend only on
 /// `(key, index)`, so any element's draw can be made on its own, in any order, on any
 /// device — the "counter" mode of the stochastic codecs (TernGrad's `draws = "counter"`),

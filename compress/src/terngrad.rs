@@ -46,6 +46,7 @@ use crate::compressor::{
 use crate::error::{CompressError, ConfigError, WireError};
 use crate::put::{put, put_mode, with_put_mode, Put};
 use crate::registry::Method;
+pub use crate::rng::Draws;
 use crate::rng::{counter_bits, LaneRng, Rng};
 use crate::simd::{max_magnitude_bits, vector_dispatch};
 use crate::wire::{Reader, Writer};
@@ -65,23 +66,6 @@ pub struct TernGradConfig {
     /// payload can be checked byte for byte against the host's).
     #[serde(default, skip_serializing_if = "Draws::is_lanes")]
     pub draws: Draws,
-}
-
-/// The source of a stochastic codec's random bits (see [`TernGradConfig::draws`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Draws {
-    /// xoshiro256++ lanes seeded from the encoder's Rng.
-    #[default]
-    Lanes,
-    /// Counter-based: a hash of (per-segment key, element index).
-    Counter,
-}
-
-impl Draws {
-    fn is_lanes(&self) -> bool {
-        *self == Draws::Lanes
-    }
 }
 
 fn default_clip() -> f32 {

@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 use cubecl::server::Handle;
-use dtrain_compress::{bf16::Bf16Config, Method, MethodId, WireError};
+use dtrain_compress::{bf16::Bf16Config, Method, MethodId, Rng, WireError};
 
 use crate::codec::StreamCodec;
 use crate::fp16::{decode_halves, encode_halves};
@@ -29,6 +29,7 @@ impl StreamCodec for Bf16 {
         gpu: &Gpu,
         grad: &GpuBuffer,
         _segs: &[Range<usize>],
+        _rng: &mut Rng,
         body: &Handle,
         first_bad: &Handle,
     ) {

@@ -53,8 +53,9 @@ pub trait DeviceCodec: Send {
 /// The device codec of `cfg`'s method, or `None` where it has none (the caller uses the
 /// host codec on a copy of the bucket, and says so).
 pub fn device_codec(cfg: &CompressorConfig) -> Option<Box<dyn DeviceCodec>> {
-    use crate::{bf16, fp16, signsgd, terngrad, threshold, topk};
+    use crate::{bf16, fp16, natural, signsgd, terngrad, threshold, topk};
     Some(match cfg {
+        CompressorConfig::Natural(c) => Box::new(Stream(natural::Natural::for_config(c)?)),
         CompressorConfig::Threshold(c) => Box::new(threshold::Threshold::for_config(c)?),
         CompressorConfig::TernGrad(c) => Box::new(terngrad::TernGrad::for_config(c)?),
         CompressorConfig::TopK(c) => Box::new(topk::TopK::new(c)),
@@ -94,13 +95,14 @@ pub(crate) trait StreamCodec: Send {
     }
 
     /// Launches the kernels writing the body of `grad` into `body` (zeroed, `⌈len/4⌉`
-    /// words); a non-finite input element lowers `first_bad` (one word, `u32::MAX`) to its
-    /// index.
+    /// words), drawing from `rng` as the host codec draws; a non-finite input element
+    /// lowers `first_bad` (one word, `u32::MAX`) to its index.
     fn encode_body(
         &self,
         gpu: &Gpu,
         grad: &GpuBuffer,
         segs: &[Range<usize>],
+        rng: &mut Rng,
         body: &Handle,
         first_bad: &Handle,
     );
@@ -139,7 +141,7 @@ impl<C: StreamCodec> DeviceCodec for Stream<C> {
         gpu: &Gpu,
         grad: &GpuBuffer,
         segments: &[Range<usize>],
-        _rng: &mut Rng,
+        rng: &mut Rng,
         out: &mut Payload,
     ) -> Result<(), DeviceError> {
         let segs = begin_payload(self.0.method(), grad.len(), segments, out)?;
@@ -149,9 +151,14 @@ impl<C: StreamCodec> DeviceCodec for Stream<C> {
         let len = self.0.body_len(&segs);
         let body = gpu.words(words_for(len), 0);
         let first_bad = gpu.words(1, u32::MAX);
-        self.0.encode_body(gpu, grad, &segs, &body, &first_bad);
+        // On non-finite input the host codec leaves the Rng where it was.
+        let saved = rng.clone();
+        self.0.encode_body(gpu, grad, &segs, rng, &body, &first_bad);
         let mut read = gpu.read_words(vec![body, first_bad], "reading a payload")?;
-        refuse_non_finite(gpu, grad, &read[1], out)?;
+        if let Err(e) = refuse_non_finite(gpu, grad, &read[1], out) {
+            *rng = saved;
+            return Err(e);
+        }
         out.buffer_mut()
             .extend_from_slice(&read.swap_remove(0)[..len]);
         Ok(())

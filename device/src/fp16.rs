@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
-use dtrain_compress::{fp16::Fp16Config, Method, MethodId, WireError};
+use dtrain_compress::{fp16::Fp16Config, Method, MethodId, Rng, WireError};
 
 use crate::codec::StreamCodec;
 use crate::gpu::{Gpu, GpuBuffer};
@@ -79,6 +79,7 @@ impl StreamCodec for Fp16 {
         gpu: &Gpu,
         grad: &GpuBuffer,
         _segs: &[Range<usize>],
+        _rng: &mut Rng,
         body: &Handle,
         first_bad: &Handle,
     ) {

@@ -22,7 +22,8 @@
 //! * `codec`: the `DeviceCodec` seam, the framing around the kernels' bodies, and
 //!   `device_codec`, which names the methods that have a device codec.
 //! * One file per method, mirroring `compress/src/`: `fp16`, `bf16` (their conversion
-//!   kernels in `half16`), `signsgd` (`signsgd` and `signum`), `terngrad` (counter draws),
+//!   kernels in `half16`), `natural` (counter draws), `signsgd` (`signsgd` and `signum`),
+//!   `terngrad` (counter draws),
 //!   `threshold`, `topk`. `select` holds the ordered compaction `topk` and `threshold`
 //!   share; `words` the helpers every kernel shares (grid-stride launch sizes, byte streams
 //!   packed in `u32` words, segment search).
@@ -47,6 +48,8 @@ pub mod gpu;
 mod half16;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod memory;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod natural;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod pipeline;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

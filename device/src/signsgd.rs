@@ -12,7 +12,7 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 use dtrain_compress::{
     signsgd::{SignSgdConfig, SignumConfig},
-    Method, MethodId, WireError,
+    Method, MethodId, Rng, WireError,
 };
 
 use crate::codec::{element_starts, u32_bytes, StreamCodec};
@@ -127,6 +127,7 @@ impl StreamCodec for SignBits {
         gpu: &Gpu,
         grad: &GpuBuffer,
         segs: &[Range<usize>],
+        _rng: &mut Rng,
         body: &Handle,
         first_bad: &Handle,
     ) {

@@ -23,6 +23,7 @@ const METHODS: &[&str] = &[
     "signum",
     "topk",
     "kind = \"terngrad\"\nclip = 0.0\ndraws = \"counter\"",
+    "kind = \"natural\"\ndraws = \"counter\"",
     "kind = \"threshold\"\ntau = 0.5",
     "kind = \"threshold\"\ntau = 1e-3\ncoding = \"golomb-rice\"",
 ];
@@ -239,6 +240,7 @@ fn methods_without_a_device_codec_say_so() {
     // TernGrad's defaults (lanes draws, clipping) have no device form; counter draws with
     // clipping neither.
     assert!(device_codec(&cfg("terngrad")).is_none());
+    assert!(device_codec(&cfg("natural")).is_none());
     assert!(device_codec(&cfg("kind = \"terngrad\"\ndraws = \"counter\"")).is_none());
     assert!(device_codec(&cfg("none")).is_none());
 }
