@@ -290,7 +290,7 @@ fn ternarize_lanes(x: &[f32], bound: f32, s: f32, rng: &mut Rng, out: &mut [u8])
 /// [`ternarize`] with the counter-based draws of [`Draws::Counter`]: element `j`'s trial
 /// uses the top 24 bits of [`counter_bits`]`(key, j)`, the rest is the same arithmetic
 /// (`p = min(|x|, bound) · (1/s)`, 1 where `|x| ≥ s`; sent iff `u < p`).
-pub fn ternarize_counter(x: &[f32], bound: f32, s: f32, key: u64, out: &mut [u8]) {
+fn ternarize_counter(x: &[f32], bound: f32, s: f32, key: u64, out: &mut [u8]) {
     let inv = 1.0 / s;
     for (k, (o, q)) in out.iter_mut().zip(x.chunks(4)).enumerate() {
         let mut byte = 0u8;
