@@ -25,7 +25,7 @@
 //!   kernels in `half16`), `natural` (counter draws), `signsgd` (`signsgd` and `signum`),
 //!   `terngrad` (counter draws),
 //!   `threshold`, `topk`. `select` holds the ordered compaction `topk` and `threshold`
-//!   share; `words` the helpers every kernel shares (grid-stride launch sizes, byte streams
+//!   share; `counter` the counter-based draws; `words` the helpers every kernel shares (grid-stride launch sizes, byte streams
 //!   packed in `u32` words, segment search).
 //! * `memory`: `DeviceResidual`, residual error feedback with its buffers on the device;
 //!   `pipeline`: `DevicePipeline`, a codec and its memory as the trainer uses them.
@@ -38,6 +38,8 @@
 pub mod bf16;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod codec;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod counter;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod error;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

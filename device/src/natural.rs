@@ -19,6 +19,7 @@ use dtrain_compress::rng::Draws;
 use dtrain_compress::{Method, MethodId, Rng, WireError};
 
 use crate::codec::{element_starts, u32_bytes, StreamCodec};
+use crate::counter::counter_bits;
 use crate::gpu::{Gpu, GpuBuffer};
 use crate::words::{geometry, grid_stride, segment_of, words_for};
 
@@ -36,22 +37,10 @@ impl Natural {
     }
 }
 
-/// Wellons' `lowbias32` (the host's `rng::counter_bits` round).
-#[cube]
-fn lowbias32(x: u32) -> u32 {
-    let mut h = x;
-    h ^= h >> 16;
-    h *= 0x7feb_352d;
-    h ^= h >> 15;
-    h *= 0x846c_a68b;
-    h ^= h >> 16;
-    h
-}
-
 /// The 9-bit code of element `j` (value bits `bits`) under key `(k0, k1)`.
 #[cube]
 fn code(bits: u32, k0: u32, k1: u32, j: u32) -> u32 {
-    let u = lowbias32(lowbias32(j ^ k0) + k1) >> 9;
+    let u = counter_bits(k0, k1, j) >> 9;
     let e = (bits >> 23) & 0xFF;
     let m = bits & 0x7F_FFFF;
     let mut up = 0u32;

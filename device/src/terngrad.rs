@@ -27,6 +27,7 @@ use dtrain_compress::terngrad::{read_segment, Draws, TernGradConfig};
 use dtrain_compress::{read_frame, Method, MethodId, Payload, Rng, WireError};
 
 use crate::codec::{begin_payload, element_starts, refuse_non_finite, u32_bytes, DeviceCodec};
+use crate::counter::counter_bits;
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
 use crate::words::{geometry, grid_stride, segment_of, words_for};
@@ -57,18 +58,6 @@ fn segment_max(x: &[f32], starts: &[u32], max_bits: &[Atomic<u32>], first_bad: &
     }
 }
 
-/// Wellons' `lowbias32` (the host's `rng::counter_bits` round).
-#[cube]
-fn lowbias32(x: u32) -> u32 {
-    let mut h = x;
-    h ^= h >> 16;
-    h *= 0x7feb_352d;
-    h ^= h >> 15;
-    h *= 0x846c_a68b;
-    h ^= h >> 16;
-    h
-}
-
 /// The symbol of one element: 0, 1 or 2 for −s, 0, +s.
 #[cube]
 fn symbol(v: f32, s: f32, inv: f32, k0: u32, k1: u32, j: u32) -> u32 {
@@ -77,7 +66,7 @@ fn symbol(v: f32, s: f32, inv: f32, k0: u32, k1: u32, j: u32) -> u32 {
     if a < s {
         p = a * inv;
     }
-    let bits = lowbias32(lowbias32(j ^ k0) + k1);
+    let bits = counter_bits(k0, k1, j);
     let u = f32::cast_from(bits >> 8) * 5.960_464_5e-8;
     let mut sym = 1u32;
     if u < p {
