@@ -59,8 +59,8 @@ pub fn device_codec(cfg: &CompressorConfig) -> Option<Box<dyn DeviceCodec>> {
         CompressorConfig::Threshold(c) => Box::new(threshold::Threshold::for_config(c)?),
         CompressorConfig::TernGrad(c) => Box::new(terngrad::TernGrad::for_config(c)?),
         CompressorConfig::TopK(c) => Box::new(topk::TopK::new(c)),
-        CompressorConfig::Fp16(_) => Box::new(Stream(fp16::Fp16)),
-        CompressorConfig::Bf16(_) => Box::new(Stream(bf16::Bf16)),
+        CompressorConfig::Fp16(_) => Box::new(Stream(fp16::FP16)),
+        CompressorConfig::Bf16(_) => Box::new(Stream(bf16::BF16)),
         CompressorConfig::SignSgd(_) => Box::new(Stream(signsgd::SignBits::SIGNSGD)),
         CompressorConfig::Signum(_) => Box::new(Stream(signsgd::SignBits::SIGNUM)),
         _ => return None,
@@ -74,6 +74,23 @@ pub(crate) fn element_starts(segs: &[Range<usize>]) -> Vec<u32> {
         .map(|s| s.start as u32)
         .chain(segs.last().map(|s| s.end as u32))
         .collect()
+}
+
+/// Where each segment's body starts in the payload body when a segment of `n` elements
+/// takes `len(n)` bytes, and one more entry the body's length (`S + 1` words).
+pub(crate) fn body_starts(segs: &[Range<usize>], len: impl Fn(usize) -> usize) -> Vec<u32> {
+    let mut at = 0u32;
+    let mut out = vec![0];
+    for s in segs {
+        at += len(s.len()) as u32;
+        out.push(at);
+    }
+    out
+}
+
+/// Tables of words on the device, each with its length (for `BufferArg::from_raw_parts`).
+pub(crate) fn upload_tables<const N: usize>(gpu: &Gpu, tables: [Vec<u32>; N]) -> [(Handle, usize); N] {
+    tables.map(|t| (gpu.client().create_from_slice(u32_bytes(&t)), t.len()))
 }
 
 /// A method whose payload body is one byte stream over all segments, written by one
@@ -92,6 +109,18 @@ pub(crate) trait StreamCodec: Send {
     /// Body bytes for these segments.
     fn body_len(&self, segs: &[Range<usize>]) -> usize {
         segs.iter().map(|s| self.segment_len(s.len())).sum()
+    }
+
+    /// The segment tables on the device: each segment's first element ([`element_starts`])
+    /// and first body byte ([`body_starts`]).
+    fn tables(&self, gpu: &Gpu, segs: &[Range<usize>]) -> [(Handle, usize); 2] {
+        upload_tables(
+            gpu,
+            [
+                element_starts(segs),
+                body_starts(segs, |n| self.segment_len(n)),
+            ],
+        )
     }
 
     /// Launches the kernels writing the body of `grad` into `body` (zeroed, `⌈len/4⌉`

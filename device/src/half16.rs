@@ -1,13 +1,19 @@
-//! The 16-bit float casts of `fp16` and `bf16` on the device, in integer arithmetic, so the
+//! The 16-bit float casts of `fp16` and `bf16` on the device ([`Half16`]), in integer arithmetic, so the
 //! rounding is the host's exactly whatever the device's own conversions do: round to
 //! nearest even, an overflow saturated to the format's largest finite value (the host
 //! codec's rule), `fp16` subnormals rounded as IEEE 754 says. Two values per word, the
 //! element with the smaller index in the low half (the little-endian byte order of the
 //! host's body).
 
-use cubecl::prelude::*;
+use std::ops::Range;
 
-use crate::words::grid_stride;
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use dtrain_compress::{bf16::Bf16Config, fp16::Fp16Config, Method, MethodId, Rng, WireError};
+
+use crate::codec::StreamCodec;
+use crate::gpu::{Gpu, GpuBuffer};
+use crate::words::{geometry, grid_stride};
 
 /// `f32` bits of the smallest non-finite magnitude (∞).
 const INF_BITS: u32 = 0x7F80_0000;
@@ -70,7 +76,7 @@ fn code(x: &[f32], i: usize, first_bad: &[Atomic<u32>], #[comptime] bf16: bool) 
 
 /// Encodes `x` as 16-bit floats, two to a word of `out` (`⌈n/2⌉` words).
 #[cube(launch)]
-pub(crate) fn encode(
+fn encode(
     x: &[f32],
     out: &mut [u32],
     first_bad: &[Atomic<u32>],
@@ -120,7 +126,7 @@ fn bf16_value(h: u32, i: usize, first_bad: &[Atomic<u32>]) -> f32 {
 
 /// Adds the 16-bit floats of `body` (two to a word) into `out`.
 #[cube(launch)]
-pub(crate) fn decode_add(
+fn decode_add(
     body: &[u32],
     out: &mut [f32],
     first_bad: &[Atomic<u32>],
@@ -137,5 +143,92 @@ pub(crate) fn decode_add(
         };
         out[i] += v;
         i += grid_stride();
+    }
+}
+
+/// The device codec of `fp16` (`bf16: false`) or `bf16`: 16 bits an element, one encode
+/// and one decode kernel; the segments do not change the body.
+#[derive(Debug, Clone, Copy)]
+pub struct Half16 {
+    bf16: bool,
+}
+
+impl Half16 {
+    /// `fp16`'s codec.
+    pub const FP16: Half16 = Half16 { bf16: false };
+    /// `bf16`'s codec.
+    pub const BF16: Half16 = Half16 { bf16: true };
+}
+
+impl StreamCodec for Half16 {
+    fn method(&self) -> MethodId {
+        if self.bf16 {
+            Bf16Config::ID
+        } else {
+            Fp16Config::ID
+        }
+    }
+    fn segment_len(&self, n: usize) -> usize {
+        2 * n
+    }
+    fn body_what(&self) -> &'static str {
+        if self.bf16 {
+            "bf16 values"
+        } else {
+            "fp16 values"
+        }
+    }
+    fn encode_body(
+        &self,
+        gpu: &Gpu,
+        grad: &GpuBuffer,
+        _segs: &[Range<usize>],
+        _rng: &mut Rng,
+        body: &Handle,
+        first_bad: &Handle,
+    ) {
+        let words = grad.len().div_ceil(2);
+        let (count, dim) = geometry(words);
+        // SAFETY: `body` holds ⌈n/2⌉ words and `first_bad` one (made by `Stream::encode`).
+        unsafe {
+            encode::launch(
+                gpu.client(),
+                count,
+                dim,
+                grad.arg(),
+                BufferArg::from_raw_parts(body.clone(), words),
+                BufferArg::from_raw_parts(first_bad.clone(), 1),
+                self.bf16,
+            );
+        }
+    }
+    fn decode_body(
+        &self,
+        gpu: &Gpu,
+        body: &Handle,
+        _segs: &[Range<usize>],
+        out: &GpuBuffer,
+        first_bad: &Handle,
+    ) {
+        let (count, dim) = geometry(out.len());
+        // SAFETY: `body` holds ⌈n/2⌉ words (its length was checked) and `first_bad` one.
+        unsafe {
+            decode_add::launch(
+                gpu.client(),
+                count,
+                dim,
+                BufferArg::from_raw_parts(body.clone(), out.len().div_ceil(2)),
+                out.arg(),
+                BufferArg::from_raw_parts(first_bad.clone(), 1),
+                self.bf16,
+            );
+        }
+    }
+    fn invalid_value(&self) -> WireError {
+        WireError::Invalid(if self.bf16 {
+            "non-finite bf16 value"
+        } else {
+            "non-finite fp16 value"
+        })
     }
 }

@@ -25,53 +25,40 @@
 //!   kernels in `half16`), `natural` (counter draws), `signsgd` (`signsgd` and `signum`),
 //!   `terngrad` (counter draws),
 //!   `threshold`, `topk`. `select` holds the ordered compaction `topk` and `threshold`
-//!   share; `counter` the counter-based draws; `words` the helpers every kernel shares (grid-stride launch sizes, byte streams
-//!   packed in `u32` words, segment search).
+//!   share; `counter` the counter-based draws; `words` the helpers every kernel shares
+//!   (grid-stride launch sizes, byte streams packed in `u32` words, segment search).
 //! * `memory`: `DeviceResidual`, residual error feedback with its buffers on the device;
 //!   `pipeline`: `DevicePipeline`, a codec and its memory as the trainer uses them.
 //! * `error`: `DeviceError`.
 //!
 //! [cubecl]: https://docs.rs/cubecl
 
-// Every module needs a runtime feature; without one the crate is these docs alone.
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub mod bf16;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub mod codec;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-mod counter;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub mod error;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub mod fp16;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub mod gpu;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-mod half16;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub mod memory;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub mod natural;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub mod pipeline;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-mod select;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub mod signsgd;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub mod terngrad;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub mod threshold;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub mod topk;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-mod words;
+/// Every item of this crate needs a runtime feature: without one the crate is these docs.
+macro_rules! with_a_runtime {
+    ($($item:item)*) => { $( #[cfg(any(feature = "wgpu", feature = "cuda"))] $item )* };
+}
 
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub use {
-    codec::{device_codec, DeviceCodec},
-    error::DeviceError,
-    gpu::{DeviceSpec, Gpu, GpuBuffer},
-    memory::DeviceResidual,
-    pipeline::DevicePipeline,
-};
+with_a_runtime! {
+    pub mod bf16;
+    pub mod codec;
+    mod counter;
+    pub mod error;
+    pub mod fp16;
+    pub mod gpu;
+    mod half16;
+    pub mod memory;
+    pub mod natural;
+    pub mod pipeline;
+    mod select;
+    pub mod signsgd;
+    pub mod terngrad;
+    pub mod threshold;
+    pub mod topk;
+    mod words;
+
+    pub use codec::{device_codec, DeviceCodec};
+    pub use error::DeviceError;
+    pub use gpu::{DeviceSpec, Gpu, GpuBuffer};
+    pub use memory::DeviceResidual;
+    pub use pipeline::DevicePipeline;
+}

@@ -18,7 +18,7 @@ use dtrain_compress::natural::NaturalConfig;
 use dtrain_compress::rng::Draws;
 use dtrain_compress::{Method, MethodId, Rng, WireError};
 
-use crate::codec::{element_starts, u32_bytes, StreamCodec};
+use crate::codec::{body_starts, u32_bytes, StreamCodec};
 use crate::counter::counter_bits;
 use crate::gpu::{Gpu, GpuBuffer};
 use crate::words::{geometry, grid_stride, segment_of, words_for};
@@ -127,24 +127,7 @@ fn decode_add(
     }
 }
 
-/// Where each segment's codes start in the body, and one more entry the body's length.
-fn byte_starts(segs: &[Range<usize>]) -> Vec<u32> {
-    let mut at = 0u32;
-    let mut out = vec![0];
-    for s in segs {
-        at += (CODE_BITS * s.len()).div_ceil(8) as u32;
-        out.push(at);
-    }
-    out
-}
 
-/// The two segment tables on the device, with their lengths.
-fn tables(gpu: &Gpu, segs: &[Range<usize>]) -> [(Handle, usize); 2] {
-    [element_starts(segs), byte_starts(segs)].map(|t| {
-        let len = t.len();
-        (gpu.client().create_from_slice(u32_bytes(&t)), len)
-    })
-}
 
 impl StreamCodec for Natural {
     fn method(&self) -> MethodId {
@@ -173,7 +156,7 @@ impl StreamCodec for Natural {
             })
             .collect();
         let words = words_for(self.body_len(segs));
-        let [(elems, ne), (bytes, nb)] = tables(gpu, segs);
+        let [(elems, ne), (bytes, nb)] = self.tables(gpu, segs);
         let (count, dim) = geometry(words);
         // SAFETY: the tables hold their lengths, `keys` 2·S words, `body` ⌈len/4⌉, `first_bad` one.
         unsafe {
@@ -194,7 +177,7 @@ impl StreamCodec for Natural {
         }
     }
     fn check_body(&self, body: &[u8], segs: &[Range<usize>]) -> Result<(), WireError> {
-        let starts = byte_starts(segs);
+        let starts = body_starts(segs, |n| self.segment_len(n));
         for (s, seg) in segs.iter().enumerate() {
             let bits = CODE_BITS * seg.len();
             if !bits.is_multiple_of(8) && body[starts[s + 1] as usize - 1] >> (bits % 8) != 0 {
@@ -212,7 +195,7 @@ impl StreamCodec for Natural {
         first_bad: &Handle,
     ) {
         let words = words_for(self.body_len(segs));
-        let [(elems, ne), (bytes, nb)] = tables(gpu, segs);
+        let [(elems, ne), (bytes, nb)] = self.tables(gpu, segs);
         let (count, dim) = geometry(out.len());
         // SAFETY: as in `encode_body`; a code's second word exists whenever its bits cross
         // into it, since the body holds every code's bits.

@@ -15,7 +15,7 @@ use dtrain_compress::{
     Method, MethodId, Rng, WireError,
 };
 
-use crate::codec::{element_starts, u32_bytes, StreamCodec};
+use crate::codec::{body_starts, StreamCodec};
 use crate::gpu::{Gpu, GpuBuffer};
 use crate::words::{geometry, grid_stride, segment_of, words_for};
 
@@ -40,16 +40,6 @@ impl SignBits {
     };
 }
 
-/// Where each segment's bytes start in the body, and one more entry the body's length.
-fn byte_starts(segs: &[Range<usize>]) -> Vec<u32> {
-    let mut at = 0u32;
-    let mut out = vec![0];
-    for s in segs {
-        at += s.len().div_ceil(8) as u32;
-        out.push(at);
-    }
-    out
-}
 
 /// Writes the sign bits of `x`, four body bytes to a word of `out`.
 #[cube(launch)]
@@ -104,13 +94,6 @@ fn decode_add(body: &[u32], elem_starts: &[u32], byte_starts: &[u32], out: &mut 
     }
 }
 
-/// The two segment tables on the device, and their lengths.
-fn tables(gpu: &Gpu, segs: &[Range<usize>]) -> [(Handle, usize); 2] {
-    [element_starts(segs), byte_starts(segs)].map(|t| {
-        let len = t.len();
-        (gpu.client().create_from_slice(u32_bytes(&t)), len)
-    })
-}
 
 impl StreamCodec for SignBits {
     fn method(&self) -> MethodId {
@@ -132,7 +115,7 @@ impl StreamCodec for SignBits {
         first_bad: &Handle,
     ) {
         let words = words_for(self.body_len(segs));
-        let [(elems, ne), (bytes, nb)] = tables(gpu, segs);
+        let [(elems, ne), (bytes, nb)] = self.tables(gpu, segs);
         let (count, dim) = geometry(words);
         // SAFETY: the tables hold their lengths, `body` ⌈len/4⌉ words, `first_bad` one.
         unsafe {
@@ -149,7 +132,7 @@ impl StreamCodec for SignBits {
         }
     }
     fn check_body(&self, body: &[u8], segs: &[Range<usize>]) -> Result<(), WireError> {
-        let starts = byte_starts(segs);
+        let starts = body_starts(segs, |n| self.segment_len(n));
         for (s, seg) in segs.iter().enumerate() {
             let n = seg.len();
             if !n.is_multiple_of(8) && body[starts[s + 1] as usize - 1] >> (n % 8) != 0 {
@@ -167,7 +150,7 @@ impl StreamCodec for SignBits {
         _first_bad: &Handle,
     ) {
         let words = words_for(self.body_len(segs));
-        let [(elems, ne), (bytes, nb)] = tables(gpu, segs);
+        let [(elems, ne), (bytes, nb)] = self.tables(gpu, segs);
         let (count, dim) = geometry(out.len());
         // SAFETY: as in `encode_body`.
         unsafe {

@@ -23,10 +23,13 @@
 use std::ops::Range;
 
 use cubecl::prelude::*;
+use cubecl::server::Handle;
 use dtrain_compress::terngrad::{read_segment, Draws, TernGradConfig};
 use dtrain_compress::{read_frame, Method, MethodId, Payload, Rng, WireError};
 
-use crate::codec::{begin_payload, element_starts, refuse_non_finite, u32_bytes, DeviceCodec};
+use crate::codec::{
+    begin_payload, body_starts, element_starts, refuse_non_finite, upload_tables, DeviceCodec,
+};
 use crate::counter::counter_bits;
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
@@ -141,20 +144,25 @@ fn decode_add(body: &[u32], starts: &[u32], body_starts: &[u32], scales: &[f32],
     }
 }
 
-/// Where each segment's body starts (scaler, then symbols), and one more entry the length.
-fn body_starts(segs: &[Range<usize>]) -> Vec<u32> {
-    let mut at = 0u32;
-    let mut out = vec![0];
-    for s in segs {
-        at += 4 + s.len().div_ceil(4) as u32;
-        out.push(at);
-    }
-    out
-}
 
 /// Reads one word of a read-back buffer.
 fn word(bytes: &[u8], i: usize) -> u32 {
     u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("a word"))
+}
+
+/// Body bytes of a segment of `n` elements: the scaler and the 2-bit symbols.
+fn segment_len(n: usize) -> usize {
+    4 + n.div_ceil(4)
+}
+
+/// Body bytes of these segments.
+fn body_len(segs: &[Range<usize>]) -> usize {
+    segs.iter().map(|s| segment_len(s.len())).sum()
+}
+
+/// The element and body segment tables on the device.
+fn tables(gpu: &Gpu, segs: &[Range<usize>]) -> [(Handle, usize); 2] {
+    upload_tables(gpu, [element_starts(segs), body_starts(segs, segment_len)])
 }
 
 impl DeviceCodec for TernGrad {
@@ -175,8 +183,7 @@ impl DeviceCodec for TernGrad {
             return Ok(());
         }
         let client = gpu.client();
-        let starts = element_starts(&segs);
-        let starts_h = client.create_from_slice(u32_bytes(&starts));
+        let [(starts, ns), (body_starts, nb)] = tables(gpu, &segs);
         let max_bits = gpu.words(segs.len(), 0);
         let first_bad = gpu.words(1, u32::MAX);
         let (count, dim) = geometry(grad.len());
@@ -187,7 +194,7 @@ impl DeviceCodec for TernGrad {
                 count,
                 dim,
                 grad.arg(),
-                BufferArg::from_raw_parts(starts_h.clone(), starts.len()),
+                BufferArg::from_raw_parts(starts.clone(), ns),
                 BufferArg::from_raw_parts(max_bits.clone(), segs.len()),
                 BufferArg::from_raw_parts(first_bad.clone(), 1),
             );
@@ -202,10 +209,10 @@ impl DeviceCodec for TernGrad {
             let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
             params.extend([s.to_bits(), inv.to_bits(), key as u32, (key >> 32) as u32]);
         }
-        let body_starts = body_starts(&segs);
-        let len = *body_starts.last().expect("one segment at least") as usize;
+        let len = body_len(&segs);
         let words = words_for(len);
         let body = gpu.words(words, 0);
+        let [(params, np)] = upload_tables(gpu, [params]);
         let (count, dim) = geometry(words);
         // SAFETY: the tables hold S + 1 words each, `params` 4·S, `body` ⌈len/4⌉.
         unsafe {
@@ -214,15 +221,9 @@ impl DeviceCodec for TernGrad {
                 count,
                 dim,
                 grad.arg(),
-                BufferArg::from_raw_parts(starts_h, starts.len()),
-                BufferArg::from_raw_parts(
-                    client.create_from_slice(u32_bytes(&body_starts)),
-                    body_starts.len(),
-                ),
-                BufferArg::from_raw_parts(
-                    client.create_from_slice(u32_bytes(&params)),
-                    params.len(),
-                ),
+                BufferArg::from_raw_parts(starts, ns),
+                BufferArg::from_raw_parts(body_starts, nb),
+                BufferArg::from_raw_parts(params, np),
                 BufferArg::from_raw_parts(body.clone(), words),
             );
         }
@@ -244,27 +245,22 @@ impl DeviceCodec for TernGrad {
         if segs.is_empty() {
             return Ok(());
         }
-        let body = &payload[at..];
-        let client = gpu.client();
-        let starts = element_starts(&segs);
-        let body_starts = body_starts(&segs);
-        let words = crate::words::to_words(body);
+        let body = crate::words::to_words(&payload[at..]);
+        let [(starts, ns), (body_starts, nb), (body, nw)] = {
+            let [a, b] = tables(gpu, &segs);
+            let [c] = upload_tables(gpu, [body]);
+            [a, b, c]
+        };
         let (count, dim) = geometry(out.len());
         // SAFETY: every buffer holds the length given; the body was validated above.
         unsafe {
             decode_add::launch(
-                client,
+                gpu.client(),
                 count,
                 dim,
-                BufferArg::from_raw_parts(client.create_from_slice(u32_bytes(&words)), words.len()),
-                BufferArg::from_raw_parts(
-                    client.create_from_slice(u32_bytes(&starts)),
-                    starts.len(),
-                ),
-                BufferArg::from_raw_parts(
-                    client.create_from_slice(u32_bytes(&body_starts)),
-                    body_starts.len(),
-                ),
+                BufferArg::from_raw_parts(body, nw),
+                BufferArg::from_raw_parts(starts, ns),
+                BufferArg::from_raw_parts(body_starts, nb),
                 gpu.upload(&scales).arg(),
                 out.arg(),
             );
