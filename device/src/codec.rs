@@ -88,6 +88,25 @@ pub(crate) fn body_starts(segs: &[Range<usize>], len: impl Fn(usize) -> usize) -
     out
 }
 
+/// Checks that the unused bits of each segment's last byte are zero, in a body of `bits`-bit
+/// codes packed LSB-first, each segment on bytes of its own (the host's rule; its error
+/// `Invalid(what)`).
+pub(crate) fn check_padding(
+    body: &[u8],
+    segs: &[Range<usize>],
+    bits: usize,
+    what: &'static str,
+) -> Result<(), WireError> {
+    let starts = body_starts(segs, |n| (bits * n).div_ceil(8));
+    for (s, seg) in segs.iter().enumerate() {
+        let used = bits * seg.len();
+        if !used.is_multiple_of(8) && body[starts[s + 1] as usize - 1] >> (used % 8) != 0 {
+            return Err(WireError::Invalid(what));
+        }
+    }
+    Ok(())
+}
+
 /// Tables of words on the device, each with its length (for `BufferArg::from_raw_parts`).
 pub(crate) fn upload_tables<const N: usize>(gpu: &Gpu, tables: [Vec<u32>; N]) -> [(Handle, usize); N] {
     tables.map(|t| (gpu.client().create_from_slice(u32_bytes(&t)), t.len()))

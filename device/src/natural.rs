@@ -18,7 +18,7 @@ use dtrain_compress::natural::NaturalConfig;
 use dtrain_compress::rng::Draws;
 use dtrain_compress::{Method, MethodId, Rng, WireError};
 
-use crate::codec::{body_starts, u32_bytes, StreamCodec};
+use crate::codec::{check_padding, u32_bytes, StreamCodec};
 use crate::counter::counter_bits;
 use crate::gpu::{Gpu, GpuBuffer};
 use crate::words::{geometry, grid_stride, segment_of, words_for};
@@ -177,14 +177,7 @@ impl StreamCodec for Natural {
         }
     }
     fn check_body(&self, body: &[u8], segs: &[Range<usize>]) -> Result<(), WireError> {
-        let starts = body_starts(segs, |n| self.segment_len(n));
-        for (s, seg) in segs.iter().enumerate() {
-            let bits = CODE_BITS * seg.len();
-            if !bits.is_multiple_of(8) && body[starts[s + 1] as usize - 1] >> (bits % 8) != 0 {
-                return Err(WireError::Invalid("natural: unused code bits are not zero"));
-            }
-        }
-        Ok(())
+        check_padding(body, segs, CODE_BITS, "natural: unused code bits are not zero")
     }
     fn decode_body(
         &self,

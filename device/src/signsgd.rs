@@ -15,7 +15,7 @@ use dtrain_compress::{
     Method, MethodId, Rng, WireError,
 };
 
-use crate::codec::{body_starts, StreamCodec};
+use crate::codec::{check_padding, StreamCodec};
 use crate::gpu::{Gpu, GpuBuffer};
 use crate::words::{geometry, grid_stride, segment_of, words_for};
 
@@ -132,14 +132,7 @@ impl StreamCodec for SignBits {
         }
     }
     fn check_body(&self, body: &[u8], segs: &[Range<usize>]) -> Result<(), WireError> {
-        let starts = body_starts(segs, |n| self.segment_len(n));
-        for (s, seg) in segs.iter().enumerate() {
-            let n = seg.len();
-            if !n.is_multiple_of(8) && body[starts[s + 1] as usize - 1] >> (n % 8) != 0 {
-                return Err(WireError::Invalid(PADDING));
-            }
-        }
-        Ok(())
+        check_padding(body, segs, 1, PADDING)
     }
     fn decode_body(
         &self,
