@@ -255,6 +255,15 @@ pub(crate) struct CompressArgs {
     /// the single-thread figure.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1024))]
     threads: u64,
+    /// Run the device codecs on this device (`wgpu`, `wgpu:N`, `wgpu:cpu`, `cuda`, `cuda:N`)
+    /// beside the host codecs; methods without a device codec run on the host and say so.
+    /// Needs a dtrain built with `--features wgpu` or `--features cuda`.
+    #[arg(long)]
+    device: Option<String>,
+    /// With --device: check every device payload against the host codec's (bytes equal)
+    /// and the device decoder against the host decoder; exits non-zero on a mismatch.
+    #[arg(long, requires = "device")]
+    verify: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -300,6 +309,9 @@ pub(crate) fn bench_compress(a: CompressArgs) -> Result<()> {
     if a.workers > 1 {
         source.push_str(&format!(", decoding {} payloads", a.workers));
     }
+    if let Some(device) = &a.device {
+        return bench_compress_device(&a, device, &input, &opts, &source);
+    }
     let rows = bench::compress::run(&input, &opts).map_err(anyhow::Error::msg)?;
     if a.json {
         let doc = serde_json::json!({
@@ -325,6 +337,54 @@ pub(crate) fn bench_compress(a: CompressArgs) -> Result<()> {
         );
         println!("measured at {}", measured_now().line());
         print!("{}", bench::compress::table(&rows));
+    }
+    Ok(())
+}
+
+/// `bench compress --device`: the device codecs beside the host's, verified on request.
+fn bench_compress_device(
+    a: &CompressArgs,
+    device: &str,
+    input: &[f32],
+    opts: &bench::compress::Options,
+    source: &str,
+) -> Result<()> {
+    let (name, rows) =
+        bench::compress_device::run(input, opts, device, a.verify).map_err(anyhow::Error::msg)?;
+    if a.json {
+        let doc = serde_json::json!({
+            "input": source,
+            "elements": input.len(),
+            "device": name,
+            "verify": a.verify,
+            "provenance": measured_now(),
+            "results": rows,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        println!(
+            "dtrain bench compress: {} elements ({source}) on {name}, host columns on {}, \
+             best of {}",
+            input.len(),
+            match a.threads {
+                1 => "one thread".to_string(),
+                t => format!("{t} threads"),
+            },
+            a.repeat.max(1)
+        );
+        println!("measured at {}", measured_now().line());
+        print!("{}", bench::compress_device::table(&rows));
+    }
+    let failed: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.failed())
+        .map(|r| r.method.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!(
+            "bench compress --verify: the device differs from the host for {}",
+            failed.join(", ")
+        );
     }
     Ok(())
 }

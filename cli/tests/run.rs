@@ -355,6 +355,39 @@ fn e2e_acceptance_runs() {
     );
 }
 
+/// `dtrain bench compress --device` (issue #51): without a device runtime in the build it
+/// is one line saying how to build one; `--verify` needs `--device`; options the device
+/// bench does not measure are refused by name.
+#[test]
+fn bench_compress_on_a_device_says_what_it_needs() {
+    let err = |args: &[&str]| {
+        let out = dtrain()
+            .args(["bench", "compress", "--elems", "64", "--repeat", "1"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = err(&["--verify"]);
+    assert!(e.contains("--device"), "{e}");
+    let e = err(&["--device", "wgpu", "--error-feedback"]);
+    assert!(
+        e.contains("--error-feedback") && e.lines().count() == 1,
+        "{e}"
+    );
+    if cfg!(not(any(feature = "wgpu", feature = "cuda"))) {
+        let e = err(&["--device", "wgpu", "--verify"]);
+        assert!(
+            e.contains("--features wgpu") && e.lines().count() == 1,
+            "{e}"
+        );
+    } else {
+        let e = err(&["--device", "gpu"]);
+        assert!(e.contains("\"gpu\"") && e.lines().count() == 1, "{e}");
+    }
+}
+
 /// `dtrain bench compress --model`: the model's tensors as segments, with error feedback and
 /// several receivers, recorded in the JSON; a model it does not know is a one-line error.
 #[test]

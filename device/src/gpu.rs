@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use cubecl::client::Client;
-use cubecl::device::WgpuDeviceKind;
+use cubecl::device::{DeviceUnavailable, WgpuDeviceKind};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use cubecl::Device;
@@ -107,7 +107,20 @@ impl Gpu {
         }
         .map_err(|e| DeviceError::Unavailable {
             spec: spec.to_string(),
-            reason: e.to_string(),
+            reason: match e {
+                DeviceUnavailable::NotLinked(_) => format!(
+                    "this build has no {} runtime: build it with --features {}",
+                    match spec {
+                        DeviceSpec::Wgpu(_) => "wgpu",
+                        DeviceSpec::Cuda(_) => "CUDA",
+                    },
+                    match spec {
+                        DeviceSpec::Wgpu(_) => "wgpu",
+                        DeviceSpec::Cuda(_) => "cuda",
+                    }
+                ),
+                other => other.to_string(),
+            },
         })?;
         Ok(Gpu {
             client: device.client(),
@@ -230,6 +243,14 @@ impl GpuBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A runtime left out of the build is named with the feature that brings it.
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn a_runtime_not_built_says_which_feature_brings_it() {
+        let e = Gpu::open(DeviceSpec::Cuda(0)).unwrap_err().to_string();
+        assert!(e.contains("cuda:0") && e.contains("--features cuda"), "{e}");
+    }
 
     #[test]
     fn specs_round_trip_and_bad_ones_name_themselves() {

@@ -166,6 +166,25 @@ fn segments_of(lens: &[usize]) -> Vec<Range<usize>> {
         .collect()
 }
 
+/// The segments [`Options::layers`] or [`Options::per_layer`] make of an input of `n`
+/// elements (none: one segment).
+pub(crate) fn segments(n: usize, opts: &Options) -> Result<Vec<Range<usize>>, String> {
+    Ok(match &opts.layers {
+        Some(shapes) => {
+            let lens: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
+            let total: usize = lens.iter().sum();
+            if total != n || lens.contains(&0) {
+                return Err(format!(
+                    "the layers hold {total} elements (none may be empty), the input {n}"
+                ));
+            }
+            segments_of(&lens)
+        }
+        None if opts.per_layer && opts.shape.is_none() => segments_of(&layer_lengths(n)),
+        None => Vec::new(),
+    })
+}
+
 /// Runs the benchmark on `input`, in a pool of [`Options::threads`] threads.
 pub fn run(input: &[f32], opts: &Options) -> Result<Vec<Row>, String> {
     rayon::ThreadPoolBuilder::new()
@@ -190,20 +209,7 @@ fn run_in_pool(input: &[f32], opts: &Options) -> Result<Vec<Row>, String> {
             ));
         }
     }
-    let segs = match &opts.layers {
-        Some(shapes) => {
-            let lens: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
-            let total: usize = lens.iter().sum();
-            if total != n || lens.contains(&0) {
-                return Err(format!(
-                    "the layers hold {total} elements (none may be empty), the input {n}"
-                ));
-            }
-            segments_of(&lens)
-        }
-        None if opts.per_layer && opts.shape.is_none() => segments_of(&layer_lengths(n)),
-        None => Vec::new(),
-    };
+    let segs = segments(n, opts)?;
     let workers = opts.workers.max(1);
     let ctx = Ctx {
         step: 1,

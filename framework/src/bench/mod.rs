@@ -3,6 +3,7 @@
 pub mod allreduce;
 mod common;
 pub mod compress;
+pub mod compress_device;
 pub mod exchange;
 pub mod gradient;
 pub mod models;

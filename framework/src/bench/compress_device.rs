@@ -1,0 +1,322 @@
+//! `dtrain bench compress --device D [--verify]`: the device codecs (`dtrain-device`) on
+//! the same input as the host bench, beside the host codecs.
+//!
+//! The input is uploaded once, as a gradient already on the device would be. A device
+//! compression is timed from the launch to its payload bytes on the host (the one copy per
+//! bucket the device path makes); a device decompression from the payload bytes on the host
+//! to the sum written on the device (upload included). Each is the best of `repeat` runs
+//! after a warm-up (the first run compiles the kernels). The host columns are
+//! [`super::compress::run`]'s on the same input, segments and thread count.
+//!
+//! `verify` checks every device payload against the host codec's for the same input and
+//! segments — bytes equal — and the device decoder against the host decoder on that
+//! payload — the sums equal bit for bit; a row that differs says where. A method without a
+//! device codec runs on the host only and says so (`on` = `host`).
+//!
+//! Built without a device runtime (features `wgpu` / `cuda`), [`run`] refuses with the
+//! command that builds one.
+
+use serde::Serialize;
+
+use super::compress::Options;
+
+/// One method's row.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceRow {
+    /// Method name as given (with parameters, if any).
+    pub method: String,
+    /// `device`, or `host` where the method has no device codec (the device columns are
+    /// then empty).
+    pub on: &'static str,
+    /// Elements in the input.
+    pub elements: usize,
+    /// Encoded payload size in bytes (header included).
+    pub payload_bytes: usize,
+    /// Device compression, GB/s of f32 input (payload on the host included).
+    pub device_compress_gbps: Option<f64>,
+    /// Device decompression, GB/s of f32 output (payload upload included).
+    pub device_decompress_gbps: Option<f64>,
+    /// The host codec's compression on the same input, GB/s.
+    pub host_compress_gbps: f64,
+    /// The host codec's decompression, GB/s.
+    pub host_decompress_gbps: f64,
+    /// `device_compress_gbps / host_compress_gbps`.
+    pub compress_speedup: Option<f64>,
+    /// With `verify`: `pass`, or `FAIL: …` saying where the device differs from the host.
+    pub verify: Option<String>,
+}
+
+impl DeviceRow {
+    /// Whether `verify` found a difference.
+    pub fn failed(&self) -> bool {
+        self.verify.as_deref().is_some_and(|v| v != "pass")
+    }
+}
+
+/// The device's name and a row per method of `opts` (every method with a device codec when
+/// `opts.methods` is empty).
+pub fn run(
+    input: &[f32],
+    opts: &Options,
+    device: &str,
+    verify: bool,
+) -> Result<(String, Vec<DeviceRow>), String> {
+    refuse_options(opts)?;
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    return enabled::run(input, opts, device, verify);
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = (input, verify);
+        Err(format!(
+            "--device {device}: this dtrain was built without a device runtime; build it \
+             with `cargo build --release -p dtrain-cli --features wgpu` (Vulkan, Metal, DX12) \
+             or `--features cuda`"
+        ))
+    }
+}
+
+/// The host bench's options the device bench does not measure yet, refused by name.
+fn refuse_options(opts: &Options) -> Result<(), String> {
+    let refused = [
+        (
+            opts.error_feedback,
+            "--error-feedback (the device memories are not written yet)",
+        ),
+        (
+            opts.workers > 1,
+            "--workers above 1 (the joint device decoders are not written yet)",
+        ),
+        (
+            opts.shape.is_some(),
+            "--shape (no device codec uses a tensor's shape yet)",
+        ),
+        (
+            opts.rounds > 0,
+            "--rounds (the device codecs keep no state between rounds yet)",
+        ),
+    ];
+    match refused.iter().find(|(on, _)| *on) {
+        Some((_, what)) => Err(format!("--device does not take {what}")),
+        None => Ok(()),
+    }
+}
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod enabled {
+    use std::time::Instant;
+
+    use dtrain_compress::{decompress_add, Ctx, Payload, Rng, METHODS};
+    use dtrain_device::{device_codec, DeviceCodec, DeviceSpec, Gpu, GpuBuffer};
+
+    use super::super::compress::{parse_method, segments, Options};
+    use super::DeviceRow;
+
+    pub(super) fn run(
+        input: &[f32],
+        opts: &Options,
+        device: &str,
+        verify: bool,
+    ) -> Result<(String, Vec<DeviceRow>), String> {
+        let spec: DeviceSpec = device.parse().map_err(|e| format!("--device: {e}"))?;
+        let gpu = Gpu::open(spec).map_err(|e| format!("--device: {e}"))?;
+        let specs: Vec<String> = if opts.methods.is_empty() {
+            METHODS
+                .iter()
+                .filter(|m| device_codec(&(m.default)()).is_some())
+                .map(|m| m.name.to_string())
+                .collect()
+        } else {
+            opts.methods.clone()
+        };
+        let segs = segments(input.len(), opts)?;
+        let grad = gpu.upload(input);
+        let gb = 4.0 * input.len() as f64 / 1e9;
+        let mut rows = Vec::new();
+        for spec in specs {
+            let host = super::super::compress::run(
+                input,
+                &Options {
+                    methods: vec![spec.clone()],
+                    ..opts.clone()
+                },
+            )?
+            .remove(0);
+            let mut row = DeviceRow {
+                method: spec.clone(),
+                on: "host",
+                elements: input.len(),
+                payload_bytes: host.payload_bytes,
+                device_compress_gbps: None,
+                device_decompress_gbps: None,
+                host_compress_gbps: host.compress_gbps,
+                host_decompress_gbps: host.decompress_gbps,
+                compress_speedup: None,
+                verify: None,
+            };
+            let cfg = parse_method(&spec)?;
+            if let Some(mut codec) = device_codec(&cfg) {
+                let err = |e: dtrain_device::DeviceError| format!("{spec} on {gpu}: {e}");
+                let mut payload = Payload::new();
+                let t_c = best_of(opts.repeat, || {
+                    let mut rng = Rng::for_step(0, 1, 0, 0);
+                    codec
+                        .encode(&gpu, &grad, &segs, &mut rng, &mut payload)
+                        .map_err(err)
+                })?;
+                let out = gpu.zeros(input.len());
+                let t_d = best_of(opts.repeat, || {
+                    codec
+                        .decode_add(&gpu, payload.as_bytes(), &out)
+                        .and_then(|()| gpu.sync())
+                        .map_err(err)
+                })?;
+                row.on = "device";
+                row.payload_bytes = payload.encoded_len();
+                row.device_compress_gbps = Some(gb / t_c);
+                row.device_decompress_gbps = Some(gb / t_d);
+                row.compress_speedup = Some(gb / t_c / host.compress_gbps);
+                if verify {
+                    row.verify = Some(check(&gpu, codec.as_ref(), &cfg, input, &segs, &payload)?);
+                }
+            }
+            rows.push(row);
+        }
+        Ok((gpu.to_string(), rows))
+    }
+
+    /// The best time of `repeat` runs of `f` after one warm-up, in seconds.
+    fn best_of(repeat: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+        let mut best = f64::INFINITY;
+        for i in 0..=repeat.max(1) {
+            let t = Instant::now();
+            f()?;
+            if i > 0 {
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+        }
+        Ok(best.max(1e-12))
+    }
+
+    /// `pass`, or where the device payload or the device decoder differs from the host's.
+    fn check(
+        gpu: &Gpu,
+        codec: &dyn DeviceCodec,
+        cfg: &dtrain_compress::CompressorConfig,
+        input: &[f32],
+        segs: &[std::ops::Range<usize>],
+        payload: &Payload,
+    ) -> Result<String, String> {
+        let mut host = cfg.build().map_err(|e| e.to_string())?;
+        let ctx = Ctx {
+            step: 1,
+            segments: segs,
+            ..Ctx::default()
+        };
+        let expected = dtrain_compress::compress_new(
+            host.as_mut(),
+            input,
+            &ctx,
+            &mut Rng::for_step(0, 1, 0, 0),
+        )
+        .map_err(|e| e.to_string())?;
+        let (d, h) = (payload.as_bytes(), expected.as_bytes());
+        if let Some(i) = (0..d.len().min(h.len())).find(|&i| d[i] != h[i]) {
+            return Ok(format!(
+                "FAIL: payload byte {i} differs (of {} / host {})",
+                d.len(),
+                h.len()
+            ));
+        }
+        if d.len() != h.len() {
+            return Ok(format!(
+                "FAIL: payload of {} bytes, host {}",
+                d.len(),
+                h.len()
+            ));
+        }
+        let mut want = vec![0f32; input.len()];
+        decompress_add(host.as_ref(), h, &mut want).map_err(|e| e.to_string())?;
+        let out: GpuBuffer = gpu.zeros(input.len());
+        codec.decode_add(gpu, h, &out).map_err(|e| e.to_string())?;
+        let got = gpu.download(&out).map_err(|e| e.to_string())?;
+        if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+            return Ok(format!(
+                "FAIL: decoded element {i} is {} (host {})",
+                got[i], want[i]
+            ));
+        }
+        Ok("pass".into())
+    }
+}
+
+/// The rows as a table.
+pub fn table(rows: &[DeviceRow]) -> String {
+    let w = rows
+        .iter()
+        .map(|r| r.method.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    let mut s = format!(
+        "{:<w$}  {:>6}  {:>9}  {:>10}  {:>12}  {:>10}  {:>12}  {:>8}  {}\n",
+        "method",
+        "on",
+        "bits/elem",
+        "comp GB/s",
+        "decomp GB/s",
+        "host comp",
+        "host decomp",
+        "comp x",
+        "verify"
+    );
+    let opt = |v: Option<f64>, prec: usize| match v {
+        Some(v) => format!("{v:.prec$}"),
+        None => "—".into(),
+    };
+    for r in rows {
+        s.push_str(&format!(
+            "{:<w$}  {:>6}  {:>9.3}  {:>10}  {:>12}  {:>10.3}  {:>12.3}  {:>8}  {}\n",
+            r.method,
+            r.on,
+            8.0 * r.payload_bytes as f64 / r.elements.max(1) as f64,
+            opt(r.device_compress_gbps, 3),
+            opt(r.device_decompress_gbps, 3),
+            r.host_compress_gbps,
+            r.host_decompress_gbps,
+            opt(r.compress_speedup, 2),
+            r.verify.as_deref().unwrap_or(match r.on {
+                "host" => "— (no device codec)",
+                _ => "",
+            }),
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_the_device_bench_cannot_measure_are_refused_by_name() {
+        let opts = Options {
+            error_feedback: true,
+            ..Options::default()
+        };
+        let e = run(&[1.0; 8], &opts, "wgpu", false).unwrap_err();
+        assert!(e.contains("--error-feedback"), "{e}");
+        let opts = Options {
+            workers: 4,
+            ..Options::default()
+        };
+        let e = run(&[1.0; 8], &opts, "wgpu", false).unwrap_err();
+        assert!(e.contains("--workers"), "{e}");
+    }
+
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    #[test]
+    fn without_a_runtime_the_device_bench_says_how_to_build_one() {
+        let e = run(&[1.0; 8], &Options::default(), "wgpu", true).unwrap_err();
+        assert!(e.contains("--features wgpu"), "{e}");
+    }
+}
