@@ -50,6 +50,9 @@ pub enum DeviceError {
         /// The length it got.
         found: usize,
     },
+    /// The method's configuration is refused (the host codec's own error).
+    #[error(transparent)]
+    Config(#[from] dtrain_compress::ConfigError),
     /// The input cannot be compressed (non-finite values, bad segments): the host codec's
     /// own error, with the same fields.
     #[error(transparent)]

@@ -4,19 +4,57 @@
 //! `compress`: `p = compensate(g)`, `payload = C(p)`, then the memory learns what was sent —
 //! the payload decoded on the device into zeros, `t`, and `e ← p − t` — as the host
 //! pipeline does with its payload. Nothing but the payload leaves the device.
+//!
+//! `decode_mean`: the receivers' side of an all-gather — every worker's payload, in rank
+//! order, decoded and summed on the device, times `1/P`, then the method's
+//! [`Combine::finish`] (signSGD's majority vote): the host's `decompress_mean` and
+//! `Combine::finish`, operation for operation.
 
 use std::ops::Range;
 
-use dtrain_compress::{MemoryConfig, Payload, Rng};
+use cubecl::prelude::*;
+use dtrain_compress::{Combine, CompressorConfig, MemoryConfig, Payload, Rng};
 
-use crate::codec::DeviceCodec;
+use crate::codec::{device_codec, DeviceCodec};
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
 use crate::memory::DeviceResidual;
+use crate::words::{geometry, grid_stride};
+
+/// `x *= k`.
+#[cube(launch)]
+fn scale_in_place(x: &mut [f32], k: f32) {
+    let mut i = ABSOLUTE_POS;
+    while i < x.len() {
+        x[i] *= k;
+        i += grid_stride();
+    }
+}
+
+/// `x = sign(x)` ∈ {−1, 0, +1}, zeros (either sign) to +0 and a NaN kept (the host's
+/// majority vote, `Combine::finish`).
+#[cube(launch)]
+fn majority_sign(x: &mut [f32]) {
+    let mut i = ABSOLUTE_POS;
+    while i < x.len() {
+        let v = x[i];
+        let mut s = v;
+        if v > 0.0 {
+            s = 1.0f32;
+        } else if v < 0.0 {
+            s = -1.0f32;
+        } else if v == 0.0 {
+            s = 0.0f32;
+        }
+        x[i] = s;
+        i += grid_stride();
+    }
+}
 
 /// A device codec with residual error feedback (or none).
 pub struct DevicePipeline {
     codec: Box<dyn DeviceCodec>,
+    combine: Combine,
     memory: Option<DeviceResidual>,
     /// `p` and `t` of the last bucket, reused while its length stays.
     compensated: Option<GpuBuffer>,
@@ -24,9 +62,12 @@ pub struct DevicePipeline {
 }
 
 impl DevicePipeline {
-    /// `codec` with `memory`: none, or the residual; another memory has no device form yet
-    /// and is refused by name.
-    pub fn new(codec: Box<dyn DeviceCodec>, memory: &MemoryConfig) -> Result<Self, DeviceError> {
+    /// The device codec of `cfg`'s method with `memory`: none, or the residual; a method
+    /// without a device codec, and another memory, have no device form yet and are refused
+    /// by name.
+    pub fn for_method(cfg: &CompressorConfig, memory: &MemoryConfig) -> Result<Self, DeviceError> {
+        let codec = device_codec(cfg).ok_or(DeviceError::NoCodec(cfg.name()))?;
+        let combine = cfg.build()?.combine();
         let memory = match *memory {
             MemoryConfig::None => None,
             MemoryConfig::Residual { beta, gamma } => Some(DeviceResidual::new(beta, gamma)),
@@ -34,6 +75,7 @@ impl DevicePipeline {
         };
         Ok(DevicePipeline {
             codec,
+            combine,
             memory,
             compensated: None,
             transmitted: None,
@@ -72,6 +114,31 @@ impl DevicePipeline {
         gpu.fill_zero(&t);
         self.codec.decode_add(gpu, out.as_bytes(), &t)?;
         memory.update(gpu, key, &p, &t)
+    }
+}
+
+impl DevicePipeline {
+    /// The mean of `payloads` (every worker's, in rank order) written into `out`: decoded
+    /// and summed on the device, times `inv` (`1/P`), then the method's combination (the
+    /// majority vote's sign). On a malformed payload the error carries its index and `out`
+    /// holds part of the sum.
+    pub fn decode_mean(
+        &self,
+        gpu: &Gpu,
+        payloads: &[&[u8]],
+        inv: f32,
+        out: &GpuBuffer,
+    ) -> Result<(), (usize, DeviceError)> {
+        gpu.fill_zero(out);
+        for (i, p) in payloads.iter().enumerate() {
+            self.codec.decode_add(gpu, p, out).map_err(|e| (i, e))?;
+        }
+        let (count, dim) = geometry(out.len());
+        scale_in_place::launch(gpu.client(), count.clone(), dim, out.arg(), inv);
+        if self.combine == Combine::MajorityVote {
+            majority_sign::launch(gpu.client(), count, dim, out.arg());
+        }
+        Ok(())
     }
 }
 

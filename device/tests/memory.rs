@@ -7,7 +7,7 @@
 use std::ops::Range;
 
 use dtrain_compress::{CompressorConfig, Ctx, MemoryConfig, Payload, Pipeline, Rng};
-use dtrain_device::{device_codec, DevicePipeline};
+use dtrain_device::DevicePipeline;
 
 mod common;
 
@@ -41,7 +41,7 @@ fn residual_after_each_device_step_is_the_hosts() {
     ] {
         let cfg = CompressorConfig::default_for(name).unwrap();
         let mut host = Pipeline::new(cfg.build().unwrap(), memory.build().unwrap());
-        let mut dev = DevicePipeline::new(device_codec(&cfg).unwrap(), &memory).unwrap();
+        let mut dev = DevicePipeline::for_method(&cfg, &memory).unwrap();
         let (mut hp, mut dp) = (Payload::new(), Payload::new());
         for step in 0..4u64 {
             let g = gradient(n, 31 * step + 5);
@@ -77,12 +77,78 @@ fn residual_after_each_device_step_is_the_hosts() {
 }
 
 #[test]
-fn memories_without_a_device_form_are_refused_by_name() {
+fn memories_and_methods_without_a_device_form_are_refused_by_name() {
     let cfg = CompressorConfig::default_for("topk").unwrap();
     let memory: MemoryConfig = toml::from_str("kind = \"low-pass\"").unwrap();
-    let e = DevicePipeline::new(device_codec(&cfg).unwrap(), &memory)
+    let e = DevicePipeline::for_method(&cfg, &memory)
         .err()
         .expect("refused")
         .to_string();
     assert!(e.contains("LowPass"), "{e}");
+    let dgc = CompressorConfig::default_for("dgc").unwrap();
+    let e = DevicePipeline::for_method(&dgc, &MemoryConfig::RESIDUAL)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("dgc"), "{e}");
+}
+
+/// A three-rank exchange on the device path gives the host path's mean (issue #51, item 4):
+/// each rank compresses its own gradient through its memory on the device, the payloads are
+/// gathered (here: collected in rank order, as the all-gather delivers them), and every rank
+/// decodes their mean on the device — equal bit for bit to the host's `decompress_mean` and
+/// `Combine::finish` of the host pipelines' payloads, over three steps, for a dense codec, a
+/// sparse one with error feedback and the majority vote.
+#[test]
+fn three_ranks_on_the_device_path_average_as_the_host_path() {
+    use dtrain_compress::{decompress_mean, Touched};
+    let gpu = common::open_test_device();
+    let (n, ranks) = (2500, 3);
+    let segs: Vec<Range<usize>> = vec![0..700, 700..2500];
+    let inv = 1.0 / ranks as f32;
+    for (name, memory) in [
+        ("fp16", MemoryConfig::None),
+        ("topk", MemoryConfig::RESIDUAL),
+        ("signsgd", MemoryConfig::None),
+    ] {
+        let cfg = CompressorConfig::default_for(name).unwrap();
+        let mut host: Vec<Pipeline> = (0..ranks)
+            .map(|_| Pipeline::new(cfg.build().unwrap(), memory.build().unwrap()))
+            .collect();
+        let mut dev: Vec<DevicePipeline> = (0..ranks)
+            .map(|_| DevicePipeline::for_method(&cfg, &memory).unwrap())
+            .collect();
+        for step in 0..3u64 {
+            let mut hp = vec![Payload::new(); ranks];
+            let mut dp = vec![Payload::new(); ranks];
+            for r in 0..ranks {
+                let g = gradient(n, 100 * step + r as u64);
+                let ctx = Ctx {
+                    step,
+                    rank: r as u32,
+                    segments: &segs,
+                    ..Ctx::default()
+                };
+                let mut rng = Rng::for_step(1, step, r as u64, 0);
+                host[r]
+                    .compress(&g, &ctx, &mut rng.clone(), &mut hp[r])
+                    .unwrap();
+                dev[r]
+                    .compress(&gpu, 0, &gpu.upload(&g), &segs, &mut rng, &mut dp[r])
+                    .unwrap();
+            }
+            assert_eq!(dp, hp, "{name}, step {step}: payloads");
+            let all: Vec<&[u8]> = hp.iter().map(|p| p.as_bytes()).collect();
+            let c = cfg.build().unwrap();
+            let mut want = vec![0f32; n];
+            decompress_mean(c.as_ref(), &all, inv, &mut want, &mut Touched::default()).unwrap();
+            c.combine().finish(&mut want);
+            for rank in &dev {
+                let out = gpu.zeros(n);
+                rank.decode_mean(&gpu, &all, inv, &out).unwrap();
+                let got = gpu.download(&out).unwrap();
+                assert_eq!(bits(&got), bits(&want), "{name}, step {step}: mean");
+            }
+        }
+    }
 }
