@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
+use crate::exact::ExactSum;
 use crate::memory::MemoryConfig;
 use crate::registry::Method;
 use crate::rng::Rng;
@@ -48,6 +49,29 @@ pub struct EfSignSgdConfig {
     /// `mean-abs`.
     #[serde(default, skip_serializing_if = "SignScale::is_default")]
     pub scale: SignScale,
+    /// How `‖p‖₁` is summed: `f64` (the default: an `f64` loop in element order) or `exact`
+    /// (exactly, in any order, rounded once: [`ExactSum`] — the mode a device codec computes
+    /// identically, so its payload can be checked byte for byte). `exact` is written for
+    /// `scale = "mean-abs"`.
+    #[serde(default, skip_serializing_if = "Sum::is_f64")]
+    pub sum: Sum,
+}
+
+/// How a per-tensor sum is accumulated (see [`EfSignSgdConfig::sum`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sum {
+    /// An `f64` loop in element order.
+    #[default]
+    F64,
+    /// Exact and order-free, rounded once to `f64` ([`ExactSum`]).
+    Exact,
+}
+
+impl Sum {
+    fn is_f64(&self) -> bool {
+        *self == Sum::F64
+    }
 }
 
 /// The magnitude that multiplies a tensor's signs.
@@ -89,7 +113,16 @@ impl Method for EfSignSgdConfig {
     const ID: MethodId = MethodId(17);
 
     fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
-        Ok(Box::new(EfSignSgd { scale: self.scale }))
+        if self.sum == Sum::Exact && self.scale != SignScale::MeanAbs {
+            return Err(ConfigError::new(
+                "sum",
+                "\"exact\" is written for scale = \"mean-abs\" only".to_string(),
+            ));
+        }
+        Ok(Box::new(EfSignSgd {
+            scale: self.scale,
+            sum: self.sum,
+        }))
     }
 
     /// The scaled sign is biased: the paper's error feedback is the residual memory.
@@ -98,11 +131,24 @@ impl Method for EfSignSgdConfig {
     }
 }
 
+/// Reads and checks one segment body of `n` elements: the scale and the sign bytes (public
+/// for decoders that add the values elsewhere: the device codec of `dtrain-device`).
+pub fn read_segment<'a>(r: &mut Reader<'a>, n: usize) -> Result<(f32, &'a [u8]), WireError> {
+    let scale = r.finite_f32("ef-signsgd scale")?;
+    if scale < 0.0 {
+        return Err(WireError::Invalid("ef-signsgd scale is negative"));
+    }
+    let bits = r.sign_bits(n, "ef-signsgd sign bits (unused bits must be 0)")?;
+    Ok((scale, bits))
+}
+
 /// The EF-SignSGD compressor (stateless and deterministic: it ignores the [`Rng`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EfSignSgd {
     /// How each tensor's scale is computed.
     pub scale: SignScale,
+    /// How its sum is accumulated.
+    pub sum: Sum,
 }
 
 impl Compressor for EfSignSgd {
@@ -121,17 +167,17 @@ impl Compressor for EfSignSgd {
     }
 
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
-        w.f32(self.scale.of(x));
+        w.f32(match self.sum {
+            Sum::F64 => self.scale.of(x),
+            // Mean-abs (checked at build): the exact Σ|p|, rounded once, over d.
+            Sum::Exact => (ExactSum::of_abs(x).to_f64() / x.len() as f64) as f32,
+        });
         // 1 for p_j ≥ 0 (−0.0 included; the framing has checked x is finite).
         w.sign_bits(x);
     }
 
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
-        let scale = r.finite_f32("ef-signsgd scale")?;
-        if scale < 0.0 {
-            return Err(WireError::Invalid("ef-signsgd scale is negative"));
-        }
-        let bits = r.sign_bits(out.len(), "ef-signsgd sign bits (unused bits must be 0)")?;
+        let (scale, bits) = read_segment(r, out.len())?;
         for (chunk, &b) in out.chunks_mut(8).zip(bits) {
             for (k, o) in chunk.iter_mut().enumerate() {
                 *o += if b >> k & 1 == 1 { scale } else { -scale };
@@ -235,6 +281,36 @@ mod tests {
                 grad_sum[j]
             );
         }
+    }
+
+    /// `sum = "exact"`: the scale is the exactly summed mean magnitude — the same as the
+    /// f64 loop's here but for the last bit at most, order-free — and the Rms scale refuses
+    /// it by name.
+    #[test]
+    fn the_exact_sum_mode_gives_the_exact_mean_magnitude() {
+        use crate::compressor::compress_new;
+        let cfg: EfSignSgdConfig = toml::from_str("sum = \"exact\"").unwrap();
+        let mut c = cfg.build().unwrap();
+        let mut r = Rng::seed_from_u64(4);
+        let x: Vec<f32> = (0..5000)
+            .map(|i| (r.next_f32() - 0.5) * 10f32.powi((i % 20) - 10))
+            .collect();
+        let p = compress_new(c.as_mut(), &x, &Ctx::default(), &mut r).unwrap();
+        let scale = f32::from_le_bytes(p.as_bytes()[12..16].try_into().unwrap());
+        let want = (ExactSum::of_abs(&x).to_f64() / 5000.0) as f32;
+        assert_eq!(scale.to_bits(), want.to_bits());
+        let loose = SignScale::MeanAbs.of(&x);
+        assert!(
+            scale.to_bits().abs_diff(loose.to_bits()) <= 1,
+            "{scale} vs {loose}"
+        );
+        let e = toml::from_str::<EfSignSgdConfig>("sum = \"exact\"\nscale = \"rms\"")
+            .unwrap()
+            .build()
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("compress.sum"), "{e}");
     }
 
     #[test]

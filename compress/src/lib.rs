@@ -54,6 +54,7 @@
 // The seams and helpers.
 pub mod compressor;
 pub mod error;
+pub mod exact;
 mod finite;
 mod half16;
 mod lanes;
@@ -151,5 +152,6 @@ pub fn baseline() -> CompressorConfig {
 pub fn one_bit_momentum() -> CompressorConfig {
     CompressorConfig::from(efsignsgd::EfSignSgdConfig {
         scale: efsignsgd::SignScale::Rms,
+        ..Default::default()
     })
 }

@@ -21,11 +21,12 @@
 //!   device `Gpu` and its flat `f32` buffers `GpuBuffer`.
 //! * `codec`: the `DeviceCodec` seam, the framing around the kernels' bodies, and
 //!   `device_codec`, which names the methods that have a device codec.
-//! * One file per method, mirroring `compress/src/`: `fp16`, `bf16` (their conversion
+//! * One file per method, mirroring `compress/src/`: `efsignsgd` (exact sums), `fp16`,
+//!   `bf16` (their conversion
 //!   kernels in `half16`), `natural` (counter draws), `signsgd` (`signsgd` and `signum`),
 //!   `terngrad` (counter draws),
 //!   `threshold`, `topk`. `select` holds the ordered compaction `topk` and `threshold`
-//!   share; `counter` the counter-based draws; `words` the helpers every kernel shares
+//!   share; `counter` the counter-based draws; `exact` the exact sums; `words` the helpers every kernel shares
 //!   (grid-stride launch sizes, byte streams packed in `u32` words, segment search).
 //! * `memory`: `DeviceResidual`, residual error feedback with its buffers on the device;
 //!   `pipeline`: `DevicePipeline`, a codec and its memory as the trainer uses them.
@@ -42,7 +43,9 @@ with_a_runtime! {
     pub mod bf16;
     pub mod codec;
     mod counter;
+    pub mod efsignsgd;
     pub mod error;
+    mod exact;
     pub mod fp16;
     pub mod gpu;
     mod half16;

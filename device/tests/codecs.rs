@@ -24,6 +24,7 @@ const METHODS: &[&str] = &[
     "topk",
     "kind = \"terngrad\"\nclip = 0.0\ndraws = \"counter\"",
     "kind = \"natural\"\ndraws = \"counter\"",
+    "kind = \"ef-signsgd\"\nsum = \"exact\"",
     "kind = \"threshold\"\ntau = 0.5",
     "kind = \"threshold\"\ntau = 1e-3\ncoding = \"golomb-rice\"",
 ];
@@ -241,6 +242,7 @@ fn methods_without_a_device_codec_say_so() {
     // clipping neither.
     assert!(device_codec(&cfg("terngrad")).is_none());
     assert!(device_codec(&cfg("natural")).is_none());
+    assert!(device_codec(&cfg("ef-signsgd")).is_none());
     assert!(device_codec(&cfg("kind = \"terngrad\"\ndraws = \"counter\"")).is_none());
     assert!(device_codec(&cfg("none")).is_none());
 }

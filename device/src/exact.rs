@@ -1,0 +1,92 @@
+//! Exact, order-free sums on the device: the bins of `dtrain_compress::exact::ExactSum`
+//! accumulated with 32-bit atomics — each bin a low and a high word, a carry into the high
+//! one where the low one wraps — then read back, and rounded once on the host. The host's
+//! number by construction, whatever order the device adds in.
+//!
+//! Every element of a segment with the same exponent adds into the same pair of words, so
+//! on a GPU the atomics contend; per-cube bins in shared memory would cut that by the cube
+//! size (not written yet: lavapipe checks results, not speed).
+
+use std::ops::Range;
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use dtrain_compress::exact::ExactSum;
+
+use crate::error::DeviceError;
+use crate::gpu::{Gpu, GpuBuffer};
+use crate::words::{geometry, grid_stride, segment_of};
+
+/// Bins per segment (one per exponent field).
+const BINS: usize = 256;
+
+/// Adds each element's magnitude to its segment's bins (`2·256` words a segment: low and
+/// high word of each bin); a non-finite element lowers `first_bad` to its index.
+#[cube(launch)]
+fn abs_bins(x: &[f32], starts: &[u32], bins: &[Atomic<u32>], first_bad: &[Atomic<u32>]) {
+    let mut i = ABSOLUTE_POS;
+    while i < x.len() {
+        let bits = u32::reinterpret(x[i]);
+        let e = (bits >> 23) & 0xFF;
+        if e == 0xFF {
+            first_bad[0].fetch_min(i as u32);
+        } else {
+            let mut bin = e;
+            let mut m = bits & 0x7F_FFFF;
+            if e == 0 {
+                bin = 1;
+            } else {
+                m |= 0x80_0000;
+            }
+            let seg = segment_of(starts, i as u32);
+            let at = (2 * (256 * seg + bin)) as usize;
+            let old = bins[at].fetch_add(m);
+            if old > 0xFFFF_FFFF - m {
+                bins[at + 1].fetch_add(1);
+            }
+        }
+        i += grid_stride();
+    }
+}
+
+/// The exact `Σ|x|` of each segment of `grad` (the element table `starts` on the device), or
+/// the index of its first non-finite element.
+pub(crate) fn abs_sums(
+    gpu: &Gpu,
+    grad: &GpuBuffer,
+    segs: &[Range<usize>],
+    starts: &(Handle, usize),
+) -> Result<Result<Vec<ExactSum>, usize>, DeviceError> {
+    let words = 2 * BINS * segs.len();
+    let bins = gpu.words(words, 0);
+    let first_bad = gpu.words(1, u32::MAX);
+    let (count, dim) = geometry(grad.len());
+    // SAFETY: `starts` holds S + 1 words, `bins` 2·256·S, `first_bad` one.
+    unsafe {
+        abs_bins::launch(
+            gpu.client(),
+            count,
+            dim,
+            grad.arg(),
+            BufferArg::from_raw_parts(starts.0.clone(), starts.1),
+            BufferArg::from_raw_parts(bins.clone(), words),
+            BufferArg::from_raw_parts(first_bad.clone(), 1),
+        );
+    }
+    let read = gpu.read_words(vec![bins, first_bad], "reading exact sums")?;
+    let word = |b: &[u8], i: usize| u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap());
+    let bad = word(&read[1], 0);
+    if bad != u32::MAX {
+        return Ok(Err(bad as usize));
+    }
+    Ok(Ok((0..segs.len())
+        .map(|s| {
+            let mut b = [0u64; BINS];
+            for (e, v) in b.iter_mut().enumerate() {
+                let at = 2 * (BINS * s + e);
+                *v = u64::from(word(&read[0], at)) | u64::from(word(&read[0], at + 1)) << 32;
+            }
+            ExactSum::from_bins(b)
+        })
+        .collect()))
+}
