@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
 use crate::exact::ExactSum;
+pub use crate::exact::Sum;
 use crate::memory::MemoryConfig;
 use crate::registry::Method;
 use crate::rng::Rng;
@@ -55,23 +56,6 @@ pub struct EfSignSgdConfig {
     /// `scale = "mean-abs"`.
     #[serde(default, skip_serializing_if = "Sum::is_f64")]
     pub sum: Sum,
-}
-
-/// How a per-tensor sum is accumulated (see [`EfSignSgdConfig::sum`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Sum {
-    /// An `f64` loop in element order.
-    #[default]
-    F64,
-    /// Exact and order-free, rounded once to `f64` ([`ExactSum`]).
-    Exact,
-}
-
-impl Sum {
-    fn is_f64(&self) -> bool {
-        *self == Sum::F64
-    }
 }
 
 /// The magnitude that multiplies a tensor's signs.

@@ -14,6 +14,26 @@
 //! ([`ExactSum::from_bins`]) and finishes the scalar arithmetic — so both sides compute the
 //! same number by construction.
 
+/// How a codec accumulates a per-tensor sum (`sum` in the configs of `ef-signsgd` and
+/// `onebit`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sum {
+    /// An `f64` loop in the method's own order (the default).
+    #[default]
+    F64,
+    /// Exact and order-free, rounded once to `f64` ([`ExactSum`]): what a device codec
+    /// computes identically.
+    Exact,
+}
+
+impl Sum {
+    /// Whether this is the default (for `skip_serializing_if`).
+    pub fn is_f64(&self) -> bool {
+        *self == Sum::F64
+    }
+}
+
 /// The exact sum of a set of `f32` magnitudes, as one integer per exponent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExactSum {

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, Ctx, FirstNonFinite, MethodId};
 use crate::error::{ConfigError, WireError};
+use crate::exact::{ExactSum, Sum};
 use crate::memory::MemoryConfig;
 use crate::registry::Method;
 use crate::rng::Rng;
@@ -39,6 +40,11 @@ pub struct OneBitConfig {
     /// each segment is a single column.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub column: Option<usize>,
+    /// How the column sums are accumulated: `f64` (the default: an `f64` loop) or `exact`
+    /// (exactly, in any order, rounded once: [`ExactSum`] — the mode a device codec computes
+    /// identically).
+    #[serde(default, skip_serializing_if = "Sum::is_f64")]
+    pub sum: Sum,
 }
 
 impl Method for OneBitConfig {
@@ -69,6 +75,7 @@ impl OneBitConfig {
         }
         Ok(OneBit {
             column: self.column,
+            sum: self.sum,
             non_finite: FirstNonFinite::default(),
         })
     }
@@ -78,6 +85,7 @@ impl OneBitConfig {
 #[derive(Debug, Clone)]
 pub struct OneBit {
     column: Option<usize>,
+    sum: Sum,
     non_finite: FirstNonFinite,
 }
 
@@ -142,6 +150,35 @@ fn column_means_lanes(x: &[f32]) -> Option<(f32, f32)> {
     Some((mp, mn))
 }
 
+/// [`column_means`] from exact sums ([`Sum::Exact`]): `μ+ = (Σ_{p ≥ 0} p) / n+` and
+/// `μ− = −(Σ_{p < 0} |p|) / n−`, each sum exact and rounded once to `f64` (rounding is
+/// symmetric, so the negative mean is the same as from a negative sum).
+fn column_means_exact(x: &[f32]) -> Option<(f32, f32)> {
+    if x.iter().any(|v| !v.is_finite()) {
+        return None;
+    }
+    let (mut pos, mut neg, mut pos_n) = (ExactSum::default(), ExactSum::default(), 0usize);
+    for &v in x {
+        if v >= 0.0 {
+            pos.add_abs(v);
+            pos_n += 1;
+        } else {
+            neg.add_abs(v);
+        }
+    }
+    Some(means_from_sums(&pos, pos_n, &neg, x.len() - pos_n))
+}
+
+/// `(μ+, μ−)` from the exact sums of a column's non-negative values (`pos_n` of them) and of
+/// its negative values' magnitudes (`neg_n`); 0 for an empty side.
+pub fn means_from_sums(pos: &ExactSum, pos_n: usize, neg: &ExactSum, neg_n: usize) -> (f32, f32) {
+    let mean = |s: &ExactSum, k: usize| match k {
+        0 => 0.0,
+        _ => (s.to_f64() / k as f64) as f32,
+    };
+    (mean(pos, pos_n), -mean(neg, neg_n) + 0.0)
+}
+
 vector_dispatch! {
     /// The sign bits of `x` into `bits` (`⌈len/8⌉` bytes, LSB first).
     fn sign_bits(x: &[f32], bits: &mut [u8]) = sign_bits_lanes;
@@ -156,6 +193,36 @@ fn sign_bits_lanes(x: &[f32], bits: &mut [u8]) {
         }
         *o = b;
     }
+}
+
+/// Reads one segment body of `n` elements in `m` columns: the means' bytes (`8m`, checked
+/// by [`mean_pair`]) and the sign bytes (padding checked). Public, with [`mean_pair`], for
+/// decoders that add the values elsewhere (the device codec of `dtrain-device`).
+pub fn read_segment<'a>(
+    r: &mut Reader<'a>,
+    n: usize,
+    m: usize,
+) -> Result<(&'a [u8], &'a [u8]), WireError> {
+    let means = r.take_items(m, 8, "onebit means")?;
+    let bits = r.take(n.div_ceil(8), "onebit bits")?;
+    if !n.is_multiple_of(8) && bits[bits.len() - 1] >> (n % 8) != 0 {
+        return Err(WireError::Invalid("onebit padding bits are not zero"));
+    }
+    Ok((means, bits))
+}
+
+/// Column `j`'s `(μ+, μ−)` from the means' bytes, checked: `μ+` finite and `≥ +0`, `μ−`
+/// finite and negative or `+0`.
+pub fn mean_pair(means: &[u8], j: usize) -> Result<(f32, f32), WireError> {
+    let mp = f32_at(means, 2 * j);
+    let mn = f32_at(means, 2 * j + 1);
+    if !(mp.is_finite() && mp.is_sign_positive()) {
+        return Err(WireError::Invalid("onebit μ+ is negative or not finite"));
+    }
+    if !(mn.is_finite() && (mn < 0.0 || mn.to_bits() == 0)) {
+        return Err(WireError::Invalid("onebit μ− is not negative (or +0)"));
+    }
+    Ok((mp, mn))
 }
 
 impl Compressor for OneBit {
@@ -182,7 +249,11 @@ impl Compressor for OneBit {
         let body = w.zeroed(8 * m + n.div_ceil(8));
         let (means, bits) = body.split_at_mut(8 * m);
         for (j, (col, o)) in x.chunks(c).zip(means.chunks_exact_mut(8)).enumerate() {
-            let (mp, mn) = match column_means(col) {
+            let means = match self.sum {
+                Sum::F64 => column_means(col),
+                Sum::Exact => column_means_exact(col),
+            };
+            let (mp, mn) = match means {
                 Some(means) => means,
                 None => {
                     let bad = col.iter().position(|v| !v.is_finite());
@@ -207,20 +278,9 @@ impl Compressor for OneBit {
         let n = out.len();
         let c = self.col(n);
         let m = n.div_ceil(c);
-        let means = r.take_items(m, 8, "onebit means")?;
-        let bits = r.take(n.div_ceil(8), "onebit bits")?;
-        if !n.is_multiple_of(8) && bits[bits.len() - 1] >> (n % 8) != 0 {
-            return Err(WireError::Invalid("onebit padding bits are not zero"));
-        }
+        let (means, bits) = read_segment(r, n, m)?;
         for (j, o) in out.chunks_mut(c).enumerate() {
-            let mp = f32_at(means, 2 * j);
-            let mn = f32_at(means, 2 * j + 1);
-            if !(mp.is_finite() && mp.is_sign_positive()) {
-                return Err(WireError::Invalid("onebit μ+ is negative or not finite"));
-            }
-            if !(mn.is_finite() && (mn < 0.0 || mn.to_bits() == 0)) {
-                return Err(WireError::Invalid("onebit μ− is not negative (or +0)"));
-            }
+            let (mp, mn) = mean_pair(means, j)?;
             let table = [mn, mp];
             let start = j * c;
             if start.is_multiple_of(8) {
@@ -264,7 +324,12 @@ mod tests {
     use crate::CompressorConfig;
 
     fn onebit(column: Option<usize>) -> OneBit {
-        OneBitConfig { column }.init().unwrap()
+        OneBitConfig {
+            column,
+            ..OneBitConfig::default()
+        }
+        .init()
+        .unwrap()
     }
 
     fn round_trip(c: &mut OneBit, x: &[f32]) -> (Payload, Vec<f32>) {
@@ -272,6 +337,59 @@ mod tests {
         let mut q = vec![0f32; x.len()];
         decompress(c, p.as_bytes(), &mut q).unwrap();
         (p, q)
+    }
+
+    /// `sum = "exact"`: the means are the exactly summed ones — within an ulp of the f64
+    /// loop's, the same whatever the order — in every column layout.
+    #[test]
+    fn exact_sums_give_the_exact_means() {
+        let mut rng = Rng::seed_from_u64(8);
+        let x: Vec<f32> = (0..3000)
+            .map(|i| (rng.next_f32() - 0.5) * 10f32.powi((i % 17) - 8))
+            .collect();
+        for column in COLUMNS {
+            let mut exact = OneBitConfig {
+                column,
+                sum: Sum::Exact,
+            }
+            .init()
+            .unwrap();
+            let (p, _) = round_trip(&mut exact, &x);
+            let (q, _) = round_trip(&mut onebit(column), &x);
+            let c = exact.col(x.len());
+            for (j, col) in x.chunks(c).enumerate() {
+                let (mut pos, mut neg) = (ExactSum::default(), ExactSum::default());
+                let pos_n = col.iter().filter(|v| **v >= 0.0).count();
+                for &v in col {
+                    if v >= 0.0 {
+                        pos.add_abs(v)
+                    } else {
+                        neg.add_abs(v)
+                    }
+                }
+                let want = means_from_sums(&pos, pos_n, &neg, col.len() - pos_n);
+                let got = (
+                    f32_at(&p.as_bytes()[12..], 2 * j),
+                    f32_at(&p.as_bytes()[12..], 2 * j + 1),
+                );
+                assert_eq!(
+                    (got.0.to_bits(), got.1.to_bits()),
+                    (want.0.to_bits(), want.1.to_bits())
+                );
+                let loose = (
+                    f32_at(&q.as_bytes()[12..], 2 * j),
+                    f32_at(&q.as_bytes()[12..], 2 * j + 1),
+                );
+                assert!(
+                    got.0.to_bits().abs_diff(loose.0.to_bits()) <= 1,
+                    "{got:?} {loose:?}"
+                );
+                assert!(
+                    got.1.to_bits().abs_diff(loose.1.to_bits()) <= 1,
+                    "{got:?} {loose:?}"
+                );
+            }
+        }
     }
 
     const COLUMNS: [Option<usize>; 6] = [None, Some(1), Some(7), Some(64), Some(100), Some(5000)];
@@ -396,7 +514,10 @@ mod tests {
     }
 
     fn pipeline(column: Option<usize>) -> Pipeline {
-        let cfg = CompressorConfig::OneBit(OneBitConfig { column });
+        let cfg = CompressorConfig::OneBit(OneBitConfig {
+            column,
+            ..OneBitConfig::default()
+        });
         assert_eq!(cfg.default_memory(), MemoryConfig::RESIDUAL);
         Pipeline::new(cfg.build().unwrap(), cfg.default_memory().build().unwrap())
     }
@@ -541,7 +662,10 @@ mod tests {
         let cfg: CompressorConfig = toml::from_str("kind = \"onebit\"\ncolumn = 64").unwrap();
         assert_eq!(
             cfg,
-            CompressorConfig::OneBit(OneBitConfig { column: Some(64) })
+            CompressorConfig::OneBit(OneBitConfig {
+                column: Some(64),
+                ..OneBitConfig::default()
+            })
         );
         let text = toml::to_string(&cfg).unwrap();
         assert_eq!(toml::from_str::<CompressorConfig>(&text).unwrap(), cfg);

@@ -15,15 +15,25 @@ use dtrain_compress::exact::ExactSum;
 
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
+use crate::select::word;
 use crate::words::{geometry, grid_stride, segment_of};
 
 /// Bins per segment (one per exponent field).
 const BINS: usize = 256;
 
-/// Adds each element's magnitude to its segment's bins (`2·256` words a segment: low and
-/// high word of each bin); a non-finite element lowers `first_bad` to its index.
+/// Adds each element's magnitude to its class's bins (`2·256` words a class: the low and
+/// high word of each bin) and counts it; a class is the element's segment, or with `split`
+/// the segment and the sign (class `2s` for `p ≥ 0`, −0.0 included; `2s + 1` for `p < 0`).
+/// A non-finite element lowers `first_bad` to its index.
 #[cube(launch)]
-fn abs_bins(x: &[f32], starts: &[u32], bins: &[Atomic<u32>], first_bad: &[Atomic<u32>]) {
+fn abs_bins(
+    x: &[f32],
+    starts: &[u32],
+    bins: &[Atomic<u32>],
+    counts: &[Atomic<u32>],
+    first_bad: &[Atomic<u32>],
+    #[comptime] split: bool,
+) {
     let mut i = ABSOLUTE_POS;
     while i < x.len() {
         let bits = u32::reinterpret(x[i]);
@@ -38,8 +48,15 @@ fn abs_bins(x: &[f32], starts: &[u32], bins: &[Atomic<u32>], first_bad: &[Atomic
             } else {
                 m |= 0x80_0000;
             }
-            let seg = segment_of(starts, i as u32);
-            let at = (2 * (256 * seg + bin)) as usize;
+            let mut class = segment_of(starts, i as u32);
+            if split {
+                class *= 2;
+                if bits > 0x8000_0000 {
+                    class += 1;
+                }
+            }
+            counts[class as usize].fetch_add(1);
+            let at = (2 * (256 * class + bin)) as usize;
             let old = bins[at].fetch_add(m);
             if old > 0xFFFF_FFFF - m {
                 bins[at + 1].fetch_add(1);
@@ -49,19 +66,24 @@ fn abs_bins(x: &[f32], starts: &[u32], bins: &[Atomic<u32>], first_bad: &[Atomic
     }
 }
 
-/// The exact `Σ|x|` of each segment of `grad` (the element table `starts` on the device), or
-/// the index of its first non-finite element.
+/// The exact `Σ|x|` of each class of `grad`'s elements and how many it holds — a class per
+/// segment, or with `split` two (`p ≥ 0`, then `p < 0`) — from the element table `starts`
+/// on the device; or the index of the first non-finite element.
 pub(crate) fn abs_sums(
     gpu: &Gpu,
     grad: &GpuBuffer,
     segs: &[Range<usize>],
     starts: &(Handle, usize),
-) -> Result<Result<Vec<ExactSum>, usize>, DeviceError> {
-    let words = 2 * BINS * segs.len();
+    split: bool,
+) -> Result<Result<Vec<(ExactSum, u32)>, usize>, DeviceError> {
+    let classes = segs.len() * if split { 2 } else { 1 };
+    let words = 2 * BINS * classes;
     let bins = gpu.words(words, 0);
+    let counts = gpu.words(classes, 0);
     let first_bad = gpu.words(1, u32::MAX);
     let (count, dim) = geometry(grad.len());
-    // SAFETY: `starts` holds S + 1 words, `bins` 2·256·S, `first_bad` one.
+    // SAFETY: `starts` holds S + 1 words, `bins` 2·256 a class, `counts` one a class,
+    // `first_bad` one.
     unsafe {
         abs_bins::launch(
             gpu.client(),
@@ -70,23 +92,24 @@ pub(crate) fn abs_sums(
             grad.arg(),
             BufferArg::from_raw_parts(starts.0.clone(), starts.1),
             BufferArg::from_raw_parts(bins.clone(), words),
+            BufferArg::from_raw_parts(counts.clone(), classes),
             BufferArg::from_raw_parts(first_bad.clone(), 1),
+            split,
         );
     }
-    let read = gpu.read_words(vec![bins, first_bad], "reading exact sums")?;
-    let word = |b: &[u8], i: usize| u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap());
-    let bad = word(&read[1], 0);
+    let read = gpu.read_words(vec![bins, counts, first_bad], "reading exact sums")?;
+    let bad = word(&read[2], 0);
     if bad != u32::MAX {
         return Ok(Err(bad as usize));
     }
-    Ok(Ok((0..segs.len())
-        .map(|s| {
+    Ok(Ok((0..classes)
+        .map(|c| {
             let mut b = [0u64; BINS];
             for (e, v) in b.iter_mut().enumerate() {
-                let at = 2 * (BINS * s + e);
+                let at = 2 * (BINS * c + e);
                 *v = u64::from(word(&read[0], at)) | u64::from(word(&read[0], at + 1)) << 32;
             }
-            ExactSum::from_bins(b)
+            (ExactSum::from_bins(b), word(&read[1], c))
         })
         .collect()))
 }

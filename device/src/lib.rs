@@ -21,12 +21,14 @@
 //!   device `Gpu` and its flat `f32` buffers `GpuBuffer`.
 //! * `codec`: the `DeviceCodec` seam, the framing around the kernels' bodies, and
 //!   `device_codec`, which names the methods that have a device codec.
-//! * One file per method, mirroring `compress/src/`: `efsignsgd` (exact sums), `fp16`,
+//! * One file per method, mirroring `compress/src/`: `efsignsgd` and `onebit` (exact
+//!   sums), `fp16`,
 //!   `bf16` (their conversion
 //!   kernels in `half16`), `natural` (counter draws), `signsgd` (`signsgd` and `signum`),
 //!   `terngrad` (counter draws),
 //!   `threshold`, `topk`. `select` holds the ordered compaction `topk` and `threshold`
-//!   share; `counter` the counter-based draws; `exact` the exact sums; `words` the helpers every kernel shares
+//!   share; `signs` the sign bits behind per-segment header words of `efsignsgd` and
+//!   `onebit`; `counter` the counter-based draws; `exact` the exact sums; `words` the helpers every kernel shares
 //!   (grid-stride launch sizes, byte streams packed in `u32` words, segment search).
 //! * `memory`: `DeviceResidual`, residual error feedback with its buffers on the device;
 //!   `pipeline`: `DevicePipeline`, a codec and its memory as the trainer uses them.
@@ -51,8 +53,10 @@ with_a_runtime! {
     mod half16;
     pub mod memory;
     pub mod natural;
+    pub mod onebit;
     pub mod pipeline;
     mod select;
+    mod signs;
     pub mod signsgd;
     pub mod terngrad;
     pub mod threshold;

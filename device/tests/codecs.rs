@@ -25,6 +25,7 @@ const METHODS: &[&str] = &[
     "kind = \"terngrad\"\nclip = 0.0\ndraws = \"counter\"",
     "kind = \"natural\"\ndraws = \"counter\"",
     "kind = \"ef-signsgd\"\nsum = \"exact\"",
+    "kind = \"onebit\"\nsum = \"exact\"",
     "kind = \"threshold\"\ntau = 0.5",
     "kind = \"threshold\"\ntau = 1e-3\ncoding = \"golomb-rice\"",
 ];
@@ -243,6 +244,8 @@ fn methods_without_a_device_codec_say_so() {
     assert!(device_codec(&cfg("terngrad")).is_none());
     assert!(device_codec(&cfg("natural")).is_none());
     assert!(device_codec(&cfg("ef-signsgd")).is_none());
+    assert!(device_codec(&cfg("onebit")).is_none());
+    assert!(device_codec(&cfg("kind = \"onebit\"\nsum = \"exact\"\ncolumn = 64")).is_none());
     assert!(device_codec(&cfg("kind = \"terngrad\"\ndraws = \"counter\"")).is_none());
     assert!(device_codec(&cfg("none")).is_none());
 }
