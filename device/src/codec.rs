@@ -20,7 +20,7 @@ use std::ops::Range;
 
 use cubecl::server::Handle;
 use dtrain_compress::compressor::effective_segments;
-use dtrain_compress::{
+use dtrain_compress::{Ctx, 
     read_frame, write_frame_header, CompressError, CompressorConfig, MethodId, Payload, Rng,
     WireError,
 };
@@ -35,13 +35,14 @@ pub trait DeviceCodec: Send {
     fn method(&self) -> MethodId;
 
     /// Encodes `grad` into `out` (cleared first): the bytes the host codec writes for the
-    /// same values, `segments` (empty: one segment over the whole buffer) and encoder `rng`
-    /// (drawn from as the host codec draws; the deterministic codecs ignore it).
+    /// same values, context (`ctx.segments`: the layer boundaries, empty for one segment;
+    /// `ctx.step` for a schedule) and encoder `rng` (drawn from as the host codec draws;
+    /// the deterministic codecs ignore it).
     fn encode(
         &mut self,
         gpu: &Gpu,
         grad: &GpuBuffer,
-        segments: &[Range<usize>],
+        ctx: &Ctx<'_>,
         rng: &mut Rng,
         out: &mut Payload,
     ) -> Result<(), DeviceError>;
@@ -190,11 +191,11 @@ impl<C: StreamCodec> DeviceCodec for Stream<C> {
         &mut self,
         gpu: &Gpu,
         grad: &GpuBuffer,
-        segments: &[Range<usize>],
+        ctx: &Ctx<'_>,
         rng: &mut Rng,
         out: &mut Payload,
     ) -> Result<(), DeviceError> {
-        let segs = begin_payload(self.0.method(), grad.len(), segments, out)?;
+        let segs = begin_payload(self.0.method(), grad.len(), ctx.segments, out)?;
         if segs.is_empty() {
             return Ok(());
         }

@@ -10,10 +10,8 @@
 //! The default `sum = "f64"` (an `f64` loop in element order) and the RMS scale of 1-bit
 //! Adam have no device form yet.
 
-use std::ops::Range;
-
 use dtrain_compress::efsignsgd::{read_segment, EfSignSgdConfig, SignScale, Sum};
-use dtrain_compress::{read_frame, CompressError, Method, MethodId, Payload, Rng, WireError};
+use dtrain_compress::{Ctx, read_frame, CompressError, Method, MethodId, Payload, Rng, WireError};
 
 use crate::codec::{begin_payload, element_starts, upload_tables, DeviceCodec};
 use crate::error::DeviceError;
@@ -44,11 +42,11 @@ impl DeviceCodec for EfSignSgd {
         &mut self,
         gpu: &Gpu,
         grad: &GpuBuffer,
-        segments: &[Range<usize>],
+        ctx: &Ctx<'_>,
         _rng: &mut Rng,
         out: &mut Payload,
     ) -> Result<(), DeviceError> {
-        let segs = begin_payload(EfSignSgdConfig::ID, grad.len(), segments, out)?;
+        let segs = begin_payload(EfSignSgdConfig::ID, grad.len(), ctx.segments, out)?;
         if segs.is_empty() {
             return Ok(());
         }

@@ -9,11 +9,9 @@
 //!
 //! Not here: columns shorter than the segment (`column = c`), and the default `f64` sums.
 
-use std::ops::Range;
-
 use dtrain_compress::exact::Sum;
 use dtrain_compress::onebit::{mean_pair, means_from_sums, read_segment, OneBitConfig};
-use dtrain_compress::{read_frame, Method, MethodId, Payload, Rng, WireError};
+use dtrain_compress::{Ctx, read_frame, Method, MethodId, Payload, Rng, WireError};
 
 use crate::codec::{begin_payload, element_starts, upload_tables, DeviceCodec};
 use crate::efsignsgd::non_finite;
@@ -45,11 +43,11 @@ impl DeviceCodec for OneBit {
         &mut self,
         gpu: &Gpu,
         grad: &GpuBuffer,
-        segments: &[Range<usize>],
+        ctx: &Ctx<'_>,
         _rng: &mut Rng,
         out: &mut Payload,
     ) -> Result<(), DeviceError> {
-        let segs = begin_payload(OneBitConfig::ID, grad.len(), segments, out)?;
+        let segs = begin_payload(OneBitConfig::ID, grad.len(), ctx.segments, out)?;
         if segs.is_empty() {
             return Ok(());
         }

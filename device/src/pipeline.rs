@@ -10,10 +10,8 @@
 //! [`Combine::finish`] (signSGD's majority vote): the host's `decompress_mean` and
 //! `Combine::finish`, operation for operation.
 
-use std::ops::Range;
-
 use cubecl::prelude::*;
-use dtrain_compress::{Combine, CompressorConfig, MemoryConfig, Payload, Rng};
+use dtrain_compress::{Combine, CompressorConfig, Ctx, MemoryConfig, Payload, Rng};
 
 use crate::codec::{device_codec, DeviceCodec};
 use crate::error::DeviceError;
@@ -92,24 +90,25 @@ impl DevicePipeline {
         self.memory.as_mut()
     }
 
-    /// Compresses bucket `key`'s gradient `grad` (layer boundaries `segments`) through the
-    /// memory into `out` with the encoder's `rng`, and updates the memory.
+    /// Compresses the gradient `grad` of bucket `ctx.bucket` (layer boundaries
+    /// `ctx.segments`) through the memory into `out` with the encoder's `rng`, and updates
+    /// the memory — as the host pipeline's `compress`.
     pub fn compress(
         &mut self,
         gpu: &Gpu,
-        key: u64,
         grad: &GpuBuffer,
-        segments: &[Range<usize>],
+        ctx: &Ctx<'_>,
         rng: &mut Rng,
         out: &mut Payload,
     ) -> Result<(), DeviceError> {
         let Some(memory) = &mut self.memory else {
-            return self.codec.encode(gpu, grad, segments, rng, out);
+            return self.codec.encode(gpu, grad, ctx, rng, out);
         };
+        let key = ctx.bucket;
         let n = grad.len();
         let p = reuse(&mut self.compensated, gpu, n);
         memory.compensate(gpu, key, grad, &p)?;
-        self.codec.encode(gpu, &p, segments, rng, out)?;
+        self.codec.encode(gpu, &p, ctx, rng, out)?;
         let t = reuse(&mut self.transmitted, gpu, n);
         gpu.fill_zero(&t);
         self.codec.decode_add(gpu, out.as_bytes(), &t)?;

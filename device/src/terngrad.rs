@@ -25,7 +25,7 @@ use std::ops::Range;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use dtrain_compress::terngrad::{read_segment, Draws, TernGradConfig};
-use dtrain_compress::{read_frame, Method, MethodId, Payload, Rng, WireError};
+use dtrain_compress::{Ctx, read_frame, Method, MethodId, Payload, Rng, WireError};
 
 use crate::codec::{
     begin_payload, body_starts, element_starts, refuse_non_finite, upload_tables, DeviceCodec,
@@ -174,11 +174,11 @@ impl DeviceCodec for TernGrad {
         &mut self,
         gpu: &Gpu,
         grad: &GpuBuffer,
-        segments: &[Range<usize>],
+        ctx: &Ctx<'_>,
         rng: &mut Rng,
         out: &mut Payload,
     ) -> Result<(), DeviceError> {
-        let segs = begin_payload(TernGradConfig::ID, grad.len(), segments, out)?;
+        let segs = begin_payload(TernGradConfig::ID, grad.len(), ctx.segments, out)?;
         if segs.is_empty() {
             return Ok(());
         }

@@ -6,14 +6,12 @@
 //! payload is the host's by construction. Decoding parses the body on the host with the host
 //! codec's reader (`O(count)`), then one kernel adds `±τ` at the indices.
 
-use std::ops::Range;
-
 use dtrain_compress::threshold::{
     read_golomb_rice, read_sign_words, write_golomb_rice, write_sign_words, IndexCoding,
     ThresholdConfig, MAX_SIGN_WORD_SEGMENT,
 };
 use dtrain_compress::wire::Writer;
-use dtrain_compress::{read_frame, CompressError, Method, MethodId, Payload, Rng, WireError};
+use dtrain_compress::{Ctx, read_frame, CompressError, Method, MethodId, Payload, Rng, WireError};
 
 use crate::codec::{begin_payload, DeviceCodec};
 use crate::error::DeviceError;
@@ -46,11 +44,11 @@ impl DeviceCodec for Threshold {
         &mut self,
         gpu: &Gpu,
         grad: &GpuBuffer,
-        segments: &[Range<usize>],
+        ctx: &Ctx<'_>,
         _rng: &mut Rng,
         out: &mut Payload,
     ) -> Result<(), DeviceError> {
-        let segs = begin_payload(ThresholdConfig::ID, grad.len(), segments, out)?;
+        let segs = begin_payload(ThresholdConfig::ID, grad.len(), ctx.segments, out)?;
         if let Some(s) = segs.iter().find(|s| s.len() > MAX_SIGN_WORD_SEGMENT) {
             out.buffer_mut().clear();
             return Err(CompressError::TooLarge(s.len()).into());

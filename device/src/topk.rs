@@ -23,7 +23,7 @@ use std::ops::Range;
 use cubecl::prelude::*;
 use dtrain_compress::topk::{k_for, TopKConfig};
 use dtrain_compress::wire::{Reader, Writer};
-use dtrain_compress::{read_frame, sparse, Method, MethodId, Payload, Rng, WireError};
+use dtrain_compress::{Ctx, read_frame, sparse, Method, MethodId, Payload, Rng, WireError};
 
 use crate::codec::{begin_payload, refuse_non_finite, DeviceCodec};
 use crate::error::DeviceError;
@@ -149,11 +149,11 @@ impl DeviceCodec for TopK {
         &mut self,
         gpu: &Gpu,
         grad: &GpuBuffer,
-        segments: &[Range<usize>],
+        ctx: &Ctx<'_>,
         _rng: &mut Rng,
         out: &mut Payload,
     ) -> Result<(), DeviceError> {
-        let segs = begin_payload(TopKConfig::ID, grad.len(), segments, out)?;
+        let segs = begin_payload(TopKConfig::ID, grad.len(), ctx.segments, out)?;
         for seg in &segs {
             let kept = self.select(gpu, grad, seg, out)?;
             let mut w = Writer::new(out.buffer_mut());

@@ -108,10 +108,14 @@ fn host_payload(name: &str, x: &[f32], segs: &[Range<usize>]) -> Payload {
 fn device_payload(name: &str, x: &[f32], segs: &[Range<usize>]) -> Result<Payload, DeviceError> {
     let mut codec = device_codec(&cfg(name)).expect(name);
     let mut out = Payload::new();
+    let ctx = Ctx {
+        segments: segs,
+        ..Ctx::default()
+    };
     codec.encode(
         gpu(),
         &gpu().upload(x),
-        segs,
+        &ctx,
         &mut Rng::seed_from_u64(0),
         &mut out,
     )?;
@@ -283,7 +287,7 @@ fn selections_match_the_host_at_every_density_and_on_ties() {
                 .encode(
                     gpu(),
                     &gpu().upload(&x),
-                    &segs,
+                    &ctx,
                     &mut Rng::seed_from_u64(0),
                     &mut dev,
                 )

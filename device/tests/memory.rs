@@ -55,9 +55,8 @@ fn residual_after_each_device_step_is_the_hosts() {
                 .unwrap();
             dev.compress(
                 &gpu,
-                7,
                 &gpu.upload(&g),
-                &segs,
+                &ctx,
                 &mut Rng::seed_from_u64(step),
                 &mut dp,
             )
@@ -134,7 +133,7 @@ fn three_ranks_on_the_device_path_average_as_the_host_path() {
                     .compress(&g, &ctx, &mut rng.clone(), &mut hp[r])
                     .unwrap();
                 dev[r]
-                    .compress(&gpu, 0, &gpu.upload(&g), &segs, &mut rng, &mut dp[r])
+                    .compress(&gpu, &gpu.upload(&g), &ctx, &mut rng, &mut dp[r])
                     .unwrap();
             }
             assert_eq!(dp, hp, "{name}, step {step}: payloads");

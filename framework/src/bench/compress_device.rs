@@ -129,6 +129,12 @@ mod enabled {
             opts.methods.clone()
         };
         let segs = segments(input.len(), opts)?;
+        // The host bench's context: step 1, rank 0, bucket 0.
+        let ctx = Ctx {
+            step: 1,
+            segments: &segs,
+            ..Ctx::default()
+        };
         let grad = gpu.upload(input);
         let gb = 4.0 * input.len() as f64 / 1e9;
         let mut rows = Vec::new();
@@ -160,7 +166,7 @@ mod enabled {
                 let t_c = best_of(opts.repeat, || {
                     let mut rng = Rng::for_step(0, 1, 0, 0);
                     codec
-                        .encode(&gpu, &grad, &segs, &mut rng, &mut payload)
+                        .encode(&gpu, &grad, &ctx, &mut rng, &mut payload)
                         .map_err(err)
                 })?;
                 let out = gpu.zeros(input.len());
@@ -176,7 +182,7 @@ mod enabled {
                 row.device_decompress_gbps = Some(gb / t_d);
                 row.compress_speedup = Some(gb / t_c / host.compress_gbps);
                 if verify {
-                    row.verify = Some(check(&gpu, codec.as_ref(), &cfg, input, &segs, &payload)?);
+                    row.verify = Some(check(&gpu, codec.as_ref(), &cfg, input, &ctx, &payload)?);
                 }
             }
             rows.push(row);
@@ -203,19 +209,14 @@ mod enabled {
         codec: &dyn DeviceCodec,
         cfg: &dtrain_compress::CompressorConfig,
         input: &[f32],
-        segs: &[std::ops::Range<usize>],
+        ctx: &Ctx<'_>,
         payload: &Payload,
     ) -> Result<String, String> {
         let mut host = cfg.build().map_err(|e| e.to_string())?;
-        let ctx = Ctx {
-            step: 1,
-            segments: segs,
-            ..Ctx::default()
-        };
         let expected = dtrain_compress::compress_new(
             host.as_mut(),
             input,
-            &ctx,
+            ctx,
             &mut Rng::for_step(0, 1, 0, 0),
         )
         .map_err(|e| e.to_string())?;
