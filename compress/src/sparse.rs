@@ -282,6 +282,22 @@ pub fn read_indexed_add(r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireE
     read_indexed_add_marking(r, out, |_| {})
 }
 
+/// Reads an indexed body of a segment of `n` elements and calls `each(index, value)` for
+/// each entry in index order, with [`read_indexed_add`]'s checks in its order and its
+/// errors: for decoders that add elsewhere (the device codecs of `dtrain-device`).
+pub fn read_indexed(
+    r: &mut Reader<'_>,
+    n: usize,
+    mut each: impl FnMut(u32, f32),
+) -> Result<(), WireError> {
+    let (k, part) = index_part(r, n)?;
+    let vals = r.take_items(k, 4, "sparse values")?;
+    if (0..k).any(|j| !f32_at(vals, j).is_finite()) {
+        return Err(WireError::Invalid("non-finite sparse value"));
+    }
+    part.for_each(k, n, |j, i| each(i as u32, f32_at(vals, j)))
+}
+
 /// [`read_indexed_add`], also marking in `touched` the indices it adds at
 /// ([`crate::Compressor::decode_segment_add_touched`] of a sparsifier).
 pub fn read_indexed_add_touched(

@@ -21,13 +21,13 @@
 //!   device `Gpu` and its flat `f32` buffers `GpuBuffer`.
 //! * `codec`: the `DeviceCodec` seam, the framing around the kernels' bodies, and
 //!   `device_codec`, which names the methods that have a device codec.
-//! * One file per method, mirroring `compress/src/`: `efsignsgd` and `onebit` (exact
-//!   sums), `fp16`,
+//! * One file per method, mirroring `compress/src/`: `dgc` (exact adaptation),
+//!   `efsignsgd` and `onebit` (exact sums), `fp16`,
 //!   `bf16` (their conversion
 //!   kernels in `half16`), `natural` (counter draws), `signsgd` (`signsgd` and `signum`),
 //!   `terngrad` (counter draws),
-//!   `threshold`, `topk`. `select` holds the ordered compaction `topk` and `threshold`
-//!   share; `signs` the sign bits behind per-segment header words of `efsignsgd` and
+//!   `threshold`, `topk`. `select` holds the radix select and the ordered compaction of
+//!   `topk`, `dgc` and `threshold`, and their host-parsed adds; `signs` the sign bits behind per-segment header words of `efsignsgd` and
 //!   `onebit`; `counter` the counter-based draws; `exact` the exact sums; `words` the helpers every kernel shares
 //!   (grid-stride launch sizes, byte streams packed in `u32` words, segment search).
 //! * `memory`: `DeviceResidual`, residual error feedback with its buffers on the device;
@@ -45,6 +45,7 @@ with_a_runtime! {
     pub mod bf16;
     pub mod codec;
     mod counter;
+    pub mod dgc;
     pub mod efsignsgd;
     pub mod error;
     mod exact;

@@ -1,4 +1,6 @@
-//! Ordered selection on the device: the entries of a segment whose magnitude key
+//! Ordered selection on the device: the `k` largest magnitudes of a segment
+//! ([`top_k_segment`]: a radix select of the k-th key, then the compaction below), and the
+//! entries of a segment whose magnitude key
 //! (`bits & 0x7FFF_FFFF`, which orders finite values by `|x|`) lies above a threshold key `t`,
 //! and the first `need` entries equal to it, in ascending index order — what `topk` keeps
 //! once it knows the k-th largest key, and what `threshold` keeps at `key(τ)` (`need`
@@ -12,12 +14,13 @@
 use std::ops::Range;
 
 use cubecl::prelude::*;
-use dtrain_compress::Payload;
+use dtrain_compress::wire::Reader;
+use dtrain_compress::{sparse, Payload, WireError};
 
 use crate::codec::{refuse_non_finite, u32_bytes};
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
-use crate::words::{geometry, UNITS};
+use crate::words::{geometry, grid_stride, UNITS};
 
 /// Elements each unit of the compaction takes, consecutive.
 const PER_UNIT: u32 = 4;
@@ -281,7 +284,7 @@ fn scatter_add(idx: &[u32], val: &[f32], out: &mut [f32]) {
 
 /// Adds `val[j]` at `out[idx[j]]` for distinct in-range indices (a sparse decoder's adds,
 /// after the host parsed and checked the payload).
-pub(crate) fn add_at(gpu: &Gpu, idx: &[u32], val: &[f32], out: &GpuBuffer) {
+fn add_at(gpu: &Gpu, idx: &[u32], val: &[f32], out: &GpuBuffer) {
     if idx.is_empty() {
         return;
     }
@@ -300,5 +303,134 @@ pub(crate) fn add_at(gpu: &Gpu, idx: &[u32], val: &[f32], out: &GpuBuffer) {
             val.arg(),
             out.arg(),
         );
+    }
+}
+
+/// Counts into `hist` the key byte at `shift` of every element of
+/// `x[start .. start + len]` whose key matches `prefix` on `mask`; a non-finite element
+/// lowers `first_bad` to its index in `x`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn histogram(
+    x: &[f32],
+    start: u32,
+    len: u32,
+    shift: u32,
+    mask: u32,
+    prefix: u32,
+    hist: &[Atomic<u32>],
+    first_bad: &[Atomic<u32>],
+) {
+    let mut i = ABSOLUTE_POS;
+    while i < len as usize {
+        let at = start as usize + i;
+        let key = u32::reinterpret(x[at]) & 0x7FFF_FFFF;
+        if key >= 0x7F80_0000 {
+            first_bad[0].fetch_min(at as u32);
+        }
+        if (key & mask) == prefix {
+            hist[((key >> shift) & 0xFF) as usize].fetch_add(1);
+        }
+        i += grid_stride();
+    }
+}
+
+/// The threshold key `t` of the `k` largest magnitudes of `grad[seg]` and how many keys
+/// equal to `t` they include (a radix select: four 256-bin histograms of one key byte each,
+/// from the top byte down, over the elements matching the bytes found so far); or the host's
+/// error where the segment holds a non-finite value.
+fn kth_key(
+    gpu: &Gpu,
+    grad: &GpuBuffer,
+    seg: &Range<usize>,
+    k: usize,
+    out: &mut Payload,
+) -> Result<(u32, u32), DeviceError> {
+    let (start, len) = (seg.start as u32, seg.len() as u32);
+    let (mut prefix, mut mask, mut remaining) = (0u32, 0u32, k as u32);
+    for shift in [24u32, 16, 8, 0] {
+        let hist = gpu.words(256, 0);
+        let first_bad = gpu.words(1, u32::MAX);
+        let (count, dim) = geometry(seg.len());
+        // SAFETY: `hist` holds 256 words, `first_bad` one, `grad` the segment.
+        unsafe {
+            histogram::launch(
+                gpu.client(),
+                count,
+                dim,
+                grad.arg(),
+                start,
+                len,
+                shift,
+                mask,
+                prefix,
+                BufferArg::from_raw_parts(hist.clone(), 256),
+                BufferArg::from_raw_parts(first_bad.clone(), 1),
+            );
+        }
+        let read = gpu.read_words(vec![hist, first_bad], "reading a histogram")?;
+        refuse_non_finite(gpu, grad, &read[1], out)?;
+        // The bin holding the `remaining`-th largest key, counting from the top.
+        let mut digit = 0u32;
+        for d in (0..256).rev() {
+            let c = word(&read[0], d);
+            if c >= remaining {
+                digit = d as u32;
+                break;
+            }
+            remaining -= c;
+        }
+        prefix |= digit << shift;
+        mask |= 0xFF << shift;
+    }
+    Ok((prefix, remaining))
+}
+
+/// The `k` largest magnitudes of `grad[seg]` (`1 ≤ k ≤ len`), ties to the smaller index, in
+/// index order: the host's `select::top_k_abs`.
+pub(crate) fn top_k_segment(
+    gpu: &Gpu,
+    grad: &GpuBuffer,
+    seg: &Range<usize>,
+    k: usize,
+    out: &mut Payload,
+) -> Result<Kept, DeviceError> {
+    let (t, need) = kth_key(gpu, grad, seg, k, out)?;
+    let kept = compact_segment(gpu, grad, seg, t, need, out)?;
+    debug_assert_eq!(kept.idx.len(), k);
+    Ok(kept)
+}
+
+/// The adds a sparse payload makes, parsed on the host (`O(k)`): global indices and values,
+/// made on the device by [`Adds::finish`].
+#[derive(Debug, Default)]
+pub(crate) struct Adds {
+    idx: Vec<u32>,
+    val: Vec<f32>,
+}
+
+impl Adds {
+    /// Reads an indexed body of `seg` with the host codec's reader (its checks and errors).
+    pub(crate) fn read_indexed(&mut self, r: &mut Reader<'_>, seg: &Range<usize>) -> Result<(), WireError> {
+        let at = seg.start as u32;
+        sparse::read_indexed(r, seg.len(), |i, v| {
+            self.idx.push(at + i);
+            self.val.push(v);
+        })
+    }
+
+    /// Adds `value` at element `index` of the buffer.
+    pub(crate) fn push(&mut self, index: u32, value: f32) {
+        self.idx.push(index);
+        self.val.push(value);
+    }
+
+    /// Refuses bytes left in `r` as the host does, then adds everything into `out`.
+    pub(crate) fn finish(self, gpu: &Gpu, r: &Reader<'_>, out: &GpuBuffer) -> Result<(), DeviceError> {
+        if r.remaining() != 0 {
+            return Err(WireError::TrailingBytes(r.remaining()).into());
+        }
+        add_at(gpu, &self.idx, &self.val, out);
+        Ok(())
     }
 }

@@ -11,12 +11,12 @@ use dtrain_compress::threshold::{
     ThresholdConfig, MAX_SIGN_WORD_SEGMENT,
 };
 use dtrain_compress::wire::Writer;
-use dtrain_compress::{Ctx, read_frame, CompressError, Method, MethodId, Payload, Rng, WireError};
+use dtrain_compress::{read_frame, CompressError, Ctx, Method, MethodId, Payload, Rng};
 
 use crate::codec::{begin_payload, DeviceCodec};
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
-use crate::select::{add_at, compact_segment};
+use crate::select::{compact_segment, Adds};
 
 /// The `threshold` device codec.
 #[derive(Debug, Clone, Copy)]
@@ -72,12 +72,9 @@ impl DeviceCodec for Threshold {
 
     fn decode_add(&self, gpu: &Gpu, payload: &[u8], out: &GpuBuffer) -> Result<(), DeviceError> {
         let (mut r, segs) = read_frame(ThresholdConfig::ID, payload, out.len())?;
-        let (mut idx, mut val) = (Vec::new(), Vec::new());
+        let mut adds = Adds::default();
         for seg in &segs {
-            let mut each = |i: usize, v: f32| {
-                idx.push((seg.start + i) as u32);
-                val.push(v);
-            };
+            let mut each = |i: usize, v: f32| adds.push((seg.start + i) as u32, v);
             match self.coding {
                 IndexCoding::Words => {
                     read_sign_words(&mut r, seg.len(), self.tau, -self.tau, &mut each)
@@ -87,10 +84,6 @@ impl DeviceCodec for Threshold {
                 }
             }?;
         }
-        if r.remaining() != 0 {
-            return Err(WireError::TrailingBytes(r.remaining()).into());
-        }
-        add_at(gpu, &idx, &val, out);
-        Ok(())
+        adds.finish(gpu, &r, out)
     }
 }

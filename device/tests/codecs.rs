@@ -22,6 +22,8 @@ const METHODS: &[&str] = &[
     "signsgd",
     "signum",
     "topk",
+    "dgc",
+    "kind = \"dgc\"\nratio = 0.05\nmin_sparse_len = 50",
     "kind = \"terngrad\"\nclip = 0.0\ndraws = \"counter\"",
     "kind = \"natural\"\ndraws = \"counter\"",
     "kind = \"ef-signsgd\"\nsum = \"exact\"",
@@ -242,7 +244,11 @@ fn device_decoders_agree_with_the_host_on_arbitrary_bytes() {
 
 #[test]
 fn methods_without_a_device_codec_say_so() {
-    assert!(device_codec(&cfg("dgc")).is_none());
+    assert!(
+        device_codec(&cfg("dgc")).is_some(),
+        "exact adaptation: the default"
+    );
+    assert!(device_codec(&cfg("kind = \"dgc\"\nadaptation = \"grace\"")).is_none());
     // TernGrad's defaults (lanes draws, clipping) have no device form; counter draws with
     // clipping neither.
     assert!(device_codec(&cfg("terngrad")).is_none());
@@ -255,7 +261,7 @@ fn methods_without_a_device_codec_say_so() {
 }
 
 /// Top-k at densities that pick each index layout (list, Rice gaps, bitmap, everything), and
-/// Strom's threshold at a value the input holds,
+/// Strom's threshold at a value the input holds, and DGC (dense below 1 000 elements),
 /// on values with heavy ties (a handful of magnitudes, both zeros) across several blocks
 /// of the compaction: the device keeps the host's entries, ties to the smaller index.
 #[test]
@@ -266,7 +272,10 @@ fn selections_match_the_host_at_every_density_and_on_ties() {
     let configs = [0.001, 0.01, 0.05, 0.3, 1.0]
         .map(|ratio| format!("kind = \"topk\"\nratio = {ratio}"))
         .into_iter()
-        .chain(["kind = \"threshold\"\ntau = 0.5".to_string()]);
+        .chain([
+            "kind = \"threshold\"\ntau = 0.5".to_string(),
+            "kind = \"dgc\"\nratio = 0.05\nmin_sparse_len = 1000".to_string(),
+        ]);
     for spec in configs {
         let cfg: CompressorConfig = toml::from_str(&spec).unwrap();
         let ratio = spec.replace('\n', " ");

@@ -84,12 +84,12 @@ fn memories_and_methods_without_a_device_form_are_refused_by_name() {
         .expect("refused")
         .to_string();
     assert!(e.contains("LowPass"), "{e}");
-    let dgc = CompressorConfig::default_for("dgc").unwrap();
-    let e = DevicePipeline::for_method(&dgc, &MemoryConfig::RESIDUAL)
+    let qsgd = CompressorConfig::default_for("qsgd").unwrap();
+    let e = DevicePipeline::for_method(&qsgd, &MemoryConfig::RESIDUAL)
         .err()
         .expect("refused")
         .to_string();
-    assert!(e.contains("dgc"), "{e}");
+    assert!(e.contains("qsgd"), "{e}");
 }
 
 /// A three-rank exchange on the device path gives the host path's mean (issue #51, item 4):
