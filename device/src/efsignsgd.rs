@@ -11,9 +11,9 @@
 //! Adam have no device form yet.
 
 use dtrain_compress::efsignsgd::{read_segment, EfSignSgdConfig, SignScale, Sum};
-use dtrain_compress::{Ctx, read_frame, CompressError, Method, MethodId, Payload, Rng, WireError};
+use dtrain_compress::{read_frame, Ctx, Method, MethodId, Payload, Rng, WireError};
 
-use crate::codec::{begin_payload, element_starts, upload_tables, DeviceCodec};
+use crate::codec::{begin_payload, DeviceCodec};
 use crate::error::DeviceError;
 use crate::exact::abs_sums;
 use crate::gpu::{Gpu, GpuBuffer};
@@ -50,11 +50,7 @@ impl DeviceCodec for EfSignSgd {
         if segs.is_empty() {
             return Ok(());
         }
-        let [starts] = upload_tables(gpu, [element_starts(&segs)]);
-        let sums = match abs_sums(gpu, grad, &segs, &starts, false)? {
-            Ok(sums) => sums,
-            Err(index) => return Err(non_finite(gpu, grad, index, out)),
-        };
+        let sums = abs_sums(gpu, grad, &segs, false, out)?;
         // The host codec's scale, from the same exact sum.
         let scales = sums
             .iter()
@@ -79,18 +75,5 @@ impl DeviceCodec for EfSignSgd {
             BODY.decode_add(gpu, &payload[at..], &segs, &scales, &neg, out);
         }
         Ok(())
-    }
-}
-
-/// The host's error for non-finite input at `index` of `grad`; `out` is cleared.
-pub(crate) fn non_finite(gpu: &Gpu, grad: &GpuBuffer, index: usize, out: &mut Payload) -> DeviceError {
-    out.buffer_mut().clear();
-    match gpu.download(grad) {
-        Ok(x) => CompressError::NonFinite {
-            index,
-            value: x[index],
-        }
-        .into(),
-        Err(e) => e,
     }
 }

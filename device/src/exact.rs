@@ -10,9 +10,10 @@
 use std::ops::Range;
 
 use cubecl::prelude::*;
-use cubecl::server::Handle;
 use dtrain_compress::exact::ExactSum;
+use dtrain_compress::Payload;
 
+use crate::codec::{element_starts, refuse_non_finite, upload_tables};
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
 use crate::select::word;
@@ -67,15 +68,16 @@ fn abs_bins(
 }
 
 /// The exact `Σ|x|` of each class of `grad`'s elements and how many it holds — a class per
-/// segment, or with `split` two (`p ≥ 0`, then `p < 0`) — from the element table `starts`
-/// on the device; or the index of the first non-finite element.
+/// segment, or with `split` two (`p ≥ 0`, then `p < 0`); or the host's error for non-finite
+/// input (the first such element and its value; `out` is then cleared).
 pub(crate) fn abs_sums(
     gpu: &Gpu,
     grad: &GpuBuffer,
     segs: &[Range<usize>],
-    starts: &(Handle, usize),
     split: bool,
-) -> Result<Result<Vec<(ExactSum, u32)>, usize>, DeviceError> {
+    out: &mut Payload,
+) -> Result<Vec<(ExactSum, u32)>, DeviceError> {
+    let [starts] = upload_tables(gpu, [element_starts(segs)]);
     let classes = segs.len() * if split { 2 } else { 1 };
     let words = 2 * BINS * classes;
     let bins = gpu.words(words, 0);
@@ -98,11 +100,8 @@ pub(crate) fn abs_sums(
         );
     }
     let read = gpu.read_words(vec![bins, counts, first_bad], "reading exact sums")?;
-    let bad = word(&read[2], 0);
-    if bad != u32::MAX {
-        return Ok(Err(bad as usize));
-    }
-    Ok(Ok((0..classes)
+    refuse_non_finite(gpu, grad, &read[2], out)?;
+    Ok((0..classes)
         .map(|c| {
             let mut b = [0u64; BINS];
             for (e, v) in b.iter_mut().enumerate() {
@@ -111,5 +110,5 @@ pub(crate) fn abs_sums(
             }
             (ExactSum::from_bins(b), word(&read[1], c))
         })
-        .collect()))
+        .collect())
 }

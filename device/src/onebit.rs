@@ -11,10 +11,9 @@
 
 use dtrain_compress::exact::Sum;
 use dtrain_compress::onebit::{mean_pair, means_from_sums, read_segment, OneBitConfig};
-use dtrain_compress::{Ctx, read_frame, Method, MethodId, Payload, Rng, WireError};
+use dtrain_compress::{read_frame, Ctx, Method, MethodId, Payload, Rng, WireError};
 
-use crate::codec::{begin_payload, element_starts, upload_tables, DeviceCodec};
-use crate::efsignsgd::non_finite;
+use crate::codec::{begin_payload, DeviceCodec};
 use crate::error::DeviceError;
 use crate::exact::abs_sums;
 use crate::gpu::{Gpu, GpuBuffer};
@@ -51,11 +50,7 @@ impl DeviceCodec for OneBit {
         if segs.is_empty() {
             return Ok(());
         }
-        let [starts] = upload_tables(gpu, [element_starts(&segs)]);
-        let sums = match abs_sums(gpu, grad, &segs, &starts, true)? {
-            Ok(sums) => sums,
-            Err(index) => return Err(non_finite(gpu, grad, index, out)),
-        };
+        let sums = abs_sums(gpu, grad, &segs, true, out)?;
         let header = sums
             .chunks_exact(2)
             .flat_map(|c| {

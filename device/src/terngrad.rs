@@ -25,7 +25,7 @@ use std::ops::Range;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use dtrain_compress::terngrad::{read_segment, Draws, TernGradConfig};
-use dtrain_compress::{Ctx, read_frame, Method, MethodId, Payload, Rng, WireError};
+use dtrain_compress::{read_frame, Ctx, Method, MethodId, Payload, Rng, WireError};
 
 use crate::codec::{
     begin_payload, body_starts, element_starts, refuse_non_finite, upload_tables, DeviceCodec,
