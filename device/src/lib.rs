@@ -30,8 +30,9 @@
 //!   `topk`, `dgc` and `threshold`, and their host-parsed adds; `signs` the sign bits behind per-segment header words of `efsignsgd` and
 //!   `onebit`; `counter` the counter-based draws; `exact` the exact sums; `words` the helpers every kernel shares
 //!   (grid-stride launch sizes, byte streams packed in `u32` words, segment search).
-//! * `memory`: `DeviceResidual`, residual error feedback with its buffers on the device;
-//!   `pipeline`: `DevicePipeline`, a codec and its memory as the trainer uses them.
+//! * `memory`: `DeviceMemory`, the error-feedback memories with a device form —
+//!   `DeviceResidual` (residual error feedback) and `dgc_momentum`'s `DeviceDgcMemory` (DGC's
+//!   momentum correction and masking) — their buffers on the device; `pipeline`: `DevicePipeline`, a codec and its memory as the trainer uses them.
 //! * `error`: `DeviceError`.
 //!
 //! [cubecl]: https://docs.rs/cubecl
@@ -46,6 +47,7 @@ with_a_runtime! {
     pub mod codec;
     mod counter;
     pub mod dgc;
+    pub mod dgc_momentum;
     pub mod efsignsgd;
     pub mod error;
     mod exact;
@@ -67,6 +69,7 @@ with_a_runtime! {
     pub use codec::{device_codec, DeviceCodec};
     pub use error::DeviceError;
     pub use gpu::{DeviceSpec, Gpu, GpuBuffer};
-    pub use memory::DeviceResidual;
+    pub use dgc_momentum::DeviceDgcMemory;
+    pub use memory::{DeviceMemory, DeviceResidual};
     pub use pipeline::DevicePipeline;
 }

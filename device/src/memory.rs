@@ -8,9 +8,13 @@
 //! a fused multiply-add (CUDA's NVRTC does by default): the products by 1 are exact.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use cubecl::prelude::*;
 
+use dtrain_compress::MemoryConfig;
+
+use crate::dgc_momentum::DeviceDgcMemory;
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
 use crate::words::{geometry, grid_stride};
@@ -134,7 +138,7 @@ impl DeviceResidual {
 }
 
 /// Refuses buffers of different lengths.
-fn same_len(what: &'static str, a: &GpuBuffer, b: &GpuBuffer) -> Result<(), DeviceError> {
+pub(crate) fn same_len(what: &'static str, a: &GpuBuffer, b: &GpuBuffer) -> Result<(), DeviceError> {
     if a.len() != b.len() {
         return Err(DeviceError::Length {
             what,
@@ -143,4 +147,82 @@ fn same_len(what: &'static str, a: &GpuBuffer, b: &GpuBuffer) -> Result<(), Devi
         });
     }
     Ok(())
+}
+
+/// An error-feedback memory on the device: the host memories that have a device form.
+#[derive(Debug)]
+pub enum DeviceMemory {
+    /// `kind = "residual"` ([`DeviceResidual`]).
+    Residual(DeviceResidual),
+    /// `kind = "dgc-momentum"` ([`DeviceDgcMemory`]).
+    DgcMomentum(DeviceDgcMemory),
+}
+
+impl DeviceMemory {
+    /// The device form of `config`: `Ok(None)` for no memory, an error naming a memory
+    /// without one.
+    pub fn for_config(config: &MemoryConfig) -> Result<Option<Self>, DeviceError> {
+        Ok(Some(match *config {
+            MemoryConfig::None => return Ok(None),
+            MemoryConfig::Residual { beta, gamma } => {
+                DeviceMemory::Residual(DeviceResidual::new(beta, gamma))
+            }
+            MemoryConfig::DgcMomentum {
+                momentum,
+                nesterov,
+                masking,
+                clip,
+            } => DeviceMemory::DgcMomentum(DeviceDgcMemory::new(momentum, nesterov, masking, clip)?),
+            ref other => return Err(DeviceError::NoMemory(format!("{other:?}"))),
+        }))
+    }
+
+    /// Writes bucket `key`'s compensated gradient into `out` (the memory learns `grad`
+    /// where it accumulates it, as DGC's does).
+    pub fn compensate(
+        &mut self,
+        gpu: &Gpu,
+        key: u64,
+        grad: &GpuBuffer,
+        out: &GpuBuffer,
+    ) -> Result<(), DeviceError> {
+        match self {
+            DeviceMemory::Residual(m) => m.compensate(gpu, key, grad, out),
+            DeviceMemory::DgcMomentum(m) => m.compensate(gpu, key, grad, out),
+        }
+    }
+
+    /// Learns what bucket `key` sent: `transmitted`, the payload decoded, of `compensated`
+    /// (layer boundaries `segments`).
+    pub fn update(
+        &mut self,
+        gpu: &Gpu,
+        key: u64,
+        compensated: &GpuBuffer,
+        transmitted: &GpuBuffer,
+        segments: &[Range<usize>],
+    ) -> Result<(), DeviceError> {
+        match self {
+            DeviceMemory::Residual(m) => m.update(gpu, key, compensated, transmitted),
+            DeviceMemory::DgcMomentum(m) => {
+                m.update(gpu, key, compensated, transmitted, segments)
+            }
+        }
+    }
+
+    /// The state, copied to the host in the host memory's export format.
+    pub fn export(&self, gpu: &Gpu) -> Result<BTreeMap<u64, Vec<f32>>, DeviceError> {
+        match self {
+            DeviceMemory::Residual(m) => m.export(gpu),
+            DeviceMemory::DgcMomentum(m) => m.export(gpu),
+        }
+    }
+
+    /// Restores [`DeviceMemory::export`] (or the host memory's export).
+    pub fn import(&mut self, gpu: &Gpu, state: &BTreeMap<u64, Vec<f32>>) {
+        match self {
+            DeviceMemory::Residual(m) => m.import(gpu, state),
+            DeviceMemory::DgcMomentum(m) => m.import(gpu, state),
+        }
+    }
 }

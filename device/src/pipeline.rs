@@ -16,7 +16,7 @@ use dtrain_compress::{Combine, CompressorConfig, Ctx, MemoryConfig, Payload, Rng
 use crate::codec::{device_codec, DeviceCodec};
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
-use crate::memory::DeviceResidual;
+use crate::memory::DeviceMemory;
 use crate::words::{geometry, grid_stride};
 
 /// `x *= k`.
@@ -53,24 +53,20 @@ fn majority_sign(x: &mut [f32]) {
 pub struct DevicePipeline {
     codec: Box<dyn DeviceCodec>,
     combine: Combine,
-    memory: Option<DeviceResidual>,
+    memory: Option<DeviceMemory>,
     /// `p` and `t` of the last bucket, reused while its length stays.
     compensated: Option<GpuBuffer>,
     transmitted: Option<GpuBuffer>,
 }
 
 impl DevicePipeline {
-    /// The device codec of `cfg`'s method with `memory`: none, or the residual; a method
-    /// without a device codec, and another memory, have no device form yet and are refused
-    /// by name.
+    /// The device codec of `cfg`'s method with `memory` (none, the residual, or DGC's
+    /// momentum-corrected memory); a method without a device codec, and another memory,
+    /// have no device form yet and are refused by name.
     pub fn for_method(cfg: &CompressorConfig, memory: &MemoryConfig) -> Result<Self, DeviceError> {
         let codec = device_codec(cfg).ok_or(DeviceError::NoCodec(cfg.name()))?;
         let combine = cfg.build()?.combine();
-        let memory = match *memory {
-            MemoryConfig::None => None,
-            MemoryConfig::Residual { beta, gamma } => Some(DeviceResidual::new(beta, gamma)),
-            ref other => return Err(DeviceError::NoMemory(format!("{other:?}"))),
-        };
+        let memory = DeviceMemory::for_config(memory)?;
         Ok(DevicePipeline {
             codec,
             combine,
@@ -81,12 +77,12 @@ impl DevicePipeline {
     }
 
     /// The memory, where there is one.
-    pub fn memory(&self) -> Option<&DeviceResidual> {
+    pub fn memory(&self) -> Option<&DeviceMemory> {
         self.memory.as_ref()
     }
 
     /// The memory, mutably (to restore a checkpoint).
-    pub fn memory_mut(&mut self) -> Option<&mut DeviceResidual> {
+    pub fn memory_mut(&mut self) -> Option<&mut DeviceMemory> {
         self.memory.as_mut()
     }
 
@@ -112,7 +108,7 @@ impl DevicePipeline {
         let t = reuse(&mut self.transmitted, gpu, n);
         gpu.fill_zero(&t);
         self.codec.decode_add(gpu, out.as_bytes(), &t)?;
-        memory.update(gpu, key, &p, &t)
+        memory.update(gpu, key, &p, &t, ctx.segments)
     }
 }
 

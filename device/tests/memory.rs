@@ -75,10 +75,81 @@ fn residual_after_each_device_step_is_the_hosts() {
     }
 }
 
+/// DGC's momentum-corrected memory on the device: over several steps the payloads equal the
+/// host's and the momentum and velocity (`u` then `v`, the host's export) equal the host's
+/// bit for bit — plain and Nesterov, with and without masking, with by-value clipping — and
+/// a state exported by the host and imported on the device carries on as the host does.
+#[test]
+fn dgc_momentum_after_each_device_step_is_the_hosts() {
+    let gpu = common::open_test_device();
+    let n = 6000;
+    let segs: Vec<Range<usize>> = vec![0..4500, 4500..4510, 4510..6000];
+    let cfg: CompressorConfig =
+        toml::from_str("kind = \"dgc\"\nratio = 0.01\nmin_sparse_len = 1000").unwrap();
+    for memory in [
+        "kind = \"dgc-momentum\"",
+        "kind = \"dgc-momentum\"\nnesterov = true",
+        "kind = \"dgc-momentum\"\nmasking = false\nmomentum = 0.5",
+        "kind = \"dgc-momentum\"\n[clip]\nkind = \"value\"\nmax = 0.02",
+    ] {
+        let memory: MemoryConfig = toml::from_str(memory).unwrap();
+        let mut host = Pipeline::new(cfg.build().unwrap(), memory.build().unwrap());
+        let mut dev = DevicePipeline::for_method(&cfg, &memory).unwrap();
+        let (mut hp, mut dp) = (Payload::new(), Payload::new());
+        for step in 0..5u64 {
+            if step == 3 {
+                // A checkpoint's round trip: the host's state restored on the device.
+                let state = host.export_memory();
+                dev.memory_mut().unwrap().import(&gpu, &state);
+            }
+            let g = gradient(n, 17 * step + 3);
+            let ctx = Ctx {
+                step,
+                bucket: 4,
+                segments: &segs,
+                ..Ctx::default()
+            };
+            host.compress(&g, &ctx, &mut Rng::seed_from_u64(step), &mut hp)
+                .unwrap();
+            dev.compress(
+                &gpu,
+                &gpu.upload(&g),
+                &ctx,
+                &mut Rng::seed_from_u64(step),
+                &mut dp,
+            )
+            .unwrap();
+            assert_eq!(
+                dp.as_bytes(),
+                hp.as_bytes(),
+                "{memory:?}, step {step}: payload"
+            );
+            let want = host.export_memory().remove(&4).expect("a host state");
+            let got = dev
+                .memory()
+                .unwrap()
+                .export(&gpu)
+                .unwrap()
+                .remove(&4)
+                .unwrap();
+            assert_eq!(got.len(), 2 * n);
+            assert_eq!(bits(&got), bits(&want), "{memory:?}, step {step}: u and v");
+        }
+    }
+}
+
 #[test]
 fn memories_and_methods_without_a_device_form_are_refused_by_name() {
     let cfg = CompressorConfig::default_for("topk").unwrap();
     let memory: MemoryConfig = toml::from_str("kind = \"low-pass\"").unwrap();
+    let norm: MemoryConfig =
+        toml::from_str("kind = \"dgc-momentum\"\n[clip]\nkind = \"norm\"\nmax_norm = 1.0").unwrap();
+    let dgc = CompressorConfig::default_for("dgc").unwrap();
+    let e = DevicePipeline::for_method(&dgc, &norm)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("norm"), "{e}");
     let e = DevicePipeline::for_method(&cfg, &memory)
         .err()
         .expect("refused")
