@@ -34,6 +34,14 @@ pub trait DeviceCodec: Send {
     /// The method's id byte (the host codec's).
     fn method(&self) -> MethodId;
 
+    /// The host codec's [`Compressor::ratio_metric`](dtrain_compress::Compressor::ratio_metric)
+    /// after the last encode, where the knob moves with the step (DGC's warm-up density);
+    /// `None` (the default) where the host's is fixed by the config and the host codec
+    /// tells it without encoding.
+    fn ratio_metric(&self) -> Option<(&'static str, f64)> {
+        None
+    }
+
     /// Encodes `grad` into `out` (cleared first): the bytes the host codec writes for the
     /// same values, context (`ctx.segments`: the layer boundaries, empty for one segment;
     /// `ctx.step` for a schedule) and encoder `rng` (drawn from as the host codec draws;

@@ -54,6 +54,10 @@ impl DeviceCodec for Dgc {
         DgcConfig::ID
     }
 
+    fn ratio_metric(&self) -> Option<(&'static str, f64)> {
+        self.host.ratio_metric()
+    }
+
     fn encode(
         &mut self,
         gpu: &Gpu,

@@ -76,6 +76,11 @@ impl DevicePipeline {
         })
     }
 
+    /// The codec's moving knob after the last encode ([`DeviceCodec::ratio_metric`]).
+    pub fn ratio_metric(&self) -> Option<(&'static str, f64)> {
+        self.codec.ratio_metric()
+    }
+
     /// The memory, where there is one.
     pub fn memory(&self) -> Option<&DeviceMemory> {
         self.memory.as_ref()

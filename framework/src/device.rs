@@ -98,6 +98,98 @@ impl From<DeviceKind> for String {
     }
 }
 
+/// `[compress] device`: where the compressed buckets are encoded (ARCHITECTURE.md §10;
+/// `exchange::device`).
+///
+/// * `"host"` (default): the CPU codecs.
+/// * `"auto"`: the worker's own GPU when it trains on one and this build has its device
+///   codecs (`cluster.device = "cuda…"` in a build with `cuda`); the host otherwise.
+/// * `"wgpu"`, `"wgpu:N"`, `"wgpu:cpu"`, `"cuda:N"`: that device, whatever the worker trains
+///   on (a CPU worker with a GPU for its codecs; `wgpu:cpu` is Mesa's lavapipe, how CI runs
+///   the device path without a GPU).
+///
+/// The default stays the host until a GPU run has measured the device path against it (the
+/// gradient still reaches the device through the host: issue #51).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum CodecDevice {
+    /// The CPU codecs.
+    #[default]
+    Host,
+    /// The worker's own GPU where there are device codecs for it.
+    Auto,
+    /// The named device (`wgpu`, `wgpu:N`, `wgpu:cpu`, `cuda:N`).
+    Named(String),
+}
+
+/// The device codec runtimes of this build (the `wgpu` and `cuda` features).
+pub const CODEC_RUNTIMES: [(&str, bool); 2] = [
+    ("wgpu", cfg!(feature = "wgpu")),
+    ("cuda", cfg!(feature = "cuda")),
+];
+
+impl FromStr for CodecDevice {
+    type Err = String;
+
+    /// Reads the setting; refuses a device whose runtime this build lacks, saying how to
+    /// build it.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let forms = "host, auto, wgpu, wgpu:N, wgpu:cpu, cuda, cuda:N";
+        match s {
+            "host" => return Ok(CodecDevice::Host),
+            "auto" => return Ok(CodecDevice::Auto),
+            _ => {}
+        }
+        let (name, arg) = s.split_once(':').map_or((s, None), |(n, a)| (n, Some(a)));
+        let arg_ok = match (name, arg) {
+            (_, None) => true,
+            ("wgpu", Some("cpu")) => true,
+            (_, Some(a)) => !a.is_empty() && a.bytes().all(|b| b.is_ascii_digit()),
+        };
+        let Some(&(_, built)) = CODEC_RUNTIMES.iter().find(|(n, _)| *n == name) else {
+            return Err(format!("unknown device {s:?} ({forms})"));
+        };
+        if !arg_ok {
+            return Err(format!("unknown device {s:?} ({forms})"));
+        }
+        if !built {
+            return Err(format!(
+                "this dtrain was built without the {name} device codecs; rebuild it with \
+                 `cargo build --release -p dtrain-cli --features {name}`"
+            ));
+        }
+        Ok(CodecDevice::Named(s.to_string()))
+    }
+}
+
+impl fmt::Display for CodecDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CodecDevice::Host => f.write_str("host"),
+            CodecDevice::Auto => f.write_str("auto"),
+            CodecDevice::Named(s) => f.write_str(s),
+        }
+    }
+}
+
+impl CodecDevice {
+    /// The device a worker training on `worker` (its rank on its node `local_rank`) encodes
+    /// on, as a `dtrain_device::DeviceSpec` string; `None`: the host.
+    pub fn resolve(&self, worker: DeviceKind, local_rank: usize) -> Option<String> {
+        match self {
+            CodecDevice::Host => None,
+            CodecDevice::Named(s) if s == "cuda" => Some(format!(
+                "cuda:{}",
+                worker.gpu_index(local_rank).unwrap_or(local_rank)
+            )),
+            CodecDevice::Named(s) => Some(s.clone()),
+            CodecDevice::Auto => match worker.gpu_index(local_rank) {
+                Some(i) if CUDA_BUILT => Some(format!("cuda:{i}")),
+                _ => None,
+            },
+        }
+    }
+}
+
 /// This process's rank on its node (see the [module docs](self)); `rank` when no launcher
 /// or scheduler said.
 pub fn local_rank(rank: usize) -> usize {
@@ -163,6 +255,46 @@ fn cuda(_index: usize) -> Result<Device, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn codec_devices_parse_resolve_and_name_the_feature_a_build_lacks() {
+        assert_eq!("host".parse::<CodecDevice>().unwrap(), CodecDevice::Host);
+        assert_eq!("auto".parse::<CodecDevice>().unwrap(), CodecDevice::Auto);
+        for bad in ["", "gpu", "wgpu:", "wgpu:x", "cuda:+1", "host:0", "Wgpu"] {
+            let e = bad.parse::<CodecDevice>().unwrap_err();
+            assert!(e.contains("unknown device"), "{bad:?}: {e}");
+        }
+        for (name, built) in CODEC_RUNTIMES {
+            for form in [name.to_string(), format!("{name}:1")] {
+                match form.parse::<CodecDevice>() {
+                    Ok(d) => {
+                        assert!(built, "{form}");
+                        assert_eq!(d.to_string(), form);
+                    }
+                    Err(e) => {
+                        assert!(!built, "{form}: {e}");
+                        assert!(e.contains(&format!("--features {name}")), "{e}");
+                    }
+                }
+            }
+        }
+        assert_eq!(CodecDevice::Host.resolve(DeviceKind::Cuda(None), 1), None);
+        assert_eq!(CodecDevice::Auto.resolve(DeviceKind::Cpu, 1), None);
+        assert_eq!(
+            CodecDevice::Auto.resolve(DeviceKind::Cuda(None), 1),
+            CUDA_BUILT.then(|| "cuda:1".to_string())
+        );
+        let named = |s: &str| CodecDevice::Named(s.into());
+        assert_eq!(
+            named("cuda").resolve(DeviceKind::Cuda(Some(3)), 1).unwrap(),
+            "cuda:3"
+        );
+        assert_eq!(named("cuda").resolve(DeviceKind::Cpu, 1).unwrap(), "cuda:1");
+        assert_eq!(
+            named("wgpu:cpu").resolve(DeviceKind::Cpu, 0).unwrap(),
+            "wgpu:cpu"
+        );
+    }
 
     #[test]
     fn parses_and_prints_every_form() {

@@ -281,6 +281,11 @@ pub struct Summary {
     /// `hierarchical-allreduce`): what `dtrain simulate` needs to model it. Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hosts: Option<usize>,
+    /// Where the compressed buckets were encoded when `[compress] device` put them on a
+    /// device: the device, how many of the compressed buckets, and why any stayed on the
+    /// host. Absent for the host codecs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub codec_device: Option<String>,
     /// The `[sync]` kind when it is not `every-step` (`local-sgd`, `post-local-sgd`,
     /// `diloco`); absent for every-step runs and runs written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -7,6 +7,7 @@ use serde::Deserialize;
 use super::overrides::one_line;
 use super::validate::error;
 use super::{ClusterMode, ConfigError, DlcpSettings, RunConfig};
+use crate::device::CodecDevice;
 use crate::exchange::bucket::BucketPolicy;
 use crate::exchange::GatherCollective;
 use crate::optim::{OptimizerConfig, OptimizerKind};
@@ -21,10 +22,12 @@ struct CompressSection {
     collective: Option<GatherCollective>,
     dlcp: Option<DlcpSettings>,
     server_error_feedback: Option<bool>,
+    /// `device`: where the compressed buckets are encoded.
+    device: CodecDevice,
 }
 
 /// The trainer's keys inside `[compress]`.
-const TRAINER_KEYS: [&str; 8] = [
+const TRAINER_KEYS: [&str; 9] = [
     "error_feedback",
     "memory",
     "bucket_mb",
@@ -33,6 +36,7 @@ const TRAINER_KEYS: [&str; 8] = [
     "collective",
     "dlcp",
     "server_error_feedback",
+    "device",
 ];
 
 /// The compression part of a [`Plan`](super::Plan).
@@ -49,6 +53,8 @@ pub(super) struct Compression {
     pub(super) dlcp: Option<DlcpSettings>,
     /// The compressed all-reduce's server residual, if set explicitly.
     pub(super) server_error_feedback: Option<bool>,
+    /// Where the compressed buckets are encoded.
+    pub(super) codec_device: CodecDevice,
 }
 
 impl RunConfig {
@@ -70,7 +76,16 @@ impl RunConfig {
             collective,
             dlcp,
             server_error_feedback,
+            device: codec_device,
         } = self.compress_section(file)?;
+        if codec_device != CodecDevice::Host && c.mode == ClusterMode::Ps {
+            return Err(err(
+                "compress.device",
+                "encodes the collectives' buckets on a device; mode = \"ps\" pushes through \
+                 its servers' codecs (use device = \"host\")"
+                    .into(),
+            ));
+        }
         // The compressed optimizers exchange their momentum compressed: with [compress] left
         // at the uncompressed default, by DeepSpeed's 1-bit scaled sign, through the
         // compressed all-reduce (worker and server residuals, as DeepSpeed's backend).
@@ -219,6 +234,7 @@ impl RunConfig {
             collective,
             dlcp,
             server_error_feedback,
+            codec_device,
         })
     }
 
@@ -236,6 +252,7 @@ impl RunConfig {
         let collective = extract("collective");
         let dlcp = extract("dlcp");
         let server_ef = extract("server_error_feedback");
+        let device = extract("device");
         if !table.contains_key("kind") {
             return Err(err(
                 "compress.kind",
@@ -343,6 +360,16 @@ impl RunConfig {
                 ))
             }
         };
+        let device = match device {
+            None => CodecDevice::Host,
+            Some(toml::Value::String(s)) => s.parse().map_err(|m| err("compress.device", m))?,
+            Some(v) => {
+                return Err(err(
+                    "compress.device",
+                    format!("must be a string (\"host\", \"auto\", \"wgpu\", …), got {v}"),
+                ))
+            }
+        };
         Ok(CompressSection {
             method,
             memory,
@@ -350,6 +377,7 @@ impl RunConfig {
             collective,
             dlcp,
             server_error_feedback,
+            device,
         })
     }
 

@@ -41,7 +41,9 @@
 //! per bucket the cheapest by the α–β model on the run's link, see
 //! [`crate::exchange::auto`]; or fixed: `"allgather"`, `"sparse-allreduce"` for methods
 //! whose payloads are gathered, `"compressed-allreduce"`, `"dlcp"` for the uncompressed
-//! gradient — see [`crate::exchange`]) and `server_error_feedback`.
+//! gradient — see [`crate::exchange`]), `server_error_feedback` and `device` (where the
+//! compressed buckets are encoded: `"host"`, the default, `"auto"`, or a device such as
+//! `"wgpu"` or `"cuda:0"` — see [`crate::device::CodecDevice`]).
 //!
 //! The optional `[sync]` table ([`SyncConfig`]) says how often the workers synchronise:
 //! `kind = "every-step"` (the default), `"local-sgd"` / `"post-local-sgd"` / `"diloco"`

@@ -5,6 +5,7 @@ use dtrain_compress::{CompressorConfig, MemoryConfig};
 use super::compress::Compression;
 use super::validate::error;
 use super::{ClusterMode, ConfigError, DlcpSettings, NonFinitePolicy, RunConfig};
+use crate::device::CodecDevice;
 use crate::exchange::bucket::BucketPolicy;
 use crate::exchange::GatherCollective;
 use crate::lr::LrSchedule;
@@ -29,6 +30,8 @@ pub struct Plan {
     /// The compressed all-reduce's server residual (`compress.server_error_feedback`);
     /// `None`: on when the run has error feedback and the method averages.
     pub server_error_feedback: Option<bool>,
+    /// Where the compressed buckets are encoded (`compress.device`).
+    pub codec_device: CodecDevice,
     /// The optimizer (momentum on the weight-decay term alone where the memory owns the
     /// gradient's momentum).
     pub optimizer: OptimizerConfig,
@@ -70,6 +73,7 @@ impl RunConfig {
             collective,
             dlcp,
             server_error_feedback,
+            codec_device,
         } = self.compression(file, steps_per_epoch, &mut opt)?;
         self.check_sync(file, &memory, &method)?;
         let (c, f) = (&self.cluster, &self.failure);
@@ -90,6 +94,7 @@ impl RunConfig {
             collective,
             dlcp,
             server_error_feedback,
+            codec_device,
             optimizer: opt,
             compressed_optimizer: self.compressed_optimizer(steps_per_epoch),
             lr,

@@ -81,11 +81,13 @@
 //! bucket goes dense; `schedule` the static per-bucket schedule of a compressed (or DLCP)
 //! exchange and each bucket's [`Route`]; [`auto`] the automatic choice of routes; `link`
 //! runs the collectives inline or on the communication thread; `state` is what an exchanger
-//! carries across steps ([`ExchangerState`]).
+//! carries across steps ([`ExchangerState`]); [`device`] encodes buckets on a GPU
+//! (`[compress] device`).
 
 pub mod auto;
 pub mod bucket;
 mod dense;
+pub mod device;
 mod link;
 mod schedule;
 mod state;
@@ -106,6 +108,7 @@ use thiserror::Error;
 
 use bucket::{Bucket, BucketPolicy, ParamInfo};
 use dense::contiguous;
+pub use device::DeviceUse;
 pub use schedule::Route;
 use schedule::{Flight, OwnerReduce, Slot};
 pub(crate) use state::bits;
@@ -140,6 +143,14 @@ pub enum ExchangeError {
         bucket: u64,
         /// The decoder's error.
         source: WireError,
+    },
+    /// The device encoding a bucket failed (`[compress] device`).
+    #[error("the device encoding bucket {bucket} failed: {reason}")]
+    Device {
+        /// Bucket id.
+        bucket: u64,
+        /// What the device said.
+        reason: String,
     },
     /// Restored state does not fit this run (found when it is first used).
     #[error("exchanger state: {0}")]
@@ -323,6 +334,9 @@ pub struct Exchanger {
     lossy: Option<Lossy>,
     /// DLCP error feedback: per dense bucket, this worker's values no owner used last time.
     lossy_residual: DlcpResidual,
+    /// The device the compressed buckets are encoded on ([`Exchanger::set_codec_device`])
+    /// and why buckets stay on the host.
+    device: Option<(String, Vec<String>)>,
 }
 
 impl Exchanger {
@@ -357,6 +371,7 @@ impl Exchanger {
                 range,
                 shapes,
                 route,
+                device: None,
             });
         }
         Ok(Exchanger {
@@ -379,6 +394,7 @@ impl Exchanger {
             spare: Vec::new(),
             lossy: None,
             lossy_residual: DlcpResidual::new(),
+            device: None,
         })
     }
 
@@ -569,7 +585,13 @@ impl Exchanger {
     /// other methods and when nothing is compressed ([`Compressor::ratio_metric`](dtrain_compress::Compressor::ratio_metric)). Before
     /// the first exchange, the configured starting value.
     pub fn ratio_metric(&self) -> Option<(&'static str, f64)> {
-        self.pipes().next()?.compressor().ratio_metric()
+        let s = self.slots.iter().find(|s| s.pipe.is_some())?;
+        match &s.device {
+            Some(d) => d
+                .ratio_metric()
+                .or_else(|| s.pipe.as_ref()?.compressor().ratio_metric()),
+            None => s.pipe.as_ref()?.compressor().ratio_metric(),
+        }
     }
 
     /// The "recover" rule ([`dtrain_compress::schedule::Recover`]): multiplies the drop
@@ -643,6 +665,7 @@ impl Exchanger {
         if self.auto_pending {
             self.choose_collectives(comm)?;
         }
+        self.settle_devices();
         let mut st = ExchangeStats {
             elements: self.total as u64,
             ..ExchangeStats::default()

@@ -17,6 +17,7 @@ use dtrain_compress::{
 };
 
 use super::bucket::{self, Bucket};
+use super::device::OnDevice;
 use super::link::{comm_thread, Comms, Link, Op, Reply};
 use super::{ExchangeError, ExchangeStats, Exchanger, GatherCollective, Lossy};
 
@@ -34,6 +35,9 @@ pub(super) struct Slot {
     pub(super) shapes: Vec<Vec<usize>>,
     /// How the bucket travels.
     pub(super) route: Route,
+    /// The bucket's encoder on a device ([`super::device`]), which then holds its memory;
+    /// `None`: the host pipeline encodes.
+    pub(super) device: Option<OnDevice>,
 }
 
 /// How one bucket travels in an exchange.
@@ -323,6 +327,7 @@ impl Job<'_> {
             server,
             route,
             range,
+            device,
             ..
         } = &mut self.slots[i];
         let id = bucket.id;
@@ -418,8 +423,14 @@ impl Job<'_> {
                 }
                 None => {
                     let mut rng = Rng::for_step(seed, step, rank as u64, id);
-                    pipe.compress(input, &ctx, &mut rng, &mut f.payload)
-                        .map_err(compress_err)?;
+                    match device {
+                        Some(d) => d
+                            .compress(input, &ctx, &mut rng, &mut f.payload)
+                            .map_err(|reason| ExchangeError::Device { bucket: id, reason })?,
+                        None => pipe
+                            .compress(input, &ctx, &mut rng, &mut f.payload)
+                            .map_err(compress_err)?,
+                    }
                     let gather = gather.expect("a compressed route");
                     submit_payload(pipe, bucket, rank, gather, &mut f, comms, st)?
                 }

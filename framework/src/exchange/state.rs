@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::bucket::Bucket;
-use super::{Exchanger, GatherCollective, Route};
+use super::{ExchangeError, Exchanger, GatherCollective, Route};
 
 /// Shape of one bucket, as recorded in an [`ExchangerState`] (a state only fits the plan
 /// it was taken under).
@@ -171,12 +171,20 @@ impl Exchanger {
     }
 
     /// Error-feedback state of every compressed bucket (part of [`Exchanger::export_state`]).
-    fn export_memory(&self) -> BTreeMap<u64, Vec<f32>> {
+    fn export_memory(&self) -> Result<BTreeMap<u64, Vec<f32>>, String> {
         let mut all = BTreeMap::new();
-        for p in self.pipes() {
-            all.extend(p.export_memory());
+        for s in &self.slots {
+            match (&s.device, &s.pipe) {
+                (Some(d), _) => {
+                    all.extend(d.export_memory().map_err(|e| {
+                        format!("bucket {}'s memory on the device: {e}", s.bucket.id)
+                    })?)
+                }
+                (None, Some(p)) => all.extend(p.export_memory()),
+                (None, None) => {}
+            }
         }
-        all
+        Ok(all)
     }
 
     /// Restores state written by `export_memory`, without the plan checks of
@@ -188,6 +196,11 @@ impl Exchanger {
                     .remove(&s.bucket.id)
                     .map(|v| BTreeMap::from([(s.bucket.id, v)]))
                     .unwrap_or_default();
+                // Both: a bucket moved back to the host by its restored route
+                // (`settle_devices`) carries on from the host's copy.
+                if let Some(d) = &mut s.device {
+                    d.import_memory(&mine);
+                }
                 p.import_memory(mine);
             }
         }
@@ -207,8 +220,9 @@ impl Exchanger {
         }
     }
 
-    /// Everything this exchanger carries across steps (see [`ExchangerState`]).
-    pub fn export_state(&self) -> ExchangerState {
+    /// Everything this exchanger carries across steps (see [`ExchangerState`]); an error
+    /// where a memory held on a device cannot be read back.
+    pub fn export_state(&self) -> Result<ExchangerState, ExchangeError> {
         let mut compressors = BTreeMap::new();
         for s in &self.slots {
             if let Some(p) = &s.pipe {
@@ -218,7 +232,7 @@ impl Exchanger {
                 }
             }
         }
-        ExchangerState {
+        Ok(ExchangerState {
             version: ExchangerState::VERSION,
             method: self.method.to_string(),
             memory_kind: self.memory_kind(),
@@ -228,7 +242,7 @@ impl Exchanger {
                 .map(|s| BucketShape::of(&s.bucket))
                 .collect(),
             theta_scale: self.theta_scale,
-            memory: self.export_memory(),
+            memory: self.export_memory().map_err(ExchangeError::State)?,
             compressors,
             lossy_residual: self.lossy_residual.export(),
             server_memory: self.export_server_memory(),
@@ -240,7 +254,7 @@ impl Exchanger {
             } else {
                 Vec::new()
             },
-        }
+        })
     }
 
     /// The owners' server residuals: those of the built owner pipelines, or, before the

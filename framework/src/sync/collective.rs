@@ -160,8 +160,8 @@ impl<T: Transport> GradientSync<T> for Collectives {
     /// Checkpoint sections are `mem/<bucket>` (worker memories, whose keys the checkpoint
     /// lists) and `srv/<bucket>` (the compressed all-reduce's server residuals, found by
     /// name).
-    fn save(&self, ck: &mut Checkpoint) -> Vec<u64> {
-        let mut ex = self.exchanger.export_state();
+    fn save(&self, ck: &mut Checkpoint) -> Result<Vec<u64>, SyncError> {
+        let mut ex = self.exchanger.export_state().map_err(SyncError::Exchange)?;
         // The memories are large: stored as raw f32 sections, not JSON.
         let mem = std::mem::take(&mut ex.memory);
         let srv = std::mem::take(&mut ex.server_memory);
@@ -172,7 +172,7 @@ impl<T: Transport> GradientSync<T> for Collectives {
         for (k, v) in &srv {
             ck.put_f32(&format!("{SERVER_SECTION}{k}"), v);
         }
-        mem.keys().copied().collect()
+        Ok(mem.keys().copied().collect())
     }
 
     fn restore(

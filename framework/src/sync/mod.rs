@@ -170,8 +170,9 @@ pub(crate) trait GradientSync<T: Transport> {
     fn scale_theta(&mut self, factor: f64);
 
     /// Writes this synchronisation's state into `ck` and returns the ids of the
-    /// error-feedback memories that are per rank (the checkpoint's `memory_keys`).
-    fn save(&self, ck: &mut Checkpoint) -> Vec<u64>;
+    /// error-feedback memories that are per rank (the checkpoint's `memory_keys`); an
+    /// error where state held on a device cannot be read back.
+    fn save(&self, ck: &mut Checkpoint) -> Result<Vec<u64>, SyncError>;
 
     /// Restores what [`GradientSync::save`] wrote into a checkpoint of `step` whose
     /// `memory_keys` are given. Refuses a state that does not fit this run.

@@ -142,8 +142,8 @@ impl<T: Transport> GradientSync<T> for OnebitAdam {
 
     /// The compressed exchanger's sections (`exchanger`, `mem/*`, `srv/*`), the moments and
     /// [`ADAM_SECTION`]; the dense exchanger keeps no state.
-    fn save(&self, ck: &mut Checkpoint) -> Vec<u64> {
-        let keys = GradientSync::<T>::save(&self.compressed, ck);
+    fn save(&self, ck: &mut Checkpoint) -> Result<Vec<u64>, SyncError> {
+        let keys = GradientSync::<T>::save(&self.compressed, ck)?;
         self.moments.save(ck);
         ck.put_json(
             ADAM_SECTION,
@@ -154,7 +154,7 @@ impl<T: Transport> GradientSync<T> for OnebitAdam {
                 },
             },
         );
-        keys
+        Ok(keys)
     }
 
     fn restore(

@@ -96,7 +96,7 @@ impl<T: Transport> GradientSync<T> for ParameterServer<T> {
 
     fn scale_theta(&mut self, _factor: f64) {}
 
-    fn save(&self, ck: &mut Checkpoint) -> Vec<u64> {
+    fn save(&self, ck: &mut Checkpoint) -> Result<Vec<u64>, SyncError> {
         // Compressed pushes: each shard's compressor state (JSON) and memory (raw f32); a
         // method with its own protocol: its worker residual, and the server state of the
         // shard this rank serves.
@@ -119,7 +119,7 @@ impl<T: Transport> GradientSync<T> for ParameterServer<T> {
             }
         }
         // The memories here are per shard, named `ps/mem/…`; none is an exchanger's.
-        Vec::new()
+        Ok(Vec::new())
     }
 
     fn restore(

@@ -232,8 +232,8 @@ impl<T: Transport> GradientSync<T> for Periodic {
         GradientSync::<T>::scale_theta(&mut self.inner, factor);
     }
 
-    fn save(&self, ck: &mut Checkpoint) -> Vec<u64> {
-        let keys = GradientSync::<T>::save(&self.inner, ck);
+    fn save(&self, ck: &mut Checkpoint) -> Result<Vec<u64>, SyncError> {
+        let keys = GradientSync::<T>::save(&self.inner, ck)?;
         ck.put_json(
             PERIODIC_SECTION,
             &PeriodicState {
@@ -243,7 +243,7 @@ impl<T: Transport> GradientSync<T> for Periodic {
         );
         ck.put_f32(ANCHOR_SECTION, &self.anchor);
         ck.put_f32(VELOCITY_SECTION, &self.velocity);
-        keys
+        Ok(keys)
     }
 
     fn restore(

@@ -317,8 +317,8 @@ impl<T: Transport> GradientSync<T> for ZeroOneAdam {
     /// The compressed exchanger's sections, the moments, the counters ([`ADAM_SECTION`]),
     /// p₀, and whether the replicas are identical ([`PERIODIC_SECTION`], which an elastic
     /// resume reads).
-    fn save(&self, ck: &mut Checkpoint) -> Vec<u64> {
-        let keys = GradientSync::<T>::save(&self.compressed, ck);
+    fn save(&self, ck: &mut Checkpoint) -> Result<Vec<u64>, SyncError> {
+        let keys = GradientSync::<T>::save(&self.compressed, ck)?;
         self.moments.save(ck);
         let optimizer = OptimizerKind::ZerooneAdam.name().to_string();
         ck.put_json(
@@ -336,7 +336,7 @@ impl<T: Transport> GradientSync<T> for ZeroOneAdam {
             },
         );
         ck.put_f32(ANCHOR_SECTION, &self.anchor);
-        keys
+        Ok(keys)
     }
 
     fn restore(

@@ -238,7 +238,7 @@ impl<T: Transport> Trainer<T> {
         })?;
         let mut ck = Checkpoint::new();
         let opt = self.optimizer.export();
-        let memory_keys = self.sync.save(&mut ck);
+        let memory_keys = self.sync.save(&mut ck).map_err(|e| self.step_error(e))?;
         let meta = Meta {
             step: self.step,
             world: self.world,

@@ -248,6 +248,7 @@ impl<T: Transport> Trainer<T> {
                 bucket_collectives.contains(&Collective::HierarchicalAllReduce)
                     || collective == Collective::HierarchicalAllReduce
             }),
+            codec_device: self.codec_device.clone(),
             // The launcher adds the restarts it made (`dtrain run --max-restarts`).
             restarts: None,
             provenance: Some(crate::provenance::provenance(

@@ -257,6 +257,8 @@ pub struct Trainer<T: Transport> {
     auto_note: Option<String>,
     /// The hosts of the hierarchical dense all-reduce, when it is used (`summary.json`).
     hosts: Option<usize>,
+    /// Where the compressed buckets are encoded, when on a device (`summary.json`).
+    codec_device: Option<String>,
 }
 
 /// Values of the control all-reduce before the per-rank slots: loss·n, n, correct, the
@@ -299,10 +301,21 @@ impl<T: Transport> Trainer<T> {
             .collect();
         let mut exchanger = build_exchanger(&plan, &infos)?;
         let ExchangeSetup {
-            notes,
+            mut notes,
             auto_note,
             topology,
         } = setup_exchange(&mut exchanger, &mut comm, &plan)?;
+        // After the routes are chosen: a bucket's device encoder depends on its route.
+        let local = crate::device::local_rank(rank);
+        let codec_device = match plan.codec_device.resolve(plan.config.cluster.device, local) {
+            Some(spec) => {
+                let used = crate::exchange::device::place_codecs(&mut exchanger, &spec)
+                    .map_err(|e| TrainError::Config(format!("compress.device: {e}")))?;
+                notes.push(used.to_string());
+                Some(used.to_string())
+            }
+            None => None,
+        };
         let exchanger_hosts = exchanger.hierarchical_hosts();
         let sync = match plan.compressed_optimizer {
             None => Periodic::for_config(
@@ -360,6 +373,7 @@ impl<T: Transport> Trainer<T> {
             stop: None,
             stopping: None,
             hosts: exchanger_hosts,
+            codec_device,
             start_step: 0,
             evals: Vec::new(),
             sync,

@@ -147,7 +147,7 @@ fn compressed_all_reduce_server_residuals_are_in_the_state_and_must_fit() {
     let states = on_ranks(2, |rank, comm| {
         let mut ex = setup.exchanger();
         setup.steps(&mut ex, comm, rank, 0..1);
-        ex.export_state()
+        ex.export_state().unwrap()
     });
     let compressed = setup.exchanger().buckets().filter(|b| b.compressed).count();
     assert_eq!(states[0].server_memory.len(), compressed);
@@ -160,7 +160,7 @@ fn compressed_all_reduce_server_residuals_are_in_the_state_and_must_fit() {
     let mut ex = setup.exchanger();
     ex.import_state(states[0].clone()).unwrap();
     assert_eq!(
-        ex.export_state(),
+        ex.export_state().unwrap(),
         states[0],
         "kept until the owners are built"
     );
@@ -202,7 +202,7 @@ fn owners_keep_a_residual_by_default_under_error_feedback_except_for_sign_quanti
         let states = on_ranks(2, |rank, comm| {
             let mut ex = setup.exchanger();
             setup.steps(&mut ex, comm, rank, 0..1);
-            ex.export_state()
+            ex.export_state().unwrap()
         });
         states[0]
             .server_memory

@@ -663,12 +663,12 @@ fn resume(
         for s in 0..k {
             assert_same(&step(&mut first, comm, s), &all[s as usize], "first half");
         }
-        let json = serde_json::to_string(&first.export_state()).unwrap();
+        let json = serde_json::to_string(&first.export_state().unwrap()).unwrap();
         drop(first);
         let state: ExchangerState = serde_json::from_str(&json).unwrap();
         let mut second = setup.exchanger();
         second.import_state(state.clone()).unwrap();
-        assert_eq!(second.export_state(), state);
+        assert_eq!(second.export_state().unwrap(), state);
         let resumed: Vec<Vec<f32>> = (k..2 * k).map(|s| step(&mut second, comm, s)).collect();
         let mut fresh = setup.exchanger();
         let fresh: Vec<Vec<f32>> = (k..2 * k).map(|s| step(&mut fresh, comm, s)).collect();
@@ -755,17 +755,17 @@ fn import_refuses_state_of_another_plan_method_or_shape() {
         let mut ex = setup.exchanger();
         let mut g = grad(0, n, 0);
         ex.exchange(comm, &mut g, 0).unwrap();
-        ex.export_state()
+        ex.export_state().unwrap()
     })
     .pop()
     .unwrap();
     assert_eq!(state.memory.len(), 4, "one residual per compressed bucket");
 
     let err = |mut ex: Exchanger, st: ExchangerState| {
-        let before = ex.export_state();
+        let before = ex.export_state().unwrap();
         let e = ex.import_state(st).unwrap_err();
         assert_eq!(
-            ex.export_state(),
+            ex.export_state().unwrap(),
             before,
             "a refused import changes nothing"
         );
@@ -809,7 +809,7 @@ fn import_refuses_state_of_another_plan_method_or_shape() {
     assert!(e.contains("bucket 1"), "{e}");
     // FFT: a bad value in the third bucket rolls back the first two.
     let fft = Setup::new(parse_method("fft").unwrap());
-    let mut st = fft.exchanger().export_state();
+    let mut st = fft.exchanger().export_state().unwrap();
     for (_, c) in st.compressors.iter_mut() {
         c.insert("theta_scale".into(), 0.5);
     }
@@ -823,11 +823,11 @@ fn import_refuses_state_of_another_plan_method_or_shape() {
     // `spectral_feedback = false`) is refused, not misread, and the other way round.
     let mut fft = fft;
     fft.memory = MemoryConfig::RESIDUAL;
-    let spectral = fft.exchanger().export_state();
+    let spectral = fft.exchanger().export_state().unwrap();
     assert_eq!(spectral.memory_kind, "residual/spectra");
     let mut signal = Setup::new(parse_method("fft:spectral_feedback=false").unwrap());
     signal.memory = MemoryConfig::RESIDUAL;
-    let st = signal.exchanger().export_state();
+    let st = signal.exchanger().export_state().unwrap();
     assert_eq!(st.memory_kind, "residual");
     let e = err(fft.exchanger(), st);
     assert!(e.contains("memory"), "{e}");
@@ -892,7 +892,7 @@ fn powersgd_averages_the_rank_r_approximations_and_feeds_back_the_aggregate_erro
             let mut ex = setup.exchanger();
             let mut g = grad(rank, n, 0);
             let st = ex.exchange(comm, &mut g, 0).unwrap();
-            (g, st, ex.export_state())
+            (g, st, ex.export_state().unwrap())
         });
         let mean = &res[0].0;
         for (rank, (g, st, state)) in res.iter().enumerate() {
@@ -954,5 +954,7 @@ fn powersgd_in_bfloat16_halves_its_bytes_and_stays_near_the_f32_exchange() {
 
 mod auto;
 mod compressed_allreduce;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod device;
 mod in_place;
 mod non_finite;

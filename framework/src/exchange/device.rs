@@ -1,0 +1,252 @@
+//! Compressed buckets encoded on a device (`[compress] device`, ARCHITECTURE.md §10): a
+//! bucket whose method and memory have a device form is compensated, encoded and learnt from
+//! by `dtrain_device::DevicePipeline` — its error-feedback memory lives in device memory —
+//! and only the payload, the host codec's exact wire format, comes back. Everything after
+//! that (the collectives, the decode of every rank's payload, the mean) is the host path's,
+//! unchanged: device payloads are byte for byte the host's, so ranks on the host and on a
+//! device exchange with each other.
+//!
+//! The gradient reaches the device as a copy of the host's bucket (one upload per bucket
+//! and step): burn's gradients still come to the host first. Decoding on the device, and
+//! the gradient handed over without the host, are the next steps of issue #51.
+//!
+//! Which buckets: those whose route compresses them with the method's plain one-phase
+//! encode (the all-gather and the sparse all-reduce). The compressed all-reduce's range
+//! payloads, two-phase methods and summed agreements stay on the host, and say so.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use dtrain_compress::{Ctx, Payload, Rng};
+use serde::{Deserialize, Serialize};
+
+use super::{Exchanger, GatherCollective, Route};
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub(crate) use imp::{open, OnDevice};
+
+/// Whether this build can encode on a device (the `wgpu` or `cuda` feature).
+pub const DEVICE_CODECS_BUILT: bool = cfg!(any(feature = "wgpu", feature = "cuda"));
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod imp {
+    use super::*;
+    use dtrain_compress::{CompressorConfig, MemoryConfig};
+    use dtrain_device::{DevicePipeline, DeviceSpec, Gpu};
+
+    /// Opens the device `spec` names (`wgpu`, `wgpu:N`, `wgpu:cpu`, `cuda:N`).
+    pub(crate) fn open(spec: &str) -> Result<Gpu, String> {
+        let spec: DeviceSpec = spec.parse().map_err(|e| format!("{e}"))?;
+        Gpu::open(spec).map_err(|e| format!("{e}"))
+    }
+
+    /// One bucket's encoder on a device: the codec, its memory, the device it runs on.
+    pub(crate) struct OnDevice {
+        gpu: Gpu,
+        pipe: DevicePipeline,
+    }
+
+    impl OnDevice {
+        /// The device form of `method` with `memory` on `gpu`, or why it has none.
+        pub(crate) fn new(
+            gpu: &Gpu,
+            method: &CompressorConfig,
+            memory: &MemoryConfig,
+        ) -> Result<Self, String> {
+            let pipe = DevicePipeline::for_method(method, memory).map_err(|e| e.to_string())?;
+            Ok(OnDevice {
+                gpu: gpu.clone(),
+                pipe,
+            })
+        }
+
+        /// The codec's moving knob after the last encode (DGC's density).
+        pub(crate) fn ratio_metric(&self) -> Option<(&'static str, f64)> {
+            self.pipe.ratio_metric()
+        }
+
+        /// Compresses `input` (the bucket's gradient, copied to the device) through the
+        /// memory into `out`, as the host pipeline's `compress`.
+        pub(crate) fn compress(
+            &mut self,
+            input: &[f32],
+            ctx: &Ctx<'_>,
+            rng: &mut Rng,
+            out: &mut Payload,
+        ) -> Result<(), String> {
+            let grad = self.gpu.upload(input);
+            self.pipe
+                .compress(&self.gpu, &grad, ctx, rng, out)
+                .map_err(|e| e.to_string())
+        }
+
+        /// The memory's state, copied to the host in the host memory's format.
+        pub(crate) fn export_memory(&self) -> Result<BTreeMap<u64, Vec<f32>>, String> {
+            match self.pipe.memory() {
+                Some(m) => m.export(&self.gpu).map_err(|e| e.to_string()),
+                None => Ok(BTreeMap::new()),
+            }
+        }
+
+        /// Restores [`OnDevice::export_memory`] (or the host memory's export).
+        pub(crate) fn import_memory(&mut self, state: &BTreeMap<u64, Vec<f32>>) {
+            if let Some(m) = self.pipe.memory_mut() {
+                m.import(&self.gpu, state);
+            }
+        }
+    }
+}
+
+/// Without a device runtime in the build there is no device encoder: this type has no
+/// values, and a config naming a device is refused at validation.
+#[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+pub(crate) enum OnDevice {}
+
+#[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+impl OnDevice {
+    pub(crate) fn ratio_metric(&self) -> Option<(&'static str, f64)> {
+        match *self {}
+    }
+
+    pub(crate) fn compress(
+        &mut self,
+        _: &[f32],
+        _: &Ctx<'_>,
+        _: &mut Rng,
+        _: &mut Payload,
+    ) -> Result<(), String> {
+        match *self {}
+    }
+
+    pub(crate) fn export_memory(&self) -> Result<BTreeMap<u64, Vec<f32>>, String> {
+        match *self {}
+    }
+
+    pub(crate) fn import_memory(&mut self, _: &BTreeMap<u64, Vec<f32>>) {
+        match *self {}
+    }
+}
+
+/// Where a run's compressed buckets were encoded (`summary.json`'s `codec_device`, and a line
+/// of the run's log).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceUse {
+    /// The device asked for (`wgpu:cpu (wgpu)`, `cuda:0 (cuda)`).
+    pub device: String,
+    /// Compressed buckets encoded there.
+    pub buckets: usize,
+    /// Compressed buckets in all (the rest are encoded on the host).
+    pub compressed: usize,
+    /// Why buckets stay on the host, once each (empty when none does).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_because: Vec<String>,
+}
+
+impl fmt::Display for DeviceUse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "compress.device = {}: {} of {} compressed buckets encoded there",
+            self.device, self.buckets, self.compressed
+        )?;
+        if !self.host_because.is_empty() {
+            write!(f, "; on the host: {}", self.host_because.join("; "))?;
+        }
+        Ok(())
+    }
+}
+
+/// Places `exchanger`'s compressed buckets on the device `spec` names
+/// ([`Exchanger::set_codec_device`]); in a build without device codecs an error saying how
+/// to build them.
+pub fn place_codecs(exchanger: &mut Exchanger, spec: &str) -> Result<DeviceUse, String> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    return exchanger.set_codec_device(spec);
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = exchanger;
+        Err(format!(
+            "{spec}: this dtrain was built without device codecs; rebuild it with \
+             `--features wgpu` or `--features cuda`"
+        ))
+    }
+}
+
+/// Why a bucket on `route` cannot be encoded on the device (`None`: it can).
+fn route_refuses(route: Route) -> Option<&'static str> {
+    match route {
+        Route::Dense => None,
+        Route::Compressed(GatherCollective::CompressedAllReduce) => Some(
+            "the compressed all-reduce encodes each owner's range on the host (its device form \
+             is not written yet)",
+        ),
+        Route::Compressed(_) => None,
+    }
+}
+
+impl Exchanger {
+    /// Encodes the compressed buckets on the device `spec` names (`wgpu`, `wgpu:N`,
+    /// `wgpu:cpu`, `cuda:N`) where the method and its memory have a device form and the
+    /// bucket's route encodes it whole; the others stay on the host, and the returned
+    /// [`DeviceUse`] says why. Call it after the routes are chosen
+    /// ([`Exchanger::choose_collectives`]); a bucket's memory so far goes with it. An error
+    /// where the device cannot be opened.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    pub fn set_codec_device(&mut self, spec: &str) -> Result<DeviceUse, String> {
+        let gpu = open(spec)?;
+        let mut why = Vec::new();
+        for s in &mut self.slots {
+            let Some(pipe) = &s.pipe else { continue };
+            if let Some(r) = route_refuses(s.route) {
+                why.push(r.to_string());
+                continue;
+            }
+            match OnDevice::new(&gpu, &self.method_cfg, &self.memory) {
+                Ok(mut d) => {
+                    d.import_memory(&pipe.export_memory());
+                    s.device = Some(d);
+                }
+                Err(e) => why.push(e),
+            }
+        }
+        why.dedup();
+        let device = gpu.to_string();
+        let used = DeviceUse {
+            device: device.clone(),
+            buckets: self.slots.iter().filter(|s| s.device.is_some()).count(),
+            compressed: self.slots.iter().filter(|s| s.pipe.is_some()).count(),
+            host_because: why.clone(),
+        };
+        self.device = Some((device, why));
+        Ok(used)
+    }
+
+    /// Where the compressed buckets are encoded, when a device was set.
+    pub fn codec_device(&self) -> Option<DeviceUse> {
+        let (device, why) = self.device.as_ref()?;
+        Some(DeviceUse {
+            device: device.clone(),
+            buckets: self.slots.iter().filter(|s| s.device.is_some()).count(),
+            compressed: self.slots.iter().filter(|s| s.pipe.is_some()).count(),
+            host_because: why.clone(),
+        })
+    }
+
+    /// Moves to the host the buckets whose route (restored from a checkpoint after
+    /// [`Exchanger::set_codec_device`]) the device cannot encode. Their memory is the
+    /// host's already: a restored memory goes to both.
+    pub(super) fn settle_devices(&mut self) {
+        for s in &mut self.slots {
+            if s.device.is_some() {
+                if let Some(r) = route_refuses(s.route) {
+                    s.device = None;
+                    if let Some((_, why)) = &mut self.device {
+                        if !why.iter().any(|n| n == r) {
+                            why.push(r.to_string());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

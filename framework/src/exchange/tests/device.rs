@@ -1,0 +1,151 @@
+//! The exchange with its buckets encoded on a device (`[compress] device`; issue #51, item 4:
+//! "a 2-rank exchange on the device path giving the CPU path's mean"). On the device
+//! `DTRAIN_TEST_DEVICE` names (default `wgpu`: Mesa's lavapipe in CI).
+//!
+//! Every rank's averaged gradient at every step, and the memories exported at the end, are
+//! the host path's bit for bit — through the all-gather and the sparse all-reduce, with and
+//! without overlap, for methods with each kind of device memory — and a checkpoint's state
+//! moves between the two paths.
+
+use super::*;
+
+fn test_device() -> String {
+    std::env::var("DTRAIN_TEST_DEVICE").unwrap_or_else(|_| {
+        if cfg!(feature = "wgpu") {
+            "wgpu".into()
+        } else {
+            "cuda:0".into()
+        }
+    })
+}
+
+/// `setup`'s exchanger, its buckets on the test device when `device`.
+fn exchanger(setup: &Setup, device: bool) -> (Exchanger, Option<DeviceUse>) {
+    let mut ex = setup.exchanger();
+    let used = device.then(|| ex.set_codec_device(&test_device()).unwrap());
+    (ex, used)
+}
+
+/// Steps `steps` on every rank, from the state `from` when given; each rank's trace and its
+/// exchanger's state at the end.
+fn run(
+    setup: &Setup,
+    world: usize,
+    device: bool,
+    steps: std::ops::Range<u64>,
+    from: Option<&[ExchangerState]>,
+) -> Vec<(Trace, ExchangerState)> {
+    on_ranks(world, |rank, comm| {
+        let (mut ex, _) = exchanger(setup, device);
+        if let Some(states) = from {
+            ex.import_state(states[rank].clone()).unwrap();
+        }
+        let trace = setup.steps(&mut ex, comm, rank, steps.clone());
+        (trace, ex.export_state().unwrap())
+    })
+}
+
+fn assert_same_runs(host: &[(Trace, ExchangerState)], dev: &[(Trace, ExchangerState)], what: &str) {
+    for (rank, (h, d)) in host.iter().zip(dev).enumerate() {
+        for (step, (a, b)) in h.0 .0.iter().zip(&d.0 .0).enumerate() {
+            assert_same(b, a, format!("{what}: rank {rank}, step {step}"));
+        }
+        assert_eq!(h.0 .1.len(), d.0 .1.len());
+        for (a, b) in h.0 .1.iter().zip(&d.0 .1) {
+            assert_eq!(a.payload_bytes, b.payload_bytes, "{what}: payload bytes");
+        }
+        assert_eq!(
+            h.1.memory.keys().collect::<Vec<_>>(),
+            d.1.memory.keys().collect::<Vec<_>>()
+        );
+        for (k, m) in &h.1.memory {
+            assert_same(
+                &d.1.memory[k],
+                m,
+                format!("{what}: rank {rank}, memory of bucket {k}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn two_ranks_on_the_device_path_average_as_the_host_path() {
+    let dgc = CompressorConfig::Dgc(DgcConfig {
+        ratio: 0.05,
+        warmup: Warmup::Exponential { epochs: 1 },
+        min_sparse_len: 1000,
+        steps_per_epoch: 4,
+        ..DgcConfig::default()
+    });
+    for (method, gather, overlap) in [
+        (dgc.clone(), GatherCollective::AllGather, true),
+        (dgc, GatherCollective::SparseAllReduce, false),
+        (
+            parse_method("topk:ratio=0.02").unwrap(),
+            GatherCollective::AllGather,
+            false,
+        ),
+        (
+            parse_method("signsgd").unwrap(),
+            GatherCollective::AllGather,
+            true,
+        ),
+        (
+            parse_method("fp16").unwrap(),
+            GatherCollective::AllGather,
+            true,
+        ),
+        (
+            parse_method("ef-signsgd:sum=exact").unwrap(),
+            GatherCollective::AllGather,
+            true,
+        ),
+    ] {
+        let what = format!("{} over {gather:?}", method.name());
+        let mut setup = Setup::new(method);
+        setup.gather = gather;
+        setup.overlap = overlap;
+        let (_, used) = exchanger(&setup, true);
+        let used = used.unwrap();
+        assert!(
+            used.buckets > 0 && used.buckets == used.compressed,
+            "{what}: {used}"
+        );
+        assert!(used.host_because.is_empty(), "{what}: {used}");
+        let host = run(&setup, 2, false, 0..5, None);
+        let dev = run(&setup, 2, true, 0..5, None);
+        assert_same_runs(&host, &dev, &what);
+        // A checkpoint of either path carries on in the other: the host's state on the
+        // device, the device's on the host.
+        let host_states: Vec<ExchangerState> = host.iter().map(|r| r.1.clone()).collect();
+        let dev_states: Vec<ExchangerState> = dev.iter().map(|r| r.1.clone()).collect();
+        let host_on = run(&setup, 2, false, 5..8, Some(&dev_states));
+        let dev_on = run(&setup, 2, true, 5..8, Some(&host_states));
+        assert_same_runs(&host_on, &dev_on, &format!("{what}, resumed"));
+    }
+}
+
+#[test]
+fn what_has_no_device_form_stays_on_the_host_and_says_why() {
+    // QSGD has no device codec yet: every bucket on the host, the exchange unchanged.
+    let setup = Setup::new(parse_method("qsgd").unwrap());
+    let (_, used) = exchanger(&setup, true);
+    let used = used.unwrap();
+    assert_eq!(used.buckets, 0, "{used}");
+    assert!(used.compressed > 0);
+    assert!(used.to_string().contains("qsgd"), "{used}");
+    let host = run(&setup, 2, false, 0..2, None);
+    let dev = run(&setup, 2, true, 0..2, None);
+    assert_same_runs(&host, &dev, "qsgd");
+    // The compressed all-reduce encodes owners' ranges: on the host, said once.
+    let mut setup = Setup::new(parse_method("topk:ratio=0.02").unwrap());
+    setup.gather = GatherCollective::CompressedAllReduce;
+    let (_, used) = exchanger(&setup, true);
+    let used = used.unwrap();
+    assert_eq!(used.buckets, 0, "{used}");
+    assert_eq!(used.host_because.len(), 1, "{used}");
+    assert!(used.to_string().contains("compressed all-reduce"), "{used}");
+    // A device that does not exist is an error naming it.
+    let e = setup.exchanger().set_codec_device("wgpu:7").unwrap_err();
+    assert!(e.contains("wgpu:7"), "{e}");
+}
