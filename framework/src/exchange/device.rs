@@ -157,7 +157,7 @@ impl fmt::Display for DeviceUse {
 }
 
 /// Places `exchanger`'s compressed buckets on the device `spec` names
-/// ([`Exchanger::set_codec_device`]); in a build without device codecs an error saying how
+/// (`Exchanger::set_codec_device`, with a device runtime); in a build without device codecs an error saying how
 /// to build them.
 pub fn place_codecs(exchanger: &mut Exchanger, spec: &str) -> Result<DeviceUse, String> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -233,7 +233,7 @@ impl Exchanger {
     }
 
     /// Moves to the host the buckets whose route (restored from a checkpoint after
-    /// [`Exchanger::set_codec_device`]) the device cannot encode. Their memory is the
+    /// `Exchanger::set_codec_device`) the device cannot encode. Their memory is the
     /// host's already: a restored memory goes to both.
     pub(super) fn settle_devices(&mut self) {
         for s in &mut self.slots {

@@ -334,7 +334,7 @@ pub struct Exchanger {
     lossy: Option<Lossy>,
     /// DLCP error feedback: per dense bucket, this worker's values no owner used last time.
     lossy_residual: DlcpResidual,
-    /// The device the compressed buckets are encoded on ([`Exchanger::set_codec_device`])
+    /// The device the compressed buckets are encoded on (`Exchanger::set_codec_device`)
     /// and why buckets stay on the host.
     device: Option<(String, Vec<String>)>,
 }
