@@ -157,8 +157,8 @@ impl fmt::Display for DeviceUse {
 }
 
 /// Places `exchanger`'s compressed buckets on the device `spec` names
-/// (`Exchanger::set_codec_device`, with a device runtime); in a build without device codecs an error saying how
-/// to build them.
+/// (`Exchanger::set_codec_device`, in a build with a device runtime); in a build without
+/// device codecs an error saying how to build them.
 pub fn place_codecs(exchanger: &mut Exchanger, spec: &str) -> Result<DeviceUse, String> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     return exchanger.set_codec_device(spec);
