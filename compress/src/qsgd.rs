@@ -11,6 +11,14 @@
 //! 64-bit draw), so the same seed gives the same bytes. `E[Q(v)] = v` (unbiased) and
 //! `E‖Q(v) − v‖² = (N/s)²·Σ τ_j(1−τ_j)`.
 //!
+//! **Counter draws** (`draws = "counter"`, the mode a device codec computes identically):
+//! element `j` of a segment draws the top 24 bits of
+//! [`counter_bits`](crate::rng::counter_bits)`(key, j)`, the key one draw of the encoder's Rng
+//! per segment; every bucket takes the `f32` rule below (so `levels < 2²³`), a bucket whose
+//! `s/N` overflows `f32` (a norm below about `s·2⁻¹²⁸`) with `v` and `N` first multiplied by
+//! `2⁶⁴` — exact, and the levels are a function of `v/N` — where the default draws evaluate
+//! the rule in `f64`. The wire format is the same.
+//!
 //! ## Body, per segment of `n` elements, `m = ⌈n/d⌉` buckets
 //! ```text
 //! coding = "fixed":
@@ -40,7 +48,7 @@ use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
 use crate::put::{dense_by_passes, put, put_mode, put_nothing, with_put_mode, Put};
 use crate::registry::Method;
-use crate::rng::Rng;
+use crate::rng::{counter_bits, Draws, Rng};
 use crate::simd::vector_dispatch;
 use crate::wire::{
     bytes_for_bits, elias_gamma_len, elias_gamma_put, f32_at, BitReader, BitWriter, GammaReader,
@@ -88,6 +96,10 @@ pub struct QsgdConfig {
     /// Coding, `"fixed"` (default) or `"elias"`.
     #[serde(default)]
     pub coding: QsgdCoding,
+    /// Where the rounding draws come from: `lanes` (default: two per 64-bit draw of the
+    /// encoder's Rng, in order) or `counter` (see the module docs; needs `levels < 2²³`).
+    #[serde(default, skip_serializing_if = "Draws::is_lanes")]
+    pub draws: Draws,
 }
 
 fn default_levels() -> u32 {
@@ -104,6 +116,7 @@ impl Default for QsgdConfig {
             bucket: default_bucket(),
             norm: QsgdNorm::default(),
             coding: QsgdCoding::default(),
+            draws: Draws::Lanes,
         }
     }
 }
@@ -136,6 +149,15 @@ impl QsgdConfig {
                 format!("must be in 1..={MAX_LEVELS}, got {}", self.levels),
             ));
         }
+        if self.draws == Draws::Counter && self.levels >= 1 << 23 {
+            return Err(ConfigError::new(
+                "levels",
+                format!(
+                    "must be below 2^23 with draws = \"counter\" (its rule is f32's), got {}",
+                    self.levels
+                ),
+            ));
+        }
         if self.bucket == 0 || self.bucket > u32::MAX as usize {
             return Err(ConfigError::new(
                 "bucket",
@@ -164,6 +186,7 @@ impl QsgdConfig {
             d: self.bucket,
             norm: self.norm,
             coding: self.coding,
+            draws: self.draws,
             width,
             valid_codes,
             codes: Vec::new(),
@@ -186,6 +209,7 @@ pub struct Qsgd {
     d: usize,
     norm: QsgdNorm,
     coding: QsgdCoding,
+    draws: Draws,
     width: u32,
     /// `valid_codes[c]` for every `c < 2^width` (only when `width <= TABLE_MAX_WIDTH`).
     valid_codes: Vec<bool>,
@@ -339,6 +363,48 @@ fn quantize_bucket(x: &[f32], nrm: f32, s: u32, rng: &mut Rng, mut emit: impl Fn
     }
 }
 
+/// `2⁶⁴`, the exact factor a counter-mode bucket whose `s/N` overflows is scaled by.
+const PRESCALE: f32 = 18_446_744_073_709_551_616.0;
+
+/// A bucket's arithmetic in counter mode: `(factor, N', s/N')` — the bucket's values are
+/// multiplied by `factor` (1, or [`PRESCALE`] where `s/N` overflows `f32`) and then rounded
+/// by [`fast_code`] under the norm `N' = N·factor`. What a device codec computes per bucket
+/// (on the host, from the norms it reads back).
+pub fn counter_bucket_scale(nrm: f32, s: u32) -> (f32, f32, f32) {
+    let sf = s as f32;
+    let scale = sf / nrm;
+    if scale.is_finite() {
+        (1.0, nrm, scale)
+    } else {
+        let n2 = nrm * PRESCALE;
+        (PRESCALE, n2, sf / n2)
+    }
+}
+
+/// [`quantize_bucket`] with counter draws: element `k` of the bucket is element `j0 + k` of
+/// its segment and draws `counter_bits(key, j0 + k)`; `s < 2²³`.
+#[inline(always)]
+fn quantize_bucket_counter(
+    x: &[f32],
+    nrm: f32,
+    s: u32,
+    key: u64,
+    j0: usize,
+    mut emit: impl FnMut(u32),
+) {
+    if nrm == 0.0 {
+        for _ in x {
+            emit(0);
+        }
+        return;
+    }
+    let (factor, n2, scale) = counter_bucket_scale(nrm, s);
+    for (k, &v) in x.iter().enumerate() {
+        let bits = counter_bits(key, (j0 + k) as u32);
+        emit(fast_code(v * factor, bits, n2, scale, s as f32, s as i32));
+    }
+}
+
 /// Elements per block of random draws in [`quantize_bucket_u8`] (even, so pairs line up).
 const BLOCK: usize = 256;
 
@@ -454,7 +520,16 @@ impl Qsgd {
         let width = self.width;
         let body = w.zeroed(4 * nb + bytes_for_bits(n as u64 * width as u64));
         let (norm_bytes, code_bytes) = body.split_at_mut(4 * nb);
-        if width <= 8 {
+        if self.draws == Draws::Counter {
+            let key = rng.next_u64();
+            let mut bw = BitWriter::new(code_bytes);
+            for (b, chunk) in x.chunks(self.d).enumerate() {
+                let nrm = self.bucket_norm(chunk);
+                norm_bytes[4 * b..4 * b + 4].copy_from_slice(&nrm.to_le_bytes());
+                quantize_bucket_counter(chunk, nrm, self.s, key, b * self.d, |c| bw.put(c, width));
+            }
+            bw.finish();
+        } else if width <= 8 {
             let mut codes = std::mem::take(&mut self.codes8);
             codes.resize(n, 0);
             for (b, (chunk, cb)) in x.chunks(self.d).zip(codes.chunks_mut(self.d)).enumerate() {
@@ -481,10 +556,16 @@ impl Qsgd {
         let mut norms = std::mem::take(&mut self.norms);
         codes.clear();
         norms.clear();
-        for chunk in x.chunks(self.d) {
+        let key = (self.draws == Draws::Counter).then(|| rng.next_u64());
+        for (b, chunk) in x.chunks(self.d).enumerate() {
             let nrm = self.bucket_norm(chunk);
             norms.push(nrm);
-            quantize_bucket(chunk, nrm, self.s, rng, |c| codes.push(c));
+            match key {
+                Some(key) => {
+                    quantize_bucket_counter(chunk, nrm, self.s, key, b * self.d, |c| codes.push(c))
+                }
+                None => quantize_bucket(chunk, nrm, self.s, rng, |c| codes.push(c)),
+            }
         }
         debug_assert_eq!(codes.len(), n);
         let mut k = 0u32;
@@ -918,9 +999,93 @@ mod tests {
             bucket,
             norm,
             coding,
+            draws: Draws::Lanes,
         }
         .init()
         .unwrap()
+    }
+
+    /// Counter draws: unbiased per element; a function of the element's value, its bucket's
+    /// norm and the key alone (one Rng draw per segment); a bucket whose `s/N` overflows
+    /// `f32` rounds as the same values scaled up by a power of two do; the fixed and the
+    /// Elias codings decode alike; `levels ≥ 2²³` refused.
+    #[test]
+    fn counter_draws_are_unbiased_and_scale_free() {
+        use crate::compressor::{compress_new, decompress_add};
+        let cfg = |coding| QsgdConfig {
+            levels: 5,
+            bucket: 16,
+            coding,
+            draws: Draws::Counter,
+            ..QsgdConfig::default()
+        };
+        let mut c = cfg(QsgdCoding::Fixed).init().unwrap();
+        let x: Vec<f32> = (0..40).map(|i| (i as f32 - 13.0) / 7.0).collect();
+        let (rounds, mut mean) = (4000, vec![0f64; x.len()]);
+        for k in 0..rounds {
+            let p = compress_new(&mut c, &x, &Ctx::default(), &mut Rng::seed_from_u64(k)).unwrap();
+            let mut out = vec![0f32; x.len()];
+            decompress_add(&c, p.as_bytes(), &mut out).unwrap();
+            for (m, o) in mean.iter_mut().zip(&out) {
+                *m += f64::from(*o) / rounds as f64;
+            }
+        }
+        for (b, (mb, xb)) in mean.chunks(16).zip(x.chunks(16)).enumerate() {
+            let step = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 5.0;
+            for (m, &v) in mb.iter().zip(xb) {
+                // Four standard errors of a Bernoulli step of one level.
+                let tol = 4.0 * step / (rounds as f64).sqrt();
+                assert!((m - v as f64).abs() <= tol, "bucket {b}: {m} vs {v}");
+            }
+        }
+        let encode = |c: &mut Qsgd, v: &[f32], seed| {
+            compress_new(c, v, &Ctx::default(), &mut Rng::seed_from_u64(seed)).unwrap()
+        };
+        // The codes (after the three buckets' norms) of x and of x·2⁻¹⁴⁰, whose s/N
+        // overflows: equal.
+        let tiny: Vec<f32> = x.iter().map(|v| v * 2f32.powi(-140)).collect();
+        assert!(!(5.0 / tiny.iter().fold(0f32, |m, v| m.max(v.abs()))).is_finite());
+        let codes = |p: &Payload| p.as_bytes()[p.as_bytes().len() - (40 * 4) / 8..].to_vec();
+        let (px, pt) = (encode(&mut c, &x, 3), encode(&mut c, &tiny, 3));
+        assert_eq!(codes(&px), codes(&pt));
+        let mut out = vec![0f32; 40];
+        decompress_add(&c, pt.as_bytes(), &mut out).unwrap();
+        assert!(out.iter().any(|&v| v != 0.0));
+        // Element j's code depends on x_j, its bucket's norm and the key only.
+        let mut y = x.clone();
+        y[3] = 0.01;
+        let (bx, by) = (codes(&px), codes(&encode(&mut c, &y, 3)));
+        for j in (0..40).filter(|&j| j != 3) {
+            assert_eq!(
+                bx[j / 2] >> (4 * (j % 2)) & 15,
+                by[j / 2] >> (4 * (j % 2)) & 15,
+                "{j}"
+            );
+        }
+        // One Rng draw per segment.
+        let segs = [0..10, 10..40];
+        let mut rng = Rng::seed_from_u64(4);
+        let ctx = Ctx {
+            segments: &segs,
+            ..Ctx::default()
+        };
+        compress_new(&mut c, &x, &ctx, &mut rng).unwrap();
+        let mut two = Rng::seed_from_u64(4);
+        two.next_u64();
+        two.next_u64();
+        assert_eq!(rng.next_u64(), two.next_u64());
+        // Elias decodes as fixed.
+        let mut e = cfg(QsgdCoding::Elias).init().unwrap();
+        let (mut a, mut b) = (vec![0f32; 40], vec![0f32; 40]);
+        let (pc, pe) = (encode(&mut c, &x, 8), encode(&mut e, &x, 8));
+        decompress_add(&c, pc.as_bytes(), &mut a).unwrap();
+        decompress_add(&e, pe.as_bytes(), &mut b).unwrap();
+        assert_eq!(a, b);
+        let big = QsgdConfig {
+            levels: 1 << 23,
+            ..cfg(QsgdCoding::Fixed)
+        };
+        assert!(big.init().is_err());
     }
 
     /// Exact per-coordinate quantities of the rule for a bucketed vector:
@@ -1341,7 +1506,8 @@ mod tests {
                 levels: 127,
                 bucket: 8192,
                 norm: QsgdNorm::L2,
-                coding: QsgdCoding::Elias
+                coding: QsgdCoding::Elias,
+                draws: Draws::Lanes,
             })
         );
         assert!(cfg.build().unwrap().segment_bits(10).is_none());

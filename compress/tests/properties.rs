@@ -15,10 +15,39 @@ use dtrain_compress::{
 use proptest::prelude::*;
 
 fn all() -> Vec<(&'static str, Box<dyn Compressor>)> {
-    METHODS
+    let mut v: Vec<(&'static str, Box<dyn Compressor>)> = METHODS
         .iter()
         .map(|m| (m.name, (m.default)().build().expect(m.name)))
-        .collect()
+        .collect();
+    // The modes a device codec computes identically (counter draws, exact sums): the same
+    // properties as the defaults.
+    for (name, toml) in [
+        (
+            "qsgd, counter draws",
+            "kind = \"qsgd\"\ndraws = \"counter\"",
+        ),
+        (
+            "qsgd, counter draws, elias",
+            "kind = \"qsgd\"\ndraws = \"counter\"\ncoding = \"elias\"\nlevels = 3",
+        ),
+        (
+            "terngrad, counter draws",
+            "kind = \"terngrad\"\ndraws = \"counter\"",
+        ),
+        (
+            "natural, counter draws",
+            "kind = \"natural\"\ndraws = \"counter\"",
+        ),
+        (
+            "ef-signsgd, exact sums",
+            "kind = \"ef-signsgd\"\nsum = \"exact\"",
+        ),
+        ("onebit, exact sums", "kind = \"onebit\"\nsum = \"exact\""),
+    ] {
+        let cfg: dtrain_compress::CompressorConfig = toml::from_str(toml).expect(name);
+        v.push((name, cfg.build().expect(name)));
+    }
+    v
 }
 
 /// A gradient-like vector: layer scales spanning decades, heavy tails, some exact zeros.
