@@ -62,12 +62,15 @@ pub trait DeviceCodec: Send {
 /// The device codec of `cfg`'s method, or `None` where it has none (the caller uses the
 /// host codec on a copy of the bucket, and says so).
 pub fn device_codec(cfg: &CompressorConfig) -> Option<Box<dyn DeviceCodec>> {
-    use crate::{bf16, dgc, efsignsgd, fp16, natural, onebit, signsgd, terngrad, threshold, topk};
+    use crate::{
+        bf16, dgc, efsignsgd, fp16, natural, onebit, qsgd, signsgd, terngrad, threshold, topk,
+    };
     Some(match cfg {
         CompressorConfig::Dgc(c) => Box::new(dgc::Dgc::for_config(c)?),
         CompressorConfig::OneBit(c) => Box::new(onebit::OneBit::for_config(c)?),
         CompressorConfig::EfSignSgd(c) => Box::new(efsignsgd::EfSignSgd::for_config(c)?),
         CompressorConfig::Natural(c) => Box::new(Stream(natural::Natural::for_config(c)?)),
+        CompressorConfig::Qsgd(c) => Box::new(qsgd::Qsgd::for_config(c)?),
         CompressorConfig::Threshold(c) => Box::new(threshold::Threshold::for_config(c)?),
         CompressorConfig::TernGrad(c) => Box::new(terngrad::TernGrad::for_config(c)?),
         CompressorConfig::TopK(c) => Box::new(topk::TopK::new(c)),

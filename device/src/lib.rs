@@ -25,7 +25,7 @@
 //!   `efsignsgd` and `onebit` (exact sums), `fp16`,
 //!   `bf16` (their conversion
 //!   kernels in `half16`), `natural` (counter draws), `signsgd` (`signsgd` and `signum`),
-//!   `terngrad` (counter draws),
+//!   `terngrad` and `qsgd` (counter draws),
 //!   `threshold`, `topk`. `select` holds the radix select and the ordered compaction of
 //!   `topk`, `dgc` and `threshold`, and their host-parsed adds; `signs` the sign bits behind per-segment header words of `efsignsgd` and
 //!   `onebit`; `counter` the counter-based draws; `exact` the exact sums; `words` the helpers every kernel shares
@@ -58,6 +58,7 @@ with_a_runtime! {
     pub mod natural;
     pub mod onebit;
     pub mod pipeline;
+    pub mod qsgd;
     mod select;
     mod signs;
     pub mod signsgd;

@@ -26,6 +26,10 @@ const METHODS: &[&str] = &[
     "kind = \"dgc\"\nratio = 0.05\nmin_sparse_len = 50",
     "kind = \"terngrad\"\nclip = 0.0\ndraws = \"counter\"",
     "kind = \"natural\"\ndraws = \"counter\"",
+    "kind = \"qsgd\"\ndraws = \"counter\"",
+    "kind = \"qsgd\"\ndraws = \"counter\"\nlevels = 1\nbucket = 7",
+    "kind = \"qsgd\"\ndraws = \"counter\"\nlevels = 127\nbucket = 16",
+    "kind = \"qsgd\"\ndraws = \"counter\"\nlevels = 1000\nbucket = 5",
     "kind = \"ef-signsgd\"\nsum = \"exact\"",
     "kind = \"onebit\"\nsum = \"exact\"",
     "kind = \"threshold\"\ntau = 0.5",
@@ -145,6 +149,30 @@ fn device_payloads_are_the_host_payloads() {
     }
 }
 
+/// QSGD's buckets whose `s/N` overflows `f32` (norms below about `s·2⁻¹²⁸`), which both
+/// sides round after scaling by `2⁶⁴`: every other bucket of values brought down by `2⁻¹⁴⁰`
+/// (most of them subnormal), the rest as they are.
+#[test]
+fn qsgd_buckets_of_tiny_norms_are_the_hosts() {
+    for name in METHODS.iter().filter(|m| m.contains("qsgd")) {
+        let d = match cfg(name) {
+            CompressorConfig::Qsgd(c) => c.bucket,
+            _ => unreachable!(),
+        };
+        for &n in &[1, 9, 1000, 4099] {
+            let mut x = values(n, n as u64);
+            for (b, chunk) in x.chunks_mut(d).enumerate() {
+                if b % 2 == 0 {
+                    chunk.iter_mut().for_each(|v| *v *= 2f32.powi(-140));
+                }
+            }
+            let host = host_payload(name, &x, &[]);
+            let dev = device_payload(name, &x, &[]).unwrap();
+            assert_eq!(dev.as_bytes(), host.as_bytes(), "{name}: n = {n}");
+        }
+    }
+}
+
 #[test]
 fn device_decoding_adds_what_the_host_decoder_adds() {
     for name in METHODS {
@@ -253,6 +281,12 @@ fn methods_without_a_device_codec_say_so() {
     // clipping neither.
     assert!(device_codec(&cfg("terngrad")).is_none());
     assert!(device_codec(&cfg("natural")).is_none());
+    assert!(device_codec(&cfg("qsgd")).is_none());
+    assert!(device_codec(&cfg("kind = \"qsgd\"\ndraws = \"counter\"\nnorm = \"l2\"")).is_none());
+    assert!(device_codec(&cfg(
+        "kind = \"qsgd\"\ndraws = \"counter\"\ncoding = \"elias\""
+    ))
+    .is_none());
     assert!(device_codec(&cfg("ef-signsgd")).is_none());
     assert!(device_codec(&cfg("onebit")).is_none());
     assert!(device_codec(&cfg("kind = \"onebit\"\nsum = \"exact\"\ncolumn = 64")).is_none());
