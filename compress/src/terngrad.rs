@@ -44,6 +44,8 @@ use crate::compressor::{
     Payload,
 };
 use crate::error::{CompressError, ConfigError, WireError};
+pub use crate::exact::Sum;
+use crate::exact::{std_dev_of_sums, ExactSquares, ExactSum};
 use crate::put::{put, put_mode, with_put_mode, Put};
 use crate::registry::Method;
 pub use crate::rng::Draws;
@@ -66,6 +68,11 @@ pub struct TernGradConfig {
     /// payload can be checked byte for byte against the host's).
     #[serde(default, skip_serializing_if = "Draws::is_lanes")]
     pub draws: Draws,
+    /// How the clipping's σ is accumulated: `f64` (the default: the two-pass formula in
+    /// `f64`, in the host's order) or `exact` (σ from the segment's exact `Σx` and `Σx²`,
+    /// [`std_dev_of_sums`]: order-free, the mode a device codec computes identically).
+    #[serde(default, skip_serializing_if = "Sum::is_f64")]
+    pub sum: Sum,
 }
 
 fn default_clip() -> f32 {
@@ -77,6 +84,7 @@ impl Default for TernGradConfig {
         TernGradConfig {
             clip: default_clip(),
             draws: Draws::Lanes,
+            sum: Sum::F64,
         }
     }
 }
@@ -104,6 +112,7 @@ impl TernGradConfig {
         Ok(TernGrad {
             clip: self.clip,
             draws: self.draws,
+            sum: self.sum,
             pending: None,
             active: None,
             segment: 0,
@@ -117,6 +126,7 @@ impl TernGradConfig {
 pub struct TernGrad {
     clip: f32,
     draws: Draws,
+    sum: Sum,
     /// Shared scalers for the next `compress` call.
     pending: Option<Vec<f32>>,
     /// Shared scalers of the call in progress.
@@ -178,6 +188,21 @@ fn std_dev_lanes(x: &[f32], sum: f64) -> f64 {
     (ss / n).sqrt()
 }
 
+/// The population standard deviation of finite `x` from its exact sums
+/// ([`std_dev_of_sums`]).
+pub fn exact_std_dev(x: &[f32]) -> f64 {
+    let (mut pos, mut neg) = (ExactSum::default(), ExactSum::default());
+    for &v in x {
+        // The sign bit decides, as the device's classes do (−0.0 adds 0 either way).
+        if v.is_sign_negative() {
+            neg.add_abs(v);
+        } else {
+            pos.add_abs(v);
+        }
+    }
+    std_dev_of_sums(&pos, &neg, &ExactSquares::of(x), x.len())
+}
+
 /// `max |x|`, as the largest magnitude's bits ([`max_magnitude_bits`]): non-finite exactly
 /// when `x` holds a NaN or ±∞.
 fn max_abs(x: &[f32]) -> f32 {
@@ -212,11 +237,24 @@ impl TernGrad {
             let m = max_abs(x);
             return m.is_finite().then_some((f32::INFINITY, m));
         }
-        let (sum, m) = sum_and_max_abs(x);
-        if !sum.is_finite() {
-            return None;
-        }
-        let b = (self.clip as f64 * std_dev_from_sum(x, sum)) as f32;
+        let sd = match self.sum {
+            Sum::F64 => {
+                let (sum, m) = sum_and_max_abs(x);
+                if !sum.is_finite() {
+                    return None;
+                }
+                (std_dev_from_sum(x, sum), m)
+            }
+            Sum::Exact => {
+                let m = max_abs(x);
+                if !m.is_finite() {
+                    return None;
+                }
+                (exact_std_dev(x), m)
+            }
+        };
+        let (sd, m) = sd;
+        let b = (self.clip as f64 * sd) as f32;
         let bound = if b > 0.0 { b } else { f32::INFINITY };
         Some((bound, m.min(bound)))
     }
@@ -592,6 +630,7 @@ mod tests {
         let cfg = TernGradConfig {
             clip: 0.0,
             draws: Draws::Counter,
+            ..TernGradConfig::default()
         };
         let mut c = cfg.init().unwrap();
         let x: Vec<f32> = (0..64).map(|i| (i as f32 - 20.0) / 17.0).collect();
@@ -1008,6 +1047,32 @@ mod tests {
             b[at] ^= 1 << rng.below(8);
             let _ = sum_symbols(&[&b, base]);
         }
+    }
+
+    /// `sum = "exact"`: the clipping bound from the exact sums — σ the two-pass formula's to
+    /// rounding, the bound the same whatever the order of the elements — and the encoding
+    /// otherwise the default's.
+    #[test]
+    fn exact_sums_give_the_clipping_bound_in_any_order() {
+        let exact = TernGradConfig {
+            sum: Sum::Exact,
+            ..TernGradConfig::default()
+        }
+        .init()
+        .unwrap();
+        let plain = tern(2.5);
+        let mut r = Rng::seed_from_u64(8);
+        let mut x: Vec<f32> = (0..3000).map(|_| (r.next_f32() - 0.45) * 3.0).collect();
+        x[7] = 40.0; // an outlier the bound clips
+        let b = exact.clip_bound(&x);
+        assert!(b < 40.0);
+        assert!((b - plain.clip_bound(&x)).abs() <= 1e-6 * b, "{b}");
+        x.reverse();
+        assert_eq!(exact.clip_bound(&x).to_bits(), b.to_bits());
+        assert_eq!(exact.local_scale(&x), b);
+        // A constant segment (σ = 0) is not clipped; non-finite input has no bound.
+        assert_eq!(exact.clip_bound(&[3.0; 5]), f32::INFINITY);
+        assert!(exact.local_scale(&[1.0, f32::NAN]).is_nan());
     }
 
     #[test]

@@ -35,6 +35,10 @@ fn all() -> Vec<(&'static str, Box<dyn Compressor>)> {
             "kind = \"terngrad\"\ndraws = \"counter\"",
         ),
         (
+            "terngrad, counter draws, exact sums",
+            "kind = \"terngrad\"\ndraws = \"counter\"\nsum = \"exact\"",
+        ),
+        (
             "natural, counter draws",
             "kind = \"natural\"\ndraws = \"counter\"",
         ),
