@@ -105,18 +105,18 @@ pub(crate) fn body_starts(segs: &[Range<usize>], len: impl Fn(usize) -> usize) -
 
 /// Checks that the unused bits of each segment's last byte are zero, in a body of `bits`-bit
 /// codes packed LSB-first, each segment on bytes of its own (the host's rule; its error
-/// `Invalid(what)`).
+/// `Invalid(what)`, with the first such segment).
 pub(crate) fn check_padding(
     body: &[u8],
     segs: &[Range<usize>],
     bits: usize,
     what: &'static str,
-) -> Result<(), WireError> {
+) -> Result<(), (usize, WireError)> {
     let starts = body_starts(segs, |n| (bits * n).div_ceil(8));
     for (s, seg) in segs.iter().enumerate() {
         let used = bits * seg.len();
         if !used.is_multiple_of(8) && body[starts[s + 1] as usize - 1] >> (used % 8) != 0 {
-            return Err(WireError::Invalid(what));
+            return Err((s, WireError::Invalid(what)));
         }
     }
     Ok(())
@@ -171,8 +171,9 @@ pub(crate) trait StreamCodec: Send {
     );
 
     /// Checks on the host what a look at a few bytes can (e.g. the padding bits of each
-    /// segment's last byte), before the body goes to the device.
-    fn check_body(&self, _body: &[u8], _segs: &[Range<usize>]) -> Result<(), WireError> {
+    /// segment's last byte); an error comes with its segment, since the host decoder,
+    /// going segment by segment, reports an invalid value of an earlier segment first.
+    fn check_body(&self, _body: &[u8], _segs: &[Range<usize>]) -> Result<(), (usize, WireError)> {
         Ok(())
     }
 
@@ -250,15 +251,23 @@ impl<C: StreamCodec> DeviceCodec for Stream<C> {
         if segs.is_empty() {
             return Ok(());
         }
-        self.0.check_body(body, &segs)?;
+        let checked = self.0.check_body(body, &segs).err();
         let words = gpu.client().create_from_slice(u32_bytes(&to_words(body)));
         let first_bad = gpu.words(1, u32::MAX);
         self.0.decode_body(gpu, &words, &segs, out, &first_bad);
         let read = gpu.read_words(vec![first_bad], "decoding a payload")?;
-        if u32::from_le_bytes(read[0][..4].try_into().expect("one word")) != u32::MAX {
-            return Err(self.0.invalid_value().into());
+        let bad = u32::from_le_bytes(read[0][..4].try_into().expect("one word"));
+        // The host's verdict: the first segment with a defect, its own check before its
+        // values.
+        let bad_segment = (bad != u32::MAX)
+            .then(|| segs.iter().position(|s| s.contains(&(bad as usize))))
+            .flatten();
+        match (checked, bad_segment) {
+            (Some((p, _)), Some(q)) if q < p => Err(self.0.invalid_value().into()),
+            (Some((_, e)), _) => Err(e.into()),
+            (None, Some(_)) => Err(self.0.invalid_value().into()),
+            (None, None) => Ok(()),
         }
-        Ok(())
     }
 }
 

@@ -10,7 +10,7 @@
 use std::ops::Range;
 
 use cubecl::prelude::*;
-use dtrain_compress::exact::ExactSum;
+use dtrain_compress::exact::{ExactSquares, ExactSum};
 use dtrain_compress::Payload;
 
 use crate::codec::{element_starts, refuse_non_finite, upload_tables};
@@ -109,6 +109,93 @@ pub(crate) fn abs_sums(
                 *v = u64::from(word(&read[0], at)) | u64::from(word(&read[0], at + 1)) << 32;
             }
             (ExactSum::from_bins(b), word(&read[1], c))
+        })
+        .collect())
+}
+
+/// Adds each element's squared significand (`m²`, 48 bits) to its segment's bin for its
+/// exponent, three words a bin (low, middle, high), carrying where a word wraps.
+#[cube(launch)]
+fn square_bins(x: &[f32], starts: &[u32], bins: &[Atomic<u32>]) {
+    let mut i = ABSOLUTE_POS;
+    while i < x.len() {
+        let bits = u32::reinterpret(x[i]);
+        let e = (bits >> 23) & 0xFF;
+        if e != 0xFF {
+            let mut bin = e;
+            let mut m = bits & 0x7F_FFFF;
+            if e == 0 {
+                bin = 1;
+            } else {
+                m |= 0x80_0000;
+            }
+            // m² = a²·2²⁴ + 2ab·2¹² + b² for the 12-bit halves a, b of m: its low word and
+            // the 16 bits above it, in 32-bit arithmetic.
+            let a = m >> 12;
+            let b = m & 0xFFF;
+            let ab2 = 2 * a * b;
+            let aa = a * a;
+            let mut lo = b * b;
+            let mut hi = (ab2 >> 20) + (aa >> 8);
+            // The rest, (ab2 mod 2²⁰)·2¹² + (aa mod 2⁸)·2²⁴, in two parts.
+            let t1 = (ab2 & 0xF_FFFF) << 12;
+            let t2 = (aa & 0xFF) << 24;
+            if lo > 0xFFFF_FFFF - t1 {
+                hi += 1;
+            }
+            lo += t1;
+            if lo > 0xFFFF_FFFF - t2 {
+                hi += 1;
+            }
+            lo += t2;
+            let class = segment_of(starts, i as u32);
+            let at = (3 * (256 * class + bin)) as usize;
+            let old = bins[at].fetch_add(lo);
+            if old > 0xFFFF_FFFF - lo {
+                hi += 1;
+            }
+            let old = bins[at + 1].fetch_add(hi);
+            if old > 0xFFFF_FFFF - hi {
+                bins[at + 2].fetch_add(1);
+            }
+        }
+        i += grid_stride();
+    }
+}
+
+/// The exact `Σx²` of each segment of `grad` (non-finite elements not counted: callers
+/// refuse those first).
+pub(crate) fn squares(
+    gpu: &Gpu,
+    grad: &GpuBuffer,
+    segs: &[Range<usize>],
+) -> Result<Vec<ExactSquares>, DeviceError> {
+    let [starts] = upload_tables(gpu, [element_starts(segs)]);
+    let words = 3 * BINS * segs.len();
+    let bins = gpu.words(words, 0);
+    let (count, dim) = geometry(grad.len());
+    // SAFETY: `starts` holds S + 1 words, `bins` 3·256 a segment.
+    unsafe {
+        square_bins::launch(
+            gpu.client(),
+            count,
+            dim,
+            grad.arg(),
+            BufferArg::from_raw_parts(starts.0.clone(), starts.1),
+            BufferArg::from_raw_parts(bins.clone(), words),
+        );
+    }
+    let read = gpu.read_words(vec![bins], "reading exact squares")?;
+    Ok((0..segs.len())
+        .map(|c| {
+            let mut b = [0u128; BINS];
+            for (e, v) in b.iter_mut().enumerate() {
+                let at = 3 * (BINS * c + e);
+                *v = u128::from(word(&read[0], at))
+                    | u128::from(word(&read[0], at + 1)) << 32
+                    | u128::from(word(&read[0], at + 2)) << 64;
+            }
+            ExactSquares::from_bins(b)
         })
         .collect())
 }

@@ -176,7 +176,7 @@ impl StreamCodec for Natural {
             );
         }
     }
-    fn check_body(&self, body: &[u8], segs: &[Range<usize>]) -> Result<(), WireError> {
+    fn check_body(&self, body: &[u8], segs: &[Range<usize>]) -> Result<(), (usize, WireError)> {
         check_padding(body, segs, CODE_BITS, "natural: unused code bits are not zero")
     }
     fn decode_body(

@@ -131,7 +131,7 @@ impl StreamCodec for SignBits {
             );
         }
     }
-    fn check_body(&self, body: &[u8], segs: &[Range<usize>]) -> Result<(), WireError> {
+    fn check_body(&self, body: &[u8], segs: &[Range<usize>]) -> Result<(), (usize, WireError)> {
         check_padding(body, segs, 1, PADDING)
     }
     fn decode_body(

@@ -1,4 +1,5 @@
-//! `terngrad` on the device, in its counter mode (`draws = "counter"`, clip off): the host
+//! `terngrad` on the device, in its counter mode (`draws = "counter"`, clip off or with
+//! `sum = "exact"`): the host
 //! codec `dtrain_compress::terngrad` with [`counter_bits`](dtrain_compress::rng::counter_bits)
 //! computed on the device, so the payload is the host's byte for byte.
 //!
@@ -16,15 +17,22 @@
 //! codes, padding, the zero-scaler rule: `O(n/4)` bytes), then adds `{−s, 0, +s}` on the
 //! device.
 //!
-//! Not here: clipping (`clip > 0` needs the segment's standard deviation, which the host
-//! accumulates in `f64`), the default `lanes` draws, and the shared scalers of the summed
-//! all-reduce; those configurations have no device codec ([`TernGrad::for_config`]).
+//! Clipping (`clip > 0`) needs each segment's σ: with `sum = "exact"` the device accumulates
+//! the segment's exact `Σx` (non-negative and negative parts) and `Σx²` (the `exact` module),
+//! and the host works out σ, the bound `c·σ` and the scaler `min(max|x|, c·σ)` from them as
+//! its own codec does — clipping then changes nothing else on the device, since an element
+//! whose magnitude reaches the scaler is sent with probability 1 either way.
+//!
+//! Not here: clipping with the default `f64` σ (a sum in the host's order), the default
+//! `lanes` draws, and the shared scalers of the summed all-reduce; those configurations have
+//! no device codec ([`TernGrad::for_config`]).
 
 use std::ops::Range;
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
-use dtrain_compress::terngrad::{read_segment, Draws, TernGradConfig};
+use dtrain_compress::exact::std_dev_of_sums;
+use dtrain_compress::terngrad::{read_segment, Draws, Sum, TernGradConfig};
 use dtrain_compress::{read_frame, Ctx, Method, MethodId, Payload, Rng, WireError};
 
 use crate::codec::{
@@ -32,17 +40,53 @@ use crate::codec::{
 };
 use crate::counter::counter_bits;
 use crate::error::DeviceError;
+use crate::exact;
 use crate::gpu::{Gpu, GpuBuffer};
 use crate::words::{geometry, grid_stride, segment_of, words_for};
 
-/// The `terngrad` device codec (counter draws, no clipping).
+/// The `terngrad` device codec (counter draws; clipping with exact sums).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct TernGrad;
+pub struct TernGrad {
+    /// The clip factor `c` (0: no clipping).
+    clip: f32,
+}
 
 impl TernGrad {
-    /// The device codec of `cfg`, where it has one: counter draws and `clip = 0`.
+    /// The device codec of `cfg`, where it has one: counter draws, and `clip = 0` or
+    /// `sum = "exact"` (a config the host refuses has none either).
     pub fn for_config(cfg: &TernGradConfig) -> Option<TernGrad> {
-        (cfg.draws == Draws::Counter && cfg.clip == 0.0).then_some(TernGrad)
+        cfg.init().ok()?;
+        (cfg.draws == Draws::Counter && (cfg.clip == 0.0 || cfg.sum == Sum::Exact))
+            .then_some(TernGrad { clip: cfg.clip })
+    }
+
+    /// Each segment's clipping bound `c·σ` from its exact sums (∞ where σ = 0 or without
+    /// clipping), as the host codec computes it.
+    fn bounds(
+        &self,
+        gpu: &Gpu,
+        grad: &GpuBuffer,
+        segs: &[Range<usize>],
+        out: &mut Payload,
+    ) -> Result<Vec<f32>, DeviceError> {
+        if self.clip == 0.0 {
+            return Ok(vec![f32::INFINITY; segs.len()]);
+        }
+        let sums = exact::abs_sums(gpu, grad, segs, true, out)?;
+        let squares = exact::squares(gpu, grad, segs)?;
+        Ok(segs
+            .iter()
+            .enumerate()
+            .map(|(k, seg)| {
+                let sd = std_dev_of_sums(&sums[2 * k].0, &sums[2 * k + 1].0, &squares[k], seg.len());
+                let b = (self.clip as f64 * sd) as f32;
+                if b > 0.0 {
+                    b
+                } else {
+                    f32::INFINITY
+                }
+            })
+            .collect())
     }
 }
 
@@ -201,10 +245,11 @@ impl DeviceCodec for TernGrad {
         }
         let read = gpu.read_words(vec![max_bits, first_bad], "reading the scalers")?;
         refuse_non_finite(gpu, grad, &read[1], out)?;
+        let bounds = self.bounds(gpu, grad, &segs, out)?;
         // The host codec's draws: one key per segment, in order.
         let mut params = Vec::with_capacity(4 * segs.len());
-        for k in 0..segs.len() {
-            let s = f32::from_bits(word(&read[0], k));
+        for (k, bound) in bounds.iter().enumerate() {
+            let s = f32::from_bits(word(&read[0], k)).min(*bound);
             let key = rng.next_u64();
             let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
             params.extend([s.to_bits(), inv.to_bits(), key as u32, (key >> 32) as u32]);

@@ -25,6 +25,8 @@ const METHODS: &[&str] = &[
     "dgc",
     "kind = \"dgc\"\nratio = 0.05\nmin_sparse_len = 50",
     "kind = \"terngrad\"\nclip = 0.0\ndraws = \"counter\"",
+    "kind = \"terngrad\"\ndraws = \"counter\"\nsum = \"exact\"",
+    "kind = \"terngrad\"\nclip = 1.0\ndraws = \"counter\"\nsum = \"exact\"",
     "kind = \"natural\"\ndraws = \"counter\"",
     "kind = \"qsgd\"\ndraws = \"counter\"",
     "kind = \"qsgd\"\ndraws = \"counter\"\nlevels = 1\nbucket = 7",
