@@ -34,8 +34,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
-use crate::exact::ExactSum;
 pub use crate::exact::Sum;
+use crate::exact::{ExactSquares, ExactSum};
 use crate::memory::MemoryConfig;
 use crate::registry::Method;
 use crate::rng::Rng;
@@ -52,8 +52,8 @@ pub struct EfSignSgdConfig {
     pub scale: SignScale,
     /// How `‖p‖₁` is summed: `f64` (the default: an `f64` loop in element order) or `exact`
     /// (exactly, in any order, rounded once: [`ExactSum`] — the mode a device codec computes
-    /// identically, so its payload can be checked byte for byte). `exact` is written for
-    /// `scale = "mean-abs"`.
+    /// identically, so its payload can be checked byte for byte; with `scale = "rms"`, `Σp²`
+    /// exactly: [`ExactSquares`](crate::exact::ExactSquares)).
     #[serde(default, skip_serializing_if = "Sum::is_f64")]
     pub sum: Sum,
 }
@@ -97,12 +97,6 @@ impl Method for EfSignSgdConfig {
     const ID: MethodId = MethodId(17);
 
     fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
-        if self.sum == Sum::Exact && self.scale != SignScale::MeanAbs {
-            return Err(ConfigError::new(
-                "sum",
-                "\"exact\" is written for scale = \"mean-abs\" only".to_string(),
-            ));
-        }
         Ok(Box::new(EfSignSgd {
             scale: self.scale,
             sum: self.sum,
@@ -153,8 +147,11 @@ impl Compressor for EfSignSgd {
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
         w.f32(match self.sum {
             Sum::F64 => self.scale.of(x),
-            // Mean-abs (checked at build): the exact Σ|p|, rounded once, over d.
-            Sum::Exact => (ExactSum::of_abs(x).to_f64() / x.len() as f64) as f32,
+            // The exact Σ|p| or Σp², rounded once, over d.
+            Sum::Exact => match self.scale {
+                SignScale::MeanAbs => (ExactSum::of_abs(x).to_f64() / x.len() as f64) as f32,
+                SignScale::Rms => (ExactSquares::of(x).to_f64() / x.len() as f64).sqrt() as f32,
+            },
         });
         // 1 for p_j ≥ 0 (−0.0 included; the framing has checked x is finite).
         w.sign_bits(x);
@@ -288,13 +285,18 @@ mod tests {
             scale.to_bits().abs_diff(loose.to_bits()) <= 1,
             "{scale} vs {loose}"
         );
-        let e = toml::from_str::<EfSignSgdConfig>("sum = \"exact\"\nscale = \"rms\"")
-            .unwrap()
-            .build()
-            .err()
-            .expect("refused")
-            .to_string();
-        assert!(e.contains("compress.sum"), "{e}");
+        // The RMS scale: √(exact Σp² / d), within a bit of the f64 loop's.
+        let cfg: EfSignSgdConfig = toml::from_str("sum = \"exact\"\nscale = \"rms\"").unwrap();
+        let mut c = cfg.build().unwrap();
+        let p = compress_new(c.as_mut(), &x, &Ctx::default(), &mut r).unwrap();
+        let scale = f32::from_le_bytes(p.as_bytes()[12..16].try_into().unwrap());
+        let want = (ExactSquares::of(&x).to_f64() / 5000.0).sqrt() as f32;
+        assert_eq!(scale.to_bits(), want.to_bits());
+        let loose = SignScale::Rms.of(&x);
+        assert!(
+            scale.to_bits().abs_diff(loose.to_bits()) <= 1,
+            "{scale} vs {loose}"
+        );
     }
 
     #[test]

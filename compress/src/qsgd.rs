@@ -367,8 +367,8 @@ fn quantize_bucket(x: &[f32], nrm: f32, s: u32, rng: &mut Rng, mut emit: impl Fn
 const PRESCALE: f32 = 18_446_744_073_709_551_616.0;
 
 /// A bucket's arithmetic in counter mode: `(factor, N', s/N')` — the bucket's values are
-/// multiplied by `factor` (1, or [`PRESCALE`] where `s/N` overflows `f32`) and then rounded
-/// by [`fast_code`] under the norm `N' = N·factor`. What a device codec computes per bucket
+/// multiplied by `factor` (1, or 2⁶⁴ where `s/N` overflows `f32`) and then rounded
+/// by the `f32` rule under the norm `N' = N·factor`. What a device codec computes per bucket
 /// (on the host, from the norms it reads back).
 pub fn counter_bucket_scale(nrm: f32, s: u32) -> (f32, f32, f32) {
     let sf = s as f32;

@@ -46,6 +46,10 @@ fn all() -> Vec<(&'static str, Box<dyn Compressor>)> {
             "ef-signsgd, exact sums",
             "kind = \"ef-signsgd\"\nsum = \"exact\"",
         ),
+        (
+            "ef-signsgd, rms, exact sums",
+            "kind = \"ef-signsgd\"\nsum = \"exact\"\nscale = \"rms\"",
+        ),
         ("onebit, exact sums", "kind = \"onebit\"\nsum = \"exact\""),
     ] {
         let cfg: dtrain_compress::CompressorConfig = toml::from_str(toml).expect(name);

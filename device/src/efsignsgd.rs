@@ -1,35 +1,37 @@
-//! `ef-signsgd` on the device, in its exact-sum mode (`sum = "exact"`, mean-abs scale): the
-//! host codec `dtrain_compress::efsignsgd` with each tensor's `‖p‖₁` summed exactly on the
-//! device (`exact`) and the scale `(Σ|p| / d) as f32` finished on the host from the same
-//! exact sum — so the payload is the host's byte for byte. A second pass writes each
+//! `ef-signsgd` on the device, in its exact-sum mode (`sum = "exact"`): the host codec
+//! `dtrain_compress::efsignsgd` with each tensor's `‖p‖₁` (mean-abs scale) or `Σp²` (RMS
+//! scale) summed exactly on the device (`exact`) and the scale — `(Σ|p| / d) as f32` or
+//! `√(Σp² / d) as f32` — finished on the host from the same exact sum, so the payload is the
+//! host's byte for byte. A second pass writes each
 //! segment's body: the scale's four bytes, then one sign bit per element (`signs`).
 //!
 //! Decoding checks each segment on the host with the host codec's reader (scale finite and
 //! `≥ 0`, padding bits zero), then adds `±scale` on the device.
 //!
-//! The default `sum = "f64"` (an `f64` loop in element order) and the RMS scale of 1-bit
-//! Adam have no device form yet.
+//! The default `sum = "f64"` (an `f64` loop in element order) has no device form.
 
 use dtrain_compress::efsignsgd::{read_segment, EfSignSgdConfig, SignScale, Sum};
 use dtrain_compress::{read_frame, Ctx, Method, MethodId, Payload, Rng, WireError};
 
 use crate::codec::{begin_payload, DeviceCodec};
 use crate::error::DeviceError;
-use crate::exact::abs_sums;
+use crate::exact::{abs_sums, squares};
 use crate::gpu::{Gpu, GpuBuffer};
 use crate::signs::SignedBody;
 
 /// The body: one header word (the scale), then the signs.
 const BODY: SignedBody = SignedBody { h: 1 };
 
-/// The `ef-signsgd` device codec (exact sums, mean-abs scale).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct EfSignSgd;
+/// The `ef-signsgd` device codec (exact sums).
+#[derive(Debug, Clone, Copy)]
+pub struct EfSignSgd {
+    scale: SignScale,
+}
 
 impl EfSignSgd {
-    /// The device codec of `cfg`, where it has one: `sum = "exact"`, `scale = "mean-abs"`.
+    /// The device codec of `cfg`, where it has one: `sum = "exact"`.
     pub fn for_config(cfg: &EfSignSgdConfig) -> Option<EfSignSgd> {
-        (cfg.sum == Sum::Exact && cfg.scale == SignScale::MeanAbs).then_some(EfSignSgd)
+        (cfg.sum == Sum::Exact).then_some(EfSignSgd { scale: cfg.scale })
     }
 }
 
@@ -50,13 +52,19 @@ impl DeviceCodec for EfSignSgd {
         if segs.is_empty() {
             return Ok(());
         }
-        let sums = abs_sums(gpu, grad, &segs, false, out)?;
         // The host codec's scale, from the same exact sum.
-        let scales = sums
-            .iter()
-            .zip(&segs)
-            .map(|((s, _), seg)| ((s.to_f64() / seg.len() as f64) as f32).to_bits())
-            .collect();
+        let scales = match self.scale {
+            SignScale::MeanAbs => abs_sums(gpu, grad, &segs, false, out)?
+                .iter()
+                .zip(&segs)
+                .map(|((s, _), seg)| ((s.to_f64() / seg.len() as f64) as f32).to_bits())
+                .collect(),
+            SignScale::Rms => squares(gpu, grad, &segs, out)?
+                .iter()
+                .zip(&segs)
+                .map(|(s, seg)| ((s.to_f64() / seg.len() as f64).sqrt() as f32).to_bits())
+                .collect(),
+        };
         BODY.encode(gpu, grad, &segs, scales, out)
     }
 

@@ -114,14 +114,17 @@ pub(crate) fn abs_sums(
 }
 
 /// Adds each element's squared significand (`m²`, 48 bits) to its segment's bin for its
-/// exponent, three words a bin (low, middle, high), carrying where a word wraps.
+/// exponent, three words a bin (low, middle, high), carrying where a word wraps. A
+/// non-finite element lowers `first_bad` to its index.
 #[cube(launch)]
-fn square_bins(x: &[f32], starts: &[u32], bins: &[Atomic<u32>]) {
+fn square_bins(x: &[f32], starts: &[u32], bins: &[Atomic<u32>], first_bad: &[Atomic<u32>]) {
     let mut i = ABSOLUTE_POS;
     while i < x.len() {
         let bits = u32::reinterpret(x[i]);
         let e = (bits >> 23) & 0xFF;
-        if e != 0xFF {
+        if e == 0xFF {
+            first_bad[0].fetch_min(i as u32);
+        } else {
             let mut bin = e;
             let mut m = bits & 0x7F_FFFF;
             if e == 0 {
@@ -163,18 +166,20 @@ fn square_bins(x: &[f32], starts: &[u32], bins: &[Atomic<u32>]) {
     }
 }
 
-/// The exact `Σx²` of each segment of `grad` (non-finite elements not counted: callers
-/// refuse those first).
+/// The exact `Σx²` of each segment of `grad`; or the host's error for non-finite input (the
+/// first such element and its value; `out` is then cleared).
 pub(crate) fn squares(
     gpu: &Gpu,
     grad: &GpuBuffer,
     segs: &[Range<usize>],
+    out: &mut Payload,
 ) -> Result<Vec<ExactSquares>, DeviceError> {
     let [starts] = upload_tables(gpu, [element_starts(segs)]);
     let words = 3 * BINS * segs.len();
     let bins = gpu.words(words, 0);
+    let first_bad = gpu.words(1, u32::MAX);
     let (count, dim) = geometry(grad.len());
-    // SAFETY: `starts` holds S + 1 words, `bins` 3·256 a segment.
+    // SAFETY: `starts` holds S + 1 words, `bins` 3·256 a segment, `first_bad` one.
     unsafe {
         square_bins::launch(
             gpu.client(),
@@ -183,9 +188,11 @@ pub(crate) fn squares(
             grad.arg(),
             BufferArg::from_raw_parts(starts.0.clone(), starts.1),
             BufferArg::from_raw_parts(bins.clone(), words),
+            BufferArg::from_raw_parts(first_bad.clone(), 1),
         );
     }
-    let read = gpu.read_words(vec![bins], "reading exact squares")?;
+    let read = gpu.read_words(vec![bins, first_bad], "reading exact squares")?;
+    refuse_non_finite(gpu, grad, &read[1], out)?;
     Ok((0..segs.len())
         .map(|c| {
             let mut b = [0u128; BINS];

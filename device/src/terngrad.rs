@@ -73,7 +73,7 @@ impl TernGrad {
             return Ok(vec![f32::INFINITY; segs.len()]);
         }
         let sums = exact::abs_sums(gpu, grad, segs, true, out)?;
-        let squares = exact::squares(gpu, grad, segs)?;
+        let squares = exact::squares(gpu, grad, segs, out)?;
         Ok(segs
             .iter()
             .enumerate()

@@ -33,6 +33,7 @@ const METHODS: &[&str] = &[
     "kind = \"qsgd\"\ndraws = \"counter\"\nlevels = 127\nbucket = 16",
     "kind = \"qsgd\"\ndraws = \"counter\"\nlevels = 1000\nbucket = 5",
     "kind = \"ef-signsgd\"\nsum = \"exact\"",
+    "kind = \"ef-signsgd\"\nsum = \"exact\"\nscale = \"rms\"",
     "kind = \"onebit\"\nsum = \"exact\"",
     "kind = \"threshold\"\ntau = 0.5",
     "kind = \"threshold\"\ntau = 1e-3\ncoding = \"golomb-rice\"",
