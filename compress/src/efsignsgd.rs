@@ -53,7 +53,7 @@ pub struct EfSignSgdConfig {
     /// How `‖p‖₁` is summed: `f64` (the default: an `f64` loop in element order) or `exact`
     /// (exactly, in any order, rounded once: [`ExactSum`] — the mode a device codec computes
     /// identically, so its payload can be checked byte for byte; with `scale = "rms"`, `Σp²`
-    /// exactly: [`ExactSquares`](crate::exact::ExactSquares)).
+    /// exactly: [`ExactSquares`]).
     #[serde(default, skip_serializing_if = "Sum::is_f64")]
     pub sum: Sum,
 }
