@@ -13,7 +13,7 @@
 //!
 //! **Counter draws** (`draws = "counter"`, the mode a device codec computes identically):
 //! element `j` of a segment draws the top 24 bits of
-//! [`counter_bits`](crate::rng::counter_bits)`(key, j)`, the key one draw of the encoder's Rng
+//! [`counter_bits`]`(key, j)`, the key one draw of the encoder's Rng
 //! per segment; every bucket takes the `f32` rule below (so `levels < 2²³`), a bucket whose
 //! `s/N` overflows `f32` (a norm below about `s·2⁻¹²⁸`) with `v` and `N` first multiplied by
 //! `2⁶⁴` — exact, and the levels are a function of `v/N` — where the default draws evaluate
