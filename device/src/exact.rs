@@ -22,6 +22,22 @@ use crate::words::{geometry, grid_stride, segment_of};
 /// Bins per segment (one per exponent field).
 const BINS: usize = 256;
 
+/// The bin of a finite `f32`'s magnitude (bits `bits`) and its integer significand, packed
+/// as `bin << 24 | m`: `bin = max(E, 1)` for the exponent field `E`, `m` the fraction with
+/// the hidden bit where `E > 0` (the host's `exact::bin_of`).
+#[cube]
+fn bin_and_significand(bits: u32) -> u32 {
+    let e = (bits >> 23) & 0xFF;
+    let mut bin = e;
+    let mut m = bits & 0x7F_FFFF;
+    if e == 0 {
+        bin = 1;
+    } else {
+        m |= 0x80_0000;
+    }
+    (bin << 24) | m
+}
+
 /// Adds each element's magnitude to its class's bins (`2·256` words a class: the low and
 /// high word of each bin) and counts it; a class is the element's segment, or with `split`
 /// the segment and the sign (class `2s` for `p ≥ 0`, −0.0 included; `2s + 1` for `p < 0`).
@@ -38,17 +54,12 @@ fn abs_bins(
     let mut i = ABSOLUTE_POS;
     while i < x.len() {
         let bits = u32::reinterpret(x[i]);
-        let e = (bits >> 23) & 0xFF;
-        if e == 0xFF {
+        if (bits >> 23) & 0xFF == 0xFF {
             first_bad[0].fetch_min(i as u32);
         } else {
-            let mut bin = e;
-            let mut m = bits & 0x7F_FFFF;
-            if e == 0 {
-                bin = 1;
-            } else {
-                m |= 0x80_0000;
-            }
+            let packed = bin_and_significand(bits);
+            let bin = packed >> 24;
+            let m = packed & 0xFF_FFFF;
             let mut class = segment_of(starts, i as u32);
             if split {
                 class *= 2;
@@ -121,17 +132,12 @@ fn square_bins(x: &[f32], starts: &[u32], bins: &[Atomic<u32>], first_bad: &[Ato
     let mut i = ABSOLUTE_POS;
     while i < x.len() {
         let bits = u32::reinterpret(x[i]);
-        let e = (bits >> 23) & 0xFF;
-        if e == 0xFF {
+        if (bits >> 23) & 0xFF == 0xFF {
             first_bad[0].fetch_min(i as u32);
         } else {
-            let mut bin = e;
-            let mut m = bits & 0x7F_FFFF;
-            if e == 0 {
-                bin = 1;
-            } else {
-                m |= 0x80_0000;
-            }
+            let packed = bin_and_significand(bits);
+            let bin = packed >> 24;
+            let m = packed & 0xFF_FFFF;
             // m² = a²·2²⁴ + 2ab·2¹² + b² for the 12-bit halves a, b of m: its low word and
             // the 16 bits above it, in 32-bit arithmetic.
             let a = m >> 12;

@@ -22,10 +22,56 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()
 }
 
+/// Compresses gradients of steps `0..steps` of one bucket through a host pipeline and a
+/// device pipeline of `cfg` with `memory` and asserts that every payload and the memory's
+/// state after every step (its export) are the host's bit for bit; with `import_at`, the
+/// host's state is imported on the device before that step (a checkpoint's round trip).
+fn steps_agree(
+    cfg: &CompressorConfig,
+    memory: &MemoryConfig,
+    segs: &[Range<usize>],
+    steps: u64,
+    import_at: Option<u64>,
+    what: &str,
+) {
+    let gpu = common::open_test_device();
+    let n = segs.last().map_or(0, |s| s.end);
+    let key = 7;
+    let mut host = Pipeline::new(cfg.build().unwrap(), memory.build().unwrap());
+    let mut dev = DevicePipeline::for_method(cfg, memory).unwrap();
+    let (mut hp, mut dp) = (Payload::new(), Payload::new());
+    for step in 0..steps {
+        if import_at == Some(step) {
+            dev.memory_mut()
+                .unwrap()
+                .import(&gpu, &host.export_memory());
+        }
+        let g = gradient(n, 31 * step + 5);
+        let ctx = Ctx {
+            step,
+            bucket: key,
+            segments: segs,
+            ..Ctx::default()
+        };
+        let mut rng = Rng::seed_from_u64(step);
+        host.compress(&g, &ctx, &mut rng.clone(), &mut hp).unwrap();
+        dev.compress(&gpu, &gpu.upload(&g), &ctx, &mut rng, &mut dp)
+            .unwrap();
+        assert_eq!(dp.as_bytes(), hp.as_bytes(), "{what}, step {step}: payload");
+        let want = host.export_memory().remove(&key).expect("a host state");
+        let got = dev
+            .memory()
+            .unwrap()
+            .export(&gpu)
+            .unwrap()
+            .remove(&key)
+            .unwrap();
+        assert_eq!(bits(&got), bits(&want), "{what}, step {step}: memory");
+    }
+}
+
 #[test]
 fn residual_after_each_device_step_is_the_hosts() {
-    let gpu = common::open_test_device();
-    let n = 3000;
     let segs: Vec<Range<usize>> = vec![0..1000, 1000..1001, 1001..2500, 2500..3000];
     for (name, memory) in [
         ("topk", MemoryConfig::RESIDUAL),
@@ -40,38 +86,7 @@ fn residual_after_each_device_step_is_the_hosts() {
         ("signsgd", MemoryConfig::RESIDUAL),
     ] {
         let cfg = CompressorConfig::default_for(name).unwrap();
-        let mut host = Pipeline::new(cfg.build().unwrap(), memory.build().unwrap());
-        let mut dev = DevicePipeline::for_method(&cfg, &memory).unwrap();
-        let (mut hp, mut dp) = (Payload::new(), Payload::new());
-        for step in 0..4u64 {
-            let g = gradient(n, 31 * step + 5);
-            let ctx = Ctx {
-                step,
-                bucket: 7,
-                segments: &segs,
-                ..Ctx::default()
-            };
-            host.compress(&g, &ctx, &mut Rng::seed_from_u64(step), &mut hp)
-                .unwrap();
-            dev.compress(
-                &gpu,
-                &gpu.upload(&g),
-                &ctx,
-                &mut Rng::seed_from_u64(step),
-                &mut dp,
-            )
-            .unwrap();
-            assert_eq!(dp.as_bytes(), hp.as_bytes(), "{name}, step {step}: payload");
-            let want = host.export_memory().remove(&7).expect("a host residual");
-            let got = dev
-                .memory()
-                .unwrap()
-                .export(&gpu)
-                .unwrap()
-                .remove(&7)
-                .unwrap();
-            assert_eq!(bits(&got), bits(&want), "{name}, step {step}: residual");
-        }
+        steps_agree(&cfg, &memory, &segs, 4, None, name);
     }
 }
 
@@ -81,8 +96,6 @@ fn residual_after_each_device_step_is_the_hosts() {
 /// a state exported by the host and imported on the device carries on as the host does.
 #[test]
 fn dgc_momentum_after_each_device_step_is_the_hosts() {
-    let gpu = common::open_test_device();
-    let n = 6000;
     let segs: Vec<Range<usize>> = vec![0..4500, 4500..4510, 4510..6000];
     let cfg: CompressorConfig =
         toml::from_str("kind = \"dgc\"\nratio = 0.01\nmin_sparse_len = 1000").unwrap();
@@ -92,49 +105,8 @@ fn dgc_momentum_after_each_device_step_is_the_hosts() {
         "kind = \"dgc-momentum\"\nmasking = false\nmomentum = 0.5",
         "kind = \"dgc-momentum\"\n[clip]\nkind = \"value\"\nmax = 0.02",
     ] {
-        let memory: MemoryConfig = toml::from_str(memory).unwrap();
-        let mut host = Pipeline::new(cfg.build().unwrap(), memory.build().unwrap());
-        let mut dev = DevicePipeline::for_method(&cfg, &memory).unwrap();
-        let (mut hp, mut dp) = (Payload::new(), Payload::new());
-        for step in 0..5u64 {
-            if step == 3 {
-                // A checkpoint's round trip: the host's state restored on the device.
-                let state = host.export_memory();
-                dev.memory_mut().unwrap().import(&gpu, &state);
-            }
-            let g = gradient(n, 17 * step + 3);
-            let ctx = Ctx {
-                step,
-                bucket: 4,
-                segments: &segs,
-                ..Ctx::default()
-            };
-            host.compress(&g, &ctx, &mut Rng::seed_from_u64(step), &mut hp)
-                .unwrap();
-            dev.compress(
-                &gpu,
-                &gpu.upload(&g),
-                &ctx,
-                &mut Rng::seed_from_u64(step),
-                &mut dp,
-            )
-            .unwrap();
-            assert_eq!(
-                dp.as_bytes(),
-                hp.as_bytes(),
-                "{memory:?}, step {step}: payload"
-            );
-            let want = host.export_memory().remove(&4).expect("a host state");
-            let got = dev
-                .memory()
-                .unwrap()
-                .export(&gpu)
-                .unwrap()
-                .remove(&4)
-                .unwrap();
-            assert_eq!(got.len(), 2 * n);
-            assert_eq!(bits(&got), bits(&want), "{memory:?}, step {step}: u and v");
-        }
+        let parsed: MemoryConfig = toml::from_str(memory).unwrap();
+        steps_agree(&cfg, &parsed, &segs, 5, Some(3), memory);
     }
 }
 
