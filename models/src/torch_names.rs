@@ -267,7 +267,7 @@ impl TorchLayout {
 /// when `path` does not start with `module` and an index.
 pub(crate) fn reindex(path: &str, module: &str, to: impl Fn(usize) -> String) -> Option<String> {
     let rest = path.strip_prefix(module)?.strip_prefix('.')?;
-    let (index, tail) = rest.split_once('.').map_or((rest, ""), |(i, t)| (i, t));
+    let (index, tail) = rest.split_once('.').unwrap_or((rest, ""));
     let i: usize = index.parse().ok()?;
     let head = to(i);
     Some(if tail.is_empty() {
