@@ -558,7 +558,8 @@ class Stepper:
         forward (the loss value and the top-1 count). Returns `(loss, loss value, correct)`."""
         if self.twin.is_language_model:
             logits, state = self.model(self.inputs, self.state)
-            self.state = [(h.detach(), c.detach()) for h, c in state]
+            # The GPT carries nothing between batches (its state is None).
+            self.state = None if state is None else [(h.detach(), c.detach()) for h, c in state]
             b, t, vocab = logits.shape
             logits = logits.reshape(b * t, vocab)
             targets = self.targets.reshape(b * t)
