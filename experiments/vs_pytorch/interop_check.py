@@ -7,6 +7,7 @@ safetensors' own Python readers and no torch:
      TensorBoard's EventAccumulator; every scalar series must have one point per logged step
      (per evaluation for `eval/*`) with the value of metrics.jsonl / eval.jsonl (as float32),
      and the configuration text must be the run's;
+     the same after the run is resumed for 10 more steps (a second event file);
   2. `dtrain export` of that run, read by the `safetensors` package: the names, shapes and
      dtypes of the PyTorch twin (models.py `LeNet5`), and every value equal to the run's
      final checkpoint (read from its own container format here, burn layout transposed);
@@ -87,15 +88,15 @@ def f32(x: float) -> float:
     return float(np.float32(x))
 
 
-def check_tensorboard(run_dir: str) -> None:
+def check_tensorboard(run_dir: str, steps: int, sessions: int) -> None:
     events = glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
-    check(len(events) == 1, f"one event file in {run_dir}, found {len(events)}")
+    check(len(events) == sessions, f"{sessions} event file(s) in {run_dir}, found {len(events)}")
     acc = EventAccumulator(run_dir, size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     metrics = jsonl(os.path.join(run_dir, "metrics.jsonl"))
     evals = jsonl(os.path.join(run_dir, "eval.jsonl"))
-    check(len(metrics) == STEPS, f"metrics.jsonl has {len(metrics)} lines, expected {STEPS}")
+    check(len(metrics) == steps, f"metrics.jsonl has {len(metrics)} lines, expected {steps}")
     expected = {"train/loss": lambda r: r["loss"], "train/accuracy": lambda r: r["accuracy"],
                 "train/lr": lambda r: r["lr"], "train/bytes_sent": lambda r: r["bytes_sent"],
                 "train/payload_bytes": lambda r: r["payload_bytes"]}
@@ -119,11 +120,12 @@ def check_tensorboard(run_dir: str) -> None:
                                f"difference at #{first}: {got[first:first + 1]} != {want[first:first + 1]}")
     if failures:
         return
-    print(f"tensorboard: {len(tags)} scalar series, {len(metrics)} steps and {len(evals)} "
-          f"evaluations, every point equal to metrics.jsonl / eval.jsonl")
+    print(f"tensorboard ({sessions} session(s)): {len(tags)} scalar series, {len(metrics)} "
+          f"steps and {len(evals)} evaluations, every point equal to metrics.jsonl / eval.jsonl")
     check("config" in acc.Tags()["tensors"], "the configuration text (tag `config`) is missing")
     if "config" in acc.Tags()["tensors"]:
-        text = acc.Tensors("config")[0].tensor_proto.string_val[0].decode()
+        # The latest session's (each session writes its own, at its first step).
+        text = acc.Tensors("config")[-1].tensor_proto.string_val[0].decode()
         with open(os.path.join(run_dir, "config.toml")) as f:
             config = f.read()
         check(config.strip() in text, "the `config` text is not the run's config.toml")
@@ -187,7 +189,7 @@ def main() -> int:
     os.makedirs(out, exist_ok=True)
 
     first = train(dtrain, out, "lenet-tb", ["output.tensorboard=true"])
-    check_tensorboard(first)
+    check_tensorboard(first, STEPS, 1)
     weights = check_export(dtrain, out, first)
 
     second = train(dtrain, out, "lenet-init", [f'model.init_from="{weights}"', "train.lr=1e-30",
@@ -196,6 +198,14 @@ def main() -> int:
             for d in (first, second)]
     check(loss[0] == loss[1], f"init_from: final eval loss {loss[1]!r} != the run's {loss[0]!r}")
     print(f"init_from: final evaluation loss {loss[1]!r}, the exported run's {loss[0]!r}")
+
+    # A resumed session (10 steps more from the checkpoint at step 30) writes a second event
+    # file; TensorBoard still shows one point per step.
+    cmd = [dtrain, "run", CONFIG, "--resume", first, "--no-fetch"]
+    for s in SHORT + ["output.tensorboard=true", f"train.max_steps={STEPS + 10}"]:
+        cmd += ["--set", s]
+    run(cmd, os.path.join(out, "lenet-tb-resume.log"))
+    check_tensorboard(first, STEPS + 10, 2)
 
     # Bad input: one line, exit 1.
     cut = os.path.join(out, "cut.safetensors")

@@ -10,7 +10,8 @@
 //! `config`. Values are those of `metrics.jsonl` / `eval.jsonl` rounded to `f32` (TensorBoard
 //! scalars are `float`); a non-finite loss is written as it is. A resumed session first
 //! writes a `SessionLog START` at its first step, which makes TensorBoard drop what the
-//! previous session logged from that step on (as `metrics.jsonl` is trimmed).
+//! previous session logged from that step on (as `metrics.jsonl` is trimmed), and then the
+//! evaluation of the checkpoint's step again (`eval.jsonl` keeps it).
 //!
 //! # Why the format is written here
 //!

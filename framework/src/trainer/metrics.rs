@@ -4,7 +4,7 @@ use std::io::Write;
 
 use dtrain_comms::Transport;
 use dtrain_compress::Collective;
-use dtrain_records::{Phases, StepRecord, Summary};
+use dtrain_records::{EvalRecord, Phases, StepRecord, Summary};
 use serde::Serialize;
 
 use super::{RunDir, TrainError, Trainer};
@@ -55,7 +55,19 @@ impl<T: Transport> Trainer<T> {
                 };
                 let mut tb = crate::tensorboard::EventWriter::create(&out.root).map_err(io)?;
                 if let Some(start) = self.resumed_step {
+                    // TensorBoard drops every point at `start` and after; the evaluation at
+                    // `start` (of the checkpoint's state) stays in eval.jsonl, so it is
+                    // written again.
                     tb.session_start(start).map_err(io)?;
+                    let evals =
+                        std::fs::read_to_string(out.root.join("eval.jsonl")).unwrap_or_default();
+                    for e in evals
+                        .lines()
+                        .filter_map(|l| serde_json::from_str::<EvalRecord>(l).ok())
+                        .filter(|e| e.step == start)
+                    {
+                        tb.eval(&e).map_err(io)?;
+                    }
                 }
                 let config = self.plan.config.to_toml();
                 // The text plugin renders markdown: the TOML as a code block.
