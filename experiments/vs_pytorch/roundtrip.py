@@ -37,7 +37,18 @@ from safetensors.torch import load_file, save_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402  (the twins, beside this file)
 
-MODELS = ["lenet/lenet5", "resnet/resnet20", "alexnet/cifar", "gpt/mini"]
+MODELS = ["lenet/lenet5", "resnet/resnet20", "alexnet/cifar", "gpt/mini", "lstm/word", "mlp/mnist",
+          "vgg/vgg11"]
+# --torchvision: dtrain's ImageNet models against torchvision's own modules (batch of 2).
+TORCHVISION = {
+    "resnet/resnet18": "resnet18",
+    "resnet/resnet34": "resnet34",
+    "resnet/resnet50": "resnet50",
+    "alexnet/imagenet": "alexnet",
+    "vgg/vgg11:head=imagenet": "vgg11",
+}
+# Not vgg11_bn: dtrain's VGG with BatchNorm has no convolution biases (the twin's neither),
+# torchvision's vgg*_bn has them, so its state_dict has 8 tensors more (models/README.md).
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -48,8 +59,19 @@ def dtrain(example: str, *args: str) -> str:
     return out.stdout
 
 
+def resolve(name: str) -> models.Twin:
+    """The twin of `name`, or torchvision's module for the ImageNet models."""
+    if name in TORCHVISION:
+        import torchvision
+
+        build = getattr(torchvision.models, TORCHVISION[name])
+        return models.Twin(lambda: build(weights=None), ("images", 3, 224, 224, 1000), None,
+                           f"torchvision.models.{TORCHVISION[name]}")
+    return models.resolve(name)
+
+
 def torch_loss(name: str, model: torch.nn.Module, batch: int, seq_len: int) -> float:
-    twin = models.resolve(name)
+    twin = resolve(name)
     inputs, targets = models.synthetic_batch(twin, batch, seq_len, 7, "dtrain")
     model.eval()
     with torch.no_grad():
@@ -68,15 +90,22 @@ def main() -> int:
     p.add_argument("--models", nargs="+", default=MODELS)
     p.add_argument("--rtol", type=float, default=1e-5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--torchvision", action="store_true",
+                   help="also ResNet-18/34/50, AlexNet and VGG-11 (ImageNet head) against "
+                        "torchvision's modules, batch of 2 (needs torchvision)")
     args = p.parse_args()
+    if args.torchvision:
+        args.models += list(TORCHVISION)
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}; dtrain: {args.example}; batch: dtrain's synthetic, seed 7")
-    print(f"{'model':<16} {'direction':<18} {'dtrain loss':>14} {'pytorch loss':>14} {'rel diff':>10}")
+    print(f"{'model':<42} {'direction':<18} {'dtrain loss':>14} {'pytorch loss':>14} {'rel diff':>10}")
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            twin = models.resolve(name)
+            twin = resolve(name)
             batch, seq_len = (20, 35) if twin.is_language_model else (32, 35)
+            if name in TORCHVISION:
+                batch = 2
             rows = []
             # dtrain → PyTorch
             a = os.path.join(tmp, "dtrain.safetensors")
@@ -102,7 +131,7 @@ def main() -> int:
                 rel = abs(d - t) / max(abs(t), 1e-30)
                 ok = rel <= args.rtol
                 failed += not ok
-                print(f"{name:<16} {direction:<18} {d:>14.8f} {t:>14.8f} {rel:>10.2e}"
+                print(f"{name:<42} {direction:<18} {d:>14.8f} {t:>14.8f} {rel:>10.2e}"
                       f"{'' if ok else '  FAIL'}", flush=True)
     print("ok" if not failed else f"{failed} disagreement(s) above {args.rtol:g}")
     return 1 if failed else 0
