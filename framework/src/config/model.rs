@@ -22,7 +22,9 @@ pub struct ModelSection {
     /// A safetensors file with PyTorch's names for this architecture (what `dtrain export`
     /// writes; see `models/README.md`) whose values replace the seeded initial weights on
     /// every rank, BatchNorm statistics included. Every tensor must match by name, shape
-    /// and dtype. Relative paths are relative to the working directory.
+    /// and dtype (checked by `dtrain check` / `dtrain run` before any worker starts).
+    /// Relative paths are relative to the working directory; every worker reads the file, so
+    /// on several nodes each needs it at that path.
     pub init_from: Option<PathBuf>,
 }
 
