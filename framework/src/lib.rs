@@ -13,6 +13,8 @@
 //! * [`exchange`]: one step's gradient exchange (compress → collective → decompress →
 //!   average) for every aggregation kind, with its layer-aligned buckets
 //!   ([`exchange::bucket`]), schedule, communication thread and checkpoint state.
+//! * [`export`]: weights out and in as safetensors with PyTorch's names (`dtrain export`,
+//!   `[model] init_from`).
 //! * [`optim`]: SGD / momentum / Nesterov / Adam / AdamW on flat buffers (PyTorch semantics).
 //! * [`lr`]: learning-rate schedules (step, cosine, gradual warm-up, linear scaling rule).
 //! * [`config`]: the run configuration (TOML, two-stage validation into a [`config::Plan`]).
@@ -25,6 +27,7 @@
 //! * [`launch`]: `dtrain run` — validation, run directory, worker processes, multi-node and
 //!   scheduler placement, supervision (signals forwarded, restarts after a failure).
 //! * [`provenance`]: the commit, build and machine each run records in its summary.
+//! * [`tensorboard`]: TensorBoard event files written live (`[output] tensorboard = true`).
 //! * [`signals`]: SIGTERM / SIGINT for the launcher and its workers (a stop request the
 //!   trainer honours at a step boundary), and workers that die with their launcher.
 
@@ -35,6 +38,7 @@ pub mod config;
 pub mod data;
 pub mod device;
 pub mod exchange;
+pub mod export;
 pub mod launch;
 pub mod lr;
 pub mod mpi_env;
@@ -43,4 +47,5 @@ pub mod provenance;
 pub mod ps_mode;
 pub mod signals;
 pub(crate) mod sync;
+pub mod tensorboard;
 pub mod trainer;

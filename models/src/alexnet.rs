@@ -23,10 +23,12 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::family::{autodiff, ModelFamily};
+use crate::flat::ParamTable;
 use crate::gemm_conv::conv2d;
 use crate::layers::{check_dropout, check_positive, conv, max_pool, out_size};
 use crate::matmul::linear;
 use crate::model::{ImageClassifier, ImageModel, InputSpec, Model};
+use crate::torch_names::{classifier_name, count_indexed, reindex, TorchLayout};
 use crate::ModelError;
 
 /// Which AlexNet (registry names `cifar`, `cifar-fc`, `imagenet`).
@@ -316,6 +318,26 @@ impl ModelFamily for AlexNetSpec {
     const VARIANTS: &'static [&'static str] = &["cifar", "cifar-fc", "imagenet"];
     const SUMMARY: &'static str =
         "AlexNet: compact CIFAR (2.5 M), FC-heavy CIFAR (23 M), torchvision ImageNet (61 M); optional LRN";
+
+    /// torchvision's names for `imagenet` (`features.{0,3,6,8,10}`, `classifier.{1,4,6}`);
+    /// the twin's for the CIFAR variants (`features.{0..4}`, a single `classifier`, or
+    /// `classifier.{1,4,6}` for `cifar-fc`'s three layers).
+    fn torch_layout(&self, table: &ParamTable) -> Result<TorchLayout, ModelError> {
+        let imagenet = self.variant == AlexNetVariant::ImageNet;
+        let head = count_indexed(table, "classifier");
+        Ok(TorchLayout::generic(table, |path| {
+            reindex(path, "features", |i| {
+                let at = if imagenet {
+                    [0, 3, 6, 8, 10][i.min(4)]
+                } else {
+                    i
+                };
+                format!("features.{at}")
+            })
+            .or_else(|| reindex(path, "classifier", |i| classifier_name(i, head, [1, 4, 6])))
+            .unwrap_or_else(|| path.to_string())
+        }))
+    }
 
     fn build(&self, device: &Device) -> Result<Box<dyn Model>, ModelError> {
         let config = self.config();

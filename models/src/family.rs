@@ -10,7 +10,9 @@ use burn::prelude::*;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::flat::ParamTable;
 use crate::model::{Model, ModelError};
+use crate::torch_names::TorchLayout;
 
 /// A family's registry spec: the options a TOML `[model]` table may set (besides `kind`).
 pub trait ModelFamily: Serialize + DeserializeOwned {
@@ -45,6 +47,14 @@ pub trait ModelFamily: Serialize + DeserializeOwned {
     /// The longest token sequence the model takes (a transformer's `context`); `None`: any.
     fn context(&self) -> Option<usize> {
         None
+    }
+
+    /// PyTorch's names and layouts for the tensors of the model this spec builds, whose
+    /// table is `table` (see [`crate::torch_names`]). The default keeps dtrain's module
+    /// paths ([`TorchLayout::generic`]); a family whose PyTorch twin names its modules
+    /// otherwise overrides it.
+    fn torch_layout(&self, table: &ParamTable) -> Result<TorchLayout, ModelError> {
+        Ok(TorchLayout::generic(table, |path| path.to_string()))
     }
 }
 

@@ -15,6 +15,8 @@
 //! - one file per family: [`mlp`], [`lenet`], [`alexnet`], [`vgg`], [`resnet`], [`lstm`], [`gpt`],
 //!   each with `XConfig` → `init(&device)`, variant constructors and a registry spec.
 //! - [`registry`]: [`ModelSpec`] (serde, tagged `kind`) and the static list [`MODELS`].
+//! - [`torch_names`]: PyTorch's names and layouts of every model's tensors ([`TorchLayout`]),
+//!   for safetensors export and import.
 //! - [`synthetic`]: deterministic batches for any model and a device-precision probe.
 //! - `cuda` (the `cuda` feature): opening a GPU, with errors naming what is missing.
 //!
@@ -59,6 +61,7 @@ pub mod precision;
 pub mod registry;
 pub mod resnet;
 pub mod synthetic;
+pub mod torch_names;
 pub mod vgg;
 
 pub use alexnet::{AlexNet, AlexNetConfig, AlexNetVariant};
@@ -74,6 +77,7 @@ pub use model::{
 pub use registry::{model_names, ModelFamily, ModelInfo, ModelSpec, MODELS};
 pub use resnet::{ResNet, ResNetConfig, Shortcut};
 pub use synthetic::{matmul_rel_err, matmul_rel_err_between, SyntheticBatch};
+pub use torch_names::{TorchLayout, TorchTensor, TorchValues};
 pub use vgg::{Vgg, VggConfig, VggDepth, VggHead};
 
 /// The burn device type models live on (re-exported so users of this crate need no direct

@@ -13,9 +13,11 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::family::{autodiff, ModelFamily};
+use crate::flat::ParamTable;
 use crate::layers::{check_dropout, check_positive, require_vocab};
 use crate::meprop::{meprop_forward, meprop_linear};
 use crate::model::{LanguageModel, LmModel, Model};
+use crate::torch_names::TorchLayout;
 use crate::ModelError;
 
 /// Configuration of [`LstmLm`].
@@ -298,6 +300,13 @@ impl ModelFamily for LstmLmSpec {
         "LSTM language model (embedding, n LSTM layers, dropout, optionally tied decoder; truncated BPTT)";
 
     const LANGUAGE_MODEL: bool = true;
+
+    /// The twin's names: `embedding.weight`, one single-layer `nn.LSTM` per layer at
+    /// `layers.{i}` (`weight_ih_l0`, `weight_hh_l0`, `bias_ih_l0`, `bias_hh_l0`, gates
+    /// stacked input, forget, cell, output), `decoder_bias` (tied) or `decoder.*`.
+    fn torch_layout(&self, table: &ParamTable) -> Result<TorchLayout, ModelError> {
+        crate::torch_names::lstm_layout(table)
+    }
 
     fn build(&self, device: &Device) -> Result<Box<dyn Model>, ModelError> {
         let config = self.config()?;

@@ -82,6 +82,17 @@ macro_rules! registry {
                 }
             }
 
+            /// PyTorch's names and layouts for the tensors of the model this spec builds
+            /// ([`ModelFamily::torch_layout`]); `table` is that model's table.
+            pub fn torch_layout(
+                &self,
+                table: &crate::flat::ParamTable,
+            ) -> Result<crate::torch_names::TorchLayout, ModelError> {
+                match self {
+                    $(ModelSpec::$variant(spec) => spec.torch_layout(table),)*
+                }
+            }
+
             /// The longest sequence the model takes ([`ModelFamily::context`]).
             pub fn context(&self) -> Option<usize> {
                 match self {

@@ -20,10 +20,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::batch_norm as bn;
 use crate::family::{autodiff, ModelFamily};
+use crate::flat::ParamTable;
 use crate::gemm_conv::conv2d;
 use crate::layers::{batch_norm, check_positive, conv, max_pool};
 use crate::matmul::linear;
 use crate::model::{ImageClassifier, ImageModel, InputSpec, Model};
+use crate::torch_names::TorchLayout;
 use crate::ModelError;
 
 /// How a block's shortcut matches a change of shape; registry names `a`, `b`.
@@ -458,6 +460,46 @@ impl ModelFamily for ResNetSpec {
     ];
     const SUMMARY: &'static str =
         "ResNet: CIFAR 6n+2 (option-A shortcuts by default) and ImageNet 18/34/50";
+
+    /// torchvision's names for the ImageNet ResNets (`layer{s+1}.{b}`, a projection
+    /// shortcut at `downsample.0` / `downsample.1`); the twin's for the CIFAR ones (blocks
+    /// numbered through the stages, `blocks.{k}`).
+    fn torch_layout(&self, table: &ParamTable) -> Result<TorchLayout, ModelError> {
+        let config = self.config();
+        let torchvision = config.imagenet_stem;
+        let first: Vec<usize> = config
+            .blocks
+            .iter()
+            .scan(0, |acc, &n| {
+                let at = *acc;
+                *acc += n;
+                Some(at)
+            })
+            .collect();
+        Ok(TorchLayout::generic(table, |path| {
+            let path = path
+                .replace("downsample.conv", "downsample.0")
+                .replace("downsample.bn", "downsample.1");
+            let mut parts = path.splitn(4, '.');
+            let (Some("stages"), Some(stage), Some(block)) =
+                (parts.next(), parts.next(), parts.next())
+            else {
+                return path;
+            };
+            let (Ok(s), Ok(b)) = (stage.parse::<usize>(), block.parse::<usize>()) else {
+                return path;
+            };
+            let head = if torchvision {
+                format!("layer{}.{b}", s + 1)
+            } else {
+                format!("blocks.{}", first.get(s).copied().unwrap_or(0) + b)
+            };
+            match parts.next() {
+                Some(tail) => format!("{head}.{tail}"),
+                None => head,
+            }
+        }))
+    }
 
     fn build(&self, device: &Device) -> Result<Box<dyn Model>, ModelError> {
         let config = self.config();

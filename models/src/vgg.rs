@@ -14,10 +14,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::batch_norm as bn;
 use crate::family::{autodiff, ModelFamily};
+use crate::flat::ParamTable;
 use crate::gemm_conv::conv2d;
 use crate::layers::{batch_norm, check_dropout, check_positive, conv, max_pool};
 use crate::matmul::linear;
 use crate::model::{ImageClassifier, ImageModel, InputSpec, Model};
+use crate::torch_names::{classifier_name, count_indexed, reindex, TorchLayout};
 use crate::ModelError;
 
 /// Depth of the network (number of weight layers); registry names `vgg11` … `vgg19`.
@@ -308,6 +310,42 @@ impl ModelFamily for VggSpec {
     const VARIANTS: &'static [&'static str] = &["vgg11", "vgg13", "vgg16", "vgg19"];
     const SUMMARY: &'static str =
         "VGG-11/13/16/19, optional BatchNorm, compact CIFAR head or torchvision ImageNet head";
+
+    /// torchvision's names with the ImageNet head (`features.{k}` counting every
+    /// convolution, BatchNorm, ReLU and pool; `classifier.{0,3,6}`); the twin's with the
+    /// CIFAR head (`features.{i}`, `norms.{i}`, a single `classifier`).
+    fn torch_layout(&self, table: &ParamTable) -> Result<TorchLayout, ModelError> {
+        let config = self.config();
+        let torchvision = config.head == VggHead::ImageNet;
+        // torchvision's index of each convolution.
+        let mut at = Vec::new();
+        let mut k = 0;
+        for &width in config.depth.layers() {
+            if width == 0 {
+                k += 1;
+            } else {
+                at.push(k);
+                k += if config.batch_norm { 3 } else { 2 };
+            }
+        }
+        let conv_at = |i: usize, shift: usize| at.get(i).map_or(i, |k| k + shift);
+        let head = count_indexed(table, "classifier");
+        Ok(TorchLayout::generic(table, |path| {
+            let module = |name: &str, shift: usize| {
+                reindex(path, name, |i| {
+                    if torchvision {
+                        format!("features.{}", conv_at(i, shift))
+                    } else {
+                        format!("{name}.{i}")
+                    }
+                })
+            };
+            module("features", 0)
+                .or_else(|| module("norms", 1))
+                .or_else(|| reindex(path, "classifier", |i| classifier_name(i, head, [0, 3, 6])))
+                .unwrap_or_else(|| path.to_string())
+        }))
+    }
 
     fn build(&self, device: &Device) -> Result<Box<dyn Model>, ModelError> {
         let config = self.config();

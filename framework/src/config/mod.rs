@@ -51,17 +51,20 @@
 //!
 //! ## Layout
 //! This file holds [`RunConfig`] and how it is read; `sections` the tables serde reads;
+//! `model` the `[model]` table ([`ModelSection`]: the registry's spec and `init_from`);
 //! `overrides` the `--set` overrides and field-naming of serde's messages; `sweep` the
 //! `[[sweep]]` variants; `validate` one validator per section and `compress` the
 //! `[compress]` one; `plan` runs them in order and builds the [`Plan`].
 
 mod compress;
+mod model;
 mod overrides;
 mod plan;
 mod sections;
 mod sweep;
 mod validate;
 
+pub use model::ModelSection;
 pub use overrides::apply_override;
 use overrides::{guess_field, one_line, set_path};
 pub use plan::Plan;
@@ -75,7 +78,6 @@ pub use sweep::{sweep_entries, SweepEntry};
 
 use std::path::{Path, PathBuf};
 
-use dtrain_models::ModelSpec;
 use serde::{Deserialize, Serialize};
 
 /// A configuration error: the file, the field (dotted path) and what is wrong.
@@ -100,8 +102,9 @@ pub struct RunConfig {
     /// compressors). Default 0.
     #[serde(default)]
     pub seed: u64,
-    /// The model (a `dtrain-models` registry entry: `kind`, `variant`, family options).
-    pub model: ModelSpec,
+    /// The model (a `dtrain-models` registry entry: `kind`, `variant`, family options) and
+    /// the weights it may start from (`init_from`).
+    pub model: ModelSection,
     /// The dataset.
     pub data: DataConfig,
     /// Optimisation.

@@ -769,6 +769,11 @@ pub struct OutputConfig {
     /// Log a metrics line every N steps (default 1 = every step).
     #[serde(default = "one_u64")]
     pub log_every: u64,
+    /// Also write TensorBoard event files into the run directory as the run goes (rank 0;
+    /// the same steps as `metrics.jsonl`, every evaluation, the configuration as text; see
+    /// `framework/src/tensorboard.rs`). Default false.
+    #[serde(default)]
+    pub tensorboard: bool,
 }
 
 fn runs() -> PathBuf {
@@ -780,6 +785,7 @@ impl Default for OutputConfig {
         OutputConfig {
             dir: runs(),
             log_every: 1,
+            tensorboard: false,
         }
     }
 }

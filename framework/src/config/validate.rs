@@ -552,6 +552,14 @@ impl RunConfig {
         self.model
             .check()
             .map_err(|e| ("model".to_string(), e.to_string()))?;
+        if let Some(p) = &self.model.init_from {
+            if !p.is_file() {
+                return Err((
+                    "model.init_from".into(),
+                    format!("{}: no such file", p.display()),
+                ));
+            }
+        }
         let text_model = self.model.is_language_model();
         if text_model != self.data.kind.is_text() {
             return Err((

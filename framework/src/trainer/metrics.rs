@@ -4,7 +4,7 @@ use std::io::Write;
 
 use dtrain_comms::Transport;
 use dtrain_compress::Collective;
-use dtrain_records::{Phases, StepRecord, Summary};
+use dtrain_records::{EvalRecord, Phases, StepRecord, Summary};
 use serde::Serialize;
 
 use super::{RunDir, TrainError, Trainer};
@@ -48,6 +48,47 @@ impl<T: Transport> Trainer<T> {
             };
             self.metrics_file = Some(open("metrics.jsonl")?);
             self.eval_file = Some(open("eval.jsonl")?);
+            if self.plan.config.output.tensorboard {
+                let io = |source| TrainError::Io {
+                    path: out.root.display().to_string(),
+                    source,
+                };
+                let mut tb = crate::tensorboard::EventWriter::create(&out.root).map_err(io)?;
+                if let Some(start) = self.resumed_step {
+                    // TensorBoard drops every point at `start` and after; the evaluation at
+                    // `start` (of the checkpoint's state) stays in eval.jsonl, so it is
+                    // written again.
+                    tb.session_start(start).map_err(io)?;
+                    let evals =
+                        std::fs::read_to_string(out.root.join("eval.jsonl")).unwrap_or_default();
+                    for e in evals
+                        .lines()
+                        .filter_map(|l| serde_json::from_str::<EvalRecord>(l).ok())
+                        .filter(|e| e.step == start)
+                    {
+                        tb.eval(&e).map_err(io)?;
+                    }
+                }
+                let config = self.plan.config.to_toml();
+                // The text plugin renders markdown: the TOML as a code block.
+                tb.text(self.step, "config", &format!("```toml\n{config}```"))
+                    .map_err(io)?;
+                self.tensorboard = Some(tb);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a step's or an evaluation's scalars to the TensorBoard event file, if open.
+    pub(super) fn log_tensorboard(
+        &mut self,
+        write: impl FnOnce(&mut crate::tensorboard::EventWriter) -> std::io::Result<()>,
+    ) -> Result<(), TrainError> {
+        if let Some(tb) = &mut self.tensorboard {
+            write(tb).map_err(|source| TrainError::Io {
+                path: tb.path().display().to_string(),
+                source,
+            })?;
         }
         Ok(())
     }

@@ -190,7 +190,8 @@ impl RunDir {
 /// resumed run that no longer matched its straight twin.
 pub(super) static RNG: Mutex<()> = Mutex::new(());
 
-/// Builds the model of `plan` on `device`, initialised from the run seed.
+/// Builds the model of `plan` on `device`, initialised from the run seed, then from
+/// `model.init_from` when the configuration names a file.
 pub fn build_model(plan: &Plan, device: &Device) -> Result<Box<dyn Model>, TrainError> {
     let _g = RNG.lock().unwrap_or_else(|e| e.into_inner());
     device.seed(plan.config.seed);
@@ -205,6 +206,11 @@ pub fn build_model(plan: &Plan, device: &Device) -> Result<Box<dyn Model>, Train
     model.read_params(&mut scratch);
     let mut scratch = vec![0f32; model.table().num_buffers()];
     model.read_buffers(&mut scratch);
+    let mut model = model;
+    if let Some(path) = &plan.config.model.init_from {
+        crate::export::load_into(&plan.config.model, model.as_mut(), path)
+            .map_err(|e| TrainError::Config(format!("model.init_from: {e}")))?;
+    }
     Ok(model)
 }
 
@@ -225,6 +231,8 @@ pub struct Trainer<T: Transport> {
     out: Option<RunDir>,
     metrics_file: Option<std::fs::File>,
     eval_file: Option<std::fs::File>,
+    /// TensorBoard's event file (rank 0, `output.tensorboard`).
+    tensorboard: Option<crate::tensorboard::EventWriter>,
     skipped: u64,
     consecutive_bad: u64,
     recoveries: u64,
@@ -362,6 +370,7 @@ impl<T: Transport> Trainer<T> {
             step: 0,
             metrics_file: None,
             eval_file: None,
+            tensorboard: None,
             skipped: 0,
             consecutive_bad: 0,
             recoveries: 0,

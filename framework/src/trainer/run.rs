@@ -73,6 +73,7 @@ impl<T: Transport> Trainer<T> {
                             "metrics.jsonl",
                             &r,
                         )?;
+                        self.log_tensorboard(|tb| tb.step(&r))?;
                     }
                     obs.on_step(&r);
                 }
@@ -169,6 +170,7 @@ impl<T: Transport> Trainer<T> {
     ) -> Result<(), TrainError> {
         let e = self.evaluate(epochs_done)?;
         Self::log_line(&mut self.eval_file, self.out.as_ref(), "eval.jsonl", &e)?;
+        self.log_tensorboard(|tb| tb.eval(&e))?;
         obs.on_eval(&e);
         self.evals.push(e);
         Ok(())
