@@ -63,6 +63,7 @@ use crate::wire::{bytes_for_bits, f32_at, u32_at, Reader, Writer};
 
 mod encode;
 mod feedback;
+pub mod parts;
 mod sum;
 
 use encode::{encode_parallel, EncScratch, Encoding, Job};

@@ -169,6 +169,31 @@ pub fn emax_of_abs_bits(m: u32) -> i8 {
     e.clamp(-128, 127) as i8
 }
 
+/// The constants of [`RfEncoder`]'s round-to-nearest path for a window inside f32's normal
+/// range (`Emin ≥ −126`), for an encoder written elsewhere (dtrain-device's kernels): with
+/// `a` a value's sign-cleared bits, its magnitude code is `min((a + half) >> shift − base,
+/// top)` (wrapping subtraction) where `a ≥ fast_lo`, else `one` where `a ≥ half_lo`, else 0;
+/// a non-zero magnitude of a negative value gets `1 << sign_shift` added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NearestNormal {
+    /// `23 − q`.
+    pub shift: u32,
+    /// Half a unit in the last kept place (0 when `q = 23`).
+    pub half: u32,
+    /// The exponent-and-mantissa field of `2^Emin`, shifted, minus code 1's.
+    pub base: u32,
+    /// The largest magnitude code.
+    pub top: u32,
+    /// The magnitude code of `2^Emin`.
+    pub one: u32,
+    /// The bits of `2^Emin`.
+    pub fast_lo: u32,
+    /// The bits of `2^(Emin−1)`.
+    pub half_lo: u32,
+    /// Where the sign bit goes, `e + q`.
+    pub sign_shift: u32,
+}
+
 /// Per-block encoder: the format and `Emax` with the bit-trick constants precomputed.
 #[derive(Debug, Clone, Copy)]
 pub struct RfEncoder {
@@ -214,6 +239,21 @@ impl RfEncoder {
             lo_f64: pow2(emin),
             below_scale: pow2(32 - emin),
         }
+    }
+
+    /// The round-to-nearest constants where the window lies in f32's normal range, `None`
+    /// where it reaches below (those blocks take the exact slow path).
+    pub fn nearest_normal(&self) -> Option<NearestNormal> {
+        (self.emin >= -126).then_some(NearestNormal {
+            shift: self.shift,
+            half: self.half,
+            base: self.base,
+            top: self.top,
+            one: self.one,
+            fast_lo: self.fast_lo,
+            half_lo: self.half_lo,
+            sign_shift: self.sign_shift,
+        })
     }
 
     /// Exact reference encoder of a magnitude `a` (f64), with `u = Some(U)` for stochastic
@@ -948,5 +988,42 @@ pub(crate) mod tests {
         let mut out = [0f32; 1];
         assert!(dec.decode(&[0x02], &mut out).is_ok());
         assert!(dec.decode(&[0x22], &mut out).is_err()); // padding bit set
+    }
+
+    /// The documented [`NearestNormal`] rule gives [`RfEncoder::code_nearest`]'s codes
+    /// (what the device encoders compute from it), and is offered exactly where the window
+    /// lies in the normal range.
+    #[test]
+    fn the_nearest_normal_rule_is_the_encoders() {
+        let mut rng = Rng::seed_from_u64(11);
+        for (e, q) in [(4u8, 3u8), (8, 7), (1, 0), (3, 23), (2, 1)] {
+            let f = RfFormat::new(e, q).unwrap();
+            for emax in [-128i8, -120, -112, -100, -20, 0, 5, 127] {
+                let enc = RfEncoder::new(f, emax);
+                let Some(c) = enc.nearest_normal() else {
+                    assert!(f.emin(emax) < -126, "({e},{q}) emax {emax}");
+                    continue;
+                };
+                assert!(f.emin(emax) >= -126);
+                for _ in 0..2000 {
+                    // Magnitudes from far below the window to above it.
+                    let a = (rng.next_f32() * 2.0)
+                        * pow2(emax as i32 - rng.below(40) as i32 + 1) as f32;
+                    let v = if rng.next_u64() & 1 == 1 { -a } else { a };
+                    let abits = v.to_bits() & 0x7FFF_FFFF;
+                    let mag = if abits >= c.fast_lo {
+                        ((abits + c.half) >> c.shift)
+                            .wrapping_sub(c.base)
+                            .min(c.top)
+                    } else if abits >= c.half_lo {
+                        c.one
+                    } else {
+                        0
+                    };
+                    let code = mag | (((v.to_bits() >> 31) & (mag != 0) as u32) << c.sign_shift);
+                    assert_eq!(code, enc.code_nearest(v), "({e},{q}) emax {emax} v {v}");
+                }
+            }
+        }
     }
 }

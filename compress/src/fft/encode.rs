@@ -142,7 +142,6 @@ impl EncScratch {
         }
         self.choose(cfg, n, scale);
         let layout = cfg.layout(m, self.keep.len());
-        let k = self.keep.len();
         let nyq = if n.is_multiple_of(2) {
             n / 2
         } else {
@@ -157,28 +156,7 @@ impl EncScratch {
             self.vals.push((c.re * post).clamp(-f32::MAX, f32::MAX));
             self.vals.push(im.clamp(-f32::MAX, f32::MAX));
         }
-        w.u8(layout);
-        match cfg.fmt {
-            Some(f) => {
-                w.u8(f.exp_bits() as u8);
-                w.u8(f.mantissa_bits() as u8);
-            }
-            None => {
-                w.u8(0);
-                w.u8(0);
-            }
-        }
-        w.u32(k as u32);
-        match layout {
-            LIST => w.u32_slice(&self.keep),
-            BITMAP => {
-                let bm = w.zeroed(m.div_ceil(8));
-                for &i in &self.keep {
-                    bm[(i >> 3) as usize] |= 1 << (i & 7);
-                }
-            }
-            _ => {}
-        }
+        write_head(w, layout, cfg.fmt, m, &self.keep);
         match cfg.fmt {
             Some(f) => {
                 let emax = emax_of(&self.vals);
@@ -212,6 +190,39 @@ impl EncScratch {
         if let Some(e) = residual {
             take_off_sent(&self.keep, &self.sent, e);
         }
+    }
+}
+
+/// Writes a chunk body's head — layout, value format, `K` — and its index part (module
+/// docs of [`super`]) for the kept bins `keep` (ascending) of `m`.
+pub(super) fn write_head(
+    w: &mut Writer<'_>,
+    layout: u8,
+    fmt: Option<RfFormat>,
+    m: usize,
+    keep: &[u32],
+) {
+    w.u8(layout);
+    match fmt {
+        Some(f) => {
+            w.u8(f.exp_bits() as u8);
+            w.u8(f.mantissa_bits() as u8);
+        }
+        None => {
+            w.u8(0);
+            w.u8(0);
+        }
+    }
+    w.u32(keep.len() as u32);
+    match layout {
+        LIST => w.u32_slice(keep),
+        BITMAP => {
+            let bm = w.zeroed(m.div_ceil(8));
+            for &i in keep {
+                bm[(i >> 3) as usize] |= 1 << (i & 7);
+            }
+        }
+        _ => {}
     }
 }
 
