@@ -16,12 +16,14 @@
 //! name another one than the host's (the host reads segment by segment; here the framing is
 //! checked before any value), never a different verdict.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 
+use cubecl::prelude::*;
 use cubecl::server::Handle;
 use dtrain_compress::compressor::effective_segments;
-use dtrain_compress::{Ctx, 
-    read_frame, write_frame_header, CompressError, CompressorConfig, MethodId, Payload, Rng,
+use dtrain_compress::{
+    decompress_add, Compressor, Ctx, read_frame, write_frame_header, CompressError, CompressorConfig, MethodId, Payload, Rng,
     WireError,
 };
 
@@ -34,7 +36,7 @@ pub trait DeviceCodec: Send {
     /// The method's id byte (the host codec's).
     fn method(&self) -> MethodId;
 
-    /// The host codec's [`Compressor::ratio_metric`](dtrain_compress::Compressor::ratio_metric)
+    /// The host codec's [`Compressor::ratio_metric`]
     /// after the last encode, where the knob moves with the step (DGC's warm-up density);
     /// `None` (the default) where the host's is fixed by the config and the host codec
     /// tells it without encoding.
@@ -57,16 +59,75 @@ pub trait DeviceCodec: Send {
 
     /// Decodes `payload` and adds the values into `out`, as the host's `decompress_add`.
     fn decode_add(&self, gpu: &Gpu, payload: &[u8], out: &GpuBuffer) -> Result<(), DeviceError>;
+
+    /// The parts of the codec that still run on the host, where some do (FFT's transform),
+    /// for `--verify` and the logs; `None` (the default) where everything runs on the device
+    /// but what the method's docs name.
+    fn host_parts(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// Offered classic residual error feedback (as the host's
+    /// `Compressor::adopt_error_feedback`): `true` takes it — the codec then encodes `g + e`
+    /// and updates `e` itself, in its own domain, and the pipeline keeps no memory. The
+    /// default declines.
+    fn adopt_error_feedback(&mut self) -> bool {
+        false
+    }
+
+    /// The adopted residuals in the host codec's `export_feedback` format (empty by default).
+    fn export_feedback(&self, _gpu: &Gpu) -> Result<BTreeMap<u64, Vec<f32>>, DeviceError> {
+        Ok(BTreeMap::new())
+    }
+
+    /// Restores [`DeviceCodec::export_feedback`] (or the host codec's).
+    fn import_feedback(&mut self, _gpu: &Gpu, _state: &BTreeMap<u64, Vec<f32>>) {}
+
+    /// Takes the host codec's `export_state` (FFT's θ scale after the "recover" rule), so
+    /// that the device codec encodes at the host's knob; a no-op by default.
+    fn import_state(&mut self, _state: &BTreeMap<String, f64>) -> Result<(), DeviceError> {
+        Ok(())
+    }
+}
+
+/// `out = src`.
+#[cube(launch)]
+fn copy_into(src: &[f32], out: &mut [f32]) {
+    let mut i = ABSOLUTE_POS;
+    while i < out.len() {
+        out[i] = src[i];
+        i += crate::words::grid_stride();
+    }
+}
+
+/// Decodes `payload` with the host codec `host` into a copy of `out` and writes it back:
+/// the decoders whose device form is not written yet (the host's verdicts and errors, and
+/// its values bit for bit, `−0.0` where nothing was added included).
+pub(crate) fn host_decode_add(
+    gpu: &Gpu,
+    host: &dyn Compressor,
+    payload: &[u8],
+    out: &GpuBuffer,
+) -> Result<(), DeviceError> {
+    let mut values = gpu.download(out)?;
+    decompress_add(host, payload, &mut values)?;
+    if values.is_empty() {
+        return Ok(());
+    }
+    let (count, dim) = crate::words::geometry(out.len());
+    copy_into::launch(gpu.client(), count, dim, gpu.upload(&values).arg(), out.arg());
+    Ok(())
 }
 
 /// The device codec of `cfg`'s method, or `None` where it has none (the caller uses the
 /// host codec on a copy of the bucket, and says so).
 pub fn device_codec(cfg: &CompressorConfig) -> Option<Box<dyn DeviceCodec>> {
     use crate::{
-        bf16, dgc, efsignsgd, fp16, natural, onebit, qsgd, signsgd, terngrad, threshold, topk,
+        bf16, dgc, efsignsgd, fft, fp16, natural, onebit, qsgd, signsgd, terngrad, threshold, topk,
     };
     Some(match cfg {
         CompressorConfig::Dgc(c) => Box::new(dgc::Dgc::for_config(c)?),
+        CompressorConfig::Fft(c) => Box::new(fft::FftCodec::for_config(c).ok()?),
         CompressorConfig::OneBit(c) => Box::new(onebit::OneBit::for_config(c)?),
         CompressorConfig::EfSignSgd(c) => Box::new(efsignsgd::EfSignSgd::for_config(c)?),
         CompressorConfig::Natural(c) => Box::new(Stream(natural::Natural::for_config(c)?)),

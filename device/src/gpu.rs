@@ -155,8 +155,10 @@ impl Gpu {
 
     /// A device buffer holding a copy of `values`.
     pub fn upload(&self, values: &[f32]) -> GpuBuffer {
+        // At least one element's memory: a kernel argument covers `max(len, 1)`.
+        let bytes = if values.is_empty() { &[0.0f32][..] } else { values };
         GpuBuffer {
-            handle: self.client.create_from_slice(f32::as_bytes(values)),
+            handle: self.client.create_from_slice(f32::as_bytes(bytes)),
             len: values.len(),
         }
     }

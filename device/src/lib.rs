@@ -21,14 +21,16 @@
 //!   device `Gpu` and its flat `f32` buffers `GpuBuffer`.
 //! * `codec`: the `DeviceCodec` seam, the framing around the kernels' bodies, and
 //!   `device_codec`, which names the methods that have a device codec.
-//! * One file per method, mirroring `compress/src/`: `dgc` (exact adaptation),
+//! * One file per method, mirroring `compress/src/`: `dgc` (exact adaptation), `fft`
+//!   (selection, range-float quantization and the spectral residual on the device; the
+//!   transforms on the host so far),
 //!   `efsignsgd` and `onebit` (exact sums), `fp16`,
 //!   `bf16` (their conversion
 //!   kernels in `half16`), `natural` (counter draws), `signsgd` (`signsgd` and `signum`),
 //!   `terngrad` and `qsgd` (counter draws),
 //!   `threshold`, `topk`. `select` holds the radix select and the ordered compaction of
 //!   `topk`, `dgc` and `threshold`, and their host-parsed adds; `signs` the sign bits behind per-segment header words of `efsignsgd` and
-//!   `onebit`; `counter` the counter-based draws; `exact` the exact sums; `words` the helpers every kernel shares
+//!   `onebit`; `counter` the counter-based draws; `rangefloat` the range-float codes; `exact` the exact sums; `words` the helpers every kernel shares
 //!   (grid-stride launch sizes, byte streams packed in `u32` words, segment search).
 //! * `memory`: `DeviceMemory`, the error-feedback memories with a device form —
 //!   `DeviceResidual` (residual error feedback) and `dgc_momentum`'s `DeviceDgcMemory` (DGC's
@@ -49,11 +51,13 @@ with_a_runtime! {
     pub mod dgc;
     pub mod dgc_momentum;
     pub mod efsignsgd;
+    pub mod fft;
     pub mod error;
     mod exact;
     pub mod fp16;
     pub mod gpu;
     mod half16;
+    mod rangefloat;
     pub mod memory;
     pub mod natural;
     pub mod onebit;

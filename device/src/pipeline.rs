@@ -10,6 +10,8 @@
 //! [`Combine::finish`] (signSGD's majority vote): the host's `decompress_mean` and
 //! `Combine::finish`, operation for operation.
 
+use std::collections::BTreeMap;
+
 use cubecl::prelude::*;
 use dtrain_compress::{Combine, CompressorConfig, Ctx, MemoryConfig, Payload, Rng};
 
@@ -64,9 +66,16 @@ impl DevicePipeline {
     /// momentum-corrected memory); a method without a device codec, and another memory,
     /// have no device form yet and are refused by name.
     pub fn for_method(cfg: &CompressorConfig, memory: &MemoryConfig) -> Result<Self, DeviceError> {
-        let codec = device_codec(cfg).ok_or(DeviceError::NoCodec(cfg.name()))?;
+        let mut codec = device_codec(cfg).ok_or(DeviceError::NoCodec(cfg.name()))?;
         let combine = cfg.build()?.combine();
-        let memory = DeviceMemory::for_config(memory)?;
+        // Classic residual feedback is offered to the codec first, as the host pipeline
+        // offers it (FFT keeps it as spectra).
+        let classic = matches!(memory, MemoryConfig::Residual { beta, gamma } if *beta == 1.0 && *gamma == 1.0);
+        let memory = if classic && codec.adopt_error_feedback() {
+            None
+        } else {
+            DeviceMemory::for_config(memory)?
+        };
         Ok(DevicePipeline {
             codec,
             combine,
@@ -79,6 +88,29 @@ impl DevicePipeline {
     /// The codec's moving knob after the last encode ([`DeviceCodec::ratio_metric`]).
     pub fn ratio_metric(&self) -> Option<(&'static str, f64)> {
         self.codec.ratio_metric()
+    }
+
+    /// The error-feedback state in the host pipeline's `export_memory` format, wherever it
+    /// is kept (the memory, or the codec that adopted it), copied to the host.
+    pub fn export_memory(&self, gpu: &Gpu) -> Result<BTreeMap<u64, Vec<f32>>, DeviceError> {
+        match &self.memory {
+            Some(m) => m.export(gpu),
+            None => self.codec.export_feedback(gpu),
+        }
+    }
+
+    /// Restores [`DevicePipeline::export_memory`] (or the host pipeline's).
+    pub fn import_memory(&mut self, gpu: &Gpu, state: &BTreeMap<u64, Vec<f32>>) {
+        match &mut self.memory {
+            Some(m) => m.import(gpu, state),
+            None => self.codec.import_feedback(gpu, state),
+        }
+    }
+
+    /// Takes the host codec's knob state (`Compressor::export_state`: FFT's θ scale), so that
+    /// both encode alike.
+    pub fn import_state(&mut self, state: &BTreeMap<String, f64>) -> Result<(), DeviceError> {
+        self.codec.import_state(state)
     }
 
     /// The memory, where there is one.

@@ -29,10 +29,10 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 use dtrain_compress::qsgd::{code_width, counter_bucket_scale, QsgdCoding, QsgdConfig, QsgdNorm};
 use dtrain_compress::rng::Draws;
-use dtrain_compress::{decompress_add, Compressor, Ctx, Method, MethodId, Payload, Rng};
+use dtrain_compress::{Compressor, Ctx, Method, MethodId, Payload, Rng};
 
 use crate::codec::{
-    begin_payload, body_starts, element_starts, refuse_non_finite, upload_tables, DeviceCodec,
+    begin_payload, body_starts, element_starts, host_decode_add, refuse_non_finite, upload_tables, DeviceCodec,
 };
 use crate::counter::counter_bits;
 use crate::error::DeviceError;
@@ -188,16 +188,6 @@ fn encode(
     }
 }
 
-/// `out = src`.
-#[cube(launch)]
-fn copy_into(src: &[f32], out: &mut [f32]) {
-    let mut i = ABSOLUTE_POS;
-    while i < out.len() {
-        out[i] = src[i];
-        i += grid_stride();
-    }
-}
-
 /// Reads one word of a read-back buffer.
 fn word(bytes: &[u8], i: usize) -> u32 {
     u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("a word"))
@@ -313,15 +303,6 @@ impl DeviceCodec for Qsgd {
     }
 
     fn decode_add(&self, gpu: &Gpu, payload: &[u8], out: &GpuBuffer) -> Result<(), DeviceError> {
-        // Into `out`'s own values, as the host decoder adds (a zero-norm bucket adds
-        // nothing, so −0.0 stays −0.0 there).
-        let mut values = gpu.download(out)?;
-        decompress_add(&self.host as &dyn Compressor, payload, &mut values)?;
-        if values.is_empty() {
-            return Ok(());
-        }
-        let (count, dim) = geometry(out.len());
-        copy_into::launch(gpu.client(), count, dim, gpu.upload(&values).arg(), out.arg());
-        Ok(())
+        host_decode_add(gpu, &self.host as &dyn Compressor, payload, out)
     }
 }

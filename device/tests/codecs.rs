@@ -37,6 +37,11 @@ const METHODS: &[&str] = &[
     "kind = \"onebit\"\nsum = \"exact\"",
     "kind = \"threshold\"\ntau = 0.5",
     "kind = \"threshold\"\ntau = 1e-3\ncoding = \"golomb-rice\"",
+    "fft",
+    "kind = \"fft\"\ntheta = 0.5\nindex_coding = \"list\"\nchunk = 300\nexp_bits = 8\nmantissa_bits = 23",
+    "kind = \"fft\"\nquantize = false\nselect = \"lowpass\"",
+    "kind = \"fft\"\ntheta = 0.0\nexp_bits = 1\nmantissa_bits = 0\nchunk = 64",
+    "kind = \"fft\"\ntheta = 0.99\nexp_bits = 3\nmantissa_bits = 12\nindex_coding = \"bitmap\"",
 ];
 
 fn gpu() -> &'static Gpu {
@@ -191,10 +196,16 @@ fn device_decoding_adds_what_the_host_decoder_adds() {
                 .map(|v| v.clamp(-1e30, 1e30))
                 .collect();
             let mut host = start.clone();
-            decompress_add(c.as_ref(), payload.as_bytes(), &mut host).unwrap();
+            // FFT's reconstruction of values near f32::MAX overflows: then both refuse it.
+            let verdict = decompress_add(c.as_ref(), payload.as_bytes(), &mut host);
             let out = gpu().upload(&start);
             let codec = device_codec(&cfg(name)).unwrap();
-            codec.decode_add(gpu(), payload.as_bytes(), &out).unwrap();
+            let got = codec.decode_add(gpu(), payload.as_bytes(), &out);
+            match (&verdict, got) {
+                (Ok(()), Ok(())) => {}
+                (Err(h), Err(DeviceError::Wire(d))) if *h == d => continue,
+                (h, d) => panic!("{name}: n = {n}: host {h:?}, device {d:?}"),
+            }
             let dev = gpu().download(&out).unwrap();
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&dev), bits(&host), "{name}: n = {n}");

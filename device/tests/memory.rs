@@ -42,9 +42,7 @@ fn steps_agree(
     let (mut hp, mut dp) = (Payload::new(), Payload::new());
     for step in 0..steps {
         if import_at == Some(step) {
-            dev.memory_mut()
-                .unwrap()
-                .import(&gpu, &host.export_memory());
+            dev.import_memory(&gpu, &host.export_memory());
         }
         let g = gradient(n, 31 * step + 5);
         let ctx = Ctx {
@@ -59,13 +57,7 @@ fn steps_agree(
             .unwrap();
         assert_eq!(dp.as_bytes(), hp.as_bytes(), "{what}, step {step}: payload");
         let want = host.export_memory().remove(&key).expect("a host state");
-        let got = dev
-            .memory()
-            .unwrap()
-            .export(&gpu)
-            .unwrap()
-            .remove(&key)
-            .unwrap();
+        let got = dev.export_memory(&gpu).unwrap().remove(&key).unwrap();
         assert_eq!(bits(&got), bits(&want), "{what}, step {step}: memory");
     }
 }
@@ -107,6 +99,26 @@ fn dgc_momentum_after_each_device_step_is_the_hosts() {
     ] {
         let parsed: MemoryConfig = toml::from_str(memory).unwrap();
         steps_agree(&cfg, &parsed, &segs, 5, Some(3), memory);
+    }
+}
+
+/// FFT's spectral residual (the classic residual, kept as spectra by the codec): every
+/// payload and the packed residual after every step are the host's bit for bit — whole
+/// tensors and chunks, energy and low-pass selection, range-float and raw values, a θ
+/// schedule, a host residual imported mid-way — and with `spectral_feedback = false` the
+/// generic residual over the signal (decoded through the host's inverse transform).
+#[test]
+fn fft_spectral_residual_after_each_device_step_is_the_hosts() {
+    let segs: Vec<Range<usize>> = vec![0..1000, 1000..1001, 1001..2500, 2500..3000];
+    for spec in [
+        "kind = \"fft\"",
+        "kind = \"fft\"\nchunk = 256\ntheta = 0.7",
+        "kind = \"fft\"\nselect = \"lowpass\"\nquantize = false",
+        "kind = \"fft\"\ntheta_schedule = { kind = \"inv\", theta0 = 0.9, tau = 2.0 }",
+        "kind = \"fft\"\nspectral_feedback = false\nexp_bits = 5\nmantissa_bits = 10",
+    ] {
+        let cfg: CompressorConfig = toml::from_str(spec).unwrap();
+        steps_agree(&cfg, &MemoryConfig::RESIDUAL, &segs, 5, Some(3), spec);
     }
 }
 

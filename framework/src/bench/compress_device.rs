@@ -44,6 +44,9 @@ pub struct DeviceRow {
     pub compress_speedup: Option<f64>,
     /// With `verify`: `pass`, or `FAIL: …` saying where the device differs from the host.
     pub verify: Option<String>,
+    /// The parts of a device codec that still run on the host (FFT's transform), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_parts: Option<&'static str>,
 }
 
 impl DeviceRow {
@@ -158,6 +161,7 @@ mod enabled {
                 host_decompress_gbps: host.decompress_gbps,
                 compress_speedup: None,
                 verify: None,
+                host_parts: None,
             };
             let cfg = parse_method(&spec)?;
             if let Some(mut codec) = device_codec(&cfg) {
@@ -177,6 +181,7 @@ mod enabled {
                         .map_err(err)
                 })?;
                 row.on = "device";
+                row.host_parts = codec.host_parts();
                 row.payload_bytes = payload.encoded_len();
                 row.device_compress_gbps = Some(gb / t_c);
                 row.device_decompress_gbps = Some(gb / t_d);
@@ -289,6 +294,13 @@ pub fn table(rows: &[DeviceRow]) -> String {
                 "host" => "— (no device codec)",
                 _ => "",
             }),
+        ));
+    }
+    for r in rows.iter().filter(|r| r.host_parts.is_some()) {
+        s.push_str(&format!(
+            "{}: on the host: {}\n",
+            r.method,
+            r.host_parts.unwrap_or_default()
         ));
     }
     s

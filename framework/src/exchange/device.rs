@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use dtrain_compress::{Ctx, Payload, Rng};
+use dtrain_compress::{Compressor, Ctx, Payload, Rng};
 use serde::{Deserialize, Serialize};
 
 use super::{Exchanger, GatherCollective, Route};
@@ -69,11 +69,16 @@ mod imp {
         /// memory into `out`, as the host pipeline's `compress`.
         pub(crate) fn compress(
             &mut self,
+            host: &dyn Compressor,
             input: &[f32],
             ctx: &Ctx<'_>,
             rng: &mut Rng,
             out: &mut Payload,
         ) -> Result<(), String> {
+            // The host codec's knob (FFT's θ scale after `Exchanger::scale_theta`).
+            self.pipe
+                .import_state(&host.export_state())
+                .map_err(|e| e.to_string())?;
             let grad = self.gpu.upload(input);
             self.pipe
                 .compress(&self.gpu, &grad, ctx, rng, out)
@@ -82,17 +87,14 @@ mod imp {
 
         /// The memory's state, copied to the host in the host memory's format.
         pub(crate) fn export_memory(&self) -> Result<BTreeMap<u64, Vec<f32>>, String> {
-            match self.pipe.memory() {
-                Some(m) => m.export(&self.gpu).map_err(|e| e.to_string()),
-                None => Ok(BTreeMap::new()),
-            }
+            self.pipe
+                .export_memory(&self.gpu)
+                .map_err(|e| e.to_string())
         }
 
         /// Restores [`OnDevice::export_memory`] (or the host memory's export).
         pub(crate) fn import_memory(&mut self, state: &BTreeMap<u64, Vec<f32>>) {
-            if let Some(m) = self.pipe.memory_mut() {
-                m.import(&self.gpu, state);
-            }
+            self.pipe.import_memory(&self.gpu, state);
         }
     }
 }
@@ -110,6 +112,7 @@ impl OnDevice {
 
     pub(crate) fn compress(
         &mut self,
+        _: &dyn Compressor,
         _: &[f32],
         _: &Ctx<'_>,
         _: &mut Rng,

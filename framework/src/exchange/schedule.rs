@@ -425,7 +425,7 @@ impl Job<'_> {
                     let mut rng = Rng::for_step(seed, step, rank as u64, id);
                     match device {
                         Some(d) => d
-                            .compress(input, &ctx, &mut rng, &mut f.payload)
+                            .compress(pipe.compressor(), input, &ctx, &mut rng, &mut f.payload)
                             .map_err(|reason| ExchangeError::Device { bucket: id, reason })?,
                         None => pipe
                             .compress(input, &ctx, &mut rng, &mut f.payload)

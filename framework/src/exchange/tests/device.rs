@@ -100,9 +100,24 @@ fn two_ranks_on_the_device_path_average_as_the_host_path() {
             GatherCollective::AllGather,
             true,
         ),
+        // FFT with residual error feedback: the spectral residual, kept by the codec.
+        (
+            parse_method("fft:theta=0.8,chunk=512").unwrap(),
+            GatherCollective::AllGather,
+            true,
+        ),
+        (
+            parse_method("fft").unwrap(),
+            GatherCollective::AllGather,
+            false,
+        ),
     ] {
         let what = format!("{} over {gather:?}", method.name());
+        let fft = matches!(method, CompressorConfig::Fft(_));
         let mut setup = Setup::new(method);
+        if fft {
+            setup.memory = MemoryConfig::RESIDUAL;
+        }
         setup.gather = gather;
         setup.overlap = overlap;
         let (_, used) = exchanger(&setup, true);
