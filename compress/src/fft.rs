@@ -94,6 +94,20 @@ pub enum IndexCoding {
     List,
 }
 
+/// Where a device codec takes the FFT method's forward transforms ([`FftConfig::transform`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TransformAt {
+    /// On the device, with its own kernels: spectra within rounding (~1e-6 of a chunk's
+    /// largest bin) of the host's, so where two bins' energies nearly tie the device may
+    /// keep another one than the host would.
+    #[default]
+    Device,
+    /// On the host: the bucket is read back and transformed as the host codec does, so the
+    /// device's payloads are the host codec's byte for byte.
+    Host,
+}
+
 /// Configuration of [`Fft`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -136,6 +150,10 @@ pub struct FftConfig {
     /// over the signal (false: the generic memory, as before) up to float rounding.
     #[serde(default = "default_true")]
     pub spectral_feedback: bool,
+    /// Where a device codec (`[compress] device`) takes the forward transforms: `device`
+    /// (default) or `host` ([`TransformAt`]). The host codec ignores it.
+    #[serde(default)]
+    pub transform: TransformAt,
 }
 
 fn default_theta() -> f64 {
@@ -158,6 +176,7 @@ impl Default for FftConfig {
             theta_schedule: None,
             steps_per_epoch: 0,
             spectral_feedback: true,
+            transform: TransformAt::Device,
         }
     }
 }

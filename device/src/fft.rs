@@ -12,11 +12,13 @@
 //! own writer) and the codes after it. The arithmetic is the host encoder's, operation for
 //! operation, as `dtrain_compress::fft::parts` writes it out.
 //!
-//! **The transform** runs on the host: the bucket is read back, each chunk transformed by
+//! **The transform** (`transform` in the method's config): by default on the device
+//! ([`Rfft`]: cubecl kernels, the same on CUDA and wgpu; spectra within rounding of the
+//! host's, so where two bins' energies nearly tie the device may keep another bin than the
+//! host would); with `transform = "host"` the bucket is read back, each chunk transformed by
 //! the host codec's own planner and scaling ([`Fft::spectrum_into`]) and the spectra
-//! uploaded — so on every device the spectra, and so the payloads, are the host's bit for
-//! bit. A device transform (cuFFT on CUDA; a cubecl transform on wgpu) is the next step
-//! and changes only where the spectra come from (`DeviceCodec::host_parts` says so).
+//! uploaded — then the payloads are the host's byte for byte on every device (what the
+//! byte-for-byte tests and `--verify` use). `DeviceCodec::host_parts` says what runs where.
 //!
 //! Decoding reads the payload with the host decoder into a copy of the buffer and writes
 //! it back (the inverse transform, too, is the host's for now).
@@ -28,7 +30,7 @@
 use std::collections::BTreeMap;
 use cubecl::prelude::*;
 use dtrain_compress::fft::parts::{energy_scale, write_chunk, ChunkPlan, ChunkValues};
-use dtrain_compress::fft::{Fft, FftConfig};
+use dtrain_compress::fft::{Fft, FftConfig, TransformAt};
 use dtrain_compress::rangefloat::{emax_of_abs_bits, RfDecoder, RfEncoder, Rounding};
 use dtrain_compress::wire::{bytes_for_bits, Writer};
 use dtrain_compress::{
@@ -40,6 +42,7 @@ use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
 use crate::rangefloat;
 use crate::select::{top_k_segment, word};
+use crate::transform::Rfft;
 use crate::words::{geometry, grid_stride, segment_of};
 
 /// The place of bin `b`'s real part in a chunk's packed residual (module docs of
@@ -187,6 +190,8 @@ pub struct FftCodec {
     /// The spectral residual of each bucket (packed, `n` reals for `n` elements), when the
     /// codec keeps the error feedback.
     residual: Option<BTreeMap<u64, GpuBuffer>>,
+    /// The device's transforms (`transform = "device"`), or `None`: the host's.
+    rfft: Option<Rfft>,
 }
 
 impl std::fmt::Debug for FftCodec {
@@ -194,6 +199,7 @@ impl std::fmt::Debug for FftCodec {
         f.debug_struct("FftCodec")
             .field("host", &self.host)
             .field("keeps_residual", &self.residual.is_some())
+            .field("device_transform", &self.rfft.is_some())
             .finish()
     }
 }
@@ -220,6 +226,7 @@ impl FftCodec {
         Ok(FftCodec {
             host: cfg.init()?,
             residual: None,
+            rfft: (cfg.transform == TransformAt::Device).then(Rfft::new),
         })
     }
 
@@ -278,7 +285,10 @@ impl DeviceCodec for FftCodec {
     }
 
     fn host_parts(&self) -> Option<&'static str> {
-        Some("the forward transform and the decode (selection, quantization, packing and the spectral residual on the device)")
+        Some(match self.rfft {
+            Some(_) => "the decode (the forward transform, selection, quantization, packing and the spectral residual on the device)",
+            None => "the forward transform (transform = \"host\") and the decode (selection, quantization, packing and the spectral residual on the device)",
+        })
     }
 
     fn adopt_error_feedback(&mut self) -> bool {
@@ -322,7 +332,13 @@ impl DeviceCodec for FftCodec {
             return Ok(());
         }
         let plans = self.host.chunk_plans(&segs);
-        let (spec, mut posts) = self.spectra(gpu, grad, &plans, out)?;
+        let (spec, mut posts) = match &mut self.rfft {
+            Some(rfft) => {
+                let ranges: Vec<_> = plans.iter().map(|p| p.range.clone()).collect();
+                rfft.forward(gpu, grad, &ranges, out)?
+            }
+            None => self.spectra(gpu, grad, &plans, out)?,
+        };
         let [bin_starts, elem_starts, lens] = chunk_tables(&plans);
         let total = *bin_starts.last().expect("one entry") as usize;
         let chunks = plans.len();

@@ -68,6 +68,7 @@ with_a_runtime! {
     pub mod signsgd;
     pub mod terngrad;
     pub mod threshold;
+    pub mod transform;
     pub mod topk;
     mod words;
 
@@ -77,4 +78,5 @@ with_a_runtime! {
     pub use dgc_momentum::DeviceDgcMemory;
     pub use memory::{DeviceMemory, DeviceResidual};
     pub use pipeline::DevicePipeline;
+    pub use transform::Rfft;
 }

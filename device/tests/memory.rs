@@ -102,7 +102,8 @@ fn dgc_momentum_after_each_device_step_is_the_hosts() {
     }
 }
 
-/// FFT's spectral residual (the classic residual, kept as spectra by the codec): every
+/// FFT's spectral residual (the classic residual, kept as spectra by the codec), with the
+/// host's transform (`transform = "host"`, so that the bytes can be compared): every
 /// payload and the packed residual after every step are the host's bit for bit — whole
 /// tensors and chunks, energy and low-pass selection, range-float and raw values, a θ
 /// schedule, a host residual imported mid-way — and with `spectral_feedback = false` the
@@ -111,11 +112,11 @@ fn dgc_momentum_after_each_device_step_is_the_hosts() {
 fn fft_spectral_residual_after_each_device_step_is_the_hosts() {
     let segs: Vec<Range<usize>> = vec![0..1000, 1000..1001, 1001..2500, 2500..3000];
     for spec in [
-        "kind = \"fft\"",
-        "kind = \"fft\"\nchunk = 256\ntheta = 0.7",
-        "kind = \"fft\"\nselect = \"lowpass\"\nquantize = false",
-        "kind = \"fft\"\ntheta_schedule = { kind = \"inv\", theta0 = 0.9, tau = 2.0 }",
-        "kind = \"fft\"\nspectral_feedback = false\nexp_bits = 5\nmantissa_bits = 10",
+        "kind = \"fft\"\ntransform = \"host\"",
+        "kind = \"fft\"\ntransform = \"host\"\nchunk = 256\ntheta = 0.7",
+        "kind = \"fft\"\ntransform = \"host\"\nselect = \"lowpass\"\nquantize = false",
+        "kind = \"fft\"\ntransform = \"host\"\ntheta_schedule = { kind = \"inv\", theta0 = 0.9, tau = 2.0 }",
+        "kind = \"fft\"\ntransform = \"host\"\nspectral_feedback = false\nexp_bits = 5\nmantissa_bits = 10",
     ] {
         let cfg: CompressorConfig = toml::from_str(spec).unwrap();
         steps_agree(&cfg, &MemoryConfig::RESIDUAL, &segs, 5, Some(3), spec);

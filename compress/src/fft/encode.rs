@@ -51,6 +51,19 @@ impl Encoding {
     }
 }
 
+/// The power of two `pre` a chunk of `n` elements is scaled by before its forward transform
+/// (bringing its largest magnitude, given as its sign-cleared bits `amax`, into `[1, 2)`; 1
+/// for an all-zero chunk), and the factor `post` that turns the transform of the scaled chunk
+/// into `Y = X/n`.
+pub(super) fn forward_scales(amax: u32, n: usize) -> (f32, f32) {
+    let e0 = if amax == 0 {
+        0
+    } else {
+        emax_of_bits(amax).clamp(-100, 100)
+    };
+    (pow2_f32(-e0), (pow2_f64(e0) / n as f64) as f32)
+}
+
 /// One encoder's buffers, reused from chunk to chunk.
 #[derive(Default)]
 pub(super) struct EncScratch {
@@ -83,20 +96,14 @@ impl EncScratch {
     /// that turns `spec` into `Y = X/n`.
     pub(super) fn forward(&mut self, plan: &dyn RealToComplex<f32>, x: &[f32]) -> f32 {
         let n = x.len();
-        let amax = max_magnitude_bits(x);
-        let e0 = if amax == 0 {
-            0
-        } else {
-            (emax_of_bits(amax)).clamp(-100, 100)
-        };
-        let pre = pow2_f32(-e0);
+        let (pre, post) = forward_scales(max_magnitude_bits(x), n);
         let input = grown(&mut self.input, n);
         scale_into(input, x, pre);
         self.spec.resize(bins(n), Complex::default());
         let scratch = grown(&mut self.fft_scratch, plan.get_scratch_len());
         // Lengths match the plan by construction, so this cannot fail.
         let _ = plan.process_with_scratch(input, &mut self.spec, scratch);
-        (pow2_f64(e0) / n as f64) as f32
+        post
     }
 
     /// Fills `keep` with the kept bins of the spectrum in `spec` (of a length-`n` chunk),

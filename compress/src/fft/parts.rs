@@ -91,6 +91,15 @@ pub fn energy_scale(amax: u32) -> f32 {
     super::feedback::energy_scale(amax)
 }
 
+/// The scales of a chunk's forward transform as the encoder takes it: the power of two `pre`
+/// the chunk of `n` elements is multiplied by (bringing its largest magnitude, given as its
+/// sign-cleared bits `amax`, into `[1, 2)`; 1 for zeros) and the factor `post` that turns the
+/// transform of the scaled chunk into `Y = X/n` — what [`Fft::spectrum_into`] applies, for a
+/// transform computed elsewhere.
+pub fn forward_scales(amax: u32, n: usize) -> (f32, f32) {
+    super::encode::forward_scales(amax, n)
+}
+
 impl Fft {
     /// The chunks of a buffer with these (effective) segments, in order, at the θ in effect.
     pub fn chunk_plans(&self, segments: &[Range<usize>]) -> Vec<ChunkPlan> {

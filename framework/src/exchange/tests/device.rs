@@ -100,14 +100,15 @@ fn two_ranks_on_the_device_path_average_as_the_host_path() {
             GatherCollective::AllGather,
             true,
         ),
-        // FFT with residual error feedback: the spectral residual, kept by the codec.
+        // FFT with residual error feedback: the spectral residual, kept by the codec (the
+        // host's transform, for payloads byte for byte the host's).
         (
-            parse_method("fft:theta=0.8,chunk=512").unwrap(),
+            parse_method("fft:theta=0.8;chunk=512;transform=\"host\"").unwrap(),
             GatherCollective::AllGather,
             true,
         ),
         (
-            parse_method("fft").unwrap(),
+            parse_method("fft:transform=\"host\"").unwrap(),
             GatherCollective::AllGather,
             false,
         ),
