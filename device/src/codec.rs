@@ -60,6 +60,21 @@ pub trait DeviceCodec: Send {
     /// Decodes `payload` and adds the values into `out`, as the host's `decompress_add`.
     fn decode_add(&self, gpu: &Gpu, payload: &[u8], out: &GpuBuffer) -> Result<(), DeviceError>;
 
+    /// The receivers' mean of `payloads` (every worker's, in rank order) written into
+    /// `out` — their decoded sum times `inv` — where the codec decodes them jointly on the
+    /// device (FFT: the summed spectra and one inverse transform per chunk); an error names
+    /// the offending payload. `None` (the default): decoded payload by payload
+    /// ([`DeviceCodec::decode_add`]).
+    fn decode_mean(
+        &self,
+        _gpu: &Gpu,
+        _payloads: &[&[u8]],
+        _inv: f32,
+        _out: &GpuBuffer,
+    ) -> Option<Result<(), (usize, DeviceError)>> {
+        None
+    }
+
     /// The parts of the codec that still run on the host, where some do (FFT's transform),
     /// for `--verify` and the logs; `None` (the default) where everything runs on the device
     /// but what the method's docs name.

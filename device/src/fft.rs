@@ -20,21 +20,27 @@
 //! uploaded — then the payloads are the host's byte for byte on every device (what the
 //! byte-for-byte tests and `--verify` use). `DeviceCodec::host_parts` says what runs where.
 //!
-//! Decoding reads the payload with the host decoder into a copy of the buffer and writes
-//! it back (the inverse transform, too, is the host's for now).
+//! **Decoding**: the receivers' mean ([`DeviceCodec::decode_mean`]) is the host's joint
+//! decode on the device — each payload read and checked by the host decoder (`O(K)`), its
+//! kept values added into one summed spectrum on the device in rank order, one inverse
+//! transform per chunk ([`Rfft::inverse`]) — within rounding of the host's mean. A single
+//! payload's `decode_add` runs the host decoder on a copy of the buffer.
 //!
 //! Where a compiler fuses `post·S + E` into one multiply-add (CUDA's NVRTC may), the
 //! compensated spectrum can differ from the host's in the last bit; lavapipe rounds each
 //! operation (tested).
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use cubecl::prelude::*;
-use dtrain_compress::fft::parts::{energy_scale, write_chunk, ChunkPlan, ChunkValues};
+use dtrain_compress::fft::parts::{
+    energy_scale, write_chunk, ChunkPlan, ChunkValues, ReadPayload,
+};
 use dtrain_compress::fft::{Fft, FftConfig, TransformAt};
 use dtrain_compress::rangefloat::{emax_of_abs_bits, RfDecoder, RfEncoder, Rounding};
 use dtrain_compress::wire::{bytes_for_bits, Writer};
 use dtrain_compress::{
-    Compressor, CompressError, ConfigError, Ctx, Method, MethodId, Payload, Rng,
+    Compressor, CompressError, ConfigError, Ctx, Method, MethodId, Payload, Rng, WireError,
 };
 
 use crate::codec::{begin_payload, host_decode_add, u32_bytes, upload_tables, DeviceCodec};
@@ -192,6 +198,8 @@ pub struct FftCodec {
     residual: Option<BTreeMap<u64, GpuBuffer>>,
     /// The device's transforms (`transform = "device"`), or `None`: the host's.
     rfft: Option<Rfft>,
+    /// The inverse transforms of the joint decode ([`DeviceCodec::decode_mean`]).
+    decoder: Mutex<Rfft>,
 }
 
 impl std::fmt::Debug for FftCodec {
@@ -227,6 +235,7 @@ impl FftCodec {
             host: cfg.init()?,
             residual: None,
             rfft: (cfg.transform == TransformAt::Device).then(Rfft::new),
+            decoder: Mutex::new(Rfft::new()),
         })
     }
 
@@ -489,6 +498,98 @@ impl DeviceCodec for FftCodec {
 
     fn decode_add(&self, gpu: &Gpu, payload: &[u8], out: &GpuBuffer) -> Result<(), DeviceError> {
         host_decode_add(gpu, &self.host as &dyn Compressor, payload, out)
+    }
+
+    /// The host's joint decode on the device: each payload read and checked by the host
+    /// decoder (`O(K)`: its kept bins and values), the values added into one summed
+    /// spectrum on the device in rank order, then one inverse transform per chunk, times
+    /// `inv`. Within rounding of the host's mean (another transform), not bit for bit.
+    fn decode_mean(
+        &self,
+        gpu: &Gpu,
+        payloads: &[&[u8]],
+        inv: f32,
+        out: &GpuBuffer,
+    ) -> Option<Result<(), (usize, DeviceError)>> {
+        Some(self.joint_mean(gpu, payloads, inv, out))
+    }
+}
+
+impl FftCodec {
+    /// [`DeviceCodec::decode_mean`].
+    fn joint_mean(
+        &self,
+        gpu: &Gpu,
+        payloads: &[&[u8]],
+        inv: f32,
+        out: &GpuBuffer,
+    ) -> Result<(), (usize, DeviceError)> {
+        let mut reads = Vec::with_capacity(payloads.len());
+        for (i, p) in payloads.iter().enumerate() {
+            let read = self.host.read_payload(p, out.len()).map_err(|e| (i, e.into()))?;
+            if reads.first().is_some_and(|r: &ReadPayload| r.segments != read.segments) {
+                let e = WireError::BadSegments("payloads of one sum disagree on segments");
+                return Err((i, e.into()));
+            }
+            reads.push(read);
+        }
+        let Some(first) = reads.first() else {
+            gpu.fill_zero(out);
+            return Ok(());
+        };
+        let ranges: Vec<_> = self
+            .host
+            .chunk_plans(&first.segments)
+            .into_iter()
+            .map(|p| p.range)
+            .collect();
+        let mut bin_starts = Vec::with_capacity(ranges.len());
+        let mut total = 0u32;
+        for r in &ranges {
+            bin_starts.push(total);
+            total += (r.len() / 2 + 1) as u32;
+        }
+        let spec = gpu.zeros(2 * total as usize);
+        for read in &reads {
+            let mut bins = Vec::new();
+            let mut vals = Vec::new();
+            for ((keep, v), &at) in read.chunks.iter().zip(&bin_starts) {
+                bins.extend(keep.iter().map(|&b| at + b));
+                vals.extend_from_slice(v);
+            }
+            if bins.is_empty() {
+                continue;
+            }
+            let k = bins.len();
+            let [(t_bins, nb)] = upload_tables(gpu, [bins]);
+            let (count, dim) = geometry(k);
+            // SAFETY: `bins` holds k distinct bins of the spectra, `vals` 2k floats.
+            unsafe {
+                add_bins::launch(
+                    gpu.client(),
+                    count,
+                    dim,
+                    spec.arg(),
+                    BufferArg::from_raw_parts(t_bins, nb),
+                    gpu.upload(&vals).arg(),
+                );
+            }
+        }
+        let mut rfft = self.decoder.lock().unwrap_or_else(|e| e.into_inner());
+        rfft.inverse(gpu, &spec, &ranges, inv, out);
+        Ok(())
+    }
+}
+
+/// `spec[b] += (v[2j], v[2j+1])` for the kept bins `b = bins[j]` of one payload (distinct).
+#[cube(launch)]
+fn add_bins(spec: &mut [f32], bins: &[u32], vals: &[f32]) {
+    let mut j = ABSOLUTE_POS;
+    while j < bins.len() {
+        let b = bins[j] as usize;
+        spec[2 * b] += vals[2 * j];
+        spec[2 * b + 1] += vals[2 * j + 1];
+        j += grid_stride();
     }
 }
 

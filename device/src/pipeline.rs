@@ -161,16 +161,39 @@ impl DevicePipeline {
         inv: f32,
         out: &GpuBuffer,
     ) -> Result<(), (usize, DeviceError)> {
-        gpu.fill_zero(out);
-        for (i, p) in payloads.iter().enumerate() {
-            self.codec.decode_add(gpu, p, out).map_err(|e| (i, e))?;
-        }
         let (count, dim) = geometry(out.len());
-        scale_in_place::launch(gpu.client(), count.clone(), dim, out.arg(), inv);
+        match self.codec.decode_mean(gpu, payloads, inv, out) {
+            Some(mean) => mean?,
+            None => {
+                gpu.fill_zero(out);
+                for (i, p) in payloads.iter().enumerate() {
+                    self.codec.decode_add(gpu, p, out).map_err(|e| (i, e))?;
+                }
+                scale_in_place::launch(gpu.client(), count.clone(), dim, out.arg(), inv);
+            }
+        }
         if self.combine == Combine::MajorityVote {
             majority_sign::launch(gpu.client(), count, dim, out.arg());
         }
         Ok(())
+    }
+}
+
+impl DevicePipeline {
+    /// [`DevicePipeline::decode_mean`] where the codec decodes jointly on the device (FFT's
+    /// summed spectra and inverse transforms) and the method averages by the mean; `None`
+    /// where it does not (the host's decoders are then as fast and bit for bit the same).
+    pub fn joint_decode_mean(
+        &self,
+        gpu: &Gpu,
+        payloads: &[&[u8]],
+        inv: f32,
+        out: &GpuBuffer,
+    ) -> Option<Result<(), (usize, DeviceError)>> {
+        if self.combine != Combine::Mean {
+            return None;
+        }
+        self.codec.decode_mean(gpu, payloads, inv, out)
     }
 }
 

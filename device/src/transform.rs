@@ -130,8 +130,67 @@ fn store(c: &[f32], chirp: &[f32], use_chirp: u32, m: u32, first: u32, spec: &mu
     }
 }
 
-/// Bluestein's tables for one length `n`: the transform length `L`, the chirp `c̄_j =
-/// e^{−iπj²/n}` for `j < max(n, m)`, and the transform of the kernel `c_t` wrapped into `L`.
+/// The conjugated Hermitian extension of one chunk's spectrum (bins from `first`, length
+/// `n`), times `chirp` where `use_chirp`, zero up to `a`'s length: `a_k = conj X_k` for
+/// `k ≤ n/2`, `X_{n−k}` above (DC's and an even `n`'s Nyquist's imaginary parts zero).
+#[cube(launch)]
+fn hermitian(spec: &[f32], first: u32, n: u32, chirp: &[f32], use_chirp: u32, a: &mut [f32]) {
+    let len = a.len() as u32 / 2;
+    let m = n / 2 + 1;
+    let mut k = ABSOLUTE_POS as u32;
+    while k < len {
+        let mut re = 0.0f32;
+        let mut im = 0.0f32;
+        if k < n {
+            if k < m {
+                re = spec[2 * (first + k) as usize];
+                im = -spec[2 * (first + k) as usize + 1];
+            } else {
+                re = spec[2 * (first + n - k) as usize];
+                im = spec[2 * (first + n - k) as usize + 1];
+            }
+            if k == 0 || ((n & 1) == 0 && k == n / 2) {
+                im = 0.0f32;
+            }
+            if use_chirp == 1 {
+                let (wr, wi) = (chirp[2 * k as usize], chirp[2 * k as usize + 1]);
+                let r = re * wr - im * wi;
+                im = re * wi + im * wr;
+                re = r;
+            }
+        }
+        a[2 * k as usize] = re;
+        a[2 * k as usize + 1] = im;
+        k += grid_stride() as u32;
+    }
+}
+
+/// `out[start + j] = scale · Re(c_j · chirp_j)` (`chirp` only where `use_chirp`), `j < n`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn store_real(
+    c: &[f32],
+    chirp: &[f32],
+    use_chirp: u32,
+    start: u32,
+    n: u32,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let mut j = ABSOLUTE_POS as u32;
+    while j < n {
+        let mut re = c[2 * j as usize];
+        if use_chirp == 1 {
+            re = re * chirp[2 * j as usize] - c[2 * j as usize + 1] * chirp[2 * j as usize + 1];
+        }
+        out[(start + j) as usize] = scale * re;
+        j += grid_stride() as u32;
+    }
+}
+
+/// Bluestein's tables for one length `n` and number of outputs: the transform length `L`,
+/// the chirp `c̄_j = e^{−iπj²/n}` for `j < n`, and the transform of the kernel `c_t` wrapped
+/// into `L`.
 struct Chirp {
     l: usize,
     chirp: GpuBuffer,
@@ -143,8 +202,9 @@ struct Chirp {
 pub struct Rfft {
     /// Twiddles `e^{−2πit/L}`, `t < L/2`, interleaved, per `L`.
     twiddles: HashMap<usize, GpuBuffer>,
-    /// Bluestein's tables per length `n` that is not a power of two.
-    chirps: HashMap<usize, Chirp>,
+    /// Bluestein's tables per length `n` that is not a power of two and number of outputs
+    /// (`n/2 + 1` forward, `n` inverse).
+    chirps: HashMap<(usize, usize), Chirp>,
     /// Two scratch buffers of `2·L` floats for the largest `L` so far.
     scratch: Option<(GpuBuffer, GpuBuffer)>,
 }
@@ -152,7 +212,7 @@ pub struct Rfft {
 impl std::fmt::Debug for Rfft {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Rfft")
-            .field("lengths", &self.chirps.keys().collect::<Vec<_>>())
+            .field("bluestein", &self.chirps.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
 }
@@ -223,12 +283,11 @@ impl Rfft {
         in_a
     }
 
-    /// Bluestein's tables for length `n` (made once).
-    fn chirp(&mut self, gpu: &Gpu, n: usize) -> (usize, GpuBuffer, GpuBuffer) {
-        if let Some(c) = self.chirps.get(&n) {
+    /// Bluestein's tables for length `n` and outputs `0..m` (made once).
+    fn chirp(&mut self, gpu: &Gpu, n: usize, m: usize) -> (usize, GpuBuffer, GpuBuffer) {
+        if let Some(c) = self.chirps.get(&(n, m)) {
             return (c.l, c.chirp.clone(), c.kernel_hat.clone());
         }
-        let m = n / 2 + 1;
         let l = (n + m - 1).next_power_of_two();
         let two_n = 2 * n as u64;
         // e^{iπ t²/n}, the angle reduced exactly: t² mod 2n.
@@ -260,8 +319,107 @@ impl Rfft {
             kernel_hat: hat,
         };
         let out = (entry.l, entry.chirp.clone(), entry.kernel_hat.clone());
-        self.chirps.insert(n, entry);
+        self.chirps.insert((n, m), entry);
         out
+    }
+
+    /// The DFT of the loaded `a` (`2·l` floats, `b` the scratch): directly (a power of
+    /// two), or Bluestein's convolution with the kernel's transform `hat`; the buffer
+    /// holding the result.
+    fn transform_loaded(
+        &mut self,
+        gpu: &Gpu,
+        a: GpuBuffer,
+        b: GpuBuffer,
+        l: usize,
+        hat: Option<&GpuBuffer>,
+    ) -> GpuBuffer {
+        let (mut res, mut other) = if self.complex(gpu, &a, &b, l, false) {
+            (a, b)
+        } else {
+            (b, a)
+        };
+        if let Some(hat) = hat {
+            let (count, dim) = geometry(l);
+            // SAFETY: both hold 2·l floats.
+            unsafe {
+                multiply::launch(
+                    gpu.client(),
+                    count,
+                    dim,
+                    BufferArg::from_raw_parts(res.handle.clone(), 2 * l),
+                    hat.arg(),
+                    1.0 / l as f32,
+                );
+            }
+            if !self.complex(gpu, &res, &other, l, true) {
+                std::mem::swap(&mut res, &mut other);
+            }
+        }
+        res
+    }
+
+    /// The inverse real transforms (unnormalised, as the host decoder's) of the spectra
+    /// `spec` (`2·Σ(n/2 + 1)` floats, chunk after chunk, as [`Rfft::forward`] writes them;
+    /// DC's and an even length's Nyquist's imaginary parts taken as zero) times `scale`,
+    /// written into `out` over the chunks' elements.
+    pub fn inverse(
+        &mut self,
+        gpu: &Gpu,
+        spec: &GpuBuffer,
+        chunks: &[Range<usize>],
+        scale: f32,
+        out: &GpuBuffer,
+    ) {
+        let mut first = 0u32;
+        for r in chunks {
+            let n = r.len();
+            let m = n / 2 + 1;
+            // x_j = Re Σ_k X_k e^{2πijk/n} = Re DFT(conj X)_j over the Hermitian spectrum.
+            let (l, chirp, hat) = if n.is_power_of_two() {
+                (n, None, None)
+            } else {
+                let (l, chirp, hat) = self.chirp(gpu, n, n);
+                (l, Some(chirp), Some(hat))
+            };
+            let (a, b) = self.scratch(gpu, l);
+            let use_chirp = chirp.is_some() as u32;
+            let chirp_arg = chirp.unwrap_or_else(|| spec.clone());
+            let (count, dim) = geometry(l);
+            // SAFETY: `a` holds at least 2·l floats, the chirp n pairs when used, the
+            // spectra the chunk's m bins from `first`.
+            unsafe {
+                hermitian::launch(
+                    gpu.client(),
+                    count,
+                    dim,
+                    spec.arg(),
+                    first,
+                    n as u32,
+                    chirp_arg.arg(),
+                    use_chirp,
+                    BufferArg::from_raw_parts(a.handle.clone(), 2 * l),
+                );
+            }
+            let res = self.transform_loaded(gpu, a, b, l, hat.as_ref());
+            let (count, dim) = geometry(n);
+            // SAFETY: `res` holds 2·l ≥ 2·n floats, `out` the chunk's elements.
+            unsafe {
+                store_real::launch(
+                    gpu.client(),
+                    count,
+                    dim,
+                    BufferArg::from_raw_parts(res.handle.clone(), 2 * l),
+                    chirp_arg.arg(),
+                    use_chirp,
+                    r.start as u32,
+                    n as u32,
+                    scale,
+                    out.arg(),
+                );
+            }
+            first += m as u32;
+        }
     }
 
     /// The spectra of the chunks `chunks` (consecutive ranges tiling `x` from its start,
@@ -312,7 +470,7 @@ impl Rfft {
             let (l, chirp, hat) = if n.is_power_of_two() {
                 (n, None, None)
             } else {
-                let (l, chirp, hat) = self.chirp(gpu, n);
+                let (l, chirp, hat) = self.chirp(gpu, n, m);
                 (l, Some(chirp), Some(hat))
             };
             let (a, b) = self.scratch(gpu, l);
@@ -334,28 +492,7 @@ impl Rfft {
                     BufferArg::from_raw_parts(a.handle.clone(), 2 * l),
                 );
             }
-            let (mut res, mut other) = if self.complex(gpu, &a, &b, l, false) {
-                (a, b)
-            } else {
-                (b, a)
-            };
-            if let Some(hat) = &hat {
-                let (count, dim) = geometry(l);
-                // SAFETY: both hold 2·l floats.
-                unsafe {
-                    multiply::launch(
-                        gpu.client(),
-                        count,
-                        dim,
-                        BufferArg::from_raw_parts(res.handle.clone(), 2 * l),
-                        hat.arg(),
-                        1.0 / l as f32,
-                    );
-                }
-                if !self.complex(gpu, &res, &other, l, true) {
-                    std::mem::swap(&mut res, &mut other);
-                }
-            }
+            let res = self.transform_loaded(gpu, a, b, l, hat.as_ref());
             let (count, dim) = geometry(m);
             // SAFETY: `res` holds 2·l ≥ 2·m floats, the spectra 2·total.
             unsafe {

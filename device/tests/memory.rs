@@ -207,3 +207,72 @@ fn three_ranks_on_the_device_path_average_as_the_host_path() {
         }
     }
 }
+
+/// FFT's joint decode on the device (the kept values summed into one spectrum, one inverse
+/// transform per chunk): the mean of three ranks' payloads within 1e-5 (L2, relative) of the
+/// host's `decompress_mean` — whole tensors, chunks, low-pass raw values — and a malformed
+/// payload refused with the host's error and its index.
+#[test]
+fn fft_joint_decode_on_the_device_is_the_hosts_mean_within_rounding() {
+    use dtrain_compress::{decompress_mean, Touched};
+    let gpu = common::open_test_device();
+    let (n, ranks) = (5000, 3);
+    let segs: Vec<Range<usize>> = vec![0..1, 1..1025, 1025..4100, 4100..5000];
+    let inv = 1.0 / ranks as f32;
+    let mut worst = 0f64;
+    for spec in [
+        "kind = \"fft\"",
+        "kind = \"fft\"\nchunk = 300\ntheta = 0.5",
+        "kind = \"fft\"\nselect = \"lowpass\"\nquantize = false",
+    ] {
+        let cfg: CompressorConfig = toml::from_str(spec).unwrap();
+        let c = cfg.build().unwrap();
+        let payloads: Vec<Payload> = (0..ranks)
+            .map(|r| {
+                let ctx = Ctx {
+                    segments: &segs,
+                    ..Ctx::default()
+                };
+                let mut host =
+                    Pipeline::new(cfg.build().unwrap(), MemoryConfig::None.build().unwrap());
+                let mut p = Payload::new();
+                host.compress(
+                    &gradient(n, 7 + r),
+                    &ctx,
+                    &mut Rng::seed_from_u64(0),
+                    &mut p,
+                )
+                .unwrap();
+                p
+            })
+            .collect();
+        let all: Vec<&[u8]> = payloads.iter().map(|p| p.as_bytes()).collect();
+        let mut want = vec![0f32; n];
+        decompress_mean(c.as_ref(), &all, inv, &mut want, &mut Touched::default()).unwrap();
+        let dev = DevicePipeline::for_method(&cfg, &MemoryConfig::None).unwrap();
+        let out = gpu.zeros(n);
+        dev.decode_mean(&gpu, &all, inv, &out).unwrap();
+        let got = gpu.download(&out).unwrap();
+        let diff: f64 = got
+            .iter()
+            .zip(&want)
+            .map(|(g, w)| ((g - w) as f64).powi(2))
+            .sum();
+        let norm: f64 = want.iter().map(|w| (*w as f64).powi(2)).sum();
+        let rel = (diff / norm).sqrt();
+        assert!(rel <= 1e-5, "{spec}: {rel:e}");
+        worst = worst.max(rel);
+        // The second payload cut short: the host's verdict, naming it.
+        let cut = &all[1][..all[1].len() - 3];
+        let bad = [all[0], cut, all[2]];
+        let host_err =
+            decompress_mean(c.as_ref(), &bad, inv, &mut want, &mut Touched::default()).unwrap_err();
+        let (i, e) = dev.decode_mean(&gpu, &bad, inv, &out).unwrap_err();
+        assert_eq!(
+            (i, e.to_string()),
+            (host_err.0, host_err.1.to_string()),
+            "{spec}"
+        );
+    }
+    println!("largest relative difference of the mean: {worst:.2e}");
+}

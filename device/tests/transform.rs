@@ -98,3 +98,48 @@ fn non_finite_input_is_the_hosts_error() {
         "{e}"
     );
 }
+
+/// The device's inverse real transforms against the host decoder's (`Fft::inverse_add`,
+/// realfft's unnormalised C2R): every element within 1e-5 of the chunk's largest, for
+/// powers of two and other lengths side by side, DC's and Nyquist's imaginary parts
+/// ignored as the host ignores them, and the scale applied.
+#[test]
+fn device_inverse_transforms_are_the_hosts_within_rounding() {
+    let gpu = common::open_test_device();
+    let host = FftConfig::default().init().unwrap();
+    let lens = [1usize, 2, 3, 8, 9, 100, 1024, 4097, 30_000];
+    let mut r = Rng::seed_from_u64(17);
+    let mut chunks = Vec::new();
+    let mut spec = Vec::new();
+    let mut at = 0;
+    for &n in &lens {
+        chunks.push(at..at + n);
+        at += n;
+        for _ in 0..(n / 2 + 1) {
+            spec.push(r.next_f32() - 0.5);
+            spec.push(r.next_f32() - 0.5);
+        }
+    }
+    let scale = 0.25f32;
+    let out = gpu.zeros(at);
+    let mut rfft = Rfft::new();
+    rfft.inverse(&gpu, &gpu.upload(&spec), &chunks, scale, &out);
+    let dev = gpu.download(&out).unwrap();
+    let mut worst = 0f64;
+    let mut first = 0;
+    for c in &chunks {
+        let m = c.len() / 2 + 1;
+        let mut want = vec![0f32; c.len()];
+        host.inverse_add(&spec[2 * first..2 * (first + m)], &mut want)
+            .unwrap();
+        let top = want
+            .iter()
+            .fold(0f64, |a, &v| a.max((v * scale).abs() as f64));
+        for (g, w) in dev[c.clone()].iter().zip(&want) {
+            worst = worst.max(((g - w * scale) as f64).abs() / top);
+        }
+        first += m;
+    }
+    assert!(worst < 1e-5, "{worst:e}");
+    println!("largest inverse error relative to a chunk's largest element: {worst:.2e}");
+}

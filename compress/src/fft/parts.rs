@@ -27,6 +27,7 @@ use realfft::num_complex::Complex;
 use super::encode::write_head;
 use super::{bins, chunk_spans, lock, Fft, Select, BITMAP, LIST, PREFIX};
 use crate::rangefloat::RfFormat;
+use crate::registry::Method;
 use crate::wire::Writer;
 
 /// How a chunk writes its kept bins.
@@ -157,6 +158,37 @@ impl Fft {
         post
     }
 
+    /// Reads a payload of an `n`-element buffer with the host decoder's checks and errors,
+    /// keeping what a device decoder adds: each chunk's kept bins and values.
+    pub fn read_payload(&self, bytes: &[u8], n: usize) -> Result<ReadPayload, crate::WireError> {
+        let (mut r, segs) = crate::compressor::read_frame(super::FftConfig::ID, bytes, n)?;
+        let mut chunks = Vec::new();
+        let mut scratch: Vec<Complex<f32>> = Vec::new();
+        for c in self.chunk_ranges(&segs) {
+            let m = bins(c.len());
+            if scratch.len() < m {
+                scratch.resize(m, Complex::default());
+            }
+            let (mut keep, mut vals) = (Vec::new(), Vec::new());
+            self.decode_chunk_into(
+                &mut r,
+                c.len(),
+                &mut scratch[..m],
+                false,
+                &mut keep,
+                &mut vals,
+            )?;
+            chunks.push((keep, vals));
+        }
+        if r.remaining() != 0 {
+            return Err(crate::WireError::TrailingBytes(r.remaining()));
+        }
+        Ok(ReadPayload {
+            segments: segs,
+            chunks,
+        })
+    }
+
     /// The inverse transform (unnormalised, as the decoder's) of the interleaved spectrum
     /// `spec` (`2·bins(out.len())` floats; DC's and Nyquist's imaginary parts ignored)
     /// added into `out`; an error where the result is not finite.
@@ -177,6 +209,16 @@ impl Fft {
         }
         Self::inverse_into(&mut lock(&self.shared), &mut s, out, super::ADD).map(|_| ())
     }
+}
+
+/// One payload's kept bins, read and checked by the host decoder ([`Fft::read_payload`]).
+#[derive(Debug, Clone, Default)]
+pub struct ReadPayload {
+    /// The payload's segments (its layer boundaries).
+    pub segments: Vec<Range<usize>>,
+    /// Per chunk, in order: its kept bins (ascending) and their decoded values, two per bin
+    /// (DC's and Nyquist's imaginary parts checked to be zero).
+    pub chunks: Vec<(Vec<u32>, Vec<f32>)>,
 }
 
 /// Writes one chunk body (module docs of [`super`]): the plan's layout, the value format,

@@ -259,7 +259,36 @@ mod enabled {
                 got[i], want[i]
             ));
         }
+        // A joint decoder on the device (FFT's inverse transforms): within rounding.
+        let out: GpuBuffer = gpu.zeros(input.len());
+        if let Some(mean) = codec.decode_mean(gpu, &[h], 1.0, &out) {
+            if let Err((_, e)) = mean {
+                return Ok(format!(
+                    "FAIL: the device decoder refuses the host payload: {e}"
+                ));
+            }
+            let dec = relative_l2(&gpu.download(&out).map_err(|e| e.to_string())?, &want);
+            return Ok(if dec <= 1e-5 {
+                format!("pass (device decode within {dec:.1e})")
+            } else {
+                format!("FAIL: the device decode differs by {dec:.1e} (L2, relative)")
+            });
+        }
         Ok("pass".into())
+    }
+
+    /// `‖got − want‖ / ‖want‖` (the plain difference's norm where `want` is zero).
+    fn relative_l2(got: &[f32], want: &[f32]) -> f64 {
+        let (mut diff, mut norm) = (0f64, 0f64);
+        for (g, w) in got.iter().zip(want) {
+            diff += ((g - w) as f64).powi(2);
+            norm += (*w as f64).powi(2);
+        }
+        if norm > 0.0 {
+            (diff / norm).sqrt()
+        } else {
+            diff.sqrt()
+        }
     }
 
     /// `--verify` of FFT with the device's own transform: the same codec with the host's
@@ -313,22 +342,30 @@ mod enabled {
             ));
         }
         decompress_add(host, h, &mut want).map_err(|e| e.to_string())?;
-        let (mut diff, mut norm) = (0f64, 0f64);
-        for (g, w) in got.iter().zip(&want) {
-            diff += ((g - w) as f64).powi(2);
-            norm += (*w as f64).powi(2);
-        }
-        let rel = if norm > 0.0 {
-            (diff / norm).sqrt()
-        } else {
-            diff.sqrt()
-        };
-        Ok(if rel <= super::FFT_RECONSTRUCTION_TOLERANCE {
-            format!("pass (host transform: bytes equal; device transform: reconstruction within {rel:.1e})")
-        } else {
-            format!(
+        let rel = relative_l2(&got, &want);
+        if rel > super::FFT_RECONSTRUCTION_TOLERANCE {
+            return Ok(format!(
                 "FAIL: the device transform's reconstruction differs by {rel:.1e} (L2, relative)"
+            ));
+        }
+        // The device's joint decode (its inverse transforms) of the host's payload.
+        let out: GpuBuffer = gpu.zeros(input.len());
+        let mean = codec
+            .decode_mean(gpu, &[h], 1.0, &out)
+            .ok_or("fft decodes jointly")?;
+        if let Err((_, e)) = mean {
+            return Ok(format!(
+                "FAIL: the device decoder refuses the host payload: {e}"
+            ));
+        }
+        let dec = relative_l2(&gpu.download(&out).map_err(|e| e.to_string())?, &want);
+        Ok(if dec <= 1e-5 {
+            format!(
+                "pass (host transform: bytes equal; device transform: reconstruction within \
+                 {rel:.1e}; device decode within {dec:.1e})"
             )
+        } else {
+            format!("FAIL: the device decode differs by {dec:.1e} (L2, relative)")
         })
     }
 }

@@ -1,14 +1,23 @@
 //! Compressed buckets encoded on a device (`[compress] device`, ARCHITECTURE.md §10): a
 //! bucket whose method and memory have a device form is compensated, encoded and learnt from
 //! by `dtrain_device::DevicePipeline` — its error-feedback memory lives in device memory —
-//! and only the payload, the host codec's exact wire format, comes back. Everything after
-//! that (the collectives, the decode of every rank's payload, the mean) is the host path's,
-//! unchanged: device payloads are byte for byte the host's, so ranks on the host and on a
-//! device exchange with each other.
+//! and only the payload, the host codec's exact wire format, comes back. The collectives are
+//! the host path's, unchanged, and so is the decode of every rank's payload for the methods
+//! whose device payloads are the host's byte for byte: ranks on the host and on a device
+//! exchange with each other.
+//!
+//! FFT also decodes on the device: the gathered payloads' kept values summed into one
+//! spectrum there and one inverse transform per chunk (the host's joint decode, with the
+//! device's transforms), the mean read back. That mean is the host's within rounding, not
+//! bit for bit, so **every rank of an FFT run must decode alike**: all on devices of one
+//! kind (each rank's kernels are deterministic), or all on the host. A mix of host and
+//! device ranks would average within rounding of each other and their replicas would
+//! drift apart (slowly: ~1e-7 relative a step, measured).
 //!
 //! The gradient reaches the device as a copy of the host's bucket (one upload per bucket
-//! and step): burn's gradients still come to the host first. Decoding on the device, and
-//! the gradient handed over without the host, are the next steps of issue #51.
+//! and step): burn's gradients still come to the host first, and the mean goes back to the
+//! host for the optimizer. Handing the gradient over without the host is the next step of
+//! issue #51.
 //!
 //! Which buckets: those whose route compresses them with the method's plain one-phase
 //! encode (the all-gather and the sparse all-reduce). The compressed all-reduce's range
@@ -32,7 +41,7 @@ pub const DEVICE_CODECS_BUILT: bool = cfg!(any(feature = "wgpu", feature = "cuda
 mod imp {
     use super::*;
     use dtrain_compress::{CompressorConfig, MemoryConfig};
-    use dtrain_device::{DevicePipeline, DeviceSpec, Gpu};
+    use dtrain_device::{DeviceError, DevicePipeline, DeviceSpec, Gpu, GpuBuffer};
 
     /// Opens the device `spec` names (`wgpu`, `wgpu:N`, `wgpu:cpu`, `cuda:N`).
     pub(crate) fn open(spec: &str) -> Result<Gpu, String> {
@@ -44,6 +53,8 @@ mod imp {
     pub(crate) struct OnDevice {
         gpu: Gpu,
         pipe: DevicePipeline,
+        /// The device buffer of the decoded mean, kept while the bucket's length stays.
+        mean: Option<GpuBuffer>,
     }
 
     impl OnDevice {
@@ -57,6 +68,7 @@ mod imp {
             Ok(OnDevice {
                 gpu: gpu.clone(),
                 pipe,
+                mean: None,
             })
         }
 
@@ -85,6 +97,39 @@ mod imp {
                 .map_err(|e| e.to_string())
         }
 
+        /// The mean of the gathered `payloads` (rank order) written into `out`, decoded on
+        /// the device where its codec decodes jointly there (FFT), and whether it holds a
+        /// NaN or an infinity; `None` where the codec has no joint device decoder (the host
+        /// decodes). A malformed payload is the host decoder's error with its rank.
+        pub(crate) fn decode_mean(
+            &mut self,
+            payloads: &[&[u8]],
+            inv: f32,
+            out: &mut [f32],
+        ) -> Option<Result<bool, DecodeFailure>> {
+            let buf = match &self.mean {
+                Some(b) if b.len() == out.len() => b.clone(),
+                _ => self.mean.insert(self.gpu.zeros(out.len())).clone(),
+            };
+            let done = self
+                .pipe
+                .joint_decode_mean(&self.gpu, payloads, inv, &buf)?;
+            Some(
+                done.map_err(|(rank, e)| match e {
+                    DeviceError::Wire(w) => DecodeFailure::Wire(rank, w),
+                    other => DecodeFailure::Device(other.to_string()),
+                })
+                .and_then(|()| {
+                    let mean = self
+                        .gpu
+                        .download(&buf)
+                        .map_err(|e| DecodeFailure::Device(e.to_string()))?;
+                    out.copy_from_slice(&mean);
+                    Ok(mean.iter().any(|v| !v.is_finite()))
+                }),
+            )
+        }
+
         /// The memory's state, copied to the host in the host memory's format.
         pub(crate) fn export_memory(&self) -> Result<BTreeMap<u64, Vec<f32>>, String> {
             self.pipe
@@ -97,6 +142,17 @@ mod imp {
             self.pipe.import_memory(&self.gpu, state);
         }
     }
+}
+
+/// Why a device decode failed: a malformed payload (its rank and the host decoder's error),
+/// or the device itself.
+#[derive(Debug)]
+#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
+pub(crate) enum DecodeFailure {
+    /// The payload of this rank is malformed.
+    Wire(usize, dtrain_compress::WireError),
+    /// The device failed (a transfer, a launch).
+    Device(String),
 }
 
 /// Without a device runtime in the build there is no device encoder: this type has no
@@ -122,6 +178,15 @@ impl OnDevice {
     }
 
     pub(crate) fn export_memory(&self) -> Result<BTreeMap<u64, Vec<f32>>, String> {
+        match *self {}
+    }
+
+    pub(crate) fn decode_mean(
+        &mut self,
+        _: &[&[u8]],
+        _: f32,
+        _: &mut [f32],
+    ) -> Option<Result<bool, DecodeFailure>> {
         match *self {}
     }
 

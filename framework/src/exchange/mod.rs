@@ -144,8 +144,8 @@ pub enum ExchangeError {
         /// The decoder's error.
         source: WireError,
     },
-    /// The device encoding a bucket failed (`[compress] device`).
-    #[error("the device encoding bucket {bucket} failed: {reason}")]
+    /// The device encoding or decoding a bucket failed (`[compress] device`).
+    #[error("the device path of bucket {bucket} failed: {reason}")]
     Device {
         /// Bucket id.
         bucket: u64,

@@ -17,7 +17,7 @@ use dtrain_compress::{
 };
 
 use super::bucket::{self, Bucket};
-use super::device::OnDevice;
+use super::device::{DecodeFailure, OnDevice};
 use super::link::{comm_thread, Comms, Link, Op, Reply};
 use super::{ExchangeError, ExchangeStats, Exchanger, GatherCollective, Lossy};
 
@@ -509,6 +509,7 @@ impl Job<'_> {
             server,
             route,
             range,
+            device,
             ..
         } = &mut self.slots[i];
         // A compressed bucket sent dense is averaged like an uncompressed one.
@@ -600,9 +601,35 @@ impl Job<'_> {
             }
             (Stage::Gathered, Reply::Gather(all), Some(pipe)) => {
                 // Rank order; a method with a joint decoder (FFT: one inverse transform of
-                // the summed spectra) uses it.
+                // the summed spectra) uses it — on the bucket's device where it has one
+                // there (`[compress] device`: FFT's inverse transforms).
                 let refs: Vec<&[u8]> = all.iter().map(Vec::as_slice).collect();
-                if let Some(r) = &in_place {
+                let on_device = device
+                    .as_mut()
+                    .filter(|_| combine == Combine::Mean && !absorbs);
+                let joint = on_device.and_then(|d| {
+                    let out: &mut [f32] = match &in_place {
+                        Some(r) => &mut grad[r.clone()],
+                        None => {
+                            f.buf.resize(bucket.len(), 0.0);
+                            &mut f.buf
+                        }
+                    };
+                    d.decode_mean(&refs, self.inv, out)
+                });
+                if let Some(done) = joint {
+                    let bad = done.map_err(|e| match e {
+                        DecodeFailure::Wire(r, w) => decode_err(r)(w),
+                        DecodeFailure::Device(reason) => {
+                            ExchangeError::Device { bucket: id, reason }
+                        }
+                    })?;
+                    if in_place.is_some() {
+                        averaged = Some(bad);
+                    } else {
+                        buf_is_mean = true;
+                    }
+                } else if let Some(r) = &in_place {
                     // Written as the mean, scaling only what the decodes added to (a
                     // sparsifier's entries, not the whole range): bit for bit the zero
                     // fill, sum and scaling pass below.
