@@ -9,7 +9,8 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use dtrain_compress::{
-    compress_new, decompress_add, CompressError, CompressorConfig, Ctx, Payload, Rng, WireError,
+    compress_new, decompress_add, decompress_mean, CompressError, CompressorConfig, Ctx, Payload,
+    Rng, Touched, WireError,
 };
 use dtrain_device::{device_codec, DeviceError, Gpu};
 
@@ -280,6 +281,25 @@ fn device_decoders_agree_with_the_host_on_arbitrary_bytes() {
                     "{name} case {case}: host {h:?}, device {d:?}"
                 ),
                 (h, d) => panic!("{name} case {case}: host {h:?}, device {d:?}"),
+            }
+            // A joint decoder on the device (FFT) gives the host's joint verdict: the same
+            // error with the same payload index, or a mean (beside a valid first payload).
+            let valid = host_payload(name, &x, &segs).into_bytes();
+            let pair: [&[u8]; 2] = [&valid, &bytes];
+            let mut host = vec![0f32; n];
+            let host_res =
+                decompress_mean(c.as_ref(), &pair, 0.5, &mut host, &mut Touched::default());
+            if let Some(dev_res) = codec.decode_mean(gpu(), &pair, 0.5, &out) {
+                match (host_res, dev_res) {
+                    (Ok(_), Ok(())) => {}
+                    // A reconstruction the host finds non-finite: the device writes it (the
+                    // exchange then decodes on the host for the host's verdict).
+                    (Err((_, WireError::Invalid(w))), Ok(())) if w.contains("not finite") => {}
+                    (Err((i, h)), Err((j, DeviceError::Wire(d)))) => {
+                        assert_eq!((i, &h), (j, &d), "{name} case {case}: joint")
+                    }
+                    (h, d) => panic!("{name} case {case}: joint: host {h:?}, device {d:?}"),
+                }
             }
         }
     }

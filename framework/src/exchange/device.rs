@@ -98,15 +98,17 @@ mod imp {
         }
 
         /// The mean of the gathered `payloads` (rank order) written into `out`, decoded on
-        /// the device where its codec decodes jointly there (FFT), and whether it holds a
-        /// NaN or an infinity; `None` where the codec has no joint device decoder (the host
-        /// decodes). A malformed payload is the host decoder's error with its rank.
+        /// the device where its codec decodes jointly there (FFT). `None` where the codec has
+        /// no joint device decoder, or where the device's mean holds a NaN or an infinity:
+        /// the host then decodes (overwriting `out`), and its verdict — an error naming the
+        /// payload whose reconstruction is not finite — stands. A malformed payload is the
+        /// host decoder's error with its rank.
         pub(crate) fn decode_mean(
             &mut self,
             payloads: &[&[u8]],
             inv: f32,
             out: &mut [f32],
-        ) -> Option<Result<bool, DecodeFailure>> {
+        ) -> Option<Result<(), DecodeFailure>> {
             let buf = match &self.mean {
                 Some(b) if b.len() == out.len() => b.clone(),
                 _ => self.mean.insert(self.gpu.zeros(out.len())).clone(),
@@ -114,20 +116,24 @@ mod imp {
             let done = self
                 .pipe
                 .joint_decode_mean(&self.gpu, payloads, inv, &buf)?;
-            Some(
-                done.map_err(|(rank, e)| match e {
+            let mean = done
+                .map_err(|(rank, e)| match e {
                     DeviceError::Wire(w) => DecodeFailure::Wire(rank, w),
                     other => DecodeFailure::Device(other.to_string()),
                 })
                 .and_then(|()| {
-                    let mean = self
-                        .gpu
+                    self.gpu
                         .download(&buf)
-                        .map_err(|e| DecodeFailure::Device(e.to_string()))?;
+                        .map_err(|e| DecodeFailure::Device(e.to_string()))
+                });
+            match mean {
+                Ok(mean) if mean.iter().any(|v| !v.is_finite()) => None,
+                Ok(mean) => {
                     out.copy_from_slice(&mean);
-                    Ok(mean.iter().any(|v| !v.is_finite()))
-                }),
-            )
+                    Some(Ok(()))
+                }
+                Err(e) => Some(Err(e)),
+            }
         }
 
         /// The memory's state, copied to the host in the host memory's format.
@@ -186,7 +192,7 @@ impl OnDevice {
         _: &[&[u8]],
         _: f32,
         _: &mut [f32],
-    ) -> Option<Result<bool, DecodeFailure>> {
+    ) -> Option<Result<(), DecodeFailure>> {
         match *self {}
     }
 

@@ -618,14 +618,15 @@ impl Job<'_> {
                     d.decode_mean(&refs, self.inv, out)
                 });
                 if let Some(done) = joint {
-                    let bad = done.map_err(|e| match e {
+                    // A finite mean (a non-finite one is decoded again on the host below).
+                    done.map_err(|e| match e {
                         DecodeFailure::Wire(r, w) => decode_err(r)(w),
                         DecodeFailure::Device(reason) => {
                             ExchangeError::Device { bucket: id, reason }
                         }
                     })?;
                     if in_place.is_some() {
-                        averaged = Some(bad);
+                        averaged = Some(false);
                     } else {
                         buf_is_mean = true;
                     }
