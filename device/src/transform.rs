@@ -197,6 +197,17 @@ struct Chirp {
     kernel_hat: GpuBuffer,
 }
 
+/// One transform's length, scratch and Bluestein tables ([`Rfft::plan`]).
+struct Plan {
+    l: usize,
+    a: GpuBuffer,
+    b: GpuBuffer,
+    /// 1 where Bluestein's chirp applies.
+    use_chirp: u32,
+    chirp: GpuBuffer,
+    hat: Option<GpuBuffer>,
+}
+
 /// Real forward transforms of a bucket's chunks on the device; tables and scratch kept.
 #[derive(Default)]
 pub struct Rfft {
@@ -323,6 +334,28 @@ impl Rfft {
         out
     }
 
+    /// What a transform of length `n` with outputs `0..m` runs on: its length `L` (`n` for
+    /// a power of two, else Bluestein's), the scratch, and Bluestein's chirp and kernel
+    /// transform where it takes them (`filler`, any buffer, stands for the chirp
+    /// argument where it does not).
+    fn plan(&mut self, gpu: &Gpu, n: usize, m: usize, filler: &GpuBuffer) -> Plan {
+        let (l, chirp, hat) = if n.is_power_of_two() {
+            (n, filler.clone(), None)
+        } else {
+            let (l, chirp, hat) = self.chirp(gpu, n, m);
+            (l, chirp, Some(hat))
+        };
+        let (a, b) = self.scratch(gpu, l);
+        Plan {
+            l,
+            a,
+            b,
+            use_chirp: hat.is_some() as u32,
+            chirp,
+            hat,
+        }
+    }
+
     /// The DFT of the loaded `a` (`2·l` floats, `b` the scratch): directly (a power of
     /// two), or Bluestein's convolution with the kernel's transform `hat`; the buffer
     /// holding the result.
@@ -376,15 +409,7 @@ impl Rfft {
             let n = r.len();
             let m = n / 2 + 1;
             // x_j = Re Σ_k X_k e^{2πijk/n} = Re DFT(conj X)_j over the Hermitian spectrum.
-            let (l, chirp, hat) = if n.is_power_of_two() {
-                (n, None, None)
-            } else {
-                let (l, chirp, hat) = self.chirp(gpu, n, n);
-                (l, Some(chirp), Some(hat))
-            };
-            let (a, b) = self.scratch(gpu, l);
-            let use_chirp = chirp.is_some() as u32;
-            let chirp_arg = chirp.unwrap_or_else(|| spec.clone());
+            let Plan { l, a, b, use_chirp, chirp, hat } = self.plan(gpu, n, n, spec);
             let (count, dim) = geometry(l);
             // SAFETY: `a` holds at least 2·l floats, the chirp n pairs when used, the
             // spectra the chunk's m bins from `first`.
@@ -396,7 +421,7 @@ impl Rfft {
                     spec.arg(),
                     first,
                     n as u32,
-                    chirp_arg.arg(),
+                    chirp.arg(),
                     use_chirp,
                     BufferArg::from_raw_parts(a.handle.clone(), 2 * l),
                 );
@@ -410,7 +435,7 @@ impl Rfft {
                     count,
                     dim,
                     BufferArg::from_raw_parts(res.handle.clone(), 2 * l),
-                    chirp_arg.arg(),
+                    chirp.arg(),
                     use_chirp,
                     r.start as u32,
                     n as u32,
@@ -467,16 +492,8 @@ impl Rfft {
             let m = n / 2 + 1;
             let (pre, post) = forward_scales(word(&read[0], c), n);
             posts.push(post);
-            let (l, chirp, hat) = if n.is_power_of_two() {
-                (n, None, None)
-            } else {
-                let (l, chirp, hat) = self.chirp(gpu, n, m);
-                (l, Some(chirp), Some(hat))
-            };
-            let (a, b) = self.scratch(gpu, l);
+            let Plan { l, a, b, use_chirp, chirp, hat } = self.plan(gpu, n, m, &spec);
             let (count, dim) = geometry(l);
-            let use_chirp = chirp.is_some() as u32;
-            let chirp_arg = chirp.clone().unwrap_or_else(|| spec.clone());
             // SAFETY: `a` holds at least 2·l floats; the chirp max(n, m) pairs when used.
             unsafe {
                 load::launch(
@@ -487,7 +504,7 @@ impl Rfft {
                     r.start as u32,
                     n as u32,
                     pre,
-                    chirp_arg.arg(),
+                    chirp.arg(),
                     use_chirp,
                     BufferArg::from_raw_parts(a.handle.clone(), 2 * l),
                 );
@@ -501,7 +518,7 @@ impl Rfft {
                     count,
                     dim,
                     BufferArg::from_raw_parts(res.handle.clone(), 2 * l),
-                    chirp_arg.arg(),
+                    chirp.arg(),
                     use_chirp,
                     m as u32,
                     first,
