@@ -52,6 +52,7 @@ with_a_runtime! {
     pub mod dgc_momentum;
     pub mod efsignsgd;
     pub mod fft;
+    pub mod filtered;
     pub mod error;
     mod exact;
     pub mod fp16;
@@ -76,6 +77,7 @@ with_a_runtime! {
     pub use error::DeviceError;
     pub use gpu::{DeviceSpec, Gpu, GpuBuffer};
     pub use dgc_momentum::DeviceDgcMemory;
+    pub use filtered::{DeviceLowPass, DeviceMomentum};
     pub use memory::{DeviceMemory, DeviceResidual};
     pub use pipeline::DevicePipeline;
     pub use transform::Rfft;

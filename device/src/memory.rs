@@ -15,13 +15,14 @@ use cubecl::prelude::*;
 use dtrain_compress::MemoryConfig;
 
 use crate::dgc_momentum::DeviceDgcMemory;
+use crate::filtered::{DeviceLowPass, DeviceMomentum};
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
 use crate::words::{geometry, grid_stride};
 
 /// `out = β·e + γ·g`.
 #[cube(launch)]
-fn compensate(e: &[f32], g: &[f32], out: &mut [f32], beta: f32, gamma: f32) {
+pub(crate) fn compensate(e: &[f32], g: &[f32], out: &mut [f32], beta: f32, gamma: f32) {
     let mut i = ABSOLUTE_POS;
     while i < out.len() {
         out[i] = beta * e[i] + gamma * g[i];
@@ -31,7 +32,7 @@ fn compensate(e: &[f32], g: &[f32], out: &mut [f32], beta: f32, gamma: f32) {
 
 /// `out = γ·g`.
 #[cube(launch)]
-fn scale(g: &[f32], out: &mut [f32], gamma: f32) {
+pub(crate) fn scale(g: &[f32], out: &mut [f32], gamma: f32) {
     let mut i = ABSOLUTE_POS;
     while i < out.len() {
         out[i] = gamma * g[i];
@@ -41,7 +42,7 @@ fn scale(g: &[f32], out: &mut [f32], gamma: f32) {
 
 /// `e = p − t`.
 #[cube(launch)]
-fn difference(p: &[f32], t: &[f32], e: &mut [f32]) {
+pub(crate) fn difference(p: &[f32], t: &[f32], e: &mut [f32]) {
     let mut i = ABSOLUTE_POS;
     while i < e.len() {
         e[i] = p[i] - t[i];
@@ -103,14 +104,7 @@ impl DeviceResidual {
     ) -> Result<(), DeviceError> {
         same_len("update", compensated, transmitted)?;
         let n = compensated.len();
-        let e = match self.residuals.get(&key) {
-            Some(e) if e.len() == n => e.clone(),
-            _ => {
-                let e = gpu.zeros(n);
-                self.residuals.insert(key, e.clone());
-                e
-            }
-        };
+        let e = state_of(&mut self.residuals, gpu, key, n);
         let (count, dim) = geometry(n);
         difference::launch(
             gpu.client(),
@@ -125,16 +119,47 @@ impl DeviceResidual {
 
     /// The residuals, copied to the host (a checkpoint's `export`, the host memory's format).
     pub fn export(&self, gpu: &Gpu) -> Result<BTreeMap<u64, Vec<f32>>, DeviceError> {
-        self.residuals
-            .iter()
-            .map(|(&k, e)| Ok((k, gpu.download(e)?)))
-            .collect()
+        export_states(&self.residuals, gpu)
     }
 
     /// Restores [`DeviceResidual::export`] (or the host memory's export).
     pub fn import(&mut self, gpu: &Gpu, state: &BTreeMap<u64, Vec<f32>>) {
-        self.residuals = state.iter().map(|(&k, e)| (k, gpu.upload(e))).collect();
+        self.residuals = import_states(gpu, state);
     }
+}
+
+/// Bucket `key`'s state buffer of `n` elements: the one kept, or zeros kept from now on
+/// where there is none of that length (a bucket that changed length starts again).
+pub(crate) fn state_of(
+    map: &mut BTreeMap<u64, GpuBuffer>,
+    gpu: &Gpu,
+    key: u64,
+    n: usize,
+) -> GpuBuffer {
+    match map.get(&key) {
+        Some(e) if e.len() == n => e.clone(),
+        _ => {
+            let e = gpu.zeros(n);
+            map.insert(key, e.clone());
+            e
+        }
+    }
+}
+
+/// The state buffers, copied to the host (a checkpoint's `export`, the host memory's
+/// format).
+pub(crate) fn export_states(
+    map: &BTreeMap<u64, GpuBuffer>,
+    gpu: &Gpu,
+) -> Result<BTreeMap<u64, Vec<f32>>, DeviceError> {
+    map.iter()
+        .map(|(&k, e)| Ok((k, gpu.download(e)?)))
+        .collect()
+}
+
+/// The state buffers of a host memory's export, on the device.
+pub(crate) fn import_states(gpu: &Gpu, state: &BTreeMap<u64, Vec<f32>>) -> BTreeMap<u64, GpuBuffer> {
+    state.iter().map(|(&k, e)| (k, gpu.upload(e))).collect()
 }
 
 /// Refuses buffers of different lengths.
@@ -156,11 +181,15 @@ pub enum DeviceMemory {
     Residual(DeviceResidual),
     /// `kind = "dgc-momentum"` ([`DeviceDgcMemory`]).
     DgcMomentum(DeviceDgcMemory),
+    /// `kind = "momentum"`, Signum's ([`DeviceMomentum`]).
+    Momentum(DeviceMomentum),
+    /// `kind = "low-pass"`, ScaleCom's ([`DeviceLowPass`]).
+    LowPass(DeviceLowPass),
 }
 
 impl DeviceMemory {
-    /// The device form of `config`: `Ok(None)` for no memory, an error naming a memory
-    /// without one.
+    /// The device form of `config`: `Ok(None)` for no memory; an error where a setting has
+    /// no device form (DGC's `clip = "norm"`).
     pub fn for_config(config: &MemoryConfig) -> Result<Option<Self>, DeviceError> {
         Ok(Some(match *config {
             MemoryConfig::None => return Ok(None),
@@ -173,7 +202,8 @@ impl DeviceMemory {
                 masking,
                 clip,
             } => DeviceMemory::DgcMomentum(DeviceDgcMemory::new(momentum, nesterov, masking, clip)?),
-            ref other => return Err(DeviceError::NoMemory(format!("{other:?}"))),
+            MemoryConfig::Momentum { beta } => DeviceMemory::Momentum(DeviceMomentum::new(beta)),
+            MemoryConfig::LowPass { beta } => DeviceMemory::LowPass(DeviceLowPass::new(beta)),
         }))
     }
 
@@ -189,6 +219,8 @@ impl DeviceMemory {
         match self {
             DeviceMemory::Residual(m) => m.compensate(gpu, key, grad, out),
             DeviceMemory::DgcMomentum(m) => m.compensate(gpu, key, grad, out),
+            DeviceMemory::Momentum(m) => m.compensate(gpu, key, grad, out),
+            DeviceMemory::LowPass(m) => m.compensate(gpu, key, grad, out),
         }
     }
 
@@ -207,6 +239,8 @@ impl DeviceMemory {
             DeviceMemory::DgcMomentum(m) => {
                 m.update(gpu, key, compensated, transmitted, segments)
             }
+            DeviceMemory::Momentum(m) => m.update(gpu, key, compensated),
+            DeviceMemory::LowPass(m) => m.update(gpu, key, compensated, transmitted),
         }
     }
 
@@ -215,6 +249,8 @@ impl DeviceMemory {
         match self {
             DeviceMemory::Residual(m) => m.export(gpu),
             DeviceMemory::DgcMomentum(m) => m.export(gpu),
+            DeviceMemory::Momentum(m) => export_states(&m.momenta, gpu),
+            DeviceMemory::LowPass(m) => export_states(&m.mem, gpu),
         }
     }
 
@@ -223,6 +259,8 @@ impl DeviceMemory {
         match self {
             DeviceMemory::Residual(m) => m.import(gpu, state),
             DeviceMemory::DgcMomentum(m) => m.import(gpu, state),
+            DeviceMemory::Momentum(m) => m.momenta = import_states(gpu, state),
+            DeviceMemory::LowPass(m) => m.mem = import_states(gpu, state),
         }
     }
 }

@@ -95,6 +95,12 @@ fn two_ranks_on_the_device_path_average_as_the_host_path() {
             GatherCollective::AllGather,
             true,
         ),
+        // Signum's worker momentum (its default memory) kept on the device.
+        (
+            parse_method("signum").unwrap(),
+            GatherCollective::AllGather,
+            false,
+        ),
         (
             parse_method("ef-signsgd:sum=exact").unwrap(),
             GatherCollective::AllGather,
