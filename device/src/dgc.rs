@@ -21,7 +21,7 @@ use dtrain_compress::{
 use crate::codec::{begin_payload, DeviceCodec};
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
-use crate::select::{compact_segment, top_k_segment, Adds};
+use crate::select::{select, Adds, Rule};
 
 /// The layout bytes of a DGC segment body.
 const DENSE: u8 = 0;
@@ -70,19 +70,29 @@ impl DeviceCodec for Dgc {
         // The step's density (the warm-up schedule), as the host codec sets it.
         self.host.begin(&[], ctx);
         let density = self.host.current_density();
-        for seg in &segs {
-            let n = seg.len();
-            let k = keep_count(n, density);
-            let (layout, kept) = if n < self.min_sparse_len || k >= n {
-                // Every element, in order: the compaction at key 0 with every equal kept.
-                (DENSE, compact_segment(gpu, grad, seg, 0, u32::MAX, out)?)
-            } else {
-                (SPARSE, top_k_segment(gpu, grad, seg, k, out)?)
-            };
-            let mut w = Writer::new(out.buffer_mut());
-            w.u8(layout);
-            if layout == SPARSE {
-                sparse::write_indices(n, &kept.idx, &mut w);
+        let jobs: Vec<_> = segs
+            .iter()
+            .map(|seg| {
+                let n = seg.len();
+                let k = keep_count(n, density);
+                let rule = if n < self.min_sparse_len || k >= n {
+                    // Every element, in order: the compaction at key 0 with every equal kept.
+                    Rule::From { t: 0, need: u32::MAX }
+                } else {
+                    Rule::TopK(k)
+                };
+                (seg.clone(), rule)
+            })
+            .collect();
+        let kept = select(gpu, grad, &jobs, out)?;
+        let mut w = Writer::new(out.buffer_mut());
+        for ((seg, rule), kept) in jobs.iter().zip(&kept) {
+            match rule {
+                Rule::TopK(_) => {
+                    w.u8(SPARSE);
+                    sparse::write_indices(seg.len(), &kept.idx, &mut w);
+                }
+                Rule::From { .. } => w.u8(DENSE),
             }
             w.bytes(&kept.val);
         }

@@ -47,7 +47,7 @@ use crate::codec::{begin_payload, host_decode_add, u32_bytes, upload_tables, Dev
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
 use crate::rangefloat;
-use crate::select::{top_k_segment, word};
+use crate::select::{select, word, Rule};
 use crate::transform::Rfft;
 use crate::words::{geometry, grid_stride, segment_of};
 
@@ -412,16 +412,28 @@ impl DeviceCodec for FftCodec {
             None
         };
         let fmt = self.host.value_format();
+        // Every chunk's kept bins: one selection over all chunks' energies.
+        let mut kept = match &energy {
+            Some(en) => {
+                let jobs: Vec<_> = plans
+                    .iter()
+                    .zip(&bin_starts)
+                    .map(|(p, &at)| {
+                        let at = at as usize;
+                        (at..at + p.bins, Rule::TopK(p.kept))
+                    })
+                    .collect();
+                select(gpu, en, &jobs, out)?
+                    .into_iter()
+                    .map(|k| k.idx)
+                    .collect()
+            }
+            None => plans.iter().map(|p| (0..p.kept as u32).collect()).collect::<Vec<Vec<u32>>>(),
+        };
         let mut pending = Vec::with_capacity(chunks);
         for (c, plan) in plans.into_iter().enumerate() {
             let first_bin = bin_starts[c] as usize;
-            let keep = match &energy {
-                Some(en) => {
-                    let bins = first_bin..first_bin + plan.bins;
-                    top_k_segment(gpu, en, &bins, plan.kept, out)?.idx
-                }
-                None => (0..plan.kept as u32).collect(),
-            };
+            let keep = std::mem::take(&mut kept[c]);
             let k = keep.len();
             let vals = gpu.zeros(2 * k);
             let amax = gpu.words(1, 0);

@@ -16,7 +16,7 @@ use dtrain_compress::{read_frame, CompressError, Ctx, Method, MethodId, Payload,
 use crate::codec::{begin_payload, DeviceCodec};
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
-use crate::select::{compact_segment, Adds};
+use crate::select::{select, Adds, Rule};
 
 /// The `threshold` device codec.
 #[derive(Debug, Clone, Copy)]
@@ -54,9 +54,13 @@ impl DeviceCodec for Threshold {
             return Err(CompressError::TooLarge(s.len()).into());
         }
         let t = self.tau.to_bits() & 0x7FFF_FFFF;
+        let jobs: Vec<_> = segs
+            .iter()
+            .map(|s| (s.clone(), Rule::From { t, need: u32::MAX }))
+            .collect();
+        let all = select(gpu, grad, &jobs, out)?;
         let mut words = Vec::new();
-        for seg in &segs {
-            let kept = compact_segment(gpu, grad, seg, t, u32::MAX, out)?;
+        for kept in &all {
             words.clear();
             words.extend(
                 (0..kept.idx.len()).map(|j| kept.idx[j] << 1 | u32::from(kept.value(j) < 0.0)),

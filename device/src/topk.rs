@@ -25,7 +25,7 @@ use dtrain_compress::{read_frame, sparse, Ctx, Method, MethodId, Payload, Rng};
 use crate::codec::{begin_payload, DeviceCodec};
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
-use crate::select::{top_k_segment, Adds};
+use crate::select::{select, Adds, Rule};
 
 /// The `topk` device codec at density `ratio`.
 #[derive(Debug, Clone, Copy)]
@@ -54,9 +54,13 @@ impl DeviceCodec for TopK {
         out: &mut Payload,
     ) -> Result<(), DeviceError> {
         let segs = begin_payload(TopKConfig::ID, grad.len(), ctx.segments, out)?;
-        for seg in &segs {
-            let kept = top_k_segment(gpu, grad, seg, k_for(seg.len(), self.ratio), out)?;
-            let mut w = Writer::new(out.buffer_mut());
+        let jobs: Vec<_> = segs
+            .iter()
+            .map(|s| (s.clone(), Rule::TopK(k_for(s.len(), self.ratio))))
+            .collect();
+        let kept = select(gpu, grad, &jobs, out)?;
+        let mut w = Writer::new(out.buffer_mut());
+        for (seg, kept) in segs.iter().zip(&kept) {
             sparse::write_indices(seg.len(), &kept.idx, &mut w);
             w.bytes(&kept.val);
         }
