@@ -143,8 +143,9 @@ fn energies(spec: &[f32], bin_starts: &[u32], lens: &[u32], scales: &[u32], out:
 
 /// The kept bins' values `post·(Re, Im)` of one chunk (bins from `first_bin`, length `n`),
 /// DC's and Nyquist's imaginary parts as 0, clamped into `±f32::MAX`, into `vals` (two per
-/// kept bin), and their largest magnitude into `amax[0]`.
+/// kept bin), and their largest magnitude into `amax[slot]`.
 #[cube(launch)]
+#[allow(clippy::too_many_arguments)]
 fn gather(
     spec: &[f32],
     first_bin: u32,
@@ -153,6 +154,7 @@ fn gather(
     keep: &[u32],
     vals: &mut [f32],
     amax: &[Atomic<u32>],
+    slot: u32,
 ) {
     let mut j = ABSOLUTE_POS;
     while j < keep.len() {
@@ -166,7 +168,7 @@ fn gather(
         }
         vals[2 * j] = re;
         vals[2 * j + 1] = im;
-        amax[0].fetch_max(max(u32::reinterpret(re) & 0x7FFF_FFFF, u32::reinterpret(im) & 0x7FFF_FFFF));
+        amax[slot as usize].fetch_max(max(u32::reinterpret(re) & 0x7FFF_FFFF, u32::reinterpret(im) & 0x7FFF_FFFF));
         j += grid_stride();
     }
 }
@@ -430,37 +432,47 @@ impl DeviceCodec for FftCodec {
             }
             None => plans.iter().map(|p| (0..p.kept as u32).collect()).collect::<Vec<Vec<u32>>>(),
         };
-        let mut pending = Vec::with_capacity(chunks);
-        for (c, plan) in plans.into_iter().enumerate() {
-            let first_bin = bin_starts[c] as usize;
+        // Every chunk's kept values gathered, their maxima read back at once.
+        let amax = gpu.words(chunks, 0);
+        let mut gathered = Vec::with_capacity(chunks);
+        for (c, plan) in plans.iter().enumerate() {
             let keep = std::mem::take(&mut kept[c]);
             let k = keep.len();
             let vals = gpu.zeros(2 * k);
-            let amax = gpu.words(1, 0);
             let keep_dev = gpu.client().create_from_slice(u32_bytes(&keep));
             if k > 0 {
                 let (count, dim) = geometry(k);
-                // SAFETY: `keep` holds k bins of the chunk, `vals` 2k floats, `amax` one.
+                // SAFETY: `keep` holds k bins of the chunk, `vals` 2k floats, `amax` a word a
+                // chunk.
                 unsafe {
                     gather::launch(
                         gpu.client(),
                         count,
                         dim,
                         spec.arg(),
-                        first_bin as u32,
+                        bin_starts[c],
                         plan.range.len() as u32,
                         posts[c],
                         BufferArg::from_raw_parts(keep_dev.clone(), k),
                         vals.arg(),
-                        BufferArg::from_raw_parts(amax.clone(), 1),
+                        BufferArg::from_raw_parts(amax.clone(), chunks),
+                        c as u32,
                     );
                 }
             }
+            gathered.push((keep, keep_dev, vals));
+        }
+        let maxima = match fmt {
+            Some(_) => gpu.read_words(vec![amax], "reading the chunks' maxima")?.remove(0),
+            None => Vec::new(),
+        };
+        let mut pending = Vec::with_capacity(chunks);
+        for ((c, plan), (keep, keep_dev, vals)) in plans.into_iter().enumerate().zip(gathered) {
+            let k = keep.len();
             let (values, sent) = match fmt {
                 None => (Values::Raw(vals.clone()), vals),
                 Some(f) => {
-                    let read = gpu.read_words(vec![amax], "reading a chunk's maximum")?;
-                    let emax = emax_of_abs_bits(word(&read[0], 0));
+                    let emax = emax_of_abs_bits(word(&maxima, c));
                     let enc = RfEncoder::new(f, emax);
                     match enc.nearest_normal() {
                         Some(rule) => {
