@@ -13,7 +13,7 @@ use cubecl::prelude::*;
 
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
-use crate::memory::{compensate, difference, same_len, scale, state_of};
+use crate::memory::{compensate_from, difference, same_len, state_of};
 use crate::words::{geometry, grid_stride};
 
 /// `m = (1−β)·m + β·(p − t)`, with `one_minus` = `1 − β` as the host computes it.
@@ -34,36 +34,6 @@ fn copy(src: &[f32], out: &mut [f32]) {
         out[i] = src[i];
         i += grid_stride();
     }
-}
-
-/// `out = β·m + γ·g` where bucket `key` has a state `m` of `grad`'s length, else `γ·g` — the
-/// compensation both memories share (the low-pass one with β = γ = 1, whose products are
-/// exact).
-fn filtered(
-    gpu: &Gpu,
-    state: &BTreeMap<u64, GpuBuffer>,
-    key: u64,
-    grad: &GpuBuffer,
-    out: &GpuBuffer,
-    beta: f32,
-    gamma: f32,
-) -> Result<(), DeviceError> {
-    same_len("compensate", grad, out)?;
-    let (count, dim) = geometry(grad.len());
-    match state.get(&key) {
-        Some(m) if m.len() == grad.len() => compensate::launch(
-            gpu.client(),
-            count,
-            dim,
-            m.arg(),
-            grad.arg(),
-            out.arg(),
-            beta,
-            gamma,
-        ),
-        _ => scale::launch(gpu.client(), count, dim, grad.arg(), out.arg(), gamma),
-    }
-    Ok(())
 }
 
 /// Signum's worker momentum on the device, keyed by bucket like the host's.
@@ -90,7 +60,7 @@ impl DeviceMomentum {
         grad: &GpuBuffer,
         out: &GpuBuffer,
     ) -> Result<(), DeviceError> {
-        filtered(gpu, &self.momenta, key, grad, out, self.beta, 1.0 - self.beta)
+        compensate_from(gpu, &self.momenta, key, grad, out, self.beta, 1.0 - self.beta)
     }
 
     /// `m ← p` (what was sent does not matter).
@@ -126,7 +96,8 @@ impl DeviceLowPass {
         grad: &GpuBuffer,
         out: &GpuBuffer,
     ) -> Result<(), DeviceError> {
-        filtered(gpu, &self.mem, key, grad, out, 1.0, 1.0)
+        // The products by 1 are exact: `m + g`.
+        compensate_from(gpu, &self.mem, key, grad, out, 1.0, 1.0)
     }
 
     /// `m ← (1−β)·m + β·(p − t)` (`p − t` for β = 1), from zeros for a new bucket.

@@ -22,7 +22,7 @@ use crate::words::{geometry, grid_stride};
 
 /// `out = β·e + γ·g`.
 #[cube(launch)]
-pub(crate) fn compensate(e: &[f32], g: &[f32], out: &mut [f32], beta: f32, gamma: f32) {
+fn compensate(e: &[f32], g: &[f32], out: &mut [f32], beta: f32, gamma: f32) {
     let mut i = ABSOLUTE_POS;
     while i < out.len() {
         out[i] = beta * e[i] + gamma * g[i];
@@ -32,7 +32,7 @@ pub(crate) fn compensate(e: &[f32], g: &[f32], out: &mut [f32], beta: f32, gamma
 
 /// `out = γ·g`.
 #[cube(launch)]
-pub(crate) fn scale(g: &[f32], out: &mut [f32], gamma: f32) {
+fn scale(g: &[f32], out: &mut [f32], gamma: f32) {
     let mut i = ABSOLUTE_POS;
     while i < out.len() {
         out[i] = gamma * g[i];
@@ -76,22 +76,7 @@ impl DeviceResidual {
         grad: &GpuBuffer,
         out: &GpuBuffer,
     ) -> Result<(), DeviceError> {
-        same_len("compensate", grad, out)?;
-        let (count, dim) = geometry(grad.len());
-        match self.residuals.get(&key) {
-            Some(e) if e.len() == grad.len() => compensate::launch(
-                gpu.client(),
-                count,
-                dim,
-                e.arg(),
-                grad.arg(),
-                out.arg(),
-                self.beta,
-                self.gamma,
-            ),
-            _ => scale::launch(gpu.client(), count, dim, grad.arg(), out.arg(), self.gamma),
-        }
-        Ok(())
+        compensate_from(gpu, &self.residuals, key, grad, out, self.beta, self.gamma)
     }
 
     /// Sets bucket `key`'s residual to `compensated − transmitted`.
@@ -126,6 +111,35 @@ impl DeviceResidual {
     pub fn import(&mut self, gpu: &Gpu, state: &BTreeMap<u64, Vec<f32>>) {
         self.residuals = import_states(gpu, state);
     }
+}
+
+/// `out = β·e + γ·g` where bucket `key` has a state `e` of `grad`'s length, else `γ·g`: the
+/// compensation the residual and the two filtering memories share.
+pub(crate) fn compensate_from(
+    gpu: &Gpu,
+    state: &BTreeMap<u64, GpuBuffer>,
+    key: u64,
+    grad: &GpuBuffer,
+    out: &GpuBuffer,
+    beta: f32,
+    gamma: f32,
+) -> Result<(), DeviceError> {
+    same_len("compensate", grad, out)?;
+    let (count, dim) = geometry(grad.len());
+    match state.get(&key) {
+        Some(e) if e.len() == grad.len() => compensate::launch(
+            gpu.client(),
+            count,
+            dim,
+            e.arg(),
+            grad.arg(),
+            out.arg(),
+            beta,
+            gamma,
+        ),
+        _ => scale::launch(gpu.client(), count, dim, grad.arg(), out.arg(), gamma),
+    }
+    Ok(())
 }
 
 /// Bucket `key`'s state buffer of `n` elements: the one kept, or zeros kept from now on
