@@ -297,8 +297,16 @@ impl DeviceCodec for FftCodec {
 
     fn host_parts(&self) -> Option<&'static str> {
         Some(match self.rfft {
-            Some(_) => "the decode (the forward transform, selection, quantization, packing and the spectral residual on the device)",
-            None => "the forward transform (transform = \"host\") and the decode (selection, quantization, packing and the spectral residual on the device)",
+            Some(_) => {
+                "a single payload's decode_add (the transforms, selection, quantization, \
+                 packing, the spectral residual and the receivers' joint decode run on the \
+                 device)"
+            }
+            None => {
+                "the forward transform (transform = \"host\") and a single payload's \
+                 decode_add (selection, quantization, packing, the spectral residual and the \
+                 receivers' joint decode run on the device)"
+            }
         })
     }
 
