@@ -107,7 +107,7 @@ pub trait DeviceCodec: Send {
 
 /// `out = src`.
 #[cube(launch)]
-fn copy_into(src: &[f32], out: &mut [f32]) {
+pub(crate) fn copy_into(src: &[f32], out: &mut [f32]) {
     let mut i = ABSOLUTE_POS;
     while i < out.len() {
         out[i] = src[i];

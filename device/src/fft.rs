@@ -401,7 +401,8 @@ impl DeviceCodec for FftCodec {
             posts.fill(1.0);
         }
         let energy = if self.host.selects_by_energy() {
-            let buf = gpu.zeros(total);
+            // Every bin's energy is written.
+            let buf = gpu.empty(total);
             let scale_bits: Vec<u32> = scales.iter().map(|s| s.to_bits()).collect();
             let [(t_scales, ns)] = upload_tables(gpu, [scale_bits]);
             // SAFETY: as above; `buf` holds `total` floats.
@@ -446,7 +447,8 @@ impl DeviceCodec for FftCodec {
         for (c, plan) in plans.iter().enumerate() {
             let keep = std::mem::take(&mut kept[c]);
             let k = keep.len();
-            let vals = gpu.zeros(2 * k);
+            // Written whole by the gather.
+            let vals = gpu.empty(2 * k);
             let keep_dev = gpu.client().create_from_slice(u32_bytes(&keep));
             if k > 0 {
                 let (count, dim) = geometry(k);
@@ -486,7 +488,7 @@ impl DeviceCodec for FftCodec {
                         Some(rule) => {
                             let codes = rangefloat::encode(gpu, &vals, f, &rule);
                             let sent = if residual.is_some() {
-                                let s = gpu.zeros(2 * k);
+                                let s = gpu.empty(2 * k);
                                 rangefloat::decode(gpu, &codes, f, f.emin(emax), &s);
                                 s
                             } else {

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use cubecl::prelude::*;
 
+use crate::codec::copy_into;
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
 use crate::memory::{compensate_from, difference, same_len, state_of};
@@ -22,16 +23,6 @@ fn low_pass(m: &mut [f32], p: &[f32], t: &[f32], one_minus: f32, beta: f32) {
     let mut i = ABSOLUTE_POS;
     while i < m.len() {
         m[i] = one_minus * m[i] + beta * (p[i] - t[i]);
-        i += grid_stride();
-    }
-}
-
-/// `out = src`.
-#[cube(launch)]
-fn copy(src: &[f32], out: &mut [f32]) {
-    let mut i = ABSOLUTE_POS;
-    while i < out.len() {
-        out[i] = src[i];
         i += grid_stride();
     }
 }
@@ -67,7 +58,7 @@ impl DeviceMomentum {
     pub fn update(&mut self, gpu: &Gpu, key: u64, compensated: &GpuBuffer) -> Result<(), DeviceError> {
         let m = state_of(&mut self.momenta, gpu, key, compensated.len());
         let (count, dim) = geometry(m.len());
-        copy::launch(gpu.client(), count, dim, compensated.arg(), m.arg());
+        copy_into::launch(gpu.client(), count, dim, compensated.arg(), m.arg());
         Ok(())
     }
 }

@@ -163,6 +163,15 @@ impl Gpu {
         }
     }
 
+    /// A device buffer of `len` elements whose values are unspecified: for an output a kernel
+    /// writes whole (no zeros uploaded on a step's path).
+    pub(crate) fn empty(&self, len: usize) -> GpuBuffer {
+        GpuBuffer {
+            handle: self.client.empty(4 * len.max(1)),
+            len,
+        }
+    }
+
     /// A device buffer of `len` zeros.
     pub fn zeros(&self, len: usize) -> GpuBuffer {
         self.upload(&vec![0.0; len])

@@ -462,7 +462,8 @@ impl Rfft {
         let mut starts: Vec<u32> = chunks.iter().map(|c| c.start as u32).collect();
         starts.push(chunks.last().map_or(0, |c| c.end as u32));
         let total: usize = chunks.iter().map(|c| c.len() / 2 + 1).sum();
-        let spec = gpu.zeros(2 * total);
+        // Every chunk's bins are written by its `store`.
+        let spec = gpu.empty(2 * total);
         if chunks.is_empty() {
             return Ok((spec, Vec::new()));
         }
