@@ -64,6 +64,7 @@ pub mod pipeline;
 pub mod put;
 #[macro_use]
 pub mod registry;
+pub mod chunked;
 pub mod rng;
 pub mod schedule;
 pub mod select;
@@ -79,6 +80,7 @@ pub mod wire;
 pub mod adaptive;
 pub mod bf16;
 pub mod columns;
+pub mod demo;
 pub mod dgc;
 pub mod dropping;
 pub mod efsignsgd;
@@ -94,6 +96,7 @@ pub mod randomk;
 pub mod rangefloat;
 pub mod scalecom;
 pub mod signsgd;
+pub mod sparseloco;
 pub mod terngrad;
 pub mod threshold;
 pub mod topk;
@@ -122,6 +125,8 @@ methods! {
     Signum(signsgd::SignumConfig),
     Bf16(bf16::Bf16Config),
     PowerSgd(powersgd::PowerSgdConfig),
+    SparseLoco(sparseloco::SparseLocoConfig),
+    Demo(demo::DemoConfig),
 }
 
 pub use compressor::{

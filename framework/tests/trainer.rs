@@ -156,6 +156,72 @@ fn dgc_at_full_density_is_momentum_sgd_with_weight_decay() {
     assert!(d > 1e-4, "weight decay moved the parameters only {d}");
 }
 
+/// DeMo keeping every coefficient with no momentum (β = 0) sends each gradient whole, and
+/// its update is then the sign of the gradient: on one worker, one step is signSGD's step
+/// `θ − lr·sign(g)` on every element but those the DCT round trip moves across zero (a
+/// gradient of exactly 0, which signSGD sends as +1, and ones within rounding of it).
+#[test]
+fn demo_keeping_everything_without_momentum_is_a_signsgd_step() {
+    let base = ["train.max_steps=1", "train.momentum=0", "train.lr=0.01"];
+    let sign = run(
+        1,
+        &[&base[..], &["compress.kind=signsgd"]].concat(),
+        None,
+        false,
+    );
+    let demo = run(
+        1,
+        &[
+            &base[..],
+            &[
+                "compress.kind=demo",
+                "compress.k=4096",
+                "compress.memory={kind=\"residual\", beta=0.0}",
+            ],
+        ]
+        .concat(),
+        None,
+        false,
+    );
+    // The gradient, from one plain SGD step: θ₀ − lr·g.
+    let theta0 = single(&base, None).params();
+    let plain = run(1, &base, None, false);
+    let g: Vec<f32> = theta0
+        .iter()
+        .zip(&plain.params)
+        .map(|(a, b)| (a - b) / 0.01)
+        .collect();
+    let gmax = g.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let n = g.len();
+    let clear: Vec<usize> = (0..n).filter(|&i| g[i].abs() > 1e-4 * gmax).collect();
+    assert!(
+        clear.len() * 2 > n,
+        "{} of {n} gradients clear of zero",
+        clear.len()
+    );
+    for &i in &clear {
+        let d = (sign.params[i] - demo.params[i]).abs();
+        assert!(
+            d <= 1e-6,
+            "element {i} (g = {}): signSGD {} vs DeMo {}",
+            g[i],
+            sign.params[i],
+            demo.params[i]
+        );
+    }
+    // And DeMo's own setting (32 of each tile, β = 0.999) is another step.
+    let own = run(
+        1,
+        &[&base[..], &["compress.kind=demo"]].concat(),
+        None,
+        false,
+    );
+    let differ = (0..n)
+        .filter(|&i| (sign.params[i] - own.params[i]).abs() > 1e-6)
+        .count();
+    assert!(differ * 10 > n, "only {differ} of {n} differ");
+}
+
 /// Resuming a finished run trains nothing, evaluates it once more (here on fewer test
 /// samples) and keeps the run's training figures in `summary.json`.
 #[test]
@@ -247,6 +313,24 @@ fn resume_is_exact_for_stateful_compressors() {
         ],
     );
     resume_is_exact(3, &["compress.kind=scalecom", "compress.ratio=0.05"]);
+    // DeMo: the momentum is the memory (β = 0.999), the step the sign of the mean.
+    resume_is_exact(
+        2,
+        &[
+            "compress.kind=demo",
+            "compress.k=4",
+            "train.momentum=0",
+            "train.lr=0.001",
+        ],
+    );
+    resume_is_exact(
+        2,
+        &[
+            "compress.kind=sparseloco",
+            "compress.chunk=128",
+            "compress.k=4",
+        ],
+    );
 }
 
 /// A character-level LSTM on Moby Dick: the hidden state carried from one BPTT window to

@@ -1,0 +1,510 @@
+//! `demo`: Decoupled Momentum (DeMo; Peng, Quesnelle & Kingma, "DeMo: Decoupled Momentum
+//! Optimization", arXiv 2411.19870), the method Nous Research's Psyche trains with.
+//!
+//! Each worker keeps a momentum and sends only its fast-moving components, found in the
+//! frequency domain; the slow rest stays in the momentum, which is therefore also the error
+//! feedback:
+//! ```text
+//! m ← β·m + g                                  β = 0.999 (the residual memory, β·e + 1·g)
+//! q = TopK_tile(DCT(m)) per tile of ≤ chunk × chunk values
+//! m ← m − IDCT(q)                              what was sent leaves the momentum
+//! u = sign(mean_workers IDCT(q))               all-gathered; the step is lr·u (signSGD-like)
+//! ```
+//! In dtrain: this compressor (the tiled DCT, the Top-k and the sparse wire format), its
+//! default memory (residual, `beta = 0.999`, `gamma = 1`), and its [`Combine::MajorityVote`]
+//! (the update is the sign of the mean of the decoded payloads, which is the sign of the
+//! inverse transform of the mean coefficients since the transform is linear). Pair it with
+//! `train.optimizer = "sgd"`, `momentum = 0` (the momentum is the memory's) and a sign-sized
+//! learning rate, as the reference implementation extends SGD. The reference accumulates
+//! `lr·g` into the momentum; with the sign step only the direction matters, so `gamma = 1`
+//! here changes nothing but the scale of the state.
+//!
+//! # The transform
+//! A segment with a known shape `[rows, cols, …]` (the trainer hands over the parameter
+//! shapes; three or more dimensions are seen as `[shape[0], the rest]`) is cut into tiles of
+//! `a × b` values, `a` the largest divisor of `rows` not above `chunk` and `b` likewise for
+//! `cols` (the reference's rule: tiles divide the tensor exactly); an unknown shape, or a
+//! 1-D tensor, is one row. Each tile gets the orthonormal 2-D DCT-II `Y = D_a·X·D_bᵀ`
+//! (`D_n[k][i] = c_k·cos(π(2i + 1)k / 2n)`, `c_0 = √(1/n)`, else `√(2/n)`); the inverse is
+//! the transpose. A tile keeps its `k` largest coefficients (`min(k, a·b)`).
+//!
+//! # Body, per segment of `n` values
+//! ```text
+//! u32 rows | u32 tile rows a | u32 tile cols b     (rows·cols = n, a | rows, b | cols,
+//!                                                   a, b ≤ 1 024)
+//! the chunked Top-k body of crate::chunked over the tile-major coefficients, chunk a·b
+//! ```
+//! Values travel as f32 (`values = "f32"`, default) or as signs with one magnitude per
+//! segment (`values = "sign"`, the paper's sign-only variant: 1 bit per value). Indices are
+//! `⌈log₂ a·b⌉` bits (12 for 64 × 64 tiles). Aggregation: all-gather.
+//!
+//! Defaults (chunk 64, k 32, β 0.999) are those of the paper's experiments and the
+//! reference code's defaults as we read them; ALGORITHMS.md §19 marks what was not checked.
+
+use serde::{Deserialize, Serialize};
+
+use crate::chunked::{self, Coding, Encoder};
+use crate::compressor::{Aggregation, Combine, Compressor, MethodId};
+use crate::error::{ConfigError, WireError};
+use crate::memory::MemoryConfig;
+use crate::registry::{Method, RunUse};
+use crate::rng::Rng;
+use crate::wire::{Reader, Writer};
+
+/// The largest tile side a payload may declare (bounds a decoder's work on bad input).
+pub const MAX_TILE: usize = 1024;
+
+/// How DeMo's kept coefficients travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DemoValues {
+    /// Exact f32 coefficients (default).
+    #[default]
+    F32,
+    /// Their signs, all with the segment's mean magnitude (1 bit per value).
+    Sign,
+}
+
+/// Configuration of [`Demo`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DemoConfig {
+    /// Tile side: tiles are at most `chunk × chunk` (default 64; at most 1 024).
+    #[serde(default = "default_chunk")]
+    pub chunk: usize,
+    /// Coefficients kept per tile (default 32).
+    #[serde(default = "default_k")]
+    pub k: usize,
+    /// How kept coefficients travel (default `"f32"`).
+    #[serde(default)]
+    pub values: DemoValues,
+}
+
+fn default_chunk() -> usize {
+    64
+}
+fn default_k() -> usize {
+    32
+}
+
+impl Default for DemoConfig {
+    fn default() -> Self {
+        DemoConfig {
+            chunk: default_chunk(),
+            k: default_k(),
+            values: DemoValues::default(),
+        }
+    }
+}
+
+impl Method for DemoConfig {
+    const NAME: &'static str = "demo";
+    const ABOUT: &'static str =
+        "DeMo: Top-k (32) of each 64×64 DCT tile of the momentum (β 0.999); update = sign of mean";
+    const ID: MethodId = MethodId(24);
+
+    fn build(&self) -> Result<Box<dyn Compressor>, ConfigError> {
+        Ok(Box::new(self.init()?))
+    }
+
+    fn default_memory(&self) -> MemoryConfig {
+        MemoryConfig::Residual {
+            beta: 0.999,
+            gamma: 1.0,
+        }
+    }
+
+    /// The tiles follow whole tensors; the compressed all-reduce cuts buckets into ranges.
+    fn check(&self, run: &RunUse<'_>) -> Result<(), ConfigError> {
+        if run.collective == crate::Collective::CompressedAllReduce {
+            return Err(ConfigError::new(
+                "collective",
+                "\"compressed-allreduce\" cuts buckets into ranges, and demo transforms whole \
+                 tensors; use \"allgather\" or \"sparse-allreduce\"",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl DemoConfig {
+    /// Checks the parameters and builds the compressor.
+    pub fn init(&self) -> Result<Demo, ConfigError> {
+        crate::sparseloco::check_chunk("chunk", self.chunk, MAX_TILE)?;
+        if self.k == 0 {
+            return Err(ConfigError::new("k", "must be at least 1"));
+        }
+        Ok(Demo {
+            chunk: self.chunk,
+            k: self.k,
+            coding: match self.values {
+                DemoValues::F32 => Coding::F32,
+                DemoValues::Sign => Coding::Sign,
+            },
+            rows: Vec::new(),
+            next: 0,
+            enc: Encoder::default(),
+            coef: Vec::new(),
+        })
+    }
+}
+
+/// DeMo's compressor (see the [module docs](self)).
+#[derive(Debug, Clone)]
+pub struct Demo {
+    chunk: usize,
+    k: usize,
+    coding: Coding,
+    /// Rows of each segment of the bucket (1: no shape known).
+    rows: Vec<usize>,
+    /// Index of the next segment `encode_segment` sees.
+    next: usize,
+    enc: Encoder,
+    /// Scratch: a segment's tile-major coefficients.
+    coef: Vec<f32>,
+}
+
+/// The largest divisor of `n` not above `limit` (`n ≥ 1`).
+fn tile_side(n: usize, limit: usize) -> usize {
+    (1..=limit.min(n))
+        .rev()
+        .find(|d| n.is_multiple_of(*d))
+        .unwrap_or(1)
+}
+
+/// The orthonormal DCT-II matrix of size `n`, row-major (`d[k·n + i]`).
+fn dct_matrix(n: usize) -> Vec<f32> {
+    let mut d = vec![0f32; n * n];
+    for k in 0..n {
+        let c = if k == 0 {
+            (1.0 / n as f64).sqrt()
+        } else {
+            (2.0 / n as f64).sqrt()
+        };
+        for i in 0..n {
+            let a = std::f64::consts::PI * (2 * i + 1) as f64 * k as f64 / (2 * n) as f64;
+            d[k * n + i] = (c * a.cos()) as f32;
+        }
+    }
+    d
+}
+
+/// A segment's tiling: `rows × cols`, tiles `a × b`, and the two DCT matrices.
+struct Tiling {
+    cols: usize,
+    a: usize,
+    b: usize,
+    da: Vec<f32>,
+    db: Vec<f32>,
+}
+
+impl Tiling {
+    fn new(rows: usize, n: usize, a: usize, b: usize) -> Tiling {
+        Tiling {
+            cols: n / rows,
+            a,
+            b,
+            da: dct_matrix(a),
+            db: dct_matrix(b),
+        }
+    }
+
+    /// The tiles' top-left positions, tile-major (row of tiles by row of tiles).
+    fn origins(&self, rows: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        (0..rows / self.a)
+            .flat_map(move |tr| (0..self.cols / self.b).map(move |tc| (tr * self.a, tc * self.b)))
+    }
+
+    /// `Y = D_a·X·D_bᵀ` of every tile of `x` into `coef` (tile-major, each tile row-major).
+    fn forward(&self, rows: usize, x: &[f32], coef: &mut Vec<f32>) {
+        let (a, b, cols) = (self.a, self.b, self.cols);
+        coef.clear();
+        coef.resize(x.len(), 0.0);
+        let mut t = vec![0f32; a * b];
+        for (tile, (r0, c0)) in self.origins(rows).enumerate() {
+            // t = D_a·X (a × b)
+            t.fill(0.0);
+            for i in 0..a {
+                let row = &x[(r0 + i) * cols + c0..][..b];
+                for k in 0..a {
+                    let d = self.da[k * a + i];
+                    for (tv, &xv) in t[k * b..][..b].iter_mut().zip(row) {
+                        *tv += d * xv;
+                    }
+                }
+            }
+            // Y = t·D_bᵀ
+            let y = &mut coef[tile * a * b..][..a * b];
+            for k in 0..a {
+                let trow = &t[k * b..][..b];
+                for l in 0..b {
+                    let drow = &self.db[l * b..][..b];
+                    y[k * b + l] = trow.iter().zip(drow).map(|(p, q)| p * q).sum();
+                }
+            }
+        }
+    }
+
+    /// Adds `IDCT` of the coefficient `y` at tile-major position `pos` into `out`:
+    /// `X[i][j] += D_a[p][i]·y·D_b[q][j]`.
+    fn add_inverse(&self, pos: usize, y: f32, out: &mut [f32]) {
+        let (a, b, cols) = (self.a, self.b, self.cols);
+        let tile = pos / (a * b);
+        let (p, q) = ((pos % (a * b)) / b, pos % b);
+        let tiles_per_row = cols / b;
+        let (r0, c0) = ((tile / tiles_per_row) * a, (tile % tiles_per_row) * b);
+        let dq = &self.db[q * b..][..b];
+        for i in 0..a {
+            let s = y * self.da[p * a + i];
+            for (o, &d) in out[(r0 + i) * cols + c0..][..b].iter_mut().zip(dq) {
+                *o += s * d;
+            }
+        }
+    }
+}
+
+impl Compressor for Demo {
+    fn method(&self) -> MethodId {
+        DemoConfig::ID
+    }
+    fn aggregation(&self) -> Aggregation {
+        Aggregation::Gather
+    }
+    fn combine(&self) -> Combine {
+        Combine::MajorityVote
+    }
+    fn set_segment_shapes(&mut self, shapes: &[Vec<usize>]) {
+        self.rows = shapes
+            .iter()
+            .map(|s| if s.len() >= 2 { s[0].max(1) } else { 1 })
+            .collect();
+    }
+    fn begin(&mut self, _grad: &[f32], _ctx: &crate::Ctx<'_>) {
+        self.next = 0;
+    }
+    fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
+        let n = x.len();
+        let mut rows = self.rows.get(self.next).copied().unwrap_or(1);
+        self.next += 1;
+        if rows == 0 || !n.is_multiple_of(rows) {
+            rows = 1;
+        }
+        let (a, b) = (
+            tile_side(rows, self.chunk),
+            tile_side(n / rows.max(1), self.chunk),
+        );
+        w.u32(rows as u32);
+        w.u32(a as u32);
+        w.u32(b as u32);
+        let tiling = Tiling::new(rows, n, a, b);
+        let mut coef = std::mem::take(&mut self.coef);
+        tiling.forward(rows, x, &mut coef);
+        self.enc
+            .write(&coef, a * b, self.k.min(a * b), self.coding, w);
+        self.coef = coef;
+    }
+    fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
+        let n = out.len();
+        let rows = r.u32("rows")? as usize;
+        let a = r.u32("tile rows")? as usize;
+        let b = r.u32("tile columns")? as usize;
+        if rows == 0 || !n.is_multiple_of(rows) {
+            return Err(WireError::Invalid("rows do not divide the segment"));
+        }
+        if a == 0 || b == 0 || a > MAX_TILE || b > MAX_TILE {
+            return Err(WireError::Invalid("tile sides out of range"));
+        }
+        if !rows.is_multiple_of(a) || !(n / rows).is_multiple_of(b) {
+            return Err(WireError::Invalid("tiles do not divide the tensor"));
+        }
+        let tiling = Tiling::new(rows, n, a, b);
+        // The chunked body must say chunk a·b; read() checks the rest.
+        let mut peek = r.clone();
+        if peek.u32("chunk length")? as usize != a * b {
+            return Err(WireError::Invalid("the chunk is not one tile"));
+        }
+        chunked::read(r, n, |pos, y| tiling.add_inverse(pos, y, out))
+    }
+    /// `None`: the body's size depends on the tensor's shape, not its length alone.
+    fn segment_bits(&self, _n: usize) -> Option<u64> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compressor::{compress, compress_new, decompress, Ctx, Payload};
+
+    fn encode(c: &mut Demo, x: &[f32], shapes: &[Vec<usize>]) -> Payload {
+        c.set_segment_shapes(shapes);
+        let mut at = 0;
+        let segs: Vec<_> = shapes
+            .iter()
+            .map(|s| {
+                let n: usize = s.iter().product();
+                at += n;
+                at - n..at
+            })
+            .collect();
+        let ctx = Ctx {
+            segments: &segs,
+            ..Ctx::default()
+        };
+        let mut p = Payload::new();
+        compress(c, x, &ctx, &mut Rng::seed_from_u64(0), &mut p).unwrap();
+        p
+    }
+
+    fn signal(n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as f32) * 0.013).sin() + 0.2 * ((i * 7 % 13) as f32 - 6.0) / 6.0)
+            .collect()
+    }
+
+    #[test]
+    fn tiles_divide_like_the_reference() {
+        assert_eq!(tile_side(256, 64), 64);
+        assert_eq!(tile_side(6858, 64), 54);
+        assert_eq!(tile_side(6857, 64), 1);
+        assert_eq!(tile_side(10, 64), 10);
+    }
+
+    #[test]
+    fn the_dct_is_orthonormal() {
+        for n in [1, 5, 64] {
+            let d = dct_matrix(n);
+            for i in 0..n {
+                for j in 0..n {
+                    let dot: f32 = (0..n).map(|k| d[i * n + k] * d[j * n + k]).sum();
+                    let want = if i == j { 1.0 } else { 0.0 };
+                    assert!((dot - want).abs() < 1e-5, "n {n} ({i},{j}) {dot}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn keeping_every_coefficient_reconstructs_the_tensor() {
+        // k = a·b: the sparse inverse of the full forward is the identity (to f32 rounding),
+        // over a matrix, a 1-D tensor and one whose side is prime.
+        let shapes = vec![vec![96, 40], vec![30], vec![7, 13]];
+        let n: usize = shapes.iter().map(|s| s.iter().product::<usize>()).sum();
+        let x = signal(n);
+        let mut c = DemoConfig {
+            chunk: 32,
+            k: 1024,
+            values: DemoValues::F32,
+        }
+        .init()
+        .unwrap();
+        let p = encode(&mut c, &x, &shapes);
+        let mut out = vec![0f32; n];
+        decompress(&c, p.as_bytes(), &mut out).unwrap();
+        for i in 0..n {
+            assert!((out[i] - x[i]).abs() < 1e-4, "{i}: {} vs {}", out[i], x[i]);
+        }
+    }
+
+    #[test]
+    fn a_smooth_tensor_is_mostly_in_few_coefficients() {
+        // The tiled DCT concentrates a smooth matrix: 8 of 64×64 coefficients per tile
+        // carry nearly all of it, far more than 8 of 4 096 values would.
+        let (rows, cols) = (128, 128);
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|i| {
+                let (r, c) = ((i / cols) as f32, (i % cols) as f32);
+                (r * 0.02).cos() + (c * 0.03).sin()
+            })
+            .collect();
+        let mut c = DemoConfig {
+            chunk: 64,
+            k: 8,
+            values: DemoValues::F32,
+        }
+        .init()
+        .unwrap();
+        let p = encode(&mut c, &x, &[vec![rows, cols]]);
+        let mut out = vec![0f32; x.len()];
+        decompress(&c, p.as_bytes(), &mut out).unwrap();
+        let err: f64 = x
+            .iter()
+            .zip(&out)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
+        let norm: f64 = x.iter().map(|a| (*a as f64).powi(2)).sum();
+        assert!(err / norm < 1e-3, "relative error {}", err / norm);
+        // 4 tiles × 8 kept, 12-bit indices, f32 values.
+        assert_eq!(p.encoded_len(), 12 + 12 + 9 + 32 * 12 / 8 + 32 * 4);
+    }
+
+    #[test]
+    fn sign_values_and_the_sign_of_the_mean() {
+        let shapes = vec![vec![64, 64]];
+        let x = signal(4096);
+        let mut c = DemoConfig {
+            chunk: 64,
+            k: 32,
+            values: DemoValues::Sign,
+        }
+        .init()
+        .unwrap();
+        assert_eq!(c.combine(), Combine::MajorityVote);
+        let p = encode(&mut c, &x, &shapes);
+        // 1 bit per kept value, one magnitude.
+        assert_eq!(p.encoded_len(), 12 + 12 + 9 + 4 + 32 * 12 / 8 + 32 / 8);
+        let mut out = vec![0f32; 4096];
+        decompress(&c, p.as_bytes(), &mut out).unwrap();
+        c.combine().finish(&mut out);
+        assert!(out.iter().all(|v| [-1.0, 0.0, 1.0].contains(v)));
+        // The sign step points along the signal: positive correlation.
+        let dot: f32 = out.iter().zip(&x).map(|(a, b)| a * b).sum();
+        assert!(dot > 0.0);
+    }
+
+    #[test]
+    fn without_shapes_a_segment_is_one_row() {
+        let x = signal(1000);
+        let mut c = DemoConfig::default().init().unwrap();
+        let p = compress_new(&mut c, &x, &Ctx::default(), &mut Rng::seed_from_u64(0)).unwrap();
+        let mut out = vec![0f32; 1000];
+        decompress(&c, p.as_bytes(), &mut out).unwrap();
+        // 1000 = 20 tiles of 1 × 50, 32 kept of 50 each.
+        let err: f64 = x
+            .iter()
+            .zip(&out)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
+        let norm: f64 = x.iter().map(|a| (*a as f64).powi(2)).sum();
+        assert!(err / norm < 0.1, "{}", err / norm);
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        for (cfg, field) in [
+            (
+                DemoConfig {
+                    chunk: 0,
+                    ..DemoConfig::default()
+                },
+                "chunk",
+            ),
+            (
+                DemoConfig {
+                    chunk: 2048,
+                    ..DemoConfig::default()
+                },
+                "chunk",
+            ),
+            (
+                DemoConfig {
+                    k: 0,
+                    ..DemoConfig::default()
+                },
+                "k",
+            ),
+        ] {
+            assert_eq!(cfg.init().unwrap_err().field, field);
+        }
+    }
+}
