@@ -61,6 +61,60 @@ fn one_diloco_round_is_a_nesterov_outer_step_on_the_change() {
     assert!(max_rel_diff(&theta1, &got) > 1e-3);
 }
 
+/// SparseLoCo with one worker, every value kept exactly (k = chunk, 32 bits) and no outer
+/// momentum: the decayed accumulator sends the whole change and keeps nothing, so one round
+/// with outer lr 1 lands on the inner model θ₁ (up to the rounding of θ₀ − (θ₀ − θ₁)), and
+/// outer lr η on θ₀ − η·(θ₀ − θ₁).
+#[test]
+fn one_sparseloco_round_with_every_value_kept_is_the_plain_outer_step() {
+    let h = 6;
+    let steps = format!("train.max_steps={h}");
+    let mut plain = single(&[steps.as_str()], None);
+    let theta0 = plain.params();
+    plain.run(&mut Quiet).unwrap();
+    let theta1 = plain.params();
+    for eta in [1.0f32, 0.5] {
+        let outer_lr = format!("sync.outer_lr={eta}");
+        let mut sparse = single(
+            &[
+                steps.as_str(),
+                "sync.kind=\"diloco\"",
+                "sync.period=6",
+                outer_lr.as_str(),
+                "sync.outer_momentum=0",
+                "compress.kind=\"sparseloco\"",
+                "compress.chunk=64",
+                "compress.k=64",
+                "compress.bits=32",
+            ],
+            None,
+        );
+        sparse.run(&mut Quiet).unwrap();
+        let want: Vec<f32> = theta0
+            .iter()
+            .zip(&theta1)
+            .map(|(&a, &b)| a - eta * (a - b))
+            .collect();
+        let d = max_rel_diff(&want, &sparse.params());
+        assert!(d < 1e-6, "outer lr {eta}: max relative difference {d}");
+    }
+}
+
+/// SparseLoCo's defaults (64 of every 4 096 values, 2 bits, 12-bit indices): a round sends
+/// more than 30× fewer bytes than DiLoCo's dense f32 change.
+#[test]
+fn sparseloco_sends_over_thirty_times_fewer_bytes_a_round_than_diloco() {
+    let diloco = ["train.max_steps=8", "sync.kind=\"diloco\"", "sync.period=4"];
+    let dense = run(2, &diloco, None, false);
+    let mut sparse = diloco.to_vec();
+    sparse.extend(["sync.outer_momentum=0", "compress.kind=\"sparseloco\""]);
+    let sparse = run(2, &sparse, None, false);
+    let per_step = |r: &Run| r.summary.bytes_sent_per_step.unwrap();
+    let ratio = per_step(&dense) / per_step(&sparse);
+    assert!(ratio > 30.0, "{ratio}");
+    assert!(sparse.losses.iter().all(|l| l.is_finite()));
+}
+
 /// Bytes: local SGD with H = 8 exchanges once per 8 optimizer steps, with the same bytes
 /// per exchange as an every-step run's (both all-reduce the whole model).
 #[test]
@@ -118,6 +172,25 @@ fn post_local_sgd_is_every_step_before_its_switch() {
     assert_ne!(every.losses[9..], post.losses[9..]);
 }
 
+/// DiLoCo with `switch_step` is every-step training until the switch (the paper's start
+/// from an every-step model), DiLoCo after it; and a resume inside its every-step phase and
+/// inside its rounds is exact.
+#[test]
+fn diloco_is_every_step_before_its_switch() {
+    let sets = [
+        "train.max_steps=16",
+        "sync.kind=\"diloco\"",
+        "sync.switch_step=8",
+        "sync.period=4",
+    ];
+    let every = run(2, &["train.max_steps=16"], None, false);
+    let diloco = run(2, &sets, None, false);
+    assert_eq!(every.losses[..9], diloco.losses[..9]);
+    assert_ne!(every.losses[9..], diloco.losses[9..]);
+    resume_is_exact_at(BASE, 2, &sets[1..], 3);
+    resume_is_exact_at(BASE, 2, &sets[1..], 10);
+}
+
 /// Resume is exact, from a checkpoint between two synchronisations (step 6 of rounds of
 /// 4), for every kind, with stateful optimizers and a compressor with error feedback.
 #[test]
@@ -133,6 +206,22 @@ fn resume_is_exact_between_synchronisations() {
             "train.lr=0.003",
             "compress.kind=\"topk\"",
             "compress.ratio=0.1",
+        ],
+    );
+    // SparseLoCo: the decayed error-feedback accumulator is per rank and resumes with it.
+    resume_is_exact(
+        2,
+        &[
+            "sync.kind=\"diloco\"",
+            "sync.period=4",
+            "sync.outer_lr=1.0",
+            "sync.outer_momentum=0",
+            "train.optimizer=\"adamw\"",
+            "train.momentum=0",
+            "train.lr=0.003",
+            "compress.kind=\"sparseloco\"",
+            "compress.chunk=256",
+            "compress.k=8",
         ],
     );
     // Before the switch (step 3 of an every-step phase up to 4) and after it.
@@ -220,6 +309,15 @@ fn sync_configuration_is_checked() {
             "sync.kind=\"diloco\"",
             "sync.period=4",
             "compress.kind=\"signsgd\"",
+        ],
+        "sync.kind",
+    );
+    // DeMo's update is the sign of the mean: not an average of parameter changes.
+    refused_at(
+        &[
+            "sync.kind=\"diloco\"",
+            "sync.period=4",
+            "compress.kind=\"demo\"",
         ],
         "sync.kind",
     );

@@ -588,6 +588,7 @@ pub struct NetworkConfig {
 /// period = 16           # H: local optimizer steps between synchronisations
 /// outer_lr = 0.7
 /// outer_momentum = 0.9
+/// switch_step = 0       # diloco / post-local-sgd: every-step averaging before this step
 /// ```
 ///
 /// The periodic kinds average the parameter change since the last synchronisation (through
@@ -629,6 +630,11 @@ pub enum SyncConfig {
         /// The outer Nesterov momentum (default 0.9, the paper's; 0 turns it off).
         #[serde(default = "outer_momentum")]
         outer_momentum: f64,
+        /// The first inner step (default 0): before it every step's gradient is averaged,
+        /// as post-local SGD does. The paper starts DiLoCo from a model pre-trained with
+        /// every-step AdamW; this is that start inside one run.
+        #[serde(default)]
+        switch_step: u64,
     },
 }
 

@@ -23,7 +23,9 @@
 //!   the error-feedback memories are emptied: they held gradient residuals, which are in
 //!   other units than the parameter changes they would be added to.
 //! * `diloco` (Douillard et al. 2023) is η = `outer_lr`, μ = `outer_momentum`
-//!   (0.7 and 0.9 by default), the inner optimizer that of `[train]`.
+//!   (0.7 and 0.9 by default), the inner optimizer that of `[train]`. With `switch_step`
+//!   it averages every step's gradient before that step, like post-local SGD: the paper
+//!   starts DiLoCo from a model pre-trained with every-step AdamW.
 //!
 //! A round ends after every `period` local steps counted from the first local step, and
 //! nowhere else: a run stopped at `train.max_steps` mid-round and resumed with more steps
@@ -65,7 +67,7 @@ pub(crate) struct Periodic {
     inner: Collectives,
     kind: &'static str,
     period: u64,
-    /// The first local step (`switch_step` of post-local SGD, else 0).
+    /// The first local step (`switch_step` of post-local SGD and DiLoCo, else 0).
     start: u64,
     outer_lr: f32,
     outer_momentum: f32,
@@ -98,7 +100,8 @@ impl Periodic {
                 period,
                 outer_lr,
                 outer_momentum,
-            } => (period, 0, outer_lr as f32, outer_momentum as f32),
+                switch_step,
+            } => (period, switch_step, outer_lr as f32, outer_momentum as f32),
         };
         Box::new(Periodic {
             inner,
