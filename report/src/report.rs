@@ -7,11 +7,13 @@
 //!   breakdown, bytes sent per step, compression ratio, throughput, speed-up vs the
 //!   baseline), the step-time tail (runs of at least 20 steps), the rank the others waited
 //!   for (runs that record it: how often each rank reached the step's barrier last), the
-//!   pairwise speed-up matrix, and — when the runs differ in worker count — bytes per
-//!   worker vs P;
+//!   pairwise speed-up matrix, mean and peak bytes per step with compute utilisation (when
+//!   some run sends in bursts: a peak above 1.5× its mean), and — when the runs differ in
+//!   worker count — bytes per worker vs P;
 //! * plots, each as `.svg` and `.png`: `loss_vs_time`, `loss_vs_step`,
 //!   `accuracy_vs_epoch` (and, for language models, `perplexity_vs_epoch` and — with two
-//!   evaluations or more — `perplexity_vs_time`), `step_breakdown`,
+//!   evaluations or more — `perplexity_vs_time`), `loss_vs_bytes` (test loss against the
+//!   bytes sent before each evaluation, with two evaluations or more), `step_breakdown`,
 //!   `step_time_cdf` (runs of at least 20 steps: the step-time distribution) and
 //!   `bytes_vs_workers` (at least two worker counts).
 //!
@@ -409,6 +411,28 @@ fn render_markdown(
     out.push_str(&t.render());
     if let Some(target) = target {
         out.push_str(&target_section(target, rows));
+    }
+
+    // Periodic synchronisation sends in bursts: the link must carry a round's bytes in one
+    // step, so the peak matters as much as the mean.
+    if runs.iter().any(|r| r.peak_bytes_per_step() > 1.5 * r.bytes_sent_per_step()) {
+        let _ = writeln!(
+            out,
+            "\n## Bytes per step: mean and peak\n\nBytes rank 0 sent per step, on average and \
+             in its busiest step, and compute utilisation (compute time ÷ wall time).\n"
+        );
+        let mut t = Table::new(&["run", "mean/step", "peak/step", "peak ÷ mean", "compute utilisation"]);
+        for (r, row) in runs.iter().zip(rows) {
+            let (mean, peak) = (row.bytes_sent_per_step, r.peak_bytes_per_step());
+            t.row(&[
+                row.label.clone(),
+                md::bytes(mean),
+                md::bytes(peak),
+                if mean > 0.0 { md::factor(peak / mean) } else { "–".into() },
+                opt(r.compute_utilisation(), |u| fmt_percent(100.0 * u)),
+            ]);
+        }
+        out.push_str(&t.render());
     }
 
     if runs.iter().any(|r| r.mean_server_s().is_some()) {
@@ -844,6 +868,43 @@ fn write_plots(runs: &[Run], rows: &[RunRow], dir: &Path) -> Result<Vec<PathBuf>
         );
         p.markers = true;
         files.extend(plot::line_plot(dir, "perplexity_vs_time", &p)?);
+    }
+
+    // Test loss against the bytes rank 0 had sent before each evaluation: the
+    // communication a method spends for its quality (one line per run).
+    let loss_bytes: Vec<Series> = runs
+        .iter()
+        .zip(rows)
+        .map(|(r, row)| {
+            let (mut sent, mut next) = (0.0, r.steps.iter().peekable());
+            let points = r
+                .evals
+                .iter()
+                .filter_map(|e| {
+                    while let Some(s) = next.next_if(|s| s.step < e.step) {
+                        sent += s.bytes_sent as f64;
+                    }
+                    e.loss.filter(|l| l.is_finite() && sent > 0.0).map(|l| (sent, l))
+                })
+                .collect();
+            Series {
+                label: row.label.clone(),
+                points,
+            }
+        })
+        .collect();
+    if loss_bytes.iter().any(|s| s.points.len() >= 2) {
+        let p = LinePlot {
+            x_scale: Scale::Log10,
+            markers: true,
+            ..line(
+                "Test loss vs bytes sent",
+                "bytes sent by rank 0 (cumulative)",
+                "test loss",
+                loss_bytes,
+            )
+        };
+        files.extend(plot::line_plot(dir, "loss_vs_bytes", &p)?);
     }
 
     let ms = |f: fn(&Phases) -> f64| {

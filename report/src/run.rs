@@ -650,6 +650,22 @@ impl Run {
             .unwrap_or_else(|| self.mean_of(|r| r.bytes_sent as f64))
     }
 
+    /// The most bytes rank 0 sent in one step (from the step records): a periodic
+    /// synchronisation's round, where the mean spreads it over the rounds' steps.
+    pub fn peak_bytes_per_step(&self) -> f64 {
+        self.steps
+            .iter()
+            .map(|s| s.bytes_sent as f64)
+            .fold(0.0, f64::max)
+    }
+
+    /// Compute utilisation: the time rank 0 spent computing (data, forward, backward,
+    /// optimizer) over the sum of its step times; `None` without steps.
+    pub fn compute_utilisation(&self) -> Option<f64> {
+        let wall: f64 = self.steps.iter().map(|s| s.time.step_s).sum();
+        (wall > 0.0).then(|| self.steps.iter().map(|s| s.time.compute_s()).sum::<f64>() / wall)
+    }
+
     /// Mean bytes rank 0 received per step (from the step records).
     pub fn bytes_received_per_step(&self) -> f64 {
         self.mean_of(|r| r.bytes_received as f64)

@@ -525,3 +525,29 @@ fn sources_carry_the_commit_date_and_machine_each_run_recorded() {
     );
     assert!(md.contains("/runs/mlp_c/20261127-090000`\n"), "{md}");
 }
+
+/// A periodic synchronisation sends a round's bytes in one step: the report shows the peak
+/// beside the mean, and compute utilisation; and the test loss against the bytes sent
+/// before each evaluation is plotted.
+#[test]
+fn bursts_show_their_peak_and_loss_is_plotted_against_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let every = Spec::new("lm", "none").write(tmp.path(), "lm-every/20261129-100000");
+    let bursty = Spec::new("lm", "sparseloco")
+        .payload(100, 200)
+        .write(tmp.path(), "lm-rounds/20261129-100000");
+    // Rounds of 5 steps: 1 000 bytes every fifth step, nothing between.
+    edit_steps(&bursty, |step, r| {
+        r["bytes_sent"] = serde_json::json!(if step % 5 == 4 { 1000 } else { 0 });
+    });
+    let out = report(&[every, bursty], &opts(tmp.path())).unwrap();
+    let md = &out.markdown;
+    assert!(md.contains("## Bytes per step: mean and peak"), "{md}");
+    // The rounds' mean of 200 bytes a step against their peak of 1 000, and the every-step
+    // run's equal mean and peak; compute is 60 % of each step (Spec's split).
+    assert!(md.contains("| lm/none P=2 | 4.00 MB | 4.00 MB | 1.00× | 60"), "{md}");
+    assert!(md.contains("| lm/sparseloco P=2 | 200 B | 1.00 kB | 5.00× | 60"), "{md}");
+    let n = names(&out.files);
+    assert!(n.contains(&"loss_vs_bytes.svg".to_owned()), "{n:?}");
+    check_plots(&out.files[1..]);
+}
