@@ -38,8 +38,10 @@
 //! segment (`values = "sign"`, the paper's sign-only variant: 1 bit per value). Indices are
 //! `⌈log₂ a·b⌉` bits (12 for 64 × 64 tiles). Aggregation: all-gather.
 //!
-//! Defaults (chunk 64, k 32, β 0.999) are those of the paper's experiments and the
-//! reference code's defaults as we read them; ALGORITHMS.md §19 marks what was not checked.
+//! Defaults (tiles of 64, k = 32, β = 0.999) are the paper's and its reference code's
+//! (bloc97/DeMo) as we recall them; neither the code nor Psyche's `distro.rs` (whose runs
+//! keep fewer coefficients) was reachable from the machine this was written on, so they are
+//! **unverified** against them: set them explicitly when reproducing a table.
 
 use serde::{Deserialize, Serialize};
 

@@ -21,9 +21,12 @@
 //! updates is the update (the paper's sparse aggregation). Biased; the memory carries what
 //! was not sent.
 //!
-//! Defaults: the chunk of 4 096, k = 64 and β = 0.95 are the values of the paper's main
-//! 512 M-parameter runs as we read its setup; the paper's code was not reachable from this
-//! machine, so they are marked unverified in ALGORITHMS.md §19.
+//! Sources: the paper's abstract and method as published (the update rule above), and
+//! public descriptions of the authors' code (chunked Top-k, a statistical quantizer over
+//! a span in σ with a look-up table). The code itself (tplr-ai/SparseLoCo) was not
+//! reachable from the machine this was written on, so the defaults — chunks of 4 096,
+//! k = 64, β = 0.95, a 6σ span — are our reading of the paper's main configuration and
+//! are **unverified** against the code: set them explicitly when reproducing a table.
 
 use serde::{Deserialize, Serialize};
 

@@ -222,6 +222,33 @@ fn demo_keeping_everything_without_momentum_is_a_signsgd_step() {
     assert!(differ * 10 > n, "only {differ} of {n} differ");
 }
 
+/// Under a vote of signs the clipping is each worker's, before the exchange: a tiny
+/// `clip_norm` leaves signSGD's steps as they are (the signs of a scaled gradient are its
+/// signs), where clipping the ±1 vote would have stopped the training.
+#[test]
+fn clipping_a_sign_vote_clips_each_workers_gradient() {
+    let base = [
+        "train.max_steps=6",
+        "train.momentum=0",
+        "train.lr=0.01",
+        "compress.kind=signsgd",
+    ];
+    let free = run(2, &base, None, false);
+    let clipped = run(
+        2,
+        &[&base[..], &["train.clip_norm=1e-6"]].concat(),
+        None,
+        false,
+    );
+    same(
+        &free.params,
+        &clipped.params,
+        "signSGD with and without clip_norm",
+    );
+    let init = single(&base, None).params();
+    assert!(max_rel_diff(&init, &free.params) > 1e-3);
+}
+
 /// Resuming a finished run trains nothing, evaluates it once more (here on fewer test
 /// samples) and keeps the run's training figures in `summary.json`.
 #[test]

@@ -415,20 +415,33 @@ fn render_markdown(
 
     // Periodic synchronisation sends in bursts: the link must carry a round's bytes in one
     // step, so the peak matters as much as the mean.
-    if runs.iter().any(|r| r.peak_bytes_per_step() > 1.5 * r.bytes_sent_per_step()) {
+    if runs
+        .iter()
+        .any(|r| r.peak_bytes_per_step() > 1.5 * r.bytes_sent_per_step())
+    {
         let _ = writeln!(
             out,
             "\n## Bytes per step: mean and peak\n\nBytes rank 0 sent per step, on average and \
              in its busiest step, and compute utilisation (compute time ÷ wall time).\n"
         );
-        let mut t = Table::new(&["run", "mean/step", "peak/step", "peak ÷ mean", "compute utilisation"]);
+        let mut t = Table::new(&[
+            "run",
+            "mean/step",
+            "peak/step",
+            "peak ÷ mean",
+            "compute utilisation",
+        ]);
         for (r, row) in runs.iter().zip(rows) {
             let (mean, peak) = (row.bytes_sent_per_step, r.peak_bytes_per_step());
             t.row(&[
                 row.label.clone(),
                 md::bytes(mean),
                 md::bytes(peak),
-                if mean > 0.0 { md::factor(peak / mean) } else { "–".into() },
+                if mean > 0.0 {
+                    md::factor(peak / mean)
+                } else {
+                    "–".into()
+                },
                 opt(r.compute_utilisation(), |u| fmt_percent(100.0 * u)),
             ]);
         }
@@ -884,7 +897,9 @@ fn write_plots(runs: &[Run], rows: &[RunRow], dir: &Path) -> Result<Vec<PathBuf>
                     while let Some(s) = next.next_if(|s| s.step < e.step) {
                         sent += s.bytes_sent as f64;
                     }
-                    e.loss.filter(|l| l.is_finite() && sent > 0.0).map(|l| (sent, l))
+                    e.loss
+                        .filter(|l| l.is_finite() && sent > 0.0)
+                        .map(|l| (sent, l))
                 })
                 .collect();
             Series {

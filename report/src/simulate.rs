@@ -41,7 +41,7 @@
 //! | `fp16`, `range-float` (`Dense`: the decoded f32 gradient is all-reduced) | ring all-reduce | 4·params | same |
 //! | `randomk` with `shared = true` (default; `Summable`) | ring all-reduce of the value lanes | payload | same |
 //! | `scalecom` (`Summable`, two-phase) | chain broadcast of the leader's index set, then all-reduce of the value lanes | payload / 2 each | `n/β + (P−1)·α·B` + the ring term |
-//! | `topk`, `dgc`, `qsgd`, `terngrad`, `onebit`, `threshold`, `adaptive-threshold`, `gradient-dropping`, `fft`, `randomk` with `shared = false` (`Gather`), and any run whose collective is unknown | ring all-gatherv of every rank's payload | payload | `(P−1) · n/β + (P−1)·α·B` |
+//! | `topk`, `dgc`, `qsgd`, `terngrad`, `onebit`, `threshold`, `adaptive-threshold`, `gradient-dropping`, `fft`, `sparseloco`, `demo`, `randomk` with `shared = false` (`Gather`), and any run whose collective is unknown | ring all-gatherv of every rank's payload | payload | `(P−1) · n/β + (P−1)·α·B` |
 //!
 //! With `[compress] collective = "sparse-allreduce"` a gather method uses dtrain-comms' sparse
 //! all-reduce instead ([`Collective::SparseAllReduce`]): each rank sends every owner its share

@@ -545,8 +545,14 @@ fn bursts_show_their_peak_and_loss_is_plotted_against_bytes() {
     assert!(md.contains("## Bytes per step: mean and peak"), "{md}");
     // The rounds' mean of 200 bytes a step against their peak of 1 000, and the every-step
     // run's equal mean and peak; compute is 60 % of each step (Spec's split).
-    assert!(md.contains("| lm/none P=2 | 4.00 MB | 4.00 MB | 1.00× | 60"), "{md}");
-    assert!(md.contains("| lm/sparseloco P=2 | 200 B | 1.00 kB | 5.00× | 60"), "{md}");
+    assert!(
+        md.contains("| lm/none P=2 | 4.00 MB | 4.00 MB | 1.00× | 60"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| lm/sparseloco P=2 | 200 B | 1.00 kB | 5.00× | 60"),
+        "{md}"
+    );
     let n = names(&out.files);
     assert!(n.contains(&"loss_vs_bytes.svg".to_owned()), "{n:?}");
     check_plots(&out.files[1..]);

@@ -51,6 +51,11 @@ pub struct Plan {
     /// `None` when off, when DGC's local clipping took it over, or with a compressed
     /// optimizer, whose synchronisation clips each gradient before its moments take it).
     pub clip_norm: Option<f32>,
+    /// Whether `clip_norm` scales each worker's own gradient before the exchange rather
+    /// than the average after it: for the methods whose update is a vote of signs (signSGD,
+    /// Signum, DeMo), whose ±1 "average" the global-norm clipping would shrink to nothing
+    /// (DeMo's reference clips the local gradient before its momentum takes it).
+    pub clip_local: bool,
 }
 
 impl RunConfig {
@@ -86,7 +91,11 @@ impl RunConfig {
                     .into(),
             ));
         }
+        let clip_local = method
+            .combine()
+            .is_ok_and(|c| c != dtrain_compress::Combine::Mean);
         Ok(Plan {
+            clip_local,
             config: self.clone(),
             method,
             memory,

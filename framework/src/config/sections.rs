@@ -242,7 +242,9 @@ pub struct TrainConfig {
     /// gradient is scaled to norm at most `clip_norm` before the optimizer. Default off.
     /// With DGC's momentum memory this becomes DGC's *local* clipping (ALGORITHMS.md
     /// §10.2): each worker scales its own gradient to norm at most `clip_norm / √workers`
-    /// before accumulating it, unless `compress.memory.clip` is set explicitly.
+    /// before accumulating it, unless `compress.memory.clip` is set explicitly. With a
+    /// method whose update is a vote of signs (signSGD, Signum, DeMo) each worker clips its
+    /// own gradient before the exchange: clipping the ±1 vote would shrink every step.
     #[serde(default)]
     pub clip_norm: Option<f32>,
 }

@@ -203,6 +203,10 @@ impl<T: Transport> Trainer<T> {
         if loss.is_finite() {
             self.best_loss = Some(self.best_loss.map_or(loss, |b| b.min(loss)));
         }
+        if let (true, Some(c)) = (self.plan.clip_local, self.plan.clip_norm) {
+            // A vote of signs: each worker clips its own gradient (see `Plan::clip_local`).
+            clip_to_norm(&mut self.grads, c);
+        }
         let update = self
             .sync
             .sync(
@@ -223,7 +227,7 @@ impl<T: Transport> Trainer<T> {
                 return self.bad_step("gradient", *record, t0);
             }
             Update::Averaged { non_finite: false } | Update::Local => {
-                if let Some(c) = self.plan.clip_norm {
+                if let (false, Some(c)) = (self.plan.clip_local, self.plan.clip_norm) {
                     // The averaged gradient is identical on every rank, so is its clipping
                     // (a local step clips this rank's own gradient).
                     clip_to_norm(&mut self.grads, c);
@@ -271,7 +275,7 @@ impl<T: Transport> Trainer<T> {
             self.skipped += 1;
             return;
         }
-        if let Some(c) = self.plan.clip_norm {
+        if let (false, Some(c)) = (self.plan.clip_local, self.plan.clip_norm) {
             clip_to_norm(&mut r.grad, c);
         }
         let lr = self.lr_at(r.step);
