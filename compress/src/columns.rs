@@ -50,14 +50,7 @@ impl Method for ColumnsConfig {
     /// The codec needs each segment to be a whole matrix (its row width comes from the
     /// tensor's shape); the compressed all-reduce cuts buckets into ranges.
     fn check(&self, run: &RunUse<'_>) -> Result<(), ConfigError> {
-        if run.collective == crate::Collective::CompressedAllReduce {
-            return Err(ConfigError::new(
-                "collective",
-                "\"compressed-allreduce\" cuts buckets into ranges, and columns encodes whole \
-                 matrices; use \"allgather\" or \"sparse-allreduce\"",
-            ));
-        }
-        Ok(())
+        run.needs_whole_tensors("columns encodes whole matrices")
     }
 }
 

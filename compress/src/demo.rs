@@ -118,14 +118,7 @@ impl Method for DemoConfig {
 
     /// The tiles follow whole tensors; the compressed all-reduce cuts buckets into ranges.
     fn check(&self, run: &RunUse<'_>) -> Result<(), ConfigError> {
-        if run.collective == crate::Collective::CompressedAllReduce {
-            return Err(ConfigError::new(
-                "collective",
-                "\"compressed-allreduce\" cuts buckets into ranges, and demo transforms whole \
-                 tensors; use \"allgather\" or \"sparse-allreduce\"",
-            ));
-        }
-        Ok(())
+        run.needs_whole_tensors("demo transforms whole tensors")
     }
 }
 
@@ -358,6 +351,12 @@ mod tests {
         p
     }
 
+    /// `‖x − y‖² / ‖x‖²`.
+    fn rel_err(x: &[f32], y: &[f32]) -> f64 {
+        let err: f64 = x.iter().zip(y).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+        err / x.iter().map(|a| (*a as f64).powi(2)).sum::<f64>()
+    }
+
     fn signal(n: usize) -> Vec<f32> {
         (0..n)
             .map(|i| ((i as f32) * 0.013).sin() + 0.2 * ((i * 7 % 13) as f32 - 6.0) / 6.0)
@@ -429,13 +428,8 @@ mod tests {
         let p = encode(&mut c, &x, &[vec![rows, cols]]);
         let mut out = vec![0f32; x.len()];
         decompress(&c, p.as_bytes(), &mut out).unwrap();
-        let err: f64 = x
-            .iter()
-            .zip(&out)
-            .map(|(a, b)| ((a - b) as f64).powi(2))
-            .sum();
-        let norm: f64 = x.iter().map(|a| (*a as f64).powi(2)).sum();
-        assert!(err / norm < 1e-3, "relative error {}", err / norm);
+        let e = rel_err(&x, &out);
+        assert!(e < 1e-3, "relative error {e}");
         // 4 tiles × 8 kept, 12-bit indices, f32 values.
         assert_eq!(p.encoded_len(), 12 + 12 + 9 + 32 * 12 / 8 + 32 * 4);
     }
@@ -472,13 +466,8 @@ mod tests {
         let mut out = vec![0f32; 1000];
         decompress(&c, p.as_bytes(), &mut out).unwrap();
         // 1000 = 20 tiles of 1 × 50, 32 kept of 50 each.
-        let err: f64 = x
-            .iter()
-            .zip(&out)
-            .map(|(a, b)| ((a - b) as f64).powi(2))
-            .sum();
-        let norm: f64 = x.iter().map(|a| (*a as f64).powi(2)).sum();
-        assert!(err / norm < 0.1, "{}", err / norm);
+        let e = rel_err(&x, &out);
+        assert!(e < 0.1, "relative error {e}");
     }
 
     #[test]

@@ -175,6 +175,24 @@ pub struct RunUse<'a> {
     pub memory: &'a MemoryConfig,
 }
 
+impl RunUse<'_> {
+    /// Refuses the compressed all-reduce, which cuts buckets into ranges, for a method whose
+    /// codec needs each segment whole (`why`: what it does with a tensor, e.g. "columns
+    /// encodes whole matrices"), naming the `collective` field.
+    pub fn needs_whole_tensors(&self, why: &str) -> Result<(), ConfigError> {
+        if self.collective == Collective::CompressedAllReduce {
+            return Err(ConfigError::new(
+                "collective",
+                format!(
+                    "\"compressed-allreduce\" cuts buckets into ranges, and {why}; use \
+                     \"allgather\" or \"sparse-allreduce\""
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A registered compression method, implemented by its config type.
 ///
 /// # Why a trait on the config

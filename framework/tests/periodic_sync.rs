@@ -112,6 +112,16 @@ fn sparseloco_sends_over_thirty_times_fewer_bytes_a_round_than_diloco() {
     let per_step = |r: &Run| r.summary.bytes_sent_per_step.unwrap();
     let ratio = per_step(&dense) / per_step(&sparse);
     assert!(ratio > 30.0, "{ratio}");
+    // Two rounds of 4 steps: every round's bytes go in its last step, so the busiest step
+    // carries 4 steps' mean (the payloads' size does not depend on their values).
+    for r in [&dense, &sparse] {
+        let peak = r.summary.bytes_sent_peak.unwrap() as f64;
+        assert!(
+            (peak / per_step(r) - 4.0).abs() < 0.01,
+            "peak {peak}, mean {}",
+            per_step(r)
+        );
+    }
     assert!(sparse.losses.iter().all(|l| l.is_finite()));
 }
 

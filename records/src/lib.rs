@@ -239,6 +239,11 @@ pub struct Summary {
     /// Mean payload bytes per step by rank 0.
     #[serde(with = "float::opt")]
     pub payload_bytes_per_step: Option<f64>,
+    /// The most bytes rank 0 sent in one step of the session (a periodic
+    /// synchronisation's round, where the mean spreads it over the round's steps); absent
+    /// in runs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_sent_peak: Option<u64>,
     /// Model parameters.
     pub params: Option<u64>,
     /// `4·params / payload bytes per step`.

@@ -650,13 +650,17 @@ impl Run {
             .unwrap_or_else(|| self.mean_of(|r| r.bytes_sent as f64))
     }
 
-    /// The most bytes rank 0 sent in one step (from the step records): a periodic
+    /// The most bytes rank 0 sent in one step (the step records, and `summary.json`'s
+    /// `bytes_sent_peak` where a resumed run's earlier session is not in them): a periodic
     /// synchronisation's round, where the mean spreads it over the rounds' steps.
     pub fn peak_bytes_per_step(&self) -> f64 {
-        self.steps
+        let steps = self
+            .steps
             .iter()
             .map(|s| s.bytes_sent as f64)
-            .fold(0.0, f64::max)
+            .fold(0.0, f64::max);
+        let summary = self.summary.as_ref().and_then(|s| s.bytes_sent_peak);
+        summary.map_or(steps, |p| steps.max(p as f64))
     }
 
     /// Compute utilisation: the time rank 0 spent computing (data, forward, backward,

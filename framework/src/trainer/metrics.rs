@@ -156,6 +156,8 @@ pub(super) struct Tally {
     sum: Phases,
     timed: u64,
     bytes: f64,
+    /// The most bytes sent in one step.
+    peak: u64,
     payload: f64,
     /// DLCP: sum of per-step dropped fractions, steps.
     lossy: (f64, u64),
@@ -174,6 +176,7 @@ impl Tally {
             sum: Phases::default(),
             timed: 0,
             bytes: 0.0,
+            peak: 0,
             payload: 0.0,
             lossy: (0.0, 0),
             samples: 0,
@@ -194,6 +197,7 @@ impl Tally {
             self.timed += 1;
         }
         self.bytes += r.bytes_sent as f64;
+        self.peak = self.peak.max(r.bytes_sent);
         self.payload += r.payload_bytes as f64;
         if let Some(d) = r.lossy_dropped {
             self.lossy.0 += d;
@@ -245,6 +249,7 @@ impl<T: Transport> Trainer<T> {
             final_train_loss: (t.epoch_loss.1 > 0).then(|| t.epoch_loss.0 / t.epoch_loss.1 as f64),
             mean_step: Some(mean),
             bytes_sent_per_step: Some(per(t.bytes)),
+            bytes_sent_peak: Some(t.peak),
             payload_bytes_per_step: Some(payload_per_step),
             params: Some(params),
             compression_ratio: Some(if payload_per_step > 0.0 {
