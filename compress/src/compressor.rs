@@ -901,7 +901,7 @@ pub fn decompress_mean(
 /// Checks the frame of `bytes` (header, method, length `n`, segment table, no trailing
 /// bytes) and calls `body` with the reader at each segment's body and that segment's range
 /// of the buffer, in order.
-fn decode_frame(
+pub(crate) fn decode_frame(
     c: &dyn Compressor,
     bytes: &[u8],
     n: usize,
