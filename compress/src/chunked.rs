@@ -121,6 +121,8 @@ pub struct Encoder {
     kept: Vec<u32>,
     /// The kept values in the same order.
     values: Vec<f32>,
+    /// The 2-bit code of each kept value (only with [`Coding::Quant2`]).
+    codes: Vec<u8>,
 }
 
 impl Encoder {
@@ -148,7 +150,7 @@ impl Encoder {
         match coding {
             Coding::F32 => {}
             Coding::Quant2 { range } => {
-                let (table, _) = quantize2(&self.values, range);
+                let table = quantize2(&self.values, range, &mut self.codes);
                 for v in table {
                     w.f32(v);
                 }
@@ -163,11 +165,10 @@ impl Encoder {
         bw.finish();
         match coding {
             Coding::F32 => w.f32_slice(&self.values),
-            Coding::Quant2 { range } => {
-                let (_, codes) = quantize2(&self.values, range);
+            Coding::Quant2 { .. } => {
                 let mut bw = BitWriter::new(w.zeroed(bytes_for_bits(2 * kk)));
-                for code in codes {
-                    bw.put(code, 2);
+                for &code in &self.codes {
+                    bw.put(u32::from(code), 2);
                 }
                 bw.finish();
             }
@@ -184,23 +185,25 @@ fn mean_abs(v: &[f32]) -> f32 {
     (v.iter().map(|x| x.abs() as f64).sum::<f64>() / v.len() as f64) as f32
 }
 
-/// The 2-bit quantization of `v` (module docs): the four centroids and each value's code.
-fn quantize2(v: &[f32], range: f32) -> ([f32; 4], impl Iterator<Item = u32> + '_) {
+/// The 2-bit quantization of `v` (module docs): returns the four centroids and leaves each
+/// value's code in `codes` (one pass to code, one to average).
+fn quantize2(v: &[f32], range: f32, codes: &mut Vec<u8>) -> [f32; 4] {
     let n = v.len().max(1) as f64;
     let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
     let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
     let step = range as f64 * var.sqrt() / 4.0;
-    let code = move |x: f32| -> u32 {
+    let code = |x: f32| -> u8 {
         if !(step > 0.0 && step.is_finite()) {
             return 0;
         }
-        ((((x as f64 - mean) / step).floor() + 2.0).clamp(0.0, 3.0)) as u32
+        ((((x as f64 - mean) / step).floor() + 2.0).clamp(0.0, 3.0)) as u8
     };
+    codes.clear();
+    codes.extend(v.iter().map(|&x| code(x)));
     let (mut sum, mut count) = ([0f64; 4], [0u64; 4]);
-    for &x in v {
-        let c = code(x) as usize;
-        sum[c] += x as f64;
-        count[c] += 1;
+    for (&x, &c) in v.iter().zip(codes.iter()) {
+        sum[c as usize] += x as f64;
+        count[c as usize] += 1;
     }
     let mut table = [0f32; 4];
     for ((t, s), c) in table.iter_mut().zip(sum).zip(count) {
@@ -208,7 +211,7 @@ fn quantize2(v: &[f32], range: f32) -> ([f32; 4], impl Iterator<Item = u32> + '_
             *t = (s / c as f64) as f32;
         }
     }
-    (table, v.iter().map(move |&x| code(x)))
+    table
 }
 
 /// Reads a body for a segment of `n` values and calls `add(position, value)` for every kept

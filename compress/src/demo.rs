@@ -43,6 +43,9 @@
 //! keep fewer coefficients) was reachable from the machine this was written on, so they are
 //! **unverified** against them: set them explicitly when reproducing a table.
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
 use serde::{Deserialize, Serialize};
 
 use crate::chunked::{self, Coding, Encoder};
@@ -140,12 +143,14 @@ impl DemoConfig {
             next: 0,
             enc: Encoder::default(),
             coef: Vec::new(),
+            tile: Vec::new(),
+            shared: Mutex::new(Shared::default()),
         })
     }
 }
 
 /// DeMo's compressor (see the [module docs](self)).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Demo {
     chunk: usize,
     k: usize,
@@ -157,6 +162,52 @@ pub struct Demo {
     enc: Encoder,
     /// Scratch: a segment's tile-major coefficients.
     coef: Vec<f32>,
+    /// Scratch: one tile.
+    tile: Vec<f32>,
+    /// What the decoders (`&self`) reuse: the DCT matrices and the joint decode's buffers.
+    shared: Mutex<Shared>,
+}
+
+/// The DCT matrices by side, built once, and the joint decode's scratch.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Every side this compressor's own tilings use (filled by `set_segment_shapes` and the
+    /// encoder; a decoder meeting another side builds it without keeping it, so bad input
+    /// cannot grow the map).
+    dct: BTreeMap<usize, Arc<Dct>>,
+    /// The summed coefficients of a bucket.
+    coef: Vec<f32>,
+    /// One tile.
+    tile: Vec<f32>,
+}
+
+impl Shared {
+    /// The DCT matrix of side `n`, built and kept if new.
+    fn keep(&mut self, n: usize) -> Arc<Dct> {
+        self.dct
+            .entry(n)
+            .or_insert_with(|| Arc::new(Dct::new(n)))
+            .clone()
+    }
+
+    /// The DCT matrix of side `n`: the kept one, or a fresh one that is not kept.
+    fn peek(&self, n: usize) -> Arc<Dct> {
+        self.dct
+            .get(&n)
+            .cloned()
+            .unwrap_or_else(|| Arc::new(Dct::new(n)))
+    }
+
+    /// The tiling of a `rows`-row segment of `n` values in `a × b` tiles.
+    fn tiling(&self, rows: usize, n: usize, a: usize, b: usize) -> Tiling {
+        Tiling {
+            cols: n / rows,
+            a,
+            b,
+            da: self.peek(a),
+            db: self.peek(b),
+        }
+    }
 }
 
 /// The largest divisor of `n` not above `limit` (`n ≥ 1`).
@@ -184,26 +235,38 @@ fn dct_matrix(n: usize) -> Vec<f32> {
     d
 }
 
+/// The DCT matrix of one side and its transpose (so that every product runs along rows).
+#[derive(Debug)]
+struct Dct {
+    /// `D[k·n + i]`.
+    d: Vec<f32>,
+    /// `Dᵀ[i·n + k] = D[k·n + i]`.
+    t: Vec<f32>,
+}
+
+impl Dct {
+    fn new(n: usize) -> Dct {
+        let d = dct_matrix(n);
+        let mut t = vec![0f32; n * n];
+        for k in 0..n {
+            for i in 0..n {
+                t[i * n + k] = d[k * n + i];
+            }
+        }
+        Dct { d, t }
+    }
+}
+
 /// A segment's tiling: `rows × cols`, tiles `a × b`, and the two DCT matrices.
 struct Tiling {
     cols: usize,
     a: usize,
     b: usize,
-    da: Vec<f32>,
-    db: Vec<f32>,
+    da: Arc<Dct>,
+    db: Arc<Dct>,
 }
 
 impl Tiling {
-    fn new(rows: usize, n: usize, a: usize, b: usize) -> Tiling {
-        Tiling {
-            cols: n / rows,
-            a,
-            b,
-            da: dct_matrix(a),
-            db: dct_matrix(b),
-        }
-    }
-
     /// The tiles' top-left positions, tile-major (row of tiles by row of tiles).
     fn origins(&self, rows: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
         (0..rows / self.a)
@@ -211,30 +274,33 @@ impl Tiling {
     }
 
     /// `Y = D_a·X·D_bᵀ` of every tile of `x` into `coef` (tile-major, each tile row-major).
-    fn forward(&self, rows: usize, x: &[f32], coef: &mut Vec<f32>) {
+    /// `t` is scratch.
+    fn forward(&self, rows: usize, x: &[f32], coef: &mut Vec<f32>, t: &mut Vec<f32>) {
         let (a, b, cols) = (self.a, self.b, self.cols);
         coef.clear();
         coef.resize(x.len(), 0.0);
-        let mut t = vec![0f32; a * b];
+        t.clear();
+        t.resize(a * b, 0.0);
         for (tile, (r0, c0)) in self.origins(rows).enumerate() {
             // t = D_a·X (a × b)
             t.fill(0.0);
             for i in 0..a {
                 let row = &x[(r0 + i) * cols + c0..][..b];
                 for k in 0..a {
-                    let d = self.da[k * a + i];
+                    let d = self.da.d[k * a + i];
                     for (tv, &xv) in t[k * b..][..b].iter_mut().zip(row) {
                         *tv += d * xv;
                     }
                 }
             }
-            // Y = t·D_bᵀ
+            // Y = t·D_bᵀ, row by row: Y[k] = Σ_j t[k][j]·(D_bᵀ)[j] (contiguous, vectorizes).
             let y = &mut coef[tile * a * b..][..a * b];
             for k in 0..a {
-                let trow = &t[k * b..][..b];
-                for l in 0..b {
-                    let drow = &self.db[l * b..][..b];
-                    y[k * b + l] = trow.iter().zip(drow).map(|(p, q)| p * q).sum();
+                let yrow = &mut y[k * b..][..b];
+                for (j, &tv) in t[k * b..][..b].iter().enumerate() {
+                    for (yv, &d) in yrow.iter_mut().zip(&self.db.t[j * b..][..b]) {
+                        *yv += tv * d;
+                    }
                 }
             }
         }
@@ -242,10 +308,11 @@ impl Tiling {
 
     /// Adds the inverse transform of every tile of `coef` (tile-major) into `out`: a tile
     /// with few non-zero coefficients one by one ([`Tiling::add_inverse`]), a fuller one
-    /// densely, `X = D_aᵀ·Y·D_b`, whichever takes fewer multiplications.
-    fn inverse_add(&self, rows: usize, coef: &[f32], out: &mut [f32]) {
+    /// densely, `X = D_aᵀ·Y·D_b`, whichever takes fewer multiplications. `t` is scratch.
+    fn inverse_add(&self, rows: usize, coef: &[f32], out: &mut [f32], t: &mut Vec<f32>) {
         let (a, b, cols) = (self.a, self.b, self.cols);
-        let mut t = vec![0f32; a * b];
+        t.clear();
+        t.resize(a * b, 0.0);
         for (tile, (r0, c0)) in self.origins(rows).enumerate() {
             let y = &coef[tile * a * b..][..a * b];
             let nnz = y.iter().filter(|v| **v != 0.0).count();
@@ -262,7 +329,7 @@ impl Tiling {
             for k in 0..a {
                 let yrow = &y[k * b..][..b];
                 for i in 0..a {
-                    let d = self.da[k * a + i];
+                    let d = self.da.d[k * a + i];
                     for (tv, &yv) in t[i * b..][..b].iter_mut().zip(yrow) {
                         *tv += d * yv;
                     }
@@ -276,7 +343,7 @@ impl Tiling {
                     if tv == 0.0 {
                         continue;
                     }
-                    for (o, &d) in orow.iter_mut().zip(&self.db[l * b..][..b]) {
+                    for (o, &d) in orow.iter_mut().zip(&self.db.d[l * b..][..b]) {
                         *o += tv * d;
                     }
                 }
@@ -292,9 +359,9 @@ impl Tiling {
         let (p, q) = ((pos % (a * b)) / b, pos % b);
         let tiles_per_row = cols / b;
         let (r0, c0) = ((tile / tiles_per_row) * a, (tile % tiles_per_row) * b);
-        let dq = &self.db[q * b..][..b];
+        let dq = &self.db.d[q * b..][..b];
         for i in 0..a {
-            let s = y * self.da[p * a + i];
+            let s = y * self.da.d[p * a + i];
             for (o, &d) in out[(r0 + i) * cols + c0..][..b].iter_mut().zip(dq) {
                 *o += s * d;
             }
@@ -327,7 +394,26 @@ impl Demo {
     /// [`Compressor::joint_decompress_add`]: sums every payload's coefficients, then
     /// inverse-transforms each segment once.
     fn joint(&self, payloads: &[&[u8]], out: &mut [f32]) -> Result<(), (usize, WireError)> {
-        let mut coef = vec![0f32; out.len()];
+        let (mut coef, mut t) = {
+            let mut sh = self.lock();
+            (std::mem::take(&mut sh.coef), std::mem::take(&mut sh.tile))
+        };
+        coef.clear();
+        coef.resize(out.len(), 0.0);
+        let result = self.joint_into(payloads, out, &mut coef, &mut t);
+        let mut sh = self.lock();
+        (sh.coef, sh.tile) = (coef, t);
+        result
+    }
+
+    /// [`Demo::joint`] with its buffers: `coef` zeroed, as long as `out`.
+    fn joint_into(
+        &self,
+        payloads: &[&[u8]],
+        out: &mut [f32],
+        coef: &mut [f32],
+        t: &mut Vec<f32>,
+    ) -> Result<(), (usize, WireError)> {
         // Each segment's range and tiling, as the first payload has them.
         let mut segs: Vec<(std::ops::Range<usize>, usize, usize, usize)> = Vec::new();
         for (i, p) in payloads.iter().enumerate() {
@@ -352,9 +438,14 @@ impl Demo {
             }
         }
         for (seg, rows, a, b) in segs {
-            Tiling::new(rows, seg.len(), a, b).inverse_add(rows, &coef[seg.clone()], &mut out[seg]);
+            let tiling = self.lock().tiling(rows, seg.len(), a, b);
+            tiling.inverse_add(rows, &coef[seg.clone()], &mut out[seg], t);
         }
         Ok(())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -373,6 +464,14 @@ impl Compressor for Demo {
             .iter()
             .map(|s| if s.len() >= 2 { s[0].max(1) } else { 1 })
             .collect();
+        let sh = self.shared.get_mut().unwrap_or_else(|e| e.into_inner());
+        for (s, &rows) in shapes.iter().zip(&self.rows) {
+            let n: usize = s.iter().product();
+            if n > 0 && n.is_multiple_of(rows) {
+                sh.keep(tile_side(rows, self.chunk));
+                sh.keep(tile_side(n / rows, self.chunk));
+            }
+        }
     }
     fn begin(&mut self, _grad: &[f32], _ctx: &crate::Ctx<'_>) {
         self.next = 0;
@@ -391,16 +490,19 @@ impl Compressor for Demo {
         w.u32(rows as u32);
         w.u32(a as u32);
         w.u32(b as u32);
-        let tiling = Tiling::new(rows, n, a, b);
+        let sh = self.shared.get_mut().unwrap_or_else(|e| e.into_inner());
+        sh.keep(a);
+        sh.keep(b);
+        let tiling = sh.tiling(rows, n, a, b);
         let mut coef = std::mem::take(&mut self.coef);
-        tiling.forward(rows, x, &mut coef);
+        tiling.forward(rows, x, &mut coef, &mut self.tile);
         self.enc
             .write(&coef, a * b, self.k.min(a * b), self.coding, w);
         self.coef = coef;
     }
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
         let (rows, a, b) = read_tiling(r, out.len())?;
-        let tiling = Tiling::new(rows, out.len(), a, b);
+        let tiling = self.lock().tiling(rows, out.len(), a, b);
         chunked::read(r, out.len(), |pos, y| tiling.add_inverse(pos, y, out))
     }
     /// The linearity shortcut: the workers' sparse coefficients are summed in the DCT
