@@ -1,4 +1,4 @@
-//! `[sync]`: local SGD, post-local SGD and DiLoCo on in-process ranks — what they compute,
+//! `[sync]`: local SGD, post-local SGD, DiLoCo and Streaming DiLoCo on in-process ranks — what they compute,
 //! what they send, exact resume, and the configurations they refuse.
 
 mod common;
@@ -244,6 +244,108 @@ fn resume_is_exact_between_synchronisations() {
     ];
     resume_is_exact(2, &post);
     resume_is_exact_at(BASE, 2, &post, 3);
+    // Streaming DiLoCo: fragment 0 of 2 exchanges after step 6 (rounds of 4 staggered by
+    // 2) and merges one step later, so the checkpoint holds a merge in flight; each
+    // fragment's top-k memory resumes with it.
+    resume_is_exact(
+        2,
+        &[
+            "sync.kind=\"streaming-diloco\"",
+            "sync.period=4",
+            "sync.fragments=2",
+            "sync.overlap=1",
+            "compress.kind=\"topk\"",
+            "compress.ratio=0.1",
+        ],
+    );
+}
+
+/// Streaming DiLoCo with one fragment, no overlap and no mixing is DiLoCo, bit for bit.
+#[test]
+fn streaming_diloco_with_one_fragment_is_diloco() {
+    let diloco = [
+        "train.max_steps=12",
+        "sync.kind=\"diloco\"",
+        "sync.period=4",
+    ];
+    let plain = run(2, &diloco, None, false);
+    let mut one = diloco.to_vec();
+    one[1] = "sync.kind=\"streaming-diloco\"";
+    one.extend([
+        "sync.fragments=1",
+        "sync.overlap=0",
+        "sync.mixing=0",
+        "sync.stripes=1",
+    ]);
+    let streaming = run(2, &one, None, false);
+    same(&plain.params, &streaming.params, "parameters");
+    assert_eq!(plain.losses, streaming.losses);
+    // The defaults (4 fragments, overlap 1, mixing 0.5) train another model, and train.
+    let mut four = diloco.to_vec();
+    four[1] = "sync.kind=\"streaming-diloco\"";
+    let four = run(2, &four, None, false);
+    assert_ne!(plain.losses[4..], four.losses[4..]);
+    assert_loss_falls(&four.losses, "streaming DiLoCo");
+}
+
+/// One worker, outer lr 1 and no outer momentum: each fragment's outer step lands on the
+/// worker's own values, so a merge without overlap (whatever α) leaves the model where
+/// plain training takes it — up to the rounding of θ₀ − (θ₀ − θ). With an overlap the merge
+/// pulls the fragment back towards where it was τ steps before, and the runs part.
+#[test]
+fn streaming_diloco_with_one_worker_and_a_unit_outer_step_is_plain_training() {
+    let steps = "train.max_steps=16";
+    let mut plain = single(&[steps, "train.momentum=0"], None);
+    plain.run(&mut Quiet).unwrap();
+    let want = plain.params();
+    for (overlap, mixing) in [
+        ("sync.overlap=0", "sync.mixing=0"),
+        ("sync.overlap=2", "sync.mixing=0.5"),
+    ] {
+        let mut s = single(
+            &[
+                steps,
+                "train.momentum=0",
+                "sync.kind=\"streaming-diloco\"",
+                "sync.period=8",
+                "sync.outer_lr=1",
+                "sync.outer_momentum=0",
+                overlap,
+                mixing,
+            ],
+            None,
+        );
+        s.run(&mut Quiet).unwrap();
+        let d = max_rel_diff(&want, &s.params());
+        if overlap.ends_with('0') {
+            assert!(d < 1e-4, "{overlap} {mixing}: max relative difference {d}");
+        } else {
+            assert!(d > 1e-3, "{overlap} {mixing}: the merge did not mix ({d})");
+        }
+    }
+}
+
+/// The point of the fragments: a round's bytes are spread over F steps, so the busiest
+/// step carries about 1/F of DiLoCo's, and a round as many bytes in all.
+#[test]
+fn streaming_diloco_peak_bytes_are_a_fragments_share_of_diloco() {
+    let diloco = [
+        "train.max_steps=16",
+        "sync.kind=\"diloco\"",
+        "sync.period=8",
+    ];
+    let dense = run(2, &diloco, None, false);
+    let mut s = diloco.to_vec();
+    s[1] = "sync.kind=\"streaming-diloco\"";
+    s.push("sync.fragments=4");
+    let streaming = run(2, &s, None, false);
+    let peak = |r: &Run| r.summary.bytes_sent_peak.unwrap() as f64;
+    let mean = |r: &Run| r.summary.bytes_sent_per_step.unwrap();
+    let share = peak(&streaming) / peak(&dense);
+    // 2 778 parameters cut at rows of up to 64 values: within a row of a quarter.
+    assert!((share - 0.25).abs() < 0.05, "peak share {share}");
+    let total = mean(&streaming) / mean(&dense);
+    assert!((total - 1.0).abs() < 0.05, "bytes in all: {total}");
 }
 
 /// Another worker count cannot take a checkpoint written between two synchronisations
@@ -331,6 +433,19 @@ fn sync_configuration_is_checked() {
         ],
         "sync.kind",
     );
+    let streaming = ["sync.kind=\"streaming-diloco\"", "sync.period=4"];
+    for (set, field) in [
+        ("sync.fragments=5", "sync.fragments"),
+        ("sync.fragments=0", "sync.fragments"),
+        ("sync.overlap=4", "sync.overlap"),
+        ("sync.mixing=1", "sync.mixing"),
+        ("sync.stripes=0", "sync.stripes"),
+        ("sync.outer_lr=-1", "sync.outer_lr"),
+    ] {
+        let mut sets = streaming.to_vec();
+        sets.push(set);
+        refused_at(&sets, field);
+    }
     // Keys of another kind, and a missing period, are parse errors naming the table.
     for sets in [
         vec![

@@ -298,6 +298,10 @@ pub struct Summary {
     /// The `[sync]` period H (optimizer steps between synchronisations), with `sync`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync_period: Option<u64>,
+    /// Streaming DiLoCo's overlap τ: the inner steps each fragment's exchange may overlap
+    /// before its merge (absent for the other kinds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_overlap: Option<u64>,
     /// A compressed optimizer's name (`onebit-adam`, `zeroone-adam`), whose momentum the
     /// `collective` carried; absent for the other optimizers.
     #[serde(default, skip_serializing_if = "Option::is_none")]

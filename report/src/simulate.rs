@@ -76,7 +76,12 @@
 //! **Infrequent synchronisation** (`[sync]`: local SGD, post-local SGD, DiLoCo): a run
 //! exchanges on a fraction `f` of its steps ([`exchange_fraction`], measured from the
 //! steps that sent bytes, else `1/H`), so `comm(P)` above is the time of one exchange of
-//! `payload / f` bytes, times `f`.
+//! `payload / f` bytes, times `f`. Streaming DiLoCo exchanges one of its F fragments on
+//! each of `F/H` of the steps (measured the same way), so an exchange is a fragment's
+//! bytes — `payload / f` is also the run's peak bytes per step — and its overlap τ
+//! (`summary.json`'s `sync_overlap`) hides up to τ steps of work
+//! (`compute + compress + decompress + other`) of each exchange: `comm(P) = f ·
+//! max(0, exchange(P) − τ · work(P))`.
 //!
 //! The payload is the run's mean payload bytes per step (rank 0; it includes buckets a
 //! method leaves dense, which are really all-reduced — a small overestimate for gather
@@ -386,6 +391,10 @@ pub struct StepModel {
     pub exchange_fraction: f64,
     /// Dense gradient bytes, 4·params (measured or estimated).
     pub dense_bytes: f64,
+    /// Inner steps each exchange may overlap before its result is needed (Streaming
+    /// DiLoCo's τ; 0 for every other run): only the part of an exchange longer than τ
+    /// steps' computation is exposed.
+    pub overlap_steps: f64,
     /// Buckets (collectives) per step.
     pub buckets: usize,
 }
@@ -436,6 +445,11 @@ impl StepModel {
             payload_bytes: payload,
             exchange_fraction: fraction,
             dense_bytes: dense,
+            overlap_steps: run
+                .summary
+                .as_ref()
+                .and_then(|s| s.sync_overlap)
+                .unwrap_or(0) as f64,
             buckets: ((dense / bucket).ceil() as usize).max(1),
         })
     }
@@ -446,13 +460,20 @@ impl StepModel {
         self
     }
 
-    /// Seconds of communication per step on `link` with `p` workers: an exchange's
-    /// seconds times the fraction of steps that exchange.
+    /// Exposed seconds of communication per step on `link` with `p` workers: an
+    /// exchange's seconds, less the `overlap_steps` steps of work it runs beside, times
+    /// the fraction of steps that exchange.
     pub fn comm_s(&self, link: &LinkSpec, p: usize) -> f64 {
         if p < 2 {
             return 0.0;
         }
-        self.exchange_fraction * self.exchange_s(link, p)
+        let hidden = self.overlap_steps * self.work_s(p);
+        self.exchange_fraction * (self.exchange_s(link, p) - hidden).max(0.0)
+    }
+
+    /// A step's seconds without its communication.
+    fn work_s(&self, p: usize) -> f64 {
+        self.compute_s + self.compress_s + self.decompress_at(p) + self.other_s
     }
 
     /// Seconds of one exchange on `link` with `p` workers: `B` buckets of the step's bytes,
@@ -490,11 +511,7 @@ impl StepModel {
 
     /// Projected step seconds on `link` with `p` workers.
     pub fn step_s(&self, link: &LinkSpec, p: usize) -> f64 {
-        self.compute_s
-            + self.compress_s
-            + self.decompress_at(p)
-            + self.comm_s(link, p)
-            + self.other_s
+        self.work_s(p) + self.comm_s(link, p)
     }
 
     /// Step seconds of one worker alone (nothing to compress or exchange).
@@ -981,6 +998,7 @@ mod tests {
             payload_bytes: 40_000.0 * 8.0,
             exchange_fraction: 1.0,
             dense_bytes: 4.0 * 4_000_000.0,
+            overlap_steps: 0.0,
             buckets: 1,
         };
         let gather = model(Collective::AllGather);
@@ -1024,6 +1042,7 @@ mod tests {
             payload_bytes: 4.0 * 1e6,
             exchange_fraction: f,
             dense_bytes: 4.0 * 1e6,
+            overlap_steps: 0.0,
             buckets: 2,
         };
         let (every, local) = (model(1.0), model(0.125));
@@ -1031,6 +1050,38 @@ mod tests {
             let (e, l) = (every.comm_s(&link, p), local.comm_s(&link, p));
             assert!((l - e / 8.0).abs() < 1e-12 * e, "P={p}: {l} vs {e}");
             assert!(local.step_s(&link, p) < every.step_s(&link, p));
+        }
+    }
+
+    #[test]
+    fn an_overlapped_exchange_exposes_only_what_outlasts_its_steps() {
+        // Streaming DiLoCo: a fragment of 1 MB every 2 of 8 steps, overlapping τ steps of
+        // 10 ms; on 100 Mbit/s one exchange takes tens of ms, of which τ·10 ms are hidden.
+        let link = LinkSpec::parse(Some("100Mbit"), Some("50us")).unwrap();
+        let model = |tau: f64| StepModel {
+            label: "x".into(),
+            method: "none".into(),
+            collective: Collective::DenseAllReduce,
+            measured_workers: 2,
+            compute_s: 0.01,
+            compress_s: 0.0,
+            decompress_s: 0.0,
+            other_s: 0.0,
+            payload_bytes: 1e6,
+            exchange_fraction: 0.25,
+            dense_bytes: 1e6,
+            overlap_steps: tau,
+            buckets: 1,
+        };
+        for p in [2usize, 8, 64] {
+            let blocking = model(0.0).comm_s(&link, p);
+            let one = blocking / 0.25;
+            assert!(one > 0.03, "P={p}: {one}");
+            let tau1 = model(1.0).comm_s(&link, p);
+            assert!((tau1 - 0.25 * (one - 0.01)).abs() < 1e-12, "P={p}: {tau1}");
+            // Enough overlap hides the whole exchange: the step is the computation.
+            assert_eq!(model(1e3).comm_s(&link, p), 0.0);
+            assert_eq!(model(1e3).step_s(&link, p), 0.01);
         }
     }
 
@@ -1051,6 +1102,7 @@ mod tests {
             payload_bytes: payload,
             exchange_fraction: 1.0,
             dense_bytes: 4.0 * 4_000_000.0,
+            overlap_steps: 0.0,
             buckets: 1,
         };
         let q = 4.0 * 4_000_000.0 / 8.0;

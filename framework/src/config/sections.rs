@@ -586,7 +586,8 @@ pub struct NetworkConfig {
 ///
 /// ```toml
 /// [sync]
-/// kind = "diloco"       # or "every-step" (default), "local-sgd", "post-local-sgd"
+/// kind = "diloco"       # or "every-step" (default), "local-sgd", "post-local-sgd",
+///                       # "streaming-diloco" (with fragments, overlap, mixing, stripes)
 /// period = 16           # H: local optimizer steps between synchronisations
 /// outer_lr = 0.7
 /// outer_momentum = 0.9
@@ -638,6 +639,53 @@ pub enum SyncConfig {
         #[serde(default)]
         switch_step: u64,
     },
+    /// Streaming DiLoCo (Douillard et al. 2025, arXiv 2501.18512; `sync/streaming.rs`):
+    /// DiLoCo whose parameters are synchronised in `fragments` parts at staggered steps
+    /// (each fragment every `period` inner steps, fragment `p` after steps `(p + 1)·H/F`,
+    /// `2H + (p + 1)·H/F`, …), each fragment's synchronised value merged `overlap` inner
+    /// steps after its exchange began as `mixing·local + (1 − mixing)·global`.
+    StreamingDiloco {
+        /// H, inner steps between two synchronisations of one fragment (≥ `fragments`).
+        period: u64,
+        /// The outer learning rate (default 0.7).
+        #[serde(default = "outer_lr")]
+        outer_lr: f64,
+        /// The outer Nesterov momentum (default 0.9).
+        #[serde(default = "outer_momentum")]
+        outer_momentum: f64,
+        /// The first inner step (default 0), as for `diloco`.
+        #[serde(default)]
+        switch_step: u64,
+        /// F, the number of fragments (default 4; 1 ≤ F ≤ H).
+        #[serde(default = "fragments")]
+        fragments: usize,
+        /// τ, inner steps between a fragment's exchange and its merge (default 1; < H):
+        /// the steps its communication overlaps.
+        #[serde(default = "overlap")]
+        overlap: u64,
+        /// α, the share of the local fragment kept at the merge (default 0.5; 0 replaces
+        /// it by the global value, as DiLoCo does).
+        #[serde(default = "mixing")]
+        mixing: f64,
+        /// Pieces per fragment (default 2): the parameter vector is cut at tensor rows into
+        /// `fragments·stripes` pieces of equal size, piece `j` in fragment `j mod F`, so each
+        /// fragment spans the depth of the model and holds 1/F of its values.
+        #[serde(default = "stripes")]
+        stripes: usize,
+    },
+}
+
+fn fragments() -> usize {
+    4
+}
+fn overlap() -> u64 {
+    1
+}
+fn mixing() -> f64 {
+    0.5
+}
+fn stripes() -> usize {
+    2
 }
 
 fn outer_lr() -> f64 {
@@ -655,6 +703,7 @@ impl SyncConfig {
             SyncConfig::LocalSgd { .. } => "local-sgd",
             SyncConfig::PostLocalSgd { .. } => "post-local-sgd",
             SyncConfig::Diloco { .. } => "diloco",
+            SyncConfig::StreamingDiloco { .. } => "streaming-diloco",
         }
     }
 
@@ -664,7 +713,8 @@ impl SyncConfig {
             SyncConfig::EveryStep => None,
             SyncConfig::LocalSgd { period }
             | SyncConfig::PostLocalSgd { period, .. }
-            | SyncConfig::Diloco { period, .. } => Some(period),
+            | SyncConfig::Diloco { period, .. }
+            | SyncConfig::StreamingDiloco { period, .. } => Some(period),
         }
     }
 }

@@ -476,7 +476,48 @@ impl RunConfig {
                 format!("must be at least 1 optimizer step, got 0 (kind = {kind:?})"),
             ));
         }
+        if let SyncConfig::StreamingDiloco {
+            fragments,
+            overlap,
+            mixing,
+            stripes,
+            ..
+        } = *s
+        {
+            if !(1..=period as usize).contains(&fragments) {
+                return Err(err(
+                    "sync.fragments",
+                    format!(
+                        "must be in [1, period = {period}] (each fragment gets its own step), \
+                         got {fragments}"
+                    ),
+                ));
+            }
+            if overlap >= period {
+                return Err(err(
+                    "sync.overlap",
+                    format!(
+                        "must be below period = {period} (a fragment merges before its next \
+                         exchange), got {overlap}"
+                    ),
+                ));
+            }
+            if !(0.0..1.0).contains(&mixing) {
+                return Err(err(
+                    "sync.mixing",
+                    format!("must be in [0, 1), got {mixing}"),
+                ));
+            }
+            if stripes == 0 {
+                return Err(err("sync.stripes", "must be at least 1, got 0".into()));
+            }
+        }
         if let SyncConfig::Diloco {
+            outer_lr,
+            outer_momentum,
+            ..
+        }
+        | SyncConfig::StreamingDiloco {
             outer_lr,
             outer_momentum,
             ..

@@ -86,14 +86,27 @@ impl Collectives {
         ck: &Checkpoint,
         memory_keys: &[u64],
     ) -> Result<(), SyncError> {
-        let mut ex: ExchangerState = ck.json("exchanger")?;
+        self.restore_in(ck, "", memory_keys)
+    }
+
+    /// [`Collectives::restore_exchanger`] from the sections under `prefix` (what
+    /// [`Collectives::save_in`] wrote there).
+    pub(super) fn restore_in(
+        &mut self,
+        ck: &Checkpoint,
+        prefix: &str,
+        memory_keys: &[u64],
+    ) -> Result<(), SyncError> {
+        let mut ex: ExchangerState = ck.json(&format!("{prefix}exchanger"))?;
         for key in memory_keys {
-            ex.memory.insert(*key, ck.f32(&format!("mem/{key}"))?);
+            ex.memory
+                .insert(*key, ck.f32(&format!("{prefix}mem/{key}"))?);
         }
+        let server_prefix = format!("{prefix}{SERVER_SECTION}");
         let servers: Vec<(u64, String)> = ck
             .names()
             .filter_map(|n| {
-                let key = n.strip_prefix(SERVER_SECTION)?;
+                let key = n.strip_prefix(server_prefix.as_str())?;
                 Some((key.parse().ok()?, n.to_string()))
             })
             .collect();
@@ -101,6 +114,24 @@ impl Collectives {
             ex.server_memory.insert(key, ck.f32(&name)?);
         }
         self.exchanger.import_state(ex).map_err(SyncError::State)
+    }
+
+    /// Writes the exchanger's state into `ck` under `prefix` (`{prefix}exchanger`,
+    /// `{prefix}mem/<bucket>`, `{prefix}srv/<bucket>`) and returns the per-rank memories'
+    /// keys.
+    pub(super) fn save_in(&self, ck: &mut Checkpoint, prefix: &str) -> Result<Vec<u64>, SyncError> {
+        let mut ex = self.exchanger.export_state().map_err(SyncError::Exchange)?;
+        // The memories are large: stored as raw f32 sections, not JSON.
+        let mem = std::mem::take(&mut ex.memory);
+        let srv = std::mem::take(&mut ex.server_memory);
+        ck.put_json(&format!("{prefix}exchanger"), &ex);
+        for (k, v) in &mem {
+            ck.put_f32(&format!("{prefix}mem/{k}"), v);
+        }
+        for (k, v) in &srv {
+            ck.put_f32(&format!("{prefix}{SERVER_SECTION}{k}"), v);
+        }
+        Ok(mem.keys().copied().collect())
     }
 
     /// Empties every error-feedback memory ([`Exchanger::clear_memories`]).
@@ -161,18 +192,7 @@ impl<T: Transport> GradientSync<T> for Collectives {
     /// lists) and `srv/<bucket>` (the compressed all-reduce's server residuals, found by
     /// name).
     fn save(&self, ck: &mut Checkpoint) -> Result<Vec<u64>, SyncError> {
-        let mut ex = self.exchanger.export_state().map_err(SyncError::Exchange)?;
-        // The memories are large: stored as raw f32 sections, not JSON.
-        let mem = std::mem::take(&mut ex.memory);
-        let srv = std::mem::take(&mut ex.server_memory);
-        ck.put_json("exchanger", &ex);
-        for (k, v) in &mem {
-            ck.put_f32(&format!("mem/{k}"), v);
-        }
-        for (k, v) in &srv {
-            ck.put_f32(&format!("{SERVER_SECTION}{k}"), v);
-        }
-        Ok(mem.keys().copied().collect())
+        self.save_in(ck, "")
     }
 
     fn restore(

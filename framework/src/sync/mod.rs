@@ -13,6 +13,8 @@
 //! * [`Periodic`] — local SGD, post-local SGD and DiLoCo (`[sync]`): local steps on each
 //!   rank's own gradient, and every `period` steps an outer step on the parameter change
 //!   averaged through the same exchanger.
+//! * [`Streaming`] — Streaming DiLoCo: DiLoCo in fragments synchronised at staggered
+//!   steps, each through its own exchanger, merged a few steps after their exchange.
 //! * [`ParameterServer`] — pushes to servers co-located with the workers and pulls their
 //!   aggregates, possibly stale (`[cluster] mode = "ps"`, [`crate::ps_mode`]).
 //! * [`OnebitAdam`] and [`ZeroOneAdam`] — the compressed optimizers (`train.optimizer =
@@ -29,6 +31,7 @@ mod moments;
 mod onebit_adam;
 mod parameter_server;
 mod periodic;
+mod streaming;
 mod zeroone_adam;
 
 #[cfg(test)]
@@ -50,6 +53,7 @@ pub(crate) use moments::written_by;
 pub(crate) use onebit_adam::OnebitAdam;
 pub(crate) use parameter_server::ParameterServer;
 pub(crate) use periodic::{Periodic, PeriodicState, PERIODIC_SECTION};
+pub(crate) use streaming::{layout as fragment_layout, Streaming, StreamingSettings};
 pub(crate) use zeroone_adam::{Schedule as ZeroOneSchedule, ZeroOneAdam};
 
 /// What a synchronisation produced for the trainer to apply.

@@ -102,6 +102,15 @@ impl Periodic {
                 outer_momentum,
                 switch_step,
             } => (period, switch_step, outer_lr as f32, outer_momentum as f32),
+            // The trainer builds [`super::Streaming`] itself (it needs the fragments'
+            // exchangers); should it come here, it is DiLoCo on one fragment with τ = 0.
+            SyncConfig::StreamingDiloco {
+                period,
+                outer_lr,
+                outer_momentum,
+                switch_step,
+                ..
+            } => (period, switch_step, outer_lr as f32, outer_momentum as f32),
         };
         Box::new(Periodic {
             inner,

@@ -283,6 +283,10 @@ impl<T: Transport> Trainer<T> {
                 .period()
                 .map(|_| self.plan.config.sync.name().to_string()),
             sync_period: self.plan.config.sync.period(),
+            sync_overlap: match self.plan.config.sync {
+                crate::config::SyncConfig::StreamingDiloco { overlap, .. } => Some(overlap),
+                _ => None,
+            },
             compressed_optimizer: self
                 .plan
                 .config

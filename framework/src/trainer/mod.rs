@@ -55,14 +55,16 @@ use dtrain_comms::{CommError, Communicator, Transport};
 use dtrain_models::{Device, Model};
 
 use crate::checkpoint::CheckpointError;
-use crate::config::Plan;
+use crate::config::{Plan, SyncConfig};
 use crate::data::TrainData;
 use crate::exchange::bucket::ParamInfo;
 use crate::exchange::{ExchangeError, Exchanger};
 use crate::optim::Optimizer;
 use crate::ps_mode::PsState;
 use crate::signals::StopRequest;
-use crate::sync::{Collectives, GradientSync, ParameterServer, Periodic};
+use crate::sync::{
+    Collectives, GradientSync, ParameterServer, Periodic, Streaming, StreamingSettings,
+};
 
 /// Why a run stopped.
 #[derive(Debug, thiserror::Error)]
@@ -326,6 +328,16 @@ impl<T: Transport> Trainer<T> {
         };
         let exchanger_hosts = exchanger.hierarchical_hosts();
         let sync = match plan.compressed_optimizer {
+            None if matches!(plan.config.sync, SyncConfig::StreamingDiloco { .. }) => {
+                if codec_device.is_some() {
+                    return Err(TrainError::Config(
+                        "compress.device: streaming-diloco's fragment exchangers run on the \
+                         host (leave compress.device out)"
+                            .into(),
+                    ));
+                }
+                streaming(&plan, &infos, exchanger, &mut comm, topology.as_ref())?
+            }
             None => Periodic::for_config(
                 Collectives::new(exchanger),
                 &plan.config.sync,
@@ -532,6 +544,62 @@ fn setup_exchange<T: Transport>(
         auto_note: auto,
         topology: Some(topology),
     })
+}
+
+/// Streaming DiLoCo's synchronisation: `whole` for the every-step phase, and one exchanger
+/// per fragment of `infos` (the run's method, buckets and link; each fragment's collectives
+/// chosen for its own buckets).
+fn streaming<T: Transport>(
+    plan: &Plan,
+    infos: &[ParamInfo],
+    whole: Exchanger,
+    comm: &mut Communicator<T>,
+    topology: Option<&Topology>,
+) -> Result<Box<dyn GradientSync<T>>, TrainError> {
+    let SyncConfig::StreamingDiloco {
+        period,
+        outer_lr,
+        outer_momentum,
+        switch_step,
+        fragments,
+        overlap,
+        mixing,
+        stripes,
+    } = plan.config.sync
+    else {
+        return Err(TrainError::Config("sync.kind: not streaming-diloco".into()));
+    };
+    let layouts = crate::sync::fragment_layout(infos, fragments, stripes)
+        .map_err(|e| TrainError::Config(format!("sync.fragments: {e}")))?;
+    let net = &plan.config.network;
+    let link = LinkSpec::parse(net.bandwidth.as_deref(), net.latency.as_deref())
+        .map_err(|e| TrainError::Config(format!("network: {e}")))?;
+    let mut parts = Vec::with_capacity(layouts.len());
+    for l in layouts {
+        let mut ex = build_exchanger(plan, &l.infos)?;
+        ex.set_link(Some(link));
+        if let Some(t) = topology {
+            ex.set_topology(t);
+        }
+        if ex.gather_collective() == crate::exchange::GatherCollective::Auto {
+            ex.choose_collectives(comm)
+                .map_err(|source| TrainError::Exchange { step: 0, source })?;
+        }
+        parts.push((l, Collectives::new(ex)));
+    }
+    Ok(Box::new(Streaming::new(
+        Collectives::new(whole),
+        parts,
+        StreamingSettings {
+            period,
+            start: switch_step,
+            outer_lr: outer_lr as f32,
+            outer_momentum: outer_momentum as f32,
+            overlap,
+            mixing: mixing as f32,
+        },
+        infos.iter().map(ParamInfo::numel).sum(),
+    )))
 }
 
 /// What [`setup_exchange`] found: the lines for the run's log (the hierarchy's, the

@@ -159,6 +159,8 @@ pub fn run_all_slow(
                 period,
                 switch_step,
             } => steps <= switch_step || (steps - switch_step).is_multiple_of(period),
+            // Fragments merge at staggered steps, keeping a share of each replica.
+            SyncConfig::StreamingDiloco { .. } => false,
             ref other => other.period().is_none_or(|h| steps.is_multiple_of(h)),
         };
     if synchronised {
