@@ -86,6 +86,7 @@ pub mod dropping;
 pub mod efsignsgd;
 pub mod fft;
 pub mod fp16;
+pub mod fp4;
 pub mod mipd;
 pub mod natural;
 pub mod none;
@@ -127,6 +128,7 @@ methods! {
     PowerSgd(powersgd::PowerSgdConfig),
     SparseLoco(sparseloco::SparseLocoConfig),
     Demo(demo::DemoConfig),
+    Fp4(fp4::Fp4Config),
 }
 
 pub use compressor::{

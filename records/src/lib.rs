@@ -302,6 +302,10 @@ pub struct Summary {
     /// before its merge (absent for the other kinds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync_overlap: Option<u64>,
+    /// Streaming DiLoCo's fragment count F: each exchange carries one fragment, about 1/F
+    /// of the parameters (absent for the other kinds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_fragments: Option<usize>,
     /// A compressed optimizer's name (`onebit-adam`, `zeroone-adam`), whose momentum the
     /// `collective` carried; absent for the other optimizers.
     #[serde(default, skip_serializing_if = "Option::is_none")]

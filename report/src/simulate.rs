@@ -78,7 +78,8 @@
 //! steps that sent bytes, else `1/H`), so `comm(P)` above is the time of one exchange of
 //! `payload / f` bytes, times `f`. Streaming DiLoCo exchanges one of its F fragments on
 //! each of `F/H` of the steps (measured the same way), so an exchange is a fragment's
-//! bytes — `payload / f` is also the run's peak bytes per step — and its overlap τ
+//! bytes (`4·params / F` for a dense one) — `payload / f` is also the run's peak bytes per
+//! step — and its overlap τ
 //! (`summary.json`'s `sync_overlap`) hides up to τ steps of work
 //! (`compute + compress + decompress + other`) of each exchange: `comm(P) = f ·
 //! max(0, exchange(P) − τ · work(P))`.
@@ -389,7 +390,8 @@ pub struct StepModel {
     /// The fraction of steps that exchange ([`exchange_fraction`]): 1 for every-step
     /// runs, about 1/H for local SGD and DiLoCo.
     pub exchange_fraction: f64,
-    /// Dense gradient bytes, 4·params (measured or estimated).
+    /// Dense bytes of one exchange: 4·params (measured or estimated), over F for Streaming
+    /// DiLoCo's fragments.
     pub dense_bytes: f64,
     /// Inner steps each exchange may overlap before its result is needed (Streaming
     /// DiLoCo's τ; 0 for every other run): only the part of an exchange longer than τ
@@ -412,8 +414,15 @@ impl StepModel {
         let p0 = run.workers;
         let fraction = exchange_fraction(run);
         let payload = run.payload_bytes_per_step() / fraction;
+        // Streaming DiLoCo exchanges one of F fragments at a time.
+        let fragments = run
+            .summary
+            .as_ref()
+            .and_then(|s| s.sync_fragments)
+            .unwrap_or(1)
+            .max(1) as f64;
         let dense = match run.params() {
-            Some(n) if n > 0 => 4.0 * n as f64,
+            Some(n) if n > 0 => 4.0 * n as f64 / fragments,
             _ if p0 >= 2 && run.bytes_sent_per_step() > 0.0 => {
                 run.bytes_sent_per_step() / fraction * p0 as f64 / (2.0 * (p0 as f64 - 1.0))
             }
@@ -706,7 +715,7 @@ fn sim_markdown(
     out.push_str(
         "Projected step time T(P) = compute + compress + decompress(P) + comm(P) + other, \
          from each run's measured mean step and an α–β model of its collective \
-         (no overlap, nominal link rates). Speed-up = baseline T(P) ÷ run T(P) on the same \
+         (no overlap but Streaming DiLoCo's τ steps, nominal link rates). Speed-up = baseline T(P) ÷ run T(P) on the same \
          fabric; scaling = P · T(1) / T(P).\n\n",
     );
     match base {

@@ -287,6 +287,10 @@ impl<T: Transport> Trainer<T> {
                 crate::config::SyncConfig::StreamingDiloco { overlap, .. } => Some(overlap),
                 _ => None,
             },
+            sync_fragments: match self.plan.config.sync {
+                crate::config::SyncConfig::StreamingDiloco { fragments, .. } => Some(fragments),
+                _ => None,
+            },
             compressed_optimizer: self
                 .plan
                 .config
