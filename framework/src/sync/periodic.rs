@@ -139,20 +139,36 @@ impl Periodic {
 
     /// The outer step on the averaged change `delta` (in `self.scratch`): moves the anchor.
     fn outer_step(&mut self) {
-        let (lr, mu) = (self.outer_lr, self.outer_momentum);
-        let delta = &self.scratch;
-        if mu > 0.0 {
-            if self.velocity.len() != delta.len() {
-                self.velocity = vec![0.0; delta.len()];
-            }
-            for ((a, v), &d) in self.anchor.iter_mut().zip(&mut self.velocity).zip(delta) {
-                *v = mu * *v + d;
-                *a -= lr * (d + mu * *v);
-            }
-        } else {
-            for (a, &d) in self.anchor.iter_mut().zip(delta) {
-                *a -= lr * d;
-            }
+        outer_step(
+            &mut self.anchor,
+            &mut self.velocity,
+            &self.scratch,
+            self.outer_lr,
+            self.outer_momentum,
+        );
+    }
+}
+
+/// DiLoCo's outer step on the averaged change `delta`: `v ← μ·v + Δ; θ₀ ← θ₀ − η·(Δ + μ·v)`
+/// (Nesterov), or `θ₀ ← θ₀ − η·Δ` with μ = 0 (no `v` kept). `velocity` is sized on first use.
+pub(super) fn outer_step(
+    anchor: &mut [f32],
+    velocity: &mut Vec<f32>,
+    delta: &[f32],
+    lr: f32,
+    mu: f32,
+) {
+    if mu > 0.0 {
+        if velocity.len() != delta.len() {
+            *velocity = vec![0.0; delta.len()];
+        }
+        for ((a, v), &d) in anchor.iter_mut().zip(velocity.iter_mut()).zip(delta) {
+            *v = mu * *v + d;
+            *a -= lr * (d + mu * *v);
+        }
+    } else {
+        for (a, &d) in anchor.iter_mut().zip(delta) {
+            *a -= lr * d;
         }
     }
 }

@@ -12,6 +12,17 @@
 //!     θᵢᵖ ← α·θᵢᵖ + (1 − α)·θ₀ᵖ               the merge; α = 0, τ = 0 is DiLoCo per fragment
 //! ```
 //!
+//! # Defaults and the reference implementation
+//! The schedule follows PyTorch's torchft (`torchft/local_sgd.py`, `DiLoCo` with model
+//! fragments; read, not copied): fragment `p` is prepared at the steps `⌊(p + 1)·H/F⌋ mod H`
+//! and merged `fragment_sync_delay` (τ) steps later, where the local fragment is *replaced*
+//! by the outer-stepped global one — α = 0; torchft refuses any other `fragment_update_alpha`
+//! as not supported yet, bounds τ below `H/F`, and defaults to τ = 0. dtrain's defaults
+//! (τ = 1, α = 0.5) are the paper's as we recall them (its code is not public), unverified;
+//! τ may reach `H − 1` here, as each fragment's pending merge is kept on its own. With
+//! `overlap = 0, mixing = 0` a fragment's round is torchft's, and with one fragment DiLoCo's
+//! (tested bit for bit).
+//!
 //! # Fragments
 //! The paper fragments a deep transformer by blocks, strided (fragment p holds blocks p,
 //! p + F, …), which also balances the fragments. A small model is dominated by one tensor
@@ -41,6 +52,7 @@ use dtrain_compress::Collective;
 use dtrain_models::Model;
 use serde::{Deserialize, Serialize};
 
+use super::periodic::outer_step;
 use super::PERIODIC_SECTION;
 use super::{average_params, Collectives, GradientSync, PeriodicState, SyncError, Update};
 use crate::checkpoint::Checkpoint;
@@ -291,19 +303,7 @@ impl Streaming {
             frag.pending = None;
             frag.scatter(&frag.anchor, &mut self.params);
         } else {
-            if mu > 0.0 {
-                if frag.velocity.len() != delta.len() {
-                    frag.velocity = vec![0.0; delta.len()];
-                }
-                for ((a, v), &d) in frag.anchor.iter_mut().zip(&mut frag.velocity).zip(&delta) {
-                    *v = mu * *v + d;
-                    *a -= lr * (d + mu * *v);
-                }
-            } else {
-                for (a, &d) in frag.anchor.iter_mut().zip(&delta) {
-                    *a -= lr * d;
-                }
-            }
+            outer_step(&mut frag.anchor, &mut frag.velocity, &delta, lr, mu);
             frag.pending = Some(Pending {
                 at: s + self.overlap,
             });

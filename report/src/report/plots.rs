@@ -7,7 +7,7 @@ use super::{bytes_by_group, fmt_percent, RunRow};
 use crate::error::Result;
 use crate::md;
 use crate::plot::{self, Legend, LinePlot, Scale, Series, StackedBars};
-use crate::run::{Phases, Run};
+use crate::run::{EvalRecord, Phases, Run, StepRecord};
 
 /// Writes every plot the runs have data for into `dir` (see the [module docs](super)) and
 /// returns the files written.
@@ -145,23 +145,9 @@ pub(super) fn write_plots(runs: &[Run], rows: &[RunRow], dir: &Path) -> Result<V
         .iter()
         .zip(rows)
         .filter(|(r, _)| r.is_language_model())
-        .map(|(r, row)| {
-            // Both are ordered by step: one walk accumulates the time before each evaluation.
-            let (mut t, mut next) = (0.0, r.steps.iter().peekable());
-            let points = r
-                .evals
-                .iter()
-                .filter_map(|e| {
-                    while let Some(s) = next.next_if(|s| s.step < e.step) {
-                        t += s.time.step_s;
-                    }
-                    e.perplexity.map(|p| (t, p))
-                })
-                .collect();
-            Series {
-                label: row.label.clone(),
-                points,
-            }
+        .map(|(r, row)| Series {
+            label: row.label.clone(),
+            points: before_evals(r, |s| s.time.step_s, |e, _| e.perplexity),
         })
         .collect();
     if ppl_time.iter().any(|s| s.points.len() >= 2) {
@@ -180,24 +166,13 @@ pub(super) fn write_plots(runs: &[Run], rows: &[RunRow], dir: &Path) -> Result<V
     let loss_bytes: Vec<Series> = runs
         .iter()
         .zip(rows)
-        .map(|(r, row)| {
-            let (mut sent, mut next) = (0.0, r.steps.iter().peekable());
-            let points = r
-                .evals
-                .iter()
-                .filter_map(|e| {
-                    while let Some(s) = next.next_if(|s| s.step < e.step) {
-                        sent += s.bytes_sent as f64;
-                    }
-                    e.loss
-                        .filter(|l| l.is_finite() && sent > 0.0)
-                        .map(|l| (sent, l))
-                })
-                .collect();
-            Series {
-                label: row.label.clone(),
-                points,
-            }
+        .map(|(r, row)| Series {
+            label: row.label.clone(),
+            points: before_evals(
+                r,
+                |s| s.bytes_sent as f64,
+                |e, sent| e.loss.filter(|l| l.is_finite() && sent > 0.0),
+            ),
         })
         .collect();
     if loss_bytes.iter().any(|s| s.points.len() >= 2) {
@@ -258,4 +233,24 @@ pub(super) fn write_plots(runs: &[Run], rows: &[RunRow], dir: &Path) -> Result<V
         files.extend(plot::line_plot(dir, "bytes_vs_workers", &p)?);
     }
     Ok(files)
+}
+
+/// One point per evaluation of `run` that `y` gives a value for: `x` summed over the steps
+/// before the evaluation's step (both lists are ordered by step, so one walk), and
+/// `y(evaluation, that sum)`.
+fn before_evals(
+    run: &Run,
+    x: impl Fn(&StepRecord) -> f64,
+    y: impl Fn(&EvalRecord, f64) -> Option<f64>,
+) -> Vec<(f64, f64)> {
+    let (mut sum, mut next) = (0.0, run.steps.iter().peekable());
+    run.evals
+        .iter()
+        .filter_map(|e| {
+            while let Some(s) = next.next_if(|s| s.step < e.step) {
+                sum += x(s);
+            }
+            y(e, sum).map(|v| (sum, v))
+        })
+        .collect()
 }
