@@ -38,10 +38,34 @@
 //! segment (`values = "sign"`, the paper's sign-only variant: 1 bit per value). Indices are
 //! `⌈log₂ a·b⌉` bits (12 for 64 × 64 tiles). Aggregation: all-gather.
 //!
-//! Defaults (tiles of 64, k = 32, β = 0.999) are the paper's and its reference code's
-//! (bloc97/DeMo) as we recall them; neither the code nor Psyche's `distro.rs` (whose runs
-//! keep fewer coefficients) was reachable from the machine this was written on, so they are
-//! **unverified** against them: set them explicitly when reproducing a table.
+//! # Against the reference code
+//! Checked against the reference optimizer (bloc97/DeMo's `DeMo(torch.optim.SGD)`, read in
+//! a copy, not copied) and Psyche's `shared/modeling/src/distro.rs`: the defaults
+//! (`compression_chunk = 64`, `compression_topk = 32`, `compression_decay = 0.999`), the
+//! tile rule (the largest divisor of each side not above the chunk), the orthonormal DCT-II
+//! per tile, the Top-k by magnitude per tile, the removal of what was sent from the
+//! momentum, the all-gather and the sign of the decoded update are the same. Where dtrain
+//! differs:
+//! * **Aggregation.** The reference scatters every worker's kept coefficients with
+//!   `scatter_reduce(…, "mean")`: a coefficient is the mean over the workers *that sent
+//!   it*, then the tile is inverse-transformed and its sign taken. dtrain sums the
+//!   coefficients (non-senders count as 0), the mean over all workers. The sign of one
+//!   coefficient is the same either way, but the inverse transform mixes coefficients,
+//!   and the reference weights one sent by a single worker as much as one sent by all; so
+//!   the two updates can differ in sign where coefficients of different support overlap.
+//!   dtrain's decoders promise that a joint decode is the sum of the single decodes (the
+//!   property suite checks it), which the per-coefficient mean is not; it is not offered.
+//! * **Scale.** The reference accumulates `lr·g` (`delta += lr·grad`); dtrain's memory
+//!   `γ = 1` accumulates `g`. Under the sign step only the direction counts, but a
+//!   schedule's lr then weighs old and new gradients differently in the reference.
+//! * **Weight decay.** The reference decays the parameters (`p *= 1 − lr·wd`) outside the
+//!   momentum; with `train.optimizer = "sgd"` dtrain's weight decay enters the gradient,
+//!   and so the momentum. The `low_comm_gpt` rows run without weight decay.
+//! * **Sign values.** Psyche sends sign bits and decodes them as ±1; dtrain's `values =
+//!   "sign"` decodes them as ± the segment's mean magnitude (equal to ±1 up to one scale per
+//!   tensor and worker, which the final sign sees only through the mixing above).
+//! * Psyche adds a look-ahead (`p += sign(delta)·lr` before the next step, taken back
+//!   after) for its overlapped rounds; not in the paper, not here.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -27,6 +27,16 @@
 //! reachable from the machine this was written on, so the defaults — chunks of 4 096,
 //! k = 64, β = 0.95, a 6σ span — are our reading of the paper's main configuration and
 //! are **unverified** against the code: set them explicitly when reproducing a table.
+//!
+//! What could be checked: the quantizer of Templar's DeMo (the `tplr` fork of DeMo, the
+//! authors' earlier code, `_quantize_values`; read, not copied) is the same statistical
+//! quantizer — a span of `range` σ cut into bins of `range·σ/bins`, each code decoded to
+//! the mean of the values that fell in its bin, sent as a table, with `range = 6` — at 256
+//! bins. Two details differ from [`crate::chunked`]'s 2-bit coding: it rounds to the
+//! nearest bin centre with the offset `bins/2` (at 4 bins the centres sit at −2, −1, 0 and
+//! +1 steps from the mean, an asymmetric cut), where dtrain floors into bins whose edges
+//! sit at −1, 0 and +1 step (symmetric about the mean); and its σ is the unbiased one (÷
+//! n − 1). Whether SparseLoCo's 2-bit coding kept the asymmetric rule is not known here.
 
 use serde::{Deserialize, Serialize};
 

@@ -385,6 +385,69 @@ fn another_worker_count_is_refused_between_synchronisations() {
     assert!(e.contains("between two synchronisations"), "{e}");
 }
 
+/// A Streaming DiLoCo checkpoint cut into other fragments cannot be resumed: the error names
+/// the setting (the fragments' anchors and memories would not line up).
+#[test]
+fn streaming_diloco_refuses_a_checkpoint_of_other_fragments() {
+    let dir = tempfile::tempdir().unwrap();
+    let sets = [
+        "sync.kind=\"streaming-diloco\"",
+        "sync.period=4",
+        "sync.fragments=2",
+        "train.max_steps=6",
+    ];
+    run(2, &sets, Some(dir.path()), false);
+    for other in ["sync.fragments=4", "sync.stripes=3"] {
+        let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        sets[3] = "train.max_steps=12".into();
+        sets.push(other.into());
+        sets.push("cluster.workers=2".into());
+        let mut cfg = RunConfig::parse(BASE, "b.toml", &sets).unwrap();
+        pin_collective(&mut cfg);
+        let data = TrainData::open(&cfg, 0, 2).unwrap();
+        let plan = cfg.validate("b.toml", Some(data.train_examples())).unwrap();
+        let e = std::thread::scope(|s| {
+            let mut meshes = dtrain_comms::channel_mesh(2);
+            let peer = meshes.pop().unwrap();
+            let plan1 = plan.clone();
+            let cfg1 = cfg.clone();
+            let root = dir.path().to_path_buf();
+            let h = s.spawn(move || {
+                let comm = dtrain_comms::Communicator::new(peer, Default::default());
+                let data = TrainData::open(&cfg1, 1, 2).unwrap();
+                let out = dtrain_framework::trainer::RunDir { root };
+                let latest = out.latest().unwrap();
+                let mut tr = dtrain_framework::trainer::Trainer::new(
+                    plan1,
+                    data,
+                    comm,
+                    &dtrain_models::cpu_device(),
+                    Some(out),
+                )
+                .unwrap();
+                tr.resume_from(&latest).map(|_| ()).unwrap_err().to_string()
+            });
+            let comm = dtrain_comms::Communicator::new(meshes.pop().unwrap(), Default::default());
+            let out = dtrain_framework::trainer::RunDir {
+                root: dir.path().to_path_buf(),
+            };
+            let latest = out.latest().unwrap();
+            let mut tr = dtrain_framework::trainer::Trainer::new(
+                plan,
+                data,
+                comm,
+                &dtrain_models::cpu_device(),
+                Some(out),
+            )
+            .unwrap();
+            let e = tr.resume_from(&latest).map(|_| ()).unwrap_err().to_string();
+            h.join().unwrap();
+            e
+        });
+        assert!(e.contains("sync.fragments"), "{other}: {e}");
+    }
+}
+
 #[test]
 fn sync_configuration_is_checked() {
     refused_at(&["sync.kind=\"local-sgd\"", "sync.period=0"], "sync.period");

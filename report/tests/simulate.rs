@@ -322,3 +322,35 @@ fn the_recorded_collective_is_modelled_and_old_runs_derive_theirs() {
     assert_eq!(collective_of(&run), Collective::AllGather);
     assert!(run.notes.iter().any(|n| n.contains("carrier-pigeon")));
 }
+
+/// Streaming DiLoCo's summary (`sync_fragments`, `sync_overlap`): an exchange carries one
+/// fragment of the dense model, and up to τ steps of work hide it.
+#[test]
+fn a_streaming_run_exchanges_one_fragment_and_hides_its_overlap() {
+    let link = Fabric::parse("100Mbit,100us").unwrap().link;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = Spec::new("s", "none").workers(4).write(tmp.path(), "run");
+    let plain = StepModel::from_run(&Run::load(&dir).unwrap(), "r").unwrap();
+    let path = dir.join("summary.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+    v["sync_fragments"] = 4.into();
+    v["sync_overlap"] = 1.into();
+    fs::write(&path, v.to_string()).unwrap();
+    let s = StepModel::from_run(&Run::load(&dir).unwrap(), "r").unwrap();
+    assert_eq!(s.dense_bytes, plain.dense_bytes / 4.0);
+    assert_eq!(s.overlap_steps, 1.0);
+    // A quarter of the ring's bytes (its latency terms stay), less one step's work: the
+    // 7 ms of compute, compress and decompress.
+    let blocking = StepModel {
+        overlap_steps: 0.0,
+        ..s.clone()
+    };
+    let one = blocking.comm_s(&link, 4);
+    assert!(one < plain.comm_s(&link, 4) / 3.9 && one > 0.007, "{one}");
+    assert!(
+        close(s.comm_s(&link, 4), one - 0.007),
+        "{}",
+        s.comm_s(&link, 4)
+    );
+}

@@ -174,8 +174,9 @@ struct Pending {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 struct FragmentState {
     pending: Option<Pending>,
-    /// The fragment's value count (checked on restore).
-    len: usize,
+    /// The fragment's ranges of the parameter vector (checked on restore: the same count
+    /// of values cut another way would not line up with the anchor).
+    ranges: Vec<(usize, usize)>,
 }
 
 /// A fragment's synchronisation state.
@@ -442,7 +443,7 @@ impl<T: Transport> GradientSync<T> for Streaming {
                 &format!("{prefix}state"),
                 &FragmentState {
                     pending: f.pending.clone(),
-                    len: f.layout.len(),
+                    ranges: f.layout.ranges.iter().map(|r| (r.start, r.end)).collect(),
                 },
             );
             ck.put_f32(&format!("{prefix}anchor"), &f.anchor);
@@ -502,17 +503,26 @@ impl<T: Transport> GradientSync<T> for Streaming {
                     self.frags.len()
                 ))
             })?;
-            let len = self.frags[p].layout.len();
+            let layout = &self.frags[p].layout;
+            let len = layout.len();
             let anchor = ck.f32(&format!("{prefix}anchor"))?;
             let velocity = ck.f32(&format!("{prefix}velocity"))?;
-            if state.len != len
+            let same = state.ranges.len() == layout.ranges.len()
+                && state
+                    .ranges
+                    .iter()
+                    .zip(&layout.ranges)
+                    .all(|(&(a, b), r)| (a, b) == (r.start, r.end));
+            if !same
                 || !anchor.is_empty() && anchor.len() != len
                 || !velocity.is_empty() && velocity.len() != len
             {
+                let held: usize = state.ranges.iter().map(|(a, b)| b.saturating_sub(*a)).sum();
                 return Err(SyncError::State(format!(
-                    "its fragment {p} holds {} values, this run's has {len} (resume with the \
-                     same model, sync.fragments and sync.stripes)",
-                    state.len
+                    "its fragment {p} holds {held} values in {} pieces, this run's {len} in {} \
+                     (resume with the same model, sync.fragments and sync.stripes)",
+                    state.ranges.len(),
+                    layout.ranges.len()
                 )));
             }
             let keys: Vec<u64> = by_frag
