@@ -53,8 +53,9 @@
 //!   coefficient is the same either way, but the inverse transform mixes coefficients,
 //!   and the reference weights one sent by a single worker as much as one sent by all; so
 //!   the two updates can differ in sign where coefficients of different support overlap.
-//!   dtrain's decoders promise that a joint decode is the sum of the single decodes (the
-//!   property suite checks it), which the per-coefficient mean is not; it is not offered.
+//!   `mean = "senders"` is the reference's rule (the joint decoder divides each summed
+//!   coefficient by its senders, times P); the default stays the mean over all workers,
+//!   the sum of the single decodes that the property suite checks for every method.
 //! * **Scale.** The reference accumulates `lr·g` (`delta += lr·grad`); dtrain's memory
 //!   `γ = 1` accumulates `g`. Under the sign step only the direction counts, but a
 //!   schedule's lr then weighs old and new gradients differently in the reference.
@@ -94,7 +95,19 @@ pub enum DemoValues {
     Sign,
 }
 
-/// Configuration of [`Demo`].
+/// Over which workers DeMo's receivers average a coefficient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DemoMean {
+    /// Over every worker, a worker that did not send it counting 0 (default): the sum of
+    /// the workers' decodes.
+    #[default]
+    Workers,
+    /// Over the workers that sent it, as the reference's `scatter_reduce(…, "mean")`.
+    Senders,
+}
+
+/// Configuration of [`Demo`] (`mean` selects the aggregation; see [`DemoMean`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DemoConfig {
@@ -107,6 +120,14 @@ pub struct DemoConfig {
     /// How kept coefficients travel (default `"f32"`).
     #[serde(default)]
     pub values: DemoValues,
+    /// Over which workers a coefficient is averaged (default `"workers"`; `"senders"` is
+    /// the reference code's rule, see the module docs).
+    #[serde(default, skip_serializing_if = "is_workers")]
+    pub mean: DemoMean,
+}
+
+fn is_workers(m: &DemoMean) -> bool {
+    *m == DemoMean::Workers
 }
 
 fn default_chunk() -> usize {
@@ -122,6 +143,7 @@ impl Default for DemoConfig {
             chunk: default_chunk(),
             k: default_k(),
             values: DemoValues::default(),
+            mean: DemoMean::default(),
         }
     }
 }
@@ -163,6 +185,7 @@ impl DemoConfig {
                 DemoValues::F32 => Coding::F32,
                 DemoValues::Sign => Coding::Sign,
             },
+            mean: self.mean,
             rows: Vec::new(),
             next: 0,
             enc: Encoder::default(),
@@ -179,6 +202,7 @@ pub struct Demo {
     chunk: usize,
     k: usize,
     coding: Coding,
+    mean: DemoMean,
     /// Rows of each segment of the bucket (1: no shape known).
     rows: Vec<usize>,
     /// Index of the next segment `encode_segment` sees.
@@ -201,6 +225,8 @@ struct Shared {
     dct: BTreeMap<usize, Arc<Dct>>,
     /// The summed coefficients of a bucket.
     coef: Vec<f32>,
+    /// How many payloads sent each coefficient (with [`DemoMean::Senders`]).
+    senders: Vec<u32>,
     /// One tile.
     tile: Vec<f32>,
 }
@@ -418,24 +444,34 @@ impl Demo {
     /// [`Compressor::joint_decompress_add`]: sums every payload's coefficients, then
     /// inverse-transforms each segment once.
     fn joint(&self, payloads: &[&[u8]], out: &mut [f32]) -> Result<(), (usize, WireError)> {
-        let (mut coef, mut t) = {
+        let (mut coef, mut t, mut senders) = {
             let mut sh = self.lock();
-            (std::mem::take(&mut sh.coef), std::mem::take(&mut sh.tile))
+            (
+                std::mem::take(&mut sh.coef),
+                std::mem::take(&mut sh.tile),
+                std::mem::take(&mut sh.senders),
+            )
         };
         coef.clear();
         coef.resize(out.len(), 0.0);
-        let result = self.joint_into(payloads, out, &mut coef, &mut t);
+        senders.clear();
+        if self.mean == DemoMean::Senders {
+            senders.resize(out.len(), 0);
+        }
+        let result = self.joint_into(payloads, out, &mut coef, &mut senders, &mut t);
         let mut sh = self.lock();
-        (sh.coef, sh.tile) = (coef, t);
+        (sh.coef, sh.tile, sh.senders) = (coef, t, senders);
         result
     }
 
-    /// [`Demo::joint`] with its buffers: `coef` zeroed, as long as `out`.
+    /// [`Demo::joint`] with its buffers: `coef` zeroed, as long as `out`; `senders` zeroed
+    /// and as long with [`DemoMean::Senders`], else empty.
     fn joint_into(
         &self,
         payloads: &[&[u8]],
         out: &mut [f32],
         coef: &mut [f32],
+        senders: &mut [u32],
         t: &mut Vec<f32>,
     ) -> Result<(), (usize, WireError)> {
         // Each segment's range and tiling, as the first payload has them.
@@ -453,12 +489,29 @@ impl Demo {
                     ));
                 }
                 k += 1;
+                let at = seg.start;
                 let c = &mut coef[seg];
-                chunked::read(r, c.len(), |pos, y| c[pos] += y)
+                match senders.get_mut(at..at + c.len()) {
+                    Some(n) => chunked::read(r, c.len(), |pos, y| {
+                        c[pos] += y;
+                        n[pos] += 1;
+                    }),
+                    None => chunked::read(r, c.len(), |pos, y| c[pos] += y),
+                }
             })
             .map_err(|e| (i, e))?;
             if k != segs.len() {
                 return Err((i, WireError::Invalid("payloads cut the buffer differently")));
+            }
+        }
+        if !senders.is_empty() {
+            // The mean over the senders, times P: the caller's mean over the P payloads
+            // then leaves the senders' mean.
+            let p = payloads.len() as f32;
+            for (c, &n) in coef.iter_mut().zip(senders.iter()) {
+                if n > 0 {
+                    *c *= p / n as f32;
+                }
             }
         }
         for (seg, rows, a, b) in segs {
@@ -535,7 +588,10 @@ impl Compressor for Demo {
     /// `O(P·k·n)` (64 workers' decodes took 16× one worker's in `dtrain simulate`'s
     /// projection of `low_comm_gpt`). Differs from decoding each payload by float rounding
     /// only, and is the same on every rank (payloads in rank order). Payloads that tile a
-    /// segment differently are refused, naming the first that differs.
+    /// segment differently are refused, naming the first that differs. With `mean =
+    /// "senders"` each summed coefficient is scaled by `P / (payloads that sent it)` before
+    /// the inverse transform, so that the caller's mean is the reference's mean over the
+    /// senders; the joint decode is then, by design, not the sum of the single decodes.
     fn joint_decompress_add(
         &self,
         payloads: &[&[u8]],
@@ -619,6 +675,7 @@ mod tests {
             chunk: 32,
             k: 1024,
             values: DemoValues::F32,
+            mean: DemoMean::Workers,
         }
         .init()
         .unwrap();
@@ -645,6 +702,7 @@ mod tests {
             chunk: 64,
             k: 8,
             values: DemoValues::F32,
+            mean: DemoMean::Workers,
         }
         .init()
         .unwrap();
@@ -665,6 +723,7 @@ mod tests {
             chunk: 64,
             k: 32,
             values: DemoValues::Sign,
+            mean: DemoMean::Workers,
         }
         .init()
         .unwrap();
@@ -704,6 +763,7 @@ mod tests {
                 chunk: 32,
                 k: 24,
                 values: DemoValues::F32,
+                mean: DemoMean::Workers,
             }
             .init()
             .unwrap();
@@ -735,6 +795,7 @@ mod tests {
                 chunk: 16,
                 k: 24,
                 values: DemoValues::F32,
+                mean: DemoMean::Workers,
             }
             .init()
             .unwrap();
@@ -746,6 +807,50 @@ mod tests {
                 .unwrap_err();
             assert_eq!(i, 1);
         }
+    }
+
+    /// `mean = "senders"`: two workers that keep disjoint coefficients each count alone
+    /// (the sum of the decodes times P = 2), and coefficients both sent are their mean
+    /// (the sum itself).
+    #[test]
+    fn the_senders_mean_weighs_each_coefficient_by_its_senders() {
+        let cfg = |mean| DemoConfig {
+            chunk: 4,
+            k: 1,
+            values: DemoValues::F32,
+            mean,
+        };
+        let shapes = vec![vec![4]];
+        // The first two DCT basis vectors of length 4: one coefficient each.
+        let d = dct_matrix(4);
+        let (x0, x1): (Vec<f32>, Vec<f32>) =
+            (d[0..4].to_vec(), d[4..8].iter().map(|v| 3.0 * v).collect());
+        for (inputs, factor) in [([&x0, &x1], 2.0f32), ([&x0, &x0], 1.0)] {
+            let mut sum = vec![0f32; 4];
+            for x in inputs {
+                sum.iter_mut().zip(x.iter()).for_each(|(s, v)| *s += v);
+            }
+            for (mean, f) in [(DemoMean::Workers, 1.0), (DemoMean::Senders, factor)] {
+                let mut c = cfg(mean).init().unwrap();
+                let payloads: Vec<Payload> =
+                    inputs.iter().map(|x| encode(&mut c, x, &shapes)).collect();
+                let refs: Vec<&[u8]> = payloads.iter().map(|p| p.as_bytes()).collect();
+                let mut out = vec![0f32; 4];
+                c.joint_decompress_add(&refs, &mut out).unwrap().unwrap();
+                for (o, s) in out.iter().zip(&sum) {
+                    assert!(
+                        (o - f * s).abs() < 1e-5,
+                        "{mean:?}: {out:?} vs {f} × {sum:?}"
+                    );
+                }
+            }
+        }
+        // The option round-trips through the TOML and is left out when default.
+        let t: DemoConfig = toml::from_str("mean = \"senders\"").unwrap();
+        assert_eq!(t.mean, DemoMean::Senders);
+        assert!(!toml::to_string(&DemoConfig::default())
+            .unwrap()
+            .contains("mean"));
     }
 
     #[test]
