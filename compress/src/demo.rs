@@ -191,7 +191,10 @@ impl DemoConfig {
             enc: Encoder::default(),
             coef: Vec::new(),
             tile: Vec::new(),
-            shared: Mutex::new(Shared::default()),
+            shared: Mutex::new(Shared {
+                limit: self.chunk,
+                ..Shared::default()
+            }),
         })
     }
 }
@@ -219,10 +222,12 @@ pub struct Demo {
 /// The DCT matrices by side, built once, and the joint decode's scratch.
 #[derive(Debug, Default)]
 struct Shared {
-    /// Every side this compressor's own tilings use (filled by `set_segment_shapes` and the
-    /// encoder; a decoder meeting another side builds it without keeping it, so bad input
-    /// cannot grow the map).
+    /// The DCT matrices built so far, of sides up to `limit` (every side this
+    /// compressor's encoder makes, and so its peers'); a larger side, which only bad input
+    /// declares, is built for its call and not kept, so the map stays bounded.
     dct: BTreeMap<usize, Arc<Dct>>,
+    /// The configured chunk: the largest side kept.
+    limit: usize,
     /// The summed coefficients of a bucket.
     coef: Vec<f32>,
     /// How many payloads sent each coefficient (with [`DemoMean::Senders`]).
@@ -232,30 +237,26 @@ struct Shared {
 }
 
 impl Shared {
-    /// The DCT matrix of side `n`, built and kept if new.
-    fn keep(&mut self, n: usize) -> Arc<Dct> {
+    /// The DCT matrix of side `n`: built once and kept when `n ≤ limit`, else built for
+    /// this call.
+    fn side(&mut self, n: usize) -> Arc<Dct> {
+        if n > self.limit {
+            return Arc::new(Dct::new(n));
+        }
         self.dct
             .entry(n)
             .or_insert_with(|| Arc::new(Dct::new(n)))
             .clone()
     }
 
-    /// The DCT matrix of side `n`: the kept one, or a fresh one that is not kept.
-    fn peek(&self, n: usize) -> Arc<Dct> {
-        self.dct
-            .get(&n)
-            .cloned()
-            .unwrap_or_else(|| Arc::new(Dct::new(n)))
-    }
-
     /// The tiling of a `rows`-row segment of `n` values in `a × b` tiles.
-    fn tiling(&self, rows: usize, n: usize, a: usize, b: usize) -> Tiling {
+    fn tiling(&mut self, rows: usize, n: usize, a: usize, b: usize) -> Tiling {
         Tiling {
             cols: n / rows,
             a,
             b,
-            da: self.peek(a),
-            db: self.peek(b),
+            da: self.side(a),
+            db: self.side(b),
         }
     }
 }
@@ -541,14 +542,6 @@ impl Compressor for Demo {
             .iter()
             .map(|s| if s.len() >= 2 { s[0].max(1) } else { 1 })
             .collect();
-        let sh = self.shared.get_mut().unwrap_or_else(|e| e.into_inner());
-        for (s, &rows) in shapes.iter().zip(&self.rows) {
-            let n: usize = s.iter().product();
-            if n > 0 && n.is_multiple_of(rows) {
-                sh.keep(tile_side(rows, self.chunk));
-                sh.keep(tile_side(n / rows, self.chunk));
-            }
-        }
     }
     fn begin(&mut self, _grad: &[f32], _ctx: &crate::Ctx<'_>) {
         self.next = 0;
@@ -567,10 +560,11 @@ impl Compressor for Demo {
         w.u32(rows as u32);
         w.u32(a as u32);
         w.u32(b as u32);
-        let sh = self.shared.get_mut().unwrap_or_else(|e| e.into_inner());
-        sh.keep(a);
-        sh.keep(b);
-        let tiling = sh.tiling(rows, n, a, b);
+        let tiling = self
+            .shared
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .tiling(rows, n, a, b);
         let mut coef = std::mem::take(&mut self.coef);
         tiling.forward(rows, x, &mut coef, &mut self.tile);
         self.enc

@@ -349,7 +349,7 @@ fn streaming_diloco_peak_bytes_are_a_fragments_share_of_diloco() {
 }
 
 /// Another worker count cannot take a checkpoint written between two synchronisations
-/// (each rank's parameters are its own there), and says why.
+/// (each rank's parameters are their own there), and says why.
 #[test]
 fn another_worker_count_is_refused_between_synchronisations() {
     let dir = tempfile::tempdir().unwrap();
@@ -359,29 +359,11 @@ fn another_worker_count_is_refused_between_synchronisations() {
         "train.max_steps=6",
     ];
     run(2, &sets, Some(dir.path()), false);
-    let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-    sets[2] = "train.max_steps=12".into();
-    sets.push("cluster.workers=1".into());
-    let cfg = RunConfig::parse(BASE, "b.toml", &sets).unwrap();
-    let data = TrainData::open(&cfg, 0, 1).unwrap();
-    let plan = cfg.validate("b.toml", Some(data.train_examples())).unwrap();
-    let comm = dtrain_comms::Communicator::new(
-        dtrain_comms::channel_mesh(1).pop().unwrap(),
-        dtrain_comms::CommConfig::default(),
+    let e = resume_error(
+        dir.path(),
+        1,
+        &[&sets[..2], &["cluster.workers=1"]].concat(),
     );
-    let out = dtrain_framework::trainer::RunDir {
-        root: dir.path().to_path_buf(),
-    };
-    let latest = out.latest().unwrap();
-    let mut tr = dtrain_framework::trainer::Trainer::new(
-        plan,
-        data,
-        comm,
-        &dtrain_models::cpu_device(),
-        Some(out),
-    )
-    .unwrap();
-    let e = tr.resume_from(&latest).unwrap_err().to_string();
     assert!(e.contains("between two synchronisations"), "{e}");
 }
 
@@ -398,27 +380,36 @@ fn streaming_diloco_refuses_a_checkpoint_of_other_fragments() {
     ];
     run(2, &sets, Some(dir.path()), false);
     for other in ["sync.fragments=4", "sync.stripes=3"] {
-        let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        sets[3] = "train.max_steps=12".into();
-        sets.push(other.into());
-        sets.push("cluster.workers=2".into());
-        let mut cfg = RunConfig::parse(BASE, "b.toml", &sets).unwrap();
-        pin_collective(&mut cfg);
-        let data = TrainData::open(&cfg, 0, 2).unwrap();
-        let plan = cfg.validate("b.toml", Some(data.train_examples())).unwrap();
-        let e = std::thread::scope(|s| {
-            let mut meshes = dtrain_comms::channel_mesh(2);
-            let peer = meshes.pop().unwrap();
-            let plan1 = plan.clone();
-            let cfg1 = cfg.clone();
-            let root = dir.path().to_path_buf();
-            let h = s.spawn(move || {
-                let comm = dtrain_comms::Communicator::new(peer, Default::default());
-                let data = TrainData::open(&cfg1, 1, 2).unwrap();
+        let e = resume_error(
+            dir.path(),
+            2,
+            &[&sets[..3], &[other, "cluster.workers=2"]].concat(),
+        );
+        assert!(e.contains("sync.fragments"), "{other}: {e}");
+    }
+}
+
+/// `world` in-process ranks of BASE + `sets` + 12 steps each resume the newest checkpoint
+/// under `dir`, which every rank must refuse; rank 0's error.
+fn resume_error(dir: &std::path::Path, world: usize, sets: &[&str]) -> String {
+    let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    sets.push("train.max_steps=12".into());
+    let mut cfg = RunConfig::parse(BASE, "b.toml", &sets).unwrap();
+    pin_collective(&mut cfg);
+    let handles: Vec<_> = dtrain_comms::channel_mesh(world)
+        .into_iter()
+        .enumerate()
+        .map(|(rank, t)| {
+            let cfg = cfg.clone();
+            let root = dir.to_path_buf();
+            std::thread::spawn(move || {
+                let data = TrainData::open(&cfg, rank, world).unwrap();
+                let plan = cfg.validate("b.toml", Some(data.train_examples())).unwrap();
+                let comm = dtrain_comms::Communicator::new(t, Default::default());
                 let out = dtrain_framework::trainer::RunDir { root };
                 let latest = out.latest().unwrap();
                 let mut tr = dtrain_framework::trainer::Trainer::new(
-                    plan1,
+                    plan,
                     data,
                     comm,
                     &dtrain_models::cpu_device(),
@@ -426,26 +417,11 @@ fn streaming_diloco_refuses_a_checkpoint_of_other_fragments() {
                 )
                 .unwrap();
                 tr.resume_from(&latest).map(|_| ()).unwrap_err().to_string()
-            });
-            let comm = dtrain_comms::Communicator::new(meshes.pop().unwrap(), Default::default());
-            let out = dtrain_framework::trainer::RunDir {
-                root: dir.path().to_path_buf(),
-            };
-            let latest = out.latest().unwrap();
-            let mut tr = dtrain_framework::trainer::Trainer::new(
-                plan,
-                data,
-                comm,
-                &dtrain_models::cpu_device(),
-                Some(out),
-            )
-            .unwrap();
-            let e = tr.resume_from(&latest).map(|_| ()).unwrap_err().to_string();
-            h.join().unwrap();
-            e
-        });
-        assert!(e.contains("sync.fragments"), "{other}: {e}");
-    }
+            })
+        })
+        .collect();
+    let mut errors: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    errors.swap_remove(0)
 }
 
 #[test]

@@ -515,13 +515,9 @@ fn setup_exchange<T: Transport>(
             topology: None,
         });
     }
-    let step = 0;
-    let net = &plan.config.network;
-    let link = LinkSpec::parse(net.bandwidth.as_deref(), net.latency.as_deref())
-        .map_err(|e| TrainError::Config(format!("network: {e}")))?;
-    exchanger.set_link(Some(link));
-    let topology =
-        crate::launch::hosts::discover(comm).map_err(|source| TrainError::Comm { step, source })?;
+    exchanger.set_link(Some(link_of(plan)?));
+    let topology = crate::launch::hosts::discover(comm)
+        .map_err(|source| TrainError::Comm { step: 0, source })?;
     exchanger.set_topology(&topology);
     if exchanger.hierarchical_hosts().is_some() {
         notes.push(format!(
@@ -530,20 +526,33 @@ fn setup_exchange<T: Transport>(
             topology.leaders()
         ));
     }
-    let mut auto = None;
-    if exchanger.gather_collective() == crate::exchange::GatherCollective::Auto {
-        let report = exchanger
-            .choose_collectives(comm)
-            .map_err(|source| TrainError::Exchange { step, source })?;
-        if !report.buckets.is_empty() {
-            auto = Some(report.to_string());
-        }
-    }
     Ok(ExchangeSetup {
         notes,
-        auto_note: auto,
+        auto_note: choose_auto(exchanger, comm)?,
         topology: Some(topology),
     })
+}
+
+/// The emulated link of `[network]`.
+fn link_of(plan: &Plan) -> Result<LinkSpec, TrainError> {
+    let net = &plan.config.network;
+    LinkSpec::parse(net.bandwidth.as_deref(), net.latency.as_deref())
+        .map_err(|e| TrainError::Config(format!("network: {e}")))
+}
+
+/// With `compress.collective = "auto"`, times and chooses each bucket's collective (a
+/// collective: every rank at once); the choice's line for the log, when it chose any.
+fn choose_auto<T: Transport>(
+    exchanger: &mut Exchanger,
+    comm: &mut Communicator<T>,
+) -> Result<Option<String>, TrainError> {
+    if exchanger.gather_collective() != crate::exchange::GatherCollective::Auto {
+        return Ok(None);
+    }
+    let report = exchanger
+        .choose_collectives(comm)
+        .map_err(|source| TrainError::Exchange { step: 0, source })?;
+    Ok((!report.buckets.is_empty()).then(|| report.to_string()))
 }
 
 /// Streaming DiLoCo's synchronisation: `whole` for the every-step phase, and one exchanger
@@ -571,9 +580,7 @@ fn streaming<T: Transport>(
     };
     let layouts = crate::sync::fragment_layout(infos, fragments, stripes)
         .map_err(|e| TrainError::Config(format!("sync.fragments: {e}")))?;
-    let net = &plan.config.network;
-    let link = LinkSpec::parse(net.bandwidth.as_deref(), net.latency.as_deref())
-        .map_err(|e| TrainError::Config(format!("network: {e}")))?;
+    let link = link_of(plan)?;
     let mut parts = Vec::with_capacity(layouts.len());
     for l in layouts {
         let mut ex = build_exchanger(plan, &l.infos)?;
@@ -581,10 +588,7 @@ fn streaming<T: Transport>(
         if let Some(t) = topology {
             ex.set_topology(t);
         }
-        if ex.gather_collective() == crate::exchange::GatherCollective::Auto {
-            ex.choose_collectives(comm)
-                .map_err(|source| TrainError::Exchange { step: 0, source })?;
-        }
+        choose_auto(&mut ex, comm)?;
         parts.push((l, Collectives::new(ex)));
     }
     Ok(Box::new(Streaming::new(
