@@ -516,8 +516,22 @@ fn chaos_trials_end_cleanly_or_complete_with_a_restart() {
 fn a_restart_before_any_checkpoint_starts_over() {
     let (tmp, cfg) = setup(2);
     let dir = tmp.path().join("early");
-    let steps = "train.max_steps=60";
-    let mut run = Launcher::start(&cfg, &dir, &["--set", steps, "--max-restarts", "1"]);
+    // A step takes about 0.1 ms here: the first checkpoint is far enough away (8,000 steps,
+    // the best part of a second) that the kill, sent a few steps in, always comes before it.
+    let mut run = Launcher::start(
+        &cfg,
+        &dir,
+        &[
+            "--set",
+            "train.epochs=100",
+            "--set",
+            "train.max_steps=10000",
+            "--set",
+            "checkpoint.every_steps=8000",
+            "--max-restarts",
+            "1",
+        ],
+    );
     run.wait_for_steps(3);
     assert!(
         !dir.join("checkpoints/LATEST").exists(),
@@ -536,7 +550,13 @@ fn a_restart_before_any_checkpoint_starts_over() {
         (Some(0), Some(0))
     );
     let steps: Vec<u64> = losses(&dir).iter().map(|l| l.0).collect();
-    assert_eq!(steps, (0..60).collect::<Vec<_>>());
+    assert!(
+        steps.iter().copied().eq(0..10000),
+        "steps logged: {} from {:?} to {:?}",
+        steps.len(),
+        steps.first(),
+        steps.last()
+    );
 }
 
 /// What `--max-restarts` cannot do is refused before anything starts, naming why; a worker
