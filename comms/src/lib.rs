@@ -103,7 +103,7 @@ pub use sparse::{SparseSlice, SparseVec};
 pub use transport::channel::{channel_mesh, ChannelTransport};
 #[cfg(feature = "mpi")]
 pub use transport::mpi::{MpiCollectives, MpiTransport};
-pub use transport::mux::{split_ps, Lane};
+pub use transport::mux::{split_ps, split_tagged, Lane};
 #[cfg(feature = "quic")]
 pub use transport::quic::{QuicConfig, QuicTransport};
 #[cfg(all(feature = "shm", target_os = "linux"))]

@@ -636,12 +636,18 @@ pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, LaunchE
         )?,
     };
     // Parameter-server mode: the server's messages share the connections of the collectives.
-    let (transport, ps_lane): (Box<dyn Transport>, Option<Box<dyn Transport>>) =
+    // Exchanges in flight across steps (Streaming DiLoCo) likewise get a second lane, run
+    // from a thread of their own; MPI's transport is driven from one thread, so there they
+    // block their step instead.
+    let (transport, ps_lane, second_lane): (Box<dyn Transport>, _, Option<Box<dyn Transport>>) =
         if cfg.cluster.mode == ClusterMode::Ps {
             let (coll, ps) = dtrain_comms::split_ps(transport);
-            (Box::new(coll), Some(Box::new(ps)))
+            (Box::new(coll), Some(Box::new(ps)), None)
+        } else if cfg.sync.wants_second_lane() && mpi.is_none() {
+            let (coll, second) = dtrain_comms::split_tagged(transport);
+            (Box::new(coll), None, Some(Box::new(second)))
         } else {
-            (transport, None)
+            (transport, None, None)
         };
     let comm = Communicator::new(
         transport,
@@ -660,6 +666,9 @@ pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, LaunchE
         Trainer::new(plan, data, comm, &device, Some(out.clone())).map_err(|e| e.to_string())?;
     if let Some(lane) = ps_lane {
         t.attach_parameter_server(lane).map_err(|e| e.to_string())?;
+    }
+    if let Some(lane) = second_lane {
+        t.attach_background(lane).map_err(|e| e.to_string())?;
     }
     if a.resume {
         let dir = out

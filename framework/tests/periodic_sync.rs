@@ -288,6 +288,42 @@ fn streaming_diloco_with_one_fragment_is_diloco() {
     assert_loss_falls(&four.losses, "streaming DiLoCo");
 }
 
+/// A fragment's exchange left in flight across the overlap's steps (on its own thread, over
+/// the second lane of the connections, beside every step's control all-reduce) trains the
+/// same model as the blocking exchange, bit for bit, and records the same traffic (each of
+/// its messages carries one byte more: the lane's tag).
+#[test]
+fn streaming_diloco_in_flight_trains_the_blocking_model() {
+    let sets = [
+        "train.max_steps=20",
+        "sync.kind=\"streaming-diloco\"",
+        "sync.period=6",
+        "sync.fragments=3",
+        "sync.overlap=2",
+        "compress.kind=\"topk\"",
+        "compress.ratio=0.1",
+        "compress.error_feedback=true",
+    ];
+    let blocking = run(
+        3,
+        &[&sets[..], &["sync.in_flight=false"]].concat(),
+        None,
+        false,
+    );
+    let in_flight = run(3, &sets, None, false);
+    same(&blocking.params, &in_flight.params, "parameters");
+    assert_eq!(blocking.losses, in_flight.losses);
+    let bytes = |r: &Run| r.summary.bytes_sent_per_step.unwrap();
+    let ratio = bytes(&in_flight) / bytes(&blocking);
+    // Above 1: the tag bytes show the exchanges went over the second lane.
+    assert!(
+        ratio > 1.0 && ratio < 1.01,
+        "bytes in flight / blocking: {ratio}"
+    );
+    let peak = |r: &Run| r.summary.bytes_sent_peak.unwrap() as f64;
+    assert!(peak(&in_flight) >= peak(&blocking), "peak bytes");
+}
+
 /// One worker, outer lr 1 and no outer momentum: each fragment's outer step lands on the
 /// worker's own values, so a merge without overlap (whatever α) leaves the model where
 /// plain training takes it — up to the rounding of θ₀ − (θ₀ − θ). With an overlap the merge

@@ -672,7 +672,18 @@ pub enum SyncConfig {
         /// fragment spans the depth of the model and holds 1/F of its values.
         #[serde(default = "stripes")]
         stripes: usize,
+        /// Whether a fragment's exchange stays in flight while the next `overlap` inner
+        /// steps compute (default true): it runs on its own thread, over a second lane of
+        /// the same connections, and the step of its merge waits for what is left of it.
+        /// `false` runs it at the step that starts it, blocking that step (the trained
+        /// model is the same either way). Needs `overlap ≥ 1` to matter; MPI runs block.
+        #[serde(default = "in_flight")]
+        in_flight: bool,
     },
+}
+
+fn in_flight() -> bool {
+    true
 }
 
 fn fragments() -> usize {
@@ -705,6 +716,19 @@ impl SyncConfig {
             SyncConfig::Diloco { .. } => "diloco",
             SyncConfig::StreamingDiloco { .. } => "streaming-diloco",
         }
+    }
+
+    /// Whether the run keeps exchanges in flight across steps on a second lane of its
+    /// connections (Streaming DiLoCo with `in_flight` and an overlap of at least one step).
+    pub fn wants_second_lane(&self) -> bool {
+        matches!(
+            *self,
+            SyncConfig::StreamingDiloco {
+                in_flight: true,
+                overlap: 1..,
+                ..
+            }
+        )
     }
 
     /// The period H of a periodic kind (`None` for every-step).

@@ -26,6 +26,11 @@ impl Collectives {
         Collectives { exchanger }
     }
 
+    /// Multiplies the method's θ by `factor` (the recover policy).
+    pub(super) fn scale_exchanger_theta(&mut self, factor: f64) {
+        self.exchanger.scale_theta(factor);
+    }
+
     /// Averages `buf` (this rank's gradient of `step`, or a periodic synchronisation's
     /// parameter change) in place through the exchanger, records the phase times, bytes
     /// and the method's figures in `record`, and says whether the average is non-finite.
@@ -185,7 +190,7 @@ impl<T: Transport> GradientSync<T> for Collectives {
     }
 
     fn scale_theta(&mut self, factor: f64) {
-        self.exchanger.scale_theta(factor);
+        self.scale_exchanger_theta(factor);
     }
 
     /// Checkpoint sections are `mem/<bucket>` (worker memories, whose keys the checkpoint

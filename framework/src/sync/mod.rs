@@ -27,6 +27,7 @@
 //! restored by it) and names the collective a run used for `summary.json`.
 
 mod collective;
+mod in_flight;
 mod moments;
 mod onebit_adam;
 mod parameter_server;
@@ -49,6 +50,7 @@ use crate::ps_mode::Ready;
 use dtrain_records::StepRecord;
 
 pub(crate) use collective::{Collectives, SERVER_SECTION};
+pub(crate) use in_flight::InFlight;
 pub(crate) use moments::written_by;
 pub(crate) use onebit_adam::OnebitAdam;
 pub(crate) use parameter_server::ParameterServer;
@@ -88,6 +90,8 @@ pub(crate) enum SyncError {
     Checkpoint(CheckpointError),
     /// A checkpoint's state does not fit this run (the reason).
     State(String),
+    /// The thread of the exchanges in flight failed (why).
+    Background(String),
 }
 
 impl From<CheckpointError> for SyncError {
@@ -156,6 +160,17 @@ pub(crate) trait GradientSync<T: Transport> {
     /// others until they leave too). Default: nothing in flight, nothing to leave.
     fn finish(&mut self) -> Result<Vec<Ready>, SyncError> {
         Ok(Vec::new())
+    }
+
+    /// Takes `comm`, a second communicator over the same connections (the tagged lane of
+    /// [`dtrain_comms::split_tagged`]), to run exchanges in flight across steps on a thread
+    /// of its own ([`InFlight`]). Returns false where this synchronisation has no use for
+    /// one (the default).
+    fn attach_background(&mut self, _comm: Communicator<T>) -> bool
+    where
+        T: 'static,
+    {
+        false
     }
 
     /// The run (re)starts at `step` (after a resume; every rank does the same). Default:

@@ -35,11 +35,14 @@
 //! methods (PowerSGD, DeMo, columns) see matrices.
 //!
 //! # The overlap
-//! The merge happens τ inner steps after the exchange began, as in the paper, so the
-//! trained model is the overlapped one. The exchange itself still runs when the fragment's
-//! round ends, blocking the step: dtrain's transports have no collective left in flight
-//! across steps yet, so the wall time measured on an emulated link is that of a blocking
-//! exchange; `dtrain simulate` projects the overlapped schedule.
+//! The merge happens τ inner steps after the exchange began, as in the paper. With
+//! `in_flight = true` (the default) the exchange runs on its own thread over a second lane
+//! of the run's connections ([`super::InFlight`]) while those τ steps compute, and the
+//! merge's step waits only for what is left of it (recorded as that step's communication
+//! time; its bytes are recorded at that step too). The outer step is taken when the average
+//! arrives; the trained model is the same as with `in_flight = false`, where the exchange
+//! blocks the step that starts it (tested bit for bit). A round whose average is not finite
+//! is discarded alike on every rank: at its merge the fragment returns to its anchor.
 //!
 //! Checkpoints hold every fragment's anchor, momentum, pending merge and exchanger state
 //! (under `sync/stream/<p>/`), and each rank's own parameters: a resume is exact; the
@@ -47,14 +50,19 @@
 
 use std::ops::Range;
 
+use std::time::Instant;
+
 use dtrain_comms::{Communicator, Transport};
 use dtrain_compress::Collective;
 use dtrain_models::Model;
 use serde::{Deserialize, Serialize};
 
+use super::in_flight::{Done, Job};
 use super::periodic::outer_step;
 use super::PERIODIC_SECTION;
-use super::{average_params, Collectives, GradientSync, PeriodicState, SyncError, Update};
+use super::{
+    average_params, Collectives, GradientSync, InFlight, PeriodicState, SyncError, Update,
+};
 use crate::checkpoint::Checkpoint;
 use crate::exchange::bucket::ParamInfo;
 use dtrain_records::StepRecord;
@@ -168,6 +176,9 @@ pub(crate) fn layout(
 struct Pending {
     /// The local step after which it is applied.
     at: u64,
+    /// The round's average was not finite: the merge returns the fragment to its anchor.
+    #[serde(default)]
+    discard: bool,
 }
 
 /// What each fragment writes into a checkpoint besides its vectors.
@@ -182,7 +193,10 @@ struct FragmentState {
 /// A fragment's synchronisation state.
 struct Fragment {
     layout: FragmentLayout,
-    ex: Collectives,
+    /// Its exchanger (`None` while an exchange of it is in flight).
+    ex: Option<Collectives>,
+    /// A θ factor of the recover policy that came while the exchanger was in flight.
+    scale_later: f64,
     /// θ₀ᵖ (empty before the first local step).
     anchor: Vec<f32>,
     /// vᵖ (empty until the first outer step with μ > 0).
@@ -221,12 +235,34 @@ pub(crate) struct Streaming {
     outer_momentum: f32,
     overlap: u64,
     mixing: f32,
+    total_steps: u64,
     num_params: usize,
     /// Scratch: the parameters.
     params: Vec<f32>,
     /// Scratch: a fragment's vector.
     part: Vec<f32>,
     identical: bool,
+    /// The thread of the exchanges in flight (`in_flight = true` with τ ≥ 1).
+    background: Option<InFlight>,
+    /// What finished exchanges left for the next step's record.
+    late: Late,
+}
+
+/// Figures of exchanges in flight, added to the record of the step that takes them back.
+#[derive(Default)]
+struct Late {
+    bytes_sent: u64,
+    bytes_received: u64,
+    payload_bytes: u64,
+    /// Seconds the main thread waited for them.
+    wait_s: f64,
+    ratio: Option<(String, f64)>,
+}
+
+impl Late {
+    fn is_empty(&self) -> bool {
+        self.bytes_sent == 0 && self.bytes_received == 0 && self.wait_s == 0.0
+    }
 }
 
 /// The settings of [`Streaming`] (from `[sync]`).
@@ -237,6 +273,9 @@ pub(crate) struct StreamingSettings {
     pub(crate) outer_momentum: f32,
     pub(crate) overlap: u64,
     pub(crate) mixing: f32,
+    /// The run's steps: the exchanges still in flight at its last step are taken back
+    /// there, so that their bytes are in its record.
+    pub(crate) total_steps: u64,
 }
 
 impl Streaming {
@@ -254,7 +293,8 @@ impl Streaming {
                 .into_iter()
                 .map(|(layout, ex)| Fragment {
                     layout,
-                    ex,
+                    ex: Some(ex),
+                    scale_later: 1.0,
                     anchor: Vec::new(),
                     velocity: Vec::new(),
                     pending: None,
@@ -266,10 +306,13 @@ impl Streaming {
             outer_momentum: settings.outer_momentum,
             overlap: settings.overlap,
             mixing: settings.mixing,
+            total_steps: settings.total_steps,
             num_params,
             params: Vec::new(),
             part: Vec::new(),
             identical: true,
+            background: None,
+            late: Late::default(),
         }
     }
 
@@ -281,43 +324,114 @@ impl Streaming {
             .map(|p| p as usize)
     }
 
-    /// Exchanges fragment `p`'s change, takes the outer step and schedules (or, with
-    /// τ = 0, applies) its merge. The full parameters are in `self.params`.
+    /// Starts fragment `p`'s exchange of its change after local step `s` and schedules its
+    /// merge: on the thread of the exchanges in flight when there is one (and τ ≥ 1), the
+    /// outer step following when it is taken back; else here, with the outer step now.
+    /// The full parameters are in `self.params`.
     fn exchange<T: Transport>(
         &mut self,
         comm: &mut Communicator<T>,
         p: usize,
         s: u64,
         record: &mut StepRecord,
-    ) -> Result<bool, SyncError> {
-        let (lr, mu) = (self.outer_lr, self.outer_momentum);
+    ) -> Result<(), SyncError> {
         let frag = &mut self.frags[p];
         let mut delta = std::mem::take(&mut self.part);
         frag.gather(&self.params, &mut delta);
         for (d, &a) in delta.iter_mut().zip(&frag.anchor) {
             *d = a - *d;
         }
-        let non_finite = frag.ex.exchange(comm, &mut delta, s + self.start, record)?;
-        if non_finite {
-            // The round is discarded alike on every rank: the fragment returns to its
-            // anchor now.
-            frag.pending = None;
-            frag.scatter(&frag.anchor, &mut self.params);
-        } else {
-            outer_step(&mut frag.anchor, &mut frag.velocity, &delta, lr, mu);
-            frag.pending = Some(Pending {
-                at: s + self.overlap,
-            });
+        frag.pending = Some(Pending {
+            at: s + self.overlap,
+            discard: false,
+        });
+        let ex = frag.ex.as_mut().ok_or_else(|| in_flight_error(p))?;
+        match &mut self.background {
+            Some(bg) if self.overlap > 0 => {
+                let ex = frag.ex.take().ok_or_else(|| in_flight_error(p))?;
+                bg.start(Job {
+                    id: p,
+                    ex,
+                    buf: delta,
+                    step: s + self.start,
+                })
+            }
+            _ => {
+                let non_finite = ex.exchange(comm, &mut delta, s + self.start, record)?;
+                self.settle(p, &delta, non_finite);
+                self.part = delta;
+                Ok(())
+            }
         }
-        self.part = delta;
-        Ok(non_finite)
     }
 
-    /// Applies fragment `p`'s merge to `self.params`.
-    fn merge(&mut self, p: usize) {
+    /// The outer step of fragment `p`'s round, whose average is `delta` (or, when it is
+    /// not finite, the discarding of the round at its merge).
+    fn settle(&mut self, p: usize, delta: &[f32], non_finite: bool) {
+        let (lr, mu) = (self.outer_lr, self.outer_momentum);
+        let frag = &mut self.frags[p];
+        if non_finite {
+            if let Some(m) = &mut frag.pending {
+                m.discard = true;
+            }
+        } else {
+            outer_step(&mut frag.anchor, &mut frag.velocity, delta, lr, mu);
+        }
+    }
+
+    /// Takes back the oldest exchange in flight: its exchanger, figures and outer step.
+    fn take_back(&mut self) -> Result<bool, SyncError> {
+        let Some(bg) = &mut self.background else {
+            return Ok(false);
+        };
+        let t = Instant::now();
+        let Some(Done {
+            id,
+            mut ex,
+            buf,
+            result,
+            record,
+            ..
+        }) = bg.next()?
+        else {
+            return Ok(false);
+        };
+        self.late.wait_s += t.elapsed().as_secs_f64();
+        let frag = &mut self.frags[id];
+        if frag.scale_later != 1.0 {
+            ex.scale_exchanger_theta(frag.scale_later);
+            frag.scale_later = 1.0;
+        }
+        frag.ex = Some(ex);
+        let non_finite = result?;
+        self.late.bytes_sent += record.bytes_sent;
+        self.late.bytes_received += record.bytes_received;
+        self.late.payload_bytes += record.payload_bytes;
+        if let (Some(n), Some(v)) = (record.ratio_name, record.ratio) {
+            self.late.ratio = Some((n, v));
+        }
+        self.settle(id, &buf, non_finite);
+        self.part = buf;
+        Ok(true)
+    }
+
+    /// Takes back every exchange in flight up to fragment `p`'s.
+    fn take_back_until(&mut self, p: usize) -> Result<(), SyncError> {
+        while self.background.as_ref().is_some_and(|b| b.is_open(p)) {
+            self.take_back()?;
+        }
+        Ok(())
+    }
+
+    /// Applies fragment `p`'s merge to `self.params`; whether its round was discarded.
+    fn merge(&mut self, p: usize) -> bool {
         let alpha = self.mixing;
         let frag = &mut self.frags[p];
-        frag.pending = None;
+        let discard = frag.pending.take().is_some_and(|m| m.discard);
+        if discard {
+            frag.scatter(&frag.anchor, &mut self.params);
+            return true;
+        }
         let mut local = std::mem::take(&mut self.part);
         frag.gather(&self.params, &mut local);
         for (l, &g) in local.iter_mut().zip(&frag.anchor) {
@@ -325,7 +439,38 @@ impl Streaming {
         }
         frag.scatter(&local, &mut self.params);
         self.part = local;
+        false
     }
+
+    /// Adds what exchanges taken back left to `record`.
+    fn flush_late(&mut self, record: &mut StepRecord) {
+        let late = std::mem::take(&mut self.late);
+        record.bytes_sent += late.bytes_sent;
+        record.bytes_received += late.bytes_received;
+        record.payload_bytes += late.payload_bytes;
+        record.time.communicate_s += late.wait_s;
+        if let Some((n, v)) = late.ratio {
+            record.ratio_name = Some(n);
+            record.ratio = Some(v);
+        }
+    }
+
+    /// The fragments' exchangers, none in flight (for a checkpoint).
+    fn exchangers(&self) -> Result<Vec<&Collectives>, SyncError> {
+        self.frags
+            .iter()
+            .enumerate()
+            .map(|(p, f)| f.ex.as_ref().ok_or_else(|| in_flight_error(p)))
+            .collect()
+    }
+}
+
+/// The error for fragment `p`'s exchanger wanted while its exchange is in flight (the
+/// trainer takes every exchange back before a checkpoint).
+fn in_flight_error(p: usize) -> SyncError {
+    SyncError::Background(format!(
+        "fragment {p}'s exchange is still in flight (not taken back before it was needed)"
+    ))
 }
 
 impl<T: Transport> GradientSync<T> for Streaming {
@@ -381,24 +526,52 @@ impl<T: Transport> GradientSync<T> for Streaming {
             .filter(|&p| self.frags[p].pending.as_ref().is_some_and(|m| m.at == s))
             .collect();
         let due = self.due(s);
-        if merges.is_empty() && due.is_none() {
+        let last = step + 1 >= self.total_steps;
+        if merges.is_empty() && due.is_none() && self.late.is_empty() && !last {
             return Ok(false);
+        }
+        // The exchanges that merge now come back first (their wait is this step's
+        // communication).
+        for &p in &merges {
+            self.take_back_until(p)?;
         }
         self.params.resize(self.num_params, 0.0);
         model.read_params(&mut self.params);
         // Merges first: a fragment's merge precedes its next exchange (τ < H).
+        let mut discarded = false;
         for p in merges {
-            self.merge(p);
+            discarded |= self.merge(p);
         }
-        let mut non_finite = false;
         if let Some(p) = due {
-            non_finite = self.exchange(comm, p, s, record)?;
-            if self.overlap == 0 && !non_finite {
-                self.merge(p);
+            self.exchange(comm, p, s, record)?;
+            if self.overlap == 0 {
+                discarded |= self.merge(p);
             }
         }
+        if last {
+            // Nothing merges after the run's last step; what is in flight is recorded here.
+            while self.take_back()? {}
+        }
+        self.flush_late(record);
         model.write_params(&self.params);
-        Ok(non_finite)
+        Ok(discarded)
+    }
+
+    fn drain(&mut self) -> Result<Vec<crate::ps_mode::Ready>, SyncError> {
+        while self.take_back()? {}
+        Ok(Vec::new())
+    }
+
+    fn finish(&mut self) -> Result<Vec<crate::ps_mode::Ready>, SyncError> {
+        GradientSync::<T>::drain(self)
+    }
+
+    fn attach_background(&mut self, comm: Communicator<T>) -> bool
+    where
+        T: 'static,
+    {
+        self.background = Some(InFlight::spawn(comm));
+        true
     }
 
     fn consensus(
@@ -413,8 +586,8 @@ impl<T: Transport> GradientSync<T> for Streaming {
     }
 
     fn collectives(&self) -> (Collective, Vec<Collective>) {
-        match self.frags.first() {
-            Some(f) => GradientSync::<T>::collectives(&f.ex),
+        match self.frags.iter().find_map(|f| f.ex.as_ref()) {
+            Some(ex) => GradientSync::<T>::collectives(ex),
             None => GradientSync::<T>::collectives(&self.inner),
         }
     }
@@ -426,7 +599,10 @@ impl<T: Transport> GradientSync<T> for Streaming {
     fn scale_theta(&mut self, factor: f64) {
         GradientSync::<T>::scale_theta(&mut self.inner, factor);
         for f in &mut self.frags {
-            GradientSync::<T>::scale_theta(&mut f.ex, factor);
+            match &mut f.ex {
+                Some(ex) => ex.scale_exchanger_theta(factor),
+                None => f.scale_later *= factor,
+            }
         }
     }
 
@@ -434,9 +610,10 @@ impl<T: Transport> GradientSync<T> for Streaming {
     /// `(p + 1)·2⁴⁸ + key`, its sections under `sync/stream/<p>/`.
     fn save(&self, ck: &mut Checkpoint) -> Result<Vec<u64>, SyncError> {
         let mut keys = GradientSync::<T>::save(&self.inner, ck)?;
-        for (p, f) in self.frags.iter().enumerate() {
+        let exchangers = self.exchangers()?;
+        for (p, (f, ex)) in self.frags.iter().zip(exchangers).enumerate() {
             let prefix = fragment_prefix(p);
-            for k in f.ex.save_in(ck, &prefix)? {
+            for k in ex.save_in(ck, &prefix)? {
                 keys.push(fragment_key(p, k));
             }
             ck.put_json(
@@ -465,6 +642,10 @@ impl<T: Transport> GradientSync<T> for Streaming {
         memory_keys: &[u64],
         _step: u64,
     ) -> Result<(), SyncError> {
+        // A roll-back (the recover policy) may come with exchanges in flight: their
+        // exchangers come back first, and what they did is replaced below.
+        while self.take_back()? {}
+        self.late = Late::default();
         let (whole, by_frag): (Vec<u64>, Vec<u64>) =
             memory_keys.iter().partition(|&&k| k >> 48 == 0);
         self.inner.restore_exchanger(ck, &whole)?;
@@ -531,7 +712,9 @@ impl<T: Transport> GradientSync<T> for Streaming {
                 .map(|&k| k & ((1 << 48) - 1))
                 .collect();
             let f = &mut self.frags[p];
-            f.ex.restore_in(ck, &prefix, &keys)?;
+            f.ex.as_mut()
+                .ok_or_else(|| in_flight_error(p))?
+                .restore_in(ck, &prefix, &keys)?;
             f.anchor = anchor;
             f.velocity = velocity;
             f.pending = state.pending;

@@ -112,6 +112,15 @@ pub enum TrainError {
     /// Reading or writing a checkpoint failed.
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] CheckpointError),
+    /// The synchronisation failed outside a collective of its own step (an exchange left
+    /// in flight across steps).
+    #[error("step {step}: {reason}")]
+    Sync {
+        /// The step at which it was found.
+        step: u64,
+        /// What failed.
+        reason: String,
+    },
     /// A checkpoint does not fit this run.
     #[error("cannot resume from {path}: {reason}")]
     Resume {
@@ -455,6 +464,26 @@ impl<T: Transport> Trainer<T> {
         Ok(())
     }
 
+    /// Gives the synchronisation a second lane of this worker's connections (the tagged
+    /// lane of [`dtrain_comms::split_tagged`], whose other lane is the communicator's) for
+    /// exchanges left in flight across steps: Streaming DiLoCo's fragments with
+    /// `sync.in_flight` (see [`crate::config::SyncConfig::wants_second_lane`]). Every worker
+    /// of the run must attach before its first step, or none.
+    pub fn attach_background(&mut self, transport: T) -> Result<(), TrainError>
+    where
+        T: 'static,
+    {
+        // The same settings as the communicator's (its timeout, chunking).
+        let comm = Communicator::new(transport, self.comm.config().clone());
+        if !self.sync.attach_background(comm) {
+            return Err(TrainError::Config(format!(
+                "sync.kind = {:?} runs no exchange in flight: it has no use for a second lane",
+                self.plan.config.sync.name()
+            )));
+        }
+        Ok(())
+    }
+
     /// Stops the run when `stop` is raised (SIGTERM / SIGINT, see [`crate::signals`]): the
     /// request travels in the next step's control all-reduce, so every rank learns of it in
     /// the same step, whichever rank got it; they finish that step, write a checkpoint, and
@@ -574,6 +603,7 @@ fn streaming<T: Transport>(
         overlap,
         mixing,
         stripes,
+        ..
     } = plan.config.sync
     else {
         return Err(TrainError::Config("sync.kind: not streaming-diloco".into()));
@@ -601,6 +631,7 @@ fn streaming<T: Transport>(
             outer_momentum: outer_momentum as f32,
             overlap,
             mixing: mixing as f32,
+            total_steps: plan.total_steps,
         },
         infos.iter().map(ParamInfo::numel).sum(),
     )))

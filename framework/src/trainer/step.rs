@@ -326,6 +326,7 @@ impl<T: Transport> Trainer<T> {
                 path: "(synchronisation state)".into(),
                 reason,
             },
+            SyncError::Background(reason) => TrainError::Sync { step, reason },
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use dtrain_comms::{channel_mesh, split_ps, CommConfig, Communicator};
+use dtrain_comms::{channel_mesh, split_ps, split_tagged, CommConfig, Communicator};
 use dtrain_framework::config::{RunConfig, SyncConfig};
 use dtrain_framework::data::TrainData;
 use dtrain_framework::trainer::{RunDir, Summary, Trainer};
@@ -111,12 +111,17 @@ pub fn run_all_slow(
                 let plan = cfg
                     .validate("base.toml", Some(data.train_examples()))
                     .unwrap();
-                let (coll, lane) = split_ps(t);
+                // As `dtrain worker` does: a second lane for the parameter server or for
+                // exchanges in flight.
+                let second = cfg.sync.wants_second_lane();
+                let (coll, lane) = if second { split_tagged(t) } else { split_ps(t) };
                 let comm = Communicator::new(coll, CommConfig::default());
                 let device = dtrain_models::cpu_device();
                 let mut tr = Trainer::new(plan, data, comm, &device, out.clone()).unwrap();
                 if ps {
                     tr.attach_parameter_server(lane).unwrap();
+                } else if second {
+                    tr.attach_background(lane).unwrap();
                 }
                 if resume {
                     let dir = out.as_ref().unwrap().latest().expect("a checkpoint");
