@@ -37,6 +37,9 @@ peer_timeout_s = 2.0
 [compress]
 kind = "topk"
 ratio = 0.1
+# Pinned: "auto" picks each bucket's collective from timings taken at start-up, so a
+# straight run and a stopped one could route (and round) differently on a loaded machine.
+collective = "allgather"
 [checkpoint]
 every_steps = 25
 every_epochs = 0

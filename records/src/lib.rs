@@ -183,6 +183,11 @@ pub struct StepRecord {
     /// `sync_s` that is load imbalance or jitter rather than the call itself.
     #[serde(with = "float::opt", skip_serializing_if = "Option::is_none")]
     pub behind_slowest_s: Option<f64>,
+    /// A 64-bit hash of this rank's parameters after the step (16 hex digits), at the
+    /// steps where the workers compared theirs (`cluster.check_replicas_every`); the same
+    /// on every rank, or the run stopped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub param_hash: Option<String>,
 }
 
 /// One line of `eval.jsonl` (also `summary.json`'s `final_eval`).

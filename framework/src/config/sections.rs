@@ -337,6 +337,16 @@ pub struct ClusterConfig {
     /// (default 120).
     #[serde(default = "default_timeout")]
     pub timeout_s: f64,
+    /// Every how many steps the workers compare a hash of their parameters (default 100; 0
+    /// turns the check off): one all-reduce of four floats per worker. The hash goes into
+    /// `metrics.jsonl` (`param_hash`), and replicas that differ stop the run, naming the
+    /// ranks and the step. Steps where the replicas legitimately differ (between the rounds
+    /// of a periodic `[sync]`, an asynchronous parameter server) are not checked.
+    #[serde(
+        default = "check_replicas_every",
+        skip_serializing_if = "is_check_replicas_every"
+    )]
+    pub check_replicas_every: u64,
     /// How gradients are combined: `"allreduce"` (default: collectives, lock-step) or
     /// `"ps"` (a parameter server co-located with the workers, see [`ClusterConfig::servers`]
     /// and [`ClusterConfig::staleness`]).
@@ -399,6 +409,14 @@ impl Default for Liveness {
     }
 }
 
+fn check_replicas_every() -> u64 {
+    100
+}
+
+fn is_check_replicas_every(v: &u64) -> bool {
+    *v == check_replicas_every()
+}
+
 fn is_default<T: Default + PartialEq>(v: &T) -> bool {
     *v == T::default()
 }
@@ -431,6 +449,7 @@ impl Default for ClusterConfig {
             threads: 1,
             device: DeviceKind::Cpu,
             timeout_s: default_timeout(),
+            check_replicas_every: check_replicas_every(),
             mode: ClusterMode::AllReduce,
             servers: None,
             staleness: 0,

@@ -150,6 +150,13 @@ pub(crate) trait GradientSync<T: Transport> {
         Ok(None)
     }
 
+    /// Whether every rank's parameters must be identical now (after this step's update):
+    /// false between a periodic synchronisation's rounds, where each replica trains on
+    /// its own. Default: true.
+    fn identical(&self) -> bool {
+        true
+    }
+
     /// Waits for every update still in flight (before collectives that need identical
     /// replicas: evaluation, checkpoints). Default: nothing is ever in flight.
     fn drain(&mut self) -> Result<Vec<Ready>, SyncError> {

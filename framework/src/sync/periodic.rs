@@ -237,6 +237,10 @@ impl<T: Transport> GradientSync<T> for Periodic {
         Ok(non_finite)
     }
 
+    fn identical(&self) -> bool {
+        self.identical
+    }
+
     fn consensus(
         &mut self,
         comm: &mut Communicator<T>,

@@ -574,6 +574,10 @@ impl<T: Transport> GradientSync<T> for Streaming {
         true
     }
 
+    fn identical(&self) -> bool {
+        self.identical
+    }
+
     fn consensus(
         &mut self,
         comm: &mut Communicator<T>,

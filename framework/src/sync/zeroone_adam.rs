@@ -291,6 +291,10 @@ impl<T: Transport> GradientSync<T> for ZeroOneAdam {
         Ok(non_finite)
     }
 
+    fn identical(&self) -> bool {
+        self.c.identical
+    }
+
     fn consensus(
         &mut self,
         comm: &mut Communicator<T>,

@@ -36,6 +36,7 @@ mod checkpointing;
 pub mod elastic;
 mod failure;
 mod metrics;
+mod replicas;
 mod run;
 mod step;
 

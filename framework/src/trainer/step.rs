@@ -185,6 +185,7 @@ impl<T: Transport> Trainer<T> {
             server_s: None,
             slowest_rank,
             behind_slowest_s,
+            param_hash: None,
         });
         if async_ps && (ctl[3] > 0.0 || ctl[4] > 0.0) {
             // The servers' step clock needs this step's push from every worker: push zeros.
@@ -251,6 +252,9 @@ impl<T: Transport> Trainer<T> {
             .map_err(|e| self.step_error(e))?;
         if non_finite {
             return self.bad_step("averaged parameter change", *record, t0);
+        }
+        if self.replica_check_due(step) {
+            record.param_hash = Some(self.check_replicas(step)?);
         }
         record.time.step_s = t0.elapsed().as_secs_f64();
         Ok(StepOutcome::Done(record))
