@@ -83,14 +83,16 @@ pub(crate) struct Periodic {
 
 impl Periodic {
     /// The synchronisation `cfg` on a model of `num_params` parameters, exchanging through
-    /// `inner`: `inner` itself for `every-step`, else a periodic one.
+    /// `inner`: `inner` itself for `every-step`, else a periodic one. `None` for
+    /// `streaming-diloco`, which the trainer builds itself (it needs an exchanger per
+    /// fragment, see [`super::Streaming`]).
     pub(crate) fn for_config<T: Transport>(
         inner: Collectives,
         cfg: &SyncConfig,
         num_params: usize,
-    ) -> Box<dyn GradientSync<T>> {
+    ) -> Option<Box<dyn GradientSync<T>>> {
         let (period, start, outer_lr, outer_momentum) = match *cfg {
-            SyncConfig::EveryStep => return Box::new(inner),
+            SyncConfig::EveryStep => return Some(Box::new(inner)),
             SyncConfig::LocalSgd { period } => (period, 0, 1.0, 0.0),
             SyncConfig::PostLocalSgd {
                 period,
@@ -102,17 +104,9 @@ impl Periodic {
                 outer_momentum,
                 switch_step,
             } => (period, switch_step, outer_lr as f32, outer_momentum as f32),
-            // The trainer builds [`super::Streaming`] itself (it needs the fragments'
-            // exchangers); should it come here, it is DiLoCo on one fragment with τ = 0.
-            SyncConfig::StreamingDiloco {
-                period,
-                outer_lr,
-                outer_momentum,
-                switch_step,
-                ..
-            } => (period, switch_step, outer_lr as f32, outer_momentum as f32),
+            SyncConfig::StreamingDiloco { .. } => return None,
         };
-        Box::new(Periodic {
+        Some(Box::new(Periodic {
             inner,
             kind: cfg.name(),
             period: period.max(1),
@@ -124,7 +118,7 @@ impl Periodic {
             velocity: Vec::new(),
             scratch: Vec::new(),
             identical: true,
-        })
+        }))
     }
 
     /// Whether `step` is a local step.

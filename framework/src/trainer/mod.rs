@@ -352,7 +352,13 @@ impl<T: Transport> Trainer<T> {
                 Collectives::new(exchanger),
                 &plan.config.sync,
                 table.num_params(),
-            ),
+            )
+            .ok_or_else(|| {
+                TrainError::Config(format!(
+                    "sync.kind = {:?} has no single-exchanger synchronisation",
+                    plan.config.sync.name()
+                ))
+            })?,
             Some(schedule) => {
                 // The dense steps' all-reduce: the same buckets, uncompressed (hierarchical
                 // across hosts as the run's own dense buckets are).
