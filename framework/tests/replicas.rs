@@ -63,6 +63,25 @@ fn the_hash_is_checked_and_written_where_the_replicas_must_agree() {
         .filter_map(|(s, h)| h.map(|_| s))
         .collect();
     assert_eq!(checked, vec![3, 7]);
+    // DiLoCo with rounds of 4, checks every 3 steps: each check waits for the round's end
+    // (steps 3, 7, 11: one per multiple of 3 passed).
+    let dir = tempfile::tempdir().unwrap();
+    run(
+        2,
+        &[
+            "train.max_steps=12",
+            "cluster.check_replicas_every=3",
+            "sync.kind=\"diloco\"",
+            "sync.period=4",
+        ],
+        Some(dir.path()),
+        false,
+    );
+    let checked: Vec<u64> = hashes(dir.path())
+        .into_iter()
+        .filter_map(|(s, h)| h.map(|_| s))
+        .collect();
+    assert_eq!(checked, vec![3, 7, 11]);
     // Off.
     let dir = tempfile::tempdir().unwrap();
     run(

@@ -341,7 +341,9 @@ pub struct ClusterConfig {
     /// turns the check off): one all-reduce of four floats per worker. The hash goes into
     /// `metrics.jsonl` (`param_hash`), and replicas that differ stop the run, naming the
     /// ranks and the step. Steps where the replicas legitimately differ (between the rounds
-    /// of a periodic `[sync]`, an asynchronous parameter server) are not checked.
+    /// of a periodic `[sync]`, an asynchronous parameter server) are not checked: the check
+    /// waits for the next step where they must agree (a round's end). Streaming DiLoCo's
+    /// replicas never agree after its first local step, so it is never checked there.
     #[serde(
         default = "check_replicas_every",
         skip_serializing_if = "is_check_replicas_every"

@@ -262,6 +262,8 @@ pub struct Trainer<T: Transport> {
     /// When this rank last left the gradient exchange (the step's last collective).
     left_exchange: Option<Instant>,
     /// The step of the checkpoint this worker resumed from, as its writer counted steps.
+    /// The step count (`step + 1`) of the last comparison of the replicas' hashes.
+    replicas_checked_at: u64,
     resumed_step: Option<u64>,
     /// Where a request to stop comes from ([`Trainer::stop_on`]).
     stop: Option<StopRequest>,
@@ -407,6 +409,7 @@ impl<T: Transport> Trainer<T> {
             left_exchange: None,
             last_checkpoint: None,
             resumed_step: None,
+            replicas_checked_at: 0,
             stop: None,
             stopping: None,
             hosts: exchanger_hosts,

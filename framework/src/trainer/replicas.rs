@@ -1,5 +1,6 @@
-//! The replicas stay identical: every `cluster.check_replicas_every` steps the workers
-//! compare a hash of their parameters (issue 53, scope 3). One all-reduce of four floats
+//! The replicas stay identical: every `cluster.check_replicas_every` steps (at the first
+//! step from there where they must be identical) the workers compare a hash of their
+//! parameters (issue 53, scope 3). One all-reduce of four floats
 //! per worker tells every rank every rank's hash; a mismatch stops the run naming the
 //! ranks, their hashes and the step — never a silent divergence.
 
@@ -58,11 +59,13 @@ fn describe(hashes: &[u64]) -> String {
 }
 
 impl<T: Transport> Trainer<T> {
-    /// Whether the replicas are compared after `step` (see the [module docs](self)).
+    /// Whether the replicas are compared after `step`: the first step, at or after each
+    /// multiple of `check_replicas_every` steps, where they must be identical (a periodic
+    /// `[sync]`'s round may end between two multiples).
     pub(super) fn replica_check_due(&self, step: u64) -> bool {
         let every = self.plan.config.cluster.check_replicas_every;
         every > 0
-            && (step + 1).is_multiple_of(every)
+            && (step + 1) / every > self.replicas_checked_at / every
             && self.sync.lockstep()
             && self.sync.identical()
     }
@@ -70,6 +73,7 @@ impl<T: Transport> Trainer<T> {
     /// Compares the replicas' parameters after `step`; this rank's hash as written into
     /// `metrics.jsonl`, or the error naming the ranks that differ.
     pub(super) fn check_replicas(&mut self, step: u64) -> Result<String, TrainError> {
+        self.replicas_checked_at = step + 1;
         let own = param_hash(&self.params());
         if self.world > 1 {
             let mut all = vec![0.0f32; 4 * self.world];
