@@ -24,6 +24,14 @@ fn hashes(dir: &std::path::Path) -> Vec<(u64, Option<String>)> {
         .collect()
 }
 
+/// The steps whose record carries the hash.
+fn checked_steps(dir: &std::path::Path) -> Vec<u64> {
+    hashes(dir)
+        .into_iter()
+        .filter_map(|(s, h)| h.map(|_| s))
+        .collect()
+}
+
 #[test]
 fn the_hash_is_checked_and_written_where_the_replicas_must_agree() {
     // Every step: every second step carries the hash.
@@ -58,11 +66,7 @@ fn the_hash_is_checked_and_written_where_the_replicas_must_agree() {
         Some(dir.path()),
         false,
     );
-    let checked: Vec<u64> = hashes(dir.path())
-        .into_iter()
-        .filter_map(|(s, h)| h.map(|_| s))
-        .collect();
-    assert_eq!(checked, vec![3, 7]);
+    assert_eq!(checked_steps(dir.path()), vec![3, 7]);
     // DiLoCo with rounds of 4, checks every 3 steps: each check waits for the round's end
     // (steps 3, 7, 11: one per multiple of 3 passed).
     let dir = tempfile::tempdir().unwrap();
@@ -77,11 +81,7 @@ fn the_hash_is_checked_and_written_where_the_replicas_must_agree() {
         Some(dir.path()),
         false,
     );
-    let checked: Vec<u64> = hashes(dir.path())
-        .into_iter()
-        .filter_map(|(s, h)| h.map(|_| s))
-        .collect();
-    assert_eq!(checked, vec![3, 7, 11]);
+    assert_eq!(checked_steps(dir.path()), vec![3, 7, 11]);
     // Off.
     let dir = tempfile::tempdir().unwrap();
     run(
