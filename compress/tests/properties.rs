@@ -408,6 +408,84 @@ fn error_feedback_invariant() {
     }
 }
 
+/// DGC's momentum correction (`compress.memory = { kind = "dgc-momentum" }`, issue 55) under
+/// every method: the memory accumulates the velocity `u ← m·u + g`, `v ← v + u`, sends
+/// `C(v)` and keeps `v − D(C(v))`; with masking, the momentum of every coordinate sent out of
+/// a segment that held something back stops. Checked through the pipeline, as the
+/// exchanger runs it, and across a checkpoint of the memory (export / import).
+#[test]
+fn momentum_correction_invariant() {
+    use dtrain_compress::memory::{Clip, DgcMemory};
+    let m = 0.9f32;
+    for method in METHODS {
+        let cfg = (method.default)();
+        let mut pipe = Pipeline::new(
+            cfg.build().unwrap(),
+            Box::new(DgcMemory::new(m, false, true, Clip::None)),
+        );
+        let n = 3000;
+        let segs = segments(&[1000, 2000]);
+        let mut payload = Payload::new();
+        let (mut u, mut v) = (vec![0f32; n], vec![0f32; n]);
+        for step in 0..4u64 {
+            if step == 2 {
+                // A checkpoint and a resume in the middle: the state carries over exactly.
+                let state = pipe.export_memory();
+                let mut fresh = Pipeline::new(
+                    cfg.build().unwrap(),
+                    Box::new(DgcMemory::new(m, false, true, Clip::None)),
+                );
+                fresh.import_memory(state.clone());
+                assert_eq!(fresh.export_memory(), state, "{}", method.name);
+                // The compressor's own state (θ schedules, warm starts) is not the
+                // memory's: keep the original pipeline, whose memory now round-tripped.
+                pipe.import_memory(state);
+            }
+            let g = gradient(n, 20 + step);
+            let c = Ctx {
+                step,
+                rank: 0,
+                bucket: 1,
+                segments: &segs,
+            };
+            pipe.compress(&g, &c, &mut Rng::for_step(1, step, 0, 1), &mut payload)
+                .unwrap();
+            let mut d = vec![0f32; n];
+            pipe.decompress_add(payload.as_bytes(), &mut d).unwrap();
+            let state = pipe.export_memory().remove(&1).unwrap();
+            let (u_new, v_new) = state.split_at(n);
+            let mut worst = 0f64;
+            for seg in &segs {
+                // Whether the segment held anything back (then its sent momentum stops).
+                let partial = seg.clone().any(|i| v_new[i] != 0.0);
+                for i in seg.clone() {
+                    let u_want = m * u[i] + g[i];
+                    let p = v[i] + u_want;
+                    // D(msg) + v_new == v_old + u_new.
+                    let lhs = d[i] as f64 + v_new[i] as f64;
+                    let tol = 1e-6 * (1.0 + (p as f64).abs().max(d[i].abs() as f64));
+                    worst = worst.max((lhs - p as f64).abs() / tol);
+                    let sent = d[i] != 0.0;
+                    let u_expect = if partial && sent { 0.0 } else { u_want };
+                    assert_eq!(
+                        u_new[i].to_bits(),
+                        u_expect.to_bits(),
+                        "{}: step {step}, momentum of {i}",
+                        method.name
+                    );
+                }
+            }
+            assert!(
+                worst <= 1.0,
+                "{}: momentum-correction invariant off by {worst} tolerances",
+                method.name
+            );
+            u = u_new.to_vec();
+            v = v_new.to_vec();
+        }
+    }
+}
+
 #[test]
 fn payload_from_another_method_is_refused() {
     let mut methods = all();

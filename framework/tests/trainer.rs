@@ -340,6 +340,23 @@ fn resume_is_exact_for_stateful_compressors() {
         ],
     );
     resume_is_exact(3, &["compress.kind=scalecom", "compress.ratio=0.05"]);
+    // DGC's momentum correction under other methods (issue 55): the memory holds the
+    // momentum and the velocity of each bucket, and both resume.
+    resume_is_exact(
+        2,
+        &[
+            "compress.kind=fft",
+            "compress.memory={ kind = \"dgc-momentum\", masking = false }",
+        ],
+    );
+    resume_is_exact(
+        2,
+        &[
+            "compress.kind=topk",
+            "compress.ratio=0.05",
+            "compress.memory={ kind = \"dgc-momentum\" }",
+        ],
+    );
     // DeMo: the momentum is the memory (β = 0.999), the step the sign of the mean.
     resume_is_exact(
         2,
