@@ -366,6 +366,17 @@ fn a_killed_worker_ends_the_run_or_is_restarted_from_the_newest_intact_checkpoin
     assert_eq!(r[0]["rank"], 1);
     assert!(r[0]["cause"].as_str().unwrap().contains("SIGKILL"), "{s}");
     assert!(r[0]["step"].as_u64().unwrap() >= 50, "{s}");
+    // The work lost: the steps from the checkpoint to where the kill found the run (60 or
+    // more were logged), and their time.
+    let (from, reached) = (
+        r[0]["step"].as_u64().unwrap(),
+        r[0]["reached"].as_u64().unwrap(),
+    );
+    assert!(reached >= 60 && reached >= from, "{s}");
+    assert_eq!(r[0]["steps_lost"].as_u64(), Some(reached - from), "{s}");
+    let lost_s = r[0]["lost_s"].as_f64().unwrap();
+    assert!(lost_s >= 0.0 && (reached == from) == (lost_s == 0.0), "{s}");
+    assert!(log.contains("of training lost): restart 1 of 1"), "{log}");
     assert_eq!(s["steps"], 300);
     // Each step is recorded once, in order, though some ran twice.
     let steps: Vec<u64> = losses(&dir).iter().map(|l| l.0).collect();

@@ -401,6 +401,16 @@ pub struct Restart {
     /// Seconds from the start of the attempt to the failure.
     #[serde(with = "float::num")]
     pub after_s: f64,
+    /// The steps the failed attempt had completed (its newest step + 1, from
+    /// `metrics.jsonl`), at least `step`.
+    pub reached: u64,
+    /// The steps done again: `reached − step`.
+    pub steps_lost: u64,
+    /// The training time those steps had taken (their step times in `metrics.jsonl`,
+    /// scaled up where `output.log_every` left steps out): the work the failure cost, the
+    /// restart's own start-up aside.
+    #[serde(with = "float::num")]
+    pub lost_s: f64,
 }
 
 #[cfg(test)]

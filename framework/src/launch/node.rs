@@ -147,6 +147,8 @@ impl Node<'_> {
             // The rendezvous of the failed attempt is abandoned (its thread ends at its
             // timeout); the next attempt has its own.
             drop(host);
+            // What the failed attempt had done, read before its records are pruned.
+            let done = read_steps(&self.dir.root.join("metrics.jsonl"));
             let (best, skipped) = self.dir.newest_intact();
             for s in &skipped {
                 log(&format!(
@@ -170,15 +172,21 @@ impl Node<'_> {
                 }
             };
             resume = best.is_some();
+            let lost = lost_work(&done, step);
             restarts.push(Restart {
                 rank,
                 cause: cause.clone(),
                 step,
                 after_s: started.elapsed().as_secs_f64(),
+                reached: lost.reached,
+                steps_lost: lost.reached - step,
+                lost_s: lost.seconds,
             });
             log(&format!(
-                "{what} after {:.1} s: restart {} of {} {}",
+                "{what} after {:.1} s ({} step(s), {:.1} s of training lost): restart {} of {} {}",
                 started.elapsed().as_secs_f64(),
+                lost.reached - step,
+                lost.seconds,
                 restarts.len(),
                 self.opts.max_restarts,
                 match &best {
@@ -188,6 +196,44 @@ impl Node<'_> {
             ));
         }
     }
+}
+
+/// `(step, step_s)` of every line of the run's `metrics.jsonl` (none when it is missing;
+/// a line that does not parse, e.g. the one a killed worker was writing, is skipped).
+fn read_steps(path: &std::path::Path) -> Vec<(u64, f64)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<dtrain_records::StepRecord>(l).ok())
+        .map(|r| (r.step, r.time.step_s))
+        .collect()
+}
+
+/// The work a restart from `step` redoes.
+struct Lost {
+    /// Steps the failed attempt completed (newest logged step + 1), at least `step`.
+    reached: u64,
+    /// Their training time.
+    seconds: f64,
+}
+
+/// What restarting from `step` loses of the attempt whose logged steps are `done`: the
+/// steps from `step` to the newest logged one, and their time (the mean logged step time
+/// over the steps lost, so that `output.log_every` > 1 still counts every step).
+fn lost_work(done: &[(u64, f64)], step: u64) -> Lost {
+    let after: Vec<&(u64, f64)> = done.iter().filter(|(s, _)| *s >= step).collect();
+    let reached = after
+        .iter()
+        .map(|(s, _)| s + 1)
+        .max()
+        .unwrap_or(step)
+        .max(step);
+    let seconds = if after.is_empty() {
+        0.0
+    } else {
+        let mean = after.iter().map(|(_, t)| t).sum::<f64>() / after.len() as f64;
+        mean * (reached - step) as f64
+    };
+    Lost { reached, seconds }
 }
 
 /// The newest checkpoint intact on every rank, as a phrase, and how to continue from it;
@@ -224,4 +270,24 @@ pub(super) fn stopped(signal: i32, note: &str, dir: &RunDir) -> String {
         signals::signal_name(signal),
         newest_intact_phrase(dir)
     )
+}
+
+#[cfg(test)]
+mod lost_tests {
+    use super::*;
+
+    #[test]
+    fn the_steps_after_the_checkpoint_are_lost_with_their_time() {
+        let done: Vec<(u64, f64)> = (0..40).map(|s| (s, 0.5)).collect();
+        let l = lost_work(&done, 25);
+        assert_eq!(l.reached, 40);
+        assert!((l.seconds - 7.5).abs() < 1e-12);
+        // Every 10th step logged: the mean step time counts the ones left out.
+        let sparse: Vec<(u64, f64)> = (0..4).map(|i| (i * 10, 0.5)).collect();
+        let l = lost_work(&sparse, 0);
+        assert_eq!((l.reached, l.seconds), (31, 15.5));
+        // Nothing logged after the checkpoint: nothing lost.
+        let l = lost_work(&done[..20], 25);
+        assert_eq!((l.reached, l.seconds), (25, 0.0));
+    }
 }
