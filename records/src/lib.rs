@@ -607,7 +607,7 @@ mod tests {
                 wall_s: f[15],
                 theta_scale: f[16],
                 lossy_dropped: f[17],
-                restarts: Some(vec![Restart { rank: Some(1), cause: "x".into(), step: 3, after_s: after }]),
+                restarts: Some(vec![Restart { rank: Some(1), cause: "x".into(), step: 3, after_s: after, reached: 5, steps_lost: 2, lost_s: after }]),
                 ..Summary::default()
             };
             let text = serde_json::to_string_pretty(&s).unwrap();
@@ -628,7 +628,9 @@ mod tests {
             prop_assert!(same_phases(&p, &back.mean_step.unwrap()));
             let e = back.final_eval.unwrap();
             prop_assert!(same_opt(eval.perplexity, e.perplexity));
-            prop_assert!(same(after, back.restarts.unwrap()[0].after_s));
+            let r = &back.restarts.unwrap()[0];
+            prop_assert!(same(after, r.after_s) && same(after, r.lost_s));
+            prop_assert_eq!((r.reached, r.steps_lost), (5, 2));
         }
     }
 }
