@@ -306,6 +306,13 @@ fn print_summary(dir: &Path, s: &dtrain_framework::trainer::Summary) {
         1e3 * t.decompress_s,
         1e3 * t.optimizer_s
     );
+    if t.in_flight_s > 0.0 {
+        println!(
+            "exchanges in flight across steps: {:.1} ms per step on their own thread, beside \
+             the compute (the wait for what they had left is in communicate)",
+            1e3 * t.in_flight_s
+        );
+    }
     if let Some(line) = slowest_line(s.slowest_rank_steps.as_deref().unwrap_or_default()) {
         println!("{line}");
     }

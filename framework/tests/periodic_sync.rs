@@ -322,6 +322,10 @@ fn streaming_diloco_in_flight_trains_the_blocking_model() {
     );
     let peak = |r: &Run| r.summary.bytes_sent_peak.unwrap() as f64;
     assert!(peak(&in_flight) >= peak(&blocking), "peak bytes");
+    // The time the exchanges ran on their thread is recorded; the blocking ones have none.
+    let in_flight_s = |r: &Run| r.summary.mean_step.unwrap().in_flight_s;
+    assert!(in_flight_s(&in_flight) > 0.0);
+    assert_eq!(in_flight_s(&blocking), 0.0);
 }
 
 /// One worker, outer lr 1 and no outer momentum: each fragment's outer step lands on the

@@ -70,6 +70,15 @@ pub struct Phases {
     /// The whole step, wall clock.
     #[serde(with = "float::num")]
     pub step_s: f64,
+    /// Exchanges left in flight across steps (Streaming DiLoCo's fragments): how long the
+    /// ones taken back at this step ran on their own thread, beside the steps' compute. Not
+    /// part of `step_s`; the part the overlap did not hide is the wait in `communicate_s`.
+    #[serde(with = "float::num", skip_serializing_if = "is_zero")]
+    pub in_flight_s: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl Phases {
@@ -101,6 +110,7 @@ impl Phases {
         self.sync_s += o.sync_s;
         self.optimizer_s += o.optimizer_s;
         self.step_s += o.step_s;
+        self.in_flight_s += o.in_flight_s;
     }
 
     /// Every phase times `k` (a mean from a sum).
@@ -116,6 +126,7 @@ impl Phases {
             sync_s: self.sync_s * k,
             optimizer_s: self.optimizer_s * k,
             step_s: self.step_s * k,
+            in_flight_s: self.in_flight_s * k,
         }
     }
 }
@@ -519,6 +530,7 @@ mod tests {
                 p.sync_s,
                 p.optimizer_s,
                 p.step_s,
+                p.in_flight_s,
             ]
         };
         f(a).iter().zip(f(b)).all(|(x, y)| same(*x, y))
@@ -542,7 +554,7 @@ mod tests {
     }
 
     fn any_phases() -> impl Strategy<Value = Phases> {
-        proptest::collection::vec(any_f64(), 10).prop_map(|v| Phases {
+        proptest::collection::vec(any_f64(), 11).prop_map(|v| Phases {
             data_s: v[0],
             forward_s: v[1],
             backward_s: v[2],
@@ -553,6 +565,7 @@ mod tests {
             sync_s: v[7],
             optimizer_s: v[8],
             step_s: v[9],
+            in_flight_s: v[10],
         })
     }
 

@@ -797,6 +797,7 @@ mod tests {
             wait_s: 2.0,
             sync_s: 0.5,
             step_s: 13.5,
+            in_flight_s: 0.0,
         };
         assert_eq!(p.compute_s(), 10.0);
         assert_eq!(p.codec_s(), 0.75);

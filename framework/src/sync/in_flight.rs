@@ -16,6 +16,7 @@
 use std::collections::VecDeque;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use dtrain_comms::{Communicator, Transport};
 use dtrain_records::StepRecord;
@@ -41,6 +42,8 @@ pub(crate) struct Done {
     pub(crate) result: Result<bool, SyncError>,
     /// Its bytes, times and the method's figures.
     pub(crate) record: StepRecord,
+    /// Seconds from the start of the job to its end on the thread.
+    pub(crate) took_s: f64,
 }
 
 /// The thread running exchanges in the background (see the [module docs](self)).
@@ -61,6 +64,7 @@ impl InFlight {
             .name(format!("dtrain-in-flight-{}", comm.rank()))
             .spawn(move || {
                 for mut job in rx {
+                    let t = Instant::now();
                     let mut record = StepRecord::default();
                     let result = job
                         .ex
@@ -72,6 +76,7 @@ impl InFlight {
                         buf: job.buf,
                         result,
                         record,
+                        took_s: t.elapsed().as_secs_f64(),
                     };
                     if tx.send(d).is_err() || failed {
                         // Nobody waits for more, or the connections failed: the jobs still

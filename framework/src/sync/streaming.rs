@@ -256,6 +256,8 @@ struct Late {
     payload_bytes: u64,
     /// Seconds the main thread waited for them.
     wait_s: f64,
+    /// Seconds they ran on their thread.
+    in_flight_s: f64,
     ratio: Option<(String, f64)>,
 }
 
@@ -391,12 +393,13 @@ impl Streaming {
             buf,
             result,
             record,
-            ..
+            took_s,
         }) = bg.next()?
         else {
             return Ok(false);
         };
         self.late.wait_s += t.elapsed().as_secs_f64();
+        self.late.in_flight_s += took_s;
         let frag = &mut self.frags[id];
         if frag.scale_later != 1.0 {
             ex.scale_exchanger_theta(frag.scale_later);
@@ -449,6 +452,7 @@ impl Streaming {
         record.bytes_received += late.bytes_received;
         record.payload_bytes += late.payload_bytes;
         record.time.communicate_s += late.wait_s;
+        record.time.in_flight_s += late.in_flight_s;
         if let Some((n, v)) = late.ratio {
             record.ratio_name = Some(n);
             record.ratio = Some(v);
