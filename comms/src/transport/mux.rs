@@ -13,13 +13,14 @@
 //! A peer whose connection closed (or went silent) is reported on **each** lane once, after
 //! the messages it sent to that lane, exactly as the underlying driver reports it.
 //!
-//! The two lanes may be used from two threads at once (a trainer's control collectives on
-//! one, a fragment exchange left in flight across steps on the other, see [`split_tagged`]).
+//! The lanes of [`split_tagged`] may be used from two threads at once (a trainer's control
+//! collectives on one, a fragment exchange left in flight across steps on the other).
 //! Whichever lane is waiting reads the underlying transport, in slices of at most
 //! [`READ_SLICE`], and hands the other lane's messages over (waking it); a lane that finds
 //! the transport being read waits for such a hand-over instead. A send waits for the
 //! current read slice to end, so a send can be late by up to [`READ_SLICE`] while the other
-//! lane is receiving; with one lane in use at a time nothing changes.
+//! lane is receiving. [`split`]'s lanes (the parameter server's) are used in turn: a read
+//! there waits its whole deadline in one call, as the transport's own would.
 //!
 //! [`Transport::bytes`] of a lane counts that lane's messages only (framing included, as
 //! the driver counts them): its sends, and the messages classified to it.
@@ -74,7 +75,9 @@ struct Shared<T> {
     /// Sends waiting for the transport: a reading lane lets them have it first.
     sends_waiting: AtomicUsize,
     classify: fn(&[u8]) -> usize,
-    /// The tag lane 1's messages carry as their first byte ([`split_tagged`]).
+    /// The tag lane 1's messages carry as their first byte ([`split_tagged`]). Its lanes
+    /// are meant for two threads: a read holds the transport for [`READ_SLICE`] at most.
+    /// (Without a tag the lanes are used in turn, and a read waits its whole deadline.)
     tag: Option<u8>,
 }
 
@@ -249,7 +252,10 @@ impl<T: Transport> Lane<T> {
             if now >= deadline {
                 return Err(TransportError::Timeout);
             }
-            let until = deadline.min(now + READ_SLICE);
+            let until = match self.shared.tag {
+                Some(_) => deadline.min(now + READ_SLICE),
+                None => deadline,
+            };
             let got = if self.shared.sends_waiting.load(Ordering::Acquire) > 0 {
                 Err(TryLockError::WouldBlock)
             } else {
