@@ -608,6 +608,21 @@ pub trait Compressor: Send {
     }
 }
 
+/// Whether `c` runs an agreement phase (a [`Compressor::broadcast_root`] or a
+/// [`Compressor::summed_agreement`]) at any step: judged at the first step and at a late
+/// one, because a method may start late — PowerSGD with `start_step` sends its first steps
+/// dense and agrees on `P` from then on. Routes and error-feedback keepers chosen once for
+/// a run must fit its later steps, not only its first.
+pub fn two_phase(c: &dyn Compressor) -> bool {
+    [0, u64::MAX].into_iter().any(|step| {
+        let at = Ctx {
+            step,
+            ..Ctx::default()
+        };
+        c.broadcast_root(&at).is_some() || c.summed_agreement(&at).is_some()
+    })
+}
+
 /// Panics unless `factor` is a valid θ scale factor (finite, ≥ 0); see
 /// [`Compressor::scale_theta`].
 pub fn check_factor(factor: f64) {

@@ -133,8 +133,9 @@ methods! {
 
 pub use compressor::{
     compress, compress_new, decompress, decompress_add, decompress_add_touched, decompress_mean,
-    decompress_sum_add, payload_bits, read_frame, sum_lanes, summable_lanes, write_frame_header,
-    Aggregation, Combine, Compressor, Ctx, LaneFormat, MethodId, Payload, Touched, HEADER_BITS,
+    decompress_sum_add, payload_bits, read_frame, sum_lanes, summable_lanes, two_phase,
+    write_frame_header, Aggregation, Combine, Compressor, Ctx, LaneFormat, MethodId, Payload,
+    Touched, HEADER_BITS,
 };
 pub use error::{CompressError, ConfigError, WireError};
 pub use memory::{Memory, MemoryConfig};

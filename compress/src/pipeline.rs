@@ -61,11 +61,7 @@ impl Pipeline {
     pub fn new(mut compressor: Box<dyn Compressor>, memory: Box<dyn Memory>) -> Self {
         // Only a one-phase method may keep it: the agreement phases read the compensated
         // buffer, which then would not hold the residual.
-        let one_phase = {
-            let ctx = Ctx::default();
-            compressor.broadcast_root(&ctx).is_none() && compressor.summed_agreement(&ctx).is_none()
-        };
-        let adopted = if memory.is_classic_residual() && one_phase {
+        let adopted = if memory.is_classic_residual() && !crate::two_phase(compressor.as_ref()) {
             compressor.adopt_error_feedback()
         } else {
             None

@@ -125,10 +125,7 @@ impl Collective {
     /// Summable methods already all-reduce their value lanes, and two-phase methods agree
     /// on the whole buffer first.
     pub fn chunkable(compressor: &dyn Compressor) -> bool {
-        let ctx = Ctx::default();
-        compressor.aggregation() != Aggregation::Summable
-            && compressor.broadcast_root(&ctx).is_none()
-            && compressor.summed_agreement(&ctx).is_none()
+        compressor.aggregation() != Aggregation::Summable && !crate::two_phase(compressor)
     }
 
     /// Whether this collective moves the bucket as dense f32 values (no compression on the

@@ -543,15 +543,7 @@ impl Exchanger {
     /// [module docs](self)), each with its collective; the method's own collective first.
     fn auto_routes(&self, pipe: &Pipeline) -> Vec<(Route, Collective)> {
         let c = pipe.compressor();
-        // Two-phase at some step: a method may start late (PowerSGD's `start_step` sends
-        // its first steps dense), and the route chosen now is the one of its later steps.
-        let two_phase = [0, u64::MAX].into_iter().any(|step| {
-            let at = Ctx {
-                step,
-                ..Ctx::default()
-            };
-            c.broadcast_root(&at).is_some() || c.summed_agreement(&at).is_some()
-        });
+        let two_phase = dtrain_compress::two_phase(c);
         let mut out: Vec<(Route, Collective)> = Vec::new();
         for g in COMPRESSED {
             let requested = g.fixed().expect("a fixed collective");
