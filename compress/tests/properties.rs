@@ -368,6 +368,28 @@ fn encoded_length_equals_the_formula() {
     }
 }
 
+/// One step of `pipe` on bucket 1 of rank 0 of 1: `g` compressed (through its memory) into
+/// `payload`, and the payload's decode.
+fn pipeline_step(
+    pipe: &mut Pipeline,
+    g: &[f32],
+    step: u64,
+    segs: &[Range<usize>],
+    payload: &mut Payload,
+) -> Vec<f32> {
+    let c = Ctx {
+        step,
+        rank: 0,
+        bucket: 1,
+        segments: segs,
+    };
+    pipe.compress(g, &c, &mut Rng::for_step(1, step, 0, 1), payload)
+        .unwrap();
+    let mut d = vec![0f32; g.len()];
+    pipe.decompress_add(payload.as_bytes(), &mut d).unwrap();
+    d
+}
+
 #[test]
 fn error_feedback_invariant() {
     // D(msg) + e_new == g + e_old, for every method under residual memory.
@@ -380,16 +402,7 @@ fn error_feedback_invariant() {
         let mut e_old = vec![0f32; n];
         for step in 0..4u64 {
             let g = gradient(n, 10 + step);
-            let c = Ctx {
-                step,
-                rank: 0,
-                bucket: 1,
-                segments: &segs,
-            };
-            pipe.compress(&g, &c, &mut Rng::for_step(1, step, 0, 1), &mut payload)
-                .unwrap();
-            let mut d = vec![0f32; n];
-            pipe.decompress_add(payload.as_bytes(), &mut d).unwrap();
+            let d = pipeline_step(&mut pipe, &g, step, &segs, &mut payload);
             let e_new = pipe.residual_signal(1, &segs, n).unwrap();
             let mut worst = 0f64;
             for i in 0..n {
@@ -442,16 +455,7 @@ fn momentum_correction_invariant() {
                 pipe.import_memory(state);
             }
             let g = gradient(n, 20 + step);
-            let c = Ctx {
-                step,
-                rank: 0,
-                bucket: 1,
-                segments: &segs,
-            };
-            pipe.compress(&g, &c, &mut Rng::for_step(1, step, 0, 1), &mut payload)
-                .unwrap();
-            let mut d = vec![0f32; n];
-            pipe.decompress_add(payload.as_bytes(), &mut d).unwrap();
+            let d = pipeline_step(&mut pipe, &g, step, &segs, &mut payload);
             let state = pipe.export_memory().remove(&1).unwrap();
             let (u_new, v_new) = state.split_at(n);
             let mut worst = 0f64;

@@ -195,8 +195,6 @@ struct Fragment {
     layout: FragmentLayout,
     /// Its exchanger (`None` while an exchange of it is in flight).
     ex: Option<Collectives>,
-    /// A θ factor of the recover policy that came while the exchanger was in flight.
-    scale_later: f64,
     /// θ₀ᵖ (empty before the first local step).
     anchor: Vec<f32>,
     /// vᵖ (empty until the first outer step with μ > 0).
@@ -296,7 +294,6 @@ impl Streaming {
                 .map(|(layout, ex)| Fragment {
                     layout,
                     ex: Some(ex),
-                    scale_later: 1.0,
                     anchor: Vec::new(),
                     velocity: Vec::new(),
                     pending: None,
@@ -347,19 +344,18 @@ impl Streaming {
             at: s + self.overlap,
             discard: false,
         });
-        let ex = frag.ex.as_mut().ok_or_else(|| in_flight_error(p))?;
+        let mut ex = frag.ex.take().ok_or_else(|| in_flight_error(p))?;
         match &mut self.background {
-            Some(bg) if self.overlap > 0 => {
-                let ex = frag.ex.take().ok_or_else(|| in_flight_error(p))?;
-                bg.start(Job {
-                    id: p,
-                    ex,
-                    buf: delta,
-                    step: s + self.start,
-                })
-            }
+            Some(bg) if self.overlap > 0 => bg.start(Job {
+                id: p,
+                ex,
+                buf: delta,
+                step: s + self.start,
+            }),
             _ => {
-                let non_finite = ex.exchange(comm, &mut delta, s + self.start, record)?;
+                let non_finite = ex.exchange(comm, &mut delta, s + self.start, record);
+                self.frags[p].ex = Some(ex);
+                let non_finite = non_finite?;
                 self.settle(p, &delta, non_finite);
                 self.part = delta;
                 Ok(())
@@ -389,7 +385,7 @@ impl Streaming {
         let t = Instant::now();
         let Some(Done {
             id,
-            mut ex,
+            ex,
             buf,
             result,
             record,
@@ -400,12 +396,7 @@ impl Streaming {
         };
         self.late.wait_s += t.elapsed().as_secs_f64();
         self.late.in_flight_s += took_s;
-        let frag = &mut self.frags[id];
-        if frag.scale_later != 1.0 {
-            ex.scale_exchanger_theta(frag.scale_later);
-            frag.scale_later = 1.0;
-        }
-        frag.ex = Some(ex);
+        self.frags[id].ex = Some(ex);
         let non_finite = result?;
         self.late.bytes_sent += record.bytes_sent;
         self.late.bytes_received += record.bytes_received;
@@ -606,11 +597,10 @@ impl<T: Transport> GradientSync<T> for Streaming {
 
     fn scale_theta(&mut self, factor: f64) {
         GradientSync::<T>::scale_theta(&mut self.inner, factor);
-        for f in &mut self.frags {
-            match &mut f.ex {
-                Some(ex) => ex.scale_exchanger_theta(factor),
-                None => f.scale_later *= factor,
-            }
+        // The recover policy scales θ right after a restore, which takes every exchange
+        // back: no exchanger is in flight here.
+        for ex in self.frags.iter_mut().filter_map(|f| f.ex.as_mut()) {
+            ex.scale_exchanger_theta(factor);
         }
     }
 
