@@ -6,7 +6,8 @@
 //! backend and encoded with the `image` crate; SVGs by plotters' SVG backend.
 //!
 //! Two kinds of chart cover everything the report and the simulator draw: a line chart
-//! ([`LinePlot`], with linear or logarithmic axes) and a horizontal stacked bar chart
+//! ([`LinePlot`], with linear or logarithmic axes; unconnected, a scatter chart, with
+//! optional horizontal reference lines) and a horizontal stacked bar chart
 //! ([`StackedBars`]). Each is written as `<stem>.svg` and `<stem>.png`.
 
 use std::fs;
@@ -141,6 +142,11 @@ pub struct LinePlot {
     pub y_from_zero: bool,
     /// Draw a marker at every point (for short series).
     pub markers: bool,
+    /// Join each series' points with a line; `false` draws markers only (a scatter chart,
+    /// whose legend then shows each series' marker).
+    pub connect: bool,
+    /// Horizontal reference lines: legend text and y value, drawn dashed across the chart.
+    pub references: Vec<(String, f64)>,
     /// Tick label format of the y axis (values in data units).
     pub y_format: fn(f64) -> String,
     /// Legend placement.
@@ -212,6 +218,15 @@ fn draw_lines<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, p: &LinePlot) -
     if x0 > x1 {
         (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
     }
+    let refs: Vec<(&str, f64)> = p
+        .references
+        .iter()
+        .filter_map(|(l, y)| Some((l.as_str(), p.y_scale.fwd(*y)?)))
+        .collect();
+    for &(_, y) in &refs {
+        y0 = y0.min(y);
+        y1 = y1.max(y);
+    }
     let (x0, x1) = p.x_scale.range(x0, x1, false);
     let (y0, y1) = p.y_scale.range(y0, y1, p.y_from_zero);
     let ticks = |s: Scale, lo: f64, hi: f64| match s {
@@ -239,17 +254,40 @@ fn draw_lines<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, p: &LinePlot) -
         .light_line_style(RGBColor(235, 235, 235))
         .draw()
         .map_err(err)?;
+    for (i, &(label, y)) in refs.iter().enumerate() {
+        let c = REFERENCE_GREYS[i % REFERENCE_GREYS.len()];
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(x0, y), (x1, y)],
+                8,
+                5,
+                c.stroke_width(2),
+            ))
+            .map_err(err)?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+    }
     for (i, (s, pts)) in p.series.iter().zip(&pts).enumerate() {
         let c = color(i);
-        chart
-            .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
-            .map_err(err)?
-            .label(s.label.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
-        if p.markers || pts.len() == 1 {
+        if p.connect {
             chart
-                .draw_series(pts.iter().map(|&q| Circle::new(q, 3, c.filled())))
+                .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
+                .map_err(err)?
+                .label(s.label.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
+                });
+        }
+        if p.markers || pts.len() == 1 || !p.connect {
+            // Beyond ten series the colours repeat: the marker's shape tells them apart.
+            let shown = chart
+                .draw_series(pts.iter().map(|&q| marker(q, i, c)))
                 .map_err(err)?;
+            if !p.connect {
+                shown
+                    .label(s.label.as_str())
+                    .legend(move |(x, y)| marker((x + 10, y), i, c));
+            }
         }
     }
     chart
@@ -260,6 +298,27 @@ fn draw_lines<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, p: &LinePlot) -
         .position(p.legend.position())
         .draw()
         .map_err(err)
+}
+
+/// Greys for the reference lines, darkest first.
+const REFERENCE_GREYS: [RGBColor; 3] = [
+    RGBColor(60, 60, 60),
+    RGBColor(130, 130, 130),
+    RGBColor(185, 185, 185),
+];
+
+/// The marker of series `i` at `at`: a circle for the first ten series (one colour each),
+/// then triangles, then crosses.
+fn marker<DB: DrawingBackend, C: Clone + 'static>(
+    at: C,
+    i: usize,
+    c: RGBColor,
+) -> DynElement<'static, DB, C> {
+    match i / COLORS.len() % 3 {
+        0 => Circle::new(at, 3, c.filled()).into_dyn(),
+        1 => TriangleMarker::new(at, 5, c.filled()).into_dyn(),
+        _ => Cross::new(at, 4, c.stroke_width(2)).into_dyn(),
+    }
 }
 
 fn draw_bars<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, p: &StackedBars) -> DrawResult {

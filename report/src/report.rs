@@ -7,13 +7,17 @@
 //!   breakdown, bytes sent per step, compression ratio, throughput, speed-up vs the
 //!   baseline), the step-time tail (runs of at least 20 steps), the rank the others waited
 //!   for (runs that record it: how often each rank reached the step's barrier last), the
-//!   pairwise speed-up matrix, mean and peak bytes per step with compute utilisation (when
+//!   pairwise speed-up matrix, quality against bytes (final accuracy or perplexity, the
+//!   difference from the baseline, bytes saved, the frontier: [`quality`]), mean and peak bytes per step with compute utilisation (when
 //!   some run sends in bursts: a peak above 1.5× its mean), and — when the runs differ in
 //!   worker count — bytes per worker vs P;
 //! * plots, each as `.svg` and `.png`: `loss_vs_time`, `loss_vs_step`,
 //!   `accuracy_vs_epoch` (and, for language models, `perplexity_vs_epoch` and — with two
 //!   evaluations or more — `perplexity_vs_time`), `loss_vs_bytes` (test loss against the
-//!   bytes sent before each evaluation, with two evaluations or more), `step_breakdown`,
+//!   bytes sent before each evaluation, with two evaluations or more),
+//!   `accuracy_vs_bytes` / `perplexity_vs_bytes` (each run's final metric against its mean
+//!   bytes per step, the baseline's level as a reference line; two such runs or more),
+//!   `step_breakdown`,
 //!   `step_time_cdf` (runs of at least 20 steps: the step-time distribution) and
 //!   `bytes_vs_workers` (at least two worker counts).
 //!
@@ -46,6 +50,7 @@ use crate::target::{Reached, Target};
 use dtrain_records::Provenance;
 
 mod plots;
+mod quality;
 use plots::write_plots;
 
 /// What [`report`] should do.
@@ -414,6 +419,7 @@ fn render_markdown(
     if let Some(target) = target {
         out.push_str(&target_section(target, rows));
     }
+    out.push_str(&quality::section(rows, &quality::points(rows)));
 
     // Periodic synchronisation sends in bursts: the link must carry a round's bytes in one
     // step, so the peak matters as much as the mean.

@@ -833,6 +833,8 @@ fn sim_plot(
             y_scale: Scale::Linear,
             y_from_zero: true,
             markers: true,
+            connect: true,
+            references: Vec::new(),
             y_format: md::tick,
             legend: Legend::UpperLeft,
             series: runs

@@ -206,7 +206,8 @@ fn two_methods_speedup_vs_baseline_and_peers() {
     // Default baseline: the one "none" run.
     let out = report(&inputs, &opts(tmp.path())).unwrap();
     let md = &out.markdown;
-    assert_eq!(check_tables(md), Ok(2), "{md}");
+    // Runs, quality against bytes, the speed-up matrix.
+    assert_eq!(check_tables(md), Ok(3), "{md}");
     let f = &out.runs[1];
     assert_eq!(f.label, "alexnet/fft P=2");
     assert_eq!(f.baseline.as_deref(), Some("alexnet/none P=2"));
@@ -255,7 +256,7 @@ fn worker_sweep_has_bytes_vs_p_table_and_plot() {
     let out = report(&[tmp.path().to_path_buf()], &opts(tmp.path())).unwrap();
     assert_eq!(out.runs.len(), 6);
     let md = &out.markdown;
-    assert_eq!(check_tables(md), Ok(3), "{md}");
+    assert_eq!(check_tables(md), Ok(4), "{md}");
     assert!(md.contains("## Bytes per worker per step vs P"));
     assert!(md.contains("| run | P=2 | P=4 | P=8 |"), "{md}");
     assert!(
@@ -556,4 +557,54 @@ fn bursts_show_their_peak_and_loss_is_plotted_against_bytes() {
     let n = names(&out.files);
     assert!(n.contains(&"loss_vs_bytes.svg".to_owned()), "{n:?}");
     check_plots(&out.files[1..]);
+}
+
+#[test]
+fn final_accuracy_is_tabled_and_plotted_against_bytes_with_the_frontier() {
+    let tmp = tempfile::tempdir().unwrap();
+    // (method, final accuracy, bytes sent per step)
+    let runs = [
+        ("none", 0.90, 4_000_000),
+        ("fft", 0.895, 400_000),
+        ("topk", 0.88, 400_000),
+        ("qsgd", 0.91, 1_000_000),
+    ];
+    let inputs: Vec<_> = runs
+        .iter()
+        .map(|&(m, acc, sent)| {
+            let mut spec = Spec::new("eq", m).payload(sent - 100, sent);
+            spec.evals = vec![(0, 5, 0.9, 0.5, 2.0), (1, 10, 0.5, acc, 1.6)];
+            spec.write(tmp.path(), &format!("eq_{m}/20261130-040000"))
+        })
+        .collect();
+    let out = report(&inputs, &opts(tmp.path())).unwrap();
+    let md = &out.markdown;
+    assert!(md.contains("## Quality against bytes"), "{md}");
+    // Fewest bytes first; topk is beaten by fft at the same bytes, none by qsgd at fewer.
+    let at = |s: &str| md.find(s).unwrap_or_else(|| panic!("{s:?} not in {md}"));
+    assert!(
+        at("| eq/fft P=2 | acc 89.50 % | -0.50 | 400 kB | 10.00× | yes |")
+            < at("| eq/qsgd P=2 | acc 91.00 % | +1.00 | 1.00 MB | 4.00× | yes |")
+    );
+    at("| eq/topk P=2 | acc 88.00 % | -2.00 | 400 kB | 10.00× | no |");
+    at("| eq/none P=2 | acc 90.00 % | – | 4.00 MB | – | no |");
+    let n = names(&out.files);
+    assert!(n.contains(&"accuracy_vs_bytes.svg".to_owned()), "{n:?}");
+    assert!(n.contains(&"accuracy_vs_bytes.png".to_owned()), "{n:?}");
+    assert!(
+        !n.iter().any(|f| f.starts_with("perplexity_vs_bytes")),
+        "{n:?}"
+    );
+    // The baseline's level and one point under it are drawn as reference lines.
+    let svg = fs::read_to_string(tmp.path().join("out/accuracy_vs_bytes.svg")).unwrap();
+    assert!(svg.contains("eq/none P=2 (baseline)"), "{svg}");
+    assert!(svg.contains("eq/none P=2 − 1 point"), "{svg}");
+    check_plots(&out.files[1..]);
+
+    // One run with an accuracy: nothing to compare, no section and no plot.
+    let out = report(&inputs[..1], &opts(&tmp.path().join("one"))).unwrap();
+    assert!(!out.markdown.contains("## Quality against bytes"));
+    assert!(!names(&out.files)
+        .iter()
+        .any(|f| f.starts_with("accuracy_vs_bytes")));
 }

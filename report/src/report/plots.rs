@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use super::{bytes_by_group, fmt_percent, RunRow};
+use super::{bytes_by_group, fmt_percent, quality, RunRow};
 use crate::error::Result;
 use crate::md;
 use crate::plot::{self, Legend, LinePlot, Scale, Series, StackedBars};
@@ -21,6 +21,8 @@ pub(super) fn write_plots(runs: &[Run], rows: &[RunRow], dir: &Path) -> Result<V
         y_scale: Scale::Linear,
         y_from_zero: false,
         markers: false,
+        connect: true,
+        references: Vec::new(),
         y_format: md::tick,
         legend: Legend::UpperRight,
         series,
@@ -187,6 +189,40 @@ pub(super) fn write_plots(runs: &[Run], rows: &[RunRow], dir: &Path) -> Result<V
             )
         };
         files.extend(plot::line_plot(dir, "loss_vs_bytes", &p)?);
+    }
+
+    // Final quality against bytes per step: one point per run, the baseline's level (and,
+    // for accuracy, one point under it) as dashed lines.
+    let pts = quality::points(rows);
+    for kind in [quality::Kind::Accuracy, quality::Kind::Perplexity] {
+        let series: Vec<Series> = pts
+            .iter()
+            .filter(|p| p.kind == kind)
+            .map(|p| Series {
+                label: rows[p.row].label.clone(),
+                points: vec![(p.bytes, p.value)],
+            })
+            .collect();
+        if series.is_empty() {
+            continue;
+        }
+        let mut p = LinePlot {
+            x_scale: Scale::Log10,
+            markers: true,
+            connect: false,
+            references: quality::references(rows, &pts, kind),
+            legend: Legend::LowerRight,
+            ..line(
+                kind.title(),
+                "bytes sent per step by rank 0 (mean)",
+                kind.axis(),
+                series,
+            )
+        };
+        if kind == quality::Kind::Accuracy {
+            p.y_format = fmt_percent;
+        }
+        files.extend(plot::line_plot(dir, kind.stem(), &p)?);
     }
 
     let ms = |f: fn(&Phases) -> f64| {
