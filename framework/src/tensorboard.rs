@@ -174,9 +174,11 @@ impl EventWriter {
     }
 }
 
-/// Each phase of [`Phases`] with its `metrics.jsonl` name.
-pub fn phases(p: &Phases) -> [(&'static str, f64); 10] {
-    [
+/// Each phase of [`Phases`] with its `metrics.jsonl` name — `in_flight_s` only when it is
+/// not zero, as `metrics.jsonl` writes it (time an exchange ran on its background thread:
+/// Streaming DiLoCo's in-flight rounds).
+pub fn phases(p: &Phases) -> Vec<(&'static str, f64)> {
+    let mut v = vec![
         ("data_s", p.data_s),
         ("forward_s", p.forward_s),
         ("backward_s", p.backward_s),
@@ -187,7 +189,11 @@ pub fn phases(p: &Phases) -> [(&'static str, f64); 10] {
         ("sync_s", p.sync_s),
         ("optimizer_s", p.optimizer_s),
         ("step_s", p.step_s),
-    ]
+    ];
+    if p.in_flight_s != 0.0 {
+        v.push(("in_flight_s", p.in_flight_s));
+    }
+    v
 }
 
 fn wall_time() -> f64 {
@@ -293,5 +299,31 @@ mod tests {
         // step 300 as a varint, then the summary with the float 0.5.
         assert_eq!(&events[1][9..12], &[0x10, 0xAC, 0x02]);
         assert!(events[1].ends_with(&[0x15, 0, 0, 0, 0x3F]));
+    }
+
+    #[test]
+    fn phases_name_every_field_and_in_flight_time_only_when_it_ran() {
+        // Every phase the record serialises, under the same name, so that the TensorBoard
+        // series and `metrics.jsonl` agree (the interop check compares them point by point).
+        let mut p = Phases {
+            step_s: 0.5,
+            ..Phases::default()
+        };
+        let names = |p: &Phases| phases(p).iter().map(|&(n, _)| n).collect::<Vec<_>>();
+        let json = |p: &Phases| {
+            let v = serde_json::to_value(p).unwrap();
+            let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            k.sort();
+            k
+        };
+        let sorted = |mut v: Vec<&str>| {
+            v.sort_unstable();
+            v.into_iter().map(String::from).collect::<Vec<_>>()
+        };
+        assert_eq!(sorted(names(&p)), json(&p));
+        assert!(!names(&p).contains(&"in_flight_s"));
+        p.in_flight_s = 0.25;
+        assert_eq!(sorted(names(&p)), json(&p));
+        assert!(phases(&p).contains(&("in_flight_s", 0.25)));
     }
 }
