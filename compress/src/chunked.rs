@@ -28,11 +28,15 @@
 //! deviation, `R` the span in standard deviations, 6 by default): code
 //! `clamp(⌊(v − μ)/s⌋ + 2, 0, 3)`, so the two outer bins take every value beyond `μ ± s`;
 //! each code decodes to the mean of the values it holds (its centroid; the table is sent),
-//! which removes the bias a bin's midpoint would add. Top-k values are large of either
+//! which removes the bias a bin's midpoint would add. [`Quant2Rule::Templar`] cuts the bins
+//! as Templar's trainer does instead (nearest of four centres, asymmetric about the mean,
+//! sample σ); the body is the same. Top-k values are large of either
 //! sign, so with `μ ≈ 0` the four codes amount to a sign and a magnitude bit. What is not
 //! represented stays in the error feedback. This follows the statistical quantizer of the
 //! SparseLoCo authors' code as documented (bins over a span in σ around the mean, a
 //! look-up table of the values per bin), not its code.
+
+use serde::{Deserialize, Serialize};
 
 use crate::error::WireError;
 use crate::select::{top_k_abs, Scratch};
@@ -47,9 +51,29 @@ pub enum Coding {
     Quant2 {
         /// The span of the four bins in standard deviations of the kept values.
         range: f32,
+        /// Where the bins' edges sit ([`Quant2Rule`]).
+        rule: Quant2Rule,
     },
     /// One bit each (the sign), decoding to ± the mean magnitude of the kept values.
     Sign,
+}
+
+/// How the 2-bit quantizer cuts the kept values into its four bins (step `s = R·σ/4`
+/// around their mean `μ`). The decoder does not need to know: every code decodes to its
+/// bin's centroid, which the table carries, so the rule changes the encoder alone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Quant2Rule {
+    /// Floor into bins whose edges sit at `μ − s`, `μ`, `μ + s` (symmetric about the mean:
+    /// two bins each side), σ the population deviation (÷ n). The default.
+    #[default]
+    Symmetric,
+    /// The rule of Templar's trainer (`tplr-ai/templar`, `_quantize_values`: read, not
+    /// copied): round half to even to the nearest of the centres `μ − 2s`, `μ − s`, `μ`,
+    /// `μ + s`, so the edges sit at `μ − 1.5s`, `μ − 0.5s`, `μ + 0.5s` (asymmetric: one bin
+    /// around the mean, two below it, one catch-all above `μ + 0.5s`), σ the sample
+    /// deviation (÷ n − 1).
+    Templar,
 }
 
 impl Coding {
@@ -149,8 +173,8 @@ impl Encoder {
         let kk = self.kept.len() as u64;
         match coding {
             Coding::F32 => {}
-            Coding::Quant2 { range } => {
-                let table = quantize2(&self.values, range, &mut self.codes);
+            Coding::Quant2 { range, rule } => {
+                let table = quantize2(&self.values, range, rule, &mut self.codes);
                 for v in table {
                     w.f32(v);
                 }
@@ -185,18 +209,27 @@ fn mean_abs(v: &[f32]) -> f32 {
     (v.iter().map(|x| x.abs() as f64).sum::<f64>() / v.len() as f64) as f32
 }
 
-/// The 2-bit quantization of `v` (module docs): returns the four centroids and leaves each
-/// value's code in `codes` (one pass to code, one to average).
-fn quantize2(v: &[f32], range: f32, codes: &mut Vec<u8>) -> [f32; 4] {
+/// The 2-bit quantization of `v` (module docs) under `rule`: returns the four centroids and
+/// leaves each value's code in `codes` (one pass to code, one to average).
+fn quantize2(v: &[f32], range: f32, rule: Quant2Rule, codes: &mut Vec<u8>) -> [f32; 4] {
     let n = v.len().max(1) as f64;
     let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
-    let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
+    let squares = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>();
+    let var = match rule {
+        Quant2Rule::Symmetric => squares / n,
+        Quant2Rule::Templar => squares / (n - 1.0).max(1.0),
+    };
     let step = range as f64 * var.sqrt() / 4.0;
     let code = |x: f32| -> u8 {
         if !(step > 0.0 && step.is_finite()) {
             return 0;
         }
-        ((((x as f64 - mean) / step).floor() + 2.0).clamp(0.0, 3.0)) as u8
+        let z = (x as f64 - mean) / step;
+        let bin = match rule {
+            Quant2Rule::Symmetric => z.floor(),
+            Quant2Rule::Templar => z.round_ties_even(),
+        };
+        ((bin + 2.0).clamp(0.0, 3.0)) as u8
     };
     codes.clear();
     codes.extend(v.iter().map(|&x| code(x)));
@@ -352,33 +385,95 @@ mod tests {
     #[test]
     fn two_bit_codes_decode_to_their_bins_means() {
         let x = signal(4096);
-        let (out, bytes) = round_trip(&x, 4096, 64, Coding::Quant2 { range: 6.0 });
-        // 9 + 16 bytes of head, 64 × 12 bits of indices, 64 × 2 bits of codes.
-        assert_eq!(bytes, 9 + 16 + 96 + 16);
-        let kept: Vec<(f32, f32)> = (0..x.len())
-            .filter(|&i| out[i] != 0.0)
-            .map(|i| (x[i], out[i]))
-            .collect();
-        assert_eq!(kept.len(), 64);
-        // Every decoded value is the mean of the originals decoding to it, and the signs
-        // of these large values survive.
-        let mut groups: Vec<(f32, f64, usize)> = Vec::new();
-        for &(v, d) in &kept {
-            assert_eq!(v.signum(), d.signum(), "{v} decoded to {d}");
-            match groups.iter_mut().find(|g| g.0 == d) {
-                Some(g) => {
-                    g.1 += v as f64;
-                    g.2 += 1;
+        for rule in [Quant2Rule::Symmetric, Quant2Rule::Templar] {
+            let coding = Coding::Quant2 { range: 6.0, rule };
+            let (out, bytes) = round_trip(&x, 4096, 64, coding);
+            // 9 + 16 bytes of head, 64 × 12 bits of indices, 64 × 2 bits of codes.
+            assert_eq!(bytes, 9 + 16 + 96 + 16);
+            let kept: Vec<(f32, f32)> = (0..x.len())
+                .filter(|&i| out[i] != 0.0)
+                .map(|i| (x[i], out[i]))
+                .collect();
+            assert_eq!(kept.len(), 64);
+            // Every decoded value is the mean of the originals decoding to it; under the
+            // symmetric rule the signs of these large values survive too (two bins a side).
+            let mut groups: Vec<(f32, f64, usize)> = Vec::new();
+            for &(v, d) in &kept {
+                if rule == Quant2Rule::Symmetric {
+                    assert_eq!(v.signum(), d.signum(), "{v} decoded to {d}");
                 }
-                None => groups.push((d, v as f64, 1)),
+                match groups.iter_mut().find(|g| g.0 == d) {
+                    Some(g) => {
+                        g.1 += v as f64;
+                        g.2 += 1;
+                    }
+                    None => groups.push((d, v as f64, 1)),
+                }
+            }
+            for (d, s, c) in groups {
+                assert!(
+                    (d as f64 - s / c as f64).abs() < 1e-5,
+                    "{rule:?}: {d} vs {}",
+                    s / c as f64
+                );
             }
         }
-        for (d, s, c) in groups {
-            assert!(
-                (d as f64 - s / c as f64).abs() < 1e-5,
-                "{d} vs {}",
-                s / c as f64
-            );
+    }
+
+    #[test]
+    fn the_two_rules_cut_the_bins_where_they_say() {
+        // Values in ± pairs (mean exactly 0); each rule's own σ gives the step s = 6σ/4, and
+        // the probes sit at known multiples of it on either side of every edge.
+        let zs = [-2.4, -1.6, -1.4, -0.6, -0.4, 0.4, 0.6, 1.4];
+        let base: Vec<f32> = (1..=24).map(|i| i as f32 * 0.25).collect();
+        let v: Vec<f32> = base.iter().flat_map(|&b| [b, -b]).collect();
+        let n = v.len() + 2 * zs.len();
+        let population = |sigma2: f64| sigma2 / n as f64;
+        let sample = |sigma2: f64| sigma2 / (n - 1) as f64;
+        for (rule, var_of, want) in [
+            // floor(z) + 2, clamped: edges at −s, 0, +s.
+            (
+                Quant2Rule::Symmetric,
+                &population as &dyn Fn(f64) -> f64,
+                [0u8, 0, 0, 1, 1, 2, 2, 3],
+            ),
+            // round-half-even(z) + 2, clamped: edges at −1.5s, −0.5s, +0.5s.
+            (Quant2Rule::Templar, &sample, [0, 0, 1, 1, 2, 2, 3, 3]),
+        ] {
+            // The probes go in as ± pairs too, so the mean stays 0 whatever the scale; the
+            // scale is found by fixed point (σ depends on the probes themselves).
+            let mut step = 1.0f64;
+            let mut vals = v.clone();
+            for _ in 0..200 {
+                vals = v.clone();
+                for &z in &zs {
+                    vals.push((z * step) as f32);
+                    vals.push((-z * step) as f32);
+                }
+                let ss: f64 = vals.iter().map(|&x| (x as f64).powi(2)).sum();
+                step = 6.0 * var_of(ss).sqrt() / 4.0;
+            }
+            let mut codes = Vec::new();
+            let table = quantize2(&vals, 6.0, rule, &mut codes);
+            let probes = &codes[2 * base.len()..];
+            let got: Vec<u8> = probes.iter().step_by(2).copied().collect();
+            assert_eq!(got, want, "{rule:?}");
+            // Every code decodes to the mean of its values.
+            for c in 0..4u8 {
+                let mine: Vec<f64> = vals
+                    .iter()
+                    .zip(&codes)
+                    .filter(|(_, &k)| k == c)
+                    .map(|(&x, _)| x as f64)
+                    .collect();
+                if !mine.is_empty() {
+                    let mean = mine.iter().sum::<f64>() / mine.len() as f64;
+                    assert!(
+                        (table[c as usize] as f64 - mean).abs() < 1e-5,
+                        "{rule:?} code {c}"
+                    );
+                }
+            }
         }
     }
 
@@ -397,7 +492,15 @@ mod tests {
     #[test]
     fn identical_values_quantize_to_themselves() {
         let x = vec![0.5f32; 64];
-        let (out, _) = round_trip(&x, 64, 4, Coding::Quant2 { range: 6.0 });
+        let (out, _) = round_trip(
+            &x,
+            64,
+            4,
+            Coding::Quant2 {
+                range: 6.0,
+                rule: Quant2Rule::Symmetric,
+            },
+        );
         assert_eq!(out.iter().filter(|&&v| v == 0.5).count(), 4);
     }
 

@@ -23,24 +23,41 @@
 //!
 //! Sources: the paper's abstract and method as published (the update rule above), and
 //! public descriptions of the authors' code (chunked Top-k, a statistical quantizer over
-//! a span in σ with a look-up table). The code itself (tplr-ai/SparseLoCo) was not
-//! reachable from the machine this was written on, so the defaults — chunks of 4 096,
-//! k = 64, β = 0.95, a 6σ span — are our reading of the paper's main configuration and
-//! are **unverified** against the code: set them explicitly when reproducing a table.
+//! a span in σ with a look-up table). The paper's repository (tplr-ai/SparseLoCo) was not
+//! reachable from the machine this was written on; the defaults — chunks of 4 096,
+//! k = 64, β = 0.95, a 6σ span — are our reading of the paper's main configuration,
+//! checked against the authors' code lineage as below.
 //!
 //! What could be checked: the quantizer of Templar's DeMo (the `tplr` fork of DeMo, the
 //! authors' earlier code, `_quantize_values`; read, not copied) is the same statistical
 //! quantizer — a span of `range` σ cut into bins of `range·σ/bins`, each code decoded to
 //! the mean of the values that fell in its bin, sent as a table, with `range = 6` — at 256
-//! bins. Two details differ from [`crate::chunked`]'s 2-bit coding: it rounds to the
-//! nearest bin centre with the offset `bins/2` (at 4 bins the centres sit at −2, −1, 0 and
-//! +1 steps from the mean, an asymmetric cut), where dtrain floors into bins whose edges
-//! sit at −1, 0 and +1 step (symmetric about the mean); and its σ is the unbiased one (÷
-//! n − 1). Whether SparseLoCo's 2-bit coding kept the asymmetric rule is not known here.
+//! bins.
+//!
+//! Checked since (2026-11-30) against the authors' code lineage — the first author's
+//! precursor `tplr-y/CCLoco` @ 5bfce528 (`src/tplr/ccloco.py`) and Templar's production
+//! trainer `tplr-ai/templar` @ c2397ac5 (`src/tplr/compress.py`, `hparams/hparams.json`),
+//! which runs this algorithm with 2-bit values; the paper's own repository was not
+//! reachable. What agrees with dtrain: k = 64 per chunk of 4 096 (Templar; CCLoco's sweeps
+//! use 32), β = 0.95, the quantized values subtracted from the accumulator, a 6σ span with
+//! 4 bins, each code decoded to its bin's mean, one table per tensor, the outer step plain
+//! SGD with lr 1 and no momentum. What differs:
+//! - **the bins' edges**: Templar rounds to the nearest of centres at −2, −1, 0, +1 steps
+//!   from the mean (asymmetric) with the sample σ (÷ n − 1), where dtrain's default floors
+//!   into bins symmetric about the mean with the population σ: `rule = "templar"`
+//!   ([`Quant2Rule::Templar`]) gives Templar's cut, on the same wire format;
+//! - **chunks**: the code cuts each matrix into tiles of up to 64 × 64 (the largest
+//!   divisors ≤ 64 of each dimension) and sends 1-D tensors whole; dtrain cuts each tensor's
+//!   flat values into runs of `chunk`;
+//! - **the accumulator**: the code adds `outer_lr · Δ` (dtrain adds Δ: the same at the
+//!   outer lr of 1 that SparseLoCo uses);
+//! - **the mean**: the code averages each coordinate over the workers that sent it (Templar
+//!   first scales each peer to the median peer norm); dtrain divides the sum by P;
+//! - the code stores one byte per 2-bit code in memory; on dtrain's wire they are packed.
 
 use serde::{Deserialize, Serialize};
 
-use crate::chunked::{body_bits, read, Coding, Encoder};
+use crate::chunked::{body_bits, read, Coding, Encoder, Quant2Rule};
 use crate::compressor::{Aggregation, Compressor, MethodId};
 use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
@@ -64,6 +81,15 @@ pub struct SparseLocoConfig {
     /// The 2-bit quantizer's span in standard deviations of the kept values (default 6).
     #[serde(default = "default_range")]
     pub range: f32,
+    /// Where the 2-bit quantizer's bin edges sit: `"symmetric"` (default: edges at μ − s,
+    /// μ, μ + s, population σ) or `"templar"` (Templar's trainer: the nearest of centres
+    /// μ − 2s … μ + s, sample σ); see [`Quant2Rule`]. The wire format is the same.
+    #[serde(default, skip_serializing_if = "is_symmetric")]
+    pub rule: Quant2Rule,
+}
+
+fn is_symmetric(r: &Quant2Rule) -> bool {
+    *r == Quant2Rule::Symmetric
 }
 
 fn default_chunk() -> usize {
@@ -86,6 +112,7 @@ impl Default for SparseLocoConfig {
             k: default_k(),
             bits: default_bits(),
             range: default_range(),
+            rule: Quant2Rule::Symmetric,
         }
     }
 }
@@ -133,7 +160,10 @@ impl SparseLocoConfig {
                         ),
                     ));
                 }
-                Coding::Quant2 { range: self.range }
+                Coding::Quant2 {
+                    range: self.range,
+                    rule: self.rule,
+                }
             }
             b => {
                 return Err(ConfigError::new(
@@ -217,6 +247,11 @@ mod tests {
     fn defaults_and_refusals_name_the_field() {
         let c = SparseLocoConfig::default();
         assert_eq!((c.chunk, c.k, c.bits), (4096, 64, 2));
+        assert_eq!(c.rule, Quant2Rule::Symmetric);
+        assert_eq!(cfg("rule = \"templar\"").rule, Quant2Rule::Templar);
+        // The default rule is not written out (configs written before it read the same).
+        assert!(!toml::to_string(&c).unwrap().contains("rule"));
+        assert!(toml::from_str::<SparseLocoConfig>("rule = \"nearest\"").is_err());
         assert_eq!(
             c.default_memory(),
             MemoryConfig::Residual {
