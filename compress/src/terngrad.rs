@@ -29,11 +29,14 @@
 //!
 //! ## Scaler sharing (pattern C, §5.2/§5.4)
 //! Before compressing, each worker computes its per-segment scalers with
-//! [`TernGrad::local_scales`], the framework all-reduces them with MAX, and every worker
-//! hands the result to [`TernGrad::set_shared_scales`]. The next [`crate::compress`] call
-//! encodes every segment with the shared scaler, so the payloads of all workers carry the
-//! same `s` and their symbols can be summed as integers ([`sum_symbols`]), decoding to
-//! `s · Σ_i t_i/s`. The default aggregation without sharing is all-gather.
+//! [`TernGrad::local_scales`], a caller all-reduces them with MAX, and every worker hands
+//! the result to [`TernGrad::set_shared_scales`]. The next [`crate::compress`] call encodes
+//! every segment with the shared scaler, so the payloads of all workers carry the same `s`
+//! and their symbols can be summed as integers ([`sum_symbols`]), decoding to
+//! `s · Σ_i t_i/s`. This is the API for it; **dtrain's exchanger does not call it**: each
+//! worker ternarizes with its own scaler and the payloads are all-gathered (GRACE does the
+//! same; the authors' TensorFlow code shares the MAX scaler). A worker's own scaler is at
+//! most the shared one, so its variance `|g|(s − |g|)` is at most the shared scaler's.
 
 use std::ops::Range;
 
@@ -260,8 +263,8 @@ impl TernGrad {
     }
 
     /// This worker's scalers for every segment of `grad` (`segments` as in [`Ctx`]; empty
-    /// means one segment). These are what the framework all-reduces with MAX before
-    /// calling [`TernGrad::set_shared_scales`].
+    /// means one segment). These are what a caller sharing scalers all-reduces with MAX
+    /// before calling [`TernGrad::set_shared_scales`] (see "Scaler sharing" above).
     pub fn local_scales(
         &self,
         grad: &[f32],
