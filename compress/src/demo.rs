@@ -95,7 +95,13 @@ pub enum DemoValues {
     Sign,
 }
 
-/// Over which workers DeMo's receivers average a coefficient.
+/// Why `mean = "senders"` needs every payload at the decoder (the refusal's reason).
+pub(crate) const SENDERS_NEED: &str =
+    "mean = \"senders\" averages each coordinate over the workers that sent it";
+
+/// Over which workers the receivers average a coefficient (DeMo's `mean`, SparseLoCo's).
+/// With `Senders` the method refuses the collectives that sum payloads on the way.
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum DemoMean {
@@ -167,7 +173,11 @@ impl Method for DemoConfig {
 
     /// The tiles follow whole tensors; the compressed all-reduce cuts buckets into ranges.
     fn check(&self, run: &RunUse<'_>) -> Result<(), ConfigError> {
-        run.needs_whole_tensors("demo transforms whole tensors")
+        run.needs_whole_tensors("demo transforms whole tensors")?;
+        if self.mean == DemoMean::Senders {
+            run.needs_every_payload(SENDERS_NEED)?;
+        }
+        Ok(())
     }
 }
 

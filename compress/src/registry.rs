@@ -188,6 +188,26 @@ impl RunUse<'_> {
         }
         Ok(())
     }
+
+    /// Refuses the collectives that sum payloads on the way (the sparse and the compressed
+    /// all-reduce), for a method whose decoder needs every worker's payload as it was sent
+    /// (`why`: what it does with them, e.g. "mean = \"senders\" averages each coordinate
+    /// over the workers that sent it"), naming the `collective` field.
+    pub fn needs_every_payload(&self, why: &str) -> Result<(), ConfigError> {
+        if matches!(
+            self.collective,
+            Collective::SparseAllReduce | Collective::CompressedAllReduce
+        ) {
+            return Err(ConfigError::new(
+                "collective",
+                format!(
+                    "{:?} sums the payloads on the way, and {why}; use \"allgather\"",
+                    self.collective.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A registered compression method, implemented by its config type.

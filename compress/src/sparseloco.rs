@@ -52,16 +52,18 @@
 //! - **the accumulator**: the code adds `outer_lr · Δ` (dtrain adds Δ: the same at the
 //!   outer lr of 1 that SparseLoCo uses);
 //! - **the mean**: the code averages each coordinate over the workers that sent it (Templar
-//!   first scales each peer to the median peer norm); dtrain divides the sum by P;
+//!   first scales each peer to the median peer norm); dtrain divides the sum by P by
+//!   default, and `mean = "senders"` averages over the senders (all-gather only);
 //! - the code stores one byte per 2-bit code in memory; on dtrain's wire they are packed.
 
 use serde::{Deserialize, Serialize};
 
 use crate::chunked::{body_bits, read, Coding, Encoder, Quant2Rule};
-use crate::compressor::{Aggregation, Compressor, MethodId};
+use crate::compressor::{decode_frame, Aggregation, Compressor, MethodId};
+use crate::demo::{DemoMean, SENDERS_NEED};
 use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
-use crate::registry::Method;
+use crate::registry::{Method, RunUse};
 use crate::rng::Rng;
 use crate::wire::{Reader, Writer};
 
@@ -86,6 +88,16 @@ pub struct SparseLocoConfig {
     /// μ − 2s … μ + s, sample σ); see [`Quant2Rule`]. The wire format is the same.
     #[serde(default, skip_serializing_if = "is_symmetric")]
     pub rule: Quant2Rule,
+    /// Over which workers a coordinate is averaged: `"workers"` (default: the sum of the
+    /// decoded payloads over P, a worker that did not send it counting 0) or `"senders"`
+    /// (over the workers that sent it, as the authors' code lineage does; needs the
+    /// all-gather).
+    #[serde(default, skip_serializing_if = "is_workers")]
+    pub mean: DemoMean,
+}
+
+fn is_workers(m: &DemoMean) -> bool {
+    *m == DemoMean::Workers
 }
 
 fn is_symmetric(r: &Quant2Rule) -> bool {
@@ -113,6 +125,7 @@ impl Default for SparseLocoConfig {
             bits: default_bits(),
             range: default_range(),
             rule: Quant2Rule::Symmetric,
+            mean: DemoMean::Workers,
         }
     }
 }
@@ -132,6 +145,13 @@ impl Method for SparseLocoConfig {
             beta: 0.95,
             gamma: 1.0,
         }
+    }
+
+    fn check(&self, run: &RunUse<'_>) -> Result<(), ConfigError> {
+        if self.mean == DemoMean::Senders {
+            run.needs_every_payload(SENDERS_NEED)?;
+        }
+        Ok(())
     }
 }
 
@@ -176,6 +196,7 @@ impl SparseLocoConfig {
             chunk: self.chunk,
             k: self.k,
             coding,
+            mean: self.mean,
             enc: Encoder::default(),
         })
     }
@@ -198,7 +219,39 @@ pub struct SparseLoco {
     chunk: usize,
     k: usize,
     coding: Coding,
+    mean: DemoMean,
     enc: Encoder,
+}
+
+impl SparseLoco {
+    /// The sum of the payloads' decodes with each coordinate scaled by `P / senders` (so that
+    /// the caller's division by P leaves the mean over the workers that sent it), added
+    /// into `out`; coordinates no one sent stay as they are.
+    fn add_senders_mean(
+        &self,
+        payloads: &[&[u8]],
+        out: &mut [f32],
+    ) -> Result<(), (usize, WireError)> {
+        let mut sum = vec![0f32; out.len()];
+        let mut senders = vec![0u32; out.len()];
+        for (i, p) in payloads.iter().enumerate() {
+            decode_frame(self, p, out.len(), |r, seg| {
+                let (s, n) = (&mut sum[seg.clone()], &mut senders[seg]);
+                read(r, s.len(), |at, v| {
+                    s[at] += v;
+                    n[at] += 1;
+                })
+            })
+            .map_err(|e| (i, e))?;
+        }
+        let p = payloads.len() as f32;
+        for ((o, s), n) in out.iter_mut().zip(sum).zip(senders) {
+            if n > 0 {
+                *o += s * (p / n as f32);
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Compressor for SparseLoco {
@@ -230,6 +283,13 @@ impl Compressor for SparseLoco {
     }
     fn segment_bits(&self, n: usize) -> Option<u64> {
         Some(body_bits(n, self.chunk, self.k, self.coding))
+    }
+    fn joint_decompress_add(
+        &self,
+        payloads: &[&[u8]],
+        out: &mut [f32],
+    ) -> Option<Result<(), (usize, WireError)>> {
+        (self.mean == DemoMean::Senders).then(|| self.add_senders_mean(payloads, out))
     }
 }
 
@@ -269,6 +329,63 @@ mod tests {
             let e = cfg(toml).init().unwrap_err();
             assert_eq!(e.field, field, "{toml}: {e}");
         }
+    }
+
+    #[test]
+    fn the_senders_mean_divides_each_coordinate_by_the_workers_that_sent_it() {
+        use crate::compressor::decompress_sum_add;
+        use crate::registry::{Collective, RunUse};
+        // Chunks of 4 keeping 1 exact value: worker 0 and 1 send position 0, worker 2
+        // position 2.
+        let grads: [[f32; 4]; 3] = [
+            [3.0, 0.0, 0.0, 0.0],
+            [5.0, 0.0, 0.0, 0.0],
+            [0.0, 0.0, 6.0, 0.0],
+        ];
+        for (mean, want) in [
+            ("workers", [8.0 / 3.0, 0.0, 2.0, 0.0]),
+            ("senders", [4.0, 0.0, 6.0, 0.0]),
+        ] {
+            let c = cfg(&format!("chunk = 4\nk = 1\nbits = 32\nmean = \"{mean}\""));
+            let mut enc = c.init().unwrap();
+            let payloads: Vec<_> = grads
+                .iter()
+                .map(|g| {
+                    compress_new(&mut enc, g, &Ctx::default(), &mut Rng::seed_from_u64(0)).unwrap()
+                })
+                .collect();
+            let bytes: Vec<&[u8]> = payloads.iter().map(|p| p.as_bytes()).collect();
+            let mut out = [0f32; 4];
+            decompress_sum_add(&enc, &bytes, &mut out).unwrap();
+            let got: Vec<f32> = out.iter().map(|v| v / 3.0).collect();
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() < 1e-6, "{mean}: {got:?} vs {want:?}");
+            }
+            // A damaged payload is named by its index.
+            let cut = &bytes[1][..bytes[1].len() - 1];
+            let e = decompress_sum_add(&enc, &[bytes[0], cut], &mut out).unwrap_err();
+            assert_eq!(e.0, 1, "{mean}");
+        }
+        // The senders' mean needs every payload: the collectives that sum on the way are
+        // refused, naming the collective.
+        let senders = cfg("mean = \"senders\"");
+        let memory = senders.default_memory();
+        let run = |collective| RunUse {
+            collective,
+            parameter_server: false,
+            memory: &memory,
+        };
+        for bad in [Collective::SparseAllReduce, Collective::CompressedAllReduce] {
+            let e = senders.check(&run(bad)).unwrap_err();
+            assert_eq!(e.field, "collective", "{e}");
+            assert!(e.to_string().contains("senders"), "{e}");
+        }
+        senders.check(&run(Collective::AllGather)).unwrap();
+        SparseLocoConfig::default()
+            .check(&run(Collective::SparseAllReduce))
+            .unwrap();
+        let demo: crate::demo::DemoConfig = toml::from_str("mean = \"senders\"").unwrap();
+        assert!(Method::check(&demo, &run(Collective::SparseAllReduce)).is_err());
     }
 
     #[test]
