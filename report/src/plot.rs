@@ -234,7 +234,15 @@ fn draw_lines<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, p: &LinePlot) -
         _ => (hi - lo).round() as usize + 1,
     };
     let (xs, ys, yf) = (p.x_scale, p.y_scale, p.y_format);
-    let mut chart = ChartBuilder::on(root)
+    // A scatter chart's legend names one point each, often many: it goes beside the chart
+    // (the right 40 %) rather than over the points.
+    let (area, side) = if p.connect {
+        (root.clone(), None)
+    } else {
+        let (a, b) = root.split_horizontally(root.dim_in_pixel().0 * 60 / 100);
+        (a, Some(b))
+    };
+    let mut chart = ChartBuilder::on(&area)
         .caption(&p.title, (FONT, 22))
         .margin(16)
         .x_label_area_size(48)
@@ -280,15 +288,13 @@ fn draw_lines<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, p: &LinePlot) -
         }
         if p.markers || pts.len() == 1 || !p.connect {
             // Beyond ten series the colours repeat: the marker's shape tells them apart.
-            let shown = chart
+            chart
                 .draw_series(pts.iter().map(|&q| marker(q, i, c)))
                 .map_err(err)?;
-            if !p.connect {
-                shown
-                    .label(s.label.as_str())
-                    .legend(move |(x, y)| marker((x + 10, y), i, c));
-            }
         }
+    }
+    if let Some(side) = side {
+        return draw_side_legend(&side, &refs, p);
     }
     chart
         .configure_series_labels()
@@ -298,6 +304,30 @@ fn draw_lines<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, p: &LinePlot) -
         .position(p.legend.position())
         .draw()
         .map_err(err)
+}
+
+/// The legend of a scatter chart in its own area: the reference lines, then one marker and
+/// label per series, from the top.
+fn draw_side_legend<DB: DrawingBackend>(
+    side: &DrawingArea<DB, Shift>,
+    refs: &[(&str, f64)],
+    p: &LinePlot,
+) -> DrawResult {
+    let style = TextStyle::from((FONT, 13).into_font()).color(&BLACK);
+    let mut y = 52;
+    for (i, &(label, _)) in refs.iter().enumerate() {
+        let c = REFERENCE_GREYS[i % REFERENCE_GREYS.len()];
+        side.draw(&PathElement::new(vec![(6, y), (28, y)], c.stroke_width(2)))
+            .map_err(err)?;
+        side.draw_text(label, &style, (36, y - 7)).map_err(err)?;
+        y += 20;
+    }
+    for (i, s) in p.series.iter().enumerate() {
+        side.draw(&marker((17, y), i, color(i))).map_err(err)?;
+        side.draw_text(&s.label, &style, (36, y - 7)).map_err(err)?;
+        y += 20;
+    }
+    Ok(())
 }
 
 /// Greys for the reference lines, darkest first.

@@ -8,9 +8,10 @@
 //!   baseline), the step-time tail (runs of at least 20 steps), the rank the others waited
 //!   for (runs that record it: how often each rank reached the step's barrier last), the
 //!   pairwise speed-up matrix, quality against bytes (final accuracy or perplexity, the
-//!   difference from the baseline, bytes saved, the frontier: [`quality`]), mean and peak bytes per step with compute utilisation (when
-//!   some run sends in bursts: a peak above 1.5× its mean), and — when the runs differ in
-//!   worker count — bytes per worker vs P;
+//!   difference from the baseline, bytes saved, the frontier; `report/quality.rs`), mean
+//!   and peak bytes per step with compute utilisation (when some run sends in bursts: a
+//!   peak above 1.5× its mean), and — when the runs differ in worker count — bytes per
+//!   worker vs P;
 //! * plots, each as `.svg` and `.png`: `loss_vs_time`, `loss_vs_step`,
 //!   `accuracy_vs_epoch` (and, for language models, `perplexity_vs_epoch` and — with two
 //!   evaluations or more — `perplexity_vs_time`), `loss_vs_bytes` (test loss against the
