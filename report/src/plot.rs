@@ -143,7 +143,8 @@ pub struct LinePlot {
     /// Draw a marker at every point (for short series).
     pub markers: bool,
     /// Join each series' points with a line; `false` draws markers only (a scatter chart,
-    /// whose legend then shows each series' marker).
+    /// whose legend, one marker per series, is drawn beside the chart: `legend` is then
+    /// unused).
     pub connect: bool,
     /// Horizontal reference lines: legend text and y value, drawn dashed across the chart.
     pub references: Vec<(String, f64)>,

@@ -188,12 +188,13 @@ pub fn report_runs(runs: &[Run], opts: &ReportOptions) -> Result<ReportOutput> {
         .collect();
 
     fs::create_dir_all(&opts.out_dir).map_err(|e| ReportError::io(&opts.out_dir, e))?;
+    let quality = quality::points(&rows);
     let plots = if opts.plots {
-        write_plots(runs, &rows, &opts.out_dir)?
+        write_plots(runs, &rows, &quality, &opts.out_dir)?
     } else {
         Vec::new()
     };
-    let markdown = render_markdown(runs, &rows, &plots, opts.target.as_ref());
+    let markdown = render_markdown(runs, &rows, &quality, &plots, opts.target.as_ref());
     let md_path = opts.out_dir.join("report.md");
     fs::write(&md_path, &markdown).map_err(|e| ReportError::io(&md_path, e))?;
     let mut files = vec![md_path];
@@ -338,6 +339,7 @@ fn opt<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
 fn render_markdown(
     runs: &[Run],
     rows: &[RunRow],
+    quality: &[quality::Point],
     plots: &[PathBuf],
     target: Option<&Target>,
 ) -> String {
@@ -420,7 +422,7 @@ fn render_markdown(
     if let Some(target) = target {
         out.push_str(&target_section(target, rows));
     }
-    out.push_str(&quality::section(rows, &quality::points(rows)));
+    out.push_str(&quality::section(rows, quality));
 
     // Periodic synchronisation sends in bursts: the link must carry a round's bytes in one
     // step, so the peak matters as much as the mean.

@@ -11,7 +11,12 @@ use crate::run::{EvalRecord, Phases, Run, StepRecord};
 
 /// Writes every plot the runs have data for into `dir` (see the [module docs](super)) and
 /// returns the files written.
-pub(super) fn write_plots(runs: &[Run], rows: &[RunRow], dir: &Path) -> Result<Vec<PathBuf>> {
+pub(super) fn write_plots(
+    runs: &[Run],
+    rows: &[RunRow],
+    pts: &[quality::Point],
+    dir: &Path,
+) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     let line = |title: &str, x: &str, y: &str, series: Vec<Series>| LinePlot {
         title: title.into(),
@@ -193,7 +198,6 @@ pub(super) fn write_plots(runs: &[Run], rows: &[RunRow], dir: &Path) -> Result<V
 
     // Final quality against bytes per step: one point per run, the baseline's level (and,
     // for accuracy, one point under it) as dashed lines.
-    let pts = quality::points(rows);
     for kind in [quality::Kind::Accuracy, quality::Kind::Perplexity] {
         let series: Vec<Series> = pts
             .iter()
@@ -208,10 +212,8 @@ pub(super) fn write_plots(runs: &[Run], rows: &[RunRow], dir: &Path) -> Result<V
         }
         let mut p = LinePlot {
             x_scale: Scale::Log10,
-            markers: true,
             connect: false,
-            references: quality::references(rows, &pts, kind),
-            legend: Legend::LowerRight,
+            references: quality::references(rows, pts, kind),
             ..line(
                 kind.title(),
                 "bytes sent per step by rank 0 (mean)",

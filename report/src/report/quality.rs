@@ -10,7 +10,7 @@
 
 use std::fmt::Write as _;
 
-use super::RunRow;
+use super::{metric_cell, RunRow};
 use crate::md::{self, Table};
 use crate::run::FinalMetric;
 
@@ -182,19 +182,15 @@ pub(super) fn section(rows: &[RunRow], pts: &[Point]) -> String {
     for i in order {
         let p = &pts[i];
         let base = p.baseline.filter(|&b| b != i).map(|b| &pts[b]);
-        let (final_cell, vs) = match p.kind {
-            Kind::Accuracy => (
-                format!("acc {:.2} %", p.value),
-                base.map(|b| format!("{:+.2}", p.value - b.value)),
-            ),
-            Kind::Perplexity => (
-                format!("ppl {}", md::sig(p.value)),
-                base.map(|b| format!("{:+.1} %", 100.0 * (p.value / b.value - 1.0))),
-            ),
+        let vs = match p.kind {
+            Kind::Accuracy => base.map(|b| format!("{:+.2}", p.value - b.value)),
+            Kind::Perplexity => {
+                base.map(|b| format!("{:+.1} %", 100.0 * (p.value / b.value - 1.0)))
+            }
         };
         t.row(&[
             rows[p.row].label.clone(),
-            final_cell,
+            metric_cell(rows[p.row].final_metric),
             vs.unwrap_or_else(|| "–".into()),
             md::bytes(p.bytes),
             base.map_or_else(|| "–".into(), |b| md::factor(b.bytes / p.bytes)),
