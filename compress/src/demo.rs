@@ -132,8 +132,21 @@ pub struct DemoConfig {
     pub mean: DemoMean,
 }
 
-fn is_workers(m: &DemoMean) -> bool {
+/// Whether `m` is the default (for `skip_serializing_if`).
+pub(crate) fn is_workers(m: &DemoMean) -> bool {
     *m == DemoMean::Workers
+}
+
+/// Turns the sum over `payloads` payloads of each coordinate into its mean over the
+/// `senders` that sent it, times the payload count: the caller's mean over all payloads
+/// then leaves the senders' mean ([`DemoMean::Senders`]). Coordinates no one sent stay.
+pub(crate) fn scale_to_senders(sum: &mut [f32], senders: &[u32], payloads: usize) {
+    let p = payloads as f32;
+    for (c, &n) in sum.iter_mut().zip(senders) {
+        if n > 0 {
+            *c *= p / n as f32;
+        }
+    }
 }
 
 fn default_chunk() -> usize {
@@ -516,14 +529,7 @@ impl Demo {
             }
         }
         if !senders.is_empty() {
-            // The mean over the senders, times P: the caller's mean over the P payloads
-            // then leaves the senders' mean.
-            let p = payloads.len() as f32;
-            for (c, &n) in coef.iter_mut().zip(senders.iter()) {
-                if n > 0 {
-                    *c *= p / n as f32;
-                }
-            }
+            scale_to_senders(coef, senders, payloads.len());
         }
         for (seg, rows, a, b) in segs {
             let tiling = self.lock().tiling(rows, seg.len(), a, b);

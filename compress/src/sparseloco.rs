@@ -60,7 +60,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::chunked::{body_bits, read, Coding, Encoder, Quant2Rule};
 use crate::compressor::{decode_frame, Aggregation, Compressor, MethodId};
-use crate::demo::{DemoMean, SENDERS_NEED};
+use crate::demo::{is_workers, scale_to_senders, DemoMean, SENDERS_NEED};
 use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
 use crate::registry::{Method, RunUse};
@@ -94,10 +94,6 @@ pub struct SparseLocoConfig {
     /// all-gather).
     #[serde(default, skip_serializing_if = "is_workers")]
     pub mean: DemoMean,
-}
-
-fn is_workers(m: &DemoMean) -> bool {
-    *m == DemoMean::Workers
 }
 
 fn is_symmetric(r: &Quant2Rule) -> bool {
@@ -244,11 +240,9 @@ impl SparseLoco {
             })
             .map_err(|e| (i, e))?;
         }
-        let p = payloads.len() as f32;
-        for ((o, s), n) in out.iter_mut().zip(sum).zip(senders) {
-            if n > 0 {
-                *o += s * (p / n as f32);
-            }
+        scale_to_senders(&mut sum, &senders, payloads.len());
+        for (o, s) in out.iter_mut().zip(sum) {
+            *o += s;
         }
         Ok(())
     }
