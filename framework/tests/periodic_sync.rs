@@ -328,6 +328,101 @@ fn streaming_diloco_in_flight_trains_the_blocking_model() {
     assert_eq!(in_flight_s(&blocking), 0.0);
 }
 
+/// The eager settings of `sync.period = 4` with `fragments` fragments.
+fn eager(fragments: &'static str) -> Vec<&'static str> {
+    vec![
+        "sync.kind=\"streaming-diloco\"",
+        "sync.period=4",
+        fragments,
+        "sync.stripes=1",
+        "sync.overlap=4",
+        "sync.mixing=0",
+        "sync.eager=true",
+    ]
+}
+
+/// With one worker the eager outer step is the worker's own change, taken at the round's
+/// end (the average arriving a round later equals the change it corrects): DiLoCo, bit for
+/// bit, with one fragment, and each fragment's DiLoCo round (no overlap, no mixing) with
+/// two — though each exchange is in flight for a whole round.
+#[test]
+fn eager_streaming_diloco_with_one_worker_is_diloco() {
+    let steps = "train.max_steps=14";
+    let diloco = run(
+        1,
+        &[steps, "sync.kind=\"diloco\"", "sync.period=4"],
+        None,
+        false,
+    );
+    let one = run(
+        1,
+        &[&[steps][..], &eager("sync.fragments=1")].concat(),
+        None,
+        false,
+    );
+    same(&diloco.params, &one.params, "parameters, one fragment");
+    assert_eq!(diloco.losses, one.losses);
+    let streaming = run(
+        1,
+        &[
+            steps,
+            "sync.kind=\"streaming-diloco\"",
+            "sync.period=4",
+            "sync.fragments=2",
+            "sync.stripes=1",
+            "sync.overlap=0",
+            "sync.mixing=0",
+        ],
+        None,
+        false,
+    );
+    let two = run(
+        1,
+        &[&[steps][..], &eager("sync.fragments=2")].concat(),
+        None,
+        false,
+    );
+    same(&streaming.params, &two.params, "parameters, two fragments");
+    assert_eq!(streaming.losses, two.losses);
+}
+
+/// With three workers the eager rule trains another model than DiLoCo (each replica steps
+/// on its own change a round before the others'), the same in flight as blocking, and it
+/// trains; a checkpoint taken with a round's average in flight and another waiting in
+/// `arrived` resumes exactly.
+#[test]
+fn eager_streaming_diloco_trains_alike_in_flight_and_resumes_exactly() {
+    let steps = "train.max_steps=24";
+    let sets = [&[steps][..], &eager("sync.fragments=2")].concat();
+    let in_flight = run(3, &sets, None, false);
+    let blocking = run(
+        3,
+        &[&sets[..], &["sync.in_flight=false"]].concat(),
+        None,
+        false,
+    );
+    same(&blocking.params, &in_flight.params, "parameters");
+    assert_eq!(blocking.losses, in_flight.losses);
+    let diloco = run(
+        3,
+        &[steps, "sync.kind=\"diloco\"", "sync.period=4"],
+        None,
+        false,
+    );
+    assert_ne!(diloco.losses[6..], in_flight.losses[6..]);
+    assert_loss_falls(&in_flight.losses, "eager streaming DiLoCo");
+    // Fragment 0 exchanges after steps 1, 5, 9 and fragment 1 after 3, 7, 11: at step 6
+    // both have an average arrived or in flight and an own change applied ahead.
+    resume_is_exact(
+        2,
+        &[
+            &eager("sync.fragments=2")[..],
+            &["compress.kind=\"topk\"", "compress.ratio=0.1"],
+        ]
+        .concat(),
+    );
+}
+
 /// One worker, outer lr 1 and no outer momentum: each fragment's outer step lands on the
 /// worker's own values, so a merge without overlap (whatever α) leaves the model where
 /// plain training takes it — up to the rounding of θ₀ − (θ₀ − θ). With an overlap the merge
@@ -517,6 +612,8 @@ fn sync_configuration_is_checked() {
         ("sync.fragments=5", "sync.fragments"),
         ("sync.fragments=0", "sync.fragments"),
         ("sync.overlap=4", "sync.overlap"),
+        // The eager rule overlaps whole rounds and restarts them from the replica's anchor.
+        ("sync.eager=true", "sync.eager"),
         ("sync.mixing=1", "sync.mixing"),
         ("sync.stripes=0", "sync.stripes"),
         ("sync.outer_lr=-1", "sync.outer_lr"),
@@ -525,6 +622,10 @@ fn sync_configuration_is_checked() {
         sets.push(set);
         refused_at(&sets, field);
     }
+    refused_at(
+        &[&streaming[..], &["sync.eager=true", "sync.overlap=4"]].concat(),
+        "sync.eager",
+    );
     // Keys of another kind, and a missing period, are parse errors naming the table.
     for sets in [
         vec![

@@ -680,8 +680,8 @@ pub enum SyncConfig {
         /// F, the number of fragments (default 4; 1 ≤ F ≤ H).
         #[serde(default = "fragments")]
         fragments: usize,
-        /// τ, inner steps between a fragment's exchange and its merge (default 1; < H):
-        /// the steps its communication overlaps.
+        /// τ, inner steps between a fragment's exchange and its merge (default 1; < H, or
+        /// = H with `eager`): the steps its communication overlaps.
         #[serde(default = "overlap")]
         overlap: u64,
         /// α, the share of the local fragment kept at the merge (default 0.5; 0 replaces
@@ -700,6 +700,13 @@ pub enum SyncConfig {
         /// model is the same either way). Needs `overlap ≥ 1` to matter; MPI runs block.
         #[serde(default = "in_flight")]
         in_flight: bool,
+        /// The eager outer step (Kale, Douillard & Donchev 2025, arXiv 2502.12996; default
+        /// false): a fragment's exchange overlaps its whole next round (`overlap = period`,
+        /// `mixing = 0`), and at each round's end the replica takes its outer step at once
+        /// on its own change over the workers, `Δᵢ/M`, plus the other workers' share of the
+        /// round before, which has arrived meanwhile — instead of waiting for the average.
+        #[serde(default)]
+        eager: bool,
     },
 }
 

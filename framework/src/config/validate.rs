@@ -481,6 +481,7 @@ impl RunConfig {
             overlap,
             mixing,
             stripes,
+            eager,
             ..
         } = *s
         {
@@ -493,12 +494,32 @@ impl RunConfig {
                     ),
                 ));
             }
-            if overlap >= period {
+            if eager && overlap != period {
+                return Err(err(
+                    "sync.eager",
+                    format!(
+                        "the eager outer step applies the other workers' share one round \
+                         late, so a fragment's exchange overlaps its whole round: set \
+                         overlap = period = {period} (got overlap = {overlap})"
+                    ),
+                ));
+            }
+            if eager && mixing != 0.0 {
+                return Err(err(
+                    "sync.eager",
+                    format!(
+                        "the eager outer step restarts each round from the replica's own \
+                         outer-stepped model: set mixing = 0.0 (got {mixing})"
+                    ),
+                ));
+            }
+            if !eager && overlap >= period {
                 return Err(err(
                     "sync.overlap",
                     format!(
                         "must be below period = {period} (a fragment merges before its next \
-                         exchange), got {overlap}"
+                         exchange; the eager outer step, `eager = true`, takes overlap = \
+                         period), got {overlap}"
                     ),
                 ));
             }

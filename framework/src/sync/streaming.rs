@@ -44,6 +44,28 @@
 //! blocks the step that starts it (tested bit for bit). A round whose average is not finite
 //! is discarded alike on every rank: at its merge the fragment returns to its anchor.
 //!
+//! # Eager outer steps
+//! `eager = true` (Kale, Douillard & Donchev, "Eager updates for overlapped communication
+//! and computation in DiLoCo", arXiv 2502.12996) lets a fragment's exchange overlap its
+//! whole next round (τ = H) without the replica waiting for the average: at the end of
+//! round t each replica i takes its outer step at once on
+//!
+//! ```text
+//!   Δ̃ᵢ⁽ᵗ⁾ = Δᵢ⁽ᵗ⁾/M + (Δ̄⁽ᵗ⁻¹⁾ − Δᵢ⁽ᵗ⁻¹⁾/M)      its own change now, the others' one round late
+//! ```
+//!
+//! (Δ̄⁽ᵗ⁻¹⁾ the average of round t − 1, arrived during round t; nothing of it before the
+//! second round), restarts its round from its outer-stepped anchor (α = 0), and sends
+//! Δᵢ⁽ᵗ⁾. Over two rounds each worker's change enters every replica once, as it went over
+//! the wire (under a lossy compressor the replica's own term is its exact change, and the
+//! next round's correction is taken with the exact change too, so the two sum to what it
+//! sent). The paper's summaries describe the rule as a mix of the current local outer
+//! gradient with the delayed average of the other replicas'; the paper's pseudo-code could
+//! not be read here, and the weights above (1/M each) are our reading of it. The replicas
+//! differ from the first round on (each has its own anchor and outer momentum); evaluation
+//! averages them. A round whose average is not finite drops the others' share of it: the
+//! replica's own share, applied already, stays.
+//!
 //! Checkpoints hold every fragment's anchor, momentum, pending merge and exchanger state
 //! (under `sync/stream/<p>/`), and each rank's own parameters: a resume is exact; the
 //! replicas differ between merges, so a checkpoint cannot move to another worker count.
@@ -201,6 +223,11 @@ struct Fragment {
     velocity: Vec<f32>,
     /// The merge of the last exchange, if not yet applied.
     pending: Option<Pending>,
+    /// `eager`: the last round's average, arrived and not yet applied (empty: none).
+    arrived: Vec<f32>,
+    /// `eager`: this replica's change of the last round, as applied on its own (empty:
+    /// none).
+    own: Vec<f32>,
 }
 
 impl Fragment {
@@ -233,12 +260,15 @@ pub(crate) struct Streaming {
     outer_momentum: f32,
     overlap: u64,
     mixing: f32,
+    eager: bool,
     total_steps: u64,
     num_params: usize,
     /// Scratch: the parameters.
     params: Vec<f32>,
     /// Scratch: a fragment's vector.
     part: Vec<f32>,
+    /// Scratch: the eager outer step's change.
+    eager_step: Vec<f32>,
     identical: bool,
     /// The thread of the exchanges in flight (`in_flight = true` with τ ≥ 1).
     background: Option<InFlight>,
@@ -273,6 +303,8 @@ pub(crate) struct StreamingSettings {
     pub(crate) outer_momentum: f32,
     pub(crate) overlap: u64,
     pub(crate) mixing: f32,
+    /// The eager outer step (see the [module docs](self#eager-outer-steps)).
+    pub(crate) eager: bool,
     /// The run's steps: the exchanges still in flight at its last step are taken back
     /// there, so that their bytes are in its record.
     pub(crate) total_steps: u64,
@@ -297,6 +329,8 @@ impl Streaming {
                     anchor: Vec::new(),
                     velocity: Vec::new(),
                     pending: None,
+                    arrived: Vec::new(),
+                    own: Vec::new(),
                 })
                 .collect(),
             period: settings.period.max(1),
@@ -305,10 +339,12 @@ impl Streaming {
             outer_momentum: settings.outer_momentum,
             overlap: settings.overlap,
             mixing: settings.mixing,
+            eager: settings.eager,
             total_steps: settings.total_steps,
             num_params,
             params: Vec::new(),
             part: Vec::new(),
+            eager_step: Vec::new(),
             identical: true,
             background: None,
             late: Late::default(),
@@ -340,6 +376,23 @@ impl Streaming {
         for (d, &a) in delta.iter_mut().zip(&frag.anchor) {
             *d = a - *d;
         }
+        if self.eager {
+            let mut step = std::mem::take(&mut self.eager_step);
+            eager_change(
+                &delta,
+                &frag.arrived,
+                &frag.own,
+                comm.world_size(),
+                &mut step,
+            );
+            let (lr, mu) = (self.outer_lr, self.outer_momentum);
+            outer_step(&mut frag.anchor, &mut frag.velocity, &step, lr, mu);
+            self.eager_step = step;
+            frag.arrived.clear();
+            frag.own.clone_from(&delta);
+            // The next round starts from the outer-stepped anchor (α = 0).
+            frag.scatter(&frag.anchor, &mut self.params);
+        }
         frag.pending = Some(Pending {
             at: s + self.overlap,
             discard: false,
@@ -368,6 +421,17 @@ impl Streaming {
     fn settle(&mut self, p: usize, delta: &[f32], non_finite: bool) {
         let (lr, mu) = (self.outer_lr, self.outer_momentum);
         let frag = &mut self.frags[p];
+        if self.eager {
+            // Applied at the fragment's next round end; a non-finite round's others' share
+            // is dropped (the own share, applied already, stays).
+            frag.arrived.clear();
+            if non_finite {
+                frag.own.clear();
+            } else {
+                frag.arrived.extend_from_slice(delta);
+            }
+            return;
+        }
         if non_finite {
             if let Some(m) = &mut frag.pending {
                 m.discard = true;
@@ -422,6 +486,10 @@ impl Streaming {
         let alpha = self.mixing;
         let frag = &mut self.frags[p];
         let discard = frag.pending.take().is_some_and(|m| m.discard);
+        if self.eager {
+            // The average waits in `arrived` for the round's end, this same step.
+            return false;
+        }
         if discard {
             frag.scatter(&frag.anchor, &mut self.params);
             return true;
@@ -457,6 +525,26 @@ impl Streaming {
             .enumerate()
             .map(|(p, f)| f.ex.as_ref().ok_or_else(|| in_flight_error(p)))
             .collect()
+    }
+}
+
+/// The eager outer step's change into `out`: `delta/M + (arrived − own/M)`, where an empty
+/// `arrived` or `own` counts as zeros (see the [module docs](self#eager-outer-steps)). With
+/// one worker and a lossless exchange `arrived` equals `own`, and the step is `delta`
+/// exactly: DiLoCo's.
+fn eager_change(delta: &[f32], arrived: &[f32], own: &[f32], workers: usize, out: &mut Vec<f32>) {
+    let m = workers.max(1) as f32;
+    out.clear();
+    out.extend(delta.iter().map(|&d| d / m));
+    match (arrived.is_empty(), own.is_empty()) {
+        (true, true) => {}
+        (false, true) => out.iter_mut().zip(arrived).for_each(|(o, &a)| *o += a),
+        (true, false) => out.iter_mut().zip(own).for_each(|(o, &w)| *o += -(w / m)),
+        (false, false) => {
+            for ((o, &a), &w) in out.iter_mut().zip(arrived).zip(own) {
+                *o += a - w / m;
+            }
+        }
     }
 }
 
@@ -623,6 +711,10 @@ impl<T: Transport> GradientSync<T> for Streaming {
             );
             ck.put_f32(&format!("{prefix}anchor"), &f.anchor);
             ck.put_f32(&format!("{prefix}velocity"), &f.velocity);
+            if self.eager {
+                ck.put_f32(&format!("{prefix}arrived"), &f.arrived);
+                ck.put_f32(&format!("{prefix}own"), &f.own);
+            }
         }
         ck.put_json(
             PERIODIC_SECTION,
@@ -652,6 +744,8 @@ impl<T: Transport> GradientSync<T> for Streaming {
                 f.anchor.clear();
                 f.velocity.clear();
                 f.pending = None;
+                f.arrived.clear();
+                f.own.clear();
             }
             s.identical = true;
         };
@@ -686,6 +780,21 @@ impl<T: Transport> GradientSync<T> for Streaming {
             let len = layout.len();
             let anchor = ck.f32(&format!("{prefix}anchor"))?;
             let velocity = ck.f32(&format!("{prefix}velocity"))?;
+            // The eager rule's vectors (absent from a checkpoint written without it: a
+            // round started then has no own share applied ahead).
+            let optional = |name: &str| -> Result<Vec<f32>, SyncError> {
+                let name = format!("{prefix}{name}");
+                if ck.names().any(|n| n == name) {
+                    Ok(ck.f32(&name)?)
+                } else {
+                    Ok(Vec::new())
+                }
+            };
+            let (arrived, own) = if self.eager {
+                (optional("arrived")?, optional("own")?)
+            } else {
+                (Vec::new(), Vec::new())
+            };
             let same = state.ranges.len() == layout.ranges.len()
                 && state
                     .ranges
@@ -695,6 +804,8 @@ impl<T: Transport> GradientSync<T> for Streaming {
             if !same
                 || !anchor.is_empty() && anchor.len() != len
                 || !velocity.is_empty() && velocity.len() != len
+                || !arrived.is_empty() && arrived.len() != len
+                || !own.is_empty() && own.len() != len
             {
                 let held: usize = state.ranges.iter().map(|(a, b)| b.saturating_sub(*a)).sum();
                 return Err(SyncError::State(format!(
@@ -716,6 +827,8 @@ impl<T: Transport> GradientSync<T> for Streaming {
             f.anchor = anchor;
             f.velocity = velocity;
             f.pending = state.pending;
+            f.arrived = arrived;
+            f.own = own;
         }
         if ck
             .names()
@@ -794,6 +907,25 @@ mod tests {
         let e = layout(&infos, 4, 2).unwrap_err();
         assert!(e.contains("sync.fragments"), "{e}");
         assert_eq!(layout(&infos, 2, 1).unwrap().len(), 2);
+    }
+
+    /// `Δ/M + (arrived − own/M)`, each missing vector counting as zeros; with one worker
+    /// and `arrived = own` the change itself, bit for bit.
+    #[test]
+    fn the_eager_change_is_the_own_share_now_and_the_others_of_the_last_round() {
+        let mut out = Vec::new();
+        let delta = [4.0, -8.0, 0.3];
+        eager_change(&delta, &[], &[], 4, &mut out);
+        assert_eq!(out, [1.0, -2.0, 0.075]);
+        eager_change(&delta, &[1.0, 1.0, 1.0], &[], 4, &mut out);
+        assert_eq!(out, [2.0, -1.0, 1.075]);
+        eager_change(&delta, &[], &[4.0, 4.0, 4.0], 4, &mut out);
+        assert_eq!(out, [0.0, -3.0, 0.075 - 1.0]);
+        eager_change(&delta, &[3.0, 2.0, 1.0], &[4.0, 4.0, 4.0], 4, &mut out);
+        assert_eq!(out, [1.0 + 2.0, -2.0 + 1.0, 0.075 + 0.0]);
+        let own = [0.1f32, 1e-7, -3.3];
+        eager_change(&delta, &own, &own, 1, &mut out);
+        assert_eq!(out, delta);
     }
 
     #[test]

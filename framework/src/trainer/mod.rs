@@ -613,6 +613,7 @@ fn streaming<T: Transport>(
         overlap,
         mixing,
         stripes,
+        eager,
         ..
     } = plan.config.sync
     else {
@@ -641,6 +642,7 @@ fn streaming<T: Transport>(
             outer_momentum: outer_momentum as f32,
             overlap,
             mixing: mixing as f32,
+            eager,
             total_steps: plan.total_steps,
         },
         infos.iter().map(ParamInfo::numel).sum(),
