@@ -285,7 +285,7 @@ impl Shared {
 }
 
 /// The largest divisor of `n` not above `limit` (`n ≥ 1`).
-fn tile_side(n: usize, limit: usize) -> usize {
+pub(crate) fn tile_side(n: usize, limit: usize) -> usize {
     (1..=limit.min(n))
         .rev()
         .find(|d| n.is_multiple_of(*d))
@@ -445,7 +445,10 @@ impl Tiling {
 
 /// Reads and checks a segment's tiling (`rows`, tile sides `a × b`) for `n` values, and
 /// that the chunked body that follows says chunk `a·b`.
-fn read_tiling(r: &mut Reader<'_>, n: usize) -> Result<(usize, usize, usize), WireError> {
+pub(crate) fn read_tiling(
+    r: &mut Reader<'_>,
+    n: usize,
+) -> Result<(usize, usize, usize), WireError> {
     let rows = r.u32("rows")? as usize;
     let a = r.u32("tile rows")? as usize;
     let b = r.u32("tile columns")? as usize;
@@ -618,26 +621,10 @@ impl Compressor for Demo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compressor::{compress, compress_new, decompress, Ctx, Payload};
+    use crate::compressor::{compress_new, decompress, Ctx, Payload};
 
     fn encode(c: &mut Demo, x: &[f32], shapes: &[Vec<usize>]) -> Payload {
-        c.set_segment_shapes(shapes);
-        let mut at = 0;
-        let segs: Vec<_> = shapes
-            .iter()
-            .map(|s| {
-                let n: usize = s.iter().product();
-                at += n;
-                at - n..at
-            })
-            .collect();
-        let ctx = Ctx {
-            segments: &segs,
-            ..Ctx::default()
-        };
-        let mut p = Payload::new();
-        compress(c, x, &ctx, &mut Rng::seed_from_u64(0), &mut p).unwrap();
-        p
+        crate::compressor::compress_shaped(c, x, shapes)
     }
 
     /// `‖x − y‖² / ‖x‖²`.

@@ -14,7 +14,10 @@
 //! method's default memory, `beta = 0.95`), and this compressor: chunks of `chunk` values
 //! (4 096 by default) keep their `k` largest magnitudes (64, a density of 1.56 %), indices
 //! in 12 bits, values in 2 bits ([`crate::chunked`], its module docs give the body and the
-//! quantizer). `bits = 32` sends the kept values exactly, for the ablation. Used every step
+//! quantizer). `bits = 32` sends the kept values exactly, for the ablation. With `tile = T`
+//! each matrix is cut into tiles of up to T × T instead (see below), and each segment's
+//! body starts with `u32 rows | u32 tile rows a | u32 tile cols b` (as DeMo's), followed by
+//! the chunked body over the tile-major values with chunk `a·b`. Used every step
 //! it is chunked Top-k compression of the gradient with decayed error feedback.
 //!
 //! Payloads are all-gathered: workers keep different entries, and the mean of the sparse
@@ -48,7 +51,9 @@
 //!   ([`Quant2Rule::Templar`]) gives Templar's cut, on the same wire format;
 //! - **chunks**: the code cuts each matrix into tiles of up to 64 × 64 (the largest
 //!   divisors ≤ 64 of each dimension) and sends 1-D tensors whole; dtrain cuts each tensor's
-//!   flat values into runs of `chunk`;
+//!   flat values into runs of `chunk` by default, and `tile = 64` cuts Templar's tiles (DeMo's
+//!   rule, [`crate::demo`]; a 1-D tensor is one row, so its tiles of at most 64 values are
+//!   sent whole at k = 64), keeping `k` of each tile;
 //! - **the accumulator**: the code adds `outer_lr · Δ` (dtrain adds Δ: the same at the
 //!   outer lr of 1 that SparseLoCo uses);
 //! - **the mean**: the code averages each coordinate over the workers that sent it (Templar
@@ -60,7 +65,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::chunked::{body_bits, read, Coding, Encoder, Quant2Rule};
 use crate::compressor::{decode_frame, Aggregation, Compressor, MethodId};
-use crate::demo::{is_workers, scale_to_senders, DemoMean, SENDERS_NEED};
+use crate::demo::{
+    is_workers, read_tiling, scale_to_senders, tile_side, DemoMean, MAX_TILE, SENDERS_NEED,
+};
 use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
 use crate::registry::{Method, RunUse};
@@ -94,6 +101,16 @@ pub struct SparseLocoConfig {
     /// all-gather).
     #[serde(default, skip_serializing_if = "is_workers")]
     pub mean: DemoMean,
+    /// `0` (default): each tensor's flat values in runs of `chunk`. `T ≥ 1`: each matrix
+    /// cut into tiles of `a × b`, the largest divisors of its sides not above T (a 1-D
+    /// tensor is one row), keeping `min(k, a·b)` of each tile — the authors' code's
+    /// chunks at T = 64. `chunk` is then unused.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tile: usize,
+}
+
+fn is_zero(t: &usize) -> bool {
+    *t == 0
 }
 
 fn is_symmetric(r: &Quant2Rule) -> bool {
@@ -122,6 +139,7 @@ impl Default for SparseLocoConfig {
             range: default_range(),
             rule: Quant2Rule::Symmetric,
             mean: DemoMean::Workers,
+            tile: 0,
         }
     }
 }
@@ -188,12 +206,35 @@ impl SparseLocoConfig {
                 ))
             }
         };
+        if self.tile > MAX_TILE {
+            return Err(ConfigError::new(
+                "tile",
+                format!(
+                    "must be 0 (runs of chunk) or 1 to {MAX_TILE}, got {}",
+                    self.tile
+                ),
+            ));
+        }
+        if self.tile > 0 && self.k > self.tile * self.tile {
+            return Err(ConfigError::new(
+                "k",
+                format!(
+                    "must be at most tile × tile = {}, got {}",
+                    self.tile * self.tile,
+                    self.k
+                ),
+            ));
+        }
         Ok(SparseLoco {
             chunk: self.chunk,
             k: self.k,
             coding,
             mean: self.mean,
+            tile: self.tile,
+            rows: Vec::new(),
+            next: 0,
             enc: Encoder::default(),
+            scratch: Vec::new(),
         })
     }
 }
@@ -216,10 +257,44 @@ pub struct SparseLoco {
     k: usize,
     coding: Coding,
     mean: DemoMean,
+    /// The tiles' largest side (0: runs of `chunk`).
+    tile: usize,
+    /// Rows of each segment of the bucket (1: no shape known).
+    rows: Vec<usize>,
+    /// Index of the next segment `encode_segment` sees.
+    next: usize,
     enc: Encoder,
+    /// Scratch: a segment's tile-major values.
+    scratch: Vec<f32>,
+}
+
+/// Where the value at tile-major position `pos` of a tensor with `cols` columns, cut in
+/// `a × b` tiles (row-major tiles, each row-major), lies in the tensor's row-major values.
+fn tile_major_to_flat(pos: usize, cols: usize, a: usize, b: usize) -> usize {
+    let tile = pos / (a * b);
+    let (i, j) = ((pos % (a * b)) / b, pos % b);
+    let tiles_per_row = cols / b;
+    let (r0, c0) = ((tile / tiles_per_row) * a, (tile % tiles_per_row) * b);
+    (r0 + i) * cols + c0 + j
 }
 
 impl SparseLoco {
+    /// Reads one segment's body of `n` values, handing `add` each kept value at its
+    /// position in the segment (row-major), through the tiling when there is one.
+    fn read_segment(
+        &self,
+        r: &mut Reader<'_>,
+        n: usize,
+        mut add: impl FnMut(usize, f32),
+    ) -> Result<(), WireError> {
+        if self.tile == 0 {
+            return read(r, n, add);
+        }
+        let (rows, a, b) = read_tiling(r, n)?;
+        let cols = n / rows;
+        read(r, n, |pos, v| add(tile_major_to_flat(pos, cols, a, b), v))
+    }
+
     /// The sum of the payloads' decodes with each coordinate scaled by `P / senders` (so that
     /// the caller's division by P leaves the mean over the workers that sent it), added
     /// into `out`; coordinates no one sent stay as they are.
@@ -233,7 +308,7 @@ impl SparseLoco {
         for (i, p) in payloads.iter().enumerate() {
             decode_frame(self, p, out.len(), |r, seg| {
                 let (s, n) = (&mut sum[seg.clone()], &mut senders[seg]);
-                read(r, s.len(), |at, v| {
+                self.read_segment(r, s.len(), |at, v| {
                     s[at] += v;
                     n[at] += 1;
                 })
@@ -256,13 +331,46 @@ impl Compressor for SparseLoco {
         Aggregation::Gather
     }
     fn ratio_metric(&self) -> Option<(&'static str, f64)> {
-        Some(("density", self.k as f64 / self.chunk as f64))
+        let cell = if self.tile > 0 {
+            self.tile * self.tile
+        } else {
+            self.chunk
+        };
+        Some(("density", self.k as f64 / cell as f64))
+    }
+    fn set_segment_shapes(&mut self, shapes: &[Vec<usize>]) {
+        self.rows = shapes
+            .iter()
+            .map(|s| if s.len() >= 2 { s[0].max(1) } else { 1 })
+            .collect();
+    }
+    fn begin(&mut self, _grad: &[f32], _ctx: &crate::Ctx<'_>) {
+        self.next = 0;
     }
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
-        self.enc.write(x, self.chunk, self.k, self.coding, w);
+        if self.tile == 0 {
+            self.enc.write(x, self.chunk, self.k, self.coding, w);
+            return;
+        }
+        let n = x.len();
+        let mut rows = self.rows.get(self.next).copied().unwrap_or(1);
+        self.next += 1;
+        if rows == 0 || !n.is_multiple_of(rows) {
+            rows = 1;
+        }
+        let cols = n / rows;
+        let (a, b) = (tile_side(rows, self.tile), tile_side(cols, self.tile));
+        w.u32(rows as u32);
+        w.u32(a as u32);
+        w.u32(b as u32);
+        let mut t = std::mem::take(&mut self.scratch);
+        t.clear();
+        t.extend((0..n).map(|pos| x[tile_major_to_flat(pos, cols, a, b)]));
+        self.enc.write(&t, a * b, self.k.min(a * b), self.coding, w);
+        self.scratch = t;
     }
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
-        read(r, out.len(), |i, v| out[i] += v)
+        self.read_segment(r, out.len(), |i, v| out[i] += v)
     }
     fn decode_segment_add_touched(
         &self,
@@ -270,13 +378,14 @@ impl Compressor for SparseLoco {
         out: &mut [f32],
         touched: &mut crate::compressor::Touched,
     ) -> Result<(), WireError> {
-        read(r, out.len(), |i, v| {
+        self.read_segment(r, out.len(), |i, v| {
             out[i] += v;
             touched.mark(i);
         })
     }
+    /// `None` with tiles: the body's size depends on the tensor's shape.
     fn segment_bits(&self, n: usize) -> Option<u64> {
-        Some(body_bits(n, self.chunk, self.k, self.coding))
+        (self.tile == 0).then(|| body_bits(n, self.chunk, self.k, self.coding))
     }
     fn joint_decompress_add(
         &self,
@@ -319,10 +428,72 @@ mod tests {
             ("chunk = 8\nk = 9", "k"),
             ("bits = 4", "bits"),
             ("range = 0.0", "range"),
+            ("tile = 1025", "tile"),
+            ("tile = 4\nk = 17", "k"),
         ] {
             let e = cfg(toml).init().unwrap_err();
             assert_eq!(e.field, field, "{toml}: {e}");
         }
+    }
+
+    #[test]
+    fn tile_major_positions_walk_each_tile_row_by_row() {
+        // A 4 × 6 tensor in 2 × 3 tiles: tile 0 holds rows 0–1, columns 0–2.
+        let flat: Vec<usize> = (0..24).map(|p| tile_major_to_flat(p, 6, 2, 3)).collect();
+        assert_eq!(&flat[..6], &[0, 1, 2, 6, 7, 8]);
+        assert_eq!(&flat[6..12], &[3, 4, 5, 9, 10, 11]);
+        assert_eq!(&flat[12..18], &[12, 13, 14, 18, 19, 20]);
+        let mut sorted = flat.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..24).collect::<Vec<_>>());
+    }
+
+    /// Tiles as the authors' code cuts them: each tile keeps its own largest values (here
+    /// one, exact), wherever they lie in the tensor; with every value kept the tensor comes
+    /// back exactly, over a matrix, a 1-D tensor and a matrix with a prime side.
+    #[test]
+    fn tiles_keep_k_of_each_tile_and_every_value_when_k_covers_it() {
+        use crate::compressor::compress_shaped;
+        let shapes = vec![vec![12, 8], vec![10], vec![7, 5]];
+        let n: usize = shapes.iter().map(|s| s.iter().product::<usize>()).sum();
+        let x: Vec<f32> = (0..n)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let mut c = cfg("tile = 4\nk = 16\nbits = 32").init().unwrap();
+        let p = compress_shaped(&mut c, &x, &shapes);
+        let mut out = vec![0f32; n];
+        decompress(&c, p.as_bytes(), &mut out).unwrap();
+        assert_eq!(out, x);
+        // One per tile: the 12 × 8 matrix has 3 × 2 tiles of 4 × 4; the 1-D tensor of 10
+        // is one row in tiles of 1 × 2; the 7 × 5 one tiles of 1 × 1 (7 and 5 are prime):
+        // every value.
+        let mut c = cfg("tile = 4\nk = 1\nbits = 32").init().unwrap();
+        let p = compress_shaped(&mut c, &x, &shapes);
+        let mut out = vec![0f32; n];
+        decompress(&c, p.as_bytes(), &mut out).unwrap();
+        for (tr, tc) in (0..3).flat_map(|r| (0..2).map(move |c| (r, c))) {
+            let cells: Vec<usize> = (0..16)
+                .map(|q| (tr * 4 + q / 4) * 8 + tc * 4 + q % 4)
+                .collect();
+            let best = *cells
+                .iter()
+                .max_by(|&&a, &&b| x[a].abs().total_cmp(&x[b].abs()))
+                .unwrap();
+            for &i in &cells {
+                let want = if i == best { x[i] } else { 0.0 };
+                assert_eq!(out[i], want, "tile ({tr},{tc}) value {i}");
+            }
+        }
+        let kept_1d = out[96..106].iter().filter(|v| **v != 0.0).count();
+        assert_eq!(kept_1d, 5, "1-D tensor: one of each 1 × 2 tile");
+        assert_eq!(&out[106..], &x[106..]);
+        // The flat default keeps 1 of each chunk of 4 096: one value of the whole bucket
+        // per segment.
+        let mut flat = cfg("k = 1\nbits = 32").init().unwrap();
+        let p = compress_shaped(&mut flat, &x, &shapes);
+        let mut out = vec![0f32; n];
+        decompress(&flat, p.as_bytes(), &mut out).unwrap();
+        assert_eq!(out.iter().filter(|v| **v != 0.0).count(), 3);
     }
 
     #[test]

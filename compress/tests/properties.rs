@@ -51,6 +51,11 @@ fn all() -> Vec<(&'static str, Box<dyn Compressor>)> {
             "kind = \"ef-signsgd\"\nsum = \"exact\"\nscale = \"rms\"",
         ),
         ("onebit, exact sums", "kind = \"onebit\"\nsum = \"exact\""),
+        // Templar's tiles (each segment one row here: tiles of up to 8 values).
+        (
+            "sparseloco, tiles",
+            "kind = \"sparseloco\"\ntile = 8\nk = 3",
+        ),
     ] {
         let cfg: dtrain_compress::CompressorConfig = toml::from_str(toml).expect(name);
         v.push((name, cfg.build().expect(name)));
