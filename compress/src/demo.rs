@@ -209,8 +209,7 @@ impl DemoConfig {
                 DemoValues::Sign => Coding::Sign,
             },
             mean: self.mean,
-            rows: Vec::new(),
-            next: 0,
+            rows: SegmentRows::default(),
             enc: Encoder::default(),
             coef: Vec::new(),
             tile: Vec::new(),
@@ -229,10 +228,8 @@ pub struct Demo {
     k: usize,
     coding: Coding,
     mean: DemoMean,
-    /// Rows of each segment of the bucket (1: no shape known).
-    rows: Vec<usize>,
-    /// Index of the next segment `encode_segment` sees.
-    next: usize,
+    /// Rows of each segment of the bucket.
+    rows: SegmentRows,
     enc: Encoder,
     /// Scratch: a segment's tile-major coefficients.
     coef: Vec<f32>,
@@ -280,6 +277,43 @@ impl Shared {
             b,
             da: self.side(a),
             db: self.side(b),
+        }
+    }
+}
+
+/// The rows of each segment of a bucket, as the encoder meets them (the tiled encoders'
+/// view of [`Compressor::set_segment_shapes`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SegmentRows {
+    /// Rows of each segment (1: no shape known, or 1-D).
+    rows: Vec<usize>,
+    /// Index of the next segment.
+    next: usize,
+}
+
+impl SegmentRows {
+    /// Takes the segments' shapes: three or more dimensions are `[shape[0], the rest]`.
+    pub(crate) fn set(&mut self, shapes: &[Vec<usize>]) {
+        self.rows = shapes
+            .iter()
+            .map(|s| if s.len() >= 2 { s[0].max(1) } else { 1 })
+            .collect();
+    }
+
+    /// Starts a bucket's encode at its first segment.
+    pub(crate) fn restart(&mut self) {
+        self.next = 0;
+    }
+
+    /// The rows of the next segment, of `n` values: 1 when no shape is known or its rows do
+    /// not divide `n`.
+    pub(crate) fn next(&mut self, n: usize) -> usize {
+        let rows = self.rows.get(self.next).copied().unwrap_or(1);
+        self.next += 1;
+        if rows == 0 || !n.is_multiple_of(rows) {
+            1
+        } else {
+            rows
         }
     }
 }
@@ -557,21 +591,14 @@ impl Compressor for Demo {
         Combine::MajorityVote
     }
     fn set_segment_shapes(&mut self, shapes: &[Vec<usize>]) {
-        self.rows = shapes
-            .iter()
-            .map(|s| if s.len() >= 2 { s[0].max(1) } else { 1 })
-            .collect();
+        self.rows.set(shapes);
     }
     fn begin(&mut self, _grad: &[f32], _ctx: &crate::Ctx<'_>) {
-        self.next = 0;
+        self.rows.restart();
     }
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
         let n = x.len();
-        let mut rows = self.rows.get(self.next).copied().unwrap_or(1);
-        self.next += 1;
-        if rows == 0 || !n.is_multiple_of(rows) {
-            rows = 1;
-        }
+        let rows = self.rows.next(n);
         let (a, b) = (
             tile_side(rows, self.chunk),
             tile_side(n / rows.max(1), self.chunk),

@@ -66,7 +66,8 @@ use serde::{Deserialize, Serialize};
 use crate::chunked::{body_bits, read, Coding, Encoder, Quant2Rule};
 use crate::compressor::{decode_frame, Aggregation, Compressor, MethodId};
 use crate::demo::{
-    is_workers, read_tiling, scale_to_senders, tile_side, DemoMean, MAX_TILE, SENDERS_NEED,
+    is_workers, read_tiling, scale_to_senders, tile_side, DemoMean, SegmentRows, MAX_TILE,
+    SENDERS_NEED,
 };
 use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
@@ -231,8 +232,7 @@ impl SparseLocoConfig {
             coding,
             mean: self.mean,
             tile: self.tile,
-            rows: Vec::new(),
-            next: 0,
+            rows: SegmentRows::default(),
             enc: Encoder::default(),
             scratch: Vec::new(),
         })
@@ -259,10 +259,8 @@ pub struct SparseLoco {
     mean: DemoMean,
     /// The tiles' largest side (0: runs of `chunk`).
     tile: usize,
-    /// Rows of each segment of the bucket (1: no shape known).
-    rows: Vec<usize>,
-    /// Index of the next segment `encode_segment` sees.
-    next: usize,
+    /// Rows of each segment of the bucket.
+    rows: SegmentRows,
     enc: Encoder,
     /// Scratch: a segment's tile-major values.
     scratch: Vec<f32>,
@@ -339,13 +337,10 @@ impl Compressor for SparseLoco {
         Some(("density", self.k as f64 / cell as f64))
     }
     fn set_segment_shapes(&mut self, shapes: &[Vec<usize>]) {
-        self.rows = shapes
-            .iter()
-            .map(|s| if s.len() >= 2 { s[0].max(1) } else { 1 })
-            .collect();
+        self.rows.set(shapes);
     }
     fn begin(&mut self, _grad: &[f32], _ctx: &crate::Ctx<'_>) {
-        self.next = 0;
+        self.rows.restart();
     }
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
         if self.tile == 0 {
@@ -353,11 +348,7 @@ impl Compressor for SparseLoco {
             return;
         }
         let n = x.len();
-        let mut rows = self.rows.get(self.next).copied().unwrap_or(1);
-        self.next += 1;
-        if rows == 0 || !n.is_multiple_of(rows) {
-            rows = 1;
-        }
+        let rows = self.rows.next(n);
         let cols = n / rows;
         let (a, b) = (tile_side(rows, self.tile), tile_side(cols, self.tile));
         w.u32(rows as u32);
