@@ -427,6 +427,9 @@ impl Streaming {
             frag.arrived.clear();
             if non_finite {
                 frag.own.clear();
+                if let Some(m) = &mut frag.pending {
+                    m.discard = true;
+                }
             } else {
                 frag.arrived.extend_from_slice(delta);
             }
@@ -487,8 +490,9 @@ impl Streaming {
         let frag = &mut self.frags[p];
         let discard = frag.pending.take().is_some_and(|m| m.discard);
         if self.eager {
-            // The average waits in `arrived` for the round's end, this same step.
-            return false;
+            // The average waits in `arrived` for the round's end, this same step (a
+            // non-finite one was dropped when it came back; the step reports it).
+            return discard;
         }
         if discard {
             frag.scatter(&frag.anchor, &mut self.params);
