@@ -992,29 +992,6 @@ pub fn payload_bits(c: &dyn Compressor, segment_lens: &[usize]) -> Option<u64> {
     Some(bits)
 }
 
-/// Test helper: `c`'s payload of `x`, whose segments are tensors of `shapes` (handed to
-/// [`Compressor::set_segment_shapes`] first).
-#[cfg(test)]
-pub(crate) fn compress_shaped(c: &mut dyn Compressor, x: &[f32], shapes: &[Vec<usize>]) -> Payload {
-    c.set_segment_shapes(shapes);
-    let mut at = 0;
-    let segs: Vec<_> = shapes
-        .iter()
-        .map(|s| {
-            let n: usize = s.iter().product();
-            at += n;
-            at - n..at
-        })
-        .collect();
-    let ctx = Ctx {
-        segments: &segs,
-        ..Ctx::default()
-    };
-    let mut p = Payload::new();
-    compress(c, x, &ctx, &mut Rng::seed_from_u64(0), &mut p).unwrap();
-    p
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

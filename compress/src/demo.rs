@@ -318,6 +318,23 @@ impl SegmentRows {
     }
 }
 
+/// Where tile-major position `pos` of a tensor with `cols` columns, cut in `a × b` tiles
+/// (row-major tiles, each row-major), lies: its tile's origin (row, column) in the tensor
+/// and its (row, column) inside the tile.
+pub(crate) fn tile_position(
+    pos: usize,
+    cols: usize,
+    a: usize,
+    b: usize,
+) -> ((usize, usize), (usize, usize)) {
+    let tile = pos / (a * b);
+    let tiles_per_row = cols / b;
+    (
+        ((tile / tiles_per_row) * a, (tile % tiles_per_row) * b),
+        ((pos % (a * b)) / b, pos % b),
+    )
+}
+
 /// The largest divisor of `n` not above `limit` (`n ≥ 1`).
 pub(crate) fn tile_side(n: usize, limit: usize) -> usize {
     (1..=limit.min(n))
@@ -463,10 +480,7 @@ impl Tiling {
     /// `X[i][j] += D_a[p][i]·y·D_b[q][j]`.
     fn add_inverse(&self, pos: usize, y: f32, out: &mut [f32]) {
         let (a, b, cols) = (self.a, self.b, self.cols);
-        let tile = pos / (a * b);
-        let (p, q) = ((pos % (a * b)) / b, pos % b);
-        let tiles_per_row = cols / b;
-        let (r0, c0) = ((tile / tiles_per_row) * a, (tile % tiles_per_row) * b);
+        let ((r0, c0), (p, q)) = tile_position(pos, cols, a, b);
         let dq = &self.db.d[q * b..][..b];
         for i in 0..a {
             let s = y * self.da.d[p * a + i];
@@ -651,7 +665,7 @@ mod tests {
     use crate::compressor::{compress_new, decompress, Ctx, Payload};
 
     fn encode(c: &mut Demo, x: &[f32], shapes: &[Vec<usize>]) -> Payload {
-        crate::compressor::compress_shaped(c, x, shapes)
+        crate::test_util::compress_shaped(c, x, shapes)
     }
 
     /// `‖x − y‖² / ‖x‖²`.

@@ -66,8 +66,8 @@ use serde::{Deserialize, Serialize};
 use crate::chunked::{body_bits, read, Coding, Encoder, Quant2Rule};
 use crate::compressor::{decode_frame, Aggregation, Compressor, MethodId};
 use crate::demo::{
-    is_workers, read_tiling, scale_to_senders, tile_side, DemoMean, SegmentRows, MAX_TILE,
-    SENDERS_NEED,
+    is_workers, read_tiling, scale_to_senders, tile_position, tile_side, DemoMean, SegmentRows,
+    MAX_TILE, SENDERS_NEED,
 };
 use crate::error::{ConfigError, WireError};
 use crate::memory::MemoryConfig;
@@ -269,10 +269,7 @@ pub struct SparseLoco {
 /// Where the value at tile-major position `pos` of a tensor with `cols` columns, cut in
 /// `a × b` tiles (row-major tiles, each row-major), lies in the tensor's row-major values.
 fn tile_major_to_flat(pos: usize, cols: usize, a: usize, b: usize) -> usize {
-    let tile = pos / (a * b);
-    let (i, j) = ((pos % (a * b)) / b, pos % b);
-    let tiles_per_row = cols / b;
-    let (r0, c0) = ((tile / tiles_per_row) * a, (tile % tiles_per_row) * b);
+    let ((r0, c0), (i, j)) = tile_position(pos, cols, a, b);
     (r0 + i) * cols + c0 + j
 }
 
@@ -444,7 +441,7 @@ mod tests {
     /// back exactly, over a matrix, a 1-D tensor and a matrix with a prime side.
     #[test]
     fn tiles_keep_k_of_each_tile_and_every_value_when_k_covers_it() {
-        use crate::compressor::compress_shaped;
+        use crate::test_util::compress_shaped;
         let shapes = vec![vec![12, 8], vec![10], vec![7, 5]];
         let n: usize = shapes.iter().map(|s| s.iter().product::<usize>()).sum();
         let x: Vec<f32> = (0..n)

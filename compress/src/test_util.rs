@@ -1,6 +1,6 @@
 //! Helpers shared by the methods' unit tests (compiled for tests only).
 
-use crate::compressor::{decompress_add, decompress_mean, Compressor};
+use crate::compressor::{compress, decompress_add, decompress_mean, Compressor, Ctx, Payload};
 use crate::finite::scale_has_non_finite;
 use crate::rng::Rng;
 use crate::touched::Touched;
@@ -148,4 +148,26 @@ pub(crate) fn outlier_vector(n: usize, seed: u64) -> Vec<f32> {
             }
         })
         .collect()
+}
+
+/// `c`'s payload of `x`, whose segments are tensors of `shapes` (handed to
+/// [`Compressor::set_segment_shapes`] first).
+pub(crate) fn compress_shaped(c: &mut dyn Compressor, x: &[f32], shapes: &[Vec<usize>]) -> Payload {
+    c.set_segment_shapes(shapes);
+    let mut at = 0;
+    let segs: Vec<_> = shapes
+        .iter()
+        .map(|s| {
+            let n: usize = s.iter().product();
+            at += n;
+            at - n..at
+        })
+        .collect();
+    let ctx = Ctx {
+        segments: &segs,
+        ..Ctx::default()
+    };
+    let mut p = Payload::new();
+    compress(c, x, &ctx, &mut Rng::seed_from_u64(0), &mut p).unwrap();
+    p
 }

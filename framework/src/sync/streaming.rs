@@ -537,19 +537,18 @@ impl Streaming {
 /// one worker and a lossless exchange `arrived` equals `own`, and the step is `delta`
 /// exactly: DiLoCo's.
 fn eager_change(delta: &[f32], arrived: &[f32], own: &[f32], workers: usize, out: &mut Vec<f32>) {
+    fn padded(v: &[f32]) -> impl Iterator<Item = f32> + '_ {
+        v.iter().copied().chain(std::iter::repeat(0.0))
+    }
     let m = workers.max(1) as f32;
     out.clear();
-    out.extend(delta.iter().map(|&d| d / m));
-    match (arrived.is_empty(), own.is_empty()) {
-        (true, true) => {}
-        (false, true) => out.iter_mut().zip(arrived).for_each(|(o, &a)| *o += a),
-        (true, false) => out.iter_mut().zip(own).for_each(|(o, &w)| *o += -(w / m)),
-        (false, false) => {
-            for ((o, &a), &w) in out.iter_mut().zip(arrived).zip(own) {
-                *o += a - w / m;
-            }
-        }
-    }
+    out.extend(
+        delta
+            .iter()
+            .zip(padded(arrived))
+            .zip(padded(own))
+            .map(|((&d, a), w)| d / m + (a - w / m)),
+    );
 }
 
 /// The error for fragment `p`'s exchanger wanted while its exchange is in flight (the
