@@ -23,14 +23,22 @@
 //!   collective behind): [`CommError::Mismatch`] naming the peer, propagated the same way.
 //!
 //! After any of these the communicator is unusable ([`CommError::Poisoned`]): messages of
-//! the failed collective may be in flight, and the run is expected to stop and resume from
-//! a checkpoint. Invalid arguments ([`CommError::InvalidArgument`]) do not poison it.
+//! the failed collective may be in flight. The run either stops (and resumes from a
+//! checkpoint), or the survivors agree on a smaller group with
+//! [`Communicator::regroup`] and go on over the same connections (see [`group`]). Invalid
+//! arguments ([`CommError::InvalidArgument`]) do not poison it.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
+
+mod failure;
+pub mod group;
+
+use group::Grouped;
+pub use group::Membership;
 
 use crate::algo::allgather::AllGather;
 use crate::algo::barrier::Barrier;
@@ -99,6 +107,30 @@ pub enum CommError {
     /// An earlier collective failed; this communicator can no longer be used.
     #[error("communicator unusable after an earlier failure: {0}")]
     Poisoned(String),
+    /// The other ranks went on without this one ([`Communicator::regroup`]): it was taken
+    /// for lost (frozen or cut off past the deadline) while it was alive.
+    #[error("this rank was dropped from the group: {detail}")]
+    Excluded {
+        /// What the group said (its epoch and members).
+        detail: String,
+    },
+    /// The survivors of a failure may not go on ([`Communicator::regroup`]): they are no
+    /// strict majority of the previous group, and some rank they lost may still be alive
+    /// (it fell silent rather than closing its connection), so it may be the other side
+    /// of a partition.
+    #[error(
+        "membership epoch {epoch}: the {} surviving rank(s) {members:?} are no majority of the \
+         {previous} before, and the others may be alive elsewhere",
+        members.len()
+    )]
+    NoMajority {
+        /// The epoch that was not formed.
+        epoch: u64,
+        /// The survivors' transport ranks.
+        members: Vec<usize>,
+        /// The size of the previous group.
+        previous: usize,
+    },
 }
 
 impl CommError {
@@ -174,9 +206,12 @@ impl Default for CommConfig {
 /// ```
 #[derive(Debug)]
 pub struct Communicator<T: Transport> {
-    transport: T,
+    transport: Grouped<T>,
     cfg: CommConfig,
     seq: u64,
+    /// Messages with a lower sequence number belong to a failed membership epoch (or an
+    /// earlier agreement round) and are dropped.
+    floor: u64,
     /// Messages of later collectives, with the bytes the transport counted for them.
     stash: VecDeque<(usize, Message, u64)>,
     /// Received bytes moved between calls' accounts by the stash (out of / into this call).
@@ -195,9 +230,10 @@ impl<T: Transport> Communicator<T> {
     pub fn new(transport: T, cfg: CommConfig) -> Self {
         let world = transport.world_size();
         Communicator {
-            transport,
+            transport: Grouped::new(transport),
             cfg,
             seq: 0,
+            floor: 0,
             stash: VecDeque::new(),
             stashed_out: 0,
             stashed_in: 0,
@@ -208,12 +244,13 @@ impl<T: Transport> Communicator<T> {
         }
     }
 
-    /// This rank.
+    /// This rank: its index in the current group (its transport rank until the first
+    /// [`Communicator::regroup`]).
     pub fn rank(&self) -> usize {
         self.transport.rank()
     }
 
-    /// Number of ranks.
+    /// Number of ranks in the current group.
     pub fn world_size(&self) -> usize {
         self.transport.world_size()
     }
@@ -223,9 +260,10 @@ impl<T: Transport> Communicator<T> {
         &self.cfg
     }
 
-    /// The transport.
+    /// The transport (its ranks are the transport's, not the group's: see
+    /// [`Communicator::members`]).
     pub fn transport(&self) -> &T {
-        &self.transport
+        self.transport.inner()
     }
 
     /// Bytes sent and received by the last collective call (framing included).
@@ -713,6 +751,11 @@ impl<T: Transport> Communicator<T> {
                         Ok(msg) => msg,
                         Err(e) => return Err(self.fail_algo(AlgoError::wire(from, e))),
                     };
+                    if msg.header().seq < self.floor {
+                        // Of a failed membership epoch (a relayed abort, a chunk sent
+                        // before a peer was lost): the group has gone on without it.
+                        continue;
+                    }
                     if msg.header().kind == Kind::Abort {
                         let waiting = self.waiting_on(m);
                         let silent = self.silent(&waiting);
@@ -766,211 +809,5 @@ impl<T: Transport> Communicator<T> {
                 Err(e) => return Err(self.poison(e.into())),
             }
         }
-    }
-
-    /// The peers `m` still expects a message from.
-    fn waiting_on<M: Machine>(&self, m: &M) -> Vec<usize> {
-        let me = self.rank();
-        (0..self.world_size())
-            .filter(|&p| p != me && m.expects_from(p))
-            .collect()
-    }
-
-    /// Of the peers this rank is `waiting` for, those that sent nothing at all of this
-    /// collective: the ones to blame after a timeout (one that sent part of it may itself
-    /// be waiting for the stalled rank).
-    fn silent(&self, waiting: &[usize]) -> BTreeSet<usize> {
-        waiting
-            .iter()
-            .copied()
-            .filter(|&p| !self.heard[p])
-            .collect()
-    }
-
-    /// Handles an abort from `from`: relays it and returns the matching error. `waiting`
-    /// and `silent` are as in [`Communicator::gossip`].
-    fn on_abort(
-        &mut self,
-        from: usize,
-        msg: &Message,
-        waiting: Vec<usize>,
-        mut silent: BTreeSet<usize>,
-    ) -> CommError {
-        let me = self.rank();
-        let info = match AbortInfo::from_payload(msg.payload()) {
-            Ok(i) => i,
-            Err(e) => return self.fail_algo(AlgoError::wire(from, e)),
-        };
-        let culprit = info.culprit as usize;
-        if info.reason == AbortReason::Timeout {
-            // Answer with our own suspect if we have one, else relay the sender's.
-            let blame = silent.first().map_or(info.culprit, |&p| p as u32);
-            self.abort_all(AbortInfo {
-                reason: AbortReason::Timeout,
-                culprit: blame,
-                detail: format!("rank {me} answers the timeout abort of rank {from}"),
-            });
-            silent.insert(culprit);
-            let e = self.gossip(BTreeSet::from([from]), silent, waiting);
-            return self.poison(e);
-        }
-        self.abort_all(info.clone());
-        let e = match info.reason {
-            AbortReason::PeerLost => CommError::PeerLost {
-                rank: culprit,
-                reported_by: from,
-                detail: info.detail,
-            },
-            AbortReason::Mismatch => CommError::Mismatch {
-                rank: culprit,
-                reported_by: from,
-                detail: info.detail,
-            },
-            _ => CommError::Protocol {
-                rank: culprit,
-                reported_by: from,
-                detail: info.detail,
-            },
-        };
-        self.poison(e)
-    }
-
-    /// After a timeout: collect the other ranks' aborts for the grace period; the ranks not
-    /// heard from are the unresponsive ones. If every rank answered (the late one did, in
-    /// the end, or this rank is the late one and finds everyone's aborts waiting), they are
-    /// the ranks the timed-out ranks blamed (`culprits` so far, plus those named by the
-    /// timeout aborts received here), or failing that the peers this rank was `waiting` for.
-    fn gossip(
-        &mut self,
-        mut heard: BTreeSet<usize>,
-        mut culprits: BTreeSet<usize>,
-        waiting: Vec<usize>,
-    ) -> CommError {
-        let me = self.rank();
-        let world = self.world_size();
-        let deadline = Instant::now() + self.grace();
-        while heard.len() < world - 1 {
-            match self.transport.recv(deadline) {
-                Ok((from, bytes)) => {
-                    let Ok(msg) = Message::decode(bytes) else {
-                        continue;
-                    };
-                    if msg.header().kind == Kind::Abort {
-                        heard.insert(from);
-                        if let Ok(info) = AbortInfo::from_payload(msg.payload()) {
-                            if info.reason == AbortReason::Timeout {
-                                culprits.insert(info.culprit as usize);
-                            }
-                        }
-                    }
-                }
-                Err(e @ (TransportError::Closed { .. } | TransportError::PeerSilent { .. })) => {
-                    self.mark_lost(&e);
-                }
-                Err(_) => break,
-            }
-        }
-        let mut ranks: Vec<usize> = (0..world)
-            .filter(|&p| p != me && !heard.contains(&p))
-            .collect();
-        if ranks.is_empty() {
-            ranks = culprits.into_iter().filter(|&p| p < world).collect();
-        }
-        if ranks.is_empty() {
-            ranks = waiting;
-        }
-        CommError::Timeout {
-            ranks,
-            timeout: self.cfg.timeout,
-        }
-    }
-
-    fn abort_all(&mut self, info: AbortInfo) {
-        let bytes = info.to_message(self.seq).into_bytes();
-        for p in 0..self.world_size() {
-            if p != self.rank() && self.lost[p].is_none() {
-                let _ = self.transport.send(p, bytes.clone());
-            }
-        }
-    }
-
-    fn fail_peer_lost(&mut self, rank: usize) -> CommError {
-        // A peer that aborted (for a reason of its own) and exited sent its abort before
-        // closing: look for queued aborts before blaming the closed connection.
-        let cap = Instant::now() + self.grace().min(Duration::from_millis(200));
-        loop {
-            let dl = (Instant::now() + Duration::from_millis(20)).min(cap);
-            match self.transport.recv(dl) {
-                Ok((from, bytes)) => {
-                    if let Ok(msg) = Message::decode(bytes) {
-                        if msg.header().kind == Kind::Abort {
-                            return self.on_abort(from, &msg, vec![rank], BTreeSet::new());
-                        }
-                    }
-                }
-                Err(e @ (TransportError::Closed { .. } | TransportError::PeerSilent { .. })) => {
-                    self.mark_lost(&e);
-                }
-                Err(_) => break,
-            }
-        }
-        let detail = self.lost[rank]
-            .clone()
-            .unwrap_or_else(|| "connection closed".into());
-        self.abort_all(AbortInfo {
-            reason: AbortReason::PeerLost,
-            culprit: rank as u32,
-            detail: detail.clone(),
-        });
-        let e = CommError::PeerLost {
-            rank,
-            reported_by: self.rank(),
-            detail,
-        };
-        self.poison(e)
-    }
-
-    /// Records the peer a [`TransportError::Closed`] or [`TransportError::PeerSilent`] is
-    /// about as lost, and returns it (`None` for other errors).
-    fn mark_lost(&mut self, e: &TransportError) -> Option<usize> {
-        let (rank, why) = e.lost_peer()?;
-        self.lost[rank].get_or_insert(why);
-        Some(rank)
-    }
-
-    /// The grace period after an inactivity timeout: `abort_grace`, at most half the timeout.
-    fn grace(&self) -> Duration {
-        self.cfg.abort_grace.min(self.cfg.timeout / 2)
-    }
-
-    fn fail_algo(&mut self, e: AlgoError) -> CommError {
-        let me = self.rank();
-        let (reason, culprit, detail) = match &e {
-            AlgoError::Mismatch { peer, detail } => (AbortReason::Mismatch, *peer, detail.clone()),
-            AlgoError::Protocol { peer, detail } => (AbortReason::Protocol, *peer, detail.clone()),
-        };
-        self.abort_all(AbortInfo {
-            reason,
-            culprit: culprit as u32,
-            detail: detail.clone(),
-        });
-        let err = match reason {
-            AbortReason::Mismatch => CommError::Mismatch {
-                rank: culprit,
-                reported_by: me,
-                detail,
-            },
-            _ => CommError::Protocol {
-                rank: culprit,
-                reported_by: me,
-                detail,
-            },
-        };
-        self.poison(err)
-    }
-
-    fn poison(&mut self, e: CommError) -> CommError {
-        self.failed = Some(e.to_string());
-        e
     }
 }

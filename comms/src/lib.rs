@@ -98,7 +98,7 @@ pub mod transport;
 pub mod wire;
 
 pub use algo::{segment_range, ReduceOp};
-pub use comm::{CommConfig, CommError, Communicator};
+pub use comm::{CommConfig, CommError, Communicator, Membership};
 pub use sparse::{SparseSlice, SparseVec};
 pub use transport::channel::{channel_mesh, ChannelTransport};
 #[cfg(feature = "mpi")]

@@ -428,6 +428,9 @@ pub enum AbortReason {
     Timeout = 3,
     /// The culprit sent a malformed or unexpected message.
     Protocol = 4,
+    /// The receiver was dropped from the group while it was alive
+    /// ([`crate::Communicator::regroup`]); the culprit field is unused.
+    Excluded = 5,
 }
 
 impl AbortReason {
@@ -438,6 +441,7 @@ impl AbortReason {
             2 => AbortReason::Mismatch,
             3 => AbortReason::Timeout,
             4 => AbortReason::Protocol,
+            5 => AbortReason::Excluded,
             _ => return None,
         })
     }
@@ -540,13 +544,14 @@ mod tests {
             (AbortReason::Mismatch, 2),
             (AbortReason::Timeout, 3),
             (AbortReason::Protocol, 4),
+            (AbortReason::Excluded, 5),
         ];
         for (r, c) in codes {
             assert_eq!(r as u8, c);
             assert_eq!(AbortReason::from_code(c), Some(r));
         }
         assert_eq!(AbortReason::from_code(0), None);
-        assert_eq!(AbortReason::from_code(5), None);
+        assert_eq!(AbortReason::from_code(6), None);
     }
 
     #[test]

@@ -503,7 +503,7 @@ fn abort_error(
             reported_by,
             detail,
         },
-        AbortReason::Protocol => CommError::Protocol {
+        AbortReason::Protocol | AbortReason::Excluded => CommError::Protocol {
             rank,
             reported_by,
             detail,
