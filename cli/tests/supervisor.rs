@@ -384,6 +384,61 @@ fn a_killed_worker_ends_the_run_or_is_restarted_from_the_newest_intact_checkpoin
     assert_none_left(&dir, Duration::from_secs(1));
 }
 
+/// Issue #53, acceptance: with `cluster.membership = "live"`, a 3-worker run whose worker
+/// is SIGKILLed mid-run exits 0 with every step done, the other two worker processes
+/// alive from start to end (the same pids: not restarted), and the change in
+/// `summary.json`. Worker 0 is killed — the one that writes the logs — so the new leader
+/// takes them over: every step is logged once.
+#[test]
+fn under_live_membership_a_killed_worker_is_dropped_and_the_others_finish() {
+    let (tmp, cfg) = setup(3);
+    let dir = tmp.path().join("live");
+    // Long enough that the kill lands mid-run on a loaded machine (the run takes ~2 s).
+    let steps = "train.max_steps=2400";
+    let mut run = Launcher::start(
+        &cfg,
+        &dir,
+        &[
+            "--set",
+            steps,
+            "--set",
+            "train.epochs=100",
+            "--set",
+            "cluster.membership=\"live\"",
+        ],
+    );
+    let survivors = [worker_pid(&dir, 1), worker_pid(&dir, 2)];
+    run.wait_for_steps(60);
+    let killed = worker_pid(&dir, 0);
+    signal(killed, "KILL");
+    // The survivors are the same processes throughout: no other worker process appears
+    // (the killed one may linger for a moment before it is reaped).
+    let t = Instant::now();
+    while run.child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(120) {
+        for pid in processes_of(&dir) {
+            if pid != run.pid() && pid != killed {
+                assert!(survivors.contains(&pid), "a new worker {pid}: restarted?");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (st, _, log) = run.wait(Duration::from_secs(5));
+    assert!(st.success(), "{log}");
+    assert!(log.contains("worker 0 was lost"), "{log}");
+    let s = summary(&dir);
+    assert_eq!(s["steps"], 2400, "{s}");
+    let m = s["membership"].as_array().expect("membership recorded");
+    assert_eq!(m.len(), 1, "{s}");
+    assert_eq!(m[0]["removed"], serde_json::json!([0]));
+    assert_eq!(m[0]["members"], serde_json::json!([1, 2]));
+    assert!(m[0]["step"].as_u64().unwrap() >= 60, "{s}");
+    assert!(m[0]["cause"].as_str().unwrap().contains("rank 0"), "{s}");
+    let steps: Vec<u64> = losses(&dir).iter().map(|l| l.0).collect();
+    assert_eq!(steps, (0..2400).collect::<Vec<_>>());
+    assert!(final_params(&dir).iter().all(|x| x.is_finite()));
+    assert_none_left(&dir, Duration::from_secs(1));
+}
+
 /// Issue #24, acceptance: the newest checkpoint damaged (one byte of rank-0.ckpt):
 /// `--resume` continues from the previous intact checkpoint and says so.
 #[test]

@@ -4,7 +4,9 @@
 use std::thread;
 use std::time::Duration;
 
-use dtrain_comms::{channel_mesh, CommConfig, CommError, Communicator, Membership};
+use dtrain_comms::{
+    channel_mesh, ChannelTransport, CommConfig, CommError, Communicator, Membership,
+};
 
 fn quick() -> CommConfig {
     CommConfig {
@@ -17,7 +19,18 @@ fn quick() -> CommConfig {
     }
 }
 
-/// All-reduce `rounds` vectors of `len` values `rank + 1`; returns the sums' first values.
+/// Runs `body` on each of `n` ranks (threads over channels) with its communicator; their
+/// results in rank order.
+fn each<R: Send + 'static>(n: usize, body: fn(Communicator<ChannelTransport>) -> R) -> Vec<R> {
+    let handles: Vec<_> = channel_mesh(n)
+        .into_iter()
+        .map(|t| thread::spawn(move || body(Communicator::new(t, quick()))))
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// All-reduces `len` values of (this rank's transport rank + 1); returns the sum, checked equal
+/// in every element.
 fn sums(c: &mut Communicator<impl dtrain_comms::Transport>, len: usize) -> Result<f32, CommError> {
     let mut v = vec![c.members()[c.rank()] as f32 + 1.0; len];
     c.all_reduce_sum(&mut v)?;
@@ -27,31 +40,24 @@ fn sums(c: &mut Communicator<impl dtrain_comms::Transport>, len: usize) -> Resul
 
 #[test]
 fn survivors_of_a_killed_rank_agree_and_go_on() {
-    let handles: Vec<_> = channel_mesh(4)
-        .into_iter()
-        .map(|t| {
-            thread::spawn(move || {
-                let mut c = Communicator::new(t, quick());
-                // Everyone: one collective of the full group.
-                assert_eq!(sums(&mut c, 4096).unwrap(), 10.0);
-                if c.rank() == 3 {
-                    // Dies (its transport is dropped) while the others start the next one.
-                    return None;
-                }
-                let e = sums(&mut c, 4096).expect_err("rank 3 is gone");
-                assert_eq!(e.failed_ranks(), vec![3], "{e}");
-                let m = c.regroup(&e.failed_ranks()).unwrap();
-                // The group goes on over the same connections, the relayed aborts and any
-                // chunk of the failed collective dropped: several collectives in a row.
-                let mut after = Vec::new();
-                for len in [4096, 3, 10_000] {
-                    after.push(sums(&mut c, len).unwrap());
-                }
-                Some((m, after, c.world_size(), c.epoch()))
-            })
-        })
-        .collect();
-    let out: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let out = each(4, |mut c| {
+        // Everyone: one collective of the full group.
+        assert_eq!(sums(&mut c, 4096).unwrap(), 10.0);
+        if c.rank() == 3 {
+            // Dies (its transport is dropped) while the others start the next one.
+            return None;
+        }
+        let e = sums(&mut c, 4096).expect_err("rank 3 is gone");
+        assert_eq!(e.failed_ranks(), vec![3], "{e}");
+        let m = c.regroup(&e.failed_ranks()).unwrap();
+        // The group goes on over the same connections, the relayed aborts and any
+        // chunk of the failed collective dropped: several collectives in a row.
+        let mut after = Vec::new();
+        for len in [4096, 3, 10_000] {
+            after.push(sums(&mut c, len).unwrap());
+        }
+        Some((m, after, c.world_size(), c.epoch()))
+    });
     for (p, o) in out.iter().enumerate().take(3) {
         let (m, after, world, epoch) = o.clone().unwrap();
         assert_eq!(
@@ -70,31 +76,24 @@ fn survivors_of_a_killed_rank_agree_and_go_on() {
 
 #[test]
 fn a_second_failure_forms_a_second_epoch_with_shifted_ranks() {
-    let handles: Vec<_> = channel_mesh(5)
-        .into_iter()
-        .map(|t| {
-            thread::spawn(move || {
-                let mut c = Communicator::new(t, quick());
-                let me = c.rank();
-                if me == 1 {
-                    return None;
-                }
-                let e = sums(&mut c, 2000).unwrap_err();
-                let m1 = c.regroup(&e.failed_ranks()).unwrap();
-                assert_eq!(m1.members, vec![0, 2, 3, 4]);
-                assert_eq!(sums(&mut c, 2000).unwrap(), 1.0 + 3.0 + 4.0 + 5.0);
-                if me == 4 {
-                    return None;
-                }
-                // Transport rank 4 is group rank 3 now: the error names the group rank.
-                let e = sums(&mut c, 2000).unwrap_err();
-                assert_eq!(e.failed_ranks(), vec![3], "{e}");
-                let m2 = c.regroup(&e.failed_ranks()).unwrap();
-                Some((m2, sums(&mut c, 2000).unwrap(), c.rank()))
-            })
-        })
-        .collect();
-    let out: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let out = each(5, |mut c| {
+        let me = c.rank();
+        if me == 1 {
+            return None;
+        }
+        let e = sums(&mut c, 2000).unwrap_err();
+        let m1 = c.regroup(&e.failed_ranks()).unwrap();
+        assert_eq!(m1.members, vec![0, 2, 3, 4]);
+        assert_eq!(sums(&mut c, 2000).unwrap(), 1.0 + 3.0 + 4.0 + 5.0);
+        if me == 4 {
+            return None;
+        }
+        // Transport rank 4 is group rank 3 now: the error names the group rank.
+        let e = sums(&mut c, 2000).unwrap_err();
+        assert_eq!(e.failed_ranks(), vec![3], "{e}");
+        let m2 = c.regroup(&e.failed_ranks()).unwrap();
+        Some((m2, sums(&mut c, 2000).unwrap(), c.rank()))
+    });
     for (p, o) in [(0, &out[0]), (2, &out[2]), (3, &out[3])] {
         let (m, sum, rank) = o.clone().unwrap();
         assert_eq!(m.epoch, 2);
@@ -107,34 +106,27 @@ fn a_second_failure_forms_a_second_epoch_with_shifted_ranks() {
 
 #[test]
 fn a_rank_frozen_past_the_timeout_is_dropped_and_told_so_when_it_wakes() {
-    let handles: Vec<_> = channel_mesh(3)
-        .into_iter()
-        .map(|t| {
-            thread::spawn(move || {
-                let mut c = Communicator::new(t, quick());
-                if c.rank() == 2 {
-                    // Alive but stalled past the others' timeout.
-                    thread::sleep(Duration::from_millis(2500));
-                    // It finds its collective failed, and in trying to regroup learns that
-                    // the others went on without it: it does not go on alone.
-                    let e = sums(&mut c, 100).unwrap_err();
-                    let e = c.regroup(&e.failed_ranks()).unwrap_err();
-                    assert!(matches!(e, CommError::Excluded { .. }), "{e}");
-                    assert!(sums(&mut c, 100).is_err(), "unusable afterwards");
-                    return Err(e.to_string());
-                }
-                let e = sums(&mut c, 100).unwrap_err();
-                assert_eq!(e.failed_ranks(), vec![2], "{e}");
-                let m = c.regroup(&e.failed_ranks()).unwrap();
-                // Two of three are a majority: they go on although rank 2 may be alive.
-                let s = sums(&mut c, 100).unwrap();
-                // Keep the connections open until rank 2 has read the notice.
-                thread::sleep(Duration::from_millis(2500));
-                Ok((m.members, s))
-            })
-        })
-        .collect();
-    let out: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let out = each(3, |mut c| {
+        if c.rank() == 2 {
+            // Alive but stalled past the others' timeout.
+            thread::sleep(Duration::from_millis(2500));
+            // It finds its collective failed, and in trying to regroup learns that
+            // the others went on without it: it does not go on alone.
+            let e = sums(&mut c, 100).unwrap_err();
+            let e = c.regroup(&e.failed_ranks()).unwrap_err();
+            assert!(matches!(e, CommError::Excluded { .. }), "{e}");
+            assert!(sums(&mut c, 100).is_err(), "unusable afterwards");
+            return Err(e.to_string());
+        }
+        let e = sums(&mut c, 100).unwrap_err();
+        assert_eq!(e.failed_ranks(), vec![2], "{e}");
+        let m = c.regroup(&e.failed_ranks()).unwrap();
+        // Two of three are a majority: they go on although rank 2 may be alive.
+        let s = sums(&mut c, 100).unwrap();
+        // Keep the connections open until rank 2 has read the notice.
+        thread::sleep(Duration::from_millis(2500));
+        Ok((m.members, s))
+    });
     assert_eq!(out[0], Ok((vec![0, 1], 3.0)));
     assert_eq!(out[1], Ok((vec![0, 1], 3.0)));
     let woke = out[2].as_ref().unwrap_err();
@@ -143,25 +135,18 @@ fn a_rank_frozen_past_the_timeout_is_dropped_and_told_so_when_it_wakes() {
 
 #[test]
 fn a_minority_cut_off_from_live_peers_stops() {
-    let handles: Vec<_> = channel_mesh(4)
-        .into_iter()
-        .map(|t| {
-            thread::spawn(move || {
-                let mut c = Communicator::new(t, quick());
-                if c.rank() >= 2 {
-                    // Silent but connected: from ranks 0 and 1, a partition looks alike.
-                    thread::sleep(Duration::from_millis(3000));
-                    return None;
-                }
-                let e = sums(&mut c, 100).unwrap_err();
-                let mut blamed = e.failed_ranks();
-                blamed.sort();
-                assert_eq!(blamed, vec![2, 3], "{e}");
-                Some(c.regroup(&blamed).unwrap_err())
-            })
-        })
-        .collect();
-    let out: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let out = each(4, |mut c| {
+        if c.rank() >= 2 {
+            // Silent but connected: from ranks 0 and 1, a partition looks alike.
+            thread::sleep(Duration::from_millis(3000));
+            return None;
+        }
+        let e = sums(&mut c, 100).unwrap_err();
+        let mut blamed = e.failed_ranks();
+        blamed.sort();
+        assert_eq!(blamed, vec![2, 3], "{e}");
+        Some(c.regroup(&blamed).unwrap_err())
+    });
     for e in out[..2].iter() {
         match e {
             Some(CommError::NoMajority {
@@ -176,21 +161,14 @@ fn a_minority_cut_off_from_live_peers_stops() {
 
 #[test]
 fn half_the_group_goes_on_when_the_other_half_is_gone_for_certain() {
-    let handles: Vec<_> = channel_mesh(4)
-        .into_iter()
-        .map(|t| {
-            thread::spawn(move || {
-                let mut c = Communicator::new(t, quick());
-                if c.rank() >= 2 {
-                    return None; // exited: connections closed
-                }
-                let e = sums(&mut c, 100).unwrap_err();
-                let m = c.regroup(&e.failed_ranks()).unwrap();
-                Some((m.members, m.removed, sums(&mut c, 100).unwrap()))
-            })
-        })
-        .collect();
-    let out: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let out = each(4, |mut c| {
+        if c.rank() >= 2 {
+            return None; // exited: connections closed
+        }
+        let e = sums(&mut c, 100).unwrap_err();
+        let m = c.regroup(&e.failed_ranks()).unwrap();
+        Some((m.members, m.removed, sums(&mut c, 100).unwrap()))
+    });
     for o in &out[..2] {
         assert_eq!(o, &Some((vec![0, 1], vec![2, 3], 3.0)));
     }

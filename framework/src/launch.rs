@@ -853,9 +853,11 @@ fn launch_mpi(
         deadline: None,
         grace: Duration::from_secs(5),
         on_signal: Some(Duration::from_secs_f64(plan.config.checkpoint.grace_s)),
+        // An MPI world cannot shrink (live membership is refused with it).
+        live: false,
     };
     match supervise::watch(&mut children, w) {
-        supervise::Ended::Done => {}
+        supervise::Ended::Done | supervise::Ended::Survived { .. } => {}
         supervise::Ended::Failed { cause, .. } => {
             return Err(format!(
                 "mpirun: {}",

@@ -330,6 +330,10 @@ pub struct Summary {
     /// in order; absent when there was none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restarts: Option<Vec<Restart>>,
+    /// The changes of the group of workers under `cluster.membership = "live"`, in order;
+    /// absent when the group never changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub membership: Option<Vec<MembershipChange>>,
     /// What the run was measured with and on: commit, build, date, machine. Absent in runs
     /// written before it was recorded.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -420,6 +424,32 @@ pub struct Restart {
     /// The training time those steps had taken (their step times in `metrics.jsonl`,
     /// scaled up where `output.log_every` left steps out): the work the failure cost, the
     /// restart's own start-up aside.
+    #[serde(with = "float::num")]
+    pub lost_s: f64,
+}
+
+/// One change of the group of workers while the run went on (`cluster.membership =
+/// "live"`): who left, when, why, and what it cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MembershipChange {
+    /// The membership epoch the change began (1 for the first change).
+    pub epoch: u64,
+    /// The workers that left (their ranks at the start of the run).
+    pub removed: Vec<usize>,
+    /// The workers that went on (ranks at the start of the run), in their new rank order.
+    pub members: Vec<usize>,
+    /// Why they left: the failure the survivors saw.
+    pub cause: String,
+    /// The step the group went on from (it ran that step again, over the new group).
+    pub step: u64,
+    /// Seconds from the start of the session to the failure.
+    #[serde(with = "float::num")]
+    pub after_s: f64,
+    /// Steps this worker had completed beyond `step` and did again (0 or 1).
+    pub steps_lost: u64,
+    /// Seconds from the start of the failed step (or of the evaluation or checkpoint
+    /// that failed) until the group was ready to run `step` again: the wait for the
+    /// failure to show, the agreement, and the restore.
     #[serde(with = "float::num")]
     pub lost_s: f64,
 }
@@ -621,6 +651,7 @@ mod tests {
                 theta_scale: f[16],
                 lossy_dropped: f[17],
                 restarts: Some(vec![Restart { rank: Some(1), cause: "x".into(), step: 3, after_s: after, reached: 5, steps_lost: 2, lost_s: after }]),
+                membership: Some(vec![MembershipChange { epoch: 1, removed: vec![2], members: vec![0, 1], cause: "y".into(), step: 7, after_s: after, steps_lost: 1, lost_s: after }]),
                 ..Summary::default()
             };
             let text = serde_json::to_string_pretty(&s).unwrap();
@@ -644,6 +675,9 @@ mod tests {
             let r = &back.restarts.unwrap()[0];
             prop_assert!(same(after, r.after_s) && same(after, r.lost_s));
             prop_assert_eq!((r.reached, r.steps_lost), (5, 2));
+            let m = &back.membership.unwrap()[0];
+            prop_assert!(same(after, m.after_s) && same(after, m.lost_s));
+            prop_assert_eq!((m.epoch, &m.removed, &m.members, m.step), (1, &vec![2], &vec![0, 1], 7));
         }
     }
 }

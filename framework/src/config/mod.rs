@@ -70,8 +70,8 @@ use overrides::{guess_field, one_line, set_path};
 pub use plan::Plan;
 pub use sections::{
     CheckpointConfig, ClusterConfig, ClusterMode, DataConfig, DataKind, DecaySpec, DlcpSettings,
-    FailureConfig, Liveness, NetworkConfig, NonFinitePolicy, OutputConfig, SyncConfig, TrainConfig,
-    TransportKind,
+    FailureConfig, Liveness, Membership, NetworkConfig, NonFinitePolicy, OutputConfig, SyncConfig,
+    TrainConfig, TransportKind,
 };
 use sweep::split_sweep;
 pub use sweep::{sweep_entries, SweepEntry};

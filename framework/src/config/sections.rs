@@ -371,6 +371,29 @@ pub struct ClusterConfig {
     /// `heartbeat_s`). Catches frozen or unreachable peers whose connection stays open.
     #[serde(default = "default_peer_timeout")]
     pub peer_timeout_s: f64,
+    /// What a lost worker does to the run: `"fixed"` (default) stops it, naming the
+    /// worker (`--max-restarts` then restarts every worker from the newest checkpoint);
+    /// `"live"` drops it and the others go on from the same step without a restart (see
+    /// [`Membership::Live`]).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub membership: Membership,
+}
+
+/// `[cluster] membership`: whether the group of workers may change while the run goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Membership {
+    /// The group is the one the run started with: a lost worker stops the run.
+    #[default]
+    Fixed,
+    /// A worker lost during a step (its connection closed, or it stalled past
+    /// `cluster.timeout_s`) is dropped: the survivors agree on the smaller group, restore
+    /// the state they held before that step (each keeps an in-memory copy of the last two
+    /// steps' starts), and run the step again over the group — its mean is over the
+    /// survivors, so its effective batch is theirs. Each keeps reading its own data shard;
+    /// the lost worker's shard is not read while its place is empty. The change is
+    /// recorded in `summary.json` (`membership`).
+    Live,
 }
 
 fn default_heartbeat() -> f64 {
@@ -457,6 +480,7 @@ impl Default for ClusterConfig {
             staleness: 0,
             heartbeat_s: default_heartbeat(),
             peer_timeout_s: default_peer_timeout(),
+            membership: Membership::Fixed,
         }
     }
 }

@@ -3,7 +3,8 @@
 
 use super::overrides::split_field;
 use super::{
-    ClusterMode, ConfigError, DataKind, DecaySpec, NonFinitePolicy, RunConfig, SyncConfig,
+    ClusterMode, ConfigError, DataKind, DecaySpec, Membership, NonFinitePolicy, RunConfig,
+    SyncConfig, TransportKind,
 };
 use crate::device::DeviceKind;
 use crate::lr::{Decay, LrSchedule};
@@ -88,6 +89,23 @@ impl RunConfig {
                 return Err(err(
                     "cluster.staleness",
                     "applies to mode = \"ps\" only".into(),
+                ));
+            }
+        }
+        if c.membership == Membership::Live {
+            let why = if c.mode == ClusterMode::Ps {
+                Some("the parameter server's shards and step clock are not re-formed over the survivors")
+            } else if c.transport == TransportKind::Mpi {
+                Some("an MPI world cannot shrink: a lost rank ends the MPI job")
+            } else if self.sync.wants_second_lane() {
+                Some("an exchange left in flight across steps (sync.in_flight) runs on a second lane that is not re-formed")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(err(
+                    "cluster.membership",
+                    format!("\"live\" cannot run here: {why} (use \"fixed\")"),
                 ));
             }
         }

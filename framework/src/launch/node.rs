@@ -116,9 +116,22 @@ impl Node<'_> {
                     deadline: None,
                     grace: PEERS_GRACE,
                     on_signal: Some(grace),
+                    live: self.plan.config.cluster.membership == crate::config::Membership::Live,
                 },
             );
             let (rank, cause) = match ended {
+                Ended::Survived { lost } => {
+                    for (r, st) in &lost {
+                        log(&format!(
+                            "worker {r} was lost ({st}); the others went on without it \
+                             (cluster.membership = \"live\": summary.json's membership)"
+                        ));
+                    }
+                    if let Some(h) = host {
+                        h.wait().map_err(|e| e.to_string())?;
+                    }
+                    return Ok(restarts);
+                }
                 Ended::Done => {
                     if let Some(h) = host {
                         h.wait().map_err(|e| e.to_string())?;

@@ -12,6 +12,12 @@ use crate::signals;
 pub(crate) enum Ended {
     /// Every worker exited successfully.
     Done,
+    /// Under live membership (`Watch::live`): some workers failed, and the others went on
+    /// without them and exited successfully.
+    Survived {
+        /// The workers that failed, with their exit status, in the order they ended.
+        lost: Vec<(usize, String)>,
+    },
     /// A worker failed, or the deadline passed; the others were given their grace to
     /// name the failure and then stopped.
     Failed {
@@ -42,6 +48,10 @@ pub(crate) struct Watch {
     /// caller installed): forward the first to every worker as SIGTERM, give them this
     /// long to checkpoint and exit, kill them at a second signal or at the end of it.
     pub on_signal: Option<Duration>,
+    /// Live membership (`cluster.membership = "live"`): a worker that fails does not stop
+    /// the others, which go on without it; the group has failed only when none of them
+    /// exits successfully.
+    pub live: bool,
 }
 
 /// Stops and reaps every child.
@@ -62,6 +72,10 @@ fn stopped_for(st: &std::process::ExitStatus) -> Option<i32> {
 /// Waits for every worker process `(rank, child)` and says how they ended (see [`Ended`]).
 pub(crate) fn watch(children: &mut [(usize, Child)], w: Watch) -> Ended {
     let mut done = vec![false; children.len()];
+    // Live membership: the workers that failed while others went on, and how many ended
+    // successfully.
+    let mut lost: Vec<(usize, String)> = Vec::new();
+    let mut succeeded = 0usize;
     // The signal being honoured and when its grace ends.
     let mut stopping: Option<(i32, Instant)> = None;
     loop {
@@ -88,7 +102,11 @@ pub(crate) fn watch(children: &mut [(usize, Child)], w: Watch) -> Ended {
             match c.try_wait() {
                 Ok(Some(st)) => {
                     done[i] = true;
-                    if st.success() || stopping.is_some() {
+                    if st.success() {
+                        succeeded += 1;
+                        continue;
+                    }
+                    if stopping.is_some() {
                         continue;
                     }
                     match (stopped_for(&st), w.on_signal) {
@@ -97,6 +115,7 @@ pub(crate) fn watch(children: &mut [(usize, Child)], w: Watch) -> Ended {
                         (Some(sig), Some(grace)) => {
                             stopping = Some((sig, Instant::now() + grace));
                         }
+                        _ if w.live => lost.push((*rank, format!("{st}"))),
                         _ => note_failure(&mut failure, *rank, &st),
                     }
                 }
@@ -138,7 +157,15 @@ pub(crate) fn watch(children: &mut [(usize, Child)], w: Watch) -> Ended {
             continue;
         }
         if running.is_empty() && failure.is_none() {
-            return Ended::Done;
+            return match (lost.first(), succeeded) {
+                (None, _) => Ended::Done,
+                (Some(_), 1..) => Ended::Survived { lost },
+                // Nobody went on: the first loss is the run's failure.
+                (Some((rank, cause)), 0) => Ended::Failed {
+                    rank: Some(*rank),
+                    cause: cause.clone(),
+                },
+            };
         }
         if failure.is_none() && w.deadline.is_some_and(|d| Instant::now() >= d) {
             failure = Some(Culprit {
@@ -231,9 +258,10 @@ pub(crate) fn supervise(
         deadline,
         grace,
         on_signal: None,
+        live: false,
     };
     match watch(children, w) {
-        Ended::Done => Ok(()),
+        Ended::Done | Ended::Survived { .. } => Ok(()),
         Ended::Failed {
             rank: Some(rank),
             cause,
@@ -256,6 +284,39 @@ mod tests {
     }
 
     #[test]
+    fn under_live_membership_the_others_go_on_and_only_a_total_loss_fails() {
+        let live = Watch {
+            deadline: None,
+            grace: Duration::from_millis(200),
+            on_signal: None,
+            live: true,
+        };
+        // Worker 1 fails first; 0 and 2 are not stopped, and end well.
+        let mut children = vec![
+            (0, sh("sleep 0.5; exit 0")),
+            (1, sh("exit 3")),
+            (2, sh("sleep 0.7; exit 0")),
+        ];
+        match watch(&mut children, live) {
+            Ended::Survived { lost } => {
+                assert_eq!(lost.len(), 1);
+                assert_eq!(lost[0].0, 1);
+                assert!(lost[0].1.contains('3'), "{lost:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Nobody ends well: the first loss is the failure.
+        let mut children = vec![(0, sh("sleep 0.3; exit 4")), (1, sh("exit 3"))];
+        match watch(&mut children, live) {
+            Ended::Failed {
+                rank: Some(1),
+                cause,
+            } => assert!(cause.contains('3'), "{cause}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn a_failure_names_the_rank_and_stops_the_others() {
         let mut children = vec![(0, sh("sleep 30")), (1, sh("exit 3"))];
         let t = Instant::now();
@@ -263,6 +324,7 @@ mod tests {
             deadline: None,
             grace: Duration::from_millis(200),
             on_signal: None,
+            live: false,
         };
         match watch(&mut children, w) {
             Ended::Failed {
@@ -319,6 +381,7 @@ mod tests {
             deadline: None,
             grace: Duration::ZERO,
             on_signal: Some(Duration::from_secs(10)),
+            live: false,
         };
         match watch(&mut children, w) {
             Ended::Stopped { signal, note } => {

@@ -9,7 +9,6 @@ use dtrain_compress::MemoryConfig;
 
 use super::{compressed_optimizer, Collectives, Update};
 use crate::config::RunConfig;
-use crate::exchange::bucket::ParamInfo;
 use crate::exchange::Exchanger;
 use dtrain_records::StepRecord;
 
@@ -72,14 +71,7 @@ fn drive_with(
                 let rank = comm.rank();
                 let device = dtrain_models::cpu_device();
                 let mut model = crate::trainer::build_model(&plan, &device).unwrap();
-                let infos: Vec<ParamInfo> = model
-                    .table()
-                    .params()
-                    .map(|p| ParamInfo {
-                        name: p.name.clone(),
-                        shape: p.shape.clone(),
-                    })
-                    .collect();
+                let infos = crate::trainer::param_infos(model.as_ref());
                 let exact = || {
                     Collectives::new(
                         Exchanger::new(

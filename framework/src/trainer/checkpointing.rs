@@ -121,6 +121,43 @@ impl<T: Transport> Trainer<T> {
         }
         let (path, ck) = loaded.expect("a checkpoint file was loaded");
         let bad = |reason: String| bad_at(&path, reason);
+        let meta = self.restore_state(&ck, &bad, elastic)?;
+        self.step = if elastic {
+            let (step, shift) = super::elastic::position(
+                &meta,
+                // Samples per worker per optimizer step.
+                self.plan.config.data.batch_size as u64 * self.plan.config.train.accumulate,
+                self.world as u64,
+                self.plan.steps_per_epoch,
+            );
+            if let Some((epoch, delta)) = shift {
+                self.data.shift_epoch(epoch, delta);
+            }
+            step
+        } else {
+            meta.step
+        };
+        self.start_step = self.step;
+        let step = self.step;
+        self.sync.start_at(step).map_err(|e| self.step_error(e))?;
+        self.skipped = meta.skipped;
+        self.recoveries = meta.recoveries;
+        self.best_loss = meta.best_loss_bits.map(f64::from_bits);
+        self.last_checkpoint = Some(dir.to_path_buf());
+        self.resumed_step = Some(meta.step);
+        self.agree_on_step(dir)
+    }
+
+    /// Restores the state `ck` holds (this rank's, or on an elastic resume the combined
+    /// one): parameters, buffers, optimizer, the synchronisation's state, a recurrent
+    /// model's carried state unless `elastic`. Returns its metadata; the step and the
+    /// counters are the caller's to set. `bad` makes the error for a state that does not fit.
+    pub(super) fn restore_state(
+        &mut self,
+        ck: &Checkpoint,
+        bad: &dyn Fn(String) -> TrainError,
+        elastic: bool,
+    ) -> Result<Meta, TrainError> {
         let meta: Meta = ck.json("meta")?;
         if meta.params != self.num_params() || meta.buffers != self.buffers.len() {
             return Err(bad(format!(
@@ -133,7 +170,7 @@ impl<T: Transport> Trainer<T> {
         }
         // A compressed optimizer keeps its moments and residuals in sections of its own.
         let ours = self.plan.config.train.optimizer;
-        let theirs = crate::sync::written_by(&ck);
+        let theirs = crate::sync::written_by(ck);
         if theirs.as_deref() != ours.is_compressed().then(|| ours.name()) {
             return Err(bad(format!(
                 "written with train.optimizer = {:?}, this run has {:?}",
@@ -179,7 +216,7 @@ impl<T: Transport> Trainer<T> {
         }
         self.optimizer.import(opt);
         self.sync
-            .restore(&ck, &meta.memory_keys, meta.step)
+            .restore(ck, &meta.memory_keys, meta.step)
             .map_err(|e| match e {
                 SyncError::State(reason) => bad(reason),
                 e => self.step_error(e),
@@ -197,30 +234,7 @@ impl<T: Transport> Trainer<T> {
                 .set_carried_state(&state)
                 .map_err(|e| bad(e.to_string()))?;
         }
-        self.step = if elastic {
-            let (step, shift) = super::elastic::position(
-                &meta,
-                // Samples per worker per optimizer step.
-                self.plan.config.data.batch_size as u64 * self.plan.config.train.accumulate,
-                self.world as u64,
-                self.plan.steps_per_epoch,
-            );
-            if let Some((epoch, delta)) = shift {
-                self.data.shift_epoch(epoch, delta);
-            }
-            step
-        } else {
-            meta.step
-        };
-        self.start_step = self.step;
-        let step = self.step;
-        self.sync.start_at(step).map_err(|e| self.step_error(e))?;
-        self.skipped = meta.skipped;
-        self.recoveries = meta.recoveries;
-        self.best_loss = meta.best_loss_bits.map(f64::from_bits);
-        self.last_checkpoint = Some(dir.to_path_buf());
-        self.resumed_step = Some(meta.step);
-        self.agree_on_step(dir)
+        Ok(meta)
     }
 
     /// Writes this rank's checkpoint for the current step; rank 0 then points
@@ -236,6 +250,25 @@ impl<T: Transport> Trainer<T> {
             path: dir.display().to_string(),
             source,
         })?;
+        let mut ck = self.state()?;
+        ck.put_bytes("config.toml", self.plan.config.to_toml().into_bytes());
+        ck.save(&dir.join(format!("rank-{}.ckpt", self.rank)))?;
+        let step = self.step;
+        self.comm
+            .barrier()
+            .map_err(|source| TrainError::Comm { step, source })?;
+        if self.rank == 0 {
+            out.set_latest(&dir)?;
+            self.prune(&out)?;
+        }
+        self.last_checkpoint = Some(dir.clone());
+        Ok(Some(dir))
+    }
+
+    /// This rank's state at the current step, as its checkpoint file holds it (without
+    /// the configuration): what [`Trainer::save_checkpoint`] writes, and what live
+    /// membership keeps in memory to run a step again over a new group.
+    pub(super) fn state(&mut self) -> Result<Checkpoint, TrainError> {
         let mut ck = Checkpoint::new();
         let opt = self.optimizer.export();
         let memory_keys = self.sync.save(&mut ck).map_err(|e| self.step_error(e))?;
@@ -268,18 +301,7 @@ impl<T: Transport> Trainer<T> {
             ck.put_f32(&format!("opt/{k}/m"), &g.m);
             ck.put_f32(&format!("opt/{k}/v"), &g.v);
         }
-        ck.put_bytes("config.toml", self.plan.config.to_toml().into_bytes());
-        ck.save(&dir.join(format!("rank-{}.ckpt", self.rank)))?;
-        let step = self.step;
-        self.comm
-            .barrier()
-            .map_err(|source| TrainError::Comm { step, source })?;
-        if self.rank == 0 {
-            out.set_latest(&dir)?;
-            self.prune(&out)?;
-        }
-        self.last_checkpoint = Some(dir.clone());
-        Ok(Some(dir))
+        Ok(ck)
     }
 
     /// Checkpoint retention (`checkpoint.keep`), run by rank 0 once the checkpoint of the

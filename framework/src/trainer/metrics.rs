@@ -35,17 +35,7 @@ impl<T: Transport> Trainer<T> {
                     })?;
                 }
             }
-            let open = |name: &str| {
-                let p = out.root.join(name);
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&p)
-                    .map_err(|source| TrainError::Io {
-                        path: p.display().to_string(),
-                        source,
-                    })
-            };
+            let open = |name: &str| open_log(out, name);
             self.metrics_file = Some(open("metrics.jsonl")?);
             self.eval_file = Some(open("eval.jsonl")?);
             if self.plan.config.output.tensorboard {
@@ -112,6 +102,19 @@ impl<T: Transport> Trainer<T> {
         }
         Ok(())
     }
+}
+
+/// Opens `name` of the run directory `out` for appending records (created if missing).
+pub(super) fn open_log(out: &super::RunDir, name: &str) -> Result<std::fs::File, TrainError> {
+    let p = out.root.join(name);
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&p)
+        .map_err(|source| TrainError::Io {
+            path: p.display().to_string(),
+            source,
+        })
 }
 
 /// Keeps the records of the JSON-lines file at `path` whose `step` passes `keep` (and any
@@ -241,7 +244,9 @@ impl<T: Transport> Trainer<T> {
             name: Some(self.plan.config.name.clone()),
             model: Some(self.plan.config.model.kind().to_string()),
             method: Some(self.plan.method.name().to_string()),
-            workers: Some(self.world),
+            // The configured count: under live membership the group may have shrunk
+            // (`membership` says when).
+            workers: Some(self.plan.config.cluster.workers),
             steps: Some(self.step),
             steps_this_session: Some(n_session),
             resumed_from: Some(session_start),
@@ -305,6 +310,11 @@ impl<T: Transport> Trainer<T> {
             codec_device: self.codec_device.clone(),
             // The launcher adds the restarts it made (`dtrain run --max-restarts`).
             restarts: None,
+            membership: self
+                .live
+                .as_ref()
+                .map(|l| l.changes.clone())
+                .filter(|c| !c.is_empty()),
             provenance: Some(crate::provenance::provenance(
                 std::time::SystemTime::now()
                     .checked_sub(std::time::Duration::from_secs_f64(wall.max(0.0)))

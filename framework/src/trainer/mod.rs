@@ -35,6 +35,7 @@
 mod checkpointing;
 pub mod elastic;
 mod failure;
+mod membership;
 mod metrics;
 mod replicas;
 mod run;
@@ -44,7 +45,7 @@ pub use checkpointing::{
     checkpoint_dir_name, checkpoint_step, retained, verify_checkpoint, IntactCheckpoint,
     SkippedCheckpoint,
 };
-pub use dtrain_records::{EvalRecord, Phases, Restart, StepRecord, Summary};
+pub use dtrain_records::{EvalRecord, MembershipChange, Phases, Restart, StepRecord, Summary};
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -281,6 +282,8 @@ pub struct Trainer<T: Transport> {
     hosts: Option<usize>,
     /// Where the compressed buckets are encoded, when on a device (`summary.json`).
     codec_device: Option<String>,
+    /// Live membership's state (`cluster.membership = "live"`; `None` when fixed).
+    live: Option<membership::Live>,
 }
 
 /// Values of the control all-reduce before the per-rank slots: loss·n, n, correct, the
@@ -314,76 +317,14 @@ impl<T: Transport> Trainer<T> {
             .map_err(|e| TrainError::Config(e.to_string()))?;
         let model = build_model(&plan, device)?;
         let table = model.table();
-        let infos: Vec<ParamInfo> = table
-            .params()
-            .map(|p| ParamInfo {
-                name: p.name.clone(),
-                shape: p.shape.clone(),
-            })
-            .collect();
-        let mut exchanger = build_exchanger(&plan, &infos)?;
-        let ExchangeSetup {
-            mut notes,
+        let infos = param_infos(model.as_ref());
+        let BuiltSync {
+            sync,
+            notes,
             auto_note,
-            topology,
-        } = setup_exchange(&mut exchanger, &mut comm, &plan)?;
-        // After the routes are chosen: a bucket's device encoder depends on its route.
-        let local = crate::device::local_rank(rank);
-        let codec_device = match plan.codec_device.resolve(plan.config.cluster.device, local) {
-            Some(spec) => {
-                let used = crate::exchange::device::place_codecs(&mut exchanger, &spec)
-                    .map_err(|e| TrainError::Config(format!("compress.device: {e}")))?;
-                notes.push(used.to_string());
-                Some(used.to_string())
-            }
-            None => None,
-        };
-        let exchanger_hosts = exchanger.hierarchical_hosts();
-        let sync = match plan.compressed_optimizer {
-            None if matches!(plan.config.sync, SyncConfig::StreamingDiloco { .. }) => {
-                if codec_device.is_some() {
-                    return Err(TrainError::Config(
-                        "compress.device: streaming-diloco's fragment exchangers run on the \
-                         host (leave compress.device out)"
-                            .into(),
-                    ));
-                }
-                streaming(&plan, &infos, exchanger, &mut comm, topology.as_ref())?
-            }
-            None => Periodic::for_config(
-                Collectives::new(exchanger),
-                &plan.config.sync,
-                table.num_params(),
-            )
-            .ok_or_else(|| {
-                TrainError::Config(format!(
-                    "sync.kind = {:?} has no single-exchanger synchronisation",
-                    plan.config.sync.name()
-                ))
-            })?,
-            Some(schedule) => {
-                // The dense steps' all-reduce: the same buckets, uncompressed (hierarchical
-                // across hosts as the run's own dense buckets are).
-                let mut dense = Exchanger::new(
-                    &infos,
-                    &plan.buckets,
-                    &dtrain_compress::baseline(),
-                    &dtrain_compress::MemoryConfig::None,
-                    plan.config.seed,
-                )
-                .map_err(config_error)?;
-                if let Some(t) = &topology {
-                    dense.set_topology(t);
-                }
-                crate::sync::compressed_optimizer(
-                    schedule,
-                    Collectives::new(dense),
-                    Collectives::new(exchanger),
-                    table.num_params(),
-                    &plan,
-                )
-            }
-        };
+            hosts: exchanger_hosts,
+            codec_device,
+        } = build_sync(&plan, &infos, &mut comm)?;
         let optimizer = plan.optimizer.build().map_err(TrainError::Config)?;
         let n = table.num_params();
         let nb = table.num_buffers();
@@ -414,6 +355,8 @@ impl<T: Transport> Trainer<T> {
             stopping: None,
             hosts: exchanger_hosts,
             codec_device,
+            live: (plan.config.cluster.membership == crate::config::Membership::Live)
+                .then(membership::Live::default),
             start_step: 0,
             evals: Vec::new(),
             sync,
@@ -532,6 +475,107 @@ impl<T: Transport> Trainer<T> {
     pub fn evals(&self) -> &[EvalRecord] {
         &self.evals
     }
+}
+
+/// The gradient synchronisation of `plan` over the group of `comm`: what [`build_sync`]
+/// built, and what the run's log and summary say of it.
+struct BuiltSync<T: Transport> {
+    sync: Box<dyn GradientSync<T>>,
+    notes: Vec<String>,
+    auto_note: Option<String>,
+    hosts: Option<usize>,
+    codec_device: Option<String>,
+}
+
+/// Builds the gradient synchronisation of `plan` for parameters `infos` over the group of
+/// `comm` (a collective: the hosts' discovery and the automatic choice of collectives run
+/// on every member): at the start, and again over the survivors when the group changes
+/// (`membership`).
+fn build_sync<T: Transport>(
+    plan: &Plan,
+    infos: &[ParamInfo],
+    comm: &mut Communicator<T>,
+) -> Result<BuiltSync<T>, TrainError> {
+    let table_params: usize = infos.iter().map(ParamInfo::numel).sum();
+    let mut exchanger = build_exchanger(plan, infos)?;
+    let ExchangeSetup {
+        mut notes,
+        auto_note,
+        topology,
+    } = setup_exchange(&mut exchanger, comm, plan)?;
+    // After the routes are chosen: a bucket's device encoder depends on its route.
+    let local = crate::device::local_rank(comm.members()[comm.rank()]);
+    let codec_device = match plan.codec_device.resolve(plan.config.cluster.device, local) {
+        Some(spec) => {
+            let used = crate::exchange::device::place_codecs(&mut exchanger, &spec)
+                .map_err(|e| TrainError::Config(format!("compress.device: {e}")))?;
+            notes.push(used.to_string());
+            Some(used.to_string())
+        }
+        None => None,
+    };
+    let exchanger_hosts = exchanger.hierarchical_hosts();
+    let sync = match plan.compressed_optimizer {
+        None if matches!(plan.config.sync, SyncConfig::StreamingDiloco { .. }) => {
+            if codec_device.is_some() {
+                return Err(TrainError::Config(
+                    "compress.device: streaming-diloco's fragment exchangers run on the \
+                         host (leave compress.device out)"
+                        .into(),
+                ));
+            }
+            streaming(plan, infos, exchanger, comm, topology.as_ref())?
+        }
+        None => Periodic::for_config(Collectives::new(exchanger), &plan.config.sync, table_params)
+            .ok_or_else(|| {
+                TrainError::Config(format!(
+                    "sync.kind = {:?} has no single-exchanger synchronisation",
+                    plan.config.sync.name()
+                ))
+            })?,
+        Some(schedule) => {
+            // The dense steps' all-reduce: the same buckets, uncompressed (hierarchical
+            // across hosts as the run's own dense buckets are).
+            let mut dense = Exchanger::new(
+                infos,
+                &plan.buckets,
+                &dtrain_compress::baseline(),
+                &dtrain_compress::MemoryConfig::None,
+                plan.config.seed,
+            )
+            .map_err(config_error)?;
+            if let Some(t) = &topology {
+                dense.set_topology(t);
+            }
+            crate::sync::compressed_optimizer(
+                schedule,
+                Collectives::new(dense),
+                Collectives::new(exchanger),
+                table_params,
+                plan,
+            )
+        }
+    };
+    Ok(BuiltSync {
+        sync,
+        notes,
+        auto_note,
+        hosts: exchanger_hosts,
+        codec_device,
+    })
+}
+
+/// The names and shapes of `model`'s parameters, in the order of its flat vector (what an
+/// exchanger is built for).
+pub(crate) fn param_infos(model: &dyn Model) -> Vec<ParamInfo> {
+    model
+        .table()
+        .params()
+        .map(|p| ParamInfo {
+            name: p.name.clone(),
+            shape: p.shape.clone(),
+        })
+        .collect()
 }
 
 /// Gives the exchanger the run's hosts (the hierarchical all-reduce of the dense buckets

@@ -41,6 +41,7 @@ impl<T: Transport> Trainer<T> {
             obs.on_message(&note);
         }
         let t_start = Instant::now();
+        self.live_session(t_start);
         let session_start = self.step;
         let mut tally = Tally::new(session_start);
         let policy = self.plan.config.failure.non_finite;
@@ -62,7 +63,17 @@ impl<T: Transport> Trainer<T> {
             if j == 0 {
                 tally.new_epoch();
             }
-            let rec = self.train_step(epoch, j)?;
+            self.keep_state()?;
+            let rec = match self.train_step(epoch, j) {
+                Ok(rec) => rec,
+                Err(e) if self.live() => {
+                    // A lost worker: the others go on from the same step (or the one
+                    // before), without it.
+                    self.survive(e, obs)?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             match rec {
                 StepOutcome::Done(r) => {
                     tally.add(&r, self.world);
@@ -101,7 +112,10 @@ impl<T: Transport> Trainer<T> {
                 || last
                 || by_steps
             {
-                self.evaluate_and_log(epochs_done, obs)?;
+                if let Err(e) = self.evaluate_and_log(epochs_done, obs) {
+                    self.survive(e, obs)?;
+                    continue;
+                }
             }
             let ck = &self.plan.config.checkpoint;
             let by_steps = ck
@@ -112,8 +126,13 @@ impl<T: Transport> Trainer<T> {
                     .every_epochs
                     .is_some_and(|n| n > 0 && epochs_done.is_multiple_of(n));
             if by_steps || by_epochs || (last && self.out.is_some()) {
-                if let Some(d) = self.save_checkpoint()? {
-                    obs.on_message(&format!("checkpoint {}", d.display()));
+                match self.save_checkpoint() {
+                    Ok(Some(d)) => obs.on_message(&format!("checkpoint {}", d.display())),
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.survive(e, obs)?;
+                        continue;
+                    }
                 }
             }
         }

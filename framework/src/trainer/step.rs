@@ -290,7 +290,9 @@ impl<T: Transport> Trainer<T> {
     pub(super) fn lr_at(&self, step: u64) -> f64 {
         let global_batch = self.plan.config.data.batch_size
             * self.plan.config.train.accumulate.max(1) as usize
-            * self.world;
+            // The configured workers, not the group's size: a smaller group under live
+            // membership keeps the schedule.
+            * self.plan.config.cluster.workers;
         self.plan.lr.at(
             step as f64 / self.plan.steps_per_epoch as f64,
             self.plan.config.train.epochs as f64,

@@ -1,0 +1,311 @@
+//! Live membership (issue 53, scope 1): a worker lost mid-run is dropped, and the others
+//! finish every step without a restart, as one group with identical replicas.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use std::time::Instant;
+
+use dtrain_comms::{channel_mesh, ByteCount, CommConfig, Communicator, Transport, TransportError};
+use dtrain_framework::config::RunConfig;
+use dtrain_framework::data::TrainData;
+use dtrain_framework::trainer::{Observer, RunDir, StepRecord, Summary, Trainer};
+
+/// Dies (its thread panics, dropping its connections) once it has recorded step `at`.
+struct DieAt {
+    rank: usize,
+    victim: usize,
+    at: u64,
+    messages: Vec<String>,
+}
+
+impl Observer for DieAt {
+    fn on_step(&mut self, r: &StepRecord) {
+        if self.rank == self.victim && r.step == self.at {
+            panic!("rank {} dies after step {}", self.rank, r.step);
+        }
+    }
+    fn on_message(&mut self, m: &str) {
+        self.messages.push(m.to_string());
+    }
+}
+
+struct Survivor {
+    params: Vec<f32>,
+    summary: Summary,
+    messages: Vec<String>,
+    steps: u64,
+}
+
+/// A transport that dies (panics, dropping its connections) at its `left`-th send: a
+/// worker killed in the middle of a collective, with part of its messages sent.
+struct Fuse<T> {
+    inner: T,
+    left: Option<usize>,
+}
+
+impl<T: Transport> Transport for Fuse<T> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn send(&mut self, to: usize, msg: Vec<u8>) -> Result<(), TransportError> {
+        if let Some(n) = &mut self.left {
+            if *n == 0 {
+                panic!("rank {} dies while sending", self.inner.rank());
+            }
+            *n -= 1;
+        }
+        self.inner.send(to, msg)
+    }
+    fn recv(&mut self, deadline: Instant) -> Result<(usize, Vec<u8>), TransportError> {
+        self.inner.recv(deadline)
+    }
+    fn recv_from(&mut self, from: usize, deadline: Instant) -> Result<Vec<u8>, TransportError> {
+        self.inner.recv_from(from, deadline)
+    }
+    fn bytes(&self) -> ByteCount {
+        self.inner.bytes()
+    }
+}
+
+/// `world` ranks of BASE + `sets` with live membership; rank `victim` dies after step
+/// `at`. Returns the survivors' results (the victim's is `None`).
+fn run_losing(
+    world: usize,
+    sets: &[&str],
+    victim: usize,
+    at: u64,
+    out: Option<&std::path::Path>,
+) -> Vec<Option<Survivor>> {
+    run_cut(world, sets, victim, Death::AfterStep(at), out)
+}
+
+/// How the victim dies.
+#[derive(Clone, Copy)]
+enum Death {
+    /// Once it has recorded this step.
+    AfterStep(u64),
+    /// At its n-th message.
+    AtSend(usize),
+}
+
+fn run_cut(
+    world: usize,
+    sets: &[&str],
+    victim: usize,
+    death: Death,
+    out: Option<&std::path::Path>,
+) -> Vec<Option<Survivor>> {
+    let at = match death {
+        Death::AfterStep(s) => s,
+        Death::AtSend(_) => u64::MAX,
+    };
+    let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    sets.push(format!("cluster.workers={world}"));
+    sets.push("cluster.membership=\"live\"".into());
+    let mut cfg = RunConfig::parse(BASE, "base.toml", &sets).unwrap();
+    pin_collective(&mut cfg);
+    let handles: Vec<_> = channel_mesh(world)
+        .into_iter()
+        .enumerate()
+        .map(|(rank, t)| {
+            let cfg = cfg.clone();
+            let out = out.map(|p| RunDir {
+                root: p.to_path_buf(),
+            });
+            std::thread::spawn(move || {
+                let data = TrainData::open(&cfg, rank, world).unwrap();
+                let plan = cfg
+                    .validate("base.toml", Some(data.train_examples()))
+                    .unwrap();
+                let left = match death {
+                    Death::AtSend(n) if rank == victim => Some(n),
+                    _ => None,
+                };
+                let comm = Communicator::new(
+                    Fuse { inner: t, left },
+                    CommConfig {
+                        timeout: Duration::from_secs(20),
+                        ..CommConfig::default()
+                    },
+                );
+                let device = dtrain_models::cpu_device();
+                let mut tr = Trainer::new(plan, data, comm, &device, out).unwrap();
+                let mut obs = DieAt {
+                    rank,
+                    victim,
+                    at,
+                    messages: Vec::new(),
+                };
+                let summary = tr.run(&mut obs).unwrap();
+                Survivor {
+                    params: tr.params(),
+                    summary,
+                    messages: obs.messages,
+                    steps: tr.step(),
+                }
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().ok()).collect()
+}
+
+/// Every survivor finished every step with the same parameters, and recorded the one
+/// change: `victim` removed, the group going on from step `from` (any, when `None`).
+fn check(out: &[Option<Survivor>], victim: usize, steps: u64, from: impl Into<Option<u64>>) {
+    let from = from.into();
+    assert!(out[victim].is_none(), "the victim died");
+    let alive: Vec<&Survivor> = out.iter().flatten().collect();
+    assert_eq!(alive.len(), out.len() - 1);
+    let members: Vec<usize> = (0..out.len()).filter(|&r| r != victim).collect();
+    for s in &alive {
+        assert_eq!(s.steps, steps);
+        assert_eq!(s.params, alive[0].params, "replicas identical");
+        assert!(s.params.iter().all(|x| x.is_finite()));
+        let changes = s
+            .summary
+            .membership
+            .as_ref()
+            .expect("the change is recorded");
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        let c = &changes[0];
+        assert_eq!(c.epoch, 1, "{c:?}");
+        if let Some(from) = from {
+            assert_eq!(c.step, from, "{c:?}");
+        }
+        assert_eq!(c.step, changes[0].step);
+        assert!(c.steps_lost <= 1, "{c:?}");
+        assert_eq!(c.removed, vec![victim]);
+        assert_eq!(c.members, members);
+        assert!(c.cause.contains(&format!("rank {victim}")), "{}", c.cause);
+        assert!(
+            s.messages.iter().any(|m| m.contains("membership epoch 1")),
+            "{:?}",
+            s.messages
+        );
+        assert_eq!(s.summary.workers, Some(out.len()));
+    }
+}
+
+#[test]
+fn the_survivors_of_a_lost_worker_finish_every_step() {
+    // Dense gradients: rank 2 of 3 dies after step 4; the others fail in step 5's first
+    // collective and run it again as two.
+    let out = run_losing(3, &["train.max_steps=12"], 2, 4, None);
+    check(&out, 2, 12, 5);
+}
+
+#[test]
+fn a_lost_leader_is_replaced_and_its_logs_go_on() {
+    // Rank 0 (which writes metrics.jsonl and summary.json) dies: rank 1 leads, and the
+    // logs hold every step once.
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_losing(
+        3,
+        &[
+            "train.max_steps=10",
+            "compress.kind=\"topk\"",
+            "compress.ratio=0.1",
+        ],
+        0,
+        3,
+        Some(dir.path()),
+    );
+    check(&out, 0, 10, 4);
+    let text = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+    let steps: Vec<u64> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(steps, (0..10).collect::<Vec<_>>());
+    let summary: Summary =
+        serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary.membership.unwrap()[0].removed, vec![0]);
+}
+
+#[test]
+fn diloco_loses_a_worker_inside_a_round() {
+    // The round of steps 4..8 is under way when rank 1 dies after step 5: the survivors
+    // go on from step 6 with their own inner states and the round's anchor.
+    let out = run_losing(
+        3,
+        &[
+            "train.max_steps=12",
+            "sync.kind=\"diloco\"",
+            "sync.period=4",
+            "cluster.check_replicas_every=4",
+        ],
+        1,
+        5,
+        None,
+    );
+    // Between rounds the replicas differ: compare at the end (step 12 closes a round).
+    check(&out, 1, 12, 6);
+}
+
+#[test]
+fn live_membership_is_refused_where_the_group_cannot_shrink() {
+    refused_at(
+        &[
+            "cluster.membership=\"live\"",
+            "cluster.mode=\"ps\"",
+            "cluster.workers=2",
+        ],
+        "cluster.membership",
+    );
+}
+
+#[test]
+fn a_worker_killed_inside_a_collective_is_dropped_alike_everywhere() {
+    // The victim dies at its n-th message: inside the control all-reduce, inside the
+    // gradient exchange, between them. Whether a survivor had finished that step or not,
+    // the group agrees on one step to go on from, and the replicas stay identical.
+    let mut from = Vec::new();
+    for n in 12..=22 {
+        let out = run_cut(
+            3,
+            &[
+                "train.max_steps=10",
+                "compress.kind=\"topk\"",
+                "compress.ratio=0.1",
+            ],
+            1,
+            Death::AtSend(n),
+            None,
+        );
+        check(&out, 1, 10, None);
+        let s = out[0]
+            .as_ref()
+            .unwrap()
+            .summary
+            .membership
+            .as_ref()
+            .unwrap()[0]
+            .step;
+        // Every survivor records the same step.
+        assert_eq!(
+            out[2]
+                .as_ref()
+                .unwrap()
+                .summary
+                .membership
+                .as_ref()
+                .unwrap()[0]
+                .step,
+            s
+        );
+        from.push(s);
+    }
+    // The cuts fell in different steps.
+    from.dedup();
+    assert!(from.len() >= 2, "{from:?}");
+}
