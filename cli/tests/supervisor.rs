@@ -439,6 +439,51 @@ fn under_live_membership_a_killed_worker_is_dropped_and_the_others_finish() {
     assert_none_left(&dir, Duration::from_secs(1));
 }
 
+/// Issue #53, acceptance: under live membership a worker stopped (SIGSTOP) for less than
+/// the step deadline is waited for, not dropped; one stopped for longer is dropped, the
+/// others finish, and when it is continued it learns so and exits (it does not train on
+/// alone). The transports' own peer timeout (2 s here) does not drop it first.
+#[test]
+fn under_live_membership_a_stopped_worker_is_dropped_only_past_the_deadline() {
+    let (tmp, cfg) = setup(3);
+    let live = [
+        "--set",
+        "train.epochs=100",
+        "--set",
+        "cluster.membership=\"live\"",
+        "--set",
+        "cluster.deadline_floor_s=4",
+        "--set",
+        "cluster.timeout_s=30",
+    ];
+    for (name, pause, dropped) in [("paused", 1.5, false), ("stopped", 7.0, true)] {
+        let dir = tmp.path().join(name);
+        let mut args = live.to_vec();
+        args.extend(["--set", "train.max_steps=4000"]);
+        let mut run = Launcher::start(&cfg, &dir, &args);
+        run.wait_for_steps(60);
+        let victim = worker_pid(&dir, 2);
+        signal(victim, "STOP");
+        std::thread::sleep(Duration::from_secs_f64(pause));
+        signal(victim, "CONT");
+        let (st, _, log) = run.wait(Duration::from_secs(120));
+        assert!(st.success(), "{name}: {log}");
+        let s = summary(&dir);
+        assert_eq!(s["steps"], 4000, "{name}: {s}");
+        match (dropped, s["membership"].as_array()) {
+            (false, None) => {}
+            (true, Some(m)) => {
+                assert_eq!(m[0]["removed"], serde_json::json!([2]), "{s}");
+                let lost = m[0]["lost_s"].as_f64().unwrap();
+                assert!((3.0..7.0).contains(&lost), "{s}");
+                assert!(log.contains("worker 2 was lost"), "{log}");
+            }
+            (d, m) => panic!("{name}: dropped {d}, membership {m:?}: {log}"),
+        }
+        assert_none_left(&dir, Duration::from_secs(1));
+    }
+}
+
 /// Issue #24, acceptance: the newest checkpoint damaged (one byte of rank-0.ckpt):
 /// `--resume` continues from the previous intact checkpoint and says so.
 #[test]

@@ -260,6 +260,13 @@ impl<T: Transport> Communicator<T> {
         &self.cfg
     }
 
+    /// Changes the inactivity timeout of the collectives from the next call on (a step
+    /// deadline that adapts to the measured step time). Every rank should use about the
+    /// same: the one with the shortest timeout is the first to give up on a silent peer.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.cfg.timeout = timeout;
+    }
+
     /// The transport (its ranks are the transport's, not the group's: see
     /// [`Communicator::members`]).
     pub fn transport(&self) -> &T {

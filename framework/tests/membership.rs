@@ -13,18 +13,23 @@ use dtrain_framework::config::RunConfig;
 use dtrain_framework::data::TrainData;
 use dtrain_framework::trainer::{Observer, RunDir, StepRecord, Summary, Trainer};
 
-/// Dies (its thread panics, dropping its connections) once it has recorded step `at`.
+/// Once it has recorded step `at`, dies (its thread panics, dropping its connections), or
+/// with `stall`, stops that long (a process stopped and continued).
 struct DieAt {
     rank: usize,
     victim: usize,
     at: u64,
+    stall: Option<Duration>,
     messages: Vec<String>,
 }
 
 impl Observer for DieAt {
     fn on_step(&mut self, r: &StepRecord) {
         if self.rank == self.victim && r.step == self.at {
-            panic!("rank {} dies after step {}", self.rank, r.step);
+            match self.stall {
+                Some(d) => std::thread::sleep(d),
+                None => panic!("rank {} dies after step {}", self.rank, r.step),
+            }
         }
     }
     fn on_message(&mut self, m: &str) {
@@ -81,7 +86,7 @@ fn run_losing(
     victim: usize,
     at: u64,
     out: Option<&std::path::Path>,
-) -> Vec<Option<Survivor>> {
+) -> Vec<Result<Survivor, String>> {
     run_cut(world, sets, victim, Death::AfterStep(at), out)
 }
 
@@ -92,6 +97,8 @@ enum Death {
     AfterStep(u64),
     /// At its n-th message.
     AtSend(usize),
+    /// Stops for this long once it has recorded the step, and goes on.
+    Stall(u64, Duration),
 }
 
 fn run_cut(
@@ -100,10 +107,11 @@ fn run_cut(
     victim: usize,
     death: Death,
     out: Option<&std::path::Path>,
-) -> Vec<Option<Survivor>> {
-    let at = match death {
-        Death::AfterStep(s) => s,
-        Death::AtSend(_) => u64::MAX,
+) -> Vec<Result<Survivor, String>> {
+    let (at, stall) = match death {
+        Death::AfterStep(s) => (s, None),
+        Death::AtSend(_) => (u64::MAX, None),
+        Death::Stall(s, d) => (s, Some(d)),
     };
     let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     sets.push(format!("cluster.workers={world}"));
@@ -140,26 +148,35 @@ fn run_cut(
                     rank,
                     victim,
                     at,
+                    stall,
                     messages: Vec::new(),
                 };
-                let summary = tr.run(&mut obs).unwrap();
-                Survivor {
+                let summary = tr.run(&mut obs).map_err(|e| e.to_string())?;
+                Ok(Survivor {
                     params: tr.params(),
                     summary,
                     messages: obs.messages,
                     steps: tr.step(),
-                }
+                })
             })
         })
         .collect();
-    handles.into_iter().map(|h| h.join().ok()).collect()
+    handles
+        .into_iter()
+        .map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())))
+        .collect()
 }
 
 /// Every survivor finished every step with the same parameters, and recorded the one
 /// change: `victim` removed, the group going on from step `from` (any, when `None`).
-fn check(out: &[Option<Survivor>], victim: usize, steps: u64, from: impl Into<Option<u64>>) {
+fn check(
+    out: &[Result<Survivor, String>],
+    victim: usize,
+    steps: u64,
+    from: impl Into<Option<u64>>,
+) {
     let from = from.into();
-    assert!(out[victim].is_none(), "the victim died");
+    assert!(out[victim].is_err(), "the victim is gone");
     let alive: Vec<&Survivor> = out.iter().flatten().collect();
     assert_eq!(alive.len(), out.len() - 1);
     let members: Vec<usize> = (0..out.len()).filter(|&r| r != victim).collect();
@@ -182,7 +199,12 @@ fn check(out: &[Option<Survivor>], victim: usize, steps: u64, from: impl Into<Op
         assert!(c.steps_lost <= 1, "{c:?}");
         assert_eq!(c.removed, vec![victim]);
         assert_eq!(c.members, members);
-        assert!(c.cause.contains(&format!("rank {victim}")), "{}", c.cause);
+        assert!(
+            c.cause.contains(&format!("rank {victim}"))
+                || c.cause.contains(&format!("rank(s): [{victim}]")),
+            "{}",
+            c.cause
+        );
         assert!(
             s.messages.iter().any(|m| m.contains("membership epoch 1")),
             "{:?}",
@@ -308,4 +330,48 @@ fn a_worker_killed_inside_a_collective_is_dropped_alike_everywhere() {
     // The cuts fell in different steps.
     from.dedup();
     assert!(from.len() >= 2, "{from:?}");
+}
+
+#[test]
+fn a_stall_shorter_than_the_deadline_is_waited_for_and_a_longer_one_drops_the_worker() {
+    // Steps of about a millisecond: the deadline is its floor, 1.5 s.
+    let sets = [
+        "train.max_steps=40",
+        "train.epochs=4",
+        "cluster.deadline_floor_s=1.5",
+        "cluster.timeout_s=30",
+    ];
+    // Rank 1 stops for 0.5 s after step 10: everyone waits, nobody is dropped.
+    let out = run_cut(
+        3,
+        &sets,
+        1,
+        Death::Stall(10, Duration::from_millis(500)),
+        None,
+    );
+    for o in &out {
+        let s = o.as_ref().unwrap();
+        assert_eq!(s.steps, 40);
+        assert!(s.summary.membership.is_none(), "{:?}", s.summary.membership);
+        assert_eq!(s.params, out[0].as_ref().unwrap().params);
+    }
+    // For 4 s: the others drop it after the deadline and finish; when it goes on, it
+    // learns that it was dropped and stops with that error rather than training alone.
+    let t = Instant::now();
+    let out = run_cut(3, &sets, 1, Death::Stall(10, Duration::from_secs(4)), None);
+    check(&out, 1, 40, 11);
+    let e = out[1].as_ref().err().unwrap();
+    assert!(e.contains("dropped from the group"), "{e}");
+    let c = &out[0]
+        .as_ref()
+        .unwrap()
+        .summary
+        .membership
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(c.deadline_s, 1.5);
+    assert!(c.cause.contains("timed out"), "{}", c.cause);
+    // The time lost is about the deadline (plus the abort round), not the stall.
+    assert!(c.lost_s >= 1.0 && c.lost_s < 3.5, "{c:?}");
+    assert!(t.elapsed() >= Duration::from_secs(4));
 }

@@ -369,6 +369,8 @@ pub struct ClusterConfig {
     /// Seconds without anything from a peer — no data, no heartbeat — after which it counts
     /// as lost and the run stops naming it (tcp, quic; default 10; at least twice
     /// `heartbeat_s`). Catches frozen or unreachable peers whose connection stays open.
+    /// Under live membership the step deadline decides instead (see
+    /// [`ClusterConfig::liveness`]).
     #[serde(default = "default_peer_timeout")]
     pub peer_timeout_s: f64,
     /// What a lost worker does to the run: `"fixed"` (default) stops it, naming the
@@ -377,6 +379,33 @@ pub struct ClusterConfig {
     /// [`Membership::Live`]).
     #[serde(default, skip_serializing_if = "is_default")]
     pub membership: Membership,
+    /// Live membership: the shortest step deadline, in seconds (default 10). A member that
+    /// sends nothing of a step's collectives for the deadline is dropped; one that stalls
+    /// for less is waited for.
+    #[serde(default = "deadline_floor", skip_serializing_if = "is_deadline_floor")]
+    pub deadline_floor_s: f64,
+    /// Live membership: the step deadline in measured steps (default 20): the deadline is
+    /// this many times the mean step time so far, at least `deadline_floor_s` and at most
+    /// `timeout_s` (which is the deadline until the first steps are measured), so a run
+    /// whose steps take long does not drop a member for a pause shorter than a few steps.
+    #[serde(
+        default = "deadline_factor",
+        skip_serializing_if = "is_deadline_factor"
+    )]
+    pub deadline_factor: f64,
+}
+
+fn deadline_floor() -> f64 {
+    10.0
+}
+fn is_deadline_floor(v: &f64) -> bool {
+    *v == deadline_floor()
+}
+fn deadline_factor() -> f64 {
+    20.0
+}
+fn is_deadline_factor(v: &f64) -> bool {
+    *v == deadline_factor()
 }
 
 /// `[cluster] membership`: whether the group of workers may change while the run goes on.
@@ -404,11 +433,18 @@ fn default_peer_timeout() -> f64 {
 }
 
 impl ClusterConfig {
-    /// The transports' heartbeat interval and peer timeout.
+    /// The transports' heartbeat interval and peer timeout. Under live membership the step
+    /// deadline judges a silent member (see [`ClusterConfig::deadline_floor_s`]): the peer
+    /// timeout is raised to `timeout_s`, the deadline's ceiling, so that the transport does
+    /// not drop a stopped member before the deadline does.
     pub fn liveness(&self) -> Liveness {
+        let peer_timeout = match self.membership {
+            Membership::Live => self.peer_timeout_s.max(self.timeout_s),
+            Membership::Fixed => self.peer_timeout_s,
+        };
         Liveness {
             heartbeat: std::time::Duration::from_secs_f64(self.heartbeat_s),
-            peer_timeout: std::time::Duration::from_secs_f64(self.peer_timeout_s),
+            peer_timeout: std::time::Duration::from_secs_f64(peer_timeout),
         }
     }
 }
@@ -481,6 +517,8 @@ impl Default for ClusterConfig {
             heartbeat_s: default_heartbeat(),
             peer_timeout_s: default_peer_timeout(),
             membership: Membership::Fixed,
+            deadline_floor_s: deadline_floor(),
+            deadline_factor: deadline_factor(),
         }
     }
 }

@@ -92,6 +92,18 @@ impl RunConfig {
                 ));
             }
         }
+        if !(c.deadline_floor_s.is_finite() && c.deadline_floor_s > 0.0) {
+            return Err(err(
+                "cluster.deadline_floor_s",
+                format!("must be > 0, got {}", c.deadline_floor_s),
+            ));
+        }
+        if !(c.deadline_factor.is_finite() && c.deadline_factor >= 1.0) {
+            return Err(err(
+                "cluster.deadline_factor",
+                format!("must be at least 1 (steps), got {}", c.deadline_factor),
+            ));
+        }
         if c.membership == Membership::Live {
             let why = if c.mode == ClusterMode::Ps {
                 Some("the parameter server's shards and step clock are not re-formed over the survivors")

@@ -50,6 +50,10 @@ pub(super) struct Live {
     started: Option<Instant>,
     /// When the current step (or evaluation, checkpoint) began.
     began: Option<Instant>,
+    /// Steps timed so far (the first, with its warm-up, is not).
+    timed: u64,
+    /// The mean of their step times, in seconds.
+    mean_step_s: f64,
 }
 
 impl<T: Transport> Trainer<T> {
@@ -62,6 +66,34 @@ impl<T: Transport> Trainer<T> {
     pub(super) fn live_session(&mut self, t: Instant) {
         if let Some(l) = &mut self.live {
             l.started = Some(t);
+        }
+    }
+
+    /// After a step that took `step_s`: the step deadline becomes `deadline_factor` times
+    /// the mean step time, within `[deadline_floor_s, timeout_s]` (see
+    /// [`crate::config::ClusterConfig::deadline_factor`]).
+    pub(super) fn adapt_deadline(&mut self, step_s: f64) {
+        let Some(l) = &mut self.live else {
+            return;
+        };
+        l.timed += 1;
+        if l.timed == 1 {
+            return;
+        }
+        let n = (l.timed - 1) as f64;
+        l.mean_step_s += (step_s - l.mean_step_s) / n;
+        let d = self.deadline_s();
+        self.comm.set_timeout(std::time::Duration::from_secs_f64(d));
+    }
+
+    /// The step deadline now, in seconds.
+    fn deadline_s(&self) -> f64 {
+        let c = &self.plan.config.cluster;
+        match &self.live {
+            Some(l) if l.timed > 1 => (c.deadline_factor * l.mean_step_s)
+                .max(c.deadline_floor_s)
+                .min(c.timeout_s),
+            _ => c.timeout_s,
         }
     }
 
@@ -105,6 +137,7 @@ impl<T: Transport> Trainer<T> {
             return Err(e);
         }
         let failed_at = Instant::now();
+        let deadline_s = self.deadline_s();
         let cause = format!("step {step}: {source}");
         let membership = self
             .comm
@@ -188,16 +221,18 @@ impl<T: Transport> Trainer<T> {
             after_s: l.started.map_or(0.0, |t| (failed_at - t).as_secs_f64()),
             steps_lost: reached.saturating_sub(from),
             lost_s: l.began.map_or(0.0, |t| t.elapsed().as_secs_f64()),
+            deadline_s,
         };
         obs.on_message(&format!(
             "membership epoch {}: worker(s) {:?} lost ({}); {} worker(s) {:?} go on from step {from} \
-             ({:.2} s lost)",
+             ({:.2} s lost; step deadline {:.1} s)",
             change.epoch,
             change.removed,
             change.cause,
             change.members.len(),
             change.members,
-            change.lost_s
+            change.lost_s,
+            change.deadline_s
         ));
         for n in notes {
             obs.on_message(&n);

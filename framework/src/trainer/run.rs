@@ -76,6 +76,7 @@ impl<T: Transport> Trainer<T> {
             };
             match rec {
                 StepOutcome::Done(r) => {
+                    self.adapt_deadline(r.time.step_s);
                     tally.add(&r, self.world);
                     if step.is_multiple_of(self.plan.config.output.log_every.max(1)) {
                         Self::log_line(
