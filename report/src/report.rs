@@ -19,6 +19,8 @@
 //!   `accuracy_vs_bytes` / `perplexity_vs_bytes` (each run's final metric against its mean
 //!   bytes per step, the baseline's level as a reference line; two such runs or more),
 //!   `step_breakdown`,
+//!   `workers_vs_step` (the group's size, when a worker was lost under live membership;
+//!   `report.md` lists the changes),
 //!   `step_time_cdf` (runs of at least 20 steps: the step-time distribution) and
 //!   `bytes_vs_workers` (at least two worker counts).
 //!
@@ -98,6 +100,8 @@ pub struct RunRow {
     pub divergence: Option<String>,
     /// Restarts of its workers after failures (`dtrain run --max-restarts`).
     pub restarts: usize,
+    /// Workers the group lost while the run went on (live membership).
+    pub workers_lost: usize,
     /// Final quality metric.
     pub final_metric: Option<FinalMetric>,
     /// Training wall time in seconds.
@@ -172,6 +176,7 @@ pub fn report_runs(runs: &[Run], opts: &ReportOptions) -> Result<ReportOutput> {
                 complete: r.is_complete(),
                 divergence: r.divergence(),
                 restarts: r.restarts(),
+                workers_lost: r.membership().iter().map(|c| c.removed.len()).sum(),
                 final_metric: r.final_metric(),
                 wall_s: r.wall_s(),
                 steps: r.step_count(),
@@ -329,7 +334,52 @@ fn status_cell(row: &RunRow) -> String {
             let _ = write!(s, ", {n} restarts");
         }
     }
+    match row.workers_lost {
+        0 => {}
+        1 => s.push_str(", 1 worker lost"),
+        n => {
+            let _ = write!(s, ", {n} workers lost");
+        }
+    }
     s
+}
+
+/// The changes of the group of workers (live membership), when some run had any: who
+/// left at which step, who went on, why, and the time each change cost.
+fn membership_section(runs: &[Run], rows: &[RunRow]) -> String {
+    if runs.iter().all(|r| r.membership().is_empty()) {
+        return String::new();
+    }
+    let mut out = String::from(
+        "\n## Membership\n\nWorkers lost while the run went on (`cluster.membership = \"live\"`): \
+         the step the others went on from (they ran it again, over the smaller group), the \
+         time from the start of the failed step until they were ready to (`workers_vs_step` \
+         plots the group's size).\n\n",
+    );
+    let mut t = Table::new(&[
+        "run",
+        "step",
+        "lost",
+        "went on",
+        "cause",
+        "lost s",
+        "deadline s",
+    ]);
+    for (r, row) in runs.iter().zip(rows) {
+        for c in r.membership() {
+            t.row(&[
+                row.label.clone(),
+                c.step.to_string(),
+                format!("{:?}", c.removed),
+                format!("{:?}", c.members),
+                c.cause.replace('|', "/"),
+                md::sig(c.lost_s),
+                md::sig(c.deadline_s),
+            ]);
+        }
+    }
+    out.push_str(&t.render());
+    out
 }
 
 fn opt<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
@@ -423,6 +473,7 @@ fn render_markdown(
         out.push_str(&target_section(target, rows));
     }
     out.push_str(&quality::section(rows, quality));
+    out.push_str(&membership_section(runs, rows));
 
     // Periodic synchronisation sends in bursts: the link must carry a round's bytes in one
     // step, so the peak matters as much as the mean.

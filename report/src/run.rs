@@ -548,6 +548,36 @@ impl Run {
             .map_or(0, Vec::len)
     }
 
+    /// The changes of the group of workers under live membership (`summary.json`'s
+    /// `membership`; empty when it never changed).
+    pub fn membership(&self) -> &[dtrain_records::MembershipChange] {
+        self.summary
+            .as_ref()
+            .and_then(|s| s.membership.as_deref())
+            .unwrap_or(&[])
+    }
+
+    /// The group's size over the run as `(step, workers)` points of a step function: the
+    /// configured workers from step 0, one point before and one after each change (at the
+    /// step the group went on from), and the last step's size. Empty when the group never
+    /// changed.
+    pub fn group_size(&self) -> Vec<(u64, usize)> {
+        let changes = self.membership();
+        if changes.is_empty() {
+            return Vec::new();
+        }
+        let mut n = self.workers;
+        let mut out = vec![(0, n)];
+        for c in changes {
+            out.push((c.step, n));
+            n = c.members.len();
+            out.push((c.step, n));
+        }
+        let last = self.steps.last().map_or(0, |s| s.step);
+        out.push((last.max(out.last().map_or(0, |p| p.0)), n));
+        out
+    }
+
     /// Whether the model is a language model (perplexity is its metric): kind `lstm` or
     /// `gpt`.
     pub fn is_language_model(&self) -> bool {

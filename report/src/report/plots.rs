@@ -116,6 +116,25 @@ pub(super) fn write_plots(
         files.extend(plot::line_plot(dir, "loss_vs_step", &p)?);
     }
 
+    // Beside the loss curve: the group's size over the same steps (live membership).
+    let group: Vec<Series> = runs
+        .iter()
+        .zip(rows)
+        .map(|(r, row)| Series {
+            label: row.label.clone(),
+            points: r
+                .group_size()
+                .into_iter()
+                .map(|(s, n)| (s as f64, n as f64))
+                .collect(),
+        })
+        .filter(|s| !s.points.is_empty())
+        .collect();
+    if !group.is_empty() {
+        let p = line("Workers in the group vs step", "step", "workers", group);
+        files.extend(plot::line_plot(dir, "workers_vs_step", &p)?);
+    }
+
     let eval_series = |f: &dyn Fn(&crate::run::EvalRecord) -> Option<f64>, lm: Option<bool>| {
         runs.iter()
             .zip(rows)
