@@ -149,3 +149,94 @@ fn two_node_launchers_on_loopback_take_the_hierarchical_all_reduce() {
         "hierarchical {lh} vs flat {lf}"
     );
 }
+
+/// The pid of worker `rank` of the run in `dir` (its command line names both).
+fn worker_pid(dir: &Path, rank: usize) -> u32 {
+    let needle = dir.to_string_lossy().to_string();
+    let t = std::time::Instant::now();
+    loop {
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let args: Vec<String> = cmd
+                .split(|&b| b == 0)
+                .map(|a| String::from_utf8_lossy(a).to_string())
+                .collect();
+            let at = args.iter().position(|a| a == "--rank");
+            if args.get(1).is_some_and(|a| a == "worker")
+                && args.iter().any(|a| a.contains(&needle))
+                && at.is_some_and(|i| args.get(i + 1) == Some(&rank.to_string()))
+            {
+                return pid;
+            }
+        }
+        assert!(t.elapsed().as_secs() < 30, "no worker {rank}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Issue #53 across node launchers: two launchers of 2 workers each with live membership;
+/// worker 3 (node 1's second) is killed mid-run: both launchers exit 0, the three others
+/// finish every step with the hierarchical all-reduce re-formed over the hosts they are
+/// on, and `summary.json` records the change.
+#[test]
+fn two_node_launchers_go_on_without_a_killed_worker() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("nodes-live.toml");
+    let text = config(&tmp.path().join("runs"), "tcp")
+        .replace(
+            "epochs = 1\nmax_steps = 8",
+            "epochs = 100\nmax_steps = 1600",
+        )
+        .replace("[cluster]\n", "[cluster]\nmembership = \"live\"\n");
+    std::fs::write(&cfg, text).unwrap();
+    let dir = tmp.path().join("two-nodes-live");
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let rdv = format!("127.0.0.1:{port}");
+    let node = |i: usize| {
+        dtrain()
+            .arg("run")
+            .arg(&cfg)
+            .args(["--nnodes", "2", "--node-rank", &i.to_string()])
+            .args(["--rendezvous", &rdv])
+            .arg("--run-dir")
+            .arg(&dir)
+            .env("DTRAIN_RUN_TOKEN", "two-live-nodes")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (n0, n1) = (node(0), node(1));
+    // Some steps in, worker 3 dies.
+    let t = std::time::Instant::now();
+    while std::fs::read_to_string(dir.join("metrics.jsonl")).map_or(0, |m| m.lines().count()) < 50 {
+        assert!(t.elapsed().as_secs() < 60, "no 50 steps in 60 s");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let st = Command::new("kill")
+        .args(["-KILL", &worker_pid(&dir, 3).to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let (o0, o1) = (
+        n0.wait_with_output().unwrap(),
+        n1.wait_with_output().unwrap(),
+    );
+    ok(&o0, "node 0");
+    let log1 = ok(&o1, "node 1");
+    assert!(log1.contains("worker 3 was lost"), "{log1}");
+    let s = summary(&dir);
+    assert_eq!(s["steps"], 1600, "{s}");
+    let m = &s["membership"][0];
+    assert_eq!(m["removed"], serde_json::json!([3]), "{s}");
+    assert_eq!(m["members"], serde_json::json!([0, 1, 2]), "{s}");
+    // Two hosts still: {0, 1} and {2}.
+    assert_eq!(s["collective"], "hierarchical-allreduce", "{s}");
+}
