@@ -369,7 +369,7 @@ fn a_stall_shorter_than_the_deadline_is_waited_for_and_a_longer_one_drops_the_wo
         .membership
         .as_ref()
         .unwrap()[0];
-    assert_eq!(c.deadline_s, 1.5);
+    assert_eq!(c.deadline_s, Some(1.5));
     assert!(c.cause.contains("timed out"), "{}", c.cause);
     // The time lost is about the deadline (plus the abort round), not the stall.
     assert!(c.lost_s >= 1.0 && c.lost_s < 3.5, "{c:?}");

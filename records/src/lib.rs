@@ -453,9 +453,9 @@ pub struct MembershipChange {
     #[serde(with = "float::num")]
     pub lost_s: f64,
     /// The step deadline in force when the failure happened, in seconds (a member silent
-    /// for this long is dropped).
-    #[serde(with = "float::num")]
-    pub deadline_s: f64,
+    /// for this long is dropped); absent in runs written before it was recorded.
+    #[serde(default, with = "float::opt", skip_serializing_if = "Option::is_none")]
+    pub deadline_s: Option<f64>,
 }
 
 #[cfg(test)]
@@ -655,7 +655,7 @@ mod tests {
                 theta_scale: f[16],
                 lossy_dropped: f[17],
                 restarts: Some(vec![Restart { rank: Some(1), cause: "x".into(), step: 3, after_s: after, reached: 5, steps_lost: 2, lost_s: after }]),
-                membership: Some(vec![MembershipChange { epoch: 1, removed: vec![2], members: vec![0, 1], cause: "y".into(), step: 7, after_s: after, steps_lost: 1, lost_s: after, deadline_s: 10.0 }]),
+                membership: Some(vec![MembershipChange { epoch: 1, removed: vec![2], members: vec![0, 1], cause: "y".into(), step: 7, after_s: after, steps_lost: 1, lost_s: after, deadline_s: Some(10.0) }]),
                 ..Summary::default()
             };
             let text = serde_json::to_string_pretty(&s).unwrap();

@@ -374,7 +374,7 @@ fn membership_section(runs: &[Run], rows: &[RunRow]) -> String {
                 format!("{:?}", c.members),
                 c.cause.replace('|', "/"),
                 md::sig(c.lost_s),
-                md::sig(c.deadline_s),
+                opt(c.deadline_s, md::sig),
             ]);
         }
     }

@@ -221,7 +221,7 @@ impl<T: Transport> Trainer<T> {
             after_s: l.started.map_or(0.0, |t| (failed_at - t).as_secs_f64()),
             steps_lost: reached.saturating_sub(from),
             lost_s: l.began.map_or(0.0, |t| t.elapsed().as_secs_f64()),
-            deadline_s,
+            deadline_s: Some(deadline_s),
         };
         obs.on_message(&format!(
             "membership epoch {}: worker(s) {:?} lost ({}); {} worker(s) {:?} go on from step {from} \
@@ -232,7 +232,7 @@ impl<T: Transport> Trainer<T> {
             change.members.len(),
             change.members,
             change.lost_s,
-            change.deadline_s
+            deadline_s
         ));
         for n in notes {
             obs.on_message(&n);
