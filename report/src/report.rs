@@ -365,6 +365,9 @@ fn membership_section(runs: &[Run], rows: &[RunRow]) -> String {
         "lost s",
         "deadline s",
     ]);
+    for i in [0, 2, 3, 4] {
+        t = t.align(i, md::Align::Left);
+    }
     for (r, row) in runs.iter().zip(rows) {
         for c in r.membership() {
             t.row(&[
