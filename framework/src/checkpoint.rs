@@ -87,9 +87,12 @@ impl Checkpoint {
 
     /// Stores an `f32` array (little-endian).
     pub fn put_f32(&mut self, name: &str, v: &[f32]) {
-        let mut b = Vec::with_capacity(v.len() * 4);
-        for x in v {
-            b.extend_from_slice(&x.to_le_bytes());
+        // Into a buffer of the final length, 4 bytes at a time: a loop the compiler turns
+        // into wide copies (pushing each value's bytes checked the capacity every time, and
+        // live membership stores the whole state before every step).
+        let mut b = vec![0u8; v.len() * 4];
+        for (c, x) in b.chunks_exact_mut(4).zip(v) {
+            c.copy_from_slice(&x.to_le_bytes());
         }
         self.put_bytes(name, b);
     }
