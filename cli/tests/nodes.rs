@@ -8,7 +8,7 @@
 
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 fn dtrain() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dtrain"))
@@ -59,9 +59,9 @@ fn summary(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
 }
 
-/// Runs the config at `cfg` on two node launchers of 2 workers each over loopback, into
-/// `dir`; returns node 0's log.
-fn two_nodes(cfg: &Path, dir: &Path, token: &str) -> String {
+/// Starts the config at `cfg` on two node launchers of 2 workers each over loopback, into
+/// `dir`, their output piped.
+fn spawn_two_nodes(cfg: &Path, dir: &Path, token: &str) -> (Child, Child) {
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -69,8 +69,8 @@ fn two_nodes(cfg: &Path, dir: &Path, token: &str) -> String {
         .port();
     let rdv = format!("127.0.0.1:{port}");
     let node = |i: usize| {
-        let mut c = dtrain();
-        c.arg("run")
+        dtrain()
+            .arg("run")
             .arg(cfg)
             .args(["--nnodes", "2", "--node-rank", &i.to_string()])
             .args(["--rendezvous", &rdv])
@@ -78,10 +78,17 @@ fn two_nodes(cfg: &Path, dir: &Path, token: &str) -> String {
             .arg(dir)
             .env("DTRAIN_RUN_TOKEN", token)
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        c.spawn().unwrap()
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
     };
-    let (n0, n1) = (node(0), node(1));
+    (node(0), node(1))
+}
+
+/// Runs the config at `cfg` on two node launchers of 2 workers each over loopback, into
+/// `dir`; returns node 0's log.
+fn two_nodes(cfg: &Path, dir: &Path, token: &str) -> String {
+    let (n0, n1) = spawn_two_nodes(cfg, dir, token);
     let (o0, o1) = (
         n0.wait_with_output().unwrap(),
         n1.wait_with_output().unwrap(),
@@ -193,27 +200,7 @@ fn two_node_launchers_go_on_without_a_killed_worker() {
         .replace("[cluster]\n", "[cluster]\nmembership = \"live\"\n");
     std::fs::write(&cfg, text).unwrap();
     let dir = tmp.path().join("two-nodes-live");
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let rdv = format!("127.0.0.1:{port}");
-    let node = |i: usize| {
-        dtrain()
-            .arg("run")
-            .arg(&cfg)
-            .args(["--nnodes", "2", "--node-rank", &i.to_string()])
-            .args(["--rendezvous", &rdv])
-            .arg("--run-dir")
-            .arg(&dir)
-            .env("DTRAIN_RUN_TOKEN", "two-live-nodes")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    let (n0, n1) = (node(0), node(1));
+    let (n0, n1) = spawn_two_nodes(&cfg, &dir, "two-live-nodes");
     // Some steps in, worker 3 dies.
     let t = std::time::Instant::now();
     while std::fs::read_to_string(dir.join("metrics.jsonl")).map_or(0, |m| m.lines().count()) < 50 {

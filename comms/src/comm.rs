@@ -217,8 +217,6 @@ pub struct Communicator<T: Transport> {
     /// Received bytes moved between calls' accounts by the stash (out of / into this call).
     stashed_out: u64,
     stashed_in: u64,
-    /// Why each peer is lost (`None`: not lost).
-    lost: Vec<Option<String>>,
     /// The peers a message of the current collective came from.
     heard: Vec<bool>,
     failed: Option<String>,
@@ -237,7 +235,6 @@ impl<T: Transport> Communicator<T> {
             stash: VecDeque::new(),
             stashed_out: 0,
             stashed_in: 0,
-            lost: vec![None; world],
             heard: vec![false; world],
             failed: None,
             last: ByteCount::default(),
@@ -725,7 +722,7 @@ impl<T: Transport> Communicator<T> {
         // A peer that closed is delivered after all it sent, so this collective can still
         // complete if it needs nothing more from it.
         if let Some(p) =
-            (0..self.world_size()).find(|&p| self.lost[p].is_some() && m.expects_from(p))
+            (0..self.world_size()).find(|&p| self.transport.lost(p).is_some() && m.expects_from(p))
         {
             return Err(self.fail_peer_lost(p));
         }
@@ -734,13 +731,13 @@ impl<T: Transport> Communicator<T> {
         loop {
             m.handle_timeout(Instant::now());
             while let Some((to, msg)) = m.poll_transmit() {
-                if self.lost[to].is_some() {
+                if self.transport.lost(to).is_some() {
                     return Err(self.fail_peer_lost(to));
                 }
                 match self.transport.send(to, msg.into_bytes()) {
                     Ok(()) => {}
                     Err(e @ TransportError::Closed { .. }) => {
-                        let rank = self.mark_lost(&e).expect("a lost peer");
+                        let rank = e.lost_peer().expect("a lost peer").0;
                         return Err(self.fail_peer_lost(rank));
                     }
                     Err(e) => return Err(self.poison(e.into())),
@@ -792,7 +789,7 @@ impl<T: Transport> Communicator<T> {
                     }
                 }
                 Err(e @ (TransportError::Closed { .. } | TransportError::PeerSilent { .. })) => {
-                    let rank = self.mark_lost(&e).expect("a lost peer");
+                    let rank = e.lost_peer().expect("a lost peer").0;
                     if m.expects_from(rank) {
                         return Err(self.fail_peer_lost(rank));
                     }

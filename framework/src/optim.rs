@@ -353,6 +353,11 @@ impl Optimizer {
         self.state.clone()
     }
 
+    /// The state of each parameter group, borrowed (what [`Optimizer::export`] copies).
+    pub fn groups(&self) -> &BTreeMap<u64, GroupState> {
+        &self.state
+    }
+
     /// Restores state written by [`Optimizer::export`].
     pub fn import(&mut self, state: BTreeMap<u64, GroupState>) {
         self.state = state;

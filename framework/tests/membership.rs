@@ -13,23 +13,26 @@ use dtrain_framework::config::RunConfig;
 use dtrain_framework::data::TrainData;
 use dtrain_framework::trainer::{Observer, RunDir, StepRecord, Summary, Trainer};
 
-/// Once it has recorded step `at`, dies (its thread panics, dropping its connections), or
-/// with `stall`, stops that long (a process stopped and continued).
+/// On the victim, once it has recorded the step of its [`Death`]: dies (its thread panics,
+/// dropping its connections), or stops for a while (a process stopped and continued).
 struct DieAt {
     rank: usize,
     victim: usize,
-    at: u64,
-    stall: Option<Duration>,
+    death: Death,
     messages: Vec<String>,
 }
 
 impl Observer for DieAt {
     fn on_step(&mut self, r: &StepRecord) {
-        if self.rank == self.victim && r.step == self.at {
-            match self.stall {
-                Some(d) => std::thread::sleep(d),
-                None => panic!("rank {} dies after step {}", self.rank, r.step),
+        if self.rank != self.victim {
+            return;
+        }
+        match self.death {
+            Death::AfterStep(s) if r.step == s => {
+                panic!("rank {} dies after step {}", self.rank, r.step)
             }
+            Death::Stall(s, d) if r.step == s => std::thread::sleep(d),
+            _ => {}
         }
     }
     fn on_message(&mut self, m: &str) {
@@ -78,18 +81,6 @@ impl<T: Transport> Transport for Fuse<T> {
     }
 }
 
-/// `world` ranks of BASE + `sets` with live membership; rank `victim` dies after step
-/// `at`. Returns the survivors' results (the victim's is `None`).
-fn run_losing(
-    world: usize,
-    sets: &[&str],
-    victim: usize,
-    at: u64,
-    out: Option<&std::path::Path>,
-) -> Vec<Result<Survivor, String>> {
-    run_cut(world, sets, victim, Death::AfterStep(at), out)
-}
-
 /// How the victim dies.
 #[derive(Clone, Copy)]
 enum Death {
@@ -101,6 +92,9 @@ enum Death {
     Stall(u64, Duration),
 }
 
+/// `world` ranks of BASE + `sets` with live membership; rank `victim` dies as `death`
+/// says. Each rank's result: what it ended with, or its run's error (`"panicked"` for a
+/// rank that died).
 fn run_cut(
     world: usize,
     sets: &[&str],
@@ -108,11 +102,6 @@ fn run_cut(
     death: Death,
     out: Option<&std::path::Path>,
 ) -> Vec<Result<Survivor, String>> {
-    let (at, stall) = match death {
-        Death::AfterStep(s) => (s, None),
-        Death::AtSend(_) => (u64::MAX, None),
-        Death::Stall(s, d) => (s, Some(d)),
-    };
     let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     sets.push(format!("cluster.workers={world}"));
     sets.push("cluster.membership=\"live\"".into());
@@ -147,8 +136,7 @@ fn run_cut(
                 let mut obs = DieAt {
                     rank,
                     victim,
-                    at,
-                    stall,
+                    death,
                     messages: Vec::new(),
                 };
                 let summary = tr.run(&mut obs).map_err(|e| e.to_string())?;
@@ -218,7 +206,7 @@ fn check(
 fn the_survivors_of_a_lost_worker_finish_every_step() {
     // Dense gradients: rank 2 of 3 dies after step 4; the others fail in step 5's first
     // collective and run it again as two.
-    let out = run_losing(3, &["train.max_steps=12"], 2, 4, None);
+    let out = run_cut(3, &["train.max_steps=12"], 2, Death::AfterStep(4), None);
     check(&out, 2, 12, 5);
 }
 
@@ -227,7 +215,7 @@ fn a_lost_leader_is_replaced_and_its_logs_go_on() {
     // Rank 0 (which writes metrics.jsonl and summary.json) dies: rank 1 leads, and the
     // logs hold every step once.
     let dir = tempfile::tempdir().unwrap();
-    let out = run_losing(
+    let out = run_cut(
         3,
         &[
             "train.max_steps=10",
@@ -235,7 +223,7 @@ fn a_lost_leader_is_replaced_and_its_logs_go_on() {
             "compress.ratio=0.1",
         ],
         0,
-        3,
+        Death::AfterStep(3),
         Some(dir.path()),
     );
     check(&out, 0, 10, 4);
@@ -258,7 +246,7 @@ fn a_lost_leader_is_replaced_and_its_logs_go_on() {
 fn diloco_loses_a_worker_inside_a_round() {
     // The round of steps 4..8 is under way when rank 1 dies after step 5: the survivors
     // go on from step 6 with their own inner states and the round's anchor.
-    let out = run_losing(
+    let out = run_cut(
         3,
         &[
             "train.max_steps=12",
@@ -267,7 +255,7 @@ fn diloco_loses_a_worker_inside_a_round() {
             "cluster.check_replicas_every=4",
         ],
         1,
-        5,
+        Death::AfterStep(5),
         None,
     );
     // Between rounds the replicas differ: compare at the end (step 12 closes a round).

@@ -129,9 +129,8 @@ impl<T: Transport> Communicator<T> {
                         }
                     }
                 }
-                Err(e @ (TransportError::Closed { .. } | TransportError::PeerSilent { .. })) => {
-                    self.mark_lost(&e);
-                }
+                // A lost peer: the group's transport has recorded it.
+                Err(TransportError::Closed { .. } | TransportError::PeerSilent { .. }) => {}
                 Err(_) => break,
             }
         }
@@ -153,7 +152,7 @@ impl<T: Transport> Communicator<T> {
     pub(super) fn abort_all(&mut self, info: AbortInfo) {
         let bytes = info.to_message(self.seq).into_bytes();
         for p in 0..self.world_size() {
-            if p != self.rank() && self.lost[p].is_none() {
+            if p != self.rank() && self.transport.lost(p).is_none() {
                 let _ = self.transport.send(p, bytes.clone());
             }
         }
@@ -179,14 +178,15 @@ impl<T: Transport> Communicator<T> {
                         }
                     }
                 }
-                Err(e @ (TransportError::Closed { .. } | TransportError::PeerSilent { .. })) => {
-                    self.mark_lost(&e);
-                }
+                // A lost peer: the group's transport has recorded it.
+                Err(TransportError::Closed { .. } | TransportError::PeerSilent { .. }) => {}
                 Err(_) => break,
             }
         }
-        let detail = self.lost[rank]
-            .clone()
+        let detail = self
+            .transport
+            .lost(rank)
+            .cloned()
             .unwrap_or_else(|| "connection closed".into());
         self.abort_all(AbortInfo {
             reason: AbortReason::PeerLost,
@@ -199,14 +199,6 @@ impl<T: Transport> Communicator<T> {
             detail,
         };
         self.poison(e)
-    }
-
-    /// Records the peer a [`TransportError::Closed`] or [`TransportError::PeerSilent`] is
-    /// about as lost, and returns it (`None` for other errors).
-    pub(super) fn mark_lost(&mut self, e: &TransportError) -> Option<usize> {
-        let (rank, why) = e.lost_peer()?;
-        self.lost[rank].get_or_insert(why);
-        Some(rank)
     }
 
     /// The grace period after an inactivity timeout: `abort_grace`, at most half the timeout.

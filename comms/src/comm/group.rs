@@ -112,6 +112,12 @@ impl<T: Transport> Grouped<T> {
         &self.members
     }
 
+    /// Why member `r` is lost (its connection closed or went silent); `None` while it is
+    /// not. Every such event passes through this wrapper, which records it.
+    pub(crate) fn lost(&self, r: usize) -> Option<&String> {
+        self.gone[self.members[r]].as_ref()
+    }
+
     /// The transport rank of group index `r`.
     pub(crate) fn physical(&self, r: usize) -> usize {
         self.members[r]
@@ -243,11 +249,6 @@ impl<T: Transport> Communicator<T> {
             .filter(|&&r| r < previous.len())
             .map(|&r| previous[r])
             .collect();
-        for (r, why) in self.lost.iter().enumerate() {
-            if why.is_some() {
-                out.insert(previous[r]);
-            }
-        }
         let epoch = self.transport.epoch() + 1;
         let base = epoch * EPOCH_SEQ;
         for round in 0..=previous.len() as u64 {
@@ -335,12 +336,7 @@ impl<T: Transport> Communicator<T> {
         self.seq = seq;
         self.floor = seq;
         self.failed = None;
-        self.lost = vec![None; n];
         self.heard = vec![false; n];
-        for r in 0..n {
-            let p = self.transport.physical(r);
-            self.lost[r].clone_from(&self.transport.gone[p]);
-        }
     }
 
     /// The group is agreed: decides whether it may go on, tells the ranks it excluded

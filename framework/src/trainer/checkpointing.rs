@@ -270,7 +270,6 @@ impl<T: Transport> Trainer<T> {
     /// membership keeps in memory to run a step again over a new group.
     pub(super) fn state(&mut self) -> Result<Checkpoint, TrainError> {
         let mut ck = Checkpoint::new();
-        let opt = self.optimizer.export();
         let memory_keys = self.sync.save(&mut ck).map_err(|e| self.step_error(e))?;
         let meta = Meta {
             step: self.step,
@@ -280,7 +279,12 @@ impl<T: Transport> Trainer<T> {
             params: self.num_params(),
             buffers: self.buffers.len(),
             method: self.plan.method.name().to_string(),
-            optimizer_steps: opt.iter().map(|(k, g)| (*k, g.step)).collect(),
+            optimizer_steps: self
+                .optimizer
+                .groups()
+                .iter()
+                .map(|(k, g)| (*k, g.step))
+                .collect(),
             memory_keys,
             skipped: self.skipped,
             recoveries: self.recoveries,
@@ -297,7 +301,7 @@ impl<T: Transport> Trainer<T> {
             self.model.read_buffers(&mut self.buffers);
         }
         ck.put_f32("buffers", &self.buffers);
-        for (k, g) in &opt {
+        for (k, g) in self.optimizer.groups() {
             ck.put_f32(&format!("opt/{k}/m"), &g.m);
             ck.put_f32(&format!("opt/{k}/v"), &g.v);
         }

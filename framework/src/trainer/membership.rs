@@ -58,11 +58,6 @@ pub(super) struct Live {
 }
 
 impl<T: Transport> Trainer<T> {
-    /// Whether the group may change while the run goes on.
-    pub(super) fn live(&self) -> bool {
-        self.live.is_some()
-    }
-
     /// The session begins at `t`.
     pub(super) fn live_session(&mut self, t: Instant) {
         if let Some(l) = &mut self.live {
@@ -176,7 +171,8 @@ impl<T: Transport> Trainer<T> {
         }
         let l = self.live.as_mut().expect("live");
         l.kept.retain(|(s, _)| *s <= from);
-        let Some((_, ck)) = l.kept.back().filter(|(s, _)| *s == from).cloned() else {
+        // Taken, not copied: the run loop keeps the state of `from` again before it runs it.
+        let Some((_, ck)) = l.kept.pop_back().filter(|(s, _)| *s == from) else {
             return Err(TrainError::Sync {
                 step: reached,
                 reason: format!(
@@ -252,19 +248,7 @@ impl<T: Transport> Trainer<T> {
         // Closed before the files are rewritten (trimming replaces them).
         self.metrics_file = None;
         self.eval_file = None;
-        for (name, keep) in [
-            (
-                "metrics.jsonl",
-                &(|s: u64| s < from) as &dyn Fn(u64) -> bool,
-            ),
-            ("eval.jsonl", &|s: u64| s <= from),
-        ] {
-            let p = out.root.join(name);
-            super::metrics::trim_log(&p, keep).map_err(|source| TrainError::Io {
-                path: p.display().to_string(),
-                source,
-            })?;
-        }
+        super::metrics::trim_records(&out, from)?;
         if !was_rank0 {
             return self.open_logs();
         }

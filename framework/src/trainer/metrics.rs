@@ -21,19 +21,7 @@ impl<T: Transport> Trainer<T> {
                 // failed or was stopped later) are of steps this session runs again. (The
                 // checkpoint's step counts the steps of the run that wrote it: on another
                 // worker count the session goes on from another step number.)
-                for (name, keep) in [
-                    (
-                        "metrics.jsonl",
-                        &(|s: u64| s < start) as &dyn Fn(u64) -> bool,
-                    ),
-                    ("eval.jsonl", &|s: u64| s <= start),
-                ] {
-                    let p = out.root.join(name);
-                    trim_log(&p, keep).map_err(|source| TrainError::Io {
-                        path: p.display().to_string(),
-                        source,
-                    })?;
-                }
+                trim_records(out, start)?;
             }
             let open = |name: &str| open_log(out, name);
             self.metrics_file = Some(open("metrics.jsonl")?);
@@ -105,7 +93,7 @@ impl<T: Transport> Trainer<T> {
 }
 
 /// Opens `name` of the run directory `out` for appending records (created if missing).
-pub(super) fn open_log(out: &super::RunDir, name: &str) -> Result<std::fs::File, TrainError> {
+pub(super) fn open_log(out: &RunDir, name: &str) -> Result<std::fs::File, TrainError> {
     let p = out.root.join(name);
     std::fs::OpenOptions::new()
         .create(true)
@@ -115,6 +103,26 @@ pub(super) fn open_log(out: &super::RunDir, name: &str) -> Result<std::fs::File,
             path: p.display().to_string(),
             source,
         })
+}
+
+/// Drops the records of the steps from `start` on (they are run again) from the run's
+/// `metrics.jsonl`, and from its `eval.jsonl` those after `start` (the evaluation at
+/// `start` is of the state the run goes on from).
+pub(super) fn trim_records(out: &RunDir, start: u64) -> Result<(), TrainError> {
+    for (name, keep) in [
+        (
+            "metrics.jsonl",
+            &(|s: u64| s < start) as &dyn Fn(u64) -> bool,
+        ),
+        ("eval.jsonl", &|s: u64| s <= start),
+    ] {
+        let p = out.root.join(name);
+        trim_log(&p, keep).map_err(|source| TrainError::Io {
+            path: p.display().to_string(),
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 /// Keeps the records of the JSON-lines file at `path` whose `step` passes `keep` (and any

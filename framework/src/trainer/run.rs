@@ -66,13 +66,12 @@ impl<T: Transport> Trainer<T> {
             self.keep_state()?;
             let rec = match self.train_step(epoch, j) {
                 Ok(rec) => rec,
-                Err(e) if self.live() => {
-                    // A lost worker: the others go on from the same step (or the one
-                    // before), without it.
+                Err(e) => {
+                    // Under live membership, a lost worker: the others go on from the same
+                    // step (or the one before), without it. Any other error is returned.
                     self.survive(e, obs)?;
                     continue;
                 }
-                Err(e) => return Err(e),
             };
             match rec {
                 StepOutcome::Done(r) => {
