@@ -27,7 +27,7 @@
 //! (parameters, optimizer, compressor and `[sync]` state) is identical on the survivors.
 //!
 //! **Cost.** Keeping the state is a copy of it before every step (parameters, optimizer
-//! moments, memories): about 10 ms a step on the main job (AlexNet, 2.5 M parameters, FFT
+//! moments, memories): about 7 ms a step on the main job (AlexNet, 2.5 M parameters, FFT
 //! with error feedback; README "Stopping, failures and resuming"), a third of it reading
 //! the parameters out of the model. It is why live membership is not yet the default.
 
