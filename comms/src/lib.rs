@@ -100,7 +100,7 @@ pub mod wire;
 pub use algo::{segment_range, ReduceOp};
 pub use comm::{CommConfig, CommError, Communicator, Membership};
 pub use sparse::{SparseSlice, SparseVec};
-pub use transport::channel::{channel_mesh, ChannelTransport};
+pub use transport::channel::{channel_mesh, ChannelSlots, ChannelTransport};
 #[cfg(feature = "mpi")]
 pub use transport::mpi::{MpiCollectives, MpiTransport};
 pub use transport::mux::{split_ps, split_tagged, Lane};

@@ -76,6 +76,9 @@ pub enum Kind {
     /// Compressed all-reduce (encoded shares to each segment's owner, encoded reduced
     /// segments to every rank, see [`crate::algo::compressed_allreduce`]).
     CompressedAllReduce = 10,
+    /// The group admitted a newcomer: its new epoch and members (see [`Welcome`] and
+    /// [`crate::Communicator::admit`]).
+    Welcome = 11,
 }
 
 impl Kind {
@@ -91,6 +94,7 @@ impl Kind {
             8 => Kind::SparseAllReduce,
             9 => Kind::Dlcp,
             10 => Kind::CompressedAllReduce,
+            11 => Kind::Welcome,
             other => return Err(WireError::Kind(other)),
         })
     }
@@ -486,9 +490,76 @@ impl AbortInfo {
     }
 }
 
+/// What a group tells the newcomer it admitted: the payload of a [`Kind::Welcome`]
+/// message (`epoch u64 | count u32 | count × member u32`, little-endian).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Welcome {
+    /// The membership epoch the newcomer enters.
+    pub epoch: u64,
+    /// The members' transport ranks, in group order (distinct).
+    pub members: Vec<u32>,
+}
+
+impl Welcome {
+    /// Most members a welcome may name.
+    pub const MAX_MEMBERS: usize = 1 << 20;
+
+    /// Encodes as a welcome message with sequence number `seq`.
+    pub fn to_message(&self, seq: u64) -> Message {
+        let mut payload = Vec::with_capacity(12 + 4 * self.members.len());
+        payload.extend_from_slice(&self.epoch.to_le_bytes());
+        payload.extend_from_slice(&(self.members.len() as u32).to_le_bytes());
+        for m in &self.members {
+            payload.extend_from_slice(&m.to_le_bytes());
+        }
+        Message::new(Header::new(Kind::Welcome, Algo::None, seq), &payload)
+    }
+
+    /// Decodes the payload of a welcome message: its length must match its count, which
+    /// is at most [`Welcome::MAX_MEMBERS`], and no member may repeat.
+    pub fn from_payload(p: &[u8]) -> Result<Self, WireError> {
+        if p.len() < 12 {
+            return Err(WireError::Payload("welcome payload length"));
+        }
+        let epoch = u64::from_le_bytes(p[..8].try_into().expect("8 bytes"));
+        let n = u32::from_le_bytes(p[8..12].try_into().expect("4 bytes")) as usize;
+        if n > Self::MAX_MEMBERS || p.len() != 12 + 4 * n {
+            return Err(WireError::Payload("welcome member count"));
+        }
+        let members: Vec<u32> = p[12..]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let distinct: std::collections::BTreeSet<u32> = members.iter().copied().collect();
+        if distinct.len() != members.len() {
+            return Err(WireError::Payload("welcome names a member twice"));
+        }
+        Ok(Welcome { epoch, members })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any bytes decode to a welcome or to an error, never a panic; what decodes
+        /// encodes back to the same bytes.
+        #[test]
+        fn welcome_decoding_takes_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            if let Ok(w) = Welcome::from_payload(&bytes) {
+                let m = w.to_message(0);
+                prop_assert_eq!(m.payload(), &bytes[..]);
+            }
+        }
+
+        #[test]
+        fn welcome_round_trips(epoch in any::<u64>(), members in proptest::collection::btree_set(any::<u32>(), 0..20)) {
+            let w = Welcome { epoch, members: members.into_iter().collect() };
+            prop_assert_eq!(Welcome::from_payload(w.to_message(3).payload()).unwrap(), w);
+        }
+    }
 
     #[test]
     fn header_round_trips_and_forwarding_keeps_payload() {
@@ -533,6 +604,11 @@ mod tests {
         assert!(f32s(&[0u8; 5]).is_err());
         assert!(AbortInfo::from_payload(&[9, 0, 0, 0, 0]).is_err());
         assert!(AbortInfo::from_payload(&[1, 0]).is_err());
+        assert!(Welcome::from_payload(&[0; 11]).is_err());
+        let mut twice = vec![0u8; 12];
+        twice[8] = 2;
+        twice.extend([7, 0, 0, 0, 7, 0, 0, 0]);
+        assert!(Welcome::from_payload(&twice).is_err());
     }
 
     /// The reason codes are wire bytes shared by the collectives and the parameter server:

@@ -66,6 +66,7 @@ fn survivors_of_a_killed_rank_agree_and_go_on() {
                 epoch: 1,
                 members: vec![0, 1, 2],
                 removed: vec![3],
+                added: vec![],
                 rank: p,
             }
         );
@@ -171,5 +172,100 @@ fn half_the_group_goes_on_when_the_other_half_is_gone_for_certain() {
     });
     for o in &out[..2] {
         assert_eq!(o, &Some((vec![0, 1], vec![2, 3], 3.0)));
+    }
+}
+
+/// A newcomer in a lost rank's place: the survivors regroup without it, admit the newcomer
+/// at a point they all reach, and the three run collectives again. Messages the members
+/// send it before the welcome arrives are kept for it.
+#[test]
+fn a_newcomer_takes_a_lost_ranks_place() {
+    let mut mesh = channel_mesh(3);
+    let slots = mesh[0].slots();
+    let lost = mesh.pop().unwrap();
+    let members: Vec<_> = mesh
+        .into_iter()
+        .map(|t| {
+            thread::spawn(move || {
+                let mut c = Communicator::new(t, quick());
+                let e = sums(&mut c, 1000).expect_err("rank 2 is gone");
+                c.regroup(&e.failed_ranks()).unwrap();
+                assert_eq!(sums(&mut c, 1000).unwrap(), 3.0);
+                // Nobody waits yet: nothing to admit, and the group is unchanged.
+                assert_eq!(c.admit().unwrap(), None);
+                assert_eq!(c.epoch(), 1);
+                let m = loop {
+                    if let Some(m) = c.admit().unwrap() {
+                        break m;
+                    }
+                    thread::sleep(Duration::from_millis(5));
+                };
+                let after: Vec<f32> = (0..3).map(|_| sums(&mut c, 5000).unwrap()).collect();
+                (m, after)
+            })
+        })
+        .collect();
+    drop(lost);
+    thread::sleep(Duration::from_millis(300));
+    let newcomer = slots.join(2);
+    let joiner = thread::spawn(move || {
+        let mut c = Communicator::new(newcomer, quick());
+        let m = c.join(Duration::from_secs(10)).unwrap();
+        let after: Vec<f32> = (0..3).map(|_| sums(&mut c, 5000).unwrap()).collect();
+        (m, after)
+    });
+    let (jm, jafter) = joiner.join().unwrap();
+    assert_eq!(jafter, vec![6.0; 3]);
+    assert_eq!(
+        jm,
+        Membership {
+            epoch: 2,
+            members: vec![0, 1, 2],
+            removed: vec![],
+            added: vec![2],
+            rank: 2,
+        }
+    );
+    for (p, h) in members.into_iter().enumerate() {
+        let (m, after) = h.join().unwrap();
+        assert_eq!(after, vec![6.0; 3]);
+        assert_eq!(
+            m,
+            Membership {
+                epoch: 2,
+                members: vec![0, 1, 2],
+                removed: vec![],
+                added: vec![2],
+                rank: p,
+            }
+        );
+    }
+}
+
+/// A newcomer no member expected (its rank's member is alive) is never admitted, and the
+/// group goes on; the newcomer's wait ends at its deadline.
+#[test]
+fn a_newcomer_for_a_live_rank_waits_and_times_out() {
+    let mesh = channel_mesh(2);
+    let slots = mesh[0].slots();
+    let handles: Vec<_> = mesh
+        .into_iter()
+        .map(|t| {
+            thread::spawn(move || {
+                let mut c = Communicator::new(t, quick());
+                for _ in 0..5 {
+                    assert_eq!(c.admit().unwrap(), None);
+                    thread::sleep(Duration::from_millis(20));
+                }
+                sums(&mut c, 10).unwrap()
+            })
+        })
+        .collect();
+    let mut c = Communicator::new(slots.join(1), quick());
+    let e = c.join(Duration::from_millis(300)).unwrap_err();
+    assert!(matches!(e, CommError::Timeout { .. }), "{e}");
+    drop(c);
+    for h in handles {
+        assert_eq!(h.join().unwrap(), 3.0);
     }
 }

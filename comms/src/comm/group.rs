@@ -35,16 +35,28 @@
 //! again and fails with [`CommError::Excluded`], instead of carrying on alone; it may come
 //! back only as a joiner.
 //!
+//! # Admitting newcomers ([`Communicator::admit`], [`Communicator::join`])
+//! A newcomer takes the transport rank of a lost member: its transport connects to the
+//! members, which report it as waiting ([`Transport::joiners`]). At a point every member
+//! reaches together (the trainer: a step boundary), the members call `admit`: one
+//! all-gather of the newcomers each has connected, and the ones *every* member has are
+//! admitted — the transport switches to their connections ([`Transport::admit`]), and the
+//! group of the next epoch is the old members in their order followed by the newcomers
+//! (so no member's group rank changes, and the leader stays). The leader then sends each
+//! newcomer a [`Welcome`] (epoch and members), which the newcomer's `join` waits for; from
+//! there on the newcomer is a member like the others, at the same sequence numbers.
+//! A newcomer some member has not (yet) seen is left waiting for a later `admit`.
+//!
 //! The ranks a `regroup` names ([`Membership::members`], [`Membership::removed`]) are the
 //! transport's: stable for the life of the run, unlike the group indices, which shift down
 //! past a removed rank.
 
 use std::collections::BTreeSet;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{CommError, Communicator};
 use crate::transport::{ByteCount, Transport, TransportError};
-use crate::wire::{AbortInfo, AbortReason};
+use crate::wire::{AbortInfo, AbortReason, Kind, Message, Welcome};
 
 /// The sequence numbers of membership epoch `e` start at `e · EPOCH_SEQ`: far above any
 /// count of collectives a run makes in one epoch.
@@ -58,7 +70,11 @@ const GROUP_SEQ: u64 = 1 << 32;
 /// so it is never dropped as stale.
 const NOTICE_SEQ: u64 = u64::MAX - 1;
 
-/// The group a [`Communicator::regroup`] agreed on.
+/// The sequence number of a [`Welcome`] (never stale either).
+const WELCOME_SEQ: u64 = u64::MAX - 2;
+
+/// The group a [`Communicator::regroup`], [`Communicator::admit`] or
+/// [`Communicator::join`] agreed on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Membership {
     /// The membership epoch: 0 for the first group, one more at each change.
@@ -67,6 +83,8 @@ pub struct Membership {
     pub members: Vec<usize>,
     /// The transport ranks this change removed.
     pub removed: Vec<usize>,
+    /// The transport ranks this change admitted (newcomers).
+    pub added: Vec<usize>,
     /// This rank's index in the group.
     pub rank: usize,
 }
@@ -102,6 +120,10 @@ impl<T: Transport> Grouped<T> {
 
     pub(crate) fn inner(&self) -> &T {
         &self.inner
+    }
+
+    fn inner_mut(&mut self) -> &mut T {
+        &mut self.inner
     }
 
     pub(crate) fn epoch(&self) -> u64 {
@@ -381,7 +403,139 @@ impl<T: Transport> Communicator<T> {
             epoch,
             members,
             removed,
+            added: Vec::new(),
             rank,
         })
+    }
+
+    /// The newcomers connected to this rank and waiting to be admitted: transport ranks
+    /// that are not members (see [`Transport::joiners`]).
+    pub fn waiting_joiners(&mut self) -> Vec<usize> {
+        let mut w = self.transport.inner_mut().joiners();
+        w.retain(|&p| self.transport.index[p].is_none());
+        w
+    }
+
+    /// Admits the newcomers every member has connected (see the [module docs](self)): a
+    /// collective of the current group, which every member must call at the same point.
+    /// `None` when there is none to admit (this time); otherwise the group of the new
+    /// epoch, which this communicator now runs over, and whose leader has welcomed them.
+    pub fn admit(&mut self) -> Result<Option<Membership>, CommError> {
+        let mine = self.waiting_joiners();
+        let bytes: Vec<u8> = mine
+            .iter()
+            .flat_map(|&p| (p as u32).to_le_bytes())
+            .collect();
+        let sets = self.all_gather(&bytes)?;
+        let world = self.transport.inner().world_size();
+        let mut agreed: BTreeSet<usize> = mine.into_iter().collect();
+        for (r, s) in sets.iter().enumerate() {
+            if s.len() % 4 != 0 {
+                return Err(CommError::Protocol {
+                    rank: self.transport.physical(r),
+                    reported_by: self.transport.inner().rank(),
+                    detail: format!("a set of newcomers of {} bytes", s.len()),
+                });
+            }
+            let theirs: BTreeSet<usize> = s
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize)
+                .filter(|&p| p < world)
+                .collect();
+            agreed = agreed.intersection(&theirs).copied().collect();
+        }
+        if agreed.is_empty() {
+            return Ok(None);
+        }
+        for &p in &agreed {
+            self.transport.inner_mut().admit(p)?;
+            self.transport.gone[p] = None;
+        }
+        let epoch = self.transport.epoch() + 1;
+        let added: Vec<usize> = agreed.into_iter().collect();
+        let mut members = self.transport.members().to_vec();
+        members.extend(&added);
+        self.enter(epoch, members.clone(), epoch * EPOCH_SEQ + GROUP_SEQ);
+        let rank = self.transport.rank();
+        if rank == 0 {
+            let welcome = Welcome {
+                epoch,
+                members: members.iter().map(|&p| p as u32).collect(),
+            }
+            .to_message(WELCOME_SEQ)
+            .into_bytes();
+            for &p in &added {
+                let r = self.transport.index[p].expect("a member now");
+                self.transport.send(r, welcome.clone())?;
+            }
+        }
+        Ok(Some(Membership {
+            epoch,
+            members,
+            removed: Vec::new(),
+            added,
+            rank,
+        }))
+    }
+
+    /// A newcomer's communicator (its transport holding a lost member's rank) waits, for
+    /// at most `timeout`, until the group admits it ([`Communicator::admit`]) and welcomes
+    /// it; it is then a member of the group of the welcome's epoch. What members send it
+    /// before the welcome arrives is kept for the collectives it belongs to.
+    pub fn join(&mut self, timeout: Duration) -> Result<Membership, CommError> {
+        let me = self.transport.inner().rank();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let before = self.transport.bytes().received;
+            let (from, bytes) = match self.transport.recv(deadline) {
+                Ok(m) => m,
+                Err(TransportError::Timeout) => {
+                    return Err(CommError::Timeout {
+                        timeout,
+                        ranks: Vec::new(),
+                    })
+                }
+                // A lost rank whose place is still empty, or a member that went meanwhile
+                // (the group's business once this rank is in it).
+                Err(TransportError::Closed { .. } | TransportError::PeerSilent { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let n = self.transport.bytes().received - before;
+            let msg = Message::decode(bytes).map_err(|e| CommError::Protocol {
+                rank: from,
+                reported_by: me,
+                detail: e.to_string(),
+            })?;
+            if msg.header().kind != Kind::Welcome {
+                if msg.header().kind != Kind::Abort {
+                    self.stash.push_back((from, msg, n));
+                }
+                continue;
+            }
+            let w = Welcome::from_payload(msg.payload()).map_err(|e| CommError::Protocol {
+                rank: from,
+                reported_by: me,
+                detail: e.to_string(),
+            })?;
+            let members: Vec<usize> = w.members.iter().map(|&p| p as usize).collect();
+            let world = self.transport.inner().world_size();
+            if !members.contains(&me) || members.iter().any(|&p| p >= world) {
+                return Err(CommError::Protocol {
+                    rank: from,
+                    reported_by: me,
+                    detail: format!(
+                        "a welcome into members {members:?}, which do not hold this rank                          ({me} of {world})"
+                    ),
+                });
+            }
+            self.enter(w.epoch, members.clone(), w.epoch * EPOCH_SEQ + GROUP_SEQ);
+            return Ok(Membership {
+                epoch: w.epoch,
+                added: vec![me],
+                removed: Vec::new(),
+                rank: self.transport.rank(),
+                members,
+            });
+        }
     }
 }

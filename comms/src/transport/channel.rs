@@ -4,11 +4,54 @@
 //! rank's transport closes its "connections": every peer's [`Transport::recv`] reports
 //! [`TransportError::Closed`] for it after the messages it sent, exactly as a TCP peer that
 //! exits.
+//!
+//! A lost rank's place can be taken by a newcomer ([`ChannelSlots::join`]): the ranks see
+//! it waiting ([`Transport::joiners`]) and switch to it when they admit it. The driver
+//! assumes the predecessor is gone (its transport dropped) by then: a predecessor still
+//! sending would be taken for the newcomer.
 
 use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::{check_peer, ByteCount, Event, Inbox, Transport, TransportError};
+
+/// Every rank's inbox sender, and how many times its rank was taken by a newcomer.
+#[derive(Debug)]
+struct Registry {
+    txs: Vec<Sender<Event>>,
+    generation: Vec<u64>,
+}
+
+/// The ranks of an in-process mesh, to give a lost one's place to a newcomer: see
+/// [`ChannelTransport::slots`].
+#[derive(Debug, Clone)]
+pub struct ChannelSlots(Arc<Mutex<Registry>>);
+
+impl ChannelSlots {
+    /// A newcomer for `rank` of the mesh (a rank whose transport was dropped): the other
+    /// ranks report it in [`Transport::joiners`] until they admit it.
+    ///
+    /// # Panics
+    /// If `rank` is outside the mesh.
+    pub fn join(&self, rank: usize) -> ChannelTransport {
+        let mut reg = self.0.lock().expect("registry");
+        let world = reg.txs.len();
+        assert!(rank < world, "rank {rank} of a mesh of {world}");
+        let (tx, rx) = channel();
+        reg.txs[rank] = tx.clone();
+        reg.generation[rank] += 1;
+        ChannelTransport {
+            rank,
+            world,
+            peers: reg.txs.clone(),
+            known: reg.generation.clone(),
+            registry: self.clone(),
+            inbox: Inbox::new(rx, tx, world, 0),
+            sent: 0,
+        }
+    }
+}
 
 /// One rank of an in-process mesh built by [`channel_mesh`].
 #[derive(Debug)]
@@ -16,6 +59,9 @@ pub struct ChannelTransport {
     rank: usize,
     world: usize,
     peers: Vec<Sender<Event>>,
+    /// The generation of each peer's sender in `peers` (see [`Registry`]).
+    known: Vec<u64>,
+    registry: ChannelSlots,
     inbox: Inbox,
     sent: u64,
 }
@@ -23,16 +69,29 @@ pub struct ChannelTransport {
 /// Builds `world` connected in-process transports; element `r` is rank `r`.
 pub fn channel_mesh(world: usize) -> Vec<ChannelTransport> {
     let (txs, rxs): (Vec<_>, Vec<_>) = (0..world).map(|_| channel()).unzip();
+    let registry = ChannelSlots(Arc::new(Mutex::new(Registry {
+        txs: txs.clone(),
+        generation: vec![0; world],
+    })));
     rxs.into_iter()
         .enumerate()
         .map(|(rank, rx)| ChannelTransport {
             rank,
             world,
             peers: txs.clone(),
+            known: vec![0; world],
+            registry: registry.clone(),
             inbox: Inbox::new(rx, txs[rank].clone(), world, 0),
             sent: 0,
         })
         .collect()
+}
+
+impl ChannelTransport {
+    /// The ranks of this transport's mesh, to start a newcomer in a lost rank's place.
+    pub fn slots(&self) -> ChannelSlots {
+        self.registry.clone()
+    }
 }
 
 impl Transport for ChannelTransport {
@@ -68,6 +127,30 @@ impl Transport for ChannelTransport {
             sent: self.sent,
             received: self.inbox.received(),
         }
+    }
+
+    fn joiners(&mut self) -> Vec<usize> {
+        let reg = self.registry.0.lock().expect("registry");
+        (0..self.world)
+            .filter(|&p| p != self.rank && reg.generation[p] > self.known[p])
+            .collect()
+    }
+
+    fn admit(&mut self, rank: usize) -> Result<(), TransportError> {
+        check_peer(rank, self.rank, self.world)?;
+        let reg = self.registry.0.lock().expect("registry");
+        if reg.generation[rank] == self.known[rank] {
+            return Err(TransportError::Handshake {
+                peer: format!("rank {rank}"),
+                detail: "no newcomer is waiting for this rank".into(),
+            });
+        }
+        // The predecessor is gone: all it sent is queued, so the marker goes right behind.
+        self.inbox.admitting(rank);
+        self.inbox.admitted(rank);
+        self.peers[rank] = reg.txs[rank].clone();
+        self.known[rank] = reg.generation[rank];
+        Ok(())
     }
 }
 

@@ -166,7 +166,7 @@ pub(crate) async fn mesh<L: Link>(
         tokio::select! {
             r = link.accept(), if accepting => match r {
                 Ok(inc) => {
-                    accepts.spawn(accept_one::<L>(inc, rank, world, token.to_vec(), deadline));
+                    accepts.spawn(accept_one::<L>(inc, rank, world, token.to_vec(), deadline, false));
                 }
                 Err(Failed::Retry(e)) => warn!("rank {rank}: accept failed: {e}"),
                 Err(Failed::Final(detail)) => {
@@ -215,17 +215,60 @@ pub(crate) async fn mesh<L: Link>(
         .collect())
 }
 
-/// Opens an incoming connection and checks its hello; refuses it on any failure.
-async fn accept_one<L: Link>(
+/// A newcomer's connections, taking rank `rank`'s place in a running mesh: it dials every
+/// other rank, each within `per_peer` (a lost rank's address refuses, or a frozen one does
+/// not answer its hello: such ranks are left out and logged). Returns the connections
+/// made, in rank order.
+pub(crate) async fn join_mesh<L: Link>(
+    link: Arc<L>,
+    rank: usize,
+    peers: &[SocketAddr],
+    token: &[u8],
+    per_peer: Duration,
+) -> Vec<Conn<L>> {
+    let world = peers.len();
+    let deadline = tokio::time::Instant::now() + per_peer;
+    let mut dials = JoinSet::new();
+    for (p, addr) in peers.iter().enumerate().filter(|&(p, _)| p != rank) {
+        dials.spawn(dial(
+            link.clone(),
+            rank,
+            world,
+            p,
+            *addr,
+            token.to_vec(),
+            deadline,
+        ));
+    }
+    let mut conns = Vec::new();
+    while let Some(r) = dials.join_next().await {
+        match r {
+            Ok(Ok(c)) => conns.push(c),
+            Ok(Err(e)) => debug!("rank {rank} (joining): left out: {e}"),
+            Err(e) => warn!("rank {rank} (joining): a dial failed: {e}"),
+        }
+    }
+    conns.sort_by_key(|c| c.0);
+    conns
+}
+
+/// Opens an incoming connection and checks its hello; refuses it on any failure. A
+/// `joining` dialer (a newcomer taking a lost rank's place) may claim any other rank; at
+/// set-up only higher ranks dial.
+pub(crate) async fn accept_one<L: Link>(
     inc: L::Incoming,
     rank: usize,
     world: usize,
     token: Vec<u8>,
     deadline: tokio::time::Instant,
+    joining: bool,
 ) -> Result<Conn<L>, String> {
     let (addr, mut s) = L::open_incoming(inc, deadline).await?;
     let mut buf = BytesMut::new();
-    match check_hello::<L>(&mut s, &mut buf, addr, rank, world, &token, deadline).await {
+    let hello = check_hello::<L>(
+        &mut s, &mut buf, addr, rank, world, &token, deadline, joining,
+    );
+    match hello.await {
         Ok(p) => Ok((p, s, buf)),
         Err(why) => {
             L::refuse(&s, b"refused");
@@ -235,7 +278,8 @@ async fn accept_one<L: Link>(
 }
 
 /// Reads the dialer's hello from `s` and checks it: the run token, and a higher rank of
-/// this world. Returns the dialer's rank.
+/// this world (any other rank of it when `joining`). Returns the dialer's rank.
+#[allow(clippy::too_many_arguments)]
 async fn check_hello<L: Link>(
     s: &mut L::Stream,
     buf: &mut BytesMut,
@@ -244,6 +288,7 @@ async fn check_hello<L: Link>(
     world: usize,
     token: &[u8],
     deadline: tokio::time::Instant,
+    joining: bool,
 ) -> Result<usize, String> {
     let f = tokio::time::timeout_at(deadline, read_frame(L::reader(s), buf, MAX_HELLO_FRAME))
         .await
@@ -256,7 +301,8 @@ async fn check_hello<L: Link>(
         return Err(format!("{addr}: wrong run token"));
     }
     let p = h.rank as usize;
-    if h.world as usize != world || p <= rank || p >= world {
+    let lower = if joining { p == rank } else { p <= rank };
+    if h.world as usize != world || lower || p >= world {
         return Err(format!(
             "{addr}: unexpected rank {p} / world {} (this is rank {rank} of {world})",
             h.world
@@ -378,6 +424,22 @@ impl<Q: Queue> Peers<Q> {
     /// Sends to `peer` through `queue` from now on.
     pub(crate) fn connect(&mut self, peer: usize, queue: Q) {
         self.queues[peer] = Some(queue);
+    }
+
+    /// Rank `peer`'s connection is being replaced by a newcomer's (see
+    /// [`Transport::admit`]): its old queue is closed, and what its old connection delivered
+    /// is dropped up to the marker queued here, which the caller queues once the old
+    /// connection's reader has ended and before the new one's starts.
+    pub(crate) fn replace(&mut self, peer: usize) {
+        self.queues[peer] = None;
+        self.inbox.admitting(peer);
+        self.inbox.admitted(peer);
+    }
+
+    /// Rank `peer` could not be reached (a newcomer's transport): reported closed.
+    pub(crate) fn unreachable(&mut self, peer: usize) {
+        self.queues[peer] = None;
+        self.inbox.closed(peer);
     }
 
     /// Closes every queue: each writer sends what is queued and then finishes.

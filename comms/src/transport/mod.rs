@@ -152,6 +152,28 @@ pub trait Transport: Send {
     fn recv_from(&mut self, from: usize, deadline: Instant) -> Result<Vec<u8>, TransportError>;
     /// Cumulative bytes sent and received.
     fn bytes(&self) -> ByteCount;
+
+    /// Newcomers waiting to take the place of a lost peer: the ranks for which one has
+    /// connected to this rank and authenticated (claiming that rank), not yet admitted.
+    /// Only drivers that accept joiners report any (the in-process driver, and TCP under
+    /// live membership); the default is none. See [`Transport::admit`].
+    fn joiners(&mut self) -> Vec<usize> {
+        Vec::new()
+    }
+
+    /// Makes the newcomer waiting for `rank` ([`Transport::joiners`]) that rank's peer
+    /// from now on, in place of its lost predecessor: the old connection is closed if it
+    /// was not, and nothing it delivered after this call is reported (a late close of the
+    /// old connection must not be taken for the newcomer's). The caller decides when —
+    /// every rank of the group admits at the same point of its collectives, see
+    /// [`crate::Communicator::admit`]. Fails for a rank with no waiting newcomer, and on
+    /// drivers that accept none.
+    fn admit(&mut self, rank: usize) -> Result<(), TransportError> {
+        Err(TransportError::Handshake {
+            peer: format!("rank {rank}"),
+            detail: "this transport does not accept joiners".into(),
+        })
+    }
 }
 
 impl<T: Transport + ?Sized> Transport for Box<T> {
@@ -172,6 +194,12 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn bytes(&self) -> ByteCount {
         (**self).bytes()
+    }
+    fn joiners(&mut self) -> Vec<usize> {
+        (**self).joiners()
+    }
+    fn admit(&mut self, rank: usize) -> Result<(), TransportError> {
+        (**self).admit(rank)
     }
 }
 
@@ -220,6 +248,10 @@ pub(crate) enum Event {
     /// (Only the socket drivers, features `tcp` / `quic`, have heartbeats.)
     #[cfg_attr(not(any(feature = "tcp", feature = "quic")), allow(dead_code))]
     Silent(usize, Duration),
+    /// A peer's rank was given to a newcomer ([`Transport::admit`]): what the inbox
+    /// received for that rank before this marker was its predecessor's, and is dropped;
+    /// what follows is the newcomer's.
+    Admitted(usize),
 }
 
 /// The receive side shared by the drivers: one queue of [`Event`]s, plus the events that
@@ -228,9 +260,12 @@ pub(crate) enum Event {
 pub(crate) struct Inbox {
     rx: Receiver<Event>,
     /// Keeps the queue connected even when every peer is gone.
-    _keep: Sender<Event>,
+    keep: Sender<Event>,
     skipped: VecDeque<Event>,
     closed: Vec<bool>,
+    /// Ranks given to a newcomer whose [`Event::Admitted`] marker is still ahead in the
+    /// queue: their events until then are the predecessor's, and are dropped.
+    admitting: Vec<bool>,
     received: u64,
     overhead: u64,
 }
@@ -246,9 +281,10 @@ impl Inbox {
     ) -> Self {
         Inbox {
             rx,
-            _keep: keep,
+            keep,
             skipped: VecDeque::new(),
             closed: vec![false; world],
+            admitting: vec![false; world],
             received: 0,
             overhead,
         }
@@ -259,17 +295,60 @@ impl Inbox {
     }
 
     fn next_event(&mut self, deadline: Instant) -> Result<Event, TransportError> {
-        let now = Instant::now();
-        if now >= deadline {
-            // Still take what is already there.
-            return self.rx.try_recv().map_err(|_| TransportError::Timeout);
-        }
-        match self.rx.recv_timeout(deadline - now) {
-            Ok(e) => Ok(e),
-            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
-                Err(TransportError::Timeout)
+        loop {
+            let now = Instant::now();
+            let e = if now >= deadline {
+                // Still take what is already there.
+                self.rx.try_recv().map_err(|_| TransportError::Timeout)?
+            } else {
+                match self.rx.recv_timeout(deadline - now) {
+                    Ok(e) => e,
+                    Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
+                        return Err(TransportError::Timeout)
+                    }
+                }
+            };
+            if let Some(e) = self.screen(e) {
+                return Ok(e);
             }
         }
+    }
+
+    /// Drops what a replaced peer's connection delivered before its [`Event::Admitted`]
+    /// marker, and takes the marker itself.
+    fn screen(&mut self, e: Event) -> Option<Event> {
+        match e {
+            Event::Admitted(p) => {
+                self.admitting[p] = false;
+                self.closed[p] = false;
+                None
+            }
+            Event::Msg(p, _) | Event::Closed(p) | Event::Silent(p, _) if self.admitting[p] => None,
+            e => Some(e),
+        }
+    }
+
+    /// Rank `p` is being given to a newcomer: from now until the [`Event::Admitted`] marker
+    /// the caller queues behind everything its predecessor's connection delivered, events
+    /// for `p` are the predecessor's, and are dropped (those already set aside included).
+    pub(crate) fn admitting(&mut self, p: usize) {
+        self.admitting[p] = true;
+        self.skipped.retain(
+            |e| !matches!(e, Event::Msg(f, _) | Event::Closed(f) | Event::Silent(f, _) if *f == p),
+        );
+    }
+
+    /// Queues the [`Event::Admitted`] marker of rank `p`: once everything its predecessor's
+    /// connection delivered is queued (and before the newcomer's connection delivers).
+    pub(crate) fn admitted(&self, p: usize) {
+        let _ = self.keep.send(Event::Admitted(p));
+    }
+
+    /// Queues rank `p`'s connection as closed (a newcomer's transport: a rank it could not
+    /// reach).
+    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
+    pub(crate) fn closed(&self, p: usize) {
+        let _ = self.keep.send(Event::Closed(p));
     }
 
     fn deliver(&mut self, e: Event) -> Result<(usize, Vec<u8>), TransportError> {
@@ -286,6 +365,7 @@ impl Inbox {
                 self.closed[rank] = true;
                 Err(TransportError::PeerSilent { rank, silent_for })
             }
+            Event::Admitted(_) => unreachable!("markers are taken by Inbox::screen"),
         }
     }
 
@@ -304,6 +384,7 @@ impl Inbox {
     ) -> Result<Vec<u8>, TransportError> {
         let pos = self.skipped.iter().position(|e| match e {
             Event::Msg(f, _) | Event::Closed(f) | Event::Silent(f, _) => *f == from,
+            Event::Admitted(_) => false,
         });
         if let Some(i) = pos {
             let e = self.skipped.remove(i).expect("index from position");

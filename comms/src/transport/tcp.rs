@@ -11,8 +11,19 @@
 //! [`TcpConfig::connect_timeout`] passes. This set-up is shared with QUIC (`mesh.rs`);
 //! what is TCP's own is the connection: a plain socket with `TCP_NODELAY`.
 //!
+//! # Newcomers
+//! With [`TcpConfig::accept_joiners`] (live membership) the listener stays open after
+//! set-up, on the set-up runtime, which is kept for it: a newcomer taking a lost rank's
+//! place ([`TcpTransport::join`]) dials every rank, says hello claiming the lost rank (any
+//! rank but the acceptor's), and is answered and kept waiting — reported by
+//! [`Transport::joiners`] — until the group admits it ([`Transport::admit`]: the
+//! predecessor's connection is shut down, its reader joined, and the newcomer's reader and
+//! writer take over). A rank the newcomer cannot reach within a few seconds (lost, frozen)
+//! is reported closed to it.
+//!
 //! # Data path
-//! Set-up runs on a small tokio runtime that is shut down once the mesh is built. Each
+//! Set-up runs on a small tokio runtime that is shut down once the mesh is built (kept
+//! for the listener when the transport accepts newcomers). Each
 //! connection then has a blocking reader thread (parses frames into the rank's inbox; a
 //! closed or broken connection becomes [`TransportError::Closed`]) and a blocking writer
 //! thread fed by an unbounded queue, so [`Transport::send`] never blocks on the peer (see
@@ -43,17 +54,21 @@
 //! [`Transport`]: super::Transport
 //! [`Transport::send`]: super::Transport::send
 
+use std::collections::BTreeMap;
 use std::net::{Shutdown, SocketAddr};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use bytes::BytesMut;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Runtime;
+use tracing::{info, warn};
 
-use super::mesh::{check_setup, mesh, runtime, transport_via_peers, Failed, Link, Peers};
-use super::stream::Outgoing;
+use super::mesh::{accept_one, check_setup, join_mesh, mesh, runtime, Conn, Failed, Link, Peers};
+use super::stream::{write_hello, Outgoing};
 use super::threaded::{read_loop, write_loop};
-use super::{Inbox, OnEvent, TransportError};
+use super::{check_peer, ByteCount, Event, Inbox, OnEvent, Transport, TransportError};
 use crate::frame::FRAME_HEADER_LEN;
 use crate::shaping::LinkSpec;
 
@@ -89,6 +104,10 @@ pub struct TcpConfig {
     /// Called by the reader threads after each event they queue for this rank (see
     /// [`OnEvent`]). Default `None`.
     pub on_event: Option<OnEvent>,
+    /// Keep the listener open after set-up and accept newcomers that take a lost rank's
+    /// place ([`TcpTransport::join`]; reported by [`Transport::joiners`], switched to by
+    /// [`Transport::admit`]): live membership. Default `false`.
+    pub accept_joiners: bool,
 }
 
 impl std::fmt::Debug for TcpConfig {
@@ -103,6 +122,7 @@ impl std::fmt::Debug for TcpConfig {
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("peer_timeout", &self.peer_timeout)
             .field("on_event", &self.on_event)
+            .field("accept_joiners", &self.accept_joiners)
             .finish()
     }
 }
@@ -120,6 +140,7 @@ impl TcpConfig {
             heartbeat_interval: Some(Duration::from_secs(1)),
             peer_timeout: Some(Duration::from_secs(10)),
             on_event: None,
+            accept_joiners: false,
         }
     }
 }
@@ -127,15 +148,45 @@ impl TcpConfig {
 /// One rank of a TCP mesh (see the [module docs](self)).
 #[derive(Debug)]
 pub struct TcpTransport {
+    rank: usize,
     peers: Peers<mpsc::Sender<Outgoing>>,
     linger: Duration,
     /// Disconnects once every writer thread has returned.
     writers_done: mpsc::Receiver<()>,
-    readers: Vec<JoinHandle<()>>,
+    /// The writers' side of `writers_done` for the writers of newcomers (dropped first on
+    /// drop, so that the last writer's return disconnects it).
+    done_tx: Option<mpsc::Sender<()>>,
+    /// The inbox's sender, for the readers of newcomers.
+    events: mpsc::Sender<Event>,
+    /// Per peer: its connection's reader thread.
+    readers: Vec<Option<JoinHandle<()>>>,
     writer_threads: Vec<JoinHandle<()>>,
-    /// One handle per connection, to shut it down on drop.
-    streams: Vec<std::net::TcpStream>,
+    /// Per peer: a handle of its connection, to shut it down on drop or when replaced.
+    streams: Vec<Option<std::net::TcpStream>>,
+    max_frame: usize,
+    peer_timeout: Option<Duration>,
+    heartbeat: Option<Duration>,
+    on_event: Option<OnEvent>,
+    /// Newcomers (with [`TcpConfig::accept_joiners`]).
+    joining: Option<Joining>,
 }
+
+/// The listener kept open for newcomers, and the newcomers waiting to be admitted.
+#[derive(Debug)]
+struct Joining {
+    /// Runs the accept loop ([`accept_newcomers`]).
+    _rt: Runtime,
+    arrived: mpsc::Receiver<Newcomer>,
+    /// The latest newcomer per rank.
+    waiting: BTreeMap<usize, (std::net::TcpStream, BytesMut)>,
+}
+
+/// An authenticated newcomer's connection: the rank it claims, the socket, and the bytes
+/// read past its hello.
+type Newcomer = (usize, std::net::TcpStream, BytesMut);
+
+/// How long a newcomer may take to say hello, and a member to answer a newcomer's dial.
+const JOIN_HELLO: Duration = Duration::from_secs(5);
 
 impl TcpTransport {
     /// Connects rank `rank` to every other rank: `peers[i]` is rank `i`'s listening
@@ -158,12 +209,65 @@ impl TcpTransport {
         )?;
         let rt = runtime(cfg.io_threads, "dtrain-comms-tcp")?;
         listener.set_nonblocking(true)?;
-        let conns = rt.block_on(async {
+        let (link, conns) = rt.block_on(async {
             let link = Arc::new(TcpLink {
                 listener: TcpListener::from_std(listener)?,
             });
-            mesh(link, rank, peers, &cfg.token, cfg.connect_timeout).await
+            let conns = mesh(link.clone(), rank, peers, &cfg.token, cfg.connect_timeout).await?;
+            Ok::<_, TransportError>((link, conns))
         })?;
+        Self::build(rank, world, rt, link, conns, cfg)
+    }
+
+    /// A newcomer taking rank `rank`'s place in a running mesh (its predecessor lost):
+    /// dials every other rank at `peers` (each within a few seconds; the ranks that do not
+    /// answer — lost ones, frozen ones — are reported closed), and waits to be admitted
+    /// by the ranks it reached, which must run with [`TcpConfig::accept_joiners`] (see
+    /// [`crate::Communicator::join`]). Fails when it reaches no rank at all.
+    pub fn join(
+        rank: usize,
+        peers: &[SocketAddr],
+        listener: std::net::TcpListener,
+        cfg: TcpConfig,
+    ) -> Result<Self, TransportError> {
+        let world = peers.len();
+        check_setup(
+            rank,
+            world,
+            &cfg.token,
+            cfg.heartbeat_interval,
+            cfg.peer_timeout,
+        )?;
+        let rt = runtime(cfg.io_threads, "dtrain-comms-tcp")?;
+        listener.set_nonblocking(true)?;
+        let per_peer = cfg.connect_timeout.min(JOIN_HELLO);
+        let (link, conns) = rt.block_on(async {
+            let link = Arc::new(TcpLink {
+                listener: TcpListener::from_std(listener)?,
+            });
+            let conns = join_mesh(link.clone(), rank, peers, &cfg.token, per_peer).await;
+            Ok::<_, TransportError>((link, conns))
+        })?;
+        if conns.is_empty() && world > 1 {
+            return Err(TransportError::Handshake {
+                peer: format!("every rank of {peers:?}"),
+                detail: format!("joining as rank {rank}: none answered within {per_peer:?}"),
+            });
+        }
+        Self::build(rank, world, rt, link, conns, cfg)
+    }
+
+    /// The transport over the connections `conns` made on `rt` (kept, with the listener of
+    /// `link`, when the transport accepts newcomers; shut down otherwise). Ranks without a
+    /// connection are reported closed.
+    fn build(
+        rank: usize,
+        world: usize,
+        rt: Runtime,
+        link: Arc<TcpLink>,
+        conns: Vec<Conn<TcpLink>>,
+        cfg: TcpConfig,
+    ) -> Result<Self, TransportError> {
         let conns = {
             let _rt = rt.enter();
             conns
@@ -175,44 +279,138 @@ impl TcpTransport {
                 })
                 .collect::<Result<Vec<_>, std::io::Error>>()?
         };
-        rt.shutdown_background();
+        let joining = if cfg.accept_joiners {
+            let (tx, arrived) = mpsc::channel();
+            rt.spawn(accept_newcomers(link, rank, world, cfg.token.clone(), tx));
+            Some(Joining {
+                _rt: rt,
+                arrived,
+                waiting: BTreeMap::new(),
+            })
+        } else {
+            drop(link);
+            rt.shutdown_background();
+            None
+        };
         let (tx, rx) = mpsc::channel();
         let (done_tx, writers_done) = mpsc::channel();
         let inbox = Inbox::new(rx, tx.clone(), world, FRAME_HEADER_LEN as u64);
-        let mut mesh = Peers::new(rank, world, cfg.max_frame, &cfg.link, inbox);
-        let (mut readers, mut writer_threads) = (Vec::new(), Vec::new());
-        let mut streams = Vec::new();
-        for (peer, stream, buf) in conns {
-            let (rd, wr) = (stream.try_clone()?, stream.try_clone()?);
-            streams.push(stream);
-            let (tx, max, quiet) = (tx.clone(), cfg.max_frame, cfg.peer_timeout);
-            let on_event = cfg.on_event.clone();
-            readers.push(
-                std::thread::Builder::new()
-                    .name(format!("dtrain-tcp-rd{peer}"))
-                    .spawn(move || read_loop(peer, rd, &buf, tx, on_event, max, quiet))?,
-            );
-            let (wtx, wrx) = mpsc::channel();
-            let (done, beat) = (done_tx.clone(), cfg.heartbeat_interval);
-            writer_threads.push(
-                std::thread::Builder::new()
-                    .name(format!("dtrain-tcp-wr{peer}"))
-                    .spawn(move || write_loop(peer, wr, wrx, done, beat))?,
-            );
-            mesh.connect(peer, wtx);
-        }
-        Ok(TcpTransport {
-            peers: mesh,
+        let mut t = TcpTransport {
+            rank,
+            peers: Peers::new(rank, world, cfg.max_frame, &cfg.link, inbox),
             linger: cfg.linger,
             writers_done,
-            readers,
-            writer_threads,
-            streams,
-        })
+            done_tx: Some(done_tx),
+            events: tx,
+            readers: (0..world).map(|_| None).collect(),
+            writer_threads: Vec::new(),
+            streams: (0..world).map(|_| None).collect(),
+            max_frame: cfg.max_frame,
+            peer_timeout: cfg.peer_timeout,
+            heartbeat: cfg.heartbeat_interval,
+            on_event: cfg.on_event,
+            joining,
+        };
+        let mut connected = vec![false; world];
+        for (peer, stream, buf) in conns {
+            connected[peer] = true;
+            t.start(peer, stream, buf)?;
+        }
+        for p in (0..world).filter(|&p| p != rank && !connected[p]) {
+            t.peers.unreachable(p);
+        }
+        Ok(t)
+    }
+
+    /// Starts the reader and writer threads of `peer`'s connection `stream` (`buf`: bytes
+    /// read past its hello) and sends to `peer` through it from now on.
+    fn start(
+        &mut self,
+        peer: usize,
+        stream: std::net::TcpStream,
+        buf: BytesMut,
+    ) -> Result<(), TransportError> {
+        let (rd, wr) = (stream.try_clone()?, stream.try_clone()?);
+        self.streams[peer] = Some(stream);
+        let (tx, max, quiet) = (self.events.clone(), self.max_frame, self.peer_timeout);
+        let on_event = self.on_event.clone();
+        self.readers[peer] = Some(
+            std::thread::Builder::new()
+                .name(format!("dtrain-tcp-rd{peer}"))
+                .spawn(move || read_loop(peer, rd, &buf, tx, on_event, max, quiet))?,
+        );
+        let (wtx, wrx) = mpsc::channel();
+        let done = self.done_tx.clone().expect("not dropped yet");
+        let beat = self.heartbeat;
+        self.writer_threads.push(
+            std::thread::Builder::new()
+                .name(format!("dtrain-tcp-wr{peer}"))
+                .spawn(move || write_loop(peer, wr, wrx, done, beat))?,
+        );
+        self.peers.connect(peer, wtx);
+        Ok(())
     }
 }
 
-transport_via_peers!(TcpTransport, peers);
+impl Transport for TcpTransport {
+    fn rank(&self) -> usize {
+        self.peers.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.peers.world_size()
+    }
+    fn send(&mut self, to: usize, msg: Vec<u8>) -> Result<(), TransportError> {
+        self.peers.send(to, msg)
+    }
+    fn recv(&mut self, deadline: std::time::Instant) -> Result<(usize, Vec<u8>), TransportError> {
+        self.peers.recv(deadline)
+    }
+    fn recv_from(
+        &mut self,
+        from: usize,
+        deadline: std::time::Instant,
+    ) -> Result<Vec<u8>, TransportError> {
+        self.peers.recv_from(from, deadline)
+    }
+    fn bytes(&self) -> ByteCount {
+        self.peers.bytes()
+    }
+
+    fn joiners(&mut self) -> Vec<usize> {
+        let Some(j) = &mut self.joining else {
+            return Vec::new();
+        };
+        while let Ok((p, s, buf)) = j.arrived.try_recv() {
+            // A newcomer that came again replaces its earlier connection.
+            if let Some((old, _)) = j.waiting.insert(p, (s, buf)) {
+                let _ = old.shutdown(Shutdown::Both);
+            }
+        }
+        j.waiting.keys().copied().collect()
+    }
+
+    fn admit(&mut self, rank: usize) -> Result<(), TransportError> {
+        check_peer(rank, self.rank, self.peers.world_size())?;
+        self.joiners();
+        let Some((stream, buf)) = self.joining.as_mut().and_then(|j| j.waiting.remove(&rank))
+        else {
+            return Err(TransportError::Handshake {
+                peer: format!("rank {rank}"),
+                detail: "no newcomer is waiting for this rank".into(),
+            });
+        };
+        // The predecessor's connection ends (if it had not), and its reader with it: all
+        // it delivered is queued before the marker, and the newcomer's reader starts after.
+        if let Some(old) = self.streams[rank].take() {
+            let _ = old.shutdown(Shutdown::Both);
+        }
+        if let Some(r) = self.readers[rank].take() {
+            let _ = r.join();
+        }
+        self.peers.replace(rank);
+        self.start(rank, stream, buf)
+    }
+}
 
 impl Drop for TcpTransport {
     fn drop(&mut self) {
@@ -220,12 +418,18 @@ impl Drop for TcpTransport {
         // down; wait for that (up to the linger time), then close the connections, which
         // also ends the readers (and any writer still stuck on a peer that stopped reading).
         self.peers.close();
+        self.done_tx = None;
         // Nothing is ever sent on `writers_done`: it disconnects when the last writer returns.
         let _ = self.writers_done.recv_timeout(self.linger);
-        for s in &self.streams {
+        for s in self.streams.iter().flatten() {
             let _ = s.shutdown(Shutdown::Both);
         }
-        for t in self.readers.drain(..) {
+        if let Some(j) = &self.joining {
+            for (s, _) in j.waiting.values() {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+        for t in self.readers.iter_mut().filter_map(Option::take) {
             let _ = t.join();
         }
         // A writer may still sleep until an emulated release time: join only finished ones.
@@ -234,6 +438,59 @@ impl Drop for TcpTransport {
                 let _ = t.join();
             }
         }
+    }
+}
+
+/// Accepts newcomers on `link`'s listener for the life of the transport: each one whose
+/// hello checks out (the run token, another rank of this world) is answered with this
+/// rank's hello and handed over through `tx`; the others are refused and logged.
+async fn accept_newcomers(
+    link: Arc<TcpLink>,
+    rank: usize,
+    world: usize,
+    token: Vec<u8>,
+    tx: mpsc::Sender<Newcomer>,
+) {
+    loop {
+        let inc = match link.accept().await {
+            Ok(inc) => inc,
+            Err(Failed::Retry(e) | Failed::Final(e)) => {
+                warn!("rank {rank}: accepting a newcomer failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (tx, token) = (tx.clone(), token.clone());
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + JOIN_HELLO;
+            let (p, mut s, buf) = match accept_one::<TcpLink>(
+                inc,
+                rank,
+                world,
+                token.clone(),
+                deadline,
+                true,
+            )
+            .await
+            {
+                Ok(c) => c,
+                Err(e) => return warn!("rank {rank}: refused a newcomer: {e}"),
+            };
+            if let Err(e) = write_hello(&mut s, rank, world, &token).await {
+                return warn!("rank {rank}: answering the newcomer for rank {p} failed: {e}");
+            }
+            let std = s.into_std().and_then(|s| {
+                s.set_nonblocking(false)?;
+                Ok(s)
+            });
+            match std {
+                Ok(s) => {
+                    info!("rank {rank}: a newcomer for rank {p} connected");
+                    let _ = tx.send((p, s, buf));
+                }
+                Err(e) => warn!("rank {rank}: the newcomer for rank {p}: {e}"),
+            }
+        });
     }
 }
 
