@@ -472,6 +472,34 @@ impl<T: Transport> Communicator<T> {
         r
     }
 
+    /// Gathers every rank's buffer on each rank of `receivers` (group ranks), sent directly
+    /// from each rank to each receiver ([`crate::algo::gather`]): element `r` of the result
+    /// is rank `r`'s buffer on a receiver; a rank that does not receive gets only its own
+    /// (the others empty). Every rank must pass the same `receivers`.
+    pub fn gather_to(
+        &mut self,
+        data: &[u8],
+        receivers: &[usize],
+    ) -> Result<Vec<Vec<u8>>, CommError> {
+        if let Some(&r) = receivers.iter().find(|&&r| r >= self.world_size()) {
+            return Err(CommError::InvalidArgument(format!(
+                "receiver {r} in a group of {}",
+                self.world_size()
+            )));
+        }
+        let mut m = crate::algo::gather::Gather::new(
+            self.rank(),
+            self.world_size(),
+            self.seq,
+            data,
+            receivers,
+            self.cfg.chunk_bytes,
+            self.cfg.max_buffer_bytes,
+        );
+        self.drive(&mut m)?;
+        Ok(m.into_blocks())
+    }
+
     /// Sums a sparse vector over all ranks and returns the sum as a sparse vector (the
     /// indices whose sum is not `+0.0`), bit-identical on every rank. Inputs may have any
     /// number of entries (0 included); all ranks must pass the same dimension, or every rank

@@ -491,11 +491,14 @@ impl AbortInfo {
 }
 
 /// What a group tells the newcomer it admitted: the payload of a [`Kind::Welcome`]
-/// message (`epoch u64 | count u32 | count × member u32`, little-endian).
+/// message (`epoch u64 | joined u32 | count u32 | count × member u32`, little-endian).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Welcome {
     /// The membership epoch the newcomer enters.
     pub epoch: u64,
+    /// How many of the members, at the end, are the newcomers admitted with it (itself
+    /// included); at most the member count.
+    pub joined: u32,
     /// The members' transport ranks, in group order (distinct).
     pub members: Vec<u32>,
 }
@@ -506,8 +509,9 @@ impl Welcome {
 
     /// Encodes as a welcome message with sequence number `seq`.
     pub fn to_message(&self, seq: u64) -> Message {
-        let mut payload = Vec::with_capacity(12 + 4 * self.members.len());
+        let mut payload = Vec::with_capacity(16 + 4 * self.members.len());
         payload.extend_from_slice(&self.epoch.to_le_bytes());
+        payload.extend_from_slice(&self.joined.to_le_bytes());
         payload.extend_from_slice(&(self.members.len() as u32).to_le_bytes());
         for m in &self.members {
             payload.extend_from_slice(&m.to_le_bytes());
@@ -516,17 +520,22 @@ impl Welcome {
     }
 
     /// Decodes the payload of a welcome message: its length must match its count, which
-    /// is at most [`Welcome::MAX_MEMBERS`], and no member may repeat.
+    /// is at most [`Welcome::MAX_MEMBERS`], no member may repeat, and the newcomers are
+    /// at most the members.
     pub fn from_payload(p: &[u8]) -> Result<Self, WireError> {
-        if p.len() < 12 {
+        if p.len() < 16 {
             return Err(WireError::Payload("welcome payload length"));
         }
         let epoch = u64::from_le_bytes(p[..8].try_into().expect("8 bytes"));
-        let n = u32::from_le_bytes(p[8..12].try_into().expect("4 bytes")) as usize;
-        if n > Self::MAX_MEMBERS || p.len() != 12 + 4 * n {
+        let joined = u32::from_le_bytes(p[8..12].try_into().expect("4 bytes"));
+        let n = u32::from_le_bytes(p[12..16].try_into().expect("4 bytes")) as usize;
+        if n > Self::MAX_MEMBERS || p.len() != 16 + 4 * n {
             return Err(WireError::Payload("welcome member count"));
         }
-        let members: Vec<u32> = p[12..]
+        if joined as usize > n {
+            return Err(WireError::Payload("welcome joined count"));
+        }
+        let members: Vec<u32> = p[16..]
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
@@ -534,7 +543,11 @@ impl Welcome {
         if distinct.len() != members.len() {
             return Err(WireError::Payload("welcome names a member twice"));
         }
-        Ok(Welcome { epoch, members })
+        Ok(Welcome {
+            epoch,
+            joined,
+            members,
+        })
     }
 }
 
@@ -555,8 +568,10 @@ mod tests {
         }
 
         #[test]
-        fn welcome_round_trips(epoch in any::<u64>(), members in proptest::collection::btree_set(any::<u32>(), 0..20)) {
-            let w = Welcome { epoch, members: members.into_iter().collect() };
+        fn welcome_round_trips(epoch in any::<u64>(), members in proptest::collection::btree_set(any::<u32>(), 0..20), joined in any::<u32>()) {
+            let members: Vec<u32> = members.into_iter().collect();
+            let joined = joined % (members.len() as u32 + 1);
+            let w = Welcome { epoch, joined, members };
             prop_assert_eq!(Welcome::from_payload(w.to_message(3).payload()).unwrap(), w);
         }
     }
@@ -604,10 +619,14 @@ mod tests {
         assert!(f32s(&[0u8; 5]).is_err());
         assert!(AbortInfo::from_payload(&[9, 0, 0, 0, 0]).is_err());
         assert!(AbortInfo::from_payload(&[1, 0]).is_err());
-        assert!(Welcome::from_payload(&[0; 11]).is_err());
-        let mut twice = vec![0u8; 12];
-        twice[8] = 2;
+        assert!(Welcome::from_payload(&[0; 15]).is_err());
+        let mut twice = vec![0u8; 16];
+        twice[12] = 2;
         twice.extend([7, 0, 0, 0, 7, 0, 0, 0]);
+        assert!(Welcome::from_payload(&twice).is_err());
+        twice[20] = 8;
+        assert!(Welcome::from_payload(&twice).is_ok());
+        twice[8] = 3;
         assert!(Welcome::from_payload(&twice).is_err());
     }
 

@@ -436,11 +436,15 @@ pub struct MembershipChange {
     pub epoch: u64,
     /// The workers that left (their ranks at the start of the run).
     pub removed: Vec<usize>,
+    /// The ranks newcomers took (each in a lost worker's place); absent when none joined.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub added: Vec<usize>,
     /// The workers that went on (ranks at the start of the run), in their new rank order.
     pub members: Vec<usize>,
-    /// Why they left: the failure the survivors saw.
+    /// Why they left (the failure the survivors saw), or that newcomers joined.
     pub cause: String,
-    /// The step the group went on from (it ran that step again, over the new group).
+    /// The step the group went on from (it ran that step again, over the new group; a
+    /// newcomer enters before it).
     pub step: u64,
     /// Seconds from the start of the session to the failure.
     #[serde(with = "float::num")]
@@ -655,7 +659,7 @@ mod tests {
                 theta_scale: f[16],
                 lossy_dropped: f[17],
                 restarts: Some(vec![Restart { rank: Some(1), cause: "x".into(), step: 3, after_s: after, reached: 5, steps_lost: 2, lost_s: after }]),
-                membership: Some(vec![MembershipChange { epoch: 1, removed: vec![2], members: vec![0, 1], cause: "y".into(), step: 7, after_s: after, steps_lost: 1, lost_s: after, deadline_s: Some(10.0) }]),
+                membership: Some(vec![MembershipChange { epoch: 1, removed: vec![2], added: vec![], members: vec![0, 1], cause: "y".into(), step: 7, after_s: after, steps_lost: 1, lost_s: after, deadline_s: Some(10.0) }]),
                 ..Summary::default()
             };
             let text = serde_json::to_string_pretty(&s).unwrap();

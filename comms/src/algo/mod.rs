@@ -30,6 +30,7 @@ pub mod allgather;
 pub mod barrier;
 pub mod broadcast;
 pub mod compressed_allreduce;
+pub mod gather;
 pub mod hierarchical;
 pub mod recursive_doubling;
 pub mod ring;

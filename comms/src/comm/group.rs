@@ -460,6 +460,7 @@ impl<T: Transport> Communicator<T> {
         if rank == 0 {
             let welcome = Welcome {
                 epoch,
+                joined: added.len() as u32,
                 members: members.iter().map(|&p| p as u32).collect(),
             }
             .to_message(WELCOME_SEQ)
@@ -528,10 +529,18 @@ impl<T: Transport> Communicator<T> {
                     ),
                 });
             }
+            let added = members[members.len() - w.joined as usize..].to_vec();
+            if !added.contains(&me) {
+                return Err(CommError::Protocol {
+                    rank: from,
+                    reported_by: me,
+                    detail: format!("a welcome whose newcomers {added:?} do not hold rank {me}"),
+                });
+            }
             self.enter(w.epoch, members.clone(), w.epoch * EPOCH_SEQ + GROUP_SEQ);
             return Ok(Membership {
                 epoch: w.epoch,
-                added: vec![me],
+                added,
                 removed: Vec::new(),
                 rank: self.transport.rank(),
                 members,

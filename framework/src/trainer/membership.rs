@@ -26,6 +26,17 @@
 //! — the part of its gradients it had yet to send — is lost with it. Replicated state
 //! (parameters, optimizer, compressor and `[sync]` state) is identical on the survivors.
 //!
+//! **Newcomers.** A worker may take a lost worker's place (`Trainer::join`; the launcher's
+//! replacement under `--max-restarts`, or `dtrain run --join`): its transport connects to
+//! the members, and each member that sees it waiting says so in the next step's control
+//! all-reduce. Before the following step (for a periodic `[sync]` kind: before the first
+//! step at which the replicas are identical, a round's end) the members admit it
+//! (`Communicator::admit`: epoch + 1, the newcomer appended to the group), build the
+//! synchronisation over the larger group, and hand it their state of that step in slices
+//! (`handover`); it restores it and runs the step with them. It reads the shard of the rank
+//! it took, from that step on: what that shard held between the loss and the entry is not
+//! read this epoch. Its error-feedback memory starts at zero.
+//!
 //! **Cost.** Keeping the state is a copy of it before every step (parameters, optimizer
 //! moments, memories): about 7 ms a step on the main job (AlexNet, 2.5 M parameters, FFT
 //! with error feedback; README "Stopping, failures and resuming"), a third of it reading
@@ -34,10 +45,10 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use dtrain_comms::{CommError, Transport};
+use dtrain_comms::{CommError, Membership, Transport};
 use dtrain_records::MembershipChange;
 
-use super::{build_sync, BuiltSync, Observer, TrainError, Trainer};
+use super::{build_sync, handover, BuiltSync, Observer, TrainError, Trainer};
 use crate::checkpoint::Checkpoint;
 
 /// Live membership's state in a [`Trainer`].
@@ -55,6 +66,8 @@ pub(super) struct Live {
     timed: u64,
     /// The mean of their step times, in seconds.
     mean_step_s: f64,
+    /// A member saw a newcomer waiting (the last step's control all-reduce said so).
+    pub(super) newcomer_waiting: bool,
 }
 
 impl<T: Transport> Trainer<T> {
@@ -183,20 +196,8 @@ impl<T: Transport> Trainer<T> {
             });
         };
         // The synchronisation over the new group, then the state of step `from` into it.
-        let infos = super::param_infos(self.model.as_ref());
         let was_rank0 = self.rank == 0;
-        self.rank = membership.rank;
-        self.world = membership.members.len();
-        let BuiltSync {
-            sync,
-            notes,
-            hosts,
-            codec_device,
-            ..
-        } = build_sync(&self.plan, &infos, &mut self.comm)?;
-        self.sync = sync;
-        self.hosts = hosts;
-        self.codec_device = codec_device;
+        let notes = self.regroup_sync(&membership)?;
         let bad = |reason: String| TrainError::Sync {
             step: from,
             reason: format!("live membership: restoring the state of step {from}: {reason}"),
@@ -212,6 +213,7 @@ impl<T: Transport> Trainer<T> {
         let change = MembershipChange {
             epoch: membership.epoch,
             removed: membership.removed.clone(),
+            added: Vec::new(),
             members: membership.members.clone(),
             cause,
             step: from,
@@ -235,6 +237,130 @@ impl<T: Transport> Trainer<T> {
             obs.on_message(&n);
         }
         l.changes.push(change);
+        Ok(())
+    }
+
+    /// Sets this worker's rank and world to `membership`'s and builds the synchronisation
+    /// over its group (a collective of the group); returns what the set-up says for the log.
+    fn regroup_sync(&mut self, membership: &Membership) -> Result<Vec<String>, TrainError> {
+        let infos = super::param_infos(self.model.as_ref());
+        self.rank = membership.rank;
+        self.world = membership.members.len();
+        let BuiltSync {
+            sync,
+            notes,
+            hosts,
+            codec_device,
+            ..
+        } = build_sync(&self.plan, &infos, &mut self.comm)?;
+        self.sync = sync;
+        self.hosts = hosts;
+        self.codec_device = codec_device;
+        Ok(notes)
+    }
+
+    /// Before step `self.step`, when a member saw a newcomer waiting (and the replicas are
+    /// identical): the members admit the newcomers all of them have, rebuild the
+    /// synchronisation over the larger group, and hand the newcomers their state (see the
+    /// [module docs](self)). Every member calls it at the same step (the flag came from a
+    /// control all-reduce).
+    pub(super) fn admit_newcomers(&mut self, obs: &mut dyn Observer) -> Result<(), TrainError> {
+        let Some(l) = &mut self.live else {
+            return Ok(());
+        };
+        if !l.newcomer_waiting || !self.sync.identical() {
+            return Ok(());
+        }
+        l.newcomer_waiting = false;
+        let began = Instant::now();
+        let step = self.step;
+        let comm_err = |source| TrainError::Comm { step, source };
+        let Some(m) = self.comm.admit().map_err(comm_err)? else {
+            return Ok(());
+        };
+        let ck = self.state()?;
+        let donors = m.members.len() - m.added.len();
+        let bad = |reason: String| TrainError::Sync {
+            step,
+            reason: format!("live membership: admitting workers {:?}: {reason}", m.added),
+        };
+        let given = handover::for_newcomer(&ck, donors, m.members.len()).map_err(bad)?;
+        let notes = self.regroup_sync(&m)?;
+        handover::hand_over(&mut self.comm, donors, Some(&given)).map_err(comm_err)?;
+        self.restore_state(&ck, &bad, false)?;
+        self.sync.start_at(step).map_err(|e| self.step_error(e))?;
+        self.left_exchange = None;
+        let l = self.live.as_mut().expect("live");
+        let change = MembershipChange {
+            epoch: m.epoch,
+            removed: Vec::new(),
+            added: m.added.clone(),
+            members: m.members.clone(),
+            cause: format!("worker(s) {:?} joined", m.added),
+            step,
+            after_s: l.started.map_or(0.0, |t| (began - t).as_secs_f64()),
+            steps_lost: 0,
+            lost_s: began.elapsed().as_secs_f64(),
+            deadline_s: None,
+        };
+        obs.on_message(&format!(
+            "membership epoch {}: worker(s) {:?} joined before step {step}; {} worker(s) {:?} \
+             ({:.2} s to admit them and hand over the state)",
+            change.epoch,
+            change.added,
+            change.members.len(),
+            change.members,
+            change.lost_s
+        ));
+        for n in notes {
+            obs.on_message(&n);
+        }
+        l.changes.push(change);
+        Ok(())
+    }
+
+    /// A newcomer admitted into `membership` (by [`Trainer::join`], its synchronisation
+    /// built over the group): receives the members' state and takes it.
+    pub(super) fn enter(&mut self, membership: &Membership) -> Result<(), TrainError> {
+        let donors = membership.members.len() - membership.added.len();
+        let comm_err = |source| TrainError::Comm { step: 0, source };
+        let (ck, from_leader) = handover::hand_over(&mut self.comm, donors, None)
+            .map_err(comm_err)?
+            .expect("a newcomer receives the state");
+        let bad = |reason: String| TrainError::Sync {
+            step: 0,
+            reason: format!("live membership: entering the group: {reason}"),
+        };
+        let meta = self.restore_state(&ck, &bad, false)?;
+        self.step = meta.step;
+        self.start_step = meta.step;
+        self.skipped = meta.skipped;
+        self.recoveries = meta.recoveries;
+        self.best_loss = meta.best_loss_bits.map(f64::from_bits);
+        self.sync
+            .start_at(meta.step)
+            .map_err(|e| self.step_error(e))?;
+        // What this worker now holds is what it received, section by section: its state
+        // as it would hand it over equals the state handed to it.
+        let own = handover::for_newcomer(&self.state()?, donors, self.world).map_err(bad)?;
+        if let Some(name) = handover::first_difference(&own, &ck) {
+            return Err(bad(format!(
+                "section {name:?} of the restored state differs from what the members sent"
+            )));
+        }
+        self.notes.push(format!(
+            "joined the group as worker {} (membership epoch {}, members {:?}) before step {}; \
+             the state came from {donors} member(s){}",
+            self.comm.members()[self.rank],
+            membership.epoch,
+            membership.members,
+            meta.step,
+            if from_leader.is_empty() {
+                String::new()
+            } else {
+                format!(", the leader's alone for {}", from_leader.join(", "))
+            }
+        ));
         Ok(())
     }
 

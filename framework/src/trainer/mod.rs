@@ -35,6 +35,7 @@
 mod checkpointing;
 pub mod elastic;
 mod failure;
+mod handover;
 mod membership;
 mod metrics;
 mod replicas;
@@ -287,8 +288,8 @@ pub struct Trainer<T: Transport> {
 }
 
 /// Values of the control all-reduce before the per-rank slots: loss·n, n, correct, the
-/// loss and the gradient non-finite flags, and the stop request.
-const CTL_LEN: usize = 6;
+/// loss and the gradient non-finite flags, the stop request, and whether a newcomer waits.
+const CTL_LEN: usize = 7;
 
 impl<T: Transport> Trainer<T> {
     /// Builds the worker: model (seeded, then rank 0's parameters and buffers broadcast),
@@ -301,7 +302,6 @@ impl<T: Transport> Trainer<T> {
         device: &Device,
         out: Option<RunDir>,
     ) -> Result<Self, TrainError> {
-        let rank = comm.rank();
         let world = comm.world_size();
         if world != plan.config.cluster.workers {
             return Err(TrainError::Config(format!(
@@ -316,21 +316,90 @@ impl<T: Transport> Trainer<T> {
             .resolve_vocab("config", data.vocab())
             .map_err(|e| TrainError::Config(e.to_string()))?;
         let model = build_model(&plan, device)?;
-        let table = model.table();
         let infos = param_infos(model.as_ref());
+        let built = build_sync(&plan, &infos, &mut comm)?;
+        let mut t = Self::assemble(plan, data, comm, model, built, out)?;
+        let (n, nb) = (t.num_params(), t.buffers.len());
+        // Identical replicas: rank 0's initial state wins.
+        let mut params = vec![0.0; n];
+        t.model.read_params(&mut params);
+        t.model.read_buffers(&mut t.buffers);
+        let step = 0;
+        broadcast_f32(&mut t.comm, &mut params)
+            .map_err(|source| TrainError::Comm { step, source })?;
+        if nb > 0 {
+            broadcast_f32(&mut t.comm, &mut t.buffers)
+                .map_err(|source| TrainError::Comm { step, source })?;
+            t.model.write_buffers(&t.buffers);
+        }
+        t.model.write_params(&params);
+        Ok(t)
+    }
+
+    /// A worker that takes a lost worker's place in a running group (live membership;
+    /// `comm`'s transport holds that worker's rank, connected to the members, e.g.
+    /// `TcpTransport::join`): waits for the group to admit it (at most `timeout`), builds
+    /// the synchronisation over the group with the members, and receives the state of
+    /// the step it enters at from them (see `handover`). [`Trainer::run`] then goes on
+    /// from that step. `data` is the shard of the rank it takes.
+    pub fn join(
+        plan: Plan,
+        data: TrainData,
+        mut comm: Communicator<T>,
+        device: &Device,
+        out: Option<RunDir>,
+        timeout: std::time::Duration,
+    ) -> Result<Self, TrainError> {
+        if plan.config.cluster.membership != crate::config::Membership::Live {
+            return Err(TrainError::Config(
+                "joining a running group needs cluster.membership = \"live\"".into(),
+            ));
+        }
+        let workers = plan.config.cluster.workers;
+        if comm.world_size() != workers {
+            return Err(TrainError::Config(format!(
+                "cluster.workers = {workers} but the transport has {} ranks",
+                comm.world_size()
+            )));
+        }
+        let mut plan = plan;
+        plan.config
+            .resolve_vocab("config", data.vocab())
+            .map_err(|e| TrainError::Config(e.to_string()))?;
+        let model = build_model(&plan, device)?;
+        let comm_err = |source| TrainError::Comm { step: 0, source };
+        let membership = comm.join(timeout).map_err(comm_err)?;
+        let infos = param_infos(model.as_ref());
+        let built = build_sync(&plan, &infos, &mut comm)?;
+        let mut t = Self::assemble(plan, data, comm, model, built, out)?;
+        t.enter(&membership)?;
+        Ok(t)
+    }
+
+    /// The worker of `plan` around a built model and synchronisation (the rank and world
+    /// are `comm`'s group's), before any state is set.
+    fn assemble(
+        plan: Plan,
+        data: TrainData,
+        comm: Communicator<T>,
+        model: Box<dyn Model>,
+        built: BuiltSync<T>,
+        out: Option<RunDir>,
+    ) -> Result<Self, TrainError> {
         let BuiltSync {
             sync,
             notes,
             auto_note,
-            hosts: exchanger_hosts,
+            hosts,
             codec_device,
-        } = build_sync(&plan, &infos, &mut comm)?;
+        } = built;
         let optimizer = plan.optimizer.build().map_err(TrainError::Config)?;
+        let table = model.table();
         let n = table.num_params();
         let nb = table.num_buffers();
-        let mut t = Trainer {
-            rank,
-            world,
+        Ok(Trainer {
+            rank: comm.rank(),
+            world: comm.world_size(),
             comm,
             model,
             data,
@@ -353,7 +422,7 @@ impl<T: Transport> Trainer<T> {
             replicas_checked_at: 0,
             stop: None,
             stopping: None,
-            hosts: exchanger_hosts,
+            hosts,
             codec_device,
             live: (plan.config.cluster.membership == crate::config::Membership::Live)
                 .then(membership::Live::default),
@@ -364,21 +433,7 @@ impl<T: Transport> Trainer<T> {
             plan,
             notes,
             auto_note,
-        };
-        // Identical replicas: rank 0's initial state wins.
-        let mut params = vec![0.0; n];
-        t.model.read_params(&mut params);
-        t.model.read_buffers(&mut t.buffers);
-        let step = 0;
-        broadcast_f32(&mut t.comm, &mut params)
-            .map_err(|source| TrainError::Comm { step, source })?;
-        if nb > 0 {
-            broadcast_f32(&mut t.comm, &mut t.buffers)
-                .map_err(|source| TrainError::Comm { step, source })?;
-            t.model.write_buffers(&t.buffers);
-        }
-        t.model.write_params(&params);
-        Ok(t)
+        })
     }
 
     /// Switches this worker to parameter-server mode (`[cluster] mode = "ps"`, see

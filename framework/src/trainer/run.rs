@@ -64,6 +64,11 @@ impl<T: Transport> Trainer<T> {
                 tally.new_epoch();
             }
             self.keep_state()?;
+            if let Err(e) = self.admit_newcomers(obs) {
+                // A member (or the newcomer) lost while admitting: as in a step.
+                self.survive(e, obs)?;
+                continue;
+            }
             let rec = match self.train_step(epoch, j) {
                 Ok(rec) => rec,
                 Err(e) => {

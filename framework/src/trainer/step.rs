@@ -110,6 +110,9 @@ impl<T: Transport> Trainer<T> {
             // A stop request (SIGTERM / SIGINT to this rank): every rank learns of it here,
             // in the same step, and all stop after it.
             self.stop.as_ref().is_some_and(|s| s.signal().is_some()) as u8 as f32,
+            // A newcomer waits to take a lost worker's place (live membership): every
+            // member learns of it here, and all admit it before the next step.
+            (self.live.is_some() && !self.comm.waiting_joiners().is_empty()) as u8 as f32,
         ]);
         if per_rank {
             // Each rank fills its own slot; the sum delivers every rank's time to all.
@@ -136,6 +139,9 @@ impl<T: Transport> Trainer<T> {
             (None, None)
         };
         let ctl: [f32; CTL_LEN] = ctl[..CTL_LEN].try_into().expect("control values");
+        if let (true, Some(l)) = (ctl[6] > 0.0, &mut self.live) {
+            l.newcomer_waiting = true;
+        }
         if ctl[5] > 0.0 && self.stopping.is_none() {
             // The signal this rank got, or (when another rank got it) SIGTERM, which is
             // what the launcher forwards.
