@@ -187,6 +187,11 @@ struct TrainWorkerArgs {
     /// Resume from the run directory's latest checkpoint.
     #[arg(long)]
     resume: bool,
+    /// Take this rank's place in a running group (live membership, tcp): the rank's
+    /// previous worker was lost; this one joins the rendezvous late, connects to the
+    /// members and receives their state.
+    #[arg(long, conflicts_with = "resume")]
+    join: bool,
 }
 
 fn run_options(a: &RunArgs) -> launch::RunOptions {
@@ -484,6 +489,7 @@ fn train_worker(a: TrainWorkerArgs) -> Result<()> {
         rank: a.rank,
         world: a.world,
         resume: a.resume,
+        join: a.join,
     };
     let mut quiet = dtrain_framework::trainer::Quiet;
     let mut prog = progress::Progress::new();

@@ -439,10 +439,86 @@ fn under_live_membership_a_killed_worker_is_dropped_and_the_others_finish() {
     assert_none_left(&dir, Duration::from_secs(1));
 }
 
+/// Issue #53: under live membership, `--max-restarts 1` replaces a SIGKILLed worker by a
+/// newcomer: it joins the running group (the late rendezvous, a TCP join, the members'
+/// state handed over) and trains with the others to the end, the replicas' hashes agreeing
+/// at every check; the two survivors are never restarted; summary.json has the loss and
+/// the entry.
+#[test]
+fn under_live_membership_a_lost_worker_is_replaced_by_a_newcomer() {
+    let (tmp, cfg) = setup(3);
+    let dir = tmp.path().join("replaced");
+    let mut run = Launcher::start(
+        &cfg,
+        &dir,
+        &[
+            "--max-restarts",
+            "1",
+            "--set",
+            "train.max_steps=6000",
+            "--set",
+            "train.epochs=100",
+            "--set",
+            "cluster.membership=\"live\"",
+            "--set",
+            "cluster.transport=\"tcp\"",
+            "--set",
+            "cluster.check_replicas_every=25",
+        ],
+    );
+    let survivors = [worker_pid(&dir, 0), worker_pid(&dir, 1)];
+    run.wait_for_steps(60);
+    let killed = worker_pid(&dir, 2);
+    signal(killed, "KILL");
+    // Throughout: the survivors, and at most one newcomer, started with --join.
+    let t = Instant::now();
+    let mut newcomer = None;
+    while run.child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(180) {
+        for pid in processes_of(&dir) {
+            if pid == run.pid() || pid == killed || survivors.contains(&pid) {
+                continue;
+            }
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.is_empty() {
+                continue;
+            }
+            assert!(cmd.contains("--join"), "a new worker {pid} ({cmd}): restarted?");
+            assert_eq!(*newcomer.get_or_insert(pid), pid, "a second newcomer");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(newcomer.is_some(), "no newcomer was seen");
+    let (st, _, log) = run.wait(Duration::from_secs(5));
+    assert!(st.success(), "{log}");
+    assert!(log.contains("worker 2 was lost"), "{log}");
+    assert!(log.contains("worker 2: a newcomer took its place"), "{log}");
+    let s = summary(&dir);
+    assert_eq!(s["steps"], 6000, "{s}");
+    let m = s["membership"].as_array().expect("membership recorded");
+    assert_eq!(m.len(), 2, "{s}");
+    assert_eq!(m[0]["removed"], serde_json::json!([2]));
+    assert_eq!(m[1]["added"], serde_json::json!([2]));
+    assert_eq!(m[1]["members"], serde_json::json!([0, 1, 2]));
+    let entered = m[1]["step"].as_u64().unwrap();
+    assert!(
+        entered > m[0]["step"].as_u64().unwrap() && entered < 6000,
+        "{s}"
+    );
+    let steps: Vec<u64> = losses(&dir).iter().map(|l| l.0).collect();
+    assert_eq!(steps, (0..6000).collect::<Vec<_>>());
+    // Rank 0 logged every check of the replicas' hashes, the newcomer's included.
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let hashes = text.lines().filter(|l| l.contains("param_hash")).count();
+    assert!(hashes >= 6000 / 25 - 1, "{hashes} checks");
+    assert_none_left(&dir, Duration::from_secs(1));
+}
+
 /// Issue #53, acceptance: under live membership a worker stopped (SIGSTOP) for less than
 /// the step deadline is waited for, not dropped; one stopped for longer is dropped, the
-/// others finish, and when it is continued it learns so and exits (it does not train on
-/// alone). The transports' own peer timeout (2 s here) does not drop it first.
+/// others go on, and when it is continued it learns so and comes back as a newcomer (the
+/// same process joins the running group again, over tcp) instead of training on alone.
+/// The transports' own peer timeout (2 s here) does not drop it first.
 #[test]
 fn under_live_membership_a_stopped_worker_is_dropped_only_past_the_deadline() {
     let (tmp, cfg) = setup(3);
@@ -452,14 +528,22 @@ fn under_live_membership_a_stopped_worker_is_dropped_only_past_the_deadline() {
         "--set",
         "cluster.membership=\"live\"",
         "--set",
+        "cluster.transport=\"tcp\"",
+        "--set",
         "cluster.deadline_floor_s=4",
         "--set",
         "cluster.timeout_s=30",
     ];
-    for (name, pause, dropped) in [("paused", 1.5, false), ("stopped", 7.0, true)] {
+    // Long enough for the stopped worker to come back before the end.
+    for (name, pause, dropped, steps) in [
+        ("paused", 1.5, false, 4000u64),
+        ("stopped", 7.0, true, 16000),
+    ] {
         let dir = tmp.path().join(name);
-        let mut args = live.to_vec();
-        args.extend(["--set", "train.max_steps=4000"]);
+        let mut args: Vec<String> = live.iter().map(|s| s.to_string()).collect();
+        args.extend(["--set".into(), format!("train.max_steps={steps}")]);
+        args.extend(["--set".into(), format!("train.epochs={}", steps / 40)]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut run = Launcher::start(&cfg, &dir, &args);
         run.wait_for_steps(60);
         let victim = worker_pid(&dir, 2);
@@ -469,14 +553,17 @@ fn under_live_membership_a_stopped_worker_is_dropped_only_past_the_deadline() {
         let (st, _, log) = run.wait(Duration::from_secs(120));
         assert!(st.success(), "{name}: {log}");
         let s = summary(&dir);
-        assert_eq!(s["steps"], 4000, "{name}: {s}");
+        assert_eq!(s["steps"], steps, "{name}: {s}");
         match (dropped, s["membership"].as_array()) {
             (false, None) => {}
             (true, Some(m)) => {
                 assert_eq!(m[0]["removed"], serde_json::json!([2]), "{s}");
                 let lost = m[0]["lost_s"].as_f64().unwrap();
                 assert!((3.0..7.0).contains(&lost), "{s}");
-                assert!(log.contains("worker 2 was lost"), "{log}");
+                // Back as a newcomer: the same process (the launcher starts none here).
+                assert_eq!(m.len(), 2, "{s}");
+                assert_eq!(m[1]["added"], serde_json::json!([2]), "{s}");
+                assert!(!log.contains("worker 2 was lost"), "{log}");
             }
             (d, m) => panic!("{name}: dropped {d}, membership {m:?}: {log}"),
         }

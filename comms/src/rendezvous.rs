@@ -34,12 +34,13 @@
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::frame::MAX_TOKEN_LEN;
 
@@ -380,6 +381,8 @@ fn tokens_equal(a: &[u8], b: &[u8]) -> bool {
 pub struct Host {
     addr: SocketAddr,
     handle: JoinHandle<Result<(), RendezvousError>>,
+    /// Ends the late joins of a live host ([`Host::spawn_live`]).
+    stop: Option<Arc<AtomicBool>>,
 }
 
 impl Host {
@@ -396,7 +399,40 @@ impl Host {
         let handle = thread::Builder::new()
             .name("dtrain-rendezvous".into())
             .spawn(move || serve(listener, world, identity, cfg))?;
-        Ok(Host { addr, handle })
+        Ok(Host {
+            addr,
+            handle,
+            stop: None,
+        })
+    }
+
+    /// As [`Host::spawn`], and then, until [`Host::wait`], serves *late* joins (live
+    /// membership): a rank that joins after the world has formed — a newcomer taking a
+    /// lost rank's place — is answered at once with every rank's current address, its
+    /// own replaced by the one it publishes. The ranks' addresses stay valid as long as
+    /// their transports keep their listeners open (TCP's `accept_joiners`).
+    pub fn spawn_live(
+        listener: TcpListener,
+        world: usize,
+        identity: RunIdentity,
+        cfg: RendezvousConfig,
+    ) -> Result<Host, RendezvousError> {
+        let addr = listener.local_addr()?;
+        check_token(&cfg.token)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let until = stop.clone();
+        let handle = thread::Builder::new()
+            .name("dtrain-rendezvous".into())
+            .spawn(move || {
+                let peers = form(&listener, world, &identity, &cfg)?;
+                serve_late(&listener, peers, &identity, &cfg, &until);
+                Ok(())
+            })?;
+        Ok(Host {
+            addr,
+            handle,
+            stop: Some(stop),
+        })
     }
 
     /// The address ranks join at.
@@ -404,8 +440,12 @@ impl Host {
         self.addr
     }
 
-    /// Waits until every rank was answered (or the rendezvous failed).
+    /// Waits until every rank was answered (or the rendezvous failed); a live host stops
+    /// serving late joins.
     pub fn wait(self) -> Result<(), RendezvousError> {
+        if let Some(stop) = &self.stop {
+            stop.store(true, Ordering::Relaxed);
+        }
         self.handle.join().unwrap_or_else(|_| {
             Err(RendezvousError::Invalid(
                 "rendezvous thread panicked".into(),
@@ -424,6 +464,79 @@ pub fn serve(
     identity: RunIdentity,
     cfg: RendezvousConfig,
 ) -> Result<(), RendezvousError> {
+    form(&listener, world, &identity, &cfg).map(drop)
+}
+
+/// One short-lived reader per connection, so a slow or silent client cannot hold up the
+/// others; its read is bounded by `wait`. The checked message goes to `tx`.
+fn read_join(s: TcpStream, from: SocketAddr, wait: Duration, tx: mpsc::Sender<Checked>) {
+    thread::spawn(move || {
+        let mut s = s;
+        let r = s
+            .set_nonblocking(false)
+            .and_then(|_| s.set_read_timeout(Some(wait)))
+            .map_err(|e| e.to_string())
+            .and_then(|_| read_msg(&mut s, MAX_JOIN))
+            .and_then(|m| m.ok_or_else(|| "closed before joining".to_string()));
+        let _ = tx.send((s, from, r));
+    });
+}
+
+/// Serves late joins on `listener` until `stop` (see [`Host::spawn_live`]): `peers` are
+/// the ranks' current addresses.
+fn serve_late(
+    listener: &TcpListener,
+    mut peers: Vec<SocketAddr>,
+    identity: &RunIdentity,
+    cfg: &RendezvousConfig,
+    stop: &AtomicBool,
+) {
+    let world = peers.len();
+    let (tx, rx) = mpsc::channel::<Checked>();
+    let nobody: Vec<Option<(TcpStream, SocketAddr)>> = (0..world).map(|_| None).collect();
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((s, from)) => read_join(s, from, Duration::from_secs(10), tx.clone()),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(e) => warn!("rendezvous: accept failed: {e}"),
+        }
+        while let Ok((mut s, from, r)) = rx.try_recv() {
+            match admit(r, from, world, &cfg.token, &nobody) {
+                Ok((rank, addr)) => {
+                    info!("rendezvous: rank {rank} joined late from {addr} (a newcomer)");
+                    peers[rank] = addr;
+                    let welcome = Msg::Welcome {
+                        peers: peers.iter().map(SocketAddr::to_string).collect(),
+                        identity: identity.clone(),
+                    }
+                    .encode();
+                    let r = s
+                        .set_write_timeout(Some(Duration::from_secs(5)))
+                        .and_then(|_| s.write_all(&welcome))
+                        .and_then(|_| s.flush());
+                    if let Err(e) = r {
+                        warn!("rendezvous: answering late rank {rank} failed: {e}");
+                    }
+                }
+                Err(Refusal::Silent(why)) => warn!("rendezvous: refused {from}: {why}"),
+                Err(Refusal::Answer(why)) => {
+                    warn!("rendezvous: refused {from}: {why}");
+                    let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+                    let _ = s.write_all(&Msg::Reject(why).encode());
+                }
+            }
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The rendezvous of `world` ranks (see [`serve`]); returns the addresses it published.
+fn form(
+    listener: &TcpListener,
+    world: usize,
+    identity: &RunIdentity,
+    cfg: &RendezvousConfig,
+) -> Result<Vec<SocketAddr>, RendezvousError> {
     if world == 0 || world > MAX_WORLD {
         return Err(RendezvousError::Invalid(format!(
             "world size {world} out of range 1..={MAX_WORLD}"
@@ -437,22 +550,12 @@ pub fn serve(
     let mut count = 0;
     while count < world {
         match listener.accept() {
-            Ok((s, from)) => {
-                let tx = tx.clone();
-                let wait = remaining(deadline).min(Duration::from_secs(10));
-                // One short-lived reader per connection, so a slow or silent client cannot
-                // hold up the others; its read is bounded by `wait`.
-                thread::spawn(move || {
-                    let mut s = s;
-                    let r = s
-                        .set_nonblocking(false)
-                        .and_then(|_| s.set_read_timeout(Some(wait)))
-                        .map_err(|e| e.to_string())
-                        .and_then(|_| read_msg(&mut s, MAX_JOIN))
-                        .and_then(|m| m.ok_or_else(|| "closed before joining".to_string()));
-                    let _ = tx.send((s, from, r));
-                });
-            }
+            Ok((s, from)) => read_join(
+                s,
+                from,
+                remaining(deadline).min(Duration::from_secs(10)),
+                tx.clone(),
+            ),
             Err(e) if e.kind() == ErrorKind::WouldBlock => {}
             Err(e) => warn!("rendezvous: accept failed: {e}"),
         }
@@ -487,11 +590,16 @@ pub fn serve(
         }
         thread::sleep(Duration::from_millis(2));
     }
-    let peers: Vec<String> = joined
+    let addrs: Vec<SocketAddr> = joined
         .iter()
-        .map(|j| j.as_ref().expect("all joined").1.to_string())
+        .map(|j| j.as_ref().expect("all joined").1)
         .collect();
-    let welcome = Msg::Welcome { peers, identity }.encode();
+    let peers: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
+    let welcome = Msg::Welcome {
+        peers,
+        identity: identity.clone(),
+    }
+    .encode();
     for (rank, j) in joined.iter_mut().enumerate() {
         let (s, _) = j.as_mut().expect("all joined");
         let r = s
@@ -502,7 +610,7 @@ pub fn serve(
             warn!("rendezvous: answering rank {rank} failed: {e}");
         }
     }
-    Ok(())
+    Ok(addrs)
 }
 
 enum Refusal {

@@ -253,7 +253,9 @@ fn a_newcomer_for_a_live_rank_waits_and_times_out() {
         .map(|t| {
             thread::spawn(move || {
                 let mut c = Communicator::new(t, quick());
-                for _ in 0..5 {
+                // Past the newcomer's deadline (which it would not reach if the group
+                // ended first: see the next test).
+                for _ in 0..25 {
                     assert_eq!(c.admit().unwrap(), None);
                     thread::sleep(Duration::from_millis(20));
                 }
@@ -268,4 +270,19 @@ fn a_newcomer_for_a_live_rank_waits_and_times_out() {
     for h in handles {
         assert_eq!(h.join().unwrap(), 3.0);
     }
+}
+
+/// A newcomer whose would-be group is gone (the run ended) stops waiting at once, saying
+/// so, instead of waiting out its deadline.
+#[test]
+fn a_newcomer_stops_waiting_when_every_other_rank_is_gone() {
+    let mut mesh = channel_mesh(3);
+    let slots = mesh[0].slots();
+    drop(mesh.pop());
+    let mut c = Communicator::new(slots.join(2), quick());
+    drop(mesh);
+    let t = std::time::Instant::now();
+    let e = c.join(Duration::from_secs(30)).unwrap_err();
+    assert!(e.to_string().contains("every other rank is gone"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(5));
 }

@@ -170,3 +170,63 @@ fn missing_ranks_are_named_by_host_and_joiners() {
         "{e}"
     );
 }
+
+/// A live host answers late joins: a newcomer taking rank 1's place learns every rank's
+/// address with its own in rank 1's slot, and joins the running TCP mesh; a wrong token
+/// is still refused. `wait` ends the late joins.
+#[test]
+fn a_live_host_answers_a_newcomer_with_the_current_addresses() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let h = Host::spawn_live(l, 2, RunIdentity::default(), cfg(TOKEN, 10_000)).unwrap();
+    let at = h.addr();
+    let member = thread::spawn(move || {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let me = l.local_addr().unwrap();
+        let j = rendezvous::join(at, 0, 2, me, &cfg(TOKEN, 10_000)).unwrap();
+        let tcp = TcpConfig {
+            accept_joiners: true,
+            ..TcpConfig::new(TOKEN)
+        };
+        let t = TcpTransport::connect(0, &j.peers, l, tcp).unwrap();
+        let mut c = Communicator::new(t, CommConfig::default());
+        let mut v = vec![1.0f32; 4];
+        c.all_reduce_sum(&mut v).unwrap();
+        let e = c.all_reduce_sum(&mut v).unwrap_err();
+        c.regroup(&e.failed_ranks()).unwrap();
+        let m = loop {
+            if let Some(m) = c.admit().unwrap() {
+                break m;
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        let mut v = vec![1.0f32; 4];
+        c.all_reduce_sum(&mut v).unwrap();
+        (m.epoch, v[0])
+    });
+    let first = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let me = l.local_addr().unwrap();
+        let j = rendezvous::join(at, 1, 2, me, &cfg(TOKEN, 10_000)).unwrap();
+        let t = TcpTransport::connect(1, &j.peers, l, TcpConfig::new(TOKEN)).unwrap();
+        let mut c = Communicator::new(t, CommConfig::default());
+        let mut v = vec![1.0f32; 4];
+        c.all_reduce_sum(&mut v).unwrap();
+        j.peers
+    };
+    // Rank 1 is gone (its transport dropped). A stranger, then the newcomer.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let me = l.local_addr().unwrap();
+    let e = rendezvous::join(at, 1, 2, me, &cfg(b"wrong", 2_000)).unwrap_err();
+    assert!(e.to_string().contains("without an answer"), "{e}");
+    let j = rendezvous::join(at, 1, 2, me, &cfg(TOKEN, 10_000)).unwrap();
+    assert_eq!(j.peers[0], first[0]);
+    assert_eq!(j.peers[1], me);
+    let t = TcpTransport::join(1, &j.peers, l, TcpConfig::new(TOKEN)).unwrap();
+    let mut c = Communicator::new(t, CommConfig::default());
+    c.join(Duration::from_secs(20)).unwrap();
+    let mut v = vec![1.0f32; 4];
+    c.all_reduce_sum(&mut v).unwrap();
+    assert_eq!(v[0], 2.0);
+    assert_eq!(member.join().unwrap(), (2, 2.0));
+    h.wait().unwrap();
+}

@@ -432,7 +432,8 @@ fn shm_if_room(
 
 /// Builds the transport of one rank through the rendezvous at `host` (waiting at most
 /// `timeout` for the other ranks); tcp and quic connections watch their peers with
-/// `liveness`.
+/// `liveness`. `joining`: the rank takes a lost rank's place in a running group (tcp only;
+/// see [`TcpTransport::join`]).
 #[allow(clippy::too_many_arguments)]
 pub fn connect(
     kind: TransportKind,
@@ -443,6 +444,7 @@ pub fn connect(
     token: &str,
     timeout: Duration,
     liveness: Liveness,
+    joining: bool,
 ) -> Result<Box<dyn Transport>, String> {
     let rcfg = RendezvousConfig {
         timeout,
@@ -465,7 +467,22 @@ pub fn connect(
     Ok(match kind {
         TransportKind::Tcp => {
             let (l, j) = listen_and_join()?;
-            Box::new(TcpTransport::connect(rank, &j.peers, l, tcp).map_err(|e| e.to_string())?)
+            let tcp = TcpConfig {
+                accept_joiners: liveness.accept_joiners,
+                ..tcp
+            };
+            let t = if joining {
+                TcpTransport::join(rank, &j.peers, l, tcp)
+            } else {
+                TcpTransport::connect(rank, &j.peers, l, tcp)
+            };
+            Box::new(t.map_err(|e| e.to_string())?)
+        }
+        _ if joining => {
+            return Err(format!(
+                "transport {kind:?}: only tcp accepts a worker joining a running group (use \
+                 cluster.transport = \"tcp\" with cluster.membership = \"live\")"
+            ))
         }
         TransportKind::Quic => {
             let s = UdpSocket::bind((ip, 0)).map_err(|e| e.to_string())?;
@@ -527,13 +544,15 @@ pub fn connect(
 }
 
 /// Hosts the rendezvous of `world` ranks on `addr` (with the run's TLS identity for QUIC),
-/// waiting at most `timeout` for them.
+/// waiting at most `timeout` for them; `live`: and then serves late joins (newcomers
+/// taking a lost rank's place, [`Host::spawn_live`]) until the host is waited for.
 pub(crate) fn host_rendezvous(
     addr: SocketAddr,
     world: usize,
     kind: TransportKind,
     token: &str,
     timeout: Duration,
+    live: bool,
 ) -> Result<Host, String> {
     let identity = match kind {
         TransportKind::Quic => RunIdentity::generate().map_err(|e| e.to_string())?,
@@ -549,7 +568,12 @@ pub(crate) fn host_rendezvous(
         timeout,
         ..RendezvousConfig::new(token.as_bytes().to_vec())
     };
-    Host::spawn(listener, world, identity, rcfg).map_err(|e| e.to_string())
+    if live {
+        Host::spawn_live(listener, world, identity, rcfg)
+    } else {
+        Host::spawn(listener, world, identity, rcfg)
+    }
+    .map_err(|e| e.to_string())
 }
 
 /// A worker's arguments (what [`launch`] passes to `dtrain worker`).
@@ -565,6 +589,10 @@ pub struct WorkerArgs {
     pub world: usize,
     /// Resume from the run directory's latest checkpoint.
     pub resume: bool,
+    /// Take this rank's place in the running group (live membership): join the rendezvous
+    /// late, connect to the members (`TcpTransport::join`), receive their state
+    /// ([`Trainer::join`]).
+    pub join: bool,
 }
 
 /// Runs one worker to the end: loads the run's config, opens its data shard, connects,
@@ -574,12 +602,53 @@ pub struct WorkerArgs {
 /// ([`signals::die_with_launcher`]). SIGTERM / SIGINT stop it after the step the ranks agree
 /// on, with a checkpoint ([`Trainer::stop_on`]): [`LaunchError::Stopped`]. Without a
 /// launcher (a rank started by a scheduler), a second signal ends it at once.
+///
+/// Under live membership over tcp, a worker the others dropped while it was alive (frozen
+/// past the step deadline, say) comes back as a newcomer: it joins the running group again
+/// (as `--join` does) instead of failing, up to [`REJOINS`] times.
 pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, LaunchError> {
     signals::die_with_launcher()?;
     let launched = std::env::var_os(signals::LAUNCHER_PID_ENV).is_some();
     let _caught =
         signals::catch(!launched).map_err(|e| format!("catching SIGTERM / SIGINT: {e}"))?;
     let stop = StopRequest::process();
+    let mut a = a.clone();
+    for rejoin in 0.. {
+        match train_once(&a, &stop, obs)? {
+            Once::Done(s) => return Ok(*s),
+            Once::Excluded(why) if rejoin < REJOINS => {
+                obs.on_message(&format!(
+                    "rank {}: dropped from the group while alive ({why}); joining it again \
+                     as a newcomer",
+                    a.rank
+                ));
+                a.join = true;
+                a.resume = false;
+            }
+            Once::Excluded(why) => return Err(LaunchError::Failed(why)),
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+/// How many times a worker dropped while alive joins its group again ([`worker`]).
+pub const REJOINS: usize = 3;
+
+/// How one [`train_once`] ended, when not with an error.
+enum Once {
+    /// The run is complete.
+    Done(Box<Summary>),
+    /// The group went on without this worker, which was alive (live membership, tcp):
+    /// it may join again.
+    Excluded(String),
+}
+
+/// [`worker`]'s body: connect (or join), train to the end.
+fn train_once(
+    a: &WorkerArgs,
+    stop: &StopRequest,
+    obs: &mut dyn Observer,
+) -> Result<Once, LaunchError> {
     let before_training = |stage: &str| match stop.signal() {
         Some(signal) => Err(LaunchError::Stopped {
             signal,
@@ -633,6 +702,7 @@ pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, LaunchE
             &token?,
             RENDEZVOUS_TIMEOUT,
             cfg.cluster.liveness(),
+            a.join,
         )?,
     };
     // Parameter-server mode: the server's messages share the connections of the collectives.
@@ -662,8 +732,15 @@ pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, LaunchE
     let out = RunDir {
         root: a.run_dir.clone(),
     };
-    let mut t =
-        Trainer::new(plan, data, comm, &device, Some(out.clone())).map_err(|e| e.to_string())?;
+    let mut t = if a.join {
+        // Up to the membership deadline's ceiling for the members to admit it: they do so
+        // at their next step boundary (a periodic [sync]'s: at its round's end).
+        let timeout = Duration::from_secs_f64(cfg.cluster.timeout_s.max(60.0));
+        Trainer::join(plan, data, comm, &device, Some(out.clone()), timeout)
+    } else {
+        Trainer::new(plan, data, comm, &device, Some(out.clone()))
+    }
+    .map_err(|e| e.to_string())?;
     if let Some(lane) = ps_lane {
         t.attach_parameter_server(lane).map_err(|e| e.to_string())?;
     }
@@ -678,13 +755,22 @@ pub fn worker(a: &WorkerArgs, obs: &mut dyn Observer) -> Result<Summary, LaunchE
     }
     before_training("before the first step")?;
     t.stop_on(stop.clone());
-    let summary = t.run(obs).map_err(|e| match e {
-        TrainError::Stopped { signal, .. } => LaunchError::Stopped {
+    let rejoins = cfg.cluster.membership == crate::config::Membership::Live
+        && cfg.cluster.transport == TransportKind::Tcp;
+    let summary = match t.run(obs) {
+        Ok(s) => Ok(Once::Done(Box::new(s))),
+        Err(e @ TrainError::Stopped { signal, .. }) => Err(LaunchError::Stopped {
             signal,
             message: e.to_string(),
-        },
-        e => LaunchError::Failed(e.to_string()),
-    });
+        }),
+        Err(
+            e @ TrainError::Comm {
+                source: dtrain_comms::CommError::Excluded { .. },
+                ..
+            },
+        ) if rejoins => Ok(Once::Excluded(e.to_string())),
+        Err(e) => Err(LaunchError::Failed(e.to_string())),
+    };
     // The trainer (and its transport) goes before MPI is finalised.
     drop(t);
     drop(mpi);
@@ -953,6 +1039,7 @@ pub fn run_as_rank(
             plan.config.cluster.transport,
             &token?,
             RENDEZVOUS_TIMEOUT,
+            plan.config.cluster.membership == crate::config::Membership::Live,
         )?)
     } else {
         // Wait for rank 0's config.toml.
@@ -972,6 +1059,7 @@ pub fn run_as_rank(
         rank,
         world,
         resume: opts.resume.is_some(),
+        join: false,
     };
     let s = worker(&a, obs)?;
     if let Some(h) = host {
@@ -1047,6 +1135,7 @@ mod tests {
             "t",
             Duration::from_millis(10),
             Liveness::default(),
+            false,
         )
         .err()
         .expect("auto cannot connect");

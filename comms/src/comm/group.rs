@@ -497,8 +497,18 @@ impl<T: Transport> Communicator<T> {
                     })
                 }
                 // A lost rank whose place is still empty, or a member that went meanwhile
-                // (the group's business once this rank is in it).
-                Err(TransportError::Closed { .. } | TransportError::PeerSilent { .. }) => continue,
+                // (the group's business once this rank is in it) — unless every other rank
+                // is gone: the group ended, or never was.
+                Err(TransportError::Closed { .. } | TransportError::PeerSilent { .. }) => {
+                    let world = self.transport.inner().world_size();
+                    if (0..world).all(|p| p == me || self.transport.gone[p].is_some()) {
+                        return Err(CommError::Poisoned(format!(
+                            "waiting to join as rank {me}: every other rank is gone (the run \
+                             ended, or its workers were lost)"
+                        )));
+                    }
+                    continue;
+                }
                 Err(e) => return Err(e.into()),
             };
             let n = self.transport.bytes().received - before;

@@ -16,11 +16,13 @@ use std::time::Instant;
 
 use super::{check_peer, ByteCount, Event, Inbox, Transport, TransportError};
 
-/// Every rank's inbox sender, and how many times its rank was taken by a newcomer.
+/// Every rank's inbox sender, how many times its rank was taken by a newcomer, and the
+/// newest generation of each rank that some rank admitted.
 #[derive(Debug)]
 struct Registry {
     txs: Vec<Sender<Event>>,
     generation: Vec<u64>,
+    admitted: Vec<u64>,
 }
 
 /// The ranks of an in-process mesh, to give a lost one's place to a newcomer: see
@@ -43,6 +45,7 @@ impl ChannelSlots {
         reg.generation[rank] += 1;
         ChannelTransport {
             rank,
+            generation: reg.generation[rank],
             world,
             peers: reg.txs.clone(),
             known: reg.generation.clone(),
@@ -57,6 +60,8 @@ impl ChannelSlots {
 #[derive(Debug)]
 pub struct ChannelTransport {
     rank: usize,
+    /// How many newcomers took this rank before this one (0: one of the mesh's own).
+    generation: u64,
     world: usize,
     peers: Vec<Sender<Event>>,
     /// The generation of each peer's sender in `peers` (see [`Registry`]).
@@ -72,11 +77,13 @@ pub fn channel_mesh(world: usize) -> Vec<ChannelTransport> {
     let registry = ChannelSlots(Arc::new(Mutex::new(Registry {
         txs: txs.clone(),
         generation: vec![0; world],
+        admitted: vec![0; world],
     })));
     rxs.into_iter()
         .enumerate()
         .map(|(rank, rx)| ChannelTransport {
             rank,
+            generation: 0,
             world,
             peers: txs.clone(),
             known: vec![0; world],
@@ -138,7 +145,7 @@ impl Transport for ChannelTransport {
 
     fn admit(&mut self, rank: usize) -> Result<(), TransportError> {
         check_peer(rank, self.rank, self.world)?;
-        let reg = self.registry.0.lock().expect("registry");
+        let mut reg = self.registry.0.lock().expect("registry");
         if reg.generation[rank] == self.known[rank] {
             return Err(TransportError::Handshake {
                 peer: format!("rank {rank}"),
@@ -150,13 +157,21 @@ impl Transport for ChannelTransport {
         self.inbox.admitted(rank);
         self.peers[rank] = reg.txs[rank].clone();
         self.known[rank] = reg.generation[rank];
+        reg.admitted[rank] = reg.admitted[rank].max(reg.generation[rank]);
         Ok(())
     }
 }
 
 impl Drop for ChannelTransport {
     fn drop(&mut self) {
-        for (p, tx) in self.peers.iter().enumerate() {
+        // Every rank's current inbox, newcomers' included; a newcomer nobody admitted
+        // leaves silently (the others know its rank's predecessor, not it).
+        let txs = match self.registry.0.lock() {
+            Ok(reg) if self.generation > reg.admitted[self.rank] => return,
+            Ok(reg) => reg.txs.clone(),
+            Err(_) => self.peers.clone(),
+        };
+        for (p, tx) in txs.iter().enumerate() {
             if p != self.rank {
                 let _ = tx.send(Event::Closed(self.rank));
             }

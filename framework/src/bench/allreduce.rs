@@ -115,6 +115,7 @@ pub fn launch(opts: &Options, exe: &Path, args: &[&str]) -> Result<Vec<Row>, Str
         opts.transport,
         &token,
         Duration::from_secs(60).min(opts.timeout),
+        false,
     )?;
     let mut children: Vec<(usize, Child)> = Vec::new();
     for rank in 0..opts.workers {
@@ -273,6 +274,7 @@ pub fn worker(a: &WorkerArgs) -> Result<(), String> {
                 &token,
                 Duration::from_secs(60),
                 crate::launch::Liveness::default(),
+                false,
             )?
         }
     };

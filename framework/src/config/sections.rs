@@ -445,6 +445,7 @@ impl ClusterConfig {
         Liveness {
             heartbeat: std::time::Duration::from_secs_f64(self.heartbeat_s),
             peer_timeout: std::time::Duration::from_secs_f64(peer_timeout),
+            accept_joiners: self.membership == Membership::Live,
         }
     }
 }
@@ -459,6 +460,9 @@ pub struct Liveness {
     pub heartbeat: std::time::Duration,
     /// A peer silent this long is lost.
     pub peer_timeout: std::time::Duration,
+    /// Keep accepting newcomers that take a lost peer's place (live membership; the tcp
+    /// transport).
+    pub accept_joiners: bool,
 }
 
 impl Default for Liveness {
@@ -466,6 +470,7 @@ impl Default for Liveness {
         Liveness {
             heartbeat: std::time::Duration::from_secs(1),
             peer_timeout: std::time::Duration::from_secs(10),
+            accept_joiners: false,
         }
     }
 }

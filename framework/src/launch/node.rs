@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use dtrain_records::Restart;
 
-use super::supervise::{kill_all, watch, Ended, Watch};
+use super::supervise::{kill_all, watch_replacing, Ended, Replace, Watch};
 use super::{host_rendezvous, LaunchError, RunOptions, RENDEZVOUS_TIMEOUT, TOKEN_ENV};
 use crate::config::Plan;
 use crate::signals;
@@ -38,52 +38,75 @@ pub(super) struct Node<'a> {
 }
 
 impl Node<'_> {
+    /// Whether the run has live membership.
+    fn live(&self) -> bool {
+        self.plan.config.cluster.membership == crate::config::Membership::Live
+    }
+
     /// Starts one worker process per rank of this node; `resume` adds `--resume`.
     fn spawn(&self, rdv: SocketAddr, resume: bool) -> Result<Vec<(usize, Child)>, String> {
-        let world = self.plan.config.cluster.workers;
-        let threads = self.plan.config.cluster.threads.to_string();
-        let launcher = std::process::id().to_string();
         let mut children: Vec<(usize, Child)> = Vec::new();
         for &rank in &self.ranks {
-            let mut cmd = Command::new(self.exe);
-            cmd.args(self.worker_cmd)
-                .arg("--run-dir")
-                .arg(&self.dir.root)
-                .arg("--rendezvous")
-                .arg(rdv.to_string())
-                .arg("--rank")
-                .arg(rank.to_string())
-                .arg("--world")
-                .arg(world.to_string())
-                .env(TOKEN_ENV, self.token)
-                .env("RAYON_NUM_THREADS", &threads)
-                .env(
-                    crate::device::LOCAL_RANK_ENV,
-                    (rank - self.ranks[0]).to_string(),
-                )
-                .env(signals::LAUNCHER_PID_ENV, &launcher)
-                .stdin(Stdio::null());
-            // Its own process group: a terminal's Ctrl-C reaches the launcher only, which
-            // forwards it once (see crate::signals).
-            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-            if let Some(node) = self.node {
-                cmd.env(super::hosts::NODE_ENV, node.to_string());
-            }
-            if resume {
-                cmd.arg("--resume");
-            }
-            if rank != 0 {
-                cmd.stdout(Stdio::null());
-            }
-            match cmd.spawn() {
+            match self.spawn_one(rdv, rank, resume, false) {
                 Ok(c) => children.push((rank, c)),
                 Err(e) => {
                     kill_all(&mut children);
-                    return Err(format!("starting worker {rank}: {e}"));
+                    return Err(e);
                 }
             }
         }
         Ok(children)
+    }
+
+    /// Starts the worker process of `rank`; `resume` adds `--resume`, `join` `--join` (a
+    /// newcomer taking a lost worker's place in the running group).
+    fn spawn_one(
+        &self,
+        rdv: SocketAddr,
+        rank: usize,
+        resume: bool,
+        join: bool,
+    ) -> Result<Child, String> {
+        let world = self.plan.config.cluster.workers;
+        let threads = self.plan.config.cluster.threads.to_string();
+        let launcher = std::process::id().to_string();
+        let mut cmd = Command::new(self.exe);
+        cmd.args(self.worker_cmd)
+            .arg("--run-dir")
+            .arg(&self.dir.root)
+            .arg("--rendezvous")
+            .arg(rdv.to_string())
+            .arg("--rank")
+            .arg(rank.to_string())
+            .arg("--world")
+            .arg(world.to_string())
+            .env(TOKEN_ENV, self.token)
+            .env("RAYON_NUM_THREADS", &threads)
+            .env(
+                crate::device::LOCAL_RANK_ENV,
+                (rank - self.ranks[0]).to_string(),
+            )
+            .env(signals::LAUNCHER_PID_ENV, &launcher)
+            .stdin(Stdio::null());
+        // Its own process group: a terminal's Ctrl-C reaches the launcher only, which
+        // forwards it once (see crate::signals).
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        if let Some(node) = self.node {
+            cmd.env(super::hosts::NODE_ENV, node.to_string());
+        }
+        if resume {
+            cmd.arg("--resume");
+        }
+        if join {
+            cmd.arg("--join");
+        }
+        // A newcomer never leads (it joins after the members), so only the first worker 0
+        // shows its progress.
+        if rank != 0 || join {
+            cmd.stdout(Stdio::null());
+        }
+        cmd.spawn()
+            .map_err(|e| format!("starting worker {rank}: {e}"))
     }
 
     /// Runs the workers to the end: restarted after a failure up to `--max-restarts`
@@ -103,6 +126,7 @@ impl Node<'_> {
                     self.plan.config.cluster.transport,
                     self.token,
                     RENDEZVOUS_TIMEOUT,
+                    self.live(),
                 )?)
             } else {
                 None
@@ -110,21 +134,35 @@ impl Node<'_> {
             let rdv = host.as_ref().map_or(self.rendezvous, |h| h.addr());
             let started = Instant::now();
             let mut children = self.spawn(rdv, resume)?;
-            let ended = watch(
+            let watch_how = Watch {
+                deadline: None,
+                grace: PEERS_GRACE,
+                on_signal: Some(grace),
+                live: self.live(),
+            };
+            // Live membership: --max-restarts replaces lost workers by newcomers (tcp).
+            let budget = self.opts.max_restarts.saturating_sub(restarts.len());
+            let replaces = self.live()
+                && budget > 0
+                && self.plan.config.cluster.transport == crate::config::TransportKind::Tcp;
+            let mut start = |rank: usize| self.spawn_one(rdv, rank, false, true);
+            let ended = watch_replacing(
                 &mut children,
-                Watch {
-                    deadline: None,
-                    grace: PEERS_GRACE,
-                    on_signal: Some(grace),
-                    live: self.plan.config.cluster.membership == crate::config::Membership::Live,
-                },
+                watch_how,
+                replaces.then_some((&mut start as Replace<'_>, budget)),
             );
             let (rank, cause) = match ended {
-                Ended::Survived { lost } => {
+                Ended::Survived { lost, replaced } => {
                     for (r, st) in &lost {
                         log(&format!(
                             "worker {r} was lost ({st}); the others went on without it \
                              (cluster.membership = \"live\": summary.json's membership)"
+                        ));
+                    }
+                    for r in &replaced {
+                        log(&format!(
+                            "worker {r}: a newcomer took its place (--max-restarts under \
+                             live membership)"
                         ));
                     }
                     if let Some(h) = host {

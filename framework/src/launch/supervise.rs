@@ -17,6 +17,8 @@ pub(crate) enum Ended {
     Survived {
         /// The workers that failed, with their exit status, in the order they ended.
         lost: Vec<(usize, String)>,
+        /// The ranks a newcomer was started for (see [`watch_replacing`]), in order.
+        replaced: Vec<usize>,
     },
     /// A worker failed, or the deadline passed; the others were given their grace to
     /// name the failure and then stopped.
@@ -69,8 +71,24 @@ fn stopped_for(st: &std::process::ExitStatus) -> Option<i32> {
     signals::STOP_SIGNALS.into_iter().find(|&s| code == 128 + s)
 }
 
+/// Starts a newcomer for a lost worker's rank (live membership's replacements).
+pub(crate) type Replace<'a> = &'a mut dyn FnMut(usize) -> Result<Child, String>;
+
 /// Waits for every worker process `(rank, child)` and says how they ended (see [`Ended`]).
 pub(crate) fn watch(children: &mut [(usize, Child)], w: Watch) -> Ended {
+    watch_replacing(children, w, None)
+}
+
+/// [`watch`], where under live membership ([`Watch::live`]) a worker that fails is
+/// replaced by a newcomer for its rank, started by `replace.0`, while the budget
+/// `replace.1` lasts (`--max-restarts`): the newcomer takes the lost worker's place in
+/// the running group. A newcomer that cannot be started counts as lost.
+pub(crate) fn watch_replacing(
+    children: &mut [(usize, Child)],
+    w: Watch,
+    mut replace: Option<(Replace<'_>, usize)>,
+) -> Ended {
+    let mut replaced: Vec<usize> = Vec::new();
     let mut done = vec![false; children.len()];
     // Live membership: the workers that failed while others went on, and how many ended
     // successfully.
@@ -115,7 +133,20 @@ pub(crate) fn watch(children: &mut [(usize, Child)], w: Watch) -> Ended {
                         (Some(sig), Some(grace)) => {
                             stopping = Some((sig, Instant::now() + grace));
                         }
-                        _ if w.live => lost.push((*rank, format!("{st}"))),
+                        _ if w.live => {
+                            lost.push((*rank, format!("{st}")));
+                            if let Some((start, budget)) = replace.as_mut().filter(|r| r.1 > 0) {
+                                *budget -= 1;
+                                match start(*rank) {
+                                    Ok(newcomer) => {
+                                        *c = newcomer;
+                                        done[i] = false;
+                                        replaced.push(*rank);
+                                    }
+                                    Err(e) => lost.push((*rank, format!("its newcomer: {e}"))),
+                                }
+                            }
+                        }
                         _ => note_failure(&mut failure, *rank, &st),
                     }
                 }
@@ -159,7 +190,7 @@ pub(crate) fn watch(children: &mut [(usize, Child)], w: Watch) -> Ended {
         if running.is_empty() && failure.is_none() {
             return match (lost.first(), succeeded) {
                 (None, _) => Ended::Done,
-                (Some(_), 1..) => Ended::Survived { lost },
+                (Some(_), 1..) => Ended::Survived { lost, replaced },
                 // Nobody went on: the first loss is the run's failure.
                 (Some((rank, cause)), 0) => Ended::Failed {
                     rank: Some(*rank),
@@ -298,7 +329,7 @@ mod tests {
             (2, sh("sleep 0.7; exit 0")),
         ];
         match watch(&mut children, live) {
-            Ended::Survived { lost } => {
+            Ended::Survived { lost, .. } => {
                 assert_eq!(lost.len(), 1);
                 assert_eq!(lost[0].0, 1);
                 assert!(lost[0].1.contains('3'), "{lost:?}");

@@ -32,6 +32,11 @@ pub(super) struct Meta {
     /// resume).
     #[serde(default)]
     pub(super) steps_per_epoch: u64,
+    /// The step count of the last comparison of the replicas' hashes (when the next is
+    /// due): every worker of a group must agree on it, a newcomer and the survivors that
+    /// run a step again included.
+    #[serde(default)]
+    pub(super) replicas_checked_at: u64,
 }
 
 impl<T: Transport> Trainer<T> {
@@ -143,6 +148,7 @@ impl<T: Transport> Trainer<T> {
         self.skipped = meta.skipped;
         self.recoveries = meta.recoveries;
         self.best_loss = meta.best_loss_bits.map(f64::from_bits);
+        self.replicas_checked_at = meta.replicas_checked_at.min(self.step);
         self.last_checkpoint = Some(dir.to_path_buf());
         self.resumed_step = Some(meta.step);
         self.agree_on_step(dir)
@@ -290,6 +296,7 @@ impl<T: Transport> Trainer<T> {
             recoveries: self.recoveries,
             best_loss_bits: self.best_loss.map(f64::to_bits),
             steps_per_epoch: self.plan.steps_per_epoch,
+            replicas_checked_at: self.replicas_checked_at,
         };
         ck.put_json("meta", &meta);
         ck.put_f32("params", &self.params());

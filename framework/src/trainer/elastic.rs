@@ -212,6 +212,7 @@ mod tests {
             recoveries: 0,
             best_loss_bits: None,
             steps_per_epoch,
+            replicas_checked_at: 0,
         }
     }
 

@@ -153,7 +153,13 @@ impl<T: Transport> Trainer<T> {
             .regroup(&blamed)
             .map_err(|source| TrainError::Comm {
                 step: *step,
-                source: CommError::Poisoned(format!("{cause}; then, regrouping: {source}")),
+                source: match source {
+                    // Kept as it is: a worker dropped while alive may come back as a newcomer.
+                    CommError::Excluded { detail } => CommError::Excluded {
+                        detail: format!("{cause}; then, regrouping: {detail}"),
+                    },
+                    source => CommError::Poisoned(format!("{cause}; then, regrouping: {source}")),
+                },
             })?;
         let reached = self.step;
         let comm_err = |source| TrainError::Comm {
@@ -202,8 +208,11 @@ impl<T: Transport> Trainer<T> {
             step: from,
             reason: format!("live membership: restoring the state of step {from}: {reason}"),
         };
-        self.restore_state(&ck, &bad, false)?;
+        let meta = self.restore_state(&ck, &bad, false)?;
         self.step = from;
+        // A survivor that had finished the step (and compared the replicas after it) runs
+        // it again with the others: when the next comparison is due is the state's.
+        self.replicas_checked_at = meta.replicas_checked_at;
         self.sync.start_at(from).map_err(|e| self.step_error(e))?;
         self.left_exchange = None;
         if self.rank == 0 {
@@ -337,6 +346,7 @@ impl<T: Transport> Trainer<T> {
         self.skipped = meta.skipped;
         self.recoveries = meta.recoveries;
         self.best_loss = meta.best_loss_bits.map(f64::from_bits);
+        self.replicas_checked_at = meta.replicas_checked_at;
         self.sync
             .start_at(meta.step)
             .map_err(|e| self.step_error(e))?;
@@ -344,8 +354,17 @@ impl<T: Transport> Trainer<T> {
         // as it would hand it over equals the state handed to it.
         let own = handover::for_newcomer(&self.state()?, donors, self.world).map_err(bad)?;
         if let Some(name) = handover::first_difference(&own, &ck) {
+            // A metadata section is short: show both.
+            let shown = |c: &Checkpoint| match c.bytes(&name) {
+                Ok(b) if name == "meta" => String::from_utf8_lossy(b).into_owned(),
+                Ok(b) => format!("{} bytes", b.len()),
+                Err(_) => "missing".into(),
+            };
             return Err(bad(format!(
-                "section {name:?} of the restored state differs from what the members sent"
+                "section {name:?} of the restored state differs from what the members sent \
+                 (restored: {}; sent: {})",
+                shown(&own),
+                shown(&ck)
             )));
         }
         self.notes.push(format!(
