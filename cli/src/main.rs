@@ -119,6 +119,11 @@ struct RunArgs {
     /// checkpoint intact on every rank, at most N times (recorded in summary.json).
     #[arg(long, value_name = "N", default_value_t = 0)]
     max_restarts: usize,
+    /// Join a running multi-node run as node --node-rank (not node 0, which hosts the
+    /// rendezvous): its workers take the places of this node's lost ones (live membership
+    /// over tcp), e.g. after this node's host restarted.
+    #[arg(long, requires = "node_rank")]
+    join: bool,
 }
 
 #[derive(Args, Debug)]
@@ -206,6 +211,7 @@ fn run_options(a: &RunArgs) -> launch::RunOptions {
         no_fetch: a.check.no_fetch,
         variant: None,
         max_restarts: a.max_restarts,
+        join: a.join,
     }
 }
 

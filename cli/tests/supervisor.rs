@@ -483,7 +483,10 @@ fn under_live_membership_a_lost_worker_is_replaced_by_a_newcomer() {
             if cmd.is_empty() {
                 continue;
             }
-            assert!(cmd.contains("--join"), "a new worker {pid} ({cmd}): restarted?");
+            assert!(
+                cmd.contains("--join"),
+                "a new worker {pid} ({cmd}): restarted?"
+            );
             assert_eq!(*newcomer.get_or_insert(pid), pid, "a second newcomer");
         }
         std::thread::sleep(Duration::from_millis(50));

@@ -81,8 +81,12 @@ pub struct RunOptions {
     /// configuration.
     pub variant: Option<String>,
     /// `--max-restarts N`: after a worker fails, restart every worker from the newest
-    /// intact checkpoint, at most this many times (default 0: a failure ends the run).
+    /// intact checkpoint, at most this many times (default 0: a failure ends the run);
+    /// under live membership over tcp, replace up to N lost workers by newcomers.
     pub max_restarts: usize,
+    /// `--join`: this node (not node 0) joins a running multi-node run, its workers taking
+    /// the places of the node's lost ones (live membership over tcp).
+    pub join: bool,
 }
 
 /// Why `dtrain run` (or one of its ranks) did not finish.
@@ -809,14 +813,6 @@ pub fn launch(
     if nnodes > 1 && opts.rendezvous.is_none() {
         return Err("--nnodes > 1 needs --rendezvous HOST:PORT (node 0's address)".into());
     }
-    if nnodes > 1 && opts.max_restarts > 0 {
-        return Err(
-            "--max-restarts restarts the workers of one node; with --nnodes > 1 the \
-                    node launchers would have to agree on every restart, which they do not \
-                    yet: restart the run with --resume on every node"
-                .into(),
-        );
-    }
     // Before any worker or run directory exists: a missing driver is one error, here.
     crate::device::check_available(plan.config.cluster.device, world / nnodes)?;
     let token = match std::env::var(TOKEN_ENV) {
@@ -836,6 +832,18 @@ pub fn launch(
     plan.config.cluster.transport = kind;
     if let Some(why) = why {
         log(&why);
+    }
+    let replaces = plan.config.cluster.membership == crate::config::Membership::Live
+        && kind == TransportKind::Tcp;
+    if nnodes > 1 && opts.max_restarts > 0 && !replaces {
+        return Err(
+            "--max-restarts restarts the workers of one node; with --nnodes > 1 the \
+                    node launchers would have to agree on every restart, which they do not \
+                    yet: restart the run with --resume on every node (or run with \
+                    cluster.membership = \"live\" and transport \"tcp\", where each node \
+                    replaces its lost workers by newcomers)"
+                .into(),
+        );
     }
     if kind == TransportKind::Mpi {
         if nnodes > 1 {
@@ -859,6 +867,23 @@ pub fn launch(
     }
     let per_node = world / nnodes;
     let ranks: Vec<usize> = (node_rank * per_node..(node_rank + 1) * per_node).collect();
+    if opts.join {
+        let c = &plan.config.cluster;
+        if nnodes < 2 || node_rank == 0 {
+            return Err(
+                "--join: only a node other than node 0 (which hosts the rendezvous) \
+                        can join a running run (--nnodes, --node-rank)"
+                    .into(),
+            );
+        }
+        if c.membership != crate::config::Membership::Live || kind != TransportKind::Tcp {
+            return Err(
+                "--join needs cluster.membership = \"live\" and cluster.transport = \
+                        \"tcp\" (newcomers join over tcp)"
+                    .into(),
+            );
+        }
+    }
     let node = node::Node {
         opts,
         plan: &plan,
@@ -872,6 +897,7 @@ pub fn launch(
             .unwrap_or_else(|| "127.0.0.1:0".parse().expect("addr")),
         hosts: node_rank == 0,
         node: (nnodes > 1).then_some(node_rank),
+        join: opts.join,
     };
     let restarts = node.run(log)?;
     let summary = if ranks.contains(&0) {

@@ -1,5 +1,7 @@
 //! One node's worker processes, supervised: started, watched, stopped on a signal, and
-//! restarted from the newest intact checkpoint after a failure (`--max-restarts`).
+//! restarted from the newest intact checkpoint after a failure (`--max-restarts`) — or,
+//! under live membership over tcp, each lost worker replaced by a newcomer that joins the
+//! running group (on one node or several).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -35,6 +37,8 @@ pub(super) struct Node<'a> {
     /// This node's `--node-rank` when the run has several nodes: its workers group by it
     /// ([`super::hosts`]).
     pub node: Option<usize>,
+    /// `--join`: the workers start as newcomers in a running group.
+    pub join: bool,
 }
 
 impl Node<'_> {
@@ -43,11 +47,12 @@ impl Node<'_> {
         self.plan.config.cluster.membership == crate::config::Membership::Live
     }
 
-    /// Starts one worker process per rank of this node; `resume` adds `--resume`.
+    /// Starts one worker process per rank of this node; `resume` adds `--resume`; with
+    /// `--join` they start as newcomers.
     fn spawn(&self, rdv: SocketAddr, resume: bool) -> Result<Vec<(usize, Child)>, String> {
         let mut children: Vec<(usize, Child)> = Vec::new();
         for &rank in &self.ranks {
-            match self.spawn_one(rdv, rank, resume, false) {
+            match self.spawn_one(rdv, rank, resume, self.join) {
                 Ok(c) => children.push((rank, c)),
                 Err(e) => {
                     kill_all(&mut children);
@@ -188,7 +193,8 @@ impl Node<'_> {
                 Some(r) => format!("worker {r} failed ({cause})"),
                 None => cause.clone(),
             };
-            if restarts.len() >= self.opts.max_restarts {
+            // Several nodes cannot restart everyone together (only replace workers).
+            if restarts.len() >= self.opts.max_restarts || self.node.is_some() {
                 let after = match self.opts.max_restarts {
                     0 => String::new(),
                     n => format!(" (after {n} restart(s), the most --max-restarts allows)"),

@@ -27,7 +27,8 @@
 //! (parameters, optimizer, compressor and `[sync]` state) is identical on the survivors.
 //!
 //! **Newcomers.** A worker may take a lost worker's place (`Trainer::join`; the launcher's
-//! replacement under `--max-restarts`, or `dtrain run --join`): its transport connects to
+//! replacement under `--max-restarts`, `dtrain worker --join`, or a worker the group dropped
+//! while it was alive, joining again): its transport connects to
 //! the members, and each member that sees it waiting says so in the next step's control
 //! all-reduce. Before the following step (for a periodic `[sync]` kind: before the first
 //! step at which the replicas are identical, a round's end) the members admit it
