@@ -497,11 +497,10 @@ fn train_worker(a: TrainWorkerArgs) -> Result<()> {
         resume: a.resume,
         join: a.join,
     };
-    let mut quiet = dtrain_framework::trainer::Quiet;
-    let mut prog = progress::Progress::new();
-    let obs: &mut dyn dtrain_framework::trainer::Observer =
-        if rank == 0 { &mut prog } else { &mut quiet };
-    launch::worker(&w, obs).map_err(|e| of_rank(e, rank))?;
+    // Shown while this worker leads its group (rank 0 at first; under live membership the
+    // next one when it is lost).
+    let mut prog = progress::Leading::new(rank);
+    launch::worker(&w, &mut prog).map_err(|e| of_rank(e, rank))?;
     Ok(())
 }
 

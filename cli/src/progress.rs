@@ -1,5 +1,7 @@
 //! The progress display of rank 0: one indicatif bar per epoch with loss, throughput,
-//! bytes per step and ETA; evaluations and notices printed above the bar.
+//! bytes per step and ETA; evaluations and notices printed above the bar. Every worker
+//! has one ([`Leading`]), shown while the worker leads its group: the first rank 0, and
+//! under live membership whichever worker leads after it was lost.
 
 use dtrain_framework::trainer::{EvalRecord, Observer, StepRecord};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -78,6 +80,63 @@ impl Progress {
             },
             human_bytes(self.bytes / n)
         )
+    }
+}
+
+/// A [`Progress`] shown only while this worker leads its group ([`Observer::on_rank`]).
+pub struct Leading {
+    inner: Progress,
+    leading: bool,
+    total: u64,
+    per_epoch: u64,
+}
+
+impl Leading {
+    /// A display for a worker of rank `rank` at the start.
+    pub fn new(rank: usize) -> Self {
+        Leading {
+            inner: Progress::new(),
+            leading: rank == 0,
+            total: 0,
+            per_epoch: 1,
+        }
+    }
+}
+
+impl Observer for Leading {
+    fn on_rank(&mut self, rank: usize, step: u64) {
+        let was = self.leading;
+        self.leading = rank == 0;
+        if self.leading && !was && self.total > 0 {
+            // Took over from a lost leader: the display goes on from here.
+            eprintln!("this worker leads the group from step {step} on");
+            self.inner.per_epoch = self.per_epoch.max(1);
+            self.inner.total = self.total;
+            if step < self.total {
+                self.inner.start_epoch(step / self.inner.per_epoch, step);
+            }
+        }
+    }
+    fn on_start(&mut self, step: u64, total: u64, per_epoch: u64) {
+        (self.total, self.per_epoch) = (total, per_epoch);
+        if self.leading {
+            self.inner.on_start(step, total, per_epoch);
+        }
+    }
+    fn on_step(&mut self, r: &StepRecord) {
+        if self.leading {
+            self.inner.on_step(r);
+        }
+    }
+    fn on_eval(&mut self, r: &EvalRecord) {
+        if self.leading {
+            self.inner.on_eval(r);
+        }
+    }
+    fn on_message(&mut self, msg: &str) {
+        if self.leading {
+            self.inner.on_message(msg);
+        }
     }
 }
 

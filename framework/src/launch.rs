@@ -813,6 +813,19 @@ pub fn launch(
     if nnodes > 1 && opts.rendezvous.is_none() {
         return Err("--nnodes > 1 needs --rendezvous HOST:PORT (node 0's address)".into());
     }
+    let replaces = plan.config.cluster.membership == crate::config::Membership::Live
+        && resolve_transport(plan.config.cluster.transport, world, Some(nnodes)).0
+            == TransportKind::Tcp;
+    if nnodes > 1 && opts.max_restarts > 0 && !replaces {
+        return Err(
+            "--max-restarts restarts the workers of one node; with --nnodes > 1 the \
+                    node launchers would have to agree on every restart, which they do not \
+                    yet: restart the run with --resume on every node (or run with \
+                    cluster.membership = \"live\" and transport \"tcp\", where each node \
+                    replaces its lost workers by newcomers)"
+                .into(),
+        );
+    }
     // Before any worker or run directory exists: a missing driver is one error, here.
     crate::device::check_available(plan.config.cluster.device, world / nnodes)?;
     let token = match std::env::var(TOKEN_ENV) {
@@ -832,18 +845,6 @@ pub fn launch(
     plan.config.cluster.transport = kind;
     if let Some(why) = why {
         log(&why);
-    }
-    let replaces = plan.config.cluster.membership == crate::config::Membership::Live
-        && kind == TransportKind::Tcp;
-    if nnodes > 1 && opts.max_restarts > 0 && !replaces {
-        return Err(
-            "--max-restarts restarts the workers of one node; with --nnodes > 1 the \
-                    node launchers would have to agree on every restart, which they do not \
-                    yet: restart the run with --resume on every node (or run with \
-                    cluster.membership = \"live\" and transport \"tcp\", where each node \
-                    replaces its lost workers by newcomers)"
-                .into(),
-        );
     }
     if kind == TransportKind::Mpi {
         if nnodes > 1 {

@@ -353,19 +353,22 @@ fn membership_section(runs: &[Run], rows: &[RunRow]) -> String {
     let mut out = String::from(
         "\n## Membership\n\nWorkers lost while the run went on (`cluster.membership = \"live\"`): \
          the step the others went on from (they ran it again, over the smaller group), the \
-         time from the start of the failed step until they were ready to (`workers_vs_step` \
-         plots the group's size).\n\n",
+         time from the start of the failed step until they were ready to; and newcomers that \
+         took a lost worker's place, entering before the step shown, with the time their \
+         admission and the state's hand-over took (`workers_vs_step` plots the group's \
+         size).\n\n",
     );
     let mut t = Table::new(&[
         "run",
         "step",
         "lost",
-        "went on",
+        "joined",
+        "group",
         "cause",
         "lost s",
         "deadline s",
     ]);
-    for i in [0, 2, 3, 4] {
+    for i in [0, 2, 3, 4, 5] {
         t = t.align(i, md::Align::Left);
     }
     for (r, row) in runs.iter().zip(rows) {
@@ -374,6 +377,7 @@ fn membership_section(runs: &[Run], rows: &[RunRow]) -> String {
                 row.label.clone(),
                 c.step.to_string(),
                 format!("{:?}", c.removed),
+                format!("{:?}", c.added),
                 format!("{:?}", c.members),
                 c.cause.replace('|', "/"),
                 md::sig(c.lost_s),

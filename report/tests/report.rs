@@ -455,8 +455,9 @@ fn a_diverged_run_with_non_finite_figures_is_reported_as_diverged() {
     check_plots(&out.files[1..]);
 }
 
-/// Live membership (issue #53, scope 5): a run whose group lost a worker says so in its
-/// status, lists the change, and plots the group's size beside the loss curve.
+/// Live membership (issue #53, scope 5): a run whose group lost a worker (and later took a
+/// newcomer in its place) says so in its status, lists the changes, and plots the group's
+/// size beside the loss curve.
 #[test]
 fn a_run_that_lost_a_worker_shows_the_group_size_over_time() {
     let tmp = tempfile::tempdir().unwrap();
@@ -466,21 +467,31 @@ fn a_run_that_lost_a_worker_shows_the_group_size_over_time() {
     let mut s = spec.summary_json();
     s["membership"] = serde_json::json!([{"epoch": 1, "removed": [0], "members": [1, 2],
         "cause": "step 4: rank 0 was lost (connection closed; detected by rank 1)", "step": 4,
-        "after_s": 0.5, "steps_lost": 0, "lost_s": 0.02, "deadline_s": 10.0}]);
+        "after_s": 0.5, "steps_lost": 0, "lost_s": 0.02, "deadline_s": 10.0},
+        {"epoch": 2, "removed": [], "added": [0], "members": [1, 2, 0],
+        "cause": "worker(s) [0] joined", "step": 7, "after_s": 0.9, "steps_lost": 0,
+        "lost_s": 0.01}]);
     fs::write(
         dir.join("summary.json"),
         serde_json::to_string_pretty(&s).unwrap(),
     )
     .unwrap();
     let run = Run::load(&dir).unwrap();
-    assert_eq!(run.group_size(), vec![(0, 3), (4, 3), (4, 2), (9, 2)]);
+    assert_eq!(
+        run.group_size(),
+        vec![(0, 3), (4, 3), (4, 2), (7, 2), (7, 3), (9, 3)]
+    );
     let out = report(std::slice::from_ref(&dir), &opts(tmp.path())).unwrap();
     let md = &out.markdown;
     assert_eq!(check_tables(md), Ok(2), "{md}");
     assert!(md.contains("| complete, 1 worker lost |"), "{md}");
     assert!(md.contains("## Membership"), "{md}");
     assert!(
-        md.contains("| 4 | [0] | [1, 2] | step 4: rank 0 was lost"),
+        md.contains("| 4 | [0] | [] | [1, 2] | step 4: rank 0 was lost"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| 7 | [] | [0] | [1, 2, 0] | worker(s) [0] joined"),
         "{md}"
     );
     assert!(

@@ -219,6 +219,7 @@ impl<T: Transport> Trainer<T> {
         if self.rank == 0 {
             self.reopen_logs(from, was_rank0)?;
         }
+        obs.on_rank(self.rank, from);
         let l = self.live.as_mut().expect("live");
         let change = MembershipChange {
             epoch: membership.epoch,

@@ -166,6 +166,10 @@ pub trait Observer {
     fn on_eval(&mut self, _r: &EvalRecord) {}
     /// A notice (checkpoint written, rollback, skip).
     fn on_message(&mut self, _msg: &str) {}
+    /// This worker's rank in its group is `rank` from step `step` on: called before
+    /// [`Observer::on_start`], and again when the group changes (live membership). Rank 0
+    /// leads: it writes the logs, and is the one a progress display follows.
+    fn on_rank(&mut self, _rank: usize, _step: u64) {}
 }
 
 /// An observer that reports nothing.

@@ -18,6 +18,7 @@ impl<T: Transport> Trainer<T> {
         self.open_logs()?;
         let per_epoch = self.plan.steps_per_epoch;
         let total = self.plan.total_steps;
+        obs.on_rank(self.rank, self.step);
         obs.on_start(self.step, total, per_epoch);
         for note in std::mem::take(&mut self.notes) {
             obs.on_message(&note);
