@@ -103,6 +103,11 @@ impl Checkpoint {
         self.put_bytes(name, b);
     }
 
+    /// Takes section `name` out, returning its bytes (`None` if there is none).
+    pub fn remove(&mut self, name: &str) -> Option<Vec<u8>> {
+        self.sections.remove(name)
+    }
+
     /// The section names.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.sections.keys().map(|s| s.as_str())

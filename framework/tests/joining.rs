@@ -170,6 +170,18 @@ fn check(sets: &[&str], steps: u64) {
         members[0].summary.membership.as_ref().unwrap()[1].step,
         entered
     );
+    // The newcomer holds the group's history too (it would write it, were it to lead).
+    let history = newcomer
+        .summary
+        .membership
+        .as_ref()
+        .expect("history handed over");
+    assert_eq!(history.len(), 2, "{history:?}");
+    assert_eq!(
+        (&history[0].removed, &history[1].added),
+        (&vec![1], &vec![1])
+    );
+    assert_eq!(history[1].step, entered);
 }
 
 #[test]

@@ -446,7 +446,9 @@ pub struct MembershipChange {
     /// The step the group went on from (it ran that step again, over the new group; a
     /// newcomer enters before it).
     pub step: u64,
-    /// Seconds from the start of the session to the failure.
+    /// Seconds from the start of the session to the failure (the session of the worker
+    /// that wrote the summary, whose record it is: a newcomer's starts when it enters, and
+    /// it records its own entry at 0).
     #[serde(with = "float::num")]
     pub after_s: f64,
     /// Steps this worker had completed beyond `step` and did again (0 or 1).

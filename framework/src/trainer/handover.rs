@@ -90,6 +90,11 @@ pub(super) fn for_newcomer(
     Ok(out)
 }
 
+/// The section of a newcomer's state holding the group's membership changes so far (the
+/// members' `summary.json` history, so that a newcomer that comes to lead writes all of
+/// it); not part of a worker's own state.
+pub(super) const HISTORY: &str = "live/changes";
+
 fn protocol(detail: String) -> CommError {
     CommError::Poisoned(format!("handing the state over to a newcomer: {detail}"))
 }

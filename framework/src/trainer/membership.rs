@@ -148,7 +148,13 @@ impl<T: Transport> Trainer<T> {
         }
         let failed_at = Instant::now();
         let deadline_s = self.deadline_s();
-        let cause = format!("step {step}: {source}");
+        // The error names group ranks; after a change they are not the workers' own.
+        let members = self.comm.members();
+        let cause = if members.iter().enumerate().all(|(i, &p)| i == p) {
+            format!("step {step}: {source}")
+        } else {
+            format!("step {step}: {source} (ranks of the group {members:?})")
+        };
         let membership = self
             .comm
             .regroup(&blamed)
@@ -295,7 +301,9 @@ impl<T: Transport> Trainer<T> {
             step,
             reason: format!("live membership: admitting workers {:?}: {reason}", m.added),
         };
-        let given = handover::for_newcomer(&ck, donors, m.members.len()).map_err(bad)?;
+        let mut given = handover::for_newcomer(&ck, donors, m.members.len()).map_err(bad)?;
+        let history = &self.live.as_ref().expect("live").changes;
+        given.put_json(handover::HISTORY, history);
         let notes = self.regroup_sync(&m)?;
         handover::hand_over(&mut self.comm, donors, Some(&given)).map_err(comm_err)?;
         self.restore_state(&ck, &bad, false)?;
@@ -335,12 +343,18 @@ impl<T: Transport> Trainer<T> {
     pub(super) fn enter(&mut self, membership: &Membership) -> Result<(), TrainError> {
         let donors = membership.members.len() - membership.added.len();
         let comm_err = |source| TrainError::Comm { step: 0, source };
-        let (ck, from_leader) = handover::hand_over(&mut self.comm, donors, None)
+        let began = Instant::now();
+        let (mut ck, from_leader) = handover::hand_over(&mut self.comm, donors, None)
             .map_err(comm_err)?
             .expect("a newcomer receives the state");
         let bad = |reason: String| TrainError::Sync {
             step: 0,
             reason: format!("live membership: entering the group: {reason}"),
+        };
+        let history: Vec<MembershipChange> = match ck.remove(handover::HISTORY) {
+            Some(b) => serde_json::from_slice(&b)
+                .map_err(|e| bad(format!("the group's membership history: {e}")))?,
+            None => Vec::new(),
         };
         let meta = self.restore_state(&ck, &bad, false)?;
         self.step = meta.step;
@@ -368,6 +382,21 @@ impl<T: Transport> Trainer<T> {
                 shown(&own),
                 shown(&ck)
             )));
+        }
+        if let Some(l) = &mut self.live {
+            l.changes = history;
+            l.changes.push(MembershipChange {
+                epoch: membership.epoch,
+                removed: Vec::new(),
+                added: membership.added.clone(),
+                members: membership.members.clone(),
+                cause: format!("worker(s) {:?} joined", membership.added),
+                step: meta.step,
+                after_s: 0.0,
+                steps_lost: 0,
+                lost_s: began.elapsed().as_secs_f64(),
+                deadline_s: None,
+            });
         }
         self.notes.push(format!(
             "joined the group as worker {} (membership epoch {}, members {:?}) before step {}; \
