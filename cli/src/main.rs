@@ -508,6 +508,9 @@ fn train_worker(a: TrainWorkerArgs) -> Result<()> {
 fn of_rank(e: launch::LaunchError, rank: usize) -> launch::LaunchError {
     match e {
         launch::LaunchError::Failed(m) => launch::LaunchError::Failed(format!("rank {rank}: {m}")),
+        launch::LaunchError::NotJoined(m) => {
+            launch::LaunchError::NotJoined(format!("rank {rank}: {m}"))
+        }
         launch::LaunchError::Stopped { signal, message } => launch::LaunchError::Stopped {
             signal,
             message: format!("rank {rank}: {message}"),

@@ -101,15 +101,24 @@ pub enum LaunchError {
         /// What happened, and the checkpoint to continue from.
         message: String,
     },
+    /// A newcomer could not join the running group (none of its workers answered, they all
+    /// left — the run ended — or the rendezvous was gone): it never entered, so the run did
+    /// not fail for it, and the launcher does not start another in its place.
+    NotJoined(String),
 }
+
+/// The exit status of a newcomer that could not join ([`LaunchError::NotJoined`]).
+pub const NOT_JOINED_EXIT: u8 = 3;
 
 impl LaunchError {
     /// The process exit status that reports it: 1 for a failure, 128 + signal for a stop
-    /// (what a shell reports for a process ended by that signal).
+    /// (what a shell reports for a process ended by that signal), [`NOT_JOINED_EXIT`] for
+    /// a newcomer that could not join.
     pub fn exit_code(&self) -> u8 {
         match self {
             LaunchError::Failed(_) => 1,
             LaunchError::Stopped { signal, .. } => u8::try_from(128 + signal).unwrap_or(255),
+            LaunchError::NotJoined(_) => NOT_JOINED_EXIT,
         }
     }
 }
@@ -117,7 +126,9 @@ impl LaunchError {
 impl std::fmt::Display for LaunchError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            LaunchError::Failed(m) | LaunchError::Stopped { message: m, .. } => f.write_str(m),
+            LaunchError::Failed(m)
+            | LaunchError::Stopped { message: m, .. }
+            | LaunchError::NotJoined(m) => f.write_str(m),
         }
     }
 }
@@ -707,7 +718,14 @@ fn train_once(
             RENDEZVOUS_TIMEOUT,
             cfg.cluster.liveness(),
             a.join,
-        )?,
+        )
+        .map_err(|e| {
+            if a.join {
+                LaunchError::NotJoined(format!("joining the running group: {e}"))
+            } else {
+                e.into()
+            }
+        })?,
     };
     // Parameter-server mode: the server's messages share the connections of the collectives.
     // Exchanges in flight across steps (Streaming DiLoCo) likewise get a second lane, run
@@ -741,10 +759,10 @@ fn train_once(
         // at their next step boundary (a periodic [sync]'s: at its round's end).
         let timeout = Duration::from_secs_f64(cfg.cluster.timeout_s.max(60.0));
         Trainer::join(plan, data, comm, &device, Some(out.clone()), timeout)
+            .map_err(|e| LaunchError::NotJoined(format!("joining the running group: {e}")))?
     } else {
-        Trainer::new(plan, data, comm, &device, Some(out.clone()))
-    }
-    .map_err(|e| e.to_string())?;
+        Trainer::new(plan, data, comm, &device, Some(out.clone())).map_err(|e| e.to_string())?
+    };
     if let Some(lane) = ps_lane {
         t.attach_parameter_server(lane).map_err(|e| e.to_string())?;
     }

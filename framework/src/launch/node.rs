@@ -157,7 +157,11 @@ impl Node<'_> {
                 replaces.then_some((&mut start as Replace<'_>, budget)),
             );
             let (rank, cause) = match ended {
-                Ended::Survived { lost, replaced } => {
+                Ended::Survived {
+                    lost,
+                    replaced,
+                    not_joined,
+                } => {
                     for (r, st) in &lost {
                         log(&format!(
                             "worker {r} was lost ({st}); the others went on without it \
@@ -168,6 +172,12 @@ impl Node<'_> {
                         log(&format!(
                             "worker {r}: a newcomer took its place (--max-restarts under \
                              live membership)"
+                        ));
+                    }
+                    for r in &not_joined {
+                        log(&format!(
+                            "worker {r}: its newcomer could not join (its log says why: the \
+                             run had ended, say)"
                         ));
                     }
                     if let Some(h) = host {

@@ -19,6 +19,8 @@ pub(crate) enum Ended {
         lost: Vec<(usize, String)>,
         /// The ranks a newcomer was started for (see [`watch_replacing`]), in order.
         replaced: Vec<usize>,
+        /// The ranks whose newcomer could not join (the run had ended, say).
+        not_joined: Vec<usize>,
     },
     /// A worker failed, or the deadline passed; the others were given their grace to
     /// name the failure and then stopped.
@@ -89,6 +91,8 @@ pub(crate) fn watch_replacing(
     mut replace: Option<(Replace<'_>, usize)>,
 ) -> Ended {
     let mut replaced: Vec<usize> = Vec::new();
+    // Newcomers that could not join (they exited with NOT_JOINED_EXIT).
+    let mut not_joined: Vec<usize> = Vec::new();
     let mut done = vec![false; children.len()];
     // Live membership: the workers that failed while others went on, and how many ended
     // successfully.
@@ -127,6 +131,12 @@ pub(crate) fn watch_replacing(
                     if stopping.is_some() {
                         continue;
                     }
+                    if w.live && st.code() == Some(super::NOT_JOINED_EXIT as i32) {
+                        // A newcomer that could not join (the run ended, say): it never
+                        // entered, so nothing was lost, and no other is started for it.
+                        not_joined.push(*rank);
+                        continue;
+                    }
                     match (stopped_for(&st), w.on_signal) {
                         // A worker stopped by a signal of its own (the ranks agree on
                         // stopping): the run stops, it did not fail.
@@ -135,7 +145,11 @@ pub(crate) fn watch_replacing(
                         }
                         _ if w.live => {
                             lost.push((*rank, format!("{st}")));
-                            if let Some((start, budget)) = replace.as_mut().filter(|r| r.1 > 0) {
+                            // Once a worker finished, the run is complete: nothing to join.
+                            let wanted = succeeded == 0;
+                            if let Some((start, budget)) =
+                                replace.as_mut().filter(|r| r.1 > 0 && wanted)
+                            {
                                 *budget -= 1;
                                 match start(*rank) {
                                     Ok(newcomer) => {
@@ -190,7 +204,11 @@ pub(crate) fn watch_replacing(
         if running.is_empty() && failure.is_none() {
             return match (lost.first(), succeeded) {
                 (None, _) => Ended::Done,
-                (Some(_), 1..) => Ended::Survived { lost, replaced },
+                (Some(_), 1..) => Ended::Survived {
+                    lost,
+                    replaced,
+                    not_joined,
+                },
                 // Nobody went on: the first loss is the run's failure.
                 (Some((rank, cause)), 0) => Ended::Failed {
                     rank: Some(*rank),
@@ -325,26 +343,63 @@ mod tests {
         // Worker 1 fails first; 0 and 2 are not stopped, and end well.
         let mut children = vec![
             (0, sh("sleep 0.5; exit 0")),
-            (1, sh("exit 3")),
+            (1, sh("exit 5")),
             (2, sh("sleep 0.7; exit 0")),
         ];
         match watch(&mut children, live) {
             Ended::Survived { lost, .. } => {
                 assert_eq!(lost.len(), 1);
                 assert_eq!(lost[0].0, 1);
-                assert!(lost[0].1.contains('3'), "{lost:?}");
+                assert!(lost[0].1.contains('5'), "{lost:?}");
             }
             other => panic!("{other:?}"),
         }
         // Nobody ends well: the first loss is the failure.
-        let mut children = vec![(0, sh("sleep 0.3; exit 4")), (1, sh("exit 3"))];
+        let mut children = vec![(0, sh("sleep 0.3; exit 4")), (1, sh("exit 5"))];
         match watch(&mut children, live) {
             Ended::Failed {
                 rank: Some(1),
                 cause,
-            } => assert!(cause.contains('3'), "{cause}"),
+            } => assert!(cause.contains('5'), "{cause}"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn under_live_membership_lost_workers_are_replaced_until_the_run_is_complete() {
+        let live = Watch {
+            deadline: None,
+            grace: Duration::from_millis(200),
+            on_signal: None,
+            live: true,
+        };
+        // Worker 1 fails; its newcomer runs and ends well. Worker 2 fails after worker 0
+        // finished: the run is complete, nothing to replace it for.
+        let mut children = vec![
+            (0, sh("sleep 0.6; exit 0")),
+            (1, sh("exit 1")),
+            (2, sh("sleep 0.9; exit 1")),
+        ];
+        let mut started = Vec::new();
+        let mut start = |rank: usize| -> Result<Child, String> {
+            started.push(rank);
+            Ok(sh("sleep 0.2; exit 0"))
+        };
+        match watch_replacing(&mut children, live, Some((&mut start, 5))) {
+            Ended::Survived { lost, replaced, .. } => {
+                assert_eq!(lost.iter().map(|l| l.0).collect::<Vec<_>>(), vec![1, 2]);
+                assert_eq!(replaced, vec![1]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(started, vec![1]);
+        // A newcomer that could not join: neither lost nor replaced.
+        let mut children = vec![(0, sh("sleep 0.3; exit 0")), (1, sh("exit 3"))];
+        let mut start = |_: usize| -> Result<Child, String> { panic!("no newcomer wanted") };
+        assert_eq!(
+            watch_replacing(&mut children, live, Some((&mut start, 5))),
+            Ended::Done
+        );
     }
 
     #[test]
