@@ -59,30 +59,49 @@ fn summary(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
 }
 
-/// Starts the config at `cfg` on two node launchers of 2 workers each over loopback, into
-/// `dir`, their output piped.
-fn spawn_two_nodes(cfg: &Path, dir: &Path, token: &str) -> (Child, Child) {
+/// A free loopback rendezvous address.
+fn free_rendezvous() -> String {
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let rdv = format!("127.0.0.1:{port}");
-    let node = |i: usize| {
-        dtrain()
-            .arg("run")
-            .arg(cfg)
-            .args(["--nnodes", "2", "--node-rank", &i.to_string()])
-            .args(["--rendezvous", &rdv])
-            .arg("--run-dir")
-            .arg(dir)
-            .env("DTRAIN_RUN_TOKEN", token)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    (node(0), node(1))
+    format!("127.0.0.1:{port}")
+}
+
+/// Starts node launcher `node` of 2 for the config at `cfg` over loopback, into `dir`,
+/// with `extra` arguments, its output piped.
+fn spawn_node(
+    cfg: &Path,
+    dir: &Path,
+    rdv: &str,
+    token: &str,
+    node: usize,
+    extra: &[&str],
+) -> Child {
+    dtrain()
+        .arg("run")
+        .arg(cfg)
+        .args(["--nnodes", "2", "--node-rank", &node.to_string()])
+        .args(["--rendezvous", rdv])
+        .args(extra)
+        .arg("--run-dir")
+        .arg(dir)
+        .env("DTRAIN_RUN_TOKEN", token)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Starts the config at `cfg` on two node launchers of 2 workers each over loopback, into
+/// `dir`, their output piped.
+fn spawn_two_nodes(cfg: &Path, dir: &Path, token: &str) -> (Child, Child) {
+    let rdv = free_rendezvous();
+    (
+        spawn_node(cfg, dir, &rdv, token, 0, &[]),
+        spawn_node(cfg, dir, &rdv, token, 1, &[]),
+    )
 }
 
 /// Runs the config at `cfg` on two node launchers of 2 workers each over loopback, into
@@ -275,26 +294,8 @@ fn chaos_across_two_node_launchers() {
         );
     std::fs::write(&cfg, text).unwrap();
     let dir = tmp.path().join("chaos");
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let rdv = format!("127.0.0.1:{port}");
-    let node = |i: usize| {
-        dtrain()
-            .arg("run")
-            .arg(&cfg)
-            .args(["--nnodes", "2", "--node-rank", &i.to_string()])
-            .args(["--rendezvous", &rdv, "--max-restarts", "2"])
-            .arg("--run-dir")
-            .arg(&dir)
-            .env("DTRAIN_RUN_TOKEN", "chaos")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let rdv = free_rendezvous();
+    let node = |i: usize| spawn_node(&cfg, &dir, &rdv, "chaos", i, &["--max-restarts", "2"]);
     let (n0, n1) = (node(0), node(1));
     wait_for_steps(&dir, 50);
     let first = [0, 1, 2].map(|r| worker_pid(&dir, r));
@@ -386,27 +387,10 @@ fn a_node_launcher_rejoins_after_its_host_went() {
         );
     std::fs::write(&cfg, text).unwrap();
     let dir = tmp.path().join("rejoin");
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let rdv = format!("127.0.0.1:{port}");
+    let rdv = free_rendezvous();
     let node = |i: usize, join: bool| {
-        let mut c = dtrain();
-        c.arg("run")
-            .arg(&cfg)
-            .args(["--nnodes", "2", "--node-rank", &i.to_string()])
-            .args(["--rendezvous", &rdv])
-            .arg("--run-dir")
-            .arg(&dir)
-            .env("DTRAIN_RUN_TOKEN", "rejoin")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if join {
-            c.arg("--join");
-        }
-        c.spawn().unwrap()
+        let extra: &[&str] = if join { &["--join"] } else { &[] };
+        spawn_node(&cfg, &dir, &rdv, "rejoin", i, extra)
     };
     let n0 = node(0, false);
     let mut n1 = node(1, false);

@@ -394,15 +394,8 @@ impl Host {
         identity: RunIdentity,
         cfg: RendezvousConfig,
     ) -> Result<Host, RendezvousError> {
-        let addr = listener.local_addr()?;
-        check_token(&cfg.token)?;
-        let handle = thread::Builder::new()
-            .name("dtrain-rendezvous".into())
-            .spawn(move || serve(listener, world, identity, cfg))?;
-        Ok(Host {
-            addr,
-            handle,
-            stop: None,
+        Self::start(listener, &cfg.token.clone(), None, move |l| {
+            serve(l, world, identity, cfg)
         })
     }
 
@@ -417,22 +410,28 @@ impl Host {
         identity: RunIdentity,
         cfg: RendezvousConfig,
     ) -> Result<Host, RendezvousError> {
-        let addr = listener.local_addr()?;
-        check_token(&cfg.token)?;
         let stop = Arc::new(AtomicBool::new(false));
         let until = stop.clone();
+        Self::start(listener, &cfg.token.clone(), Some(stop), move |l| {
+            let peers = form(&l, world, &identity, &cfg)?;
+            serve_late(&l, peers, &identity, &cfg, &until);
+            Ok(())
+        })
+    }
+
+    /// Runs `body` on `listener` in the rendezvous thread.
+    fn start(
+        listener: TcpListener,
+        token: &[u8],
+        stop: Option<Arc<AtomicBool>>,
+        body: impl FnOnce(TcpListener) -> Result<(), RendezvousError> + Send + 'static,
+    ) -> Result<Host, RendezvousError> {
+        let addr = listener.local_addr()?;
+        check_token(token)?;
         let handle = thread::Builder::new()
             .name("dtrain-rendezvous".into())
-            .spawn(move || {
-                let peers = form(&listener, world, &identity, &cfg)?;
-                serve_late(&listener, peers, &identity, &cfg, &until);
-                Ok(())
-            })?;
-        Ok(Host {
-            addr,
-            handle,
-            stop: Some(stop),
-        })
+            .spawn(move || body(listener))?;
+        Ok(Host { addr, handle, stop })
     }
 
     /// The address ranks join at.

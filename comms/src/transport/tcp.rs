@@ -91,7 +91,7 @@ pub struct TcpConfig {
     /// Heartbeats are not shaped.
     pub link: LinkSpec,
     /// A connection that has written nothing for this long writes a heartbeat frame
-    /// (5 bytes, not counted in [`ByteCount`](super::ByteCount)). `None`: never. Default
+    /// (5 bytes, not counted in [`ByteCount`]). `None`: never. Default
     /// 1 s. Must be well below every peer's [`TcpConfig::peer_timeout`].
     pub heartbeat_interval: Option<Duration>,
     /// A peer from which nothing — no data, no heartbeat — arrives for this long is taken
@@ -199,24 +199,15 @@ impl TcpTransport {
         listener: std::net::TcpListener,
         cfg: TcpConfig,
     ) -> Result<Self, TransportError> {
-        let world = peers.len();
-        check_setup(
+        let (rt, link) = Self::set_up(rank, peers.len(), listener, &cfg)?;
+        let conns = rt.block_on(mesh(
+            link.clone(),
             rank,
-            world,
+            peers,
             &cfg.token,
-            cfg.heartbeat_interval,
-            cfg.peer_timeout,
-        )?;
-        let rt = runtime(cfg.io_threads, "dtrain-comms-tcp")?;
-        listener.set_nonblocking(true)?;
-        let (link, conns) = rt.block_on(async {
-            let link = Arc::new(TcpLink {
-                listener: TcpListener::from_std(listener)?,
-            });
-            let conns = mesh(link.clone(), rank, peers, &cfg.token, cfg.connect_timeout).await?;
-            Ok::<_, TransportError>((link, conns))
-        })?;
-        Self::build(rank, world, rt, link, conns, cfg)
+            cfg.connect_timeout,
+        ))?;
+        Self::build(rank, peers.len(), rt, link, conns, cfg)
     }
 
     /// A newcomer taking rank `rank`'s place in a running mesh (its predecessor lost):
@@ -231,6 +222,25 @@ impl TcpTransport {
         cfg: TcpConfig,
     ) -> Result<Self, TransportError> {
         let world = peers.len();
+        let (rt, link) = Self::set_up(rank, world, listener, &cfg)?;
+        let per_peer = cfg.connect_timeout.min(JOIN_HELLO);
+        let conns = rt.block_on(join_mesh(link.clone(), rank, peers, &cfg.token, per_peer));
+        if conns.is_empty() && world > 1 {
+            return Err(TransportError::Handshake {
+                peer: format!("every rank of {peers:?}"),
+                detail: format!("joining as rank {rank}: none answered within {per_peer:?}"),
+            });
+        }
+        Self::build(rank, world, rt, link, conns, cfg)
+    }
+
+    /// The checks before set-up, the set-up runtime, and the link over `listener`.
+    fn set_up(
+        rank: usize,
+        world: usize,
+        listener: std::net::TcpListener,
+        cfg: &TcpConfig,
+    ) -> Result<(Runtime, Arc<TcpLink>), TransportError> {
         check_setup(
             rank,
             world,
@@ -240,21 +250,11 @@ impl TcpTransport {
         )?;
         let rt = runtime(cfg.io_threads, "dtrain-comms-tcp")?;
         listener.set_nonblocking(true)?;
-        let per_peer = cfg.connect_timeout.min(JOIN_HELLO);
-        let (link, conns) = rt.block_on(async {
-            let link = Arc::new(TcpLink {
-                listener: TcpListener::from_std(listener)?,
-            });
-            let conns = join_mesh(link.clone(), rank, peers, &cfg.token, per_peer).await;
-            Ok::<_, TransportError>((link, conns))
-        })?;
-        if conns.is_empty() && world > 1 {
-            return Err(TransportError::Handshake {
-                peer: format!("every rank of {peers:?}"),
-                detail: format!("joining as rank {rank}: none answered within {per_peer:?}"),
-            });
-        }
-        Self::build(rank, world, rt, link, conns, cfg)
+        let listener = {
+            let _rt = rt.enter();
+            TcpListener::from_std(listener)?
+        };
+        Ok((rt, Arc::new(TcpLink { listener })))
     }
 
     /// The transport over the connections `conns` made on `rt` (kept, with the listener of
