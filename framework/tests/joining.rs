@@ -29,7 +29,7 @@ impl Observer for Slow {
         if Some(self.rank) == self.victim && r.step == self.die_after {
             panic!("rank {} dies after step {}", self.rank, r.step);
         }
-        std::thread::sleep(Duration::from_millis(15));
+        std::thread::sleep(Duration::from_millis(25));
     }
     fn on_message(&mut self, m: &str) {
         self.messages.push(m.to_string());
