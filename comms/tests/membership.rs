@@ -286,3 +286,34 @@ fn a_newcomer_stops_waiting_when_every_other_rank_is_gone() {
     assert!(e.to_string().contains("every other rank is gone"), "{e}");
     assert!(t.elapsed() < Duration::from_secs(5));
 }
+
+/// A newcomer that is gone by the time the members admit it (it never read its welcome)
+/// does not break the admission: the members go on with it as a member, their next
+/// collective names it lost, and they regroup without it, as after any loss.
+#[test]
+fn a_newcomer_gone_before_its_welcome_is_dropped_like_any_lost_member() {
+    let mut mesh = channel_mesh(3);
+    let slots = mesh[0].slots();
+    drop(mesh.pop());
+    // It arrives and leaves at once.
+    drop(slots.join(2));
+    let members: Vec<_> = mesh
+        .into_iter()
+        .map(|t| {
+            thread::spawn(move || {
+                let mut c = Communicator::new(t, quick());
+                let e = sums(&mut c, 100).expect_err("rank 2 is gone");
+                c.regroup(&e.failed_ranks()).unwrap();
+                let m = c.admit().unwrap().expect("the newcomer was waiting");
+                assert_eq!(m.added, vec![2]);
+                let e = sums(&mut c, 100).expect_err("the newcomer is gone");
+                assert_eq!(e.failed_ranks(), vec![2], "{e}");
+                let m = c.regroup(&e.failed_ranks()).unwrap();
+                (m.removed, sums(&mut c, 100).unwrap())
+            })
+        })
+        .collect();
+    for h in members {
+        assert_eq!(h.join().unwrap(), (vec![2], 3.0));
+    }
+}

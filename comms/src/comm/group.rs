@@ -448,8 +448,16 @@ impl<T: Transport> Communicator<T> {
             return Ok(None);
         }
         for &p in &agreed {
-            self.transport.inner_mut().admit(p)?;
-            self.transport.gone[p] = None;
+            // Every member admits the same newcomers: one this rank cannot switch to (its
+            // connection gone meanwhile) is a member that fails the next collective, which
+            // the group then survives like any loss, rather than an error here that would
+            // leave this rank out of step with the others.
+            match self.transport.inner_mut().admit(p) {
+                Ok(()) => self.transport.gone[p] = None,
+                Err(e) => {
+                    self.transport.gone[p] = Some(format!("admitting it failed: {e}"));
+                }
+            }
         }
         let epoch = self.transport.epoch() + 1;
         let added: Vec<usize> = agreed.into_iter().collect();
@@ -467,7 +475,9 @@ impl<T: Transport> Communicator<T> {
             .into_bytes();
             for &p in &added {
                 let r = self.transport.index[p].expect("a member now");
-                self.transport.send(r, welcome.clone())?;
+                // A newcomer gone already fails the group's next collective (and is
+                // dropped then, as any lost member).
+                let _ = self.transport.send(r, welcome.clone());
             }
         }
         Ok(Some(Membership {
