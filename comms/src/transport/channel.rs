@@ -153,8 +153,7 @@ impl Transport for ChannelTransport {
             });
         }
         // The predecessor is gone: all it sent is queued, so the marker goes right behind.
-        self.inbox.admitting(rank);
-        self.inbox.admitted(rank);
+        self.inbox.admit(rank);
         self.peers[rank] = reg.txs[rank].clone();
         self.known[rank] = reg.generation[rank];
         reg.admitted[rank] = reg.admitted[rank].max(reg.generation[rank]);

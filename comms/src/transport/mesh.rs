@@ -147,18 +147,7 @@ pub(crate) async fn mesh<L: Link>(
     let world = peers.len();
     let deadline = tokio::time::Instant::now() + connect_timeout;
     let mut conns: Vec<Option<(L::Stream, BytesMut)>> = (0..world).map(|_| None).collect();
-    let mut dials = JoinSet::new();
-    for (p, addr) in peers.iter().enumerate().take(rank) {
-        dials.spawn(dial(
-            link.clone(),
-            rank,
-            world,
-            p,
-            *addr,
-            token.to_vec(),
-            deadline,
-        ));
-    }
+    let mut dials = dial_all(&link, rank, peers, 0..rank, token, deadline);
     let mut accepts: JoinSet<Result<Conn<L>, String>> = JoinSet::new();
     let mut missing = world - 1;
     while missing > 0 {
@@ -215,6 +204,31 @@ pub(crate) async fn mesh<L: Link>(
         .collect())
 }
 
+/// Dials ranks `to` of `peers` (each by `deadline`) as rank `rank`, each in a task of
+/// its own.
+fn dial_all<L: Link>(
+    link: &Arc<L>,
+    rank: usize,
+    peers: &[SocketAddr],
+    to: impl Iterator<Item = usize>,
+    token: &[u8],
+    deadline: tokio::time::Instant,
+) -> JoinSet<Result<Conn<L>, TransportError>> {
+    let mut dials = JoinSet::new();
+    for p in to {
+        dials.spawn(dial(
+            link.clone(),
+            rank,
+            peers.len(),
+            p,
+            peers[p],
+            token.to_vec(),
+            deadline,
+        ));
+    }
+    dials
+}
+
 /// A newcomer's connections, taking rank `rank`'s place in a running mesh: it dials every
 /// other rank, each within `per_peer` (a lost rank's address refuses, or a frozen one does
 /// not answer its hello: such ranks are left out and logged). Returns the connections
@@ -228,18 +242,14 @@ pub(crate) async fn join_mesh<L: Link>(
 ) -> Vec<Conn<L>> {
     let world = peers.len();
     let deadline = tokio::time::Instant::now() + per_peer;
-    let mut dials = JoinSet::new();
-    for (p, addr) in peers.iter().enumerate().filter(|&(p, _)| p != rank) {
-        dials.spawn(dial(
-            link.clone(),
-            rank,
-            world,
-            p,
-            *addr,
-            token.to_vec(),
-            deadline,
-        ));
-    }
+    let mut dials = dial_all(
+        &link,
+        rank,
+        peers,
+        (0..world).filter(|&p| p != rank),
+        token,
+        deadline,
+    );
     let mut conns = Vec::new();
     while let Some(r) = dials.join_next().await {
         match r {
@@ -427,13 +437,12 @@ impl<Q: Queue> Peers<Q> {
     }
 
     /// Rank `peer`'s connection is being replaced by a newcomer's (see
-    /// [`Transport::admit`]): its old queue is closed, and what its old connection delivered
-    /// is dropped up to the marker queued here, which the caller queues once the old
-    /// connection's reader has ended and before the new one's starts.
+    /// [`Transport::admit`]): its old queue is closed, and what its old connection
+    /// delivered is dropped ([`Inbox::admit`]). Call it once the old connection's reader
+    /// has ended, and before the new one's starts.
     pub(crate) fn replace(&mut self, peer: usize) {
         self.queues[peer] = None;
-        self.inbox.admitting(peer);
-        self.inbox.admitted(peer);
+        self.inbox.admit(peer);
     }
 
     /// Rank `peer` could not be reached (a newcomer's transport): reported closed.

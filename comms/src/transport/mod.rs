@@ -328,19 +328,15 @@ impl Inbox {
         }
     }
 
-    /// Rank `p` is being given to a newcomer: from now until the [`Event::Admitted`] marker
-    /// the caller queues behind everything its predecessor's connection delivered, events
-    /// for `p` are the predecessor's, and are dropped (those already set aside included).
-    pub(crate) fn admitting(&mut self, p: usize) {
+    /// Rank `p` is given to a newcomer, once everything its predecessor's connection
+    /// delivered is queued (and before the newcomer's connection delivers): queues the
+    /// [`Event::Admitted`] marker, and until it comes out of the queue, events for `p` are
+    /// the predecessor's and are dropped (those already set aside included).
+    pub(crate) fn admit(&mut self, p: usize) {
         self.admitting[p] = true;
         self.skipped.retain(
             |e| !matches!(e, Event::Msg(f, _) | Event::Closed(f) | Event::Silent(f, _) if *f == p),
         );
-    }
-
-    /// Queues the [`Event::Admitted`] marker of rank `p`: once everything its predecessor's
-    /// connection delivered is queued (and before the newcomer's connection delivers).
-    pub(crate) fn admitted(&self, p: usize) {
         let _ = self.keep.send(Event::Admitted(p));
     }
 

@@ -157,11 +157,19 @@ pub(super) fn hand_over<T: Transport>(
     // 2: the slices.
     let payload = match state {
         Some(ck) if me < donors => {
-            let mut blob = Vec::with_capacity(total as usize);
+            // This member's range of the replicated sections laid end to end, copied
+            // from the sections it overlaps (not the whole state laid out first).
+            let (lo, hi) = (cut(me), cut(me + 1));
+            let mut p = Vec::with_capacity(hi - lo);
+            let mut at = 0usize;
             for (e, _) in leader.iter().zip(&replicated).filter(|(_, &r)| r) {
-                blob.extend_from_slice(ck.bytes(&e.name).expect("a listed section"));
+                let b = ck.bytes(&e.name).expect("a listed section");
+                let (from, to) = (lo.max(at), hi.min(at + b.len()));
+                if from < to {
+                    p.extend_from_slice(&b[from - at..to - at]);
+                }
+                at += b.len();
             }
-            let mut p = blob[cut(me)..cut(me + 1)].to_vec();
             if me == 0 {
                 for (e, _) in leader.iter().zip(&replicated).filter(|(_, &r)| !r) {
                     p.extend_from_slice(ck.bytes(&e.name).expect("a listed section"));
