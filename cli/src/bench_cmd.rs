@@ -37,7 +37,7 @@ pub(crate) struct ModelsArgs {
     /// vgg/vgg11, resnet/resnet20, lstm/word, gpt/mini).
     #[arg(long, value_delimiter = ' ', num_args = 1..)]
     models: Vec<String>,
-    /// The device measured: cpu, cuda, cuda:N.
+    /// The device measured: cpu, cuda, cuda:N, wgpu, wgpu:N, wgpu:cpu.
     #[arg(long, default_value = "cpu")]
     device: dtrain_framework::device::DeviceKind,
     /// Also run each step here from the same weights and batch (dropout off), and fail when

@@ -128,6 +128,13 @@ impl Gpu {
         })
     }
 
+    /// The device `spec` names, over `client`: a client that burn opened for a model on
+    /// that device (`dtrain_models::cube`), so that the codecs' kernels read burn's buffers
+    /// and queue behind burn's work on one device. `spec` only names it in messages.
+    pub fn with_client(client: Client, spec: DeviceSpec) -> Gpu {
+        Gpu { client, spec }
+    }
+
     /// The device this was opened as.
     pub fn spec(&self) -> DeviceSpec {
         self.spec
@@ -161,6 +168,49 @@ impl Gpu {
             handle: self.client.create_from_slice(f32::as_bytes(bytes)),
             len: values.len(),
         }
+    }
+
+    /// `len` contiguous `f32`s at the start of `handle`, a buffer on this device (a burn
+    /// tensor's, through `dtrain_models::cube`): no copy; the buffer is shared, as a clone
+    /// of a [`GpuBuffer`] is. An error where `handle` belongs to another device (its memory
+    /// means nothing here) or holds fewer than `len` `f32`s.
+    pub fn adopt(&self, handle: Handle, len: usize) -> Result<GpuBuffer, DeviceError> {
+        let fresh = self.client.empty(4);
+        if handle.service != fresh.service {
+            return Err(self.server_error(
+                "adopting a buffer",
+                "the buffer belongs to another device (another cubecl client)",
+            ));
+        }
+        if handle.size_in_used() < 4 * len as u64 {
+            return Err(self.server_error(
+                "adopting a buffer",
+                format!(
+                    "it holds {} bytes, fewer than {len} f32s",
+                    handle.size_in_used()
+                ),
+            ));
+        }
+        Ok(GpuBuffer { handle, len })
+    }
+
+    /// A copy of `len` elements of `src` from element `start`, in a buffer of its own (one
+    /// kernel; a bucket's range of a flat gradient that stays on the device).
+    pub fn copy_range(&self, src: &GpuBuffer, start: usize, len: usize) -> GpuBuffer {
+        assert!(start + len <= src.len, "range {start}+{len} past {}", src.len);
+        let dst = self.empty(len);
+        if len > 0 {
+            let (count, dim) = crate::words::geometry(len);
+            copy_range::launch(
+                &self.client,
+                count,
+                dim,
+                src.arg(),
+                dst.arg(),
+                start as u32,
+            );
+        }
+        dst
     }
 
     /// A device buffer of `len` elements whose values are unspecified: for an output a kernel
@@ -221,6 +271,16 @@ fn fill_zero(x: &mut [f32]) {
     let mut i = ABSOLUTE_POS;
     while i < x.len() {
         x[i] = 0.0;
+        i += crate::words::grid_stride();
+    }
+}
+
+/// `dst[i] = src[start + i]`.
+#[cube(launch)]
+fn copy_range(src: &[f32], dst: &mut [f32], start: u32) {
+    let mut i = ABSOLUTE_POS;
+    while i < dst.len() {
+        dst[i] = src[i + start as usize];
         i += crate::words::grid_stride();
     }
 }

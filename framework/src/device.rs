@@ -4,6 +4,10 @@
 //! * `"cuda"`: a CUDA GPU per worker, the one numbered by the worker's rank on its node
 //!   (the usual one-process-per-GPU layout: `cluster.workers` = GPUs per node × nodes).
 //! * `"cuda:N"`: every worker of this node on GPU `N`.
+//! * `"wgpu"`, `"wgpu:N"`, `"wgpu:cpu"`: burn's wgpu backend on the best adapter wgpu finds,
+//!   the N-th discrete GPU, or a software adapter (Mesa's lavapipe: how CI trains on the
+//!   GPU code paths without a GPU). Every worker of the node on that adapter. Needs a
+//!   `dtrain` built with the `wgpu-train` feature.
 //!
 //! CUDA needs a `dtrain` built with the `cuda` feature
 //! (`cargo build --release -p dtrain-cli --features cuda`, offline, no CUDA toolkit needed to
@@ -19,6 +23,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use dtrain_models::wgpu::Adapter;
 use dtrain_models::Device;
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +32,14 @@ pub const LOCAL_RANK_ENV: &str = "DTRAIN_LOCAL_RANK";
 
 /// Whether this build can place workers on CUDA GPUs (the `cuda` feature).
 pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
+
+/// Whether this build can train on wgpu adapters (the `wgpu-train` feature).
+pub const WGPU_TRAIN_BUILT: bool = cfg!(feature = "wgpu-train");
+
+/// The error for `cluster.device = "wgpu…"` in a build without the `wgpu-train` feature.
+pub const NO_WGPU_TRAIN: &str = "this dtrain was built without burn's wgpu backend; rebuild \
+     it with `cargo build --release -p dtrain-cli --features wgpu-train` (builds offline; to \
+     run, it needs a Vulkan, Metal or DX12 driver — Mesa's lavapipe without a GPU)";
 
 /// The error for `cluster.device = "cuda…"` in a build without the `cuda` feature.
 pub const NO_CUDA: &str = "this dtrain was built without CUDA support; rebuild it with \
@@ -42,25 +55,36 @@ pub enum DeviceKind {
     Cpu,
     /// A CUDA GPU: `None` = the worker's rank on its node, `Some(n)` = GPU `n`.
     Cuda(Option<usize>),
+    /// A wgpu adapter (burn's wgpu backend), the same for every worker of the node.
+    Wgpu(Adapter),
 }
 
 impl DeviceKind {
-    /// The GPU ordinal a worker with rank `local_rank` on its node uses (`None` on the CPU).
+    /// The CUDA GPU ordinal a worker with rank `local_rank` on its node uses (`None` off
+    /// CUDA).
     pub fn gpu_index(self, local_rank: usize) -> Option<usize> {
         match self {
-            DeviceKind::Cpu => None,
+            DeviceKind::Cpu | DeviceKind::Wgpu(_) => None,
             DeviceKind::Cuda(pinned) => Some(pinned.unwrap_or(local_rank)),
         }
+    }
+
+    /// Whether the workers train on a GPU (CUDA or wgpu).
+    pub fn is_gpu(self) -> bool {
+        !matches!(self, DeviceKind::Cpu)
     }
 }
 
 impl FromStr for DeviceKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("unknown device {s:?} (cpu, cuda, cuda:N)");
+        let bad = || format!("unknown device {s:?} (cpu, cuda, cuda:N, wgpu, wgpu:N, wgpu:cpu)");
         match s {
             "cpu" => Ok(DeviceKind::Cpu),
             "cuda" => Ok(DeviceKind::Cuda(None)),
+            _ if s == "wgpu" || s.starts_with("wgpu:") => {
+                s.parse().map(DeviceKind::Wgpu).map_err(|_| bad())
+            }
             _ => {
                 let n = s.strip_prefix("cuda:").ok_or_else(bad)?;
                 // Only plain decimal ordinals: "cuda:+1" or "cuda: 1" are typos.
@@ -81,6 +105,7 @@ impl fmt::Display for DeviceKind {
             DeviceKind::Cpu => f.write_str("cpu"),
             DeviceKind::Cuda(None) => f.write_str("cuda"),
             DeviceKind::Cuda(Some(n)) => write!(f, "cuda:{n}"),
+            DeviceKind::Wgpu(a) => write!(f, "{a}"),
         }
     }
 }
@@ -103,7 +128,8 @@ impl From<DeviceKind> for String {
 ///
 /// * `"host"` (default): the CPU codecs.
 /// * `"auto"`: the worker's own GPU when it trains on one and this build has its device
-///   codecs (`cluster.device = "cuda…"` in a build with `cuda`); the host otherwise.
+///   codecs (`cluster.device = "cuda…"` in a build with `cuda`, `"wgpu…"` in a build with
+///   `wgpu-train`); the host otherwise.
 /// * `"wgpu"`, `"wgpu:N"`, `"wgpu:cpu"`, `"cuda:N"`: that device, whatever the worker trains
 ///   on (a CPU worker with a GPU for its codecs; `wgpu:cpu` is Mesa's lavapipe, how CI runs
 ///   the device path without a GPU).
@@ -182,9 +208,12 @@ impl CodecDevice {
                 worker.gpu_index(local_rank).unwrap_or(local_rank)
             )),
             CodecDevice::Named(s) => Some(s.clone()),
-            CodecDevice::Auto => match worker.gpu_index(local_rank) {
-                Some(i) if CUDA_BUILT => Some(format!("cuda:{i}")),
-                _ => None,
+            CodecDevice::Auto => match worker {
+                DeviceKind::Wgpu(a) => Some(a.to_string()),
+                _ => match worker.gpu_index(local_rank) {
+                    Some(i) if CUDA_BUILT => Some(format!("cuda:{i}")),
+                    _ => None,
+                },
             },
         }
     }
@@ -207,14 +236,16 @@ fn local_rank_from(rank: usize, var: impl Fn(&str) -> Option<String>) -> usize {
     .unwrap_or(rank)
 }
 
-/// The autodiff device a worker trains on. For CUDA the device is initialised here (a
-/// one-element probe), so a missing driver or GPU is an error naming the device rather than
-/// a panic in the first step.
+/// The autodiff device a worker trains on. A GPU is initialised here (a one-element
+/// probe), so a missing driver or GPU is an error naming the device rather than a panic in
+/// the first step.
 pub fn worker_device(kind: DeviceKind, local_rank: usize) -> Result<Device, String> {
-    match kind.gpu_index(local_rank) {
-        None => Ok(dtrain_models::cpu_device()),
-        Some(index) => cuda(index).map_err(|e| format!("cluster.device = \"{kind}\": {e}")),
-    }
+    let opened = match kind {
+        DeviceKind::Cpu => return Ok(dtrain_models::cpu_device()),
+        DeviceKind::Wgpu(adapter) => wgpu(adapter),
+        DeviceKind::Cuda(_) => cuda(kind.gpu_index(local_rank).unwrap_or(local_rank)),
+    };
+    opened.map_err(|e| format!("cluster.device = \"{kind}\": {e}"))
 }
 
 /// Checks that the GPU of each of a node's `local_workers` is usable (driver, GPU, NVRTC,
@@ -252,6 +283,16 @@ fn cuda(_index: usize) -> Result<Device, String> {
     Err(NO_CUDA.into())
 }
 
+#[cfg(feature = "wgpu-train")]
+fn wgpu(adapter: Adapter) -> Result<Device, String> {
+    dtrain_models::wgpu_device(adapter)
+}
+
+#[cfg(not(feature = "wgpu-train"))]
+fn wgpu(_adapter: Adapter) -> Result<Device, String> {
+    Err(NO_WGPU_TRAIN.into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,6 +325,12 @@ mod tests {
             CodecDevice::Auto.resolve(DeviceKind::Cuda(None), 1),
             CUDA_BUILT.then(|| "cuda:1".to_string())
         );
+        assert_eq!(
+            CodecDevice::Auto
+                .resolve(DeviceKind::Wgpu(Adapter::Cpu), 1)
+                .unwrap(),
+            "wgpu:cpu"
+        );
         let named = |s: &str| CodecDevice::Named(s.into());
         assert_eq!(
             named("cuda").resolve(DeviceKind::Cuda(Some(3)), 1).unwrap(),
@@ -303,15 +350,19 @@ mod tests {
             ("cuda", DeviceKind::Cuda(None)),
             ("cuda:0", DeviceKind::Cuda(Some(0))),
             ("cuda:3", DeviceKind::Cuda(Some(3))),
+            ("wgpu", DeviceKind::Wgpu(Adapter::Default)),
+            ("wgpu:1", DeviceKind::Wgpu(Adapter::Discrete(1))),
+            ("wgpu:cpu", DeviceKind::Wgpu(Adapter::Cpu)),
         ] {
             assert_eq!(text.parse::<DeviceKind>().unwrap(), kind);
             assert_eq!(kind.to_string(), text);
         }
         for bad in [
-            "", "gpu", "cuda:", "cuda:x", "cuda:+1", "cuda: 1", "CPU", "cuda:0:1",
+            "", "gpu", "cuda:", "cuda:x", "cuda:+1", "cuda: 1", "CPU", "cuda:0:1", "wgpu:",
+            "wgpu:gpu", "wgpu:-1",
         ] {
             let e = bad.parse::<DeviceKind>().unwrap_err();
-            assert!(e.contains("cpu, cuda, cuda:N"), "{bad:?}: {e}");
+            assert!(e.contains("cpu, cuda, cuda:N, wgpu"), "{bad:?}: {e}");
         }
     }
 
@@ -320,6 +371,7 @@ mod tests {
         assert_eq!(DeviceKind::Cpu.gpu_index(2), None);
         assert_eq!(DeviceKind::Cuda(None).gpu_index(2), Some(2));
         assert_eq!(DeviceKind::Cuda(Some(1)).gpu_index(2), Some(1));
+        assert_eq!(DeviceKind::Wgpu(Adapter::Discrete(1)).gpu_index(2), None);
     }
 
     #[test]

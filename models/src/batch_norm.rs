@@ -40,7 +40,7 @@ type TrainGrads<B> = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
 
 /// Training-mode batch normalisation and its backward pass as backend operations (see the
 /// [module docs](self)); the default bodies are burn's own.
-#[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cuda"))]
+#[backend_extension(Flex, Autodiff, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
 pub trait BatchNormOps: Backend {
     /// `x [N, C, …]` normalised with its own per-channel statistics, scaled by `gamma [C]`
     /// and shifted by `beta [C]`: `(output, mean [C], variance [C])`.
@@ -69,7 +69,7 @@ pub trait BatchNormOps: Backend {
     }
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 impl BatchNormOps for burn::backend::Cube {}
 
 /// `[N, C, P]` of a tensor of rank ≥ 2 (`P` the product of the trailing dimensions).

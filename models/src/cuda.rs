@@ -140,25 +140,10 @@ pub fn cuda_device(index: usize) -> Result<Device, String> {
         return Err(why);
     }
     enable_kernel_cache();
-    let probe = std::panic::catch_unwind(move || {
-        let device = Device::cuda(index).autodiff();
-        let zero = burn::tensor::Tensor::<1>::zeros([1], &device);
-        zero.into_data()
-            .try_to_vec::<f32>()
-            .map(|_| device)
-            .map_err(|e| format!("{e:?}"))
-    });
-    match probe {
-        Ok(r) => r.map_err(|e| format!("CUDA device {index}: {e}")),
-        Err(panic) => {
-            let text = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "initialisation failed".into());
-            Err(format!("CUDA device {index}: {text}"))
-        }
-    }
+    crate::probe::opened(
+        Device::cuda(index).autodiff(),
+        &format!("CUDA device {index}"),
+    )
 }
 
 #[cfg(test)]

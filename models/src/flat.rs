@@ -207,6 +207,63 @@ impl ModuleVisitor for GradWriter<'_> {
     }
 }
 
+/// The gradients of `module`'s trainable parameters out of `grads` as one flat tensor on
+/// the device they were computed on (`device` without autodiff), in table order, zeros for a
+/// parameter that took no part in the forward pass: [`grads_into`]'s layout without leaving
+/// the device (a GPU's gradient goes to the device codecs with no host copy).
+///
+/// # Panics
+///
+/// Panics if `table` is not the table of `module`.
+pub fn grads_flat<M: Module>(
+    module: &M,
+    table: &ParamTable,
+    grads: &mut Gradients,
+    device: &Device,
+) -> Tensor<1> {
+    let mut visitor = GradCollector {
+        entries: &table.entries,
+        index: 0,
+        grads,
+        device: device.clone().without_autodiff(),
+        parts: Vec::new(),
+    };
+    module.visit(&mut visitor);
+    assert_eq!(
+        visitor.index,
+        table.entries.len(),
+        "table does not match module"
+    );
+    let GradCollector { parts, device, .. } = visitor;
+    if parts.is_empty() {
+        Tensor::zeros([0], &device)
+    } else {
+        Tensor::cat(parts, 0)
+    }
+}
+
+struct GradCollector<'a> {
+    entries: &'a [ParamEntry],
+    index: usize,
+    grads: &'a mut Gradients,
+    device: Device,
+    parts: Vec<Tensor<1>>,
+}
+
+impl ModuleVisitor for GradCollector<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let entry = &self.entries[self.index];
+        self.index += 1;
+        if entry.role != TensorRole::Param {
+            return;
+        }
+        self.parts.push(match param.val().grad_remove(self.grads) {
+            Some(grad) => grad.reshape([entry.numel]),
+            None => Tensor::zeros([entry.numel], &self.device),
+        });
+    }
+}
+
 /// Copies a tensor's values into `dst` (one `memcpy` when the storage is not shared).
 fn copy_into<const D: usize>(tensor: Tensor<D>, dst: &mut [f32], name: &str) {
     let data = tensor.into_data();

@@ -24,7 +24,7 @@
 //!
 //! # Backends
 //! [`GemmConvOps`] is implemented for `Flex` (these kernels, for contiguous-or-not `f32`
-//! tensors; any other element type takes burn's own convolution), for `Cube` when the `cuda`
+//! tensors; any other element type takes burn's own convolution), for `Cube` when the `cuda` or `wgpu`
 //! feature is on (burn's convolution), and for `Autodiff<B>` over either, whose backward pass
 //! calls the backend's two gradient operations. [`conv2d`] applies a [`Conv2d`] layer through
 //! it when the layer has symmetric padding, no dilation and one group, and through
@@ -78,7 +78,7 @@ impl ConvGeometry {
 
 /// The convolution and its two gradients as backend operations (see the
 /// [module docs](self)). The default bodies are burn's own convolution operations.
-#[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cuda"))]
+#[backend_extension(Flex, Autodiff, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
 pub trait GemmConvOps: Backend {
     /// `x [N, C, H, W]` convolved with `w [O, C, kh, kw]`, no bias: `[N, O, OH, OW]`.
     fn gemm_conv2d(
@@ -112,7 +112,7 @@ pub trait GemmConvOps: Backend {
     }
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 impl GemmConvOps for burn::backend::Cube {}
 
 /// The f32 storage of a Flex tensor in row-major order (a copy only when it is a strided view).

@@ -18,7 +18,11 @@
 //! - [`torch_names`]: PyTorch's names and layouts of every model's tensors ([`TorchLayout`]),
 //!   for safetensors export and import.
 //! - [`synthetic`]: deterministic batches for any model and a device-precision probe.
+//! - `cube` (the `cuda` or `wgpu` feature): a GPU tensor's device buffer, for the device
+//!   codecs.
 //! - `cuda` (the `cuda` feature): opening a GPU, with errors naming what is missing.
+//! - `wgpu` (the `wgpu` feature): a GPU that wgpu reaches (Vulkan, Metal, DX12), or Mesa's
+//!   software Vulkan (lavapipe) without one.
 //!
 //! # Example
 //!
@@ -41,6 +45,8 @@
 
 pub mod alexnet;
 pub mod batch_norm;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub mod cube;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod family;
@@ -58,11 +64,14 @@ pub mod mlp;
 pub mod model;
 pub mod pool;
 pub mod precision;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+mod probe;
 pub mod registry;
 pub mod resnet;
 pub mod synthetic;
 pub mod torch_names;
 pub mod vgg;
+pub mod wgpu;
 
 pub use alexnet::{AlexNet, AlexNetConfig, AlexNetVariant};
 pub use flat::{ParamEntry, ParamTable, TensorRole};
@@ -95,4 +104,11 @@ pub fn cpu_device() -> Device {
 #[cfg(feature = "cuda")]
 pub fn cuda_device(index: usize) -> Result<Device, String> {
     cuda::cuda_device(index)
+}
+
+/// The wgpu adapter `adapter` names, with autodiff (the `wgpu` feature); an error, never a
+/// panic, where the machine has no such adapter. See [`wgpu`].
+#[cfg(feature = "wgpu")]
+pub fn wgpu_device(adapter: wgpu::Adapter) -> Result<Device, String> {
+    wgpu::wgpu_device(adapter)
 }

@@ -14,7 +14,7 @@
 //! either case, so the bits do not depend on the threads (tested).
 //!
 //! [`MatmulOps::mm`] is implemented for `Flex` (these kernels, for `f32` matrices of any
-//! strides; other element types take burn's product), for `Cube` when the `cuda` feature is
+//! strides; other element types take burn's product), for `Cube` when the `cuda` or `wgpu` feature is
 //! on (burn's product), and for `Autodiff<B>`, whose backward pass is the two products
 //! `dA = dC · Bᵀ` and `dB = Aᵀ · dC` through the same operation (the transposes are views).
 //! [`linear`] applies a [`Linear`] layer through it.
@@ -48,7 +48,7 @@ pub const MIN_BLOCK_MACS: usize = 1 << 21;
 
 /// The matrix product as a backend operation (see the [module docs](self)); the default
 /// body is burn's.
-#[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cuda"))]
+#[backend_extension(Flex, Autodiff, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
 pub trait MatmulOps: Backend {
     /// `lhs [m, k] · rhs [k, n]`.
     fn mm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -56,7 +56,7 @@ pub trait MatmulOps: Backend {
     }
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 impl MatmulOps for burn::backend::Cube {}
 
 /// How many blocks an `m × n` output of a product over `k` is cut into, along its longer side.

@@ -16,7 +16,7 @@
 //!
 //! # Backends
 //! The operation is the trait [`MepropOps`], implemented for burn's `Flex` CPU backend, for the
-//! `Cube` backend when the `cuda` feature is on (both with the plain matmul as forward), and for
+//! `Cube` backend when the `cuda` or `wgpu` feature is on (both with the plain matmul as forward), and for
 //! `Autodiff<B>` over any of them, where the sparsified backward lives. Selecting the `k`
 //! columns sorts the `out` column scores with the backend's `float_argsort` (a host read-back
 //! of `out` values on CPU backends).
@@ -32,7 +32,7 @@ use burn::prelude::*;
 use burn::tensor::{IndexingUpdateOp, IntDType, Slice};
 
 /// The meProp matrix product as a backend operation (see the [module docs](self)).
-#[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cuda"))]
+#[backend_extension(Flex, Autodiff, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
 pub trait MepropOps: Backend {
     /// `x · w` for `x: [n, in]`, `w: [in, out]`; on autodiff backends the backward pass keeps
     /// only the `k` output columns with the largest `Σ_n |dy|`.
@@ -44,7 +44,7 @@ pub trait MepropOps: Backend {
 
 impl MepropOps for Flex {}
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 impl MepropOps for burn::backend::Cube {}
 
 /// The `k` columns of `dy: [n, out]` with the largest L1 mass, as an int tensor of shape `[k]`

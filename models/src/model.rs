@@ -213,6 +213,18 @@ pub trait Model: Send {
     /// Panics if `grads` has the wrong length.
     fn backward_into(&mut self, loss: Tensor<1>, grads: &mut [f32]);
 
+    /// [`Model::backward_into`]'s gradient as one flat tensor (length `table().num_params()`,
+    /// the same layout) left on the model's device without autodiff: on a GPU, the gradient
+    /// the device codecs read with no copy through the host. The default goes through
+    /// [`Model::backward_into`] and a host buffer.
+    fn backward_flat(&mut self, loss: Tensor<1>) -> Tensor<1> {
+        let n = self.table().num_params();
+        let mut grads = vec![0.0; n];
+        self.backward_into(loss, &mut grads);
+        let device = self.device().clone().without_autodiff();
+        Tensor::from_data(TensorData::new(grads, [n]), &device)
+    }
+
     /// [`Model::forward_loss`] then [`Model::backward_into`].
     fn forward_backward(&mut self, batch: Batch, grads: &mut [f32]) -> Result<Metrics, ModelError> {
         let out = self.forward_loss(batch)?;
@@ -386,6 +398,12 @@ impl<M: Module> Core<M> {
         flat::grads_into(self.module(), &self.table, &mut g, grads);
     }
 
+    fn backward_flat(&mut self, loss: Tensor<1>) -> Tensor<1> {
+        let mut g = loss.backward();
+        drop(loss);
+        flat::grads_flat(self.module(), &self.table, &mut g, &self.device)
+    }
+
     fn read(&self, role: TensorRole, out: &mut [f32]) {
         if role == TensorRole::Buffer {
             flat::sync_buffers(self.module());
@@ -545,6 +563,10 @@ impl<M: ImageClassifier> Model for ImageModel<M> {
 
     fn backward_into(&mut self, loss: Tensor<1>, grads: &mut [f32]) {
         self.core.backward_into(loss, grads);
+    }
+
+    fn backward_flat(&mut self, loss: Tensor<1>) -> Tensor<1> {
+        self.core.backward_flat(loss)
     }
 
     fn evaluate(&mut self, batch: Batch) -> Result<Metrics, ModelError> {
@@ -713,6 +735,10 @@ impl<M: LanguageModel> Model for LmModel<M> {
 
     fn backward_into(&mut self, loss: Tensor<1>, grads: &mut [f32]) {
         self.core.backward_into(loss, grads);
+    }
+
+    fn backward_flat(&mut self, loss: Tensor<1>) -> Tensor<1> {
+        self.core.backward_flat(loss)
     }
 
     fn evaluate(&mut self, batch: Batch) -> Result<Metrics, ModelError> {

@@ -73,6 +73,8 @@ mod tests {
         // Comparing devices touches no GPU: this runs on a machine without one too.
         #[cfg(feature = "cuda")]
         assert!(!on(&Device::cuda(0).autodiff()));
+        #[cfg(feature = "wgpu")]
+        assert!(!on(&Device::wgpu(burn::tensor::DeviceKind::Cpu).autodiff()));
     }
 
     #[test]

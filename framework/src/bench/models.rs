@@ -381,9 +381,10 @@ pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
 
 /// The label of a device in tables.
 fn device_name(kind: DeviceKind) -> String {
-    match kind.gpu_index(0) {
-        None => "cpu".into(),
-        Some(i) => format!("cuda:{i}"),
+    match (kind, kind.gpu_index(0)) {
+        (DeviceKind::Wgpu(a), _) => a.to_string(),
+        (_, None) => "cpu".into(),
+        (_, Some(i)) => format!("cuda:{i}"),
     }
 }
 

@@ -111,6 +111,17 @@ fn errors_name_the_field() {
         assert_eq!(e.field, "cluster.device");
         assert!(e.message.contains("--features cuda"), "{e}");
     }
+    let wgpu = parse(GOOD, &["cluster.device=\"wgpu:cpu\""]);
+    if crate::device::WGPU_TRAIN_BUILT {
+        assert_eq!(
+            wgpu.unwrap().config.cluster.device,
+            DeviceKind::Wgpu(dtrain_models::wgpu::Adapter::Cpu)
+        );
+    } else {
+        let e = wgpu.unwrap_err();
+        assert_eq!(e.field, "cluster.device");
+        assert!(e.message.contains("--features wgpu-train"), "{e}");
+    }
     let e = parse("name = \"x\"\n[model]\nkind = \"mlp\"\n", &[]).unwrap_err();
     assert!(e.message.contains("data"), "{e}");
     let e = parse("name = 1", &[]).unwrap_err();

@@ -57,6 +57,9 @@ impl RunConfig {
         if matches!(c.device, DeviceKind::Cuda(_)) && !crate::device::CUDA_BUILT {
             return Err(err("cluster.device", crate::device::NO_CUDA.into()));
         }
+        if matches!(c.device, DeviceKind::Wgpu(_)) && !crate::device::WGPU_TRAIN_BUILT {
+            return Err(err("cluster.device", crate::device::NO_WGPU_TRAIN.into()));
+        }
         if !(c.timeout_s.is_finite() && c.timeout_s > 0.0) {
             return Err(err(
                 "cluster.timeout_s",

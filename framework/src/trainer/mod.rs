@@ -210,21 +210,35 @@ pub(super) static RNG: Mutex<()> = Mutex::new(());
 
 /// Builds the model of `plan` on `device`, initialised from the run seed, then from
 /// `model.init_from` when the configuration names a file.
+///
+/// The initial weights are drawn on the CPU backend whatever the device, then copied to a
+/// GPU: burn's GPU backends draw other numbers from the same seed, and a seed that meant
+/// another model on another device would make a GPU run incomparable with its CPU twin.
 pub fn build_model(plan: &Plan, device: &Device) -> Result<Box<dyn Model>, TrainError> {
     let _g = RNG.lock().unwrap_or_else(|e| e.into_inner());
-    device.seed(plan.config.seed);
-    let model = plan
-        .config
-        .model
-        .build(device)
-        .map_err(|e| TrainError::Config(format!("model: {e}")))?;
+    let build = |on: &Device| {
+        plan.config
+            .model
+            .build(on)
+            .map_err(|e| TrainError::Config(format!("model: {e}")))
+    };
+    let cpu = dtrain_models::cpu_device();
+    cpu.seed(plan.config.seed);
+    let drawn = build(&cpu)?;
     // burn initialises parameters lazily, on first access: force it while the seeded RNG is
     // ours.
-    let mut scratch = vec![0f32; model.table().num_params()];
-    model.read_params(&mut scratch);
-    let mut scratch = vec![0f32; model.table().num_buffers()];
-    model.read_buffers(&mut scratch);
-    let mut model = model;
+    let mut params = vec![0f32; drawn.table().num_params()];
+    drawn.read_params(&mut params);
+    let mut buffers = vec![0f32; drawn.table().num_buffers()];
+    drawn.read_buffers(&mut buffers);
+    let mut model = if *device == cpu {
+        drawn
+    } else {
+        let mut on_device = build(device)?;
+        on_device.write_params(&params);
+        on_device.write_buffers(&buffers);
+        on_device
+    };
     if let Some(path) = &plan.config.model.init_from {
         crate::export::load_into(&plan.config.model, model.as_mut(), path)
             .map_err(|e| TrainError::Config(format!("model.init_from: {e}")))?;

@@ -1,0 +1,124 @@
+//! A GPU worker's gradient handed to the device codecs with no copy through the host (issue
+//! #51, ARCHITECTURE.md §10): a model trained on burn's wgpu backend (Mesa's lavapipe in
+//! CI; `DTRAIN_TEST_WGPU` names another adapter) gives its gradient as one flat tensor on
+//! the device; its buffer goes to the codecs' kernels on burn's own client; a bucket's range
+//! is copied on the device; every payload is the host codec's, byte for byte, for the same
+//! values. Runs only with `--features wgpu-train`.
+#![cfg(feature = "wgpu-train")]
+
+use dtrain_compress::{compress_new, CompressorConfig, Ctx, Payload, Rng};
+use dtrain_device::{device_codec, DeviceSpec, Gpu};
+use dtrain_framework::device::{worker_device, DeviceKind};
+use dtrain_models::cube::cube_buffer;
+use dtrain_models::synthetic::SyntheticBatch;
+use dtrain_models::wgpu::Adapter;
+use dtrain_models::{Model, ModelSpec};
+
+fn adapter() -> Adapter {
+    std::env::var("DTRAIN_TEST_WGPU")
+        .unwrap_or_else(|_| "wgpu:cpu".into())
+        .parse()
+        .expect("DTRAIN_TEST_WGPU")
+}
+
+fn lenet() -> Box<dyn Model> {
+    let device = worker_device(DeviceKind::Wgpu(adapter()), 0)
+        .unwrap_or_else(|e| panic!("these tests need a wgpu adapter: {e}"));
+    let spec: ModelSpec = serde_json::from_str(r#"{"kind": "lenet"}"#).unwrap();
+    spec.build(&device).unwrap()
+}
+
+#[test]
+fn a_gradient_reaches_the_device_codecs_without_the_host() {
+    let mut model = lenet();
+    let device = model.device().clone();
+    let n = model.table().num_params();
+    let batch = SyntheticBatch::new(model.input(), 8, 0, 7);
+
+    // The host path's gradient, for the layout.
+    let out = model.forward_loss(batch.on(&device)).unwrap();
+    let mut through_host = vec![0.0; n];
+    model.backward_into(out.loss, &mut through_host);
+
+    // The same step's gradient left on the device.
+    let out = model.forward_loss(batch.on(&device)).unwrap();
+    let flat = model.backward_flat(out.loss);
+    assert_eq!(flat.dims(), [n]);
+    let host: Vec<f32> = flat.clone().into_data().try_to_vec::<f32>().unwrap();
+    // The same layout: each parameter's gradient where the host path puts it (two passes
+    // of a GPU backend need not sum in the same order: within rounding).
+    let scale = through_host.iter().fold(0f32, |m, v| m.max(v.abs()));
+    assert!(scale > 0.0);
+    for (i, (a, b)) in host.iter().zip(&through_host).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * scale,
+            "element {i}: {a} against {b}"
+        );
+    }
+
+    let cube = cube_buffer(flat).unwrap();
+    let spec: DeviceSpec = adapter().to_string().parse().unwrap();
+    let gpu = Gpu::with_client(cube.client.clone(), spec);
+    let grad = gpu.adopt(cube.handle.clone(), cube.len).unwrap();
+    // No copy: the codecs read burn's buffer itself.
+    assert_eq!(gpu.download(&grad).unwrap(), host);
+
+    for method in ["topk", "dgc", "signsgd", "fp16", "bf16"] {
+        let cfg = CompressorConfig::default_for(method).unwrap();
+        for (lo, hi) in [(0, n), (1000, 25_000), (n - 10, n)] {
+            let part = gpu.copy_range(&grad, lo, hi - lo);
+            assert_eq!(
+                gpu.download(&part).unwrap(),
+                host[lo..hi],
+                "{method} {lo}..{hi}"
+            );
+            let ctx = Ctx::default();
+            let mut on_device = Payload::new();
+            device_codec(&cfg)
+                .unwrap()
+                .encode(
+                    &gpu,
+                    &part,
+                    &ctx,
+                    &mut Rng::seed_from_u64(0),
+                    &mut on_device,
+                )
+                .unwrap();
+            let mut codec = cfg.build().unwrap();
+            let on_host = compress_new(
+                codec.as_mut(),
+                &host[lo..hi],
+                &ctx,
+                &mut Rng::seed_from_u64(0),
+            )
+            .unwrap();
+            assert_eq!(
+                on_device.as_bytes(),
+                on_host.as_bytes(),
+                "{method} {lo}..{hi}: the device payload is not the host codec's"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_buffer_of_another_device_is_refused() {
+    let mut model = lenet();
+    let device = model.device().clone();
+    let batch = SyntheticBatch::new(model.input(), 2, 0, 1);
+    let out = model.forward_loss(batch.on(&device)).unwrap();
+    let cube = cube_buffer(model.backward_flat(out.loss)).unwrap();
+    let spec: DeviceSpec = adapter().to_string().parse().unwrap();
+    let gpu = Gpu::with_client(cube.client.clone(), spec);
+    // More elements than the buffer holds.
+    let e = gpu
+        .adopt(cube.handle.clone(), cube.len + 1_000_000)
+        .unwrap_err();
+    assert!(e.to_string().contains("fewer than"), "{e}");
+    // A tensor on the CPU backend has no device buffer.
+    let cpu = burn::tensor::Tensor::<1>::zeros([4], &dtrain_models::cpu_device());
+    let e = cube_buffer(cpu)
+        .err()
+        .expect("a CPU tensor has no cubecl buffer");
+    assert!(e.contains("not on a cubecl device"), "{e}");
+}

@@ -1,0 +1,52 @@
+//! A tensor on one of burn's cubecl devices (CUDA, wgpu) as the cubecl buffer it lives in:
+//! how a GPU worker's gradient reaches dtrain's device codecs (`dtrain-device`, cubecl
+//! kernels on the same client) with no copy through the host (ARCHITECTURE.md §10).
+//!
+//! burn queues operations lazily (its fusion layer): resolving a tensor runs what is queued
+//! for it, and the buffer returned is then ready for kernels launched on its client, which
+//! serialises them after burn's.
+
+use burn::prelude::*;
+use burn_cubecl::fusion::FusionCubeRuntime;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{Cube, CubeBackend};
+use burn_fusion::FusionTensor;
+use cubecl::client::Client;
+use cubecl::server::Handle;
+
+/// A flat `f32` tensor's buffer on its cubecl device.
+pub struct CubeBuffer {
+    /// The client of the device the buffer lives on (burn's, shared by cubecl kernels).
+    pub client: Client,
+    /// The buffer: `len` contiguous `f32`s from its start.
+    pub handle: Handle,
+    /// Elements.
+    pub len: usize,
+}
+
+/// The buffer of `tensor` (a flat `f32` tensor on a cubecl device, without autodiff), made
+/// contiguous if it was a view. An error naming the tensor's device where it is not on a
+/// cubecl device, or not `f32`.
+pub fn cube_buffer(tensor: Tensor<1>) -> Result<CubeBuffer, String> {
+    let device = format!("{:?}", tensor.device());
+    if tensor.dtype() != burn::tensor::DType::F32 {
+        return Err(format!(
+            "a {:?} tensor on {device}: the device codecs read f32",
+            tensor.dtype()
+        ));
+    }
+    let len = tensor.dims()[0];
+    let fused: FusionTensor<FusionCubeRuntime> = tensor
+        .try_into_primitive::<Cube>()
+        .map_err(|e| format!("a tensor on {device} is not on a cubecl device: {e:?}"))?;
+    let client = fused.client.clone();
+    let mut cube: CubeTensor = client.resolve_tensor_float::<CubeBackend>(fused);
+    if !cube.is_contiguous_buffer() {
+        cube = burn_cubecl::kernel::into_contiguous(cube);
+    }
+    Ok(CubeBuffer {
+        client: cube.client.clone(),
+        handle: cube.handle.clone(),
+        len,
+    })
+}
