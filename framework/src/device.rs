@@ -408,7 +408,7 @@ mod tests {
     }
 
     #[test]
-    fn the_cpu_device_needs_no_feature_and_cuda_without_it_is_a_clear_error() {
+    fn the_cpu_device_needs_no_feature_and_a_gpu_without_its_feature_is_a_clear_error() {
         assert!(worker_device(DeviceKind::Cpu, 0).is_ok());
         assert!(check_available(DeviceKind::Cpu, 4).is_ok());
         if !CUDA_BUILT {
@@ -417,6 +417,11 @@ mod tests {
             let e = worker_device(DeviceKind::Cuda(Some(1)), 0).unwrap_err();
             assert!(e.starts_with("cluster.device = \"cuda:1\": "), "{e}");
             assert!(e.contains("--features cuda"), "{e}");
+        }
+        if !WGPU_TRAIN_BUILT {
+            let e = worker_device(DeviceKind::Wgpu(Adapter::Cpu), 0).unwrap_err();
+            assert!(e.starts_with("cluster.device = \"wgpu:cpu\": "), "{e}");
+            assert!(e.contains("--features wgpu-train"), "{e}");
         }
     }
 }
