@@ -191,6 +191,14 @@ impl Gpu {
                 ),
             ));
         }
+        // Kernels bound to a buffer see all of it (a loop to `x.len()` would run past
+        // `len`): the handle is cut to the `len` elements.
+        let spare = handle.size_in_used() - 4 * len as u64;
+        let handle = if spare > 0 {
+            handle.offset_end(spare)
+        } else {
+            handle
+        };
         Ok(GpuBuffer { handle, len })
     }
 
@@ -302,6 +310,12 @@ impl GpuBuffer {
     /// Whether it holds no element.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The cubecl buffer itself (shared: a clone of the handle is the same memory), for
+    /// [`Gpu::adopt`] or for handing it to burn on the same client.
+    pub fn handle(&self) -> &Handle {
+        &self.handle
     }
 
     /// The kernel argument reading or writing the whole buffer.

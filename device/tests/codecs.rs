@@ -423,3 +423,29 @@ fn fft_with_the_device_transform_decodes_to_the_hosts() {
     }
     println!("largest relative reconstruction difference: {worst:.2e}");
 }
+
+/// A bucket's range of a flat gradient is copied on the device; a buffer of the device is
+/// read in place (`Gpu::adopt`, how burn's gradient reaches the codecs), and one shorter
+/// than asked is refused.
+#[test]
+fn a_range_is_copied_on_the_device_and_a_buffer_is_adopted_in_place() {
+    let x = values(5000, 11);
+    let buf = gpu().upload(&x);
+    for (start, len) in [(0, 5000), (123, 456), (4999, 1), (2500, 0)] {
+        let part = gpu().copy_range(&buf, start, len);
+        assert_eq!(part.len(), len);
+        assert_eq!(gpu().download(&part).unwrap(), x[start..start + len]);
+    }
+    let adopted = gpu().adopt(buf.handle().clone(), 3000).unwrap();
+    assert_eq!(gpu().download(&adopted).unwrap(), x[..3000]);
+    // In place: a kernel writing the adopted buffer writes the original.
+    gpu().fill_zero(&adopted);
+    let after = gpu().download(&buf).unwrap();
+    assert!(after[..3000].iter().all(|v| *v == 0.0));
+    assert_eq!(after[3000..], x[3000..]);
+    let e = gpu()
+        .adopt(buf.handle().clone(), 5001)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("fewer than 5001"), "{e}");
+}
