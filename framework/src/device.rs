@@ -68,11 +68,6 @@ impl DeviceKind {
             DeviceKind::Cuda(pinned) => Some(pinned.unwrap_or(local_rank)),
         }
     }
-
-    /// Whether the workers train on a GPU (CUDA or wgpu).
-    pub fn is_gpu(self) -> bool {
-        !matches!(self, DeviceKind::Cpu)
-    }
 }
 
 impl FromStr for DeviceKind {

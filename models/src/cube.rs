@@ -28,17 +28,18 @@ pub struct CubeBuffer {
 /// contiguous if it was a view. An error naming the tensor's device where it is not on a
 /// cubecl device, or not `f32`.
 pub fn cube_buffer(tensor: Tensor<1>) -> Result<CubeBuffer, String> {
-    let device = format!("{:?}", tensor.device());
     if tensor.dtype() != burn::tensor::DType::F32 {
         return Err(format!(
-            "a {:?} tensor on {device}: the device codecs read f32",
-            tensor.dtype()
+            "a {:?} tensor on {:?}: the device codecs read f32",
+            tensor.dtype(),
+            tensor.device()
         ));
     }
     let len = tensor.dims()[0];
+    let device = tensor.device();
     let fused: FusionTensor<FusionCubeRuntime> = tensor
         .try_into_primitive::<Cube>()
-        .map_err(|e| format!("a tensor on {device} is not on a cubecl device: {e:?}"))?;
+        .map_err(|e| format!("a tensor on {device:?} is not on a cubecl device: {e:?}"))?;
     let client = fused.client.clone();
     let mut cube: CubeTensor = client.resolve_tensor_float::<CubeBackend>(fused);
     if !cube.is_contiguous_buffer() {

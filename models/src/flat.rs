@@ -171,40 +171,13 @@ pub fn grads_into<M: Module>(
     out: &mut [f32],
 ) {
     assert_eq!(out.len(), table.num_params(), "gradient buffer length");
-    let mut visitor = GradWriter {
-        entries: &table.entries,
-        index: 0,
-        grads,
-        out,
-    };
-    module.visit(&mut visitor);
-    assert_eq!(
-        visitor.index,
-        table.entries.len(),
-        "table does not match module"
-    );
-}
-
-struct GradWriter<'a> {
-    entries: &'a [ParamEntry],
-    index: usize,
-    grads: &'a mut Gradients,
-    out: &'a mut [f32],
-}
-
-impl ModuleVisitor for GradWriter<'_> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let entry = &self.entries[self.index];
-        self.index += 1;
-        if entry.role != TensorRole::Param {
-            return;
-        }
-        let dst = &mut self.out[entry.offset..entry.offset + entry.numel];
-        match param.val().grad_remove(self.grads) {
+    each_grad(module, table, grads, &mut |entry, grad| {
+        let dst = &mut out[entry.offset..entry.offset + entry.numel];
+        match grad {
             Some(grad) => copy_into(grad, dst, &entry.name),
             None => dst.fill(0.0),
         }
-    }
+    });
 }
 
 /// The gradients of `module`'s trainable parameters out of `grads` as one flat tensor on
@@ -221,20 +194,11 @@ pub fn grads_flat<M: Module>(
     grads: &mut Gradients,
     device: &Device,
 ) -> Tensor<1> {
-    let mut visitor = GradCollector {
-        entries: &table.entries,
-        index: 0,
-        grads,
-        device: device.clone().without_autodiff(),
-        parts: Vec::new(),
-    };
-    module.visit(&mut visitor);
-    assert_eq!(
-        visitor.index,
-        table.entries.len(),
-        "table does not match module"
-    );
-    let GradCollector { parts, device, .. } = visitor;
+    let device = device.clone().without_autodiff();
+    let mut parts = Vec::new();
+    each_grad(module, table, grads, &mut |entry, grad| {
+        parts.push(grad.unwrap_or_else(|| Tensor::zeros([entry.numel], &device)));
+    });
     if parts.is_empty() {
         Tensor::zeros([0], &device)
     } else {
@@ -242,25 +206,45 @@ pub fn grads_flat<M: Module>(
     }
 }
 
-struct GradCollector<'a> {
+/// Calls `f` with each trainable parameter's table entry and its gradient, taken out of
+/// `grads` and flattened (`None` for a parameter that took no part in the forward pass),
+/// in table order.
+fn each_grad<M: Module>(
+    module: &M,
+    table: &ParamTable,
+    grads: &mut Gradients,
+    f: &mut dyn FnMut(&ParamEntry, Option<Tensor<1>>),
+) {
+    let mut visitor = EachGrad {
+        entries: &table.entries,
+        index: 0,
+        grads,
+        f,
+    };
+    module.visit(&mut visitor);
+    assert_eq!(
+        visitor.index,
+        table.entries.len(),
+        "table does not match module"
+    );
+}
+
+struct EachGrad<'a> {
     entries: &'a [ParamEntry],
     index: usize,
     grads: &'a mut Gradients,
-    device: Device,
-    parts: Vec<Tensor<1>>,
+    f: &'a mut dyn FnMut(&ParamEntry, Option<Tensor<1>>),
 }
 
-impl ModuleVisitor for GradCollector<'_> {
+impl ModuleVisitor for EachGrad<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         let entry = &self.entries[self.index];
         self.index += 1;
         if entry.role != TensorRole::Param {
             return;
         }
-        self.parts.push(match param.val().grad_remove(self.grads) {
-            Some(grad) => grad.reshape([entry.numel]),
-            None => Tensor::zeros([entry.numel], &self.device),
-        });
+        let grad = param.val().grad_remove(self.grads);
+        (self.f)(entry, grad.map(|g| g.reshape([entry.numel])));
     }
 }
 
