@@ -220,6 +220,56 @@ impl Gpu {
         dst
     }
 
+    /// `len` elements of `buf` from element `start`, copied to the host (one kernel and one
+    /// read of just that range: what a bucket the host encodes needs of a gradient that
+    /// stays on the device).
+    pub fn download_range(
+        &self,
+        buf: &GpuBuffer,
+        start: usize,
+        len: usize,
+    ) -> Result<Vec<f32>, DeviceError> {
+        if start == 0 && len == buf.len {
+            return self.download(buf);
+        }
+        self.download(&self.copy_range(buf, start, len))
+    }
+
+    /// The first element of `buf` that is a NaN or an infinity, with its value (`None`
+    /// when every element is finite): one pass on the device and one word read back, the
+    /// host's `first_non_finite` for a buffer that stays on the device.
+    pub fn first_non_finite(&self, buf: &GpuBuffer) -> Result<Option<(usize, f32)>, DeviceError> {
+        if buf.len == 0 {
+            return Ok(None);
+        }
+        let first_bad = self.words(1, u32::MAX);
+        let (count, dim) = crate::words::geometry(buf.len);
+        // SAFETY: `first_bad` holds one word.
+        unsafe {
+            first_non_finite::launch(
+                &self.client,
+                count,
+                dim,
+                buf.arg(),
+                BufferArg::from_raw_parts(first_bad.clone(), 1),
+            );
+        }
+        let read = self.read_words(vec![first_bad], "scanning for non-finite values")?;
+        let at = u32::from_le_bytes(read[0][..4].try_into().expect("one word"));
+        if at == u32::MAX {
+            return Ok(None);
+        }
+        let at = at as usize;
+        let value = self.download_range(buf, at, 1)?[0];
+        Ok(Some((at, value)))
+    }
+
+    /// Whether `buf` lives on this device (a buffer of another client means nothing to
+    /// this one's kernels).
+    pub fn holds(&self, buf: &GpuBuffer) -> bool {
+        buf.handle.service == self.client.service_id()
+    }
+
     /// A device buffer of `len` elements whose values are unspecified: for an output a kernel
     /// writes whole (no zeros uploaded on a step's path).
     pub(crate) fn empty(&self, len: usize) -> GpuBuffer {
@@ -278,6 +328,19 @@ fn fill_zero(x: &mut [f32]) {
     let mut i = ABSOLUTE_POS;
     while i < x.len() {
         x[i] = 0.0;
+        i += crate::words::grid_stride();
+    }
+}
+
+/// Lowers `first_bad` to the index of every element of `x` that is a NaN or an infinity
+/// (exponent bits all ones).
+#[cube(launch)]
+fn first_non_finite(x: &[f32], first_bad: &[Atomic<u32>]) {
+    let mut i = ABSOLUTE_POS;
+    while i < x.len() {
+        if (u32::reinterpret(x[i]) >> 23) & 0xFF == 0xFF {
+            first_bad[0].fetch_min(i as u32);
+        }
         i += crate::words::grid_stride();
     }
 }

@@ -449,3 +449,34 @@ fn a_range_is_copied_on_the_device_and_a_buffer_is_adopted_in_place() {
         .to_string();
     assert!(e.contains("fewer than 5001"), "{e}");
 }
+
+#[test]
+fn a_range_is_read_back_and_the_first_non_finite_value_is_found_on_the_device() {
+    let mut x = values(70_000, 12);
+    let buf = gpu().upload(&x);
+    assert!(gpu().holds(&buf));
+    for (start, len) in [(0, 70_000), (4321, 777), (69_999, 1), (10, 0)] {
+        assert_eq!(
+            gpu().download_range(&buf, start, len).unwrap(),
+            x[start..start + len]
+        );
+    }
+    assert_eq!(gpu().first_non_finite(&buf).unwrap(), None);
+    assert_eq!(gpu().first_non_finite(&gpu().upload(&[])).unwrap(), None);
+    // The first of several, whatever the order the device's units meet them in; the
+    // largest finite value is not one.
+    x[65_000] = f32::NAN;
+    x[40_001] = f32::NEG_INFINITY;
+    x[52_000] = f32::INFINITY;
+    x[7] = f32::MAX;
+    let bad = gpu().first_non_finite(&gpu().upload(&x)).unwrap();
+    assert_eq!(bad, Some((40_001, f32::NEG_INFINITY)));
+    assert_eq!(
+        dtrain_compress::compressor::first_non_finite(&x).map(|(i, _)| i),
+        Some(40_001)
+    );
+    x[0] = -f32::NAN;
+    let (at, v) = gpu().first_non_finite(&gpu().upload(&x)).unwrap().unwrap();
+    assert_eq!(at, 0);
+    assert!(v.is_nan());
+}

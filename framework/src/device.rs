@@ -231,6 +231,22 @@ fn local_rank_from(rank: usize, var: impl Fn(&str) -> Option<String>) -> usize {
     .unwrap_or(rank)
 }
 
+/// The device codecs' handle on the GPU a worker's model is on (`model`, which `spec`
+/// names too), over burn's client for it, so that the codecs' kernels read the model's
+/// gradient buffers where they lie and queue behind burn's work. `None` where the model is
+/// not on a cubecl device, or where this build does not train on GPUs (the codecs then
+/// open the device themselves).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub(crate) fn model_gpu(model: &Device, spec: &str) -> Result<Option<dtrain_device::Gpu>, String> {
+    #[cfg(any(feature = "cuda", feature = "wgpu-train"))]
+    if let Ok(client) = dtrain_models::cube::client_of(model) {
+        let spec = spec.parse().map_err(|e| format!("{e}"))?;
+        return Ok(Some(dtrain_device::Gpu::with_client(client, spec)));
+    }
+    let _ = (model, spec);
+    Ok(None)
+}
+
 /// The autodiff device a worker trains on. A GPU is initialised here (a one-element
 /// probe), so a missing driver or GPU is an error naming the device rather than a panic in
 /// the first step.

@@ -122,3 +122,53 @@ fn a_buffer_of_another_device_is_refused() {
         .expect("a CPU tensor has no cubecl buffer");
     assert!(e.contains("not on a cubecl device"), "{e}");
 }
+
+mod common;
+
+/// A run on wgpu whose codecs are on the same device keeps its gradient there: the trainer
+/// hands the flat gradient to the exchange (`Exchanger::exchange_device`), each device
+/// bucket is encoded from its range, and only the host's buckets are read back. The run
+/// says so, and trains as the same run on the CPU: every step's loss and the final
+/// parameters within rounding (the two backends sum in other orders), with one
+/// micro-batch a step and with two (summed on the device).
+#[test]
+fn a_run_on_wgpu_keeps_its_gradient_on_the_device_and_trains_as_on_the_cpu() {
+    let device = format!("cluster.device=\"{}\"", adapter());
+    for method in ["compress.kind=topk", "compress.kind=dgc"] {
+        for accumulate in ["train.accumulate=1", "train.accumulate=2"] {
+            let sets = [
+                method,
+                "compress.ratio=0.1",
+                "compress.collective=\"allgather\"",
+                accumulate,
+                "train.max_steps=8",
+            ];
+            let what = format!("{method}, {accumulate}");
+            let cpu = common::run(2, &sets, None, false);
+            let mut on = sets.to_vec();
+            on.extend([device.as_str(), "compress.device=\"auto\""]);
+            let gpu = common::run(2, &on, None, false);
+            assert!(
+                gpu.messages
+                    .iter()
+                    .any(|m| m.contains("the gradient stays on the device")),
+                "{what}: {:?}",
+                gpu.messages
+            );
+            assert_eq!(gpu.losses.len(), cpu.losses.len(), "{what}");
+            for (s, (a, b)) in gpu.losses.iter().zip(&cpu.losses).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                    "{what}: step {s}: loss {a} on the device, {b} on the CPU"
+                );
+            }
+            let scale = cpu.params.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (i, (a, b)) in gpu.params.iter().zip(&cpu.params).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * scale,
+                    "{what}: parameter {i}: {a} on the device, {b} on the CPU"
+                );
+            }
+        }
+    }
+}

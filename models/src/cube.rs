@@ -51,3 +51,11 @@ pub fn cube_buffer(tensor: Tensor<1>) -> Result<CubeBuffer, String> {
         len,
     })
 }
+
+/// The cubecl client of `device` (a CUDA or wgpu device of burn's), for kernels that work
+/// on its tensors' buffers: one element is made there to reach it. An error where `device`
+/// is not a cubecl device.
+pub fn client_of(device: &crate::Device) -> Result<Client, String> {
+    let device = device.clone().without_autodiff();
+    Ok(cube_buffer(Tensor::<1>::zeros([1], &device))?.client)
+}

@@ -93,6 +93,10 @@ pub use vgg::{Vgg, VggConfig, VggDepth, VggHead};
 /// burn dependency).
 pub use burn::prelude::Device;
 
+/// A flat `f32` tensor on a model's device: its gradient as [`Model::backward_flat`] leaves
+/// it there (re-exported, as [`Device`] is).
+pub type FlatTensor = burn::prelude::Tensor<1>;
+
 /// The default training device: burn's `flex` CPU backend with autodiff.
 pub fn cpu_device() -> Device {
     Device::flex().autodiff()

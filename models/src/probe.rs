@@ -12,6 +12,11 @@ use burn::prelude::*;
 /// the caller's own panic only says that the thread went away. While the probe runs, panics
 /// are recorded instead of printed, and the first one is the error's text.
 pub(crate) fn opened(device: Device, what: &str) -> Result<Device, String> {
+    // The panic hook is the process's: probes on several threads at once (in-process ranks)
+    // would each take the one another set and restore it, leaving a recorder in place of
+    // the real hook for good. One probe at a time.
+    static PROBING: Mutex<()> = Mutex::new(());
+    let _one = PROBING.lock().unwrap_or_else(|e| e.into_inner());
     let first: Arc<Mutex<Option<String>>> = Arc::default();
     let seen = first.clone();
     let previous = std::panic::take_hook();

@@ -14,10 +14,15 @@
 //! device ranks would average within rounding of each other and their replicas would
 //! drift apart (slowly: ~1e-7 relative a step, measured).
 //!
-//! The gradient reaches the device as a copy of the host's bucket (one upload per bucket
-//! and step): burn's gradients still come to the host first, and the mean goes back to the
-//! host for the optimizer. Handing the gradient over without the host is the next step of
-//! issue #51.
+//! Where the gradient comes from: a worker training on the same GPU (`cluster.device` a
+//! GPU, `compress.device = "auto"`, a build that trains there) hands its gradient over as
+//! one flat buffer on the device ([`DeviceGradient`], read through burn's own client,
+//! [`place_codecs`]); [`Exchanger::exchange_device`] encodes each device bucket from its
+//! range of it (a device-to-device copy) and reads back only the ranges of the buckets
+//! the host sends (dense, or encoded on the host). Otherwise — the model on the CPU, or a
+//! periodic synchronisation — the device buckets are uploaded from the host's gradient
+//! (one upload per bucket and step). Either way the mean comes back to the host, where
+//! the optimizer runs; a device optimizer is the next step of issue #51.
 //!
 //! Which buckets: those whose route compresses them with the method's plain one-phase
 //! encode (the all-gather and the sparse all-reduce). The compressed all-reduce's range
@@ -25,11 +30,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::ops::Range;
 
 use dtrain_compress::{Compressor, Ctx, Payload, Rng};
 use serde::{Deserialize, Serialize};
 
-use super::{Exchanger, GatherCollective, Route};
+use super::{ExchangeError, Exchanger, GatherCollective, Route};
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub(crate) use imp::{open, OnDevice};
@@ -92,9 +98,42 @@ mod imp {
                 .import_state(&host.export_state())
                 .map_err(|e| e.to_string())?;
             let grad = self.gpu.upload(input);
+            self.compress_buffer(&grad, ctx, rng, out)
+        }
+
+        /// [`OnDevice::compress`] of `range` of a gradient that is on the device already
+        /// (the bucket's range copied there, one kernel): nothing crosses to the device.
+        pub(crate) fn compress_range(
+            &mut self,
+            host: &dyn Compressor,
+            grad: &DeviceGradient,
+            range: Range<usize>,
+            ctx: &Ctx<'_>,
+            rng: &mut Rng,
+            out: &mut Payload,
+        ) -> Result<(), String> {
             self.pipe
-                .compress(&self.gpu, &grad, ctx, rng, out)
+                .import_state(&host.export_state())
+                .map_err(|e| e.to_string())?;
+            let part = self.gpu.copy_range(&grad.buf, range.start, range.len());
+            self.compress_buffer(&part, ctx, rng, out)
+        }
+
+        fn compress_buffer(
+            &mut self,
+            grad: &GpuBuffer,
+            ctx: &Ctx<'_>,
+            rng: &mut Rng,
+            out: &mut Payload,
+        ) -> Result<(), String> {
+            self.pipe
+                .compress(&self.gpu, grad, ctx, rng, out)
                 .map_err(|e| e.to_string())
+        }
+
+        /// Whether `grad` is on this bucket's device (the same client).
+        pub(crate) fn reaches(&self, grad: &DeviceGradient) -> bool {
+            self.gpu.holds(&grad.buf)
         }
 
         /// The mean of the gathered `payloads` (rank order) written into `out`, decoded on
@@ -150,6 +189,83 @@ mod imp {
     }
 }
 
+/// A worker's flat gradient left on its device (`cluster.device` a GPU, `compress.device`
+/// the same one): [`Exchanger::exchange_device`] encodes the buckets that have a device
+/// encoder from it where it lies, and downloads only the ranges of the others. Cloning
+/// shares the buffer.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[derive(Clone)]
+pub struct DeviceGradient {
+    gpu: dtrain_device::Gpu,
+    buf: dtrain_device::GpuBuffer,
+}
+
+/// Without a device runtime in the build there is no device gradient: this type has no
+/// values.
+#[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+pub enum DeviceGradient {}
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+impl DeviceGradient {
+    /// The gradient in `buf` on `gpu`; an error where the buffer is another device's.
+    pub fn new(gpu: dtrain_device::Gpu, buf: dtrain_device::GpuBuffer) -> Result<Self, String> {
+        if !gpu.holds(&buf) {
+            return Err(format!("the gradient's buffer is not on {gpu}"));
+        }
+        Ok(DeviceGradient { gpu, buf })
+    }
+
+    /// The device it is on.
+    pub fn gpu(&self) -> &dtrain_device::Gpu {
+        &self.gpu
+    }
+}
+
+impl DeviceGradient {
+    /// Elements.
+    pub fn len(&self) -> usize {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        return self.buf.len();
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        match *self {}
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first NaN or infinity and its index (`None`: every element is finite), found
+    /// on the device (one word read back).
+    pub fn first_non_finite(&self) -> Result<Option<(usize, f32)>, String> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        return self
+            .gpu
+            .first_non_finite(&self.buf)
+            .map_err(|e| e.to_string());
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        match *self {}
+    }
+
+    /// Copies `range` of the gradient into `out` (of `range`'s length).
+    pub fn download_range(&self, range: Range<usize>, out: &mut [f32]) -> Result<(), String> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        {
+            let v = self
+                .gpu
+                .download_range(&self.buf, range.start, range.len())
+                .map_err(|e| e.to_string())?;
+            out.copy_from_slice(&v);
+            Ok(())
+        }
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        {
+            let _ = (range, out);
+            match *self {}
+        }
+    }
+}
+
 /// Why a device decode failed: a malformed payload (its rank and the host decoder's error),
 /// or the device itself.
 #[derive(Debug)]
@@ -180,6 +296,22 @@ impl OnDevice {
         _: &mut Rng,
         _: &mut Payload,
     ) -> Result<(), String> {
+        match *self {}
+    }
+
+    pub(crate) fn compress_range(
+        &mut self,
+        _: &dyn Compressor,
+        _: &DeviceGradient,
+        _: Range<usize>,
+        _: &Ctx<'_>,
+        _: &mut Rng,
+        _: &mut Payload,
+    ) -> Result<(), String> {
+        match *self {}
+    }
+
+    pub(crate) fn reaches(&self, _: &DeviceGradient) -> bool {
         match *self {}
     }
 
@@ -214,6 +346,11 @@ pub struct DeviceUse {
     /// Why buckets stay on the host, once each (empty when none does).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub host_because: Vec<String>,
+    /// Whether the worker's gradient is encoded where it lies on the device, every step
+    /// (a GPU worker's own device, [`Exchanger::exchange_device`]), rather than uploaded
+    /// from the host.
+    #[serde(default)]
+    pub gradient_in_place: bool,
 }
 
 impl fmt::Display for DeviceUse {
@@ -226,6 +363,13 @@ impl fmt::Display for DeviceUse {
         if !self.host_because.is_empty() {
             write!(f, "; on the host: {}", self.host_because.join("; "))?;
         }
+        if self.gradient_in_place {
+            write!(
+                f,
+                "; the gradient stays on the device (only the host's buckets' ranges are \
+                 read back)"
+            )?;
+        }
         Ok(())
     }
 }
@@ -233,12 +377,32 @@ impl fmt::Display for DeviceUse {
 /// Places `exchanger`'s compressed buckets on the device `spec` names
 /// (`Exchanger::set_codec_device`, in a build with a device runtime); in a build without
 /// device codecs an error saying how to build them.
-pub fn place_codecs(exchanger: &mut Exchanger, spec: &str) -> Result<DeviceUse, String> {
+///
+/// With `model`, the device the worker's model is on when `spec` names it too: where it is a
+/// GPU of a build that trains there, the codecs run on burn's client for it, so that the
+/// worker's gradient can be encoded where it lies ([`Exchanger::exchange_device`]);
+/// [`DeviceUse::gradient_in_place`] then says whether a bucket would read it.
+pub fn place_codecs(
+    exchanger: &mut Exchanger,
+    spec: &str,
+    model: Option<&dtrain_models::Device>,
+) -> Result<DeviceUse, String> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    return exchanger.set_codec_device(spec);
+    return match model
+        .map(|d| crate::device::model_gpu(d, spec))
+        .transpose()?
+        .flatten()
+    {
+        Some(gpu) => {
+            let mut used = exchanger.set_codec_gpu(&gpu);
+            used.gradient_in_place = exchanger.reads_device_gradient();
+            Ok(used)
+        }
+        None => exchanger.set_codec_device(spec),
+    };
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {
-        let _ = exchanger;
+        let _ = (exchanger, model);
         Err(format!(
             "{spec}: this dtrain was built without device codecs; rebuild it with \
              `--features wgpu` or `--features cuda`"
@@ -267,7 +431,18 @@ impl Exchanger {
     /// where the device cannot be opened.
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     pub fn set_codec_device(&mut self, spec: &str) -> Result<DeviceUse, String> {
-        let gpu = open(spec)?;
+        let used = self.set_codec_gpu(&open(spec)?);
+        // A device of the codecs' own: no worker's gradient lies there.
+        self.gradient_in_place = false;
+        Ok(used)
+    }
+
+    /// [`Exchanger::set_codec_device`] on `gpu`, opened already: the worker's own device
+    /// over burn's client ([`dtrain_device::Gpu::with_client`]), whose gradient buffers
+    /// [`Exchanger::exchange_device`] then reads where they lie
+    /// ([`Exchanger::reads_device_gradient`]).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    pub fn set_codec_gpu(&mut self, gpu: &dtrain_device::Gpu) -> DeviceUse {
         let mut why = Vec::new();
         for s in &mut self.slots {
             let Some(pipe) = &s.pipe else { continue };
@@ -275,7 +450,7 @@ impl Exchanger {
                 why.push(r.to_string());
                 continue;
             }
-            match OnDevice::new(&gpu, &self.method_cfg, &self.memory) {
+            match OnDevice::new(gpu, &self.method_cfg, &self.memory) {
                 Ok(mut d) => {
                     d.import_memory(&pipe.export_memory());
                     s.device = Some(d);
@@ -290,9 +465,51 @@ impl Exchanger {
             buckets: self.slots.iter().filter(|s| s.device.is_some()).count(),
             compressed: self.slots.iter().filter(|s| s.pipe.is_some()).count(),
             host_because: why.clone(),
+            gradient_in_place: false,
         };
         self.device = Some((device, why));
-        Ok(used)
+        self.gradient_in_place = true;
+        used
+    }
+
+    /// Copies into `grad` the ranges of `on_device` that the host needs: every bucket's
+    /// but those encoded from the device gradient where it lies (`Slot::reads_device`),
+    /// adjacent ranges in one read. An error where such a bucket's device is not the
+    /// gradient's.
+    pub(super) fn download_host_ranges(
+        &self,
+        on_device: &DeviceGradient,
+        grad: &mut [f32],
+    ) -> Result<(), ExchangeError> {
+        let mut ranges: Vec<Range<usize>> = Vec::new();
+        for s in &self.slots {
+            if s.reads_device() {
+                let d = s.device.as_ref().expect("reads_device");
+                if !d.reaches(on_device) {
+                    return Err(ExchangeError::Device {
+                        bucket: s.bucket.id,
+                        reason: "the gradient is on another device than the bucket's encoder"
+                            .into(),
+                    });
+                }
+                continue;
+            }
+            ranges.extend(s.bucket.flat_ranges.iter().cloned());
+        }
+        ranges.sort_by_key(|r| r.start);
+        let mut merged: Vec<Range<usize>> = Vec::new();
+        for r in ranges {
+            match merged.last_mut() {
+                Some(m) if m.end == r.start => m.end = r.end,
+                _ => merged.push(r),
+            }
+        }
+        for r in merged {
+            on_device
+                .download_range(r.clone(), &mut grad[r])
+                .map_err(|reason| ExchangeError::Device { bucket: 0, reason })?;
+        }
+        Ok(())
     }
 
     /// Where the compressed buckets are encoded, when a device was set.
@@ -303,6 +520,7 @@ impl Exchanger {
             buckets: self.slots.iter().filter(|s| s.device.is_some()).count(),
             compressed: self.slots.iter().filter(|s| s.pipe.is_some()).count(),
             host_because: why.clone(),
+            gradient_in_place: false,
         })
     }
 

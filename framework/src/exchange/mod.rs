@@ -108,7 +108,7 @@ use thiserror::Error;
 
 use bucket::{Bucket, BucketPolicy, ParamInfo};
 use dense::contiguous;
-pub use device::DeviceUse;
+pub use device::{DeviceGradient, DeviceUse};
 pub use schedule::Route;
 use schedule::{Flight, OwnerReduce, Slot};
 pub(crate) use state::bits;
@@ -337,6 +337,9 @@ pub struct Exchanger {
     /// The device the compressed buckets are encoded on (`Exchanger::set_codec_device`)
     /// and why buckets stay on the host.
     device: Option<(String, Vec<String>)>,
+    /// Whether that device is the one the worker's gradient lies on
+    /// (`Exchanger::set_codec_gpu`, not `Exchanger::set_codec_device`).
+    gradient_in_place: bool,
 }
 
 impl Exchanger {
@@ -395,6 +398,7 @@ impl Exchanger {
             lossy: None,
             lossy_residual: DlcpResidual::new(),
             device: None,
+            gradient_in_place: false,
         })
     }
 
@@ -642,6 +646,51 @@ impl Exchanger {
         step: u64,
         prechecked: bool,
     ) -> Result<ExchangeStats, ExchangeError> {
+        self.exchange_from(comm, grad, None, step, prechecked)
+    }
+
+    /// [`Exchanger::exchange_checked`] of a gradient `on_device` (this rank's, on the
+    /// device its compressed buckets are encoded on, `Exchanger::set_codec_gpu`):
+    /// each bucket with a device encoder is encoded from its range where it lies, and only
+    /// the other buckets' ranges are copied into `grad` first; only payloads reach the
+    /// host. The average comes back into `grad`, as from
+    /// [`Exchanger::exchange_checked`], and is the same bit for bit for methods whose
+    /// device payloads are the host codec's. An error where a device bucket's device is
+    /// not the gradient's, or the lengths differ.
+    pub fn exchange_device<T: Transport>(
+        &mut self,
+        comm: &mut Communicator<T>,
+        grad: &mut [f32],
+        on_device: &DeviceGradient,
+        step: u64,
+        prechecked: bool,
+    ) -> Result<ExchangeStats, ExchangeError> {
+        if on_device.len() != self.total {
+            return Err(ExchangeError::Length {
+                want: self.total,
+                got: on_device.len(),
+            });
+        }
+        self.exchange_from(comm, grad, Some(on_device), step, prechecked)
+    }
+
+    /// Whether the worker's gradient should be handed over on the device
+    /// ([`Exchanger::exchange_device`]): the codecs' device is the worker's own
+    /// (`Exchanger::set_codec_gpu`, in a build with device codecs) and, with the routes
+    /// chosen, some compressed bucket has a device encoder there and is one range of the
+    /// gradient.
+    pub fn reads_device_gradient(&self) -> bool {
+        self.gradient_in_place && !self.auto_pending && self.slots.iter().any(Slot::reads_device)
+    }
+
+    fn exchange_from<T: Transport>(
+        &mut self,
+        comm: &mut Communicator<T>,
+        grad: &mut [f32],
+        on_device: Option<&DeviceGradient>,
+        step: u64,
+        prechecked: bool,
+    ) -> Result<ExchangeStats, ExchangeError> {
         if grad.len() != self.total {
             return Err(ExchangeError::Length {
                 want: self.total,
@@ -671,11 +720,16 @@ impl Exchanger {
             ..ExchangeStats::default()
         };
         self.ensure_servers(world, comm.rank())?;
+        if let Some(g) = on_device {
+            let t0 = std::time::Instant::now();
+            self.download_host_ranges(g, grad)?;
+            st.compress_s += t0.elapsed().as_secs_f64();
+        }
         let before = comm.total_bytes();
         if self.is_dense() {
             self.average_dense(comm, grad, &mut st)?;
         } else {
-            self.pipelined(comm, grad, step, &mut st)?;
+            self.pipelined(comm, grad, on_device, step, &mut st)?;
         }
         let d = comm.total_bytes() - before;
         st.bytes_sent = d.sent;

@@ -17,7 +17,7 @@ use dtrain_compress::{
 };
 
 use super::bucket::{self, Bucket};
-use super::device::{DecodeFailure, OnDevice};
+use super::device::{DecodeFailure, DeviceGradient, OnDevice};
 use super::link::{comm_thread, Comms, Link, Op, Reply};
 use super::{ExchangeError, ExchangeStats, Exchanger, GatherCollective, Lossy};
 
@@ -38,6 +38,18 @@ pub(super) struct Slot {
     /// The bucket's encoder on a device ([`super::device`]), which then holds its memory;
     /// `None`: the host pipeline encodes.
     pub(super) device: Option<OnDevice>,
+}
+
+impl Slot {
+    /// Whether an exchange of a device gradient encodes this bucket from it where it lies
+    /// (`Exchanger::exchange_device`): a compressed route with a device encoder (only
+    /// one-phase methods have one), and the bucket one range of the gradient.
+    pub(super) fn reads_device(&self) -> bool {
+        self.device.is_some()
+            && self.pipe.is_some()
+            && self.range.is_some()
+            && matches!(self.route, Route::Compressed(_))
+    }
 }
 
 /// How one bucket travels in an exchange.
@@ -192,6 +204,7 @@ impl Exchanger {
         &mut self,
         comm: &mut Communicator<T>,
         grad: &mut [f32],
+        on_device: Option<&DeviceGradient>,
         step: u64,
         st: &mut ExchangeStats,
     ) -> Result<(), ExchangeError> {
@@ -201,6 +214,7 @@ impl Exchanger {
             spare: &mut self.spare,
             lossy: self.lossy.as_ref(),
             lossy_residual: &mut self.lossy_residual,
+            on_device,
             hosts: self.hosts.clone(),
             seed: self.seed,
             step,
@@ -253,6 +267,9 @@ struct Job<'a> {
     spare: &'a mut Vec<Flight>,
     lossy: Option<&'a Lossy>,
     lossy_residual: &'a mut DlcpResidual,
+    /// The gradient on the device, which the buckets that [`Slot::reads_device`] encode
+    /// from (the host's `grad` holds the other buckets' ranges).
+    on_device: Option<&'a DeviceGradient>,
     /// The hosts of a hierarchical dense all-reduce (`None`: flat).
     hosts: Option<Arc<Topology>>,
     seed: u64,
@@ -321,6 +338,7 @@ impl Job<'_> {
         let b0 = comms.blocked;
         let (step, rank, seed) = (self.step, self.rank, self.seed);
         let mut f = self.spare.pop().unwrap_or_default();
+        let from_device = self.on_device.filter(|_| self.slots[i].reads_device());
         let Slot {
             bucket,
             pipe,
@@ -423,11 +441,22 @@ impl Job<'_> {
                 }
                 None => {
                     let mut rng = Rng::for_step(seed, step, rank as u64, id);
-                    match device {
-                        Some(d) => d
+                    let device_err = |reason| ExchangeError::Device { bucket: id, reason };
+                    match (device, from_device, range) {
+                        (Some(d), Some(g), Some(r)) => d
+                            .compress_range(
+                                pipe.compressor(),
+                                g,
+                                r.clone(),
+                                &ctx,
+                                &mut rng,
+                                &mut f.payload,
+                            )
+                            .map_err(device_err)?,
+                        (Some(d), _, _) => d
                             .compress(pipe.compressor(), input, &ctx, &mut rng, &mut f.payload)
-                            .map_err(|reason| ExchangeError::Device { bucket: id, reason })?,
-                        None => pipe
+                            .map_err(device_err)?,
+                        (None, _, _) => pipe
                             .compress(input, &ctx, &mut rng, &mut f.payload)
                             .map_err(compress_err)?,
                     }

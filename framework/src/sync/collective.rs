@@ -9,7 +9,7 @@ use dtrain_models::Model;
 use super::periodic::{PeriodicState, PERIODIC_SECTION};
 use super::{GradientSync, SyncError, Update};
 use crate::checkpoint::Checkpoint;
-use crate::exchange::{Exchanger, ExchangerState};
+use crate::exchange::{DeviceGradient, Exchanger, ExchangerState};
 use dtrain_records::StepRecord;
 
 /// The collective path (`[cluster] mode = "collective"`).
@@ -41,23 +41,29 @@ impl Collectives {
         step: u64,
         record: &mut StepRecord,
     ) -> Result<bool, SyncError> {
-        self.exchange_with(comm, buf, step, false, record)
+        self.exchange_with(comm, buf, None, step, false, record)
     }
 
     /// [`Collectives::exchange`]; `prechecked`: every rank's `buf` was checked for
-    /// non-finite values ([`Exchanger::exchange_checked`]).
+    /// non-finite values ([`Exchanger::exchange_checked`]); with `on_device` the gradient
+    /// is that one, on the device ([`Exchanger::exchange_device`]), and `buf` receives the
+    /// average.
     fn exchange_with<T: Transport>(
         &mut self,
         comm: &mut Communicator<T>,
         buf: &mut [f32],
+        on_device: Option<&DeviceGradient>,
         step: u64,
         prechecked: bool,
         record: &mut StepRecord,
     ) -> Result<bool, SyncError> {
-        let st = self
-            .exchanger
-            .exchange_checked(comm, buf, step, prechecked)
-            .map_err(SyncError::Exchange)?;
+        let st = match on_device {
+            Some(g) => self
+                .exchanger
+                .exchange_device(comm, buf, g, step, prechecked),
+            None => self.exchanger.exchange_checked(comm, buf, step, prechecked),
+        }
+        .map_err(SyncError::Exchange)?;
         let time = &mut record.time;
         time.compress_s = st.compress_s;
         time.communicate_s += st.communicate_s;
@@ -166,7 +172,28 @@ impl<T: Transport> GradientSync<T> for Collectives {
         // The trainer scanned `grads` on every rank when this exchange needs it
         // (`scans_gradient`), and a step with a non-finite gradient does not get here.
         let prechecked = GradientSync::<T>::scans_gradient(self);
-        let non_finite = self.exchange_with(comm, grads, step, prechecked, record)?;
+        let non_finite = self.exchange_with(comm, grads, None, step, prechecked, record)?;
+        Ok(Update::Averaged { non_finite })
+    }
+
+    fn reads_device_gradient(&self) -> bool {
+        self.exchanger.reads_device_gradient()
+    }
+
+    fn sync_device(
+        &mut self,
+        comm: &mut Communicator<T>,
+        _model: &dyn Model,
+        grads: &mut [f32],
+        on_device: &DeviceGradient,
+        step: u64,
+        _lr: f64,
+        record: &mut StepRecord,
+    ) -> Result<Update, SyncError> {
+        // As `sync`: the trainer scanned the device gradient (`scans_gradient`).
+        let prechecked = GradientSync::<T>::scans_gradient(self);
+        let non_finite =
+            self.exchange_with(comm, grads, Some(on_device), step, prechecked, record)?;
         Ok(Update::Averaged { non_finite })
     }
 

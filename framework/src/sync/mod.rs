@@ -44,7 +44,7 @@ use dtrain_models::Model;
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::Plan;
-use crate::exchange::ExchangeError;
+use crate::exchange::{DeviceGradient, ExchangeError};
 use crate::optim::CompressedOptimizer;
 use crate::ps_mode::Ready;
 use dtrain_records::StepRecord;
@@ -124,6 +124,33 @@ pub(crate) trait GradientSync<T: Transport> {
         lr: f64,
         record: &mut StepRecord,
     ) -> Result<Update, SyncError>;
+
+    /// Whether [`GradientSync::sync_device`] reads a gradient left on the device where it
+    /// lies (some bucket is encoded there), so that the trainer need not copy it to the
+    /// host. Default: no.
+    fn reads_device_gradient(&self) -> bool {
+        false
+    }
+
+    /// [`GradientSync::sync`] of this rank's gradient `on_device` (a GPU worker's, on the
+    /// device its buckets are encoded on); `grads` receives the update. Default: the
+    /// gradient copied into `grads`, then [`GradientSync::sync`].
+    #[allow(clippy::too_many_arguments)]
+    fn sync_device(
+        &mut self,
+        comm: &mut Communicator<T>,
+        model: &dyn Model,
+        grads: &mut [f32],
+        on_device: &DeviceGradient,
+        step: u64,
+        lr: f64,
+        record: &mut StepRecord,
+    ) -> Result<Update, SyncError> {
+        on_device
+            .download_range(0..grads.len(), grads)
+            .map_err(|reason| SyncError::Exchange(ExchangeError::Device { bucket: 0, reason }))?;
+        self.sync(comm, model, grads, step, lr, record)
+    }
 
     /// Called once the update of `step` is applied to `model`: a [`Periodic`]
     /// synchronisation ends its round here (averages the parameter change and writes the

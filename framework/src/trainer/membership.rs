@@ -269,7 +269,7 @@ impl<T: Transport> Trainer<T> {
             hosts,
             codec_device,
             ..
-        } = build_sync(&self.plan, &infos, &mut self.comm)?;
+        } = build_sync(&self.plan, &infos, &mut self.comm, self.model.device())?;
         self.sync = sync;
         self.hosts = hosts;
         self.codec_device = codec_device;

@@ -335,7 +335,7 @@ impl<T: Transport> Trainer<T> {
             .map_err(|e| TrainError::Config(e.to_string()))?;
         let model = build_model(&plan, device)?;
         let infos = param_infos(model.as_ref());
-        let built = build_sync(&plan, &infos, &mut comm)?;
+        let built = build_sync(&plan, &infos, &mut comm, model.device())?;
         let mut t = Self::assemble(plan, data, comm, model, built, out)?;
         let (n, nb) = (t.num_params(), t.buffers.len());
         // Identical replicas: rank 0's initial state wins.
@@ -388,7 +388,7 @@ impl<T: Transport> Trainer<T> {
         let comm_err = |source| TrainError::Comm { step: 0, source };
         let membership = comm.join(timeout).map_err(comm_err)?;
         let infos = param_infos(model.as_ref());
-        let built = build_sync(&plan, &infos, &mut comm)?;
+        let built = build_sync(&plan, &infos, &mut comm, model.device())?;
         let mut t = Self::assemble(plan, data, comm, model, built, out)?;
         t.enter(&membership)?;
         Ok(t)
@@ -568,6 +568,7 @@ fn build_sync<T: Transport>(
     plan: &Plan,
     infos: &[ParamInfo],
     comm: &mut Communicator<T>,
+    model_device: &Device,
 ) -> Result<BuiltSync<T>, TrainError> {
     let table_params: usize = infos.iter().map(ParamInfo::numel).sum();
     let mut exchanger = build_exchanger(plan, infos)?;
@@ -578,19 +579,24 @@ fn build_sync<T: Transport>(
     } = setup_exchange(&mut exchanger, comm, plan)?;
     // After the routes are chosen: a bucket's device encoder depends on its route.
     let local = crate::device::local_rank(comm.members()[comm.rank()]);
-    let codec_device = match plan.codec_device.resolve(plan.config.cluster.device, local) {
+    let mut codec_use = match plan.codec_device.resolve(plan.config.cluster.device, local) {
         Some(spec) => {
-            let used = crate::exchange::device::place_codecs(&mut exchanger, &spec)
-                .map_err(|e| TrainError::Config(format!("compress.device: {e}")))?;
-            notes.push(used.to_string());
-            Some(used.to_string())
+            let own = crate::device::CodecDevice::Auto.resolve(plan.config.cluster.device, local);
+            let used = crate::exchange::device::place_codecs(
+                &mut exchanger,
+                &spec,
+                // The model's device, where the codecs' device is the worker's own.
+                (own.as_deref() == Some(spec.as_str())).then_some(model_device),
+            )
+            .map_err(|e| TrainError::Config(format!("compress.device: {e}")))?;
+            Some(used)
         }
         None => None,
     };
     let exchanger_hosts = exchanger.hierarchical_hosts();
     let sync = match plan.compressed_optimizer {
         None if matches!(plan.config.sync, SyncConfig::StreamingDiloco { .. }) => {
-            if codec_device.is_some() {
+            if codec_use.is_some() {
                 return Err(TrainError::Config(
                     "compress.device: streaming-diloco's fragment exchangers run on the \
                          host (leave compress.device out)"
@@ -629,6 +635,30 @@ fn build_sync<T: Transport>(
             )
         }
     };
+    let codec_device = codec_use.as_mut().map(|used| {
+        // Whether the trainer hands its gradient over (`Trainer::gradient_stays_on_device`).
+        let shared = used.gradient_in_place;
+        used.gradient_in_place &=
+            sync.reads_device_gradient() && !(plan.clip_local && plan.clip_norm.is_some());
+        notes.push(used.to_string());
+        if shared && !used.gradient_in_place {
+            notes.push(format!(
+                "the gradient comes through the host to {}: {}",
+                used.device,
+                if plan.clip_local && plan.clip_norm.is_some() {
+                    "each worker clips its own gradient there first (train.clip_norm with a vote)"
+                } else if matches!(plan.config.sync, SyncConfig::EveryStep)
+                    && plan.compressed_optimizer.is_none()
+                {
+                    "no bucket is encoded on the device from its own range of the gradient"
+                } else {
+                    "this synchronisation exchanges on the host (only sync.kind = \"every-step\" \
+                     with the plain optimizers hands the gradient over)"
+                }
+            ));
+        }
+        used.to_string()
+    });
     Ok(BuiltSync {
         sync,
         notes,

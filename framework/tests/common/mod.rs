@@ -116,7 +116,9 @@ pub fn run_all_slow(
                 let second = cfg.sync.wants_second_lane();
                 let (coll, lane) = if second { split_tagged(t) } else { split_ps(t) };
                 let comm = Communicator::new(coll, CommConfig::default());
-                let device = dtrain_models::cpu_device();
+                // As `dtrain worker` does: the device `cluster.device` names.
+                let device =
+                    dtrain_framework::device::worker_device(cfg.cluster.device, rank).unwrap();
                 let mut tr = Trainer::new(plan, data, comm, &device, out.clone()).unwrap();
                 if ps {
                     tr.attach_parameter_server(lane).unwrap();

@@ -131,6 +131,58 @@ fn two_ranks_on_the_device_path_average_as_the_host_path() {
     }
 }
 
+/// A gradient that is on the device already (a GPU worker's, `Exchanger::exchange_device`):
+/// the buckets with a device encoder are encoded from it where it lies, the others' ranges
+/// are read back (the host buffer holds NaNs before, so a range the exchange took from the
+/// host unread would show), and every rank's average and memory are the host path's bit for
+/// bit.
+#[test]
+fn a_gradient_on_the_device_is_exchanged_where_it_lies_as_the_host_path() {
+    for (spec, gather, overlap) in [
+        ("dgc:ratio=0.05", GatherCollective::AllGather, true),
+        ("topk:ratio=0.02", GatherCollective::SparseAllReduce, false),
+        ("signum", GatherCollective::AllGather, false),
+        ("fp16", GatherCollective::AllGather, true),
+    ] {
+        let what = format!("{spec} over {gather:?}, the gradient on the device");
+        let mut setup = Setup::new(parse_method(spec).unwrap());
+        setup.gather = gather;
+        setup.overlap = overlap;
+        let host = run(&setup, 2, false, 0..4, None);
+        let handed = on_ranks(2, |rank, comm| {
+            let gpu = dtrain_device::Gpu::open(test_device().parse().unwrap()).unwrap();
+            let mut ex = setup.exchanger();
+            ex.set_codec_gpu(&gpu);
+            assert!(ex.reads_device_gradient(), "{what}");
+            let n = setup.n();
+            let trace: Trace = (0..4)
+                .map(|s| {
+                    let g = grad(rank, n, s);
+                    let on = DeviceGradient::new(gpu.clone(), gpu.upload(&g)).unwrap();
+                    let mut out = vec![f32::NAN; n];
+                    let st = ex.exchange_device(comm, &mut out, &on, s, false).unwrap();
+                    (out, st)
+                })
+                .unzip();
+            (trace, ex.export_state().unwrap())
+        });
+        assert_same_runs(&host, &handed, &what);
+    }
+    // A gradient of another length is refused before anything moves.
+    let setup = Setup::new(parse_method("topk:ratio=0.02").unwrap());
+    on_ranks(1, |_, comm| {
+        let gpu = dtrain_device::Gpu::open(test_device().parse().unwrap()).unwrap();
+        let mut ex = setup.exchanger();
+        ex.set_codec_gpu(&gpu);
+        let n = setup.n();
+        let short = DeviceGradient::new(gpu.clone(), gpu.upload(&vec![0.0; n - 1])).unwrap();
+        let e = ex
+            .exchange_device(comm, &mut vec![0.0; n], &short, 0, false)
+            .unwrap_err();
+        assert!(matches!(e, ExchangeError::Length { .. }), "{e}");
+    });
+}
+
 /// `‖a − b‖ / ‖b‖`.
 fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
     let d: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
