@@ -43,6 +43,7 @@ pub mod launch;
 pub mod lr;
 pub mod mpi_env;
 pub mod optim;
+pub mod optim_device;
 pub mod provenance;
 pub mod ps_mode;
 pub mod signals;

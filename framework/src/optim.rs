@@ -358,6 +358,12 @@ impl Optimizer {
         &self.state
     }
 
+    /// The state of group `key`, to write into (the device optimizer's moments brought back,
+    /// [`crate::optim_device`]).
+    pub fn group_mut(&mut self, key: u64) -> Option<&mut GroupState> {
+        self.state.get_mut(&key)
+    }
+
     /// Restores state written by [`Optimizer::export`].
     pub fn import(&mut self, state: BTreeMap<u64, GroupState>) {
         self.state = state;

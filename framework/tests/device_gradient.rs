@@ -172,3 +172,26 @@ fn a_run_on_wgpu_keeps_its_gradient_on_the_device_and_trains_as_on_the_cpu() {
         }
     }
 }
+
+/// On wgpu the optimizer's moments live on the device (`optim_device`): a checkpoint
+/// brings them back to the host, a resumed run takes them up again, and the run goes on
+/// exactly as the straight one — SGD with momentum (its buffer) and Adam (both moments).
+#[test]
+fn a_run_on_wgpu_resumes_exactly_with_the_moments_kept_on_the_device() {
+    let device = format!("cluster.device=\"{}\"", adapter());
+    let on = [
+        device.as_str(),
+        "compress.kind=topk",
+        "compress.ratio=0.1",
+        "compress.device=\"auto\"",
+    ];
+    let adam = [
+        "train.optimizer=\"adam\"",
+        "train.momentum=0",
+        "train.lr=0.003",
+    ];
+    for extra in [&[][..], &adam[..]] {
+        let sets: Vec<&str> = on.iter().chain(extra).copied().collect();
+        common::resume_is_exact(2, &sets);
+    }
+}

@@ -405,10 +405,87 @@ impl ModuleMapper for Updater<'_> {
     }
 }
 
+/// Replaces every trainable parameter of `module` by `f(offset, values)`, in table order,
+/// with `values` the parameter flattened on its device without autodiff (no copy to the
+/// host): see `Model::update_params_on_device`. `ParamId`s, devices and gradient
+/// requirements are kept.
+///
+/// # Panics
+///
+/// Panics if `table` is not the table of `module`, or `f` returns another length.
+pub fn update_on_device<M: Module>(
+    module: M,
+    table: &ParamTable,
+    f: &mut dyn FnMut(usize, Tensor<1>) -> Tensor<1>,
+) -> M {
+    let mut mapper = DeviceUpdater {
+        entries: &table.entries,
+        index: 0,
+        f,
+    };
+    let module = module.map(&mut mapper);
+    assert_eq!(
+        mapper.index,
+        table.entries.len(),
+        "table does not match module"
+    );
+    module
+}
+
+struct DeviceUpdater<'a> {
+    entries: &'a [ParamEntry],
+    index: usize,
+    f: &'a mut dyn FnMut(usize, Tensor<1>) -> Tensor<1>,
+}
+
+impl ModuleMapper for DeviceUpdater<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let entry = &self.entries[self.index];
+        self.index += 1;
+        if entry.role != TensorRole::Param {
+            return param;
+        }
+        let (offset, numel) = (entry.offset, entry.numel);
+        let f = &mut *self.f;
+        param.map(|tensor| {
+            let shape = tensor.shape();
+            assert_eq!(shape.num_elements(), numel, "tensor length");
+            let require_grad = tensor.is_require_grad();
+            let autodiff = tensor.is_autodiff();
+            let out = f(offset, tensor.without_autodiff().reshape([numel]));
+            assert_eq!(out.dims(), [numel], "updated length");
+            let out: Tensor<D> = out.reshape(shape);
+            let out = if autodiff { out.autodiff() } else { out };
+            if require_grad {
+                out.require_grad()
+            } else {
+                out
+            }
+        })
+    }
+}
+
 /// Makes BatchNorm running statistics current. burn folds the latest update into a running
 /// state lazily (on the next update, or when a validation copy is taken); reading or writing
 /// the buffers first forces that fold so that the values seen are the ones the next forward
 /// uses.
 pub fn sync_buffers<M: Module>(module: &M) {
     let _ = module.valid();
+}
+
+/// `values` as a flat tensor on `device` (without autodiff): one upload on a GPU.
+pub fn upload(values: &[f32], device: &crate::Device) -> Tensor<1> {
+    let device = device.clone().without_autodiff();
+    Tensor::<1>::from_data(
+        burn::tensor::TensorData::new(values.to_vec(), [values.len()]),
+        &device,
+    )
+}
+
+/// The values of a flat `f32` tensor, copied to the host.
+pub fn download(t: Tensor<1>) -> Vec<f32> {
+    t.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .expect("f32 values")
 }

@@ -258,6 +258,21 @@ pub trait Model: Send {
     /// of the parameters and a second copy back into the module.
     fn update_params(&mut self, f: &mut dyn FnMut(usize, &mut [f32]));
 
+    /// Replaces every trainable parameter by `f(offset, values)`, in table order, where
+    /// `values` is the parameter flattened on the model's device (without autodiff) and
+    /// `offset` its position in the flat layout; `f` returns the new values, as many. On a
+    /// GPU this is an optimizer step that never leaves the device. The default goes through
+    /// [`Model::update_params`] (a copy to the host and back per parameter).
+    fn update_params_on_device(&mut self, f: &mut dyn FnMut(usize, Tensor<1>) -> Tensor<1>) {
+        let device = self.device().clone().without_autodiff();
+        self.update_params(&mut |offset, values| {
+            let n = values.len();
+            let t = Tensor::<1>::from_data(TensorData::new(values.to_vec(), [n]), &device);
+            let out = f(offset, t).into_data();
+            values.copy_from_slice(out.as_slice::<f32>().expect("f32 values"));
+        });
+    }
+
     /// Copies the buffers (BatchNorm running statistics) into `out` (length
     /// `table().num_buffers()`).
     ///
@@ -429,6 +444,11 @@ impl<M: Module> Core<M> {
         self.module = Some(flat::update_in_place(module, &self.table, f));
     }
 
+    fn update_params_on_device(&mut self, f: &mut dyn FnMut(usize, Tensor<1>) -> Tensor<1>) {
+        let module = self.module.take().expect("module lost by an earlier panic");
+        self.module = Some(flat::update_on_device(module, &self.table, f));
+    }
+
     fn to_bytes(&self) -> Result<Vec<u8>, ModelError> {
         flat::sync_buffers(self.module());
         let bytes = self
@@ -589,6 +609,10 @@ impl<M: ImageClassifier> Model for ImageModel<M> {
 
     fn update_params(&mut self, f: &mut dyn FnMut(usize, &mut [f32])) {
         self.core.update_params(f);
+    }
+
+    fn update_params_on_device(&mut self, f: &mut dyn FnMut(usize, Tensor<1>) -> Tensor<1>) {
+        self.core.update_params_on_device(f);
     }
 
     fn read_buffers(&self, out: &mut [f32]) {
@@ -766,6 +790,10 @@ impl<M: LanguageModel> Model for LmModel<M> {
 
     fn update_params(&mut self, f: &mut dyn FnMut(usize, &mut [f32])) {
         self.core.update_params(f);
+    }
+
+    fn update_params_on_device(&mut self, f: &mut dyn FnMut(usize, Tensor<1>) -> Tensor<1>) {
+        self.core.update_params_on_device(f);
     }
 
     fn read_buffers(&self, out: &mut [f32]) {

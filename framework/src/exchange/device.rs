@@ -21,8 +21,8 @@
 //! range of it (a device-to-device copy) and reads back only the ranges of the buckets
 //! the host sends (dense, or encoded on the host). Otherwise — the model on the CPU, or a
 //! periodic synchronisation — the device buckets are uploaded from the host's gradient
-//! (one upload per bucket and step). Either way the mean comes back to the host, where
-//! the optimizer runs; a device optimizer is the next step of issue #51.
+//! (one upload per bucket and step). Either way the mean is made on the host; a GPU
+//! worker uploads it once for its optimizer step there (`crate::optim_device`).
 //!
 //! Which buckets: those whose route compresses them with the method's plain one-phase
 //! encode (the all-gather and the sparse all-reduce). The compressed all-reduce's range

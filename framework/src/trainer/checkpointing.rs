@@ -221,6 +221,9 @@ impl<T: Transport> Trainer<T> {
             );
         }
         self.optimizer.import(opt);
+        if let Some(moments) = &mut self.device_moments {
+            moments.reset();
+        }
         self.sync
             .restore(ck, &meta.memory_keys, meta.step)
             .map_err(|e| match e {
@@ -275,6 +278,10 @@ impl<T: Transport> Trainer<T> {
     /// the configuration): what [`Trainer::save_checkpoint`] writes, and what live
     /// membership keeps in memory to run a step again over a new group.
     pub(super) fn state(&mut self) -> Result<Checkpoint, TrainError> {
+        if let Some(moments) = &self.device_moments {
+            // The moments of the steps run on the device, into the state written here.
+            moments.settle(&mut self.optimizer);
+        }
         let mut ck = Checkpoint::new();
         let memory_keys = self.sync.save(&mut ck).map_err(|e| self.step_error(e))?;
         let meta = Meta {

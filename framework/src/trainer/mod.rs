@@ -63,6 +63,7 @@ use crate::data::TrainData;
 use crate::exchange::bucket::ParamInfo;
 use crate::exchange::{ExchangeError, Exchanger};
 use crate::optim::Optimizer;
+use crate::optim_device::DeviceMoments;
 use crate::ps_mode::PsState;
 use crate::signals::StopRequest;
 use crate::sync::{
@@ -255,6 +256,10 @@ pub struct Trainer<T: Transport> {
     model: Box<dyn Model>,
     data: TrainData,
     optimizer: Optimizer,
+    /// The optimizer's moments on the model's device, where the model is on a GPU: the
+    /// step runs there ([`crate::optim_device`]); `optimizer` counts the steps and holds the
+    /// state for checkpoints.
+    device_moments: Option<DeviceMoments>,
     grads: Vec<f32>,
     /// A micro-batch's gradient before it is added into `grads` (`train.accumulate > 1`).
     micro_grads: Vec<f32>,
@@ -404,6 +409,9 @@ impl<T: Transport> Trainer<T> {
         built: BuiltSync<T>,
         out: Option<RunDir>,
     ) -> Result<Self, TrainError> {
+        // On a GPU the optimizer step runs there (`crate::optim_device`).
+        let device_moments =
+            (*model.device() != dtrain_models::cpu_device()).then(DeviceMoments::default);
         let BuiltSync {
             sync,
             notes,
@@ -421,6 +429,7 @@ impl<T: Transport> Trainer<T> {
             comm,
             model,
             data,
+            device_moments,
             optimizer,
             grads: vec![0.0; n],
             micro_grads: Vec::new(),

@@ -358,8 +358,13 @@ impl<T: Transport> Trainer<T> {
 
     /// Applies `grads` (identical on every rank) with learning rate `lr`: the update is
     /// written straight into each parameter tensor's storage, with no flat parameter buffer
-    /// and no copy back into the module.
+    /// and no copy back into the module; on a GPU it runs there.
     fn apply(&mut self, grads: &[f32], lr: f64) {
+        if let Some(moments) = &mut self.device_moments {
+            // On a GPU: the gradient goes up once, the parameters stay there.
+            moments.step(&mut self.optimizer, self.model.as_mut(), grads, lr as f32);
+            return;
+        }
         self.optimizer.begin(0, self.num_params());
         let optimizer = &mut self.optimizer;
         self.model.update_params(&mut |offset, p| {
