@@ -198,6 +198,67 @@ mod tests {
         (0..n).map(|_| r.next_f32() * 2.0 - 1.0).collect()
     }
 
+    /// A model's step through `DeviceMoments` (its parameters replaced through
+    /// `Model::update_params_on_device`) is the host optimizer's over `update_params`, bit for
+    /// bit on the CPU backend; the moments settle into the host state; the parameters still
+    /// train (their gradients tracked) afterwards.
+    #[test]
+    fn a_models_step_on_its_device_is_the_host_step_and_its_moments_settle() {
+        use dtrain_models::synthetic::SyntheticBatch;
+        use dtrain_models::ModelSpec;
+        let spec: ModelSpec = serde_json::from_str(r#"{"kind": "lenet"}"#).unwrap();
+        let device = dtrain_models::cpu_device();
+        let mut on_host = spec.build(&device).unwrap();
+        let mut on_device = spec.build(&device).unwrap();
+        let n = on_host.table().num_params();
+        let mut params = vec![0.0; n];
+        on_host.read_params(&mut params);
+        on_device.write_params(&params);
+        let cfg = OptimizerConfig {
+            momentum: 0.9,
+            nesterov: true,
+            weight_decay: 5e-4,
+            ..OptimizerConfig::default()
+        };
+        let (mut host_opt, mut dev_opt) = (cfg.build().unwrap(), cfg.build().unwrap());
+        let mut moments = DeviceMoments::default();
+        let batch = SyntheticBatch::new(on_host.input(), 4, 0, 3);
+        for t in 0..3u64 {
+            let mut g = vec![0.0; n];
+            let out = on_host.forward_loss(batch.on(&device)).unwrap();
+            on_host.backward_into(out.loss, &mut g);
+            assert!(
+                g.iter().any(|v| *v != 0.0),
+                "step {t}: the gradient is tracked"
+            );
+            let lr = 0.1;
+            host_opt.begin(GROUP, n);
+            on_host.update_params(&mut |offset, p| {
+                host_opt.apply(GROUP, offset, p, &g[offset..offset + p.len()], lr)
+            });
+            moments.step(&mut dev_opt, on_device.as_mut(), &g, lr);
+            let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
+            on_host.read_params(&mut a);
+            on_device.read_params(&mut b);
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "step {t}: parameters differ"
+            );
+        }
+        // The device model still trains: its parameters require gradients.
+        let mut g = vec![0.0; n];
+        let out = on_device.forward_loss(batch.on(&device)).unwrap();
+        on_device.backward_into(out.loss, &mut g);
+        assert!(
+            g.iter().any(|v| *v != 0.0),
+            "no gradient after the device steps"
+        );
+        // Before settling, the host state holds `begin`'s zeros; after, the device's moments.
+        assert!(dev_opt.groups()[&GROUP].m.iter().all(|v| *v == 0.0));
+        moments.settle(&mut dev_opt);
+        assert_eq!(dev_opt.groups()[&GROUP], host_opt.groups()[&GROUP]);
+    }
+
     /// Every rule, three steps on the CPU backend: the host optimizer's parameters and
     /// moments bit for bit, through `update`.
     #[test]

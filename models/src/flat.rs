@@ -359,50 +359,15 @@ pub fn update_in_place<M: Module>(
     map_role(module, table, TensorRole::Param, f)
 }
 
-/// Calls `f(offset, values)` on every tensor of `role` (see [`update_in_place`]); the one
-/// mapper behind [`write_from`] and [`update_in_place`].
+/// Calls `f(offset, values)` on every tensor of `role` (see [`update_in_place`]); behind
+/// [`write_from`] and [`update_in_place`].
 fn map_role<M: Module>(
     module: M,
     table: &ParamTable,
     role: TensorRole,
     f: &mut dyn FnMut(usize, &mut [f32]),
 ) -> M {
-    let mut mapper = Updater {
-        entries: &table.entries,
-        index: 0,
-        role,
-        f,
-    };
-    let module = module.map(&mut mapper);
-    assert_eq!(
-        mapper.index,
-        table.entries.len(),
-        "table does not match module"
-    );
-    module
-}
-
-struct Updater<'a> {
-    entries: &'a [ParamEntry],
-    index: usize,
-    role: TensorRole,
-    f: &'a mut dyn FnMut(usize, &mut [f32]),
-}
-
-impl ModuleMapper for Updater<'_> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let entry = &self.entries[self.index];
-        self.index += 1;
-        if entry.role != self.role {
-            return param;
-        }
-        let (offset, numel) = (entry.offset, entry.numel);
-        let f = &mut *self.f;
-        param.map(|tensor| {
-            assert_eq!(tensor.shape().num_elements(), numel, "tensor length");
-            modify(tensor, |values| f(offset, values))
-        })
-    }
+    map_with(module, table, role, Apply::Host(f))
 }
 
 /// Replaces every trainable parameter of `module` by `f(offset, values)`, in table order,
@@ -418,10 +383,29 @@ pub fn update_on_device<M: Module>(
     table: &ParamTable,
     f: &mut dyn FnMut(usize, Tensor<1>) -> Tensor<1>,
 ) -> M {
-    let mut mapper = DeviceUpdater {
+    map_with(module, table, TensorRole::Param, Apply::Device(f))
+}
+
+/// What a mapping does to each tensor of its role.
+enum Apply<'a> {
+    /// Works on the values in host memory, in place.
+    Host(&'a mut dyn FnMut(usize, &mut [f32])),
+    /// Returns new values from the flattened tensor, on its device.
+    Device(&'a mut dyn FnMut(usize, Tensor<1>) -> Tensor<1>),
+}
+
+/// The one mapper behind [`map_role`] and [`update_on_device`].
+fn map_with<'a, M: Module>(
+    module: M,
+    table: &'a ParamTable,
+    role: TensorRole,
+    apply: Apply<'a>,
+) -> M {
+    let mut mapper = Updater {
         entries: &table.entries,
         index: 0,
-        f,
+        role,
+        apply,
     };
     let module = module.map(&mut mapper);
     assert_eq!(
@@ -432,36 +416,50 @@ pub fn update_on_device<M: Module>(
     module
 }
 
-struct DeviceUpdater<'a> {
+struct Updater<'a> {
     entries: &'a [ParamEntry],
     index: usize,
-    f: &'a mut dyn FnMut(usize, Tensor<1>) -> Tensor<1>,
+    role: TensorRole,
+    apply: Apply<'a>,
 }
 
-impl ModuleMapper for DeviceUpdater<'_> {
+impl ModuleMapper for Updater<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         let entry = &self.entries[self.index];
         self.index += 1;
-        if entry.role != TensorRole::Param {
+        if entry.role != self.role {
             return param;
         }
         let (offset, numel) = (entry.offset, entry.numel);
-        let f = &mut *self.f;
+        let apply = &mut self.apply;
         param.map(|tensor| {
-            let shape = tensor.shape();
-            assert_eq!(shape.num_elements(), numel, "tensor length");
-            let require_grad = tensor.is_require_grad();
-            let autodiff = tensor.is_autodiff();
-            let out = f(offset, tensor.without_autodiff().reshape([numel]));
-            assert_eq!(out.dims(), [numel], "updated length");
-            let out: Tensor<D> = out.reshape(shape);
-            let out = if autodiff { out.autodiff() } else { out };
-            if require_grad {
-                out.require_grad()
-            } else {
-                out
+            assert_eq!(tensor.shape().num_elements(), numel, "tensor length");
+            match apply {
+                Apply::Host(f) => modify(tensor, |values| f(offset, values)),
+                Apply::Device(f) => replace_on_device(tensor, |flat| f(offset, flat)),
             }
         })
+    }
+}
+
+/// `tensor` replaced by `f` of its flattened values on its device (without autodiff),
+/// reshaped back, its autodiff and gradient requirement kept.
+fn replace_on_device<const D: usize>(
+    tensor: Tensor<D>,
+    f: impl FnOnce(Tensor<1>) -> Tensor<1>,
+) -> Tensor<D> {
+    let shape = tensor.shape();
+    let numel = shape.num_elements();
+    let require_grad = tensor.is_require_grad();
+    let autodiff = tensor.is_autodiff();
+    let out = f(tensor.without_autodiff().reshape([numel]));
+    assert_eq!(out.dims(), [numel], "updated length");
+    let out: Tensor<D> = out.reshape(shape);
+    let out = if autodiff { out.autodiff() } else { out };
+    if require_grad {
+        out.require_grad()
+    } else {
+        out
     }
 }
 
