@@ -220,6 +220,28 @@ impl Gpu {
         dst
     }
 
+    /// Writes `src` into `dst` from element `start` (one kernel): a bucket's decoded mean
+    /// put in its place in a flat buffer.
+    pub fn copy_into(&self, src: &GpuBuffer, dst: &GpuBuffer, start: usize) {
+        assert!(
+            start + src.len <= dst.len,
+            "range {start}+{} past {}",
+            src.len,
+            dst.len
+        );
+        if src.len > 0 {
+            let (count, dim) = crate::words::geometry(src.len);
+            copy_into::launch(
+                &self.client,
+                count,
+                dim,
+                src.arg(),
+                dst.arg(),
+                start as u32,
+            );
+        }
+    }
+
     /// `len` elements of `buf` from element `start`, copied to the host (one kernel and one
     /// read of just that range: what a bucket the host encodes needs of a gradient that
     /// stays on the device).
@@ -341,6 +363,16 @@ fn first_non_finite(x: &[f32], first_bad: &[Atomic<u32>]) {
         if (u32::reinterpret(x[i]) >> 23) & 0xFF == 0xFF {
             first_bad[0].fetch_min(i as u32);
         }
+        i += crate::words::grid_stride();
+    }
+}
+
+/// `dst[start + i] = src[i]`.
+#[cube(launch)]
+fn copy_into(src: &[f32], dst: &mut [f32], start: u32) {
+    let mut i = ABSOLUTE_POS;
+    while i < src.len() {
+        dst[i + start as usize] = src[i];
         i += crate::words::grid_stride();
     }
 }

@@ -462,6 +462,13 @@ fn a_range_is_read_back_and_the_first_non_finite_value_is_found_on_the_device() 
         );
     }
     assert_eq!(gpu().first_non_finite(&buf).unwrap(), None);
+    // A range written into place: the rest untouched.
+    let part = gpu().upload(&x[100..600]);
+    let dst = gpu().zeros(70_000);
+    gpu().copy_into(&part, &dst, 5000);
+    let back = gpu().download(&dst).unwrap();
+    assert_eq!(back[5000..5500], x[100..600]);
+    assert!(back[..5000].iter().chain(&back[5500..]).all(|v| *v == 0.0));
     assert_eq!(gpu().first_non_finite(&gpu().upload(&[])).unwrap(), None);
     // The first of several, whatever the order the device's units meet them in; the
     // largest finite value is not one.

@@ -2,7 +2,9 @@
 //! host optimizer ([`Optimizer`]) reads every parameter back, updates it on the host and
 //! writes it again — two dense copies across PCIe and a host pass every step. Here the same
 //! rules run as tensor operations on the model's device ([`Model::update_params_on_device`]):
-//! the averaged gradient goes up once, the parameters and the moments never leave.
+//! the averaged gradient is there already (made there by the exchange,
+//! [`DeviceMoments::step_tensor`]) or goes up once ([`DeviceMoments::step`]); the
+//! parameters and the moments never leave.
 //!
 //! The formulas are [`Optimizer::apply`]'s, operation for operation (SGD with momentum,
 //! dampening, Nesterov and PyTorch's first-step buffer; weight decay coupled or on the
@@ -41,7 +43,20 @@ impl DeviceMoments {
     /// `grads` (the flat layout, on the host) and learning rate `lr`: the host optimizer
     /// counts the step; the update runs on the model's device.
     pub fn step(&mut self, opt: &mut Optimizer, model: &mut dyn Model, grads: &[f32], lr: f32) {
-        let n = grads.len();
+        let g_all = upload(grads, model.device());
+        self.step_tensor(opt, model, g_all, lr);
+    }
+
+    /// [`DeviceMoments::step`] with the averaged gradient `g_all` on the model's device
+    /// already (the flat layout, without autodiff).
+    pub fn step_tensor(
+        &mut self,
+        opt: &mut Optimizer,
+        model: &mut dyn Model,
+        g_all: FlatTensor,
+        lr: f32,
+    ) {
+        let n = g_all.dims()[0];
         opt.begin(GROUP, n);
         let cfg = opt.config().clone();
         let group = opt.groups().get(&GROUP).expect("begun");
@@ -53,7 +68,6 @@ impl DeviceMoments {
             self.v.clear();
         }
         let device = model.device().clone();
-        let g_all = upload(grads, &device);
         let host = (!self.live).then_some(group);
         let (m_map, v_map) = (&mut self.m, &mut self.v);
         model.update_params_on_device(&mut |offset, p| {

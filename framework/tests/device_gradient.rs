@@ -195,3 +195,25 @@ fn a_run_on_wgpu_resumes_exactly_with_the_moments_kept_on_the_device() {
         common::resume_is_exact(2, &sets);
     }
 }
+
+/// A device buffer (what the codecs decode into) becomes a burn tensor on the model's
+/// device with no copy (`dtrain_models::cube::tensor_over`): its values, burn's operations
+/// on it, the buffer left as it was; a length past the buffer is refused.
+#[test]
+fn a_device_buffer_becomes_a_burn_tensor_in_place() {
+    let model = lenet();
+    let device = model.device().clone();
+    let client = dtrain_models::cube::client_of(&device).unwrap();
+    let spec: DeviceSpec = adapter().to_string().parse().unwrap();
+    let gpu = Gpu::with_client(client, spec);
+    let values: Vec<f32> = (0..5000).map(|i| (i as f32 * 0.37).sin()).collect();
+    let buf = gpu.upload(&values);
+    let t = dtrain_models::cube::tensor_over(&device, buf.handle().clone(), 4000).unwrap();
+    assert_eq!(dtrain_models::flat::download(t.clone()), values[..4000]);
+    let doubled = dtrain_models::flat::download(t.mul_scalar(2.0));
+    let want: Vec<f32> = values[..4000].iter().map(|v| v * 2.0).collect();
+    assert_eq!(doubled, want);
+    assert_eq!(gpu.download(&buf).unwrap(), values);
+    let e = dtrain_models::cube::tensor_over(&device, buf.handle().clone(), 6000).unwrap_err();
+    assert!(e.contains("fewer than 6000"), "{e}");
+}

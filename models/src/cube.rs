@@ -10,7 +10,9 @@ use burn::prelude::*;
 use burn_cubecl::fusion::FusionCubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{Cube, CubeBackend};
-use burn_fusion::FusionTensor;
+use burn_fusion::stream::StreamId;
+use burn_fusion::{FusionTensor, NoOp};
+use burn_ir::{BackendIr, InitOperationIr, OperationIr};
 use cubecl::client::Client;
 use cubecl::server::Handle;
 
@@ -58,4 +60,54 @@ pub fn cube_buffer(tensor: Tensor<1>) -> Result<CubeBuffer, String> {
 pub fn client_of(device: &crate::Device) -> Result<Client, String> {
     let device = device.clone().without_autodiff();
     Ok(cube_buffer(Tensor::<1>::zeros([1], &device))?.client)
+}
+
+/// A flat `f32` tensor on `device` (a cubecl device of burn's; the tensor without autodiff)
+/// over the first `len` `f32`s of `handle`, a buffer of that device's client — what the
+/// device codecs wrote (an averaged gradient decoded there): no copy. burn's fusion layer
+/// registers it as it registers a tensor made from data. Nothing else may write the buffer
+/// afterwards. An error where `device` is not a cubecl device, the buffer is another
+/// client's, or it holds fewer than `len` values.
+pub fn tensor_over(
+    device: &crate::Device,
+    handle: Handle,
+    len: usize,
+) -> Result<Tensor<1>, String> {
+    let device = device.clone().without_autodiff();
+    let fused: FusionTensor<FusionCubeRuntime> = Tensor::<1>::zeros([1], &device)
+        .try_into_primitive::<Cube>()
+        .map_err(|e| format!("{device:?} is not a cubecl device: {e:?}"))?;
+    let client = fused.client.clone();
+    let probe: CubeTensor = client.resolve_tensor_float::<CubeBackend>(fused);
+    if handle.service != probe.client.service_id() {
+        return Err(format!("the buffer is not on {device:?}"));
+    }
+    if handle.size_in_used() < 4 * len as u64 {
+        return Err(format!(
+            "the buffer holds {} bytes, fewer than {len} f32s",
+            handle.size_in_used()
+        ));
+    }
+    let shape = burn::tensor::Shape::new([len]);
+    let cube = CubeTensor::new_contiguous(
+        probe.client.clone(),
+        probe.device.clone(),
+        shape.clone(),
+        handle,
+        burn::tensor::DType::F32,
+    );
+    let registered = <CubeBackend as BackendIr>::float_tensor_handle(cube);
+    let init = InitOperationIr::create(shape, burn::tensor::DType::F32, || {
+        client.register_tensor_handle(registered)
+    });
+    let out = client
+        .register(
+            StreamId::current(),
+            OperationIr::Init(init),
+            NoOp::<CubeBackend>::new(),
+        )
+        .into_iter()
+        .next()
+        .expect("an init operation has one output");
+    Ok(Tensor::<1>::from_primitive::<Cube>(out))
 }

@@ -21,8 +21,11 @@
 //! range of it (a device-to-device copy) and reads back only the ranges of the buckets
 //! the host sends (dense, or encoded on the host). Otherwise — the model on the CPU, or a
 //! periodic synchronisation — the device buckets are uploaded from the host's gradient
-//! (one upload per bucket and step). Either way the mean is made on the host; a GPU
-//! worker uploads it once for its optimizer step there (`crate::optim_device`).
+//! (one upload per bucket and step). With the gradient on the device the average can be
+//! made there too (`mean_on_device`): each device bucket's gathered payloads are decoded
+//! into its range of the gradient's buffer (the host decoders' sums, bit for bit), the
+//! host's averages of the other buckets are uploaded into theirs, and the optimizer steps
+//! on that buffer as a burn tensor (`crate::optim_device`).
 //!
 //! Which buckets: those whose route compresses them with the method's plain one-phase
 //! encode (the all-gather and the sparse all-reduce). The compressed all-reduce's range
@@ -175,6 +178,31 @@ mod imp {
             }
         }
 
+        /// The mean of the gathered `payloads` (rank order) decoded on the device and
+        /// written into `range` of `into` (the device gradient's buffer, which then holds
+        /// the average): nothing comes to the host. A malformed payload is the host
+        /// decoder's error with its rank.
+        pub(crate) fn decode_mean_into(
+            &mut self,
+            payloads: &[&[u8]],
+            inv: f32,
+            into: &DeviceGradient,
+            range: Range<usize>,
+        ) -> Result<(), DecodeFailure> {
+            let buf = match &self.mean {
+                Some(b) if b.len() == range.len() => b.clone(),
+                _ => self.mean.insert(self.gpu.zeros(range.len())).clone(),
+            };
+            self.pipe
+                .decode_mean(&self.gpu, payloads, inv, &buf)
+                .map_err(|(rank, e)| match e {
+                    DeviceError::Wire(w) => DecodeFailure::Wire(rank, w),
+                    other => DecodeFailure::Device(other.to_string()),
+                })?;
+            self.gpu.copy_into(&buf, &into.buf, range.start);
+            Ok(())
+        }
+
         /// The memory's state, copied to the host in the host memory's format.
         pub(crate) fn export_memory(&self) -> Result<BTreeMap<u64, Vec<f32>>, String> {
             self.pipe
@@ -219,6 +247,33 @@ impl DeviceGradient {
     pub fn gpu(&self) -> &dtrain_device::Gpu {
         &self.gpu
     }
+
+    /// The buffer (what it holds after [`Exchanger::exchange_device`] with the mean on the
+    /// device: the average).
+    pub fn buffer(&self) -> &dtrain_device::GpuBuffer {
+        &self.buf
+    }
+}
+
+impl DeviceGradient {
+    /// The buffer as a flat burn tensor on `device` (the model's, whose client the buffer
+    /// belongs to), in place: what the exchange left there (the average) for the optimizer
+    /// step on the device. An error in a build that does not train on GPUs.
+    pub fn into_tensor(
+        self,
+        device: &dtrain_models::Device,
+    ) -> Result<dtrain_models::FlatTensor, String> {
+        #[cfg(any(feature = "cuda", feature = "wgpu-train"))]
+        return dtrain_models::cube::tensor_over(device, self.buf.handle().clone(), self.buf.len());
+        #[cfg(not(any(feature = "cuda", feature = "wgpu-train")))]
+        {
+            let _ = device;
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            return Err("this build does not train on GPUs".into());
+            #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+            match self {}
+        }
+    }
 }
 
 impl DeviceGradient {
@@ -245,6 +300,28 @@ impl DeviceGradient {
             .map_err(|e| e.to_string());
         #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
         match *self {}
+    }
+
+    /// Writes `values` into the buffer from element `start` (one upload of just them).
+    pub fn write_range(&self, start: usize, values: &[f32]) -> Result<(), String> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        {
+            if start + values.len() > self.buf.len() {
+                return Err(format!(
+                    "{} values at {start} do not fit {} elements",
+                    values.len(),
+                    self.buf.len()
+                ));
+            }
+            let part = self.gpu.upload(values);
+            self.gpu.copy_into(&part, &self.buf, start);
+            Ok(())
+        }
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        {
+            let _ = (start, values);
+            match *self {}
+        }
     }
 
     /// Copies `range` of the gradient into `out` (of `range`'s length).
@@ -315,6 +392,16 @@ impl OnDevice {
         match *self {}
     }
 
+    pub(crate) fn decode_mean_into(
+        &mut self,
+        _: &[&[u8]],
+        _: f32,
+        _: &DeviceGradient,
+        _: Range<usize>,
+    ) -> Result<(), DecodeFailure> {
+        match *self {}
+    }
+
     pub(crate) fn export_memory(&self) -> Result<BTreeMap<u64, Vec<f32>>, String> {
         match *self {}
     }
@@ -366,8 +453,8 @@ impl fmt::Display for DeviceUse {
         if self.gradient_in_place {
             write!(
                 f,
-                "; the gradient stays on the device (only the host's buckets' ranges are \
-                 read back)"
+                "; the gradient stays on the device (only payloads and the host's buckets \
+                 cross), its average is made there and the optimizer steps there"
             )?;
         }
         Ok(())
@@ -408,6 +495,20 @@ pub fn place_codecs(
              `--features wgpu` or `--features cuda`"
         ))
     }
+}
+
+/// `ranges` sorted, adjacent ones joined.
+fn merged(ranges: impl IntoIterator<Item = Range<usize>>) -> Vec<Range<usize>> {
+    let mut ranges: Vec<Range<usize>> = ranges.into_iter().collect();
+    ranges.sort_by_key(|r| r.start);
+    let mut out: Vec<Range<usize>> = Vec::new();
+    for r in ranges {
+        match out.last_mut() {
+            Some(m) if m.end == r.start => m.end = r.end,
+            _ => out.push(r),
+        }
+    }
+    out
 }
 
 /// Why a bucket on `route` cannot be encoded on the device (`None`: it can).
@@ -496,20 +597,36 @@ impl Exchanger {
             }
             ranges.extend(s.bucket.flat_ranges.iter().cloned());
         }
-        ranges.sort_by_key(|r| r.start);
-        let mut merged: Vec<Range<usize>> = Vec::new();
-        for r in ranges {
-            match merged.last_mut() {
-                Some(m) if m.end == r.start => m.end = r.end,
-                _ => merged.push(r),
-            }
-        }
-        for r in merged {
+        for r in merged(ranges) {
             on_device
                 .download_range(r.clone(), &mut grad[r])
                 .map_err(|reason| ExchangeError::Device { bucket: 0, reason })?;
         }
         Ok(())
+    }
+
+    /// Writes into `on_device` the averages the host made (every bucket's but those
+    /// decoded on the device, `decoded[i]`), adjacent ranges in one upload, and says
+    /// whether the whole average there has a NaN or an infinity (one pass on the device).
+    pub(super) fn upload_host_means(
+        &self,
+        on_device: &DeviceGradient,
+        grad: &[f32],
+        decoded: &[bool],
+    ) -> Result<bool, ExchangeError> {
+        let ranges = self
+            .slots
+            .iter()
+            .zip(decoded.iter().chain(std::iter::repeat(&false)))
+            .filter(|(_, &d)| !d)
+            .flat_map(|(s, _)| s.bucket.flat_ranges.iter().cloned());
+        let device_err = |reason| ExchangeError::Device { bucket: 0, reason };
+        for r in merged(ranges) {
+            on_device
+                .write_range(r.start, &grad[r])
+                .map_err(device_err)?;
+        }
+        Ok(on_device.first_non_finite().map_err(device_err)?.is_some())
     }
 
     /// Where the compressed buckets are encoded, when a device was set.

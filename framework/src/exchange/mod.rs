@@ -337,6 +337,10 @@ pub struct Exchanger {
     /// The device the compressed buckets are encoded on (`Exchanger::set_codec_device`)
     /// and why buckets stay on the host.
     device: Option<(String, Vec<String>)>,
+    /// With a device gradient: whether the device buckets' averages are decoded into it
+    /// (`Exchanger::exchange_device`), and which buckets were (by slot).
+    mean_on_device: bool,
+    decoded_on_device: Vec<bool>,
     /// Whether that device is the one the worker's gradient lies on
     /// (`Exchanger::set_codec_gpu`, not `Exchanger::set_codec_device`).
     gradient_in_place: bool,
@@ -398,6 +402,8 @@ impl Exchanger {
             lossy: None,
             lossy_residual: DlcpResidual::new(),
             device: None,
+            mean_on_device: false,
+            decoded_on_device: Vec::new(),
             gradient_in_place: false,
         })
     }
@@ -654,14 +660,18 @@ impl Exchanger {
     /// each bucket with a device encoder is encoded from its range where it lies, and only
     /// the other buckets' ranges are copied into `grad` first; only payloads reach the
     /// host. The average comes back into `grad`, as from
-    /// [`Exchanger::exchange_checked`], and is the same bit for bit for methods whose
-    /// device payloads are the host codec's. An error where a device bucket's device is
-    /// not the gradient's, or the lengths differ.
+    /// [`Exchanger::exchange_checked`] — or, with `mean_on_device`, into `on_device`'s
+    /// buffer, where the device buckets' gathered payloads are decoded on the device and
+    /// the host's averages of the others are uploaded (`grad` then holds only the
+    /// latter, and [`ExchangeStats::non_finite`] is checked there). The same bit for bit
+    /// for methods whose device payloads and decoders are the host codec's. An error where
+    /// a device bucket's device is not the gradient's, or the lengths differ.
     pub fn exchange_device<T: Transport>(
         &mut self,
         comm: &mut Communicator<T>,
         grad: &mut [f32],
         on_device: &DeviceGradient,
+        mean_on_device: bool,
         step: u64,
         prechecked: bool,
     ) -> Result<ExchangeStats, ExchangeError> {
@@ -671,7 +681,19 @@ impl Exchanger {
                 got: on_device.len(),
             });
         }
-        self.exchange_from(comm, grad, Some(on_device), step, prechecked)
+        self.mean_on_device = mean_on_device;
+        let res = self.exchange_from(comm, grad, Some(on_device), step, prechecked);
+        self.mean_on_device = false;
+        let mut st = res?;
+        if mean_on_device {
+            let t0 = std::time::Instant::now();
+            let decoded = std::mem::take(&mut self.decoded_on_device);
+            let bad = self.upload_host_means(on_device, grad, &decoded);
+            self.decoded_on_device = decoded;
+            st.non_finite = Some(bad?);
+            st.decompress_s += t0.elapsed().as_secs_f64();
+        }
+        Ok(st)
     }
 
     /// Whether the worker's gradient should be handed over on the device

@@ -215,6 +215,8 @@ impl Exchanger {
             lossy: self.lossy.as_ref(),
             lossy_residual: &mut self.lossy_residual,
             on_device,
+            mean_on_device: self.mean_on_device,
+            decoded_on_device: &mut self.decoded_on_device,
             hosts: self.hosts.clone(),
             seed: self.seed,
             step,
@@ -270,6 +272,10 @@ struct Job<'a> {
     /// The gradient on the device, which the buckets that [`Slot::reads_device`] encode
     /// from (the host's `grad` holds the other buckets' ranges).
     on_device: Option<&'a DeviceGradient>,
+    /// Whether the device buckets' averages are decoded into `on_device`, and which
+    /// buckets were (by slot).
+    mean_on_device: bool,
+    decoded_on_device: &'a mut Vec<bool>,
     /// The hosts of a hierarchical dense all-reduce (`None`: flat).
     hosts: Option<Arc<Topology>>,
     seed: u64,
@@ -305,6 +311,8 @@ impl Job<'_> {
         st: &mut ExchangeStats,
     ) -> Result<(), ExchangeError> {
         let n = self.slots.len();
+        self.decoded_on_device.clear();
+        self.decoded_on_device.resize(n, false);
         let mut flights: VecDeque<(Flight, Stage)> = VecDeque::new();
         if n > 0 {
             flights.push_back(self.start(0, comms, grad, st)?);
@@ -558,6 +566,23 @@ impl Job<'_> {
             .as_ref()
             .map_or(Combine::Mean, |p| p.compressor().combine());
         let absorbs = pipe.as_ref().is_some_and(|p| p.absorbs_aggregate(&ctx));
+        // The average of a bucket encoded from the device gradient, decoded into it on the
+        // device (`Exchanger::exchange_device` with the mean there): nothing to the host.
+        let into = self.on_device.filter(|_| self.mean_on_device && !absorbs);
+        if let (Some(g), Some(d), Some(r), Stage::Gathered, Reply::Gather(all)) =
+            (into, device.as_mut(), range.clone(), &stage, &reply)
+        {
+            let refs: Vec<&[u8]> = all.iter().map(Vec::as_slice).collect();
+            d.decode_mean_into(&refs, self.inv, g, r)
+                .map_err(|e| match e {
+                    DecodeFailure::Wire(r, w) => decode_err_of(id, r, w),
+                    DecodeFailure::Device(reason) => ExchangeError::Device { bucket: id, reason },
+                })?;
+            self.decoded_on_device[i] = true;
+            self.spare.push(f);
+            st.decompress_s += t0.elapsed().as_secs_f64();
+            return Ok(());
+        }
         // Decoded payloads of a bucket that is one range of the gradient, averaged by the
         // mean, are summed straight into that range and scaled there: no bucket-sized
         // buffer to zero, fill and copy back. (The same operations in the same order: the
@@ -714,6 +739,15 @@ impl Job<'_> {
         self.spare.push(f);
         st.decompress_s += t0.elapsed().as_secs_f64();
         Ok(())
+    }
+}
+
+/// A payload of rank `rank` in bucket `bucket` that did not decode.
+fn decode_err_of(bucket: u64, rank: usize, source: dtrain_compress::WireError) -> ExchangeError {
+    ExchangeError::Decode {
+        rank,
+        bucket,
+        source,
     }
 }
 

@@ -47,20 +47,20 @@ impl Collectives {
     /// [`Collectives::exchange`]; `prechecked`: every rank's `buf` was checked for
     /// non-finite values ([`Exchanger::exchange_checked`]); with `on_device` the gradient
     /// is that one, on the device ([`Exchanger::exchange_device`]), and `buf` receives the
-    /// average.
+    /// average — or, where the pair's flag says so, the device buffer does.
     fn exchange_with<T: Transport>(
         &mut self,
         comm: &mut Communicator<T>,
         buf: &mut [f32],
-        on_device: Option<&DeviceGradient>,
+        on_device: Option<(&DeviceGradient, bool)>,
         step: u64,
         prechecked: bool,
         record: &mut StepRecord,
     ) -> Result<bool, SyncError> {
         let st = match on_device {
-            Some(g) => self
+            Some((g, mean_there)) => self
                 .exchanger
-                .exchange_device(comm, buf, g, step, prechecked),
+                .exchange_device(comm, buf, g, mean_there, step, prechecked),
             None => self.exchanger.exchange_checked(comm, buf, step, prechecked),
         }
         .map_err(SyncError::Exchange)?;
@@ -186,14 +186,15 @@ impl<T: Transport> GradientSync<T> for Collectives {
         _model: &dyn Model,
         grads: &mut [f32],
         on_device: &DeviceGradient,
+        mean_to_device: bool,
         step: u64,
         _lr: f64,
         record: &mut StepRecord,
     ) -> Result<Update, SyncError> {
         // As `sync`: the trainer scanned the device gradient (`scans_gradient`).
         let prechecked = GradientSync::<T>::scans_gradient(self);
-        let non_finite =
-            self.exchange_with(comm, grads, Some(on_device), step, prechecked, record)?;
+        let on_device = Some((on_device, mean_to_device));
+        let non_finite = self.exchange_with(comm, grads, on_device, step, prechecked, record)?;
         Ok(Update::Averaged { non_finite })
     }
 

@@ -133,8 +133,9 @@ pub(crate) trait GradientSync<T: Transport> {
     }
 
     /// [`GradientSync::sync`] of this rank's gradient `on_device` (a GPU worker's, on the
-    /// device its buckets are encoded on); `grads` receives the update. Default: the
-    /// gradient copied into `grads`, then [`GradientSync::sync`].
+    /// device its buckets are encoded on); `grads` receives the update — or, with
+    /// `mean_to_device` (for an [`Update::Averaged`]), `on_device`'s buffer does. Default:
+    /// the gradient copied into `grads`, [`GradientSync::sync`], and the update copied up.
     #[allow(clippy::too_many_arguments)]
     fn sync_device(
         &mut self,
@@ -142,14 +143,20 @@ pub(crate) trait GradientSync<T: Transport> {
         model: &dyn Model,
         grads: &mut [f32],
         on_device: &DeviceGradient,
+        mean_to_device: bool,
         step: u64,
         lr: f64,
         record: &mut StepRecord,
     ) -> Result<Update, SyncError> {
+        let device_err = |reason| SyncError::Exchange(ExchangeError::Device { bucket: 0, reason });
         on_device
             .download_range(0..grads.len(), grads)
-            .map_err(|reason| SyncError::Exchange(ExchangeError::Device { bucket: 0, reason }))?;
-        self.sync(comm, model, grads, step, lr, record)
+            .map_err(device_err)?;
+        let update = self.sync(comm, model, grads, step, lr, record)?;
+        if mean_to_device {
+            on_device.write_range(0, grads).map_err(device_err)?;
+        }
+        Ok(update)
     }
 
     /// Called once the update of `step` is applied to `model`: a [`Periodic`]

@@ -650,6 +650,13 @@ fn build_sync<T: Transport>(
         used.gradient_in_place &=
             sync.reads_device_gradient() && !(plan.clip_local && plan.clip_norm.is_some());
         notes.push(used.to_string());
+        if let (true, Some(_)) = (used.gradient_in_place, plan.clip_norm) {
+            notes.push(
+                "the average comes to the host to be clipped (train.clip_norm), then goes up \
+                 for the optimizer step on the device"
+                    .into(),
+            );
+        }
         if shared && !used.gradient_in_place {
             notes.push(format!(
                 "the gradient comes through the host to {}: {}",

@@ -244,13 +244,17 @@ impl<T: Transport> Trainer<T> {
             // A vote of signs: each worker clips its own gradient (see `Plan::clip_local`).
             clip_to_norm(&mut self.grads, c);
         }
-        // The device gradient (burn's buffer) is released once exchanged.
-        let update = match on_device {
+        // With the optimizer on the device, the average is made there too (unless a clip of
+        // the averaged gradient needs it on the host first).
+        let mean_on_device =
+            on_device.is_some() && self.device_moments.is_some() && self.plan.clip_norm.is_none();
+        let update = match &on_device {
             Some(g) => self.sync.sync_device(
                 &mut self.comm,
                 self.model.as_ref(),
                 &mut self.grads,
-                &g,
+                g,
+                mean_on_device,
                 step,
                 lr,
                 &mut record,
@@ -279,9 +283,14 @@ impl<T: Transport> Trainer<T> {
                     // (a local step clips this rank's own gradient).
                     clip_to_norm(&mut self.grads, c);
                 }
-                let grads = std::mem::take(&mut self.grads);
-                self.apply(&grads, lr);
-                self.grads = grads;
+                match on_device.filter(|_| mean_on_device) {
+                    Some(mean) => self.apply_on_device(mean, lr)?,
+                    None => {
+                        let grads = std::mem::take(&mut self.grads);
+                        self.apply(&grads, lr);
+                        self.grads = grads;
+                    }
+                }
             }
             Update::Aggregates(ready) => {
                 for r in ready {
@@ -370,6 +379,25 @@ impl<T: Transport> Trainer<T> {
         self.model.update_params(&mut |offset, p| {
             optimizer.apply(0, offset, p, &grads[offset..offset + p.len()], lr as f32)
         });
+    }
+
+    /// Applies the average `mean` (the device gradient's buffer, which the exchange
+    /// overwrote with it) on the device: it becomes a burn tensor in place, and the
+    /// optimizer step runs there.
+    fn apply_on_device(&mut self, mean: DeviceGradient, lr: f64) -> Result<(), TrainError> {
+        let step = self.step;
+        let mean = mean
+            .into_tensor(self.model.device())
+            .map_err(|reason| TrainError::Sync {
+                step,
+                reason: format!("the average as a tensor on the device: {reason}"),
+            })?;
+        let moments = self
+            .device_moments
+            .as_mut()
+            .expect("the average is made on the device only with the optimizer there");
+        moments.step_tensor(&mut self.optimizer, self.model.as_mut(), mean, lr as f32);
+        Ok(())
     }
 
     /// Applies one parameter-server aggregate (the mean gradient of `r.step`) with that

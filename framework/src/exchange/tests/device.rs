@@ -138,13 +138,31 @@ fn two_ranks_on_the_device_path_average_as_the_host_path() {
 /// bit.
 #[test]
 fn a_gradient_on_the_device_is_exchanged_where_it_lies_as_the_host_path() {
-    for (spec, gather, overlap) in [
-        ("dgc:ratio=0.05", GatherCollective::AllGather, true),
-        ("topk:ratio=0.02", GatherCollective::SparseAllReduce, false),
-        ("signum", GatherCollective::AllGather, false),
-        ("fp16", GatherCollective::AllGather, true),
+    for (spec, gather, overlap, mean_there) in [
+        ("dgc:ratio=0.05", GatherCollective::AllGather, true, false),
+        ("dgc:ratio=0.05", GatherCollective::AllGather, true, true),
+        (
+            "topk:ratio=0.02",
+            GatherCollective::SparseAllReduce,
+            false,
+            false,
+        ),
+        (
+            "topk:ratio=0.02",
+            GatherCollective::SparseAllReduce,
+            false,
+            true,
+        ),
+        ("topk:ratio=0.02", GatherCollective::AllGather, false, true),
+        ("signum", GatherCollective::AllGather, false, true),
+        ("signsgd", GatherCollective::AllGather, false, true),
+        ("fp16", GatherCollective::AllGather, true, false),
+        ("fp16", GatherCollective::AllGather, true, true),
     ] {
-        let what = format!("{spec} over {gather:?}, the gradient on the device");
+        let what = format!(
+            "{spec} over {gather:?}, the gradient on the device{}",
+            if mean_there { ", the mean there" } else { "" }
+        );
         let mut setup = Setup::new(parse_method(spec).unwrap());
         setup.gather = gather;
         setup.overlap = overlap;
@@ -160,7 +178,25 @@ fn a_gradient_on_the_device_is_exchanged_where_it_lies_as_the_host_path() {
                     let g = grad(rank, n, s);
                     let on = DeviceGradient::new(gpu.clone(), gpu.upload(&g)).unwrap();
                     let mut out = vec![f32::NAN; n];
-                    let st = ex.exchange_device(comm, &mut out, &on, s, false).unwrap();
+                    let st = ex
+                        .exchange_device(comm, &mut out, &on, mean_there, s, false)
+                        .unwrap();
+                    if mean_there {
+                        // The average is the device buffer's; the host holds only what
+                        // it made.
+                        assert_eq!(st.non_finite, Some(false), "{what}");
+                        // Through the all-gather the device buckets' averages never
+                        // reached the host: their ranges there are still NaN.
+                        let untouched = out.iter().filter(|v| v.is_nan()).count();
+                        let gathers = parse_method(spec).unwrap().build().unwrap().aggregation()
+                            == Aggregation::Gather;
+                        assert_eq!(
+                            untouched > 0,
+                            gathers && gather == GatherCollective::AllGather,
+                            "{what}: {untouched} host values left"
+                        );
+                        out = gpu.download(on.buffer()).unwrap();
+                    }
                     (out, st)
                 })
                 .unzip();
@@ -177,7 +213,7 @@ fn a_gradient_on_the_device_is_exchanged_where_it_lies_as_the_host_path() {
         let n = setup.n();
         let short = DeviceGradient::new(gpu.clone(), gpu.upload(&vec![0.0; n - 1])).unwrap();
         let e = ex
-            .exchange_device(comm, &mut vec![0.0; n], &short, 0, false)
+            .exchange_device(comm, &mut vec![0.0; n], &short, false, 0, false)
             .unwrap_err();
         assert!(matches!(e, ExchangeError::Length { .. }), "{e}");
     });
