@@ -682,6 +682,8 @@ impl Exchanger {
             });
         }
         self.mean_on_device = mean_on_device;
+        // Which buckets the device decodes is learnt by this exchange (none on the dense path).
+        self.decoded_on_device.clear();
         let res = self.exchange_from(comm, grad, Some(on_device), step, prechecked);
         self.mean_on_device = false;
         let mut st = res?;
