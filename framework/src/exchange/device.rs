@@ -96,12 +96,8 @@ mod imp {
             rng: &mut Rng,
             out: &mut Payload,
         ) -> Result<(), String> {
-            // The host codec's knob (FFT's θ scale after `Exchanger::scale_theta`).
-            self.pipe
-                .import_state(&host.export_state())
-                .map_err(|e| e.to_string())?;
             let grad = self.gpu.upload(input);
-            self.compress_buffer(&grad, ctx, rng, out)
+            self.compress_buffer(host, &grad, ctx, rng, out)
         }
 
         /// [`OnDevice::compress`] of `range` of a gradient that is on the device already
@@ -115,20 +111,23 @@ mod imp {
             rng: &mut Rng,
             out: &mut Payload,
         ) -> Result<(), String> {
-            self.pipe
-                .import_state(&host.export_state())
-                .map_err(|e| e.to_string())?;
             let part = self.gpu.copy_range(&grad.buf, range.start, range.len());
-            self.compress_buffer(&part, ctx, rng, out)
+            self.compress_buffer(host, &part, ctx, rng, out)
         }
 
+        /// Compresses `grad`, a buffer on this device, with the host codec's state.
         fn compress_buffer(
             &mut self,
+            host: &dyn Compressor,
             grad: &GpuBuffer,
             ctx: &Ctx<'_>,
             rng: &mut Rng,
             out: &mut Payload,
         ) -> Result<(), String> {
+            // The host codec's knob (FFT's θ scale after `Exchanger::scale_theta`).
+            self.pipe
+                .import_state(&host.export_state())
+                .map_err(|e| e.to_string())?;
             self.pipe
                 .compress(&self.gpu, grad, ctx, rng, out)
                 .map_err(|e| e.to_string())
@@ -151,10 +150,7 @@ mod imp {
             inv: f32,
             out: &mut [f32],
         ) -> Option<Result<(), DecodeFailure>> {
-            let buf = match &self.mean {
-                Some(b) if b.len() == out.len() => b.clone(),
-                _ => self.mean.insert(self.gpu.zeros(out.len())).clone(),
-            };
+            let buf = self.mean_buffer(out.len());
             let done = self
                 .pipe
                 .joint_decode_mean(&self.gpu, payloads, inv, &buf)?;
@@ -189,10 +185,7 @@ mod imp {
             into: &DeviceGradient,
             range: Range<usize>,
         ) -> Result<(), DecodeFailure> {
-            let buf = match &self.mean {
-                Some(b) if b.len() == range.len() => b.clone(),
-                _ => self.mean.insert(self.gpu.zeros(range.len())).clone(),
-            };
+            let buf = self.mean_buffer(range.len());
             self.pipe
                 .decode_mean(&self.gpu, payloads, inv, &buf)
                 .map_err(|(rank, e)| match e {
@@ -201,6 +194,15 @@ mod imp {
                 })?;
             self.gpu.copy_into(&buf, &into.buf, range.start);
             Ok(())
+        }
+
+        /// The buffer of a decoded mean of `n` elements, kept while the bucket's length
+        /// stays.
+        fn mean_buffer(&mut self, n: usize) -> GpuBuffer {
+            match &self.mean {
+                Some(b) if b.len() == n => b.clone(),
+                _ => self.mean.insert(self.gpu.zeros(n)).clone(),
+            }
         }
 
         /// The memory's state, copied to the host in the host memory's format.
