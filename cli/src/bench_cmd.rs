@@ -62,6 +62,11 @@ pub(crate) struct ModelsArgs {
     /// emulated references' larger error (and always within --tolerance).
     #[arg(long, default_value_t = 2.0)]
     tf32_factor: f64,
+    /// Whether the device may multiply f32 matrices in TF32 where it has the type
+    /// (`cluster.allow_tf32`): true (burn's behaviour) or false (f32 throughout; the
+    /// comparison then holds every model to --tolerance).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    allow_tf32: bool,
     /// Examples per batch (default: 32 images, or 20 sequences).
     #[arg(long)]
     batch: Option<usize>,
@@ -417,6 +422,7 @@ pub(crate) fn bench_models(a: ModelsArgs) -> Result<()> {
         },
         tf32_factor: a.tf32_factor,
         seed: a.seed,
+        allow_tf32: a.allow_tf32,
     };
     if !a.json {
         let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "default".into());

@@ -2,7 +2,8 @@
 //! model's loss and gradients, measured without a GPU.
 //!
 //! burn's CUDA backend multiplies f32 matrices in TF32 on tensor-core GPUs (cubek-matmul
-//! promotes f32 operands whenever the device has the type; nothing turns it off): each
+//! promotes f32 operands whenever the device has the type, unless [`set_allow_tf32`] forbids
+//! it: `cluster.allow_tf32`): each
 //! operand keeps 10 of its 23 mantissa bits, the products accumulate in f32. A GPU's
 //! gradients then differ from the CPU's by more than f32 arithmetic in another order would
 //! explain, and by how much depends on the model (the cancellation in its sums). With the
@@ -58,6 +59,41 @@ pub fn set_tf32_emulation(mode: Tf32) -> Tf32 {
 pub fn tf32_emulation() -> Tf32 {
     from_u8(TF32.load(Ordering::SeqCst))
 }
+
+/// Allows (`true`, burn's behaviour and the default) or forbids TF32 in the f32 matrix
+/// products and convolutions of burn's GPU backends, for the whole process, as PyTorch's
+/// `torch.backends.cuda.matmul.allow_tf32`: forbidden, cubek-matmul (patched by dtrain:
+/// `patches/cubek-matmul/PATCH.md`) keeps f32 operands f32 and its tensor-core kernels
+/// count as unavailable for them, so the autotuner picks among the f32 kernels. Set it
+/// before the first product: a kernel choice already tuned or cached is not revisited.
+/// Returns the previous setting. Without a GPU backend in the build (or on a device
+/// without TF32: the CPU, Vulkan) nothing multiplies in TF32 either way.
+pub fn set_allow_tf32(allow: bool) -> bool {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    {
+        cubek_matmul::multi_level::definition::set_allow_tf32(allow)
+    }
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    {
+        ALLOW_TF32.swap(allow, Ordering::SeqCst)
+    }
+}
+
+/// The setting of [`set_allow_tf32`].
+pub fn allow_tf32() -> bool {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    {
+        cubek_matmul::multi_level::definition::allow_tf32()
+    }
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    {
+        ALLOW_TF32.load(Ordering::SeqCst)
+    }
+}
+
+/// [`set_allow_tf32`]'s setting in a build without a GPU backend (where it changes nothing).
+#[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+static ALLOW_TF32: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// The mode stored as `v` (`Tf32 as u8`).
 fn from_u8(v: u8) -> Tf32 {

@@ -82,6 +82,9 @@ pub struct Options {
     /// Seed of the synthetic batch and of the initial weights (drawn on the reference device
     /// when there is one), so that a run repeats.
     pub seed: u64,
+    /// Whether the device may multiply f32 matrices in TF32 (`cluster.allow_tf32`; set for
+    /// the process by [`run`] before the first product).
+    pub allow_tf32: bool,
 }
 
 impl Default for Options {
@@ -99,6 +102,7 @@ impl Default for Options {
             tf32_emulation: None,
             tf32_factor: 2.0,
             seed: 7,
+            allow_tf32: true,
         }
     }
 }
@@ -568,6 +572,8 @@ pub fn run(
     for name in &names {
         parse_model(name, false)?;
     }
+    // Before the precision probe, the first product.
+    dtrain_models::precision::set_allow_tf32(opts.allow_tf32);
     let mut tf32_device = false;
     if let Some(reference) = opts.reference {
         let p = Precision::measure(opts.device, reference)?;

@@ -333,6 +333,14 @@ pub struct ClusterConfig {
     /// rank on its node) or `"cuda:N"` (see [`crate::device`]).
     #[serde(default, skip_serializing_if = "is_default")]
     pub device: DeviceKind,
+    /// Whether a GPU may multiply f32 matrices (products, convolutions) in TF32 where it has
+    /// the type (NVIDIA from Ampere on), as PyTorch's `allow_tf32`: `true` (default; burn's
+    /// behaviour, the tensor cores' speed, operands rounded to 10 mantissa bits: gradients
+    /// some 1e-3 – 7e-2 from f32's, README "GPUs") or `false` (f32 arithmetic throughout).
+    /// PyTorch's default is `false` for products and `true` for cuDNN's convolutions; dtrain
+    /// has one switch for both. No effect on the CPU or on Vulkan (no TF32 there).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub allow_tf32: bool,
     /// Seconds a collective may stall before the run stops naming the silent rank
     /// (default 120).
     #[serde(default = "default_timeout")]
@@ -483,6 +491,10 @@ fn is_check_replicas_every(v: &u64) -> bool {
     *v == check_replicas_every()
 }
 
+fn is_true(v: &bool) -> bool {
+    *v
+}
+
 fn is_default<T: Default + PartialEq>(v: &T) -> bool {
     *v == T::default()
 }
@@ -514,6 +526,7 @@ impl Default for ClusterConfig {
             transport: TransportKind::Auto,
             threads: 1,
             device: DeviceKind::Cpu,
+            allow_tf32: true,
             timeout_s: default_timeout(),
             check_replicas_every: check_replicas_every(),
             mode: ClusterMode::AllReduce,

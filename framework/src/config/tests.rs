@@ -74,6 +74,20 @@ fn the_transport_defaults_to_auto_and_every_kind_round_trips() {
 }
 
 #[test]
+fn tf32_is_allowed_by_default_and_a_refusal_survives_the_run_directory() {
+    let p = parse(GOOD, &[]).unwrap();
+    assert!(p.config.cluster.allow_tf32);
+    // The default is left out of the run directory's config.toml; a refusal is written.
+    assert!(!p.config.to_toml().contains("allow_tf32"));
+    let off = parse(GOOD, &["cluster.allow_tf32=false"]).unwrap();
+    assert!(!off.config.cluster.allow_tf32);
+    let again = RunConfig::parse(&off.config.to_toml(), "c.toml", &[]).unwrap();
+    assert!(!again.cluster.allow_tf32);
+    let e = parse(GOOD, &["cluster.allow_tf32=\"no\""]).unwrap_err();
+    assert!(e.to_string().contains("allow_tf32"), "{e}");
+}
+
+#[test]
 fn errors_name_the_field() {
     let cases: &[(&[&str], &str)] = &[
         (&["train.lrr=0.1"], "train.lrr"),

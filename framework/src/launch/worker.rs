@@ -291,6 +291,8 @@ fn train_once(
             ..CommConfig::default()
         },
     );
+    // Before the device opens, so that no product has run yet.
+    dtrain_models::precision::set_allow_tf32(cfg.cluster.allow_tf32);
     let device =
         crate::device::worker_device(cfg.cluster.device, crate::device::local_rank(a.rank))
             .map_err(|e| format!("{file}: {e}"))?;

@@ -1,0 +1,5 @@
+#[cfg(feature = "cpu-reference")]
+pub mod cpu_reference;
+
+#[cfg(feature = "benchmarks")]
+pub mod benchmarks;

@@ -1,0 +1,2 @@
+pub mod stage;
+pub mod tiled;

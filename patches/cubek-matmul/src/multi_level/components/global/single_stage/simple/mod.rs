@@ -1,0 +1,4 @@
+mod matmul;
+mod setup;
+
+pub use setup::SimpleMatmulFamily;

@@ -1,0 +1,7 @@
+mod base;
+mod reader;
+mod writer;
+
+pub use base::*;
+pub use reader::*;
+pub use writer::*;
