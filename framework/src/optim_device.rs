@@ -35,6 +35,7 @@ pub struct DeviceMoments {
     /// Second moment (Adam).
     v: BTreeMap<usize, FlatTensor>,
     /// Whether the tensors here are the state (the host optimizer's copies may be older).
+    /// When not, `m` and `v` are empty ([`DeviceMoments::reset`]).
     live: bool,
 }
 
@@ -61,13 +62,10 @@ impl DeviceMoments {
         let cfg = opt.config().clone();
         let group = opt.groups().get(&GROUP).expect("begun");
         let t = group.step;
-        if !self.live {
-            // The first step here, or the first since the host's state was replaced: the
-            // moments so far are the host's (zeros on a fresh run, as `begin` made them).
-            self.m.clear();
-            self.v.clear();
-        }
         let device = model.device().clone();
+        // The first step here, or the first since the host's state was replaced (the maps
+        // are empty then): the moments so far are the host's (zeros on a fresh run, as
+        // `begin` made them).
         let host = (!self.live).then_some(group);
         let (m_map, v_map) = (&mut self.m, &mut self.v);
         model.update_params_on_device(&mut |offset, p| {

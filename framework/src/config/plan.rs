@@ -58,6 +58,19 @@ pub struct Plan {
     pub clip_local: bool,
 }
 
+impl Plan {
+    /// The norm each worker clips its own gradient to before the exchange (a vote of signs:
+    /// [`Plan::clip_local`]), if any.
+    pub fn local_clip(&self) -> Option<f32> {
+        self.clip_norm.filter(|_| self.clip_local)
+    }
+
+    /// The norm the averaged gradient is clipped to after the exchange, if any.
+    pub fn mean_clip(&self) -> Option<f32> {
+        self.clip_norm.filter(|_| !self.clip_local)
+    }
+}
+
 impl RunConfig {
     /// Checks everything and derives the trainer's objects. `train_examples` is the size of
     /// the training set after `train_limit` (the data is opened by the caller; pass `None`

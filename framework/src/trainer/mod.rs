@@ -647,8 +647,7 @@ fn build_sync<T: Transport>(
     let codec_device = codec_use.as_mut().map(|used| {
         // Whether the trainer hands its gradient over (`Trainer::gradient_stays_on_device`).
         let shared = used.gradient_in_place;
-        used.gradient_in_place &=
-            sync.reads_device_gradient() && !(plan.clip_local && plan.clip_norm.is_some());
+        used.gradient_in_place &= sync.reads_device_gradient() && plan.local_clip().is_none();
         notes.push(used.to_string());
         if let (true, Some(_)) = (used.gradient_in_place, plan.clip_norm) {
             notes.push(
@@ -661,7 +660,7 @@ fn build_sync<T: Transport>(
             notes.push(format!(
                 "the gradient comes through the host to {}: {}",
                 used.device,
-                if plan.clip_local && plan.clip_norm.is_some() {
+                if plan.local_clip().is_some() {
                     "each worker clips its own gradient there first (train.clip_norm with a vote)"
                 } else if matches!(plan.config.sync, SyncConfig::EveryStep)
                     && plan.compressed_optimizer.is_none()

@@ -240,14 +240,14 @@ impl<T: Transport> Trainer<T> {
         if loss.is_finite() {
             self.best_loss = Some(self.best_loss.map_or(loss, |b| b.min(loss)));
         }
-        if let (true, Some(c)) = (self.plan.clip_local, self.plan.clip_norm) {
+        if let Some(c) = self.plan.local_clip() {
             // A vote of signs: each worker clips its own gradient (see `Plan::clip_local`).
             clip_to_norm(&mut self.grads, c);
         }
         // With the optimizer on the device, the average is made there too (unless a clip of
         // the averaged gradient needs it on the host first).
         let mean_on_device =
-            on_device.is_some() && self.device_moments.is_some() && self.plan.clip_norm.is_none();
+            on_device.is_some() && self.device_moments.is_some() && self.plan.mean_clip().is_none();
         let update = match &on_device {
             Some(g) => self.sync.sync_device(
                 &mut self.comm,
@@ -278,7 +278,7 @@ impl<T: Transport> Trainer<T> {
                 return self.bad_step("gradient", *record, t0);
             }
             Update::Averaged { non_finite: false } | Update::Local => {
-                if let (false, Some(c)) = (self.plan.clip_local, self.plan.clip_norm) {
+                if let Some(c) = self.plan.mean_clip() {
                     // The averaged gradient is identical on every rank, so is its clipping
                     // (a local step clips this rank's own gradient).
                     clip_to_norm(&mut self.grads, c);
@@ -321,7 +321,7 @@ impl<T: Transport> Trainer<T> {
     /// pass needs it whole on the host first (a clip of each worker's own gradient does).
     fn gradient_stays_on_device(&self) -> bool {
         cfg!(any(feature = "cuda", feature = "wgpu-train"))
-            && !(self.plan.clip_local && self.plan.clip_norm.is_some())
+            && self.plan.local_clip().is_none()
             && self.sync.reads_device_gradient()
     }
 
@@ -408,7 +408,7 @@ impl<T: Transport> Trainer<T> {
             self.skipped += 1;
             return;
         }
-        if let (false, Some(c)) = (self.plan.clip_local, self.plan.clip_norm) {
+        if let Some(c) = self.plan.mean_clip() {
             clip_to_norm(&mut r.grad, c);
         }
         let lr = self.lr_at(r.step);
