@@ -312,6 +312,147 @@ impl PowerSgd {
     }
 }
 
+/// The parts of the encoder a device codec drives (`dtrain-device`'s `powersgd`): it
+/// computes the products `P = M·Q` and `Q_w = Mᵀ·P̂` where the bucket lies and leaves the
+/// rest — the plans, `Q`'s draw and orthogonalization, `P̂`'s Gram–Schmidt (on `m × r`
+/// values), the payload's writing and the state — to this codec, so that both write the
+/// same bytes.
+impl PowerSgd {
+    /// The start of an encode of the buffer of `ctx` (what [`Compressor::begin`] does but
+    /// the products): fixes the plans against `ctx`'s segments and says whether this step
+    /// compresses with no agreement installed for it, so that the caller must compute
+    /// `P` ([`PowerSgd::q_for`]) and [`PowerSgd::install_p`] it first.
+    pub fn begin_plans(&mut self, ctx: &Ctx<'_>) -> bool {
+        self.next = 0;
+        let n_segs = Self::segment_count(ctx);
+        if n_segs != self.plans.len() {
+            // Shapes unknown or not this buffer's: every segment dense.
+            self.plans = vec![Plan::Dense; n_segs];
+        }
+        self.low_rank_now = self.active(ctx.step);
+        self.low_rank_now && self.installed != Some((ctx.step, ctx.bucket))
+    }
+
+    /// Segment `s`'s matrix `(m, c)` when it is sent low-rank at the step begun
+    /// ([`PowerSgd::begin_plans`]); `None`: sent dense.
+    pub fn low_rank_shape(&self, s: usize) -> Option<(usize, usize)> {
+        match self.plans.get(s) {
+            Some(&Plan::LowRank { m, c }) if self.low_rank_now => Some((m, c)),
+            _ => None,
+        }
+    }
+
+    /// The rank `r`.
+    pub fn rank_r(&self) -> usize {
+        self.rank()
+    }
+
+    /// `Q` of low-rank segment `s` (`c × r`, row-major) for the buffer of `ctx`, drawn or
+    /// warm-started and orthogonalized, as the host's `P = M·Q` uses it.
+    pub fn q_for(&mut self, s: usize, c: usize, ctx: &Ctx<'_>) -> &[f32] {
+        self.q_of(s, c, ctx.bucket, ctx.step);
+        &self.q[s]
+    }
+
+    /// Installs `P̂` from `p`, the `P` of every low-rank segment in order (`Σ m·r`
+    /// values): Gram–Schmidt of each.
+    pub fn install_p(&mut self, p: &[f32], ctx: &Ctx<'_>) {
+        self.install(p, ctx);
+    }
+
+    /// `P̂` of low-rank segment `s` (`m × r`), installed.
+    pub fn p_hat_of(&self, s: usize) -> &[f32] {
+        &self.p_hat[s]
+    }
+
+    /// Writes low-rank segment `s` of the next segment's body: its header, the installed
+    /// `P̂` and `q` (`Q_w = Mᵀ·P̂`, `c × r`), in the lane's format; `q` becomes the kept `Q`
+    /// (alone, the next step starts from it; a multi-rank driver replaces it with the
+    /// mean, [`Compressor::absorb_aggregate`]; without warm start the next step draws
+    /// another anyway). Advances to the next segment.
+    pub fn write_low_rank(&mut self, s: usize, q: Vec<f32>, w: &mut Writer<'_>) {
+        let Plan::LowRank { m, c } = self.plans[s] else {
+            panic!("segment {s} is not low-rank");
+        };
+        let r = self.rank();
+        debug_assert_eq!(q.len(), c * r);
+        let fmt = self.lane_format();
+        let tag = if fmt == LaneFormat::Bf16 {
+            BF16_LANE
+        } else {
+            0
+        };
+        w.u8(LOW_RANK | tag);
+        w.u32(m as u32);
+        w.u32(c as u32);
+        w.u8(r as u8);
+        // P̂ in the lane's format: what the agreement's all-reduce moved.
+        let p_hat = &self.p_hat[s];
+        fmt.write(
+            &mut p_hat.iter().copied(),
+            w.zeroed(p_hat.len() * fmt.bytes()),
+        );
+        fmt.write(&mut q.iter().copied(), w.zeroed(q.len() * fmt.bytes()));
+        self.q[s] = q;
+        self.next = s + 1;
+    }
+
+    /// Writes segment `s` dense: `x`, its values. Advances to the next segment.
+    pub fn write_dense(&mut self, s: usize, x: &[f32], w: &mut Writer<'_>) {
+        let fmt = self.lane_format();
+        let tag = if fmt == LaneFormat::Bf16 {
+            BF16_LANE
+        } else {
+            0
+        };
+        w.u8(DENSE | tag);
+        fmt.write(&mut x.iter().copied(), w.zeroed(x.len() * fmt.bytes()));
+        self.next = s + 1;
+    }
+}
+
+/// One segment of a PowerSGD payload as read by [`read_segment`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Segment {
+    /// The values, sent dense.
+    Dense(Vec<f32>),
+    /// A rank-`rank` approximation `P·Qᵀ` of an `m × c` matrix (both row-major).
+    LowRank {
+        /// Rows.
+        m: usize,
+        /// Columns.
+        c: usize,
+        /// The rank.
+        rank: usize,
+        /// `P̂`, `m × rank`.
+        p: Vec<f32>,
+        /// `Q`, `c × rank`.
+        q: Vec<f32>,
+    },
+}
+
+/// Reads the body of one segment of `n` elements: the host decoder's reading and its
+/// errors (a device decoder adds what it says on the device).
+pub fn read_segment(r: &mut Reader<'_>, n: usize) -> Result<Segment, WireError> {
+    let (kind, fmt) = split_mode(r.u8("powersgd mode")?)?;
+    let mut v = Vec::new();
+    if kind == DENSE {
+        read_lane(r, n, fmt, "powersgd dense values", &mut v)?;
+        return Ok(Segment::Dense(v));
+    }
+    let (m, c, rank) = read_dims(r, n)?;
+    let mut p = Vec::new();
+    read_lane(r, m * rank, fmt, "powersgd P", &mut p)?;
+    read_lane(r, c * rank, fmt, "powersgd Q", &mut v)?;
+    Ok(Segment::LowRank {
+        m,
+        c,
+        rank,
+        p,
+        q: v,
+    })
+}
+
 /// Standard normal by Box–Muller.
 fn gaussian(rng: &mut Rng) -> f32 {
     let u = rng.next_f64().max(1e-300);
@@ -493,14 +634,7 @@ impl Compressor for PowerSgd {
     }
 
     fn begin(&mut self, grad: &[f32], ctx: &Ctx<'_>) {
-        self.next = 0;
-        let n_segs = Self::segment_count(ctx);
-        if n_segs != self.plans.len() {
-            // Shapes unknown or not this buffer's: every segment dense.
-            self.plans = vec![Plan::Dense; n_segs];
-        }
-        self.low_rank_now = self.active(ctx.step);
-        if self.low_rank_now && self.installed != Some((ctx.step, ctx.bucket)) {
+        if self.begin_plans(ctx) {
             // No agreement for this step: compress alone (P̂ from this worker's M).
             let mut p = std::mem::take(&mut self.scratch);
             p.clear();
@@ -512,57 +646,28 @@ impl Compressor for PowerSgd {
 
     fn encode_segment(&mut self, x: &[f32], _rng: &mut Rng, w: &mut Writer<'_>) {
         let s = self.next;
-        self.next += 1;
-        let fmt = self.lane_format();
-        let tag = if fmt == LaneFormat::Bf16 {
-            BF16_LANE
-        } else {
-            0
-        };
         match self.plans.get(s) {
             Some(&Plan::LowRank { m, c }) if self.low_rank_now && x.len() == m * c => {
                 let r = self.rank();
-                w.u8(LOW_RANK | tag);
-                w.u32(m as u32);
-                w.u32(c as u32);
-                w.u8(r as u8);
-                // P̂ in the lane's format: what the agreement's all-reduce moved.
-                let p_hat = &self.p_hat[s];
-                fmt.write(
-                    &mut p_hat.iter().copied(),
-                    w.zeroed(p_hat.len() * fmt.bytes()),
-                );
-                // Q_w goes into the kept Q: alone, the next step starts from it; a
-                // multi-rank driver replaces it with the mean (`absorb_aggregate`); without
-                // warm start the next step draws a new one anyway.
-                let q = &mut self.q[s];
+                // Q_w goes into the kept Q (see `write_low_rank`).
+                let mut q = std::mem::take(&mut self.q[s]);
                 q.resize(c * r, 0.0);
-                mat_t_mul(x, m, c, &self.p_hat[s], r, q);
-                fmt.write(&mut q.iter().copied(), w.zeroed(q.len() * fmt.bytes()));
+                mat_t_mul(x, m, c, &self.p_hat[s], r, &mut q);
+                self.write_low_rank(s, q, w);
             }
-            _ => {
-                w.u8(DENSE | tag);
-                fmt.write(&mut x.iter().copied(), w.zeroed(x.len() * fmt.bytes()));
-            }
+            _ => self.write_dense(s, x, w),
         }
     }
 
     fn decode_segment_add(&self, r: &mut Reader<'_>, out: &mut [f32]) -> Result<(), WireError> {
-        let n = out.len();
-        let (kind, fmt) = split_mode(r.u8("powersgd mode")?)?;
-        let mut v = Vec::new();
-        if kind == DENSE {
-            read_lane(r, n, fmt, "powersgd dense values", &mut v)?;
-            for (o, x) in out.iter_mut().zip(&v) {
-                *o += x;
+        match read_segment(r, out.len())? {
+            Segment::Dense(v) => {
+                for (o, x) in out.iter_mut().zip(&v) {
+                    *o += x;
+                }
             }
-            return Ok(());
+            Segment::LowRank { c, rank, p, q, .. } => add_outer(&p, &q, rank, c, out),
         }
-        let (m, c, rank) = read_dims(r, n)?;
-        let mut p = Vec::new();
-        read_lane(r, m * rank, fmt, "powersgd P", &mut p)?;
-        read_lane(r, c * rank, fmt, "powersgd Q", &mut v)?;
-        add_outer(&p, &v, rank, c, out);
         Ok(())
     }
 

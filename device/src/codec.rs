@@ -44,6 +44,10 @@ pub trait DeviceCodec: Send {
         None
     }
 
+    /// The shapes of the bucket's tensors, one per segment (the host's
+    /// [`Compressor::set_segment_shapes`]): PowerSGD's matrices. Ignored by default.
+    fn set_segment_shapes(&mut self, _shapes: &[Vec<usize>]) {}
+
     /// Encodes `grad` into `out` (cleared first): the bytes the host codec writes for the
     /// same values, context (`ctx.segments`: the layer boundaries, empty for one segment;
     /// `ctx.step` for a schedule) and encoder `rng` (drawn from as the host codec draws;
@@ -138,7 +142,8 @@ pub(crate) fn host_decode_add(
 /// host codec on a copy of the bucket, and says so).
 pub fn device_codec(cfg: &CompressorConfig) -> Option<Box<dyn DeviceCodec>> {
     use crate::{
-        bf16, dgc, efsignsgd, fft, fp16, natural, onebit, qsgd, signsgd, terngrad, threshold, topk,
+        bf16, dgc, efsignsgd, fft, fp16, natural, onebit, powersgd, qsgd, signsgd, terngrad,
+        threshold, topk,
     };
     Some(match cfg {
         CompressorConfig::Dgc(c) => Box::new(dgc::Dgc::for_config(c)?),
@@ -147,6 +152,7 @@ pub fn device_codec(cfg: &CompressorConfig) -> Option<Box<dyn DeviceCodec>> {
         CompressorConfig::EfSignSgd(c) => Box::new(efsignsgd::EfSignSgd::for_config(c)?),
         CompressorConfig::Natural(c) => Box::new(Stream(natural::Natural::for_config(c)?)),
         CompressorConfig::Qsgd(c) => Box::new(qsgd::Qsgd::for_config(c)?),
+        CompressorConfig::PowerSgd(c) => Box::new(powersgd::PowerSgdCodec::for_config(c)),
         CompressorConfig::Threshold(c) => Box::new(threshold::Threshold::for_config(c)?),
         CompressorConfig::TernGrad(c) => Box::new(terngrad::TernGrad::for_config(c)?),
         CompressorConfig::TopK(c) => Box::new(topk::TopK::new(c)),

@@ -27,7 +27,8 @@
 //!   `efsignsgd` and `onebit` (exact sums), `fp16`,
 //!   `bf16` (their conversion
 //!   kernels in `half16`), `natural` (counter draws), `signsgd` (`signsgd` and `signum`),
-//!   `terngrad` and `qsgd` (counter draws),
+//!   `terngrad` and `qsgd` (counter draws), `powersgd` (its products; the small
+//!   factors' algebra by the host codec),
 //!   `threshold`, `topk`. `select` holds the radix select and the ordered compaction of
 //!   `topk`, `dgc` and `threshold`, and their host-parsed adds; `signs` the sign bits behind per-segment header words of `efsignsgd` and
 //!   `onebit`; `counter` the counter-based draws; `rangefloat` the range-float codes; `exact` the exact sums; `words` the helpers every kernel shares
@@ -63,6 +64,7 @@ with_a_runtime! {
     pub mod natural;
     pub mod onebit;
     pub mod pipeline;
+    pub mod powersgd;
     pub mod qsgd;
     mod select;
     mod signs;

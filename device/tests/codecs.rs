@@ -36,6 +36,9 @@ const METHODS: &[&str] = &[
     "kind = \"ef-signsgd\"\nsum = \"exact\"",
     "kind = \"ef-signsgd\"\nsum = \"exact\"\nscale = \"rms\"",
     "kind = \"onebit\"\nsum = \"exact\"",
+    // Without tensor shapes every segment is sent dense (the low-rank paths: below).
+    "powersgd",
+    "kind = \"powersgd\"\nbf16 = true",
     "kind = \"threshold\"\ntau = 0.5",
     "kind = \"threshold\"\ntau = 1e-3\ncoding = \"golomb-rice\"",
     // The host's transform (`transform = "host"`): payloads byte for byte the host's.
@@ -301,6 +304,83 @@ fn device_decoders_agree_with_the_host_on_arbitrary_bytes() {
                     (h, d) => panic!("{name} case {case}: joint: host {h:?}, device {d:?}"),
                 }
             }
+        }
+    }
+}
+
+/// PowerSGD with tensor shapes: the products on the device, the factors' algebra by the
+/// host codec. Step after step (the warm-started `Q` carried by each side's own codec),
+/// every rank and lane format, before and after `start_step`, the device payload is the
+/// host's byte for byte and decodes on the device to the host's values bit for bit.
+#[test]
+fn powersgd_payloads_with_shapes_are_the_hosts_step_after_step() {
+    // A conv weight (out × in·kh·kw), a bias, a linear weight, a small matrix sent dense
+    // (its factors would not be smaller) and a matrix of a single row.
+    let shapes: Vec<Vec<usize>> = vec![
+        vec![12, 3, 3, 3],
+        vec![12],
+        vec![40, 30],
+        vec![3, 2],
+        vec![1, 50],
+        vec![64, 9],
+    ];
+    let lens: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
+    let mut segs = Vec::new();
+    let mut at = 0;
+    for l in &lens {
+        segs.push(at..at + l);
+        at += l;
+    }
+    let n = at;
+    for spec in [
+        "kind = \"powersgd\"",
+        "kind = \"powersgd\"\nrank = 2",
+        "kind = \"powersgd\"\nrank = 3\nseed = 5",
+        "kind = \"powersgd\"\nrank = 4\nbf16 = true",
+        "kind = \"powersgd\"\nrank = 2\nstart_step = 2\nmin_compression_rate = 2.0",
+        "kind = \"powersgd\"\nrank = 2\nwarm_start = false",
+    ] {
+        let mut host = cfg(spec).build().unwrap();
+        host.set_segment_shapes(&shapes);
+        let mut dev = device_codec(&cfg(spec)).unwrap();
+        dev.set_segment_shapes(&shapes);
+        let decoder = cfg(spec).build().unwrap();
+        let mut r = Rng::seed_from_u64(41);
+        for step in 0..4u64 {
+            let x: Vec<f32> = (0..n).map(|_| r.next_f32() * 2.0 - 1.0).collect();
+            let ctx = Ctx {
+                step,
+                bucket: 3,
+                segments: &segs,
+                ..Ctx::default()
+            };
+            let want = compress_new(host.as_mut(), &x, &ctx, &mut Rng::seed_from_u64(0)).unwrap();
+            let mut got = Payload::new();
+            dev.encode(
+                gpu(),
+                &gpu().upload(&x),
+                &ctx,
+                &mut Rng::seed_from_u64(0),
+                &mut got,
+            )
+            .unwrap();
+            assert!(
+                got.as_bytes() == want.as_bytes(),
+                "{spec}: step {step}: device payload of {} bytes differs from the host's {}",
+                got.encoded_len(),
+                want.encoded_len()
+            );
+            let start: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.25 - 0.5).collect();
+            let mut host_sum = start.clone();
+            decompress_add(decoder.as_ref(), want.as_bytes(), &mut host_sum).unwrap();
+            let out = gpu().upload(&start);
+            dev.decode_add(gpu(), want.as_bytes(), &out).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&gpu().download(&out).unwrap()),
+                bits(&host_sum),
+                "{spec}: step {step}"
+            );
         }
     }
 }

@@ -185,6 +185,16 @@ pub(crate) fn segments(n: usize, opts: &Options) -> Result<Vec<Range<usize>>, St
     })
 }
 
+/// The tensor shapes [`Options::layers`] or [`Options::shape`] tell the compressors (`None`:
+/// none, and PowerSGD sends everything dense).
+pub(crate) fn segment_shapes(opts: &Options) -> Option<Vec<Vec<usize>>> {
+    match (&opts.layers, opts.shape) {
+        (Some(shapes), _) => Some(shapes.clone()),
+        (None, Some((rows, cols))) => Some(vec![vec![rows, cols]]),
+        (None, None) => None,
+    }
+}
+
 /// Runs the benchmark on `input`, in a pool of [`Options::threads`] threads.
 pub fn run(input: &[f32], opts: &Options) -> Result<Vec<Row>, String> {
     rayon::ThreadPoolBuilder::new()
@@ -228,11 +238,8 @@ fn run_in_pool(input: &[f32], opts: &Options) -> Result<Vec<Row>, String> {
     for spec in specs {
         let cfg = parse_method(&spec)?;
         let mut c = cfg.build().map_err(|e| format!("{spec}: {e}"))?;
-        if let Some((rows, cols)) = opts.shape {
-            c.set_segment_shapes(&[vec![rows, cols]]);
-        }
-        if let Some(shapes) = &opts.layers {
-            c.set_segment_shapes(shapes);
+        if let Some(shapes) = segment_shapes(opts) {
+            c.set_segment_shapes(&shapes);
         }
         c.set_world_size(workers);
         let memory = if opts.error_feedback {

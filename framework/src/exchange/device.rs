@@ -553,6 +553,22 @@ impl Exchanger {
                 why.push(r.to_string());
                 continue;
             }
+            // At a step where every method compresses (past any start step).
+            let ctx = Ctx {
+                step: u64::MAX,
+                bucket: s.bucket.id,
+                segments: &s.bucket.segments,
+                ..Ctx::default()
+            };
+            if pipe.summed_agreement(&ctx).is_some() {
+                why.push(
+                    "a summed agreement (PowerSGD's P) is all-reduced between the two \
+                     products, and that exchange runs on the host (its device form is not \
+                     written yet)"
+                        .into(),
+                );
+                continue;
+            }
             match OnDevice::new(gpu, &self.method_cfg, &self.memory) {
                 Ok(mut d) => {
                     d.import_memory(&pipe.export_memory());

@@ -300,6 +300,16 @@ fn what_has_no_device_form_stays_on_the_host_and_says_why() {
     let host = run(&setup, 2, false, 0..2, None);
     let dev = run(&setup, 2, true, 0..2, None);
     assert_same_runs(&host, &dev, "qsgd");
+    // PowerSGD has a device codec, but its factors are agreed by an all-reduce between its
+    // two products, on the host: its buckets stay there, said once, the run unchanged.
+    let setup = Setup::new(parse_method("powersgd:rank=2").unwrap());
+    let (_, used) = exchanger(&setup, true);
+    let used = used.unwrap();
+    assert_eq!(used.buckets, 0, "{used}");
+    assert!(used.to_string().contains("summed agreement"), "{used}");
+    let host = run(&setup, 2, false, 0..2, None);
+    let dev = run(&setup, 2, true, 0..2, None);
+    assert_same_runs(&host, &dev, "powersgd");
     // The compressed all-reduce encodes owners' ranges: on the host, said once.
     let mut setup = Setup::new(parse_method("topk:ratio=0.02").unwrap());
     setup.gather = GatherCollective::CompressedAllReduce;
