@@ -242,6 +242,66 @@ impl Gpu {
         }
     }
 
+    /// Writes a sparse sum's mean into `dst[start..start + len]`: zeros there, then
+    /// `vals[i] · k` at `start + idx[i]` (two kernels; the host's `v · k` over a dense `v`
+    /// that is zero off the indices, bit for bit). Only the indices and values cross. An
+    /// error where an index is not below `len`, the lists' lengths differ, or the range is
+    /// past `dst`'s end.
+    pub fn scatter_scaled(
+        &self,
+        dst: &GpuBuffer,
+        start: usize,
+        len: usize,
+        idx: &[u32],
+        vals: &[f32],
+        k: f32,
+    ) -> Result<(), DeviceError> {
+        if start + len > dst.len {
+            return Err(DeviceError::Length {
+                what: "a sparse mean's range",
+                expected: dst.len,
+                found: start + len,
+            });
+        }
+        if idx.len() != vals.len() {
+            return Err(DeviceError::Length {
+                what: "a sparse mean's values against its indices",
+                expected: idx.len(),
+                found: vals.len(),
+            });
+        }
+        if let Some(&i) = idx.iter().find(|&&i| i as usize >= len) {
+            return Err(DeviceError::Length {
+                what: "a sparse mean's index against its range",
+                expected: len,
+                found: i as usize + 1,
+            });
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let (count, dim) = crate::words::geometry(len);
+        fill_zero_range::launch(&self.client, count, dim, dst.arg(), start as u32, len as u32);
+        if !idx.is_empty() {
+            let idx_words = self.client.create_from_slice(u32::as_bytes(idx));
+            let (count, dim) = crate::words::geometry(idx.len());
+            // SAFETY: `idx_words` holds `idx.len()` words.
+            unsafe {
+                scatter_scaled::launch(
+                    &self.client,
+                    count,
+                    dim,
+                    BufferArg::from_raw_parts(idx_words, idx.len()),
+                    self.upload(vals).arg(),
+                    dst.arg(),
+                    start as u32,
+                    k,
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// `len` elements of `buf` from element `start`, copied to the host (one kernel and one
     /// read of just that range: what a bucket the host encodes needs of a gradient that
     /// stays on the device).
@@ -363,6 +423,26 @@ fn first_non_finite(x: &[f32], first_bad: &[Atomic<u32>]) {
         if (u32::reinterpret(x[i]) >> 23) & 0xFF == 0xFF {
             first_bad[0].fetch_min(i as u32);
         }
+        i += crate::words::grid_stride();
+    }
+}
+
+/// `x[start..start + len] = 0`.
+#[cube(launch)]
+fn fill_zero_range(x: &mut [f32], start: u32, len: u32) {
+    let mut i = ABSOLUTE_POS;
+    while i < len as usize {
+        x[start as usize + i] = 0.0;
+        i += crate::words::grid_stride();
+    }
+}
+
+/// `dst[start + idx[i]] = vals[i] · k`.
+#[cube(launch)]
+fn scatter_scaled(idx: &[u32], vals: &[f32], dst: &mut [f32], start: u32, k: f32) {
+    let mut i = ABSOLUTE_POS;
+    while i < idx.len() {
+        dst[start as usize + idx[i] as usize] = vals[i] * k;
         i += crate::words::grid_stride();
     }
 }

@@ -567,3 +567,33 @@ fn a_range_is_read_back_and_the_first_non_finite_value_is_found_on_the_device() 
     assert_eq!(at, 0);
     assert!(v.is_nan());
 }
+
+/// A sparse sum's mean scattered into a range: zeros there but at the indices (`−0.0` and
+/// all), the rest of the buffer untouched; bad lists refused before anything is written.
+#[test]
+fn a_sparse_mean_is_scattered_into_its_range() {
+    let dst = gpu().upload(&vec![7.0; 1000]);
+    let (idx, vals) = (vec![0u32, 3, 299], vec![2.0f32, -0.0, -4.0]);
+    gpu()
+        .scatter_scaled(&dst, 100, 300, &idx, &vals, 0.5)
+        .unwrap();
+    let back = gpu().download(&dst).unwrap();
+    assert!(back[..100].iter().chain(&back[400..]).all(|v| *v == 7.0));
+    let mut want = vec![0.0f32; 300];
+    want[0] = 1.0;
+    want[3] = -0.0;
+    want[299] = -2.0;
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&back[100..400]), bits(&want));
+    for (idx, vals, start, len) in [
+        (vec![300u32], vec![1.0f32], 100, 300),
+        (vec![1], vec![1.0, 2.0], 100, 300),
+        (vec![1], vec![1.0], 900, 300),
+    ] {
+        let e = gpu()
+            .scatter_scaled(&dst, start, len, &idx, &vals, 1.0)
+            .unwrap_err();
+        assert!(matches!(e, DeviceError::Length { .. }), "{e}");
+    }
+    assert_eq!(bits(&gpu().download(&dst).unwrap()[100..400]), bits(&want));
+}

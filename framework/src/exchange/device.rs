@@ -23,9 +23,10 @@
 //! periodic synchronisation — the device buckets are uploaded from the host's gradient
 //! (one upload per bucket and step). With the gradient on the device the average can be
 //! made there too (`mean_on_device`): each device bucket's gathered payloads are decoded
-//! into its range of the gradient's buffer (the host decoders' sums, bit for bit), the
-//! host's averages of the other buckets are uploaded into theirs, and the optimizer steps
-//! on that buffer as a burn tensor (`crate::optim_device`).
+//! into its range of the gradient's buffer (the host decoders' sums, bit for bit), a
+//! sparse all-reduce's sum of one is kept sparse and scattered there (only its entries go
+//! up), the host's averages of the other buckets are uploaded into theirs, and the
+//! optimizer steps on that buffer as a burn tensor (`crate::optim_device`).
 //!
 //! Which buckets: those whose route compresses them with the method's plain one-phase
 //! encode (the all-gather and the sparse all-reduce). The compressed all-reduce's range
@@ -322,6 +323,27 @@ impl DeviceGradient {
         #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
         {
             let _ = (start, values);
+            match *self {}
+        }
+    }
+
+    /// Writes the mean of a sparse sum into `range`: zeros there, then each of `vals`
+    /// times `k` at its index in `idx` (relative to `range`). Only the entries go up.
+    pub fn scatter_mean(
+        &self,
+        range: Range<usize>,
+        idx: &[u32],
+        vals: &[f32],
+        k: f32,
+    ) -> Result<(), String> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        return self
+            .gpu
+            .scatter_scaled(&self.buf, range.start, range.len(), idx, vals, k)
+            .map_err(|e| e.to_string());
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        {
+            let _ = (range, idx, vals, k);
             match *self {}
         }
     }

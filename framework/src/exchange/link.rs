@@ -24,6 +24,10 @@ pub(super) enum Op {
     Broadcast(Vec<u8>, usize),
     /// Sparse all-reduce of (indices, values) into the dense output buffer.
     Sparse(Vec<u32>, Vec<f32>, Vec<f32>),
+    /// Sparse all-reduce of (indices, values) of a bucket of this many elements, the sum
+    /// kept sparse: for a bucket whose average is made on the device, where only the sum's
+    /// entries need to cross.
+    SparseKept(Vec<u32>, Vec<f32>, usize),
     /// DLCP bounded-loss all-reduce of a dense bucket with its tensors.
     Lossy(Vec<f32>, Arc<[DlcpTensor]>, Arc<DlcpConfig>),
     /// Compressed all-reduce: this rank's payload of each owner's range, the bucket's
@@ -36,6 +40,8 @@ pub(super) enum Reply {
     Sum(Vec<f32>),
     /// The dense sum, and the index / value buffers back for reuse.
     Sparse(Vec<f32>, Vec<u32>, Vec<f32>),
+    /// The sum's entries that are not `+0.0`, in index order: (indices, values).
+    SparseKept(Vec<u32>, Vec<f32>),
     Gather(Vec<Vec<u8>>),
     Broadcast(Vec<u8>),
     /// The (lossy) sum and the round's report.
@@ -136,6 +142,15 @@ pub(super) fn run_op<T: Transport>(comm: &mut Communicator<T>, op: Op) -> Done {
             Ok(input) => comm
                 .sparse_all_reduce_dense(input, &mut out)
                 .map(|()| Reply::Sparse(out, idx, vals)),
+            Err(e) => Err(CommError::InvalidArgument(format!(
+                "sparse all-reduce input: {e}"
+            ))),
+        },
+        Op::SparseKept(idx, vals, dim) => match SparseSlice::new(dim, &idx, &vals) {
+            Ok(input) => comm.sparse_all_reduce(input).map(|sum| {
+                let (_, idx, vals) = sum.into_parts();
+                Reply::SparseKept(idx, vals)
+            }),
             Err(e) => Err(CommError::InvalidArgument(format!(
                 "sparse all-reduce input: {e}"
             ))),

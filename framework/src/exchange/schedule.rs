@@ -347,6 +347,9 @@ impl Job<'_> {
         let (step, rank, seed) = (self.step, self.rank, self.seed);
         let mut f = self.spare.pop().unwrap_or_default();
         let from_device = self.on_device.filter(|_| self.slots[i].reads_device());
+        // A sparse all-reduce's sum of a bucket whose average is made on the device stays
+        // sparse: its entries go up, not the dense bucket.
+        let sum_to_device = from_device.is_some() && self.mean_on_device;
         let Slot {
             bucket,
             pipe,
@@ -469,7 +472,7 @@ impl Job<'_> {
                             .map_err(compress_err)?,
                     }
                     let gather = gather.expect("a compressed route");
-                    submit_payload(pipe, bucket, rank, gather, &mut f, comms, st)?
+                    submit_payload(pipe, bucket, rank, gather, sum_to_device, &mut f, comms, st)?
                 }
             },
         };
@@ -525,7 +528,7 @@ impl Job<'_> {
         }
         pipe.compress_compensated(&ctx, &mut rng, &mut f.payload)
             .map_err(compress_err)?;
-        let stage = submit_payload(pipe, bucket, self.rank, gather, &mut f, comms, st)?;
+        let stage = submit_payload(pipe, bucket, self.rank, gather, false, &mut f, comms, st)?;
         st.compress_s += t0.elapsed().as_secs_f64() - (comms.blocked - b0);
         Ok((f, stage))
     }
@@ -583,6 +586,20 @@ impl Job<'_> {
             st.decompress_s += t0.elapsed().as_secs_f64();
             return Ok(());
         }
+        // A sparse all-reduce's sum kept sparse: its mean scattered into the bucket's range
+        // of the device gradient (zeros elsewhere; the dense path's values bit for bit).
+        if let (Some(g), Some(_), Some(r), Reply::SparseKept(idx, vals)) =
+            (into, device.as_ref(), range.clone(), &reply)
+        {
+            if combine == Combine::Mean {
+                g.scatter_mean(r, idx, vals, self.inv)
+                    .map_err(|reason| ExchangeError::Device { bucket: id, reason })?;
+                self.decoded_on_device[i] = true;
+                self.spare.push(f);
+                st.decompress_s += t0.elapsed().as_secs_f64();
+                return Ok(());
+            }
+        }
         // Decoded payloads of a bucket that is one range of the gradient, averaged by the
         // mean, are summed straight into that range and scaled there: no bucket-sized
         // buffer to zero, fill and copy back. (The same operations in the same order: the
@@ -617,6 +634,16 @@ impl Job<'_> {
             }
             (Stage::SparseSum, Reply::Sparse(v, idx, vals), _) => {
                 f.buf = v;
+                f.idx = idx;
+                f.vals = vals;
+            }
+            (Stage::SparseSum, Reply::SparseKept(idx, vals), _) => {
+                // (Kept sparse for a device that then did not take it: made dense here.)
+                f.buf.clear();
+                f.buf.resize(bucket.len(), 0.0);
+                for (&i, &v) in idx.iter().zip(&vals) {
+                    f.buf[i as usize] = v;
+                }
                 f.idx = idx;
                 f.vals = vals;
             }
@@ -774,11 +801,13 @@ fn zeroed<'a>(
 }
 
 /// Submits the collective for the compressed payload in `f` by the method's aggregation.
+#[allow(clippy::too_many_arguments)]
 fn submit_payload<T: Transport>(
     pipe: &Pipeline,
     bucket: &Bucket,
     rank: usize,
     gather: GatherCollective,
+    sum_to_device: bool,
     f: &mut Flight,
     comms: &mut Comms<'_, T>,
     st: &mut ExchangeStats,
@@ -827,11 +856,14 @@ fn submit_payload<T: Transport>(
                     f.vals.push(v);
                 }
             }
-            comms.submit(Op::Sparse(
-                std::mem::take(&mut f.idx),
-                std::mem::take(&mut f.vals),
-                std::mem::take(&mut f.buf),
-            ));
+            let (idx, vals) = (std::mem::take(&mut f.idx), std::mem::take(&mut f.vals));
+            comms.submit(
+                if sum_to_device && pipe.compressor().combine() == Combine::Mean {
+                    Op::SparseKept(idx, vals, bucket.len())
+                } else {
+                    Op::Sparse(idx, vals, std::mem::take(&mut f.buf))
+                },
+            );
             Stage::SparseSum
         }
         Aggregation::Gather => {
