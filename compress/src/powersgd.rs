@@ -347,6 +347,12 @@ impl PowerSgd {
         self.rank()
     }
 
+    /// How many segments the plans cover (the tensor shapes told, or the segments of the
+    /// last buffer begun).
+    pub fn plan_count(&self) -> usize {
+        self.plans.len()
+    }
+
     /// `Q` of low-rank segment `s` (`c × r`, row-major) for the buffer of `ctx`, drawn or
     /// warm-started and orthogonalized, as the host's `P = M·Q` uses it.
     pub fn q_for(&mut self, s: usize, c: usize, ctx: &Ctx<'_>) -> &[f32] {

@@ -48,6 +48,43 @@ pub trait DeviceCodec: Send {
     /// [`Compressor::set_segment_shapes`]): PowerSGD's matrices. Ignored by default.
     fn set_segment_shapes(&mut self, _shapes: &[Vec<usize>]) {}
 
+    /// The number of ranks exchanging (the host's [`Compressor::set_world_size`]: PowerSGD's
+    /// mean of the `Q`s). Ignored by default.
+    fn set_world_size(&mut self, _world: usize) {}
+
+    /// Summed-agreement methods (the host's [`Compressor::summed_agreement`]: PowerSGD's
+    /// `P`): this rank's message for the compensated bucket `p`, written into `out`
+    /// (cleared). The protocol is the host's: the messages are all-reduced, every rank
+    /// installs the sum ([`DeviceCodec::install_sum`]), then [`DeviceCodec::encode`]s `p`
+    /// under it. Default: an error (the method has no agreement).
+    fn sum_message(
+        &mut self,
+        _gpu: &Gpu,
+        _p: &GpuBuffer,
+        _ctx: &Ctx<'_>,
+        _out: &mut Vec<f32>,
+    ) -> Result<(), DeviceError> {
+        Err(CompressError::Agreement(format!("method {} has no summed agreement", self.method().0)).into())
+    }
+
+    /// Installs the summed messages for a bucket of `n` elements (the host's
+    /// [`Compressor::install_sum`], its checks and errors). Default: an error.
+    fn install_sum(&mut self, _summed: &[f32], _n: usize, _ctx: &Ctx<'_>) -> Result<(), DeviceError> {
+        Err(CompressError::Agreement(format!("method {} has no summed agreement", self.method().0)).into())
+    }
+
+    /// The step's aggregate, `summed` (the payload with its lanes summed over the ranks), as
+    /// the host's [`Compressor::absorb_aggregate`] takes it (PowerSGD's warm start). A no-op
+    /// by default.
+    fn absorb_aggregate(&mut self, _summed: &[u8], _ctx: &Ctx<'_>) {}
+
+    /// The codec's own state in the host codec's `export_state` format, where it keeps one
+    /// that the host codec does not (PowerSGD's warm-started `Q`, which moves as this codec
+    /// encodes); `None` (the default): the host codec's state is the state.
+    fn export_state(&self) -> Option<BTreeMap<String, f64>> {
+        None
+    }
+
     /// Encodes `grad` into `out` (cleared first): the bytes the host codec writes for the
     /// same values, context (`ctx.segments`: the layer boundaries, empty for one segment;
     /// `ctx.step` for a schedule) and encoder `rng` (drawn from as the host codec draws;

@@ -1,5 +1,7 @@
 //! A device codec and its memory composed as the trainer uses them: the device half of
-//! `dtrain_compress::Pipeline` for the one-phase methods.
+//! `dtrain_compress::Pipeline` for the one-phase methods and the summed agreements
+//! (PowerSGD: `sum_message`, `encode_agreed`, `absorb_aggregate`, the host pipeline's
+//! protocol with the compensated bucket and the mean on the device).
 //!
 //! `compress`: `p = compensate(g)`, `payload = C(p)`, then the memory learns what was sent —
 //! the payload decoded on the device into zeros, `t`, and `e ← p − t` — as the host
@@ -59,6 +61,9 @@ pub struct DevicePipeline {
     /// `p` and `t` of the last bucket, reused while its length stays.
     compensated: Option<GpuBuffer>,
     transmitted: Option<GpuBuffer>,
+    /// The compensated bucket of a summed agreement in progress (from
+    /// [`DevicePipeline::sum_message`] to [`DevicePipeline::absorb_aggregate`]).
+    agreed: Option<GpuBuffer>,
 }
 
 impl DevicePipeline {
@@ -82,7 +87,23 @@ impl DevicePipeline {
             memory,
             compensated: None,
             transmitted: None,
+            agreed: None,
         })
+    }
+
+    /// The shapes of the bucket's tensors, one per segment ([`DeviceCodec::set_segment_shapes`]).
+    pub fn set_segment_shapes(&mut self, shapes: &[Vec<usize>]) {
+        self.codec.set_segment_shapes(shapes);
+    }
+
+    /// The number of ranks exchanging ([`DeviceCodec::set_world_size`]).
+    pub fn set_world_size(&mut self, world: usize) {
+        self.codec.set_world_size(world);
+    }
+
+    /// The codec's own state, where it keeps one ([`DeviceCodec::export_state`]).
+    pub fn export_state(&self) -> Option<BTreeMap<String, f64>> {
+        self.codec.export_state()
     }
 
     /// The codec's moving knob after the last encode ([`DeviceCodec::ratio_metric`]).
@@ -150,6 +171,71 @@ impl DevicePipeline {
 }
 
 impl DevicePipeline {
+    /// Summed agreement, step 1 (the host pipeline's `compensate` and `sum_message`): the
+    /// gradient `grad` of bucket `ctx.bucket` compensated by the memory (kept until the
+    /// aggregate comes back), and this rank's message for it written into `out`.
+    pub fn sum_message(
+        &mut self,
+        gpu: &Gpu,
+        grad: &GpuBuffer,
+        ctx: &Ctx<'_>,
+        out: &mut Vec<f32>,
+    ) -> Result<(), DeviceError> {
+        let p = match &mut self.memory {
+            Some(memory) => {
+                let p = gpu.empty(grad.len());
+                memory.compensate(gpu, ctx.bucket, grad, &p)?;
+                p
+            }
+            None => grad.clone(),
+        };
+        self.codec.sum_message(gpu, &p, ctx, out)?;
+        self.agreed = Some(p);
+        Ok(())
+    }
+
+    /// Summed agreement, steps 3 and 4 (the host's `install_sum` and
+    /// `compress_compensated`): the summed messages installed, the compensated bucket
+    /// encoded under them into `out`. The memory waits for the aggregate.
+    pub fn encode_agreed(
+        &mut self,
+        gpu: &Gpu,
+        summed: &[f32],
+        ctx: &Ctx<'_>,
+        rng: &mut Rng,
+        out: &mut Payload,
+    ) -> Result<(), DeviceError> {
+        let p = self.agreed.clone().ok_or_else(|| {
+            DeviceError::Compress(dtrain_compress::CompressError::Agreement(
+                "an agreement installed before its message was made".into(),
+            ))
+        })?;
+        self.codec.install_sum(summed, p.len(), ctx)?;
+        self.codec.encode(gpu, &p, ctx, rng, out)
+    }
+
+    /// Summed agreement, the end (the host's `absorb_aggregate`): `summed`, the payload
+    /// with its lanes summed over the ranks, decoded on the device into `mean` (times
+    /// `inv`), which the codec (its warm start) and the memory (`e = p − mean`) learn from.
+    /// On a malformed `summed` the error is the host decoder's.
+    pub fn absorb_aggregate(
+        &mut self,
+        gpu: &Gpu,
+        summed: &[u8],
+        inv: f32,
+        ctx: &Ctx<'_>,
+        mean: &GpuBuffer,
+    ) -> Result<(), DeviceError> {
+        self.decode_mean(gpu, &[summed], inv, mean)
+            .map_err(|(_, e)| e)?;
+        self.codec.absorb_aggregate(summed, ctx);
+        let p = self.agreed.take();
+        if let (Some(memory), Some(p)) = (&mut self.memory, p) {
+            memory.update(gpu, ctx.bucket, &p, mean, ctx.segments)?;
+        }
+        Ok(())
+    }
+
     /// The mean of `payloads` (every worker's, in rank order) written into `out`: decoded
     /// and summed on the device, times `inv` (`1/P`), then the method's combination (the
     /// majority vote's sign). On a malformed payload the error carries its index and `out`

@@ -15,8 +15,10 @@
 //!
 //! Alone (`dtrain bench compress --device`, a single process), `P̂` comes from the worker's
 //! own `M`, as on the host. In a multi-rank exchange `P` is all-reduced between the two
-//! products; that exchange is the host's for now (the trainer keeps PowerSGD's buckets on
-//! the host and says so).
+//! products: [`DeviceCodec::sum_message`] computes it, [`DeviceCodec::install_sum`] takes the
+//! sum (the host codec's checks and Gram–Schmidt), and the encode then only computes `Q_w`;
+//! [`DeviceCodec::absorb_aggregate`] warm-starts the next step from the summed `Q`s. The
+//! codec's host `PowerSgd` holds `Q`, so [`DeviceCodec::export_state`] is its state.
 //!
 //! Decoding reads each segment with the host codec's reader (`read_segment`: its checks
 //! and errors), uploads `P̂` and `Q` (or the dense values) and adds on the device.
@@ -138,6 +140,64 @@ struct Part {
     shape: Option<(usize, usize)>,
 }
 
+impl PowerSgdCodec {
+    /// The bucket's segments as the encoder sees them (`segs`, tiling the bucket), with
+    /// the matrices of those sent low-rank at the step begun; an error where a segment does
+    /// not hold its tensor's elements.
+    fn parts(&self, segs: &[std::ops::Range<usize>]) -> Result<Vec<Part>, DeviceError> {
+        segs.iter()
+            .enumerate()
+            .map(|(s, seg)| {
+                let shape = self.host.low_rank_shape(s);
+                match shape {
+                    Some((m, c)) if m * c != seg.len() => Err(DeviceError::Length {
+                        what: "powersgd: a segment against its tensor's shape",
+                        expected: m * c,
+                        found: seg.len(),
+                    }),
+                    _ => Ok(Part {
+                        start: seg.start,
+                        len: seg.len(),
+                        shape,
+                    }),
+                }
+            })
+            .collect()
+    }
+
+    /// `P = M·Q` of every low-rank segment of `grad`, in order (`Σ m·r` values), computed
+    /// on the device and read back once.
+    fn p_of(&mut self, gpu: &Gpu, grad: &GpuBuffer, parts: &[Part], ctx: &Ctx<'_>) -> Result<Vec<f32>, DeviceError> {
+        let r = self.host.rank_r();
+        let total: usize = parts.iter().filter_map(|p| p.shape).map(|(m, _)| m * r).sum();
+        if total == 0 {
+            return Ok(Vec::new());
+        }
+        let p = gpu.empty(total);
+        let mut at = 0;
+        for (s, part) in parts.iter().enumerate() {
+            let Some((m, c)) = part.shape else { continue };
+            let q = gpu.upload(self.host.q_for(s, c, ctx));
+            let (count, dim) = geometry(m * r);
+            mat_mul::launch(
+                gpu.client(),
+                count,
+                dim,
+                grad.arg(),
+                part.start as u32,
+                c as u32,
+                q.arg(),
+                r as u32,
+                p.arg(),
+                at as u32,
+                (m * r) as u32,
+            );
+            at += m * r;
+        }
+        gpu.download(&p)
+    }
+}
+
 impl DeviceCodec for PowerSgdCodec {
     fn method(&self) -> MethodId {
         PowerSgdConfig::ID
@@ -145,6 +205,55 @@ impl DeviceCodec for PowerSgdCodec {
 
     fn set_segment_shapes(&mut self, shapes: &[Vec<usize>]) {
         self.host.set_segment_shapes(shapes);
+    }
+
+    fn set_world_size(&mut self, world: usize) {
+        self.host.set_world_size(world);
+    }
+
+    fn sum_message(
+        &mut self,
+        gpu: &Gpu,
+        p: &GpuBuffer,
+        ctx: &Ctx<'_>,
+        out: &mut Vec<f32>,
+    ) -> Result<(), DeviceError> {
+        // The host's check: as many segments as tensor shapes.
+        let n_segs = ctx.segments.len().max(1);
+        if n_segs != self.host.plan_count() {
+            return Err(CompressError::Agreement(format!(
+                "powersgd: {n_segs} segments, {} tensor shapes",
+                self.host.plan_count()
+            ))
+            .into());
+        }
+        let segs = dtrain_compress::compressor::effective_segments(p.len(), ctx.segments)?;
+        // Begun as the encode begins: the plans fixed, whether the step compresses.
+        self.host.begin_plans(ctx);
+        let parts = self.parts(&segs)?;
+        *out = self.p_of(gpu, p, &parts, ctx)?;
+        Ok(())
+    }
+
+    fn install_sum(&mut self, summed: &[f32], n: usize, ctx: &Ctx<'_>) -> Result<(), DeviceError> {
+        Ok(self.host.install_sum(summed, n, ctx)?)
+    }
+
+    fn absorb_aggregate(&mut self, summed: &[u8], ctx: &Ctx<'_>) {
+        self.host.absorb_aggregate(summed, ctx);
+    }
+
+    fn export_state(&self) -> Option<std::collections::BTreeMap<String, f64>> {
+        Some(self.host.export_state())
+    }
+
+    fn import_state(
+        &mut self,
+        state: &std::collections::BTreeMap<String, f64>,
+    ) -> Result<(), DeviceError> {
+        self.host
+            .import_state(state)
+            .map_err(|e| CompressError::Agreement(format!("restoring powersgd's Q: {e}")).into())
     }
 
     fn encode(
@@ -165,26 +274,7 @@ impl DeviceCodec for PowerSgdCodec {
         }
         let needs_p = self.host.begin_plans(ctx);
         let r = self.host.rank_r();
-        // Per segment: its start, its length and, sent low-rank, its matrix `(m, c)`.
-        let parts = segs
-            .iter()
-            .enumerate()
-            .map(|(s, seg)| {
-                let shape = self.host.low_rank_shape(s);
-                match shape {
-                    Some((m, c)) if m * c != seg.len() => Err(DeviceError::Length {
-                        what: "powersgd: a segment against its tensor's shape",
-                        expected: m * c,
-                        found: seg.len(),
-                    }),
-                    _ => Ok(Part {
-                        start: seg.start,
-                        len: seg.len(),
-                        shape,
-                    }),
-                }
-            })
-            .collect::<Result<Vec<Part>, _>>()?;
+        let parts = self.parts(&segs)?;
         // The low-rank segments: (segment, start, m, c).
         let low_rank: Vec<(usize, usize, usize, usize)> = parts
             .iter()
@@ -192,29 +282,8 @@ impl DeviceCodec for PowerSgdCodec {
             .filter_map(|(s, p)| p.shape.map(|(m, c)| (s, p.start, m, c)))
             .collect();
         if needs_p {
-            // P of every low-rank segment, in order, in one buffer read back once.
-            let total: usize = low_rank.iter().map(|&(_, _, m, _)| m * r).sum();
-            let p = gpu.empty(total);
-            let mut at = 0;
-            for &(s, start, m, c) in &low_rank {
-                let q = gpu.upload(self.host.q_for(s, c, ctx));
-                let (count, dim) = geometry(m * r);
-                mat_mul::launch(
-                    gpu.client(),
-                    count,
-                    dim,
-                    grad.arg(),
-                    start as u32,
-                    c as u32,
-                    q.arg(),
-                    r as u32,
-                    p.arg(),
-                    at as u32,
-                    (m * r) as u32,
-                );
-                at += m * r;
-            }
-            let p = gpu.download(&p)?;
+            // Alone: P̂ from this worker's own M.
+            let p = self.p_of(gpu, grad, &parts, ctx)?;
             self.host.install_p(&p, ctx);
         }
         // Q_w of every low-rank segment from the installed P̂, in one buffer read back once.

@@ -28,9 +28,12 @@
 //! up), the host's averages of the other buckets are uploaded into theirs, and the
 //! optimizer steps on that buffer as a burn tensor (`crate::optim_device`).
 //!
-//! Which buckets: those whose route compresses them with the method's plain one-phase
-//! encode (the all-gather and the sparse all-reduce). The compressed all-reduce's range
-//! payloads, two-phase methods and summed agreements stay on the host, and say so.
+//! Which buckets: those whose route compresses them whole (the all-gather and the sparse
+//! all-reduce, and a summable method's summed lanes), with the method's one-phase encode or
+//! a summed agreement (PowerSGD: `P = M·Q` on the device, all-reduced, installed, `Q_w`
+//! encoded on the device, and the summed payload decoded there into the mean its memory
+//! and warm start learn from). The compressed all-reduce's range payloads stay on the host,
+//! and say so.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -97,7 +100,7 @@ mod imp {
             rng: &mut Rng,
             out: &mut Payload,
         ) -> Result<(), String> {
-            let grad = self.gpu.upload(input);
+            let grad = self.bucket_buffer(input, None);
             self.compress_buffer(host, &grad, ctx, rng, out)
         }
 
@@ -112,8 +115,110 @@ mod imp {
             rng: &mut Rng,
             out: &mut Payload,
         ) -> Result<(), String> {
-            let part = self.gpu.copy_range(&grad.buf, range.start, range.len());
+            let part = self.bucket_buffer(&[], Some((grad, range)));
             self.compress_buffer(host, &part, ctx, rng, out)
+        }
+
+        /// The bucket's gradient on this device: `range` of the device gradient `from`
+        /// (copied there), or `input` uploaded.
+        fn bucket_buffer(
+            &self,
+            input: &[f32],
+            from: Option<(&DeviceGradient, Range<usize>)>,
+        ) -> GpuBuffer {
+            match from {
+                Some((g, r)) => self.gpu.copy_range(&g.buf, r.start, r.len()),
+                None => self.gpu.upload(input),
+            }
+        }
+
+        /// The shapes of the bucket's tensors and the host codec's state (PowerSGD's `Q`),
+        /// told once where the bucket is placed or restored.
+        pub(crate) fn adopt_plan(
+            &mut self,
+            shapes: &[Vec<usize>],
+            host: &dyn Compressor,
+        ) -> Result<(), String> {
+            self.pipe.set_segment_shapes(shapes);
+            self.pipe
+                .import_state(&host.export_state())
+                .map_err(|e| e.to_string())
+        }
+
+        /// Takes the host codec's state (a restored checkpoint's).
+        pub(crate) fn import_state(&mut self, host: &dyn Compressor) -> Result<(), String> {
+            self.pipe
+                .import_state(&host.export_state())
+                .map_err(|e| e.to_string())
+        }
+
+        /// The codec's own state where it keeps one (PowerSGD's `Q`), for a checkpoint.
+        pub(crate) fn export_state(&self) -> Option<BTreeMap<String, f64>> {
+            self.pipe.export_state()
+        }
+
+        /// A summed agreement's first step on the device (PowerSGD's `P = M·Q`): the
+        /// bucket's gradient (`input` uploaded, or `from` the device gradient) compensated
+        /// there and this rank's message for it written into `out`, for `world` ranks.
+        pub(crate) fn sum_message(
+            &mut self,
+            input: &[f32],
+            from: Option<(&DeviceGradient, Range<usize>)>,
+            world: usize,
+            ctx: &Ctx<'_>,
+            out: &mut Vec<f32>,
+        ) -> Result<(), String> {
+            let grad = self.bucket_buffer(input, from);
+            self.pipe.set_world_size(world);
+            self.pipe
+                .sum_message(&self.gpu, &grad, ctx, out)
+                .map_err(|e| e.to_string())
+        }
+
+        /// The summed messages installed and the compensated bucket encoded under them
+        /// into `out` (PowerSGD's `Q_w = Mᵀ·P̂` on the device).
+        pub(crate) fn encode_agreed(
+            &mut self,
+            summed: &[f32],
+            ctx: &Ctx<'_>,
+            rng: &mut Rng,
+            out: &mut Payload,
+        ) -> Result<(), String> {
+            self.pipe
+                .encode_agreed(&self.gpu, summed, ctx, rng, out)
+                .map_err(|e| e.to_string())
+        }
+
+        /// The step's aggregate (`summed`, the payload with its lanes summed over the
+        /// ranks) decoded into the mean on the device, which the codec and the memory learn
+        /// from; the mean is then written into `range` of `into` (the device gradient, with
+        /// the mean there) or returned (for the host).
+        pub(crate) fn absorb_aggregate(
+            &mut self,
+            summed: &[u8],
+            inv: f32,
+            ctx: &Ctx<'_>,
+            n: usize,
+            into: Option<(&DeviceGradient, Range<usize>)>,
+        ) -> Result<Option<Vec<f32>>, DecodeFailure> {
+            let buf = self.mean_buffer(n);
+            self.pipe
+                .absorb_aggregate(&self.gpu, summed, inv, ctx, &buf)
+                .map_err(|e| match e {
+                    DeviceError::Wire(w) => DecodeFailure::Wire(ctx.rank as usize, w),
+                    other => DecodeFailure::Device(other.to_string()),
+                })?;
+            match into {
+                Some((g, r)) => {
+                    self.gpu.copy_into(&buf, &g.buf, r.start);
+                    Ok(None)
+                }
+                None => self
+                    .gpu
+                    .download(&buf)
+                    .map(Some)
+                    .map_err(|e| DecodeFailure::Device(e.to_string())),
+            }
         }
 
         /// Compresses `grad`, a buffer on this device, with the host codec's state.
@@ -442,6 +547,46 @@ impl OnDevice {
     pub(crate) fn import_memory(&mut self, _: &BTreeMap<u64, Vec<f32>>) {
         match *self {}
     }
+
+    pub(crate) fn import_state(&mut self, _: &dyn Compressor) -> Result<(), String> {
+        match *self {}
+    }
+
+    pub(crate) fn export_state(&self) -> Option<BTreeMap<String, f64>> {
+        match *self {}
+    }
+
+    pub(crate) fn sum_message(
+        &mut self,
+        _: &[f32],
+        _: Option<(&DeviceGradient, Range<usize>)>,
+        _: usize,
+        _: &Ctx<'_>,
+        _: &mut Vec<f32>,
+    ) -> Result<(), String> {
+        match *self {}
+    }
+
+    pub(crate) fn encode_agreed(
+        &mut self,
+        _: &[f32],
+        _: &Ctx<'_>,
+        _: &mut Rng,
+        _: &mut Payload,
+    ) -> Result<(), String> {
+        match *self {}
+    }
+
+    pub(crate) fn absorb_aggregate(
+        &mut self,
+        _: &[u8],
+        _: f32,
+        _: &Ctx<'_>,
+        _: usize,
+        _: Option<(&DeviceGradient, Range<usize>)>,
+    ) -> Result<Option<Vec<f32>>, DecodeFailure> {
+        match *self {}
+    }
 }
 
 /// Where a run's compressed buckets were encoded (`summary.json`'s `codec_device`, and a line
@@ -575,27 +720,13 @@ impl Exchanger {
                 why.push(r.to_string());
                 continue;
             }
-            // At a step where every method compresses (past any start step).
-            let ctx = Ctx {
-                step: u64::MAX,
-                bucket: s.bucket.id,
-                segments: &s.bucket.segments,
-                ..Ctx::default()
-            };
-            if pipe.summed_agreement(&ctx).is_some() {
-                why.push(
-                    "a summed agreement (PowerSGD's P) is all-reduced between the two \
-                     products, and that exchange runs on the host (its device form is not \
-                     written yet)"
-                        .into(),
-                );
-                continue;
-            }
-            match OnDevice::new(gpu, &self.method_cfg, &self.memory) {
-                Ok(mut d) => {
-                    d.import_memory(&pipe.export_memory());
-                    s.device = Some(d);
-                }
+            let placed = OnDevice::new(gpu, &self.method_cfg, &self.memory).and_then(|mut d| {
+                d.adopt_plan(&s.shapes, pipe.compressor())?;
+                d.import_memory(&pipe.export_memory());
+                Ok(d)
+            });
+            match placed {
+                Ok(d) => s.device = Some(d),
                 Err(e) => why.push(e),
             }
         }

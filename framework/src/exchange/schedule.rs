@@ -121,6 +121,9 @@ pub(super) struct Flight {
     /// Payloads decoded in place as the mean (gathered, or a summable method's summed
     /// lanes): the elements their decodes added to.
     pub(super) touched: Touched,
+    /// Whether this bucket's summed agreement runs on its device (PowerSGD's products
+    /// there): its aggregate is then decoded and learnt from there too.
+    pub(super) agreed_on_device: bool,
 }
 
 /// RNG stream bit of the compressed all-reduce's owner side (the workers' streams use the
@@ -350,6 +353,7 @@ impl Job<'_> {
         // A sparse all-reduce's sum of a bucket whose average is made on the device stays
         // sparse: its entries go up, not the dense bucket.
         let sum_to_device = from_device.is_some() && self.mean_on_device;
+        let world = self.world;
         let Slot {
             bucket,
             pipe,
@@ -408,9 +412,19 @@ impl Job<'_> {
                 // A summed agreement (PowerSGD's P): every rank's message, all-reduced. Its
                 // size is not added to the payload bytes: the payload carries the agreed
                 // factor again (it is self-contained), and that copy is what is counted.
-                pipe.compensate(input, &ctx);
                 f.lane.clear();
-                pipe.sum_message(&ctx, &mut f.lane).map_err(compress_err)?;
+                f.agreed_on_device = device.is_some();
+                match device.as_mut() {
+                    Some(d) => {
+                        let from = from_device.zip(range.clone());
+                        d.sum_message(input, from, world, &ctx, &mut f.lane)
+                            .map_err(|reason| ExchangeError::Device { bucket: id, reason })?;
+                    }
+                    None => {
+                        pipe.compensate(input, &ctx);
+                        pipe.sum_message(&ctx, &mut f.lane).map_err(compress_err)?;
+                    }
+                }
                 comms.submit(sum_in(
                     pipe.compressor().lane_format(),
                     std::mem::take(&mut f.lane),
@@ -493,6 +507,7 @@ impl Job<'_> {
             bucket,
             pipe,
             route,
+            device,
             ..
         } = &mut self.slots[i];
         let Route::Compressed(gather) = *route else {
@@ -520,14 +535,22 @@ impl Job<'_> {
                 pipe.install_broadcast(&msg, &ctx).map_err(compress_err)?;
                 f.msg = msg;
             }
+            Reply::Sum(summed) if f.agreed_on_device => {
+                let d = device.as_mut().expect("agreed on the bucket's device");
+                d.encode_agreed(&summed, &ctx, &mut rng, &mut f.payload)
+                    .map_err(|reason| ExchangeError::Device { bucket: id, reason })?;
+                f.lane = summed;
+            }
             Reply::Sum(summed) => {
                 pipe.install_sum(&summed, &ctx).map_err(compress_err)?;
                 f.lane = summed;
             }
             _ => unreachable!("matched above"),
         }
-        pipe.compress_compensated(&ctx, &mut rng, &mut f.payload)
-            .map_err(compress_err)?;
+        if !f.agreed_on_device {
+            pipe.compress_compensated(&ctx, &mut rng, &mut f.payload)
+                .map_err(compress_err)?;
+        }
         let stage = submit_payload(pipe, bucket, self.rank, gather, false, &mut f, comms, st)?;
         st.compress_s += t0.elapsed().as_secs_f64() - (comms.blocked - b0);
         Ok((f, stage))
@@ -569,6 +592,44 @@ impl Job<'_> {
             .as_ref()
             .map_or(Combine::Mean, |p| p.compressor().combine());
         let absorbs = pipe.as_ref().is_some_and(|p| p.absorbs_aggregate(&ctx));
+        // A summed agreement made on the device (PowerSGD): the summed lanes written into
+        // this rank's payload, decoded there into the mean, which the codec's warm start and
+        // the memory learn from; the mean goes into the device gradient (with the mean
+        // there) or to the host.
+        if std::mem::take(&mut f.agreed_on_device) {
+            let (Stage::Lanes, Reply::Sum(v), Some(p), Some(d)) =
+                (&stage, reply, pipe.as_deref(), device.as_mut())
+            else {
+                unreachable!("a device agreement ends with its summed lanes")
+            };
+            let fmt = p.compressor().lane_format();
+            let bytes = f.payload.bytes_mut();
+            let mut vals = v.iter().copied();
+            for l in &f.lanes {
+                fmt.write(&mut vals, &mut bytes[l.clone()]);
+            }
+            f.lane = v;
+            let into = self
+                .on_device
+                .filter(|_| self.mean_on_device)
+                .zip(range.clone());
+            let decoded = into.is_some();
+            let mean = d
+                .absorb_aggregate(f.payload.as_bytes(), self.inv, &ctx, bucket.len(), into)
+                .map_err(|e| match e {
+                    DecodeFailure::Wire(r, w) => decode_err_of(id, r, w),
+                    DecodeFailure::Device(reason) => ExchangeError::Device { bucket: id, reason },
+                })?;
+            if decoded {
+                self.decoded_on_device[i] = true;
+            } else if let Some(mean) = mean {
+                let bad = bucket::scatter(bucket, &mean, 1.0, grad);
+                st.non_finite = Some(st.non_finite.unwrap_or(false) | bad);
+            }
+            self.spare.push(f);
+            st.decompress_s += t0.elapsed().as_secs_f64();
+            return Ok(());
+        }
         // The average of a bucket encoded from the device gradient, decoded into it on the
         // device (`Exchanger::exchange_device` with the mean there): nothing to the host.
         let into = self.on_device.filter(|_| self.mean_on_device && !absorbs);

@@ -226,7 +226,12 @@ impl Exchanger {
         let mut compressors = BTreeMap::new();
         for s in &self.slots {
             if let Some(p) = &s.pipe {
-                let c = p.compressor().export_state();
+                // A device codec that keeps its own state (PowerSGD's Q) holds the newest.
+                let c = s
+                    .device
+                    .as_ref()
+                    .and_then(|d| d.export_state())
+                    .unwrap_or_else(|| p.compressor().export_state());
                 if !c.is_empty() {
                     compressors.insert(s.bucket.id, c);
                 }
@@ -405,6 +410,13 @@ impl Exchanger {
                 return Err(format!("compressor state of bucket {id}: {e}"));
             }
             done.push((i, old));
+        }
+        // The device codecs take the restored state too (PowerSGD's Q).
+        for s in &mut self.slots {
+            if let (Some(d), Some(p)) = (&mut s.device, &s.pipe) {
+                d.import_state(p.compressor())
+                    .map_err(|e| format!("compressor state of bucket {}: {e}", s.bucket.id))?;
+            }
         }
         self.import_memory(state.memory);
         self.lossy_residual.import(state.lossy_residual);
