@@ -134,18 +134,20 @@ mod common;
 #[test]
 fn a_run_on_wgpu_keeps_its_gradient_on_the_device_and_trains_as_on_the_cpu() {
     let device = format!("cluster.device=\"{}\"", adapter());
-    for method in ["compress.kind=topk", "compress.kind=dgc"] {
+    let sparse = ["compress.ratio=0.1", "compress.collective=\"allgather\""];
+    for (method, knobs) in [
+        ("compress.kind=topk", &sparse[..]),
+        ("compress.kind=dgc", &sparse[..]),
+        // Its agreement on the device (P, Q_w, the summed payload's decode, the residual).
+        ("compress.kind=powersgd", &["compress.rank=2"][..]),
+    ] {
         for accumulate in ["train.accumulate=1", "train.accumulate=2"] {
-            let sets = [
-                method,
-                "compress.ratio=0.1",
-                "compress.collective=\"allgather\"",
-                accumulate,
-                "train.max_steps=8",
-            ];
+            let mut sets = vec![method];
+            sets.extend(knobs);
+            sets.extend([accumulate, "train.max_steps=8"]);
             let what = format!("{method}, {accumulate}");
             let cpu = common::run(2, &sets, None, false);
-            let mut on = sets.to_vec();
+            let mut on = sets.clone();
             on.extend([device.as_str(), "compress.device=\"auto\""]);
             let gpu = common::run(2, &on, None, false);
             assert!(
