@@ -125,6 +125,25 @@ fn a_buffer_of_another_device_is_refused() {
 
 mod common;
 
+/// Every step's loss and the final parameters of the run on the device within rounding of
+/// the CPU run's (the two backends sum in other orders).
+fn assert_trains_alike(gpu: &common::Run, cpu: &common::Run, what: &str) {
+    assert_eq!(gpu.losses.len(), cpu.losses.len(), "{what}");
+    for (s, (a, b)) in gpu.losses.iter().zip(&cpu.losses).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+            "{what}: step {s}: loss {a} on the device, {b} on the CPU"
+        );
+    }
+    let scale = cpu.params.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (i, (a, b)) in gpu.params.iter().zip(&cpu.params).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * scale,
+            "{what}: parameter {i}: {a} on the device, {b} on the CPU"
+        );
+    }
+}
+
 /// A run on wgpu whose codecs are on the same device keeps its gradient there: the trainer
 /// hands the flat gradient to the exchange (`Exchanger::exchange_device`), each device
 /// bucket is encoded from its range, and only the host's buckets are read back. The run
@@ -157,21 +176,41 @@ fn a_run_on_wgpu_keeps_its_gradient_on_the_device_and_trains_as_on_the_cpu() {
                 "{what}: {:?}",
                 gpu.messages
             );
-            assert_eq!(gpu.losses.len(), cpu.losses.len(), "{what}");
-            for (s, (a, b)) in gpu.losses.iter().zip(&cpu.losses).enumerate() {
-                assert!(
-                    (a - b).abs() <= 1e-5 * b.abs().max(1.0),
-                    "{what}: step {s}: loss {a} on the device, {b} on the CPU"
-                );
-            }
-            let scale = cpu.params.iter().fold(0f32, |m, v| m.max(v.abs()));
-            for (i, (a, b)) in gpu.params.iter().zip(&cpu.params).enumerate() {
-                assert!(
-                    (a - b).abs() <= 1e-5 * scale,
-                    "{what}: parameter {i}: {a} on the device, {b} on the CPU"
-                );
-            }
+            assert_trains_alike(&gpu, &cpu, &what);
         }
+    }
+}
+
+/// A periodic synchronisation on wgpu: its local steps apply the gradient where it lies
+/// (nothing crosses between the rounds), the rounds average the parameter change, and the
+/// run trains as on the CPU — local SGD, and DiLoCo with its outer Nesterov momentum.
+#[test]
+fn local_steps_on_wgpu_keep_the_gradient_on_the_device_and_train_as_on_the_cpu() {
+    let device = format!("cluster.device=\"{}\"", adapter());
+    for sync in [
+        &["sync.kind=\"local-sgd\"", "sync.period=3"][..],
+        &[
+            "sync.kind=\"diloco\"",
+            "sync.period=3",
+            "sync.outer_lr=0.7",
+            "sync.outer_momentum=0.9",
+        ][..],
+    ] {
+        let mut sets = sync.to_vec();
+        sets.push("train.max_steps=9");
+        let what = sync[0];
+        let cpu = common::run(2, &sets, None, false);
+        let mut on = sets.clone();
+        on.push(device.as_str());
+        let gpu = common::run(2, &on, None, false);
+        assert!(
+            gpu.messages
+                .iter()
+                .any(|m| m.contains("the local steps keep the gradient on the device")),
+            "{what}: {:?}",
+            gpu.messages
+        );
+        assert_trains_alike(&gpu, &cpu, what);
     }
 }
 

@@ -125,9 +125,10 @@ pub(crate) trait GradientSync<T: Transport> {
         record: &mut StepRecord,
     ) -> Result<Update, SyncError>;
 
-    /// Whether [`GradientSync::sync_device`] reads a gradient left on the device where it
-    /// lies (some bucket is encoded there), so that the trainer need not copy it to the
-    /// host. Default: no.
+    /// Whether [`GradientSync::sync_device`] takes a gradient left on the device where it
+    /// lies, so that the trainer (whose model is on a GPU) need not copy it to the host:
+    /// some bucket is encoded there, or the local steps of a periodic synchronisation apply
+    /// it there without reading it. Default: no.
     fn reads_device_gradient(&self) -> bool {
         false
     }
@@ -148,15 +149,17 @@ pub(crate) trait GradientSync<T: Transport> {
         lr: f64,
         record: &mut StepRecord,
     ) -> Result<Update, SyncError> {
-        let device_err = |reason| SyncError::Exchange(ExchangeError::Device { bucket: 0, reason });
-        on_device
-            .download_range(0..grads.len(), grads)
-            .map_err(device_err)?;
-        let update = self.sync(comm, model, grads, step, lr, record)?;
-        if mean_to_device {
-            on_device.write_range(0, grads).map_err(device_err)?;
-        }
-        Ok(update)
+        sync_through_host(
+            self,
+            comm,
+            model,
+            grads,
+            on_device,
+            mean_to_device,
+            step,
+            lr,
+            record,
+        )
     }
 
     /// Called once the update of `step` is applied to `model`: a [`Periodic`]
@@ -238,6 +241,32 @@ pub(crate) trait GradientSync<T: Transport> {
     /// `memory_keys` are given. Refuses a state that does not fit this run.
     fn restore(&mut self, ck: &Checkpoint, memory_keys: &[u64], step: u64)
         -> Result<(), SyncError>;
+}
+
+/// [`GradientSync::sync_device`] of a synchronisation that works on the host: the gradient
+/// `on_device` copied into `grads`, [`GradientSync::sync`], and, with `mean_to_device`, the
+/// update copied up into `on_device`'s buffer.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sync_through_host<T: Transport, S: GradientSync<T> + ?Sized>(
+    sync: &mut S,
+    comm: &mut Communicator<T>,
+    model: &dyn Model,
+    grads: &mut [f32],
+    on_device: &DeviceGradient,
+    mean_to_device: bool,
+    step: u64,
+    lr: f64,
+    record: &mut StepRecord,
+) -> Result<Update, SyncError> {
+    let device_err = |reason| SyncError::Exchange(ExchangeError::Device { bucket: 0, reason });
+    on_device
+        .download_range(0..grads.len(), grads)
+        .map_err(device_err)?;
+    let update = sync.sync(comm, model, grads, step, lr, record)?;
+    if mean_to_device {
+        on_device.write_range(0, grads).map_err(device_err)?;
+    }
+    Ok(update)
 }
 
 /// The average of the replicas' parameters, the same on every rank (one dense all-reduce):

@@ -45,6 +45,7 @@ use serde::{Deserialize, Serialize};
 use super::{average_params, Collectives, GradientSync, SyncError, Update};
 use crate::checkpoint::Checkpoint;
 use crate::config::SyncConfig;
+use crate::exchange::{DeviceGradient, ExchangeError};
 use dtrain_records::StepRecord;
 
 /// The checkpoint section of [`PeriodicState`].
@@ -201,6 +202,63 @@ impl<T: Transport> GradientSync<T> for Periodic {
         }
         self.identical = false;
         Ok(Update::Local)
+    }
+
+    /// A local step applies the gradient where it lies: nothing to read.
+    fn reads_device_gradient(&self) -> bool {
+        true
+    }
+
+    /// A local step: nothing crosses (the trainer applies the gradient on the device; with
+    /// `mean_to_device` off, for a clip on the host, it comes down). A step of the
+    /// every-step phase before `start`: the inner synchronisation's, on the device where
+    /// its buckets are, else through the host.
+    fn sync_device(
+        &mut self,
+        comm: &mut Communicator<T>,
+        model: &dyn Model,
+        grads: &mut [f32],
+        on_device: &DeviceGradient,
+        mean_to_device: bool,
+        step: u64,
+        lr: f64,
+        record: &mut StepRecord,
+    ) -> Result<Update, SyncError> {
+        if !self.local(step) {
+            let inner = &mut self.inner;
+            return if GradientSync::<T>::reads_device_gradient(inner) {
+                inner.sync_device(
+                    comm,
+                    model,
+                    grads,
+                    on_device,
+                    mean_to_device,
+                    step,
+                    lr,
+                    record,
+                )
+            } else {
+                super::sync_through_host(
+                    inner,
+                    comm,
+                    model,
+                    grads,
+                    on_device,
+                    mean_to_device,
+                    step,
+                    lr,
+                    record,
+                )
+            };
+        }
+        if !mean_to_device {
+            on_device
+                .download_range(0..grads.len(), grads)
+                .map_err(|reason| {
+                    SyncError::Exchange(ExchangeError::Device { bucket: 0, reason })
+                })?;
+        }
+        GradientSync::<T>::sync(self, comm, model, grads, step, lr, record)
     }
 
     fn after_update(

@@ -644,10 +644,30 @@ fn build_sync<T: Transport>(
             )
         }
     };
+    // A periodic synchronisation's local steps apply the gradient where it lies: on a GPU
+    // it never comes to the host between the rounds (`Periodic::sync_device`).
+    let periodic = matches!(
+        plan.config.sync,
+        SyncConfig::LocalSgd { .. } | SyncConfig::PostLocalSgd { .. } | SyncConfig::Diloco { .. }
+    ) && plan.compressed_optimizer.is_none();
+    if periodic
+        && cfg!(any(feature = "cuda", feature = "wgpu-train"))
+        && *model_device != dtrain_models::cpu_device()
+        && plan.local_clip().is_none()
+    {
+        notes.push(format!(
+            "sync.kind = {:?}: the local steps keep the gradient on the device (the optimizer \
+             steps there; nothing crosses until a round exchanges the parameter change)",
+            plan.config.sync.name()
+        ));
+    }
     let codec_device = codec_use.as_mut().map(|used| {
-        // Whether the trainer hands its gradient over (`Trainer::gradient_stays_on_device`).
+        // Whether the exchange reads the gradient where it lies
+        // (`Trainer::gradient_stays_on_device`): the every-step exchange's buckets (a
+        // periodic synchronisation's rounds exchange parameter changes, from the host).
         let shared = used.gradient_in_place;
-        used.gradient_in_place &= sync.reads_device_gradient() && plan.local_clip().is_none();
+        used.gradient_in_place &=
+            !periodic && sync.reads_device_gradient() && plan.local_clip().is_none();
         notes.push(used.to_string());
         if let (true, Some(_)) = (used.gradient_in_place, plan.clip_norm) {
             notes.push(
@@ -666,6 +686,9 @@ fn build_sync<T: Transport>(
                     && plan.compressed_optimizer.is_none()
                 {
                     "no bucket is encoded on the device from its own range of the gradient"
+                } else if periodic {
+                    "a round exchanges the parameter change from the host (the local steps \
+                     keep the gradient on the device)"
                 } else {
                     "this synchronisation exchanges on the host (only sync.kind = \"every-step\" \
                      with the plain optimizers hands the gradient over)"

@@ -316,11 +316,14 @@ impl<T: Transport> Trainer<T> {
     }
 
     /// Whether this step's gradient stays on the device as one flat tensor: the worker
-    /// trains on a GPU whose codecs read it where it lies (`compress.device = "auto"`, a
-    /// bucket encoded there: `GradientSync::reads_device_gradient`), and no rank-local
-    /// pass needs it whole on the host first (a clip of each worker's own gradient does).
+    /// trains on a GPU (its optimizer steps there), the synchronisation takes the gradient
+    /// where it lies (`GradientSync::reads_device_gradient`: codecs on that device,
+    /// `compress.device = "auto"`, or a periodic synchronisation's local steps), and no
+    /// rank-local pass needs it whole on the host first (a clip of each worker's own
+    /// gradient does).
     fn gradient_stays_on_device(&self) -> bool {
         cfg!(any(feature = "cuda", feature = "wgpu-train"))
+            && self.device_moments.is_some()
             && self.plan.local_clip().is_none()
             && self.sync.reads_device_gradient()
     }
