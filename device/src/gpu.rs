@@ -302,6 +302,16 @@ impl Gpu {
         Ok(())
     }
 
+    /// Multiplies `buf[start..start + len]` by `k` (one kernel): a bucket's sum made its mean
+    /// where it lies.
+    pub fn scale_range(&self, buf: &GpuBuffer, start: usize, len: usize, k: f32) {
+        assert!(start + len <= buf.len, "range {start}+{len} past {}", buf.len);
+        if len > 0 {
+            let (count, dim) = crate::words::geometry(len);
+            scale_range::launch(&self.client, count, dim, buf.arg(), start as u32, len as u32, k);
+        }
+    }
+
     /// `len` elements of `buf` from element `start`, copied to the host (one kernel and one
     /// read of just that range: what a bucket the host encodes needs of a gradient that
     /// stays on the device).
@@ -423,6 +433,16 @@ fn first_non_finite(x: &[f32], first_bad: &[Atomic<u32>]) {
         if (u32::reinterpret(x[i]) >> 23) & 0xFF == 0xFF {
             first_bad[0].fetch_min(i as u32);
         }
+        i += crate::words::grid_stride();
+    }
+}
+
+/// `x[start..start + len] *= k`.
+#[cube(launch)]
+fn scale_range(x: &mut [f32], start: u32, len: u32, k: f32) {
+    let mut i = ABSOLUTE_POS;
+    while i < len as usize {
+        x[start as usize + i] *= k;
         i += crate::words::grid_stride();
     }
 }

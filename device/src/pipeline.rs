@@ -15,7 +15,9 @@
 use std::collections::BTreeMap;
 
 use cubecl::prelude::*;
-use dtrain_compress::{Combine, CompressorConfig, Ctx, MemoryConfig, Payload, Rng};
+use std::ops::Range;
+
+use dtrain_compress::{chunk_segments, Combine, CompressorConfig, Ctx, MemoryConfig, Payload, Rng};
 
 use crate::codec::{device_codec, DeviceCodec};
 use crate::error::DeviceError;
@@ -64,6 +66,8 @@ pub struct DevicePipeline {
     /// The compensated bucket of a summed agreement in progress (from
     /// [`DevicePipeline::sum_message`] to [`DevicePipeline::absorb_aggregate`]).
     agreed: Option<GpuBuffer>,
+    /// Whether the codec keeps the error feedback itself (FFT's spectral residual).
+    adopted: bool,
 }
 
 impl DevicePipeline {
@@ -76,7 +80,8 @@ impl DevicePipeline {
         // Classic residual feedback is offered to the codec first, as the host pipeline
         // offers it (FFT keeps it as spectra).
         let classic = matches!(memory, MemoryConfig::Residual { beta, gamma } if *beta == 1.0 && *gamma == 1.0);
-        let memory = if classic && codec.adopt_error_feedback() {
+        let adopted = classic && codec.adopt_error_feedback();
+        let memory = if adopted {
             None
         } else {
             DeviceMemory::for_config(memory)?
@@ -88,7 +93,83 @@ impl DevicePipeline {
             compensated: None,
             transmitted: None,
             agreed: None,
+            adopted,
         })
+    }
+
+    /// Whether [`DevicePipeline::compress_chunks`] can encode a bucket range by range: its
+    /// error feedback, if any, is a memory over the bucket (a codec that keeps its own,
+    /// FFT's spectral residual, keeps it per bucket only).
+    pub fn encodes_ranges(&self) -> bool {
+        !self.adopted
+    }
+
+    /// Decodes `payload` and adds the values into `out`, as the host's `decompress_add`.
+    pub fn decode_add(&self, gpu: &Gpu, payload: &[u8], out: &GpuBuffer) -> Result<(), DeviceError> {
+        self.codec.decode_add(gpu, payload, out)
+    }
+
+    /// Compressed all-reduce, worker side (the host pipeline's `compress_chunks`): `grad`
+    /// compensated by the memory, each range of `chunks` (one per owner, in order, tiling
+    /// the bucket) encoded into its own payload of `out` with the layer boundaries inside
+    /// it, and the memory learning from their decodes put together. An error where the
+    /// chunks do not tile the bucket, or the codec keeps its own error feedback
+    /// ([`DevicePipeline::encodes_ranges`]).
+    pub fn compress_chunks(
+        &mut self,
+        gpu: &Gpu,
+        grad: &GpuBuffer,
+        ctx: &Ctx<'_>,
+        chunks: &[Range<usize>],
+        rng: &mut Rng,
+        out: &mut Vec<Payload>,
+    ) -> Result<(), DeviceError> {
+        let n = grad.len();
+        if chunks.first().map_or(n != 0, |c| c.start != 0)
+            || chunks.windows(2).any(|w| w[0].end != w[1].start)
+            || chunks.last().map_or(0, |c| c.end) != n
+        {
+            return Err(dtrain_compress::CompressError::Agreement(format!(
+                "the chunks {chunks:?} do not tile a buffer of {n} elements"
+            ))
+            .into());
+        }
+        if self.adopted {
+            return Err(DeviceError::NoMemory(
+                "a codec's own error feedback over a bucket's ranges".into(),
+            ));
+        }
+        let p = match &mut self.memory {
+            Some(memory) => {
+                let p = reuse(&mut self.compensated, gpu, n);
+                memory.compensate(gpu, ctx.bucket, grad, &p)?;
+                p
+            }
+            None => grad.clone(),
+        };
+        out.resize_with(chunks.len(), Payload::new);
+        let mut segs = Vec::new();
+        for (chunk, payload) in chunks.iter().zip(out.iter_mut()) {
+            chunk_segments(ctx.segments, chunk.clone(), &mut segs);
+            let sub = Ctx {
+                segments: &segs,
+                ..*ctx
+            };
+            let part = gpu.copy_range(&p, chunk.start, chunk.len());
+            self.codec.encode(gpu, &part, &sub, rng, payload)?;
+        }
+        let Some(memory) = &mut self.memory else {
+            return Ok(());
+        };
+        // What was sent, range by range, into one buffer: the memory learns from it.
+        let t = reuse(&mut self.transmitted, gpu, n);
+        gpu.fill_zero(&t);
+        for (chunk, payload) in chunks.iter().zip(out.iter()) {
+            let part = gpu.zeros(chunk.len());
+            self.codec.decode_add(gpu, payload.as_bytes(), &part)?;
+            gpu.copy_into(&part, &t, chunk.start);
+        }
+        memory.update(gpu, ctx.bucket, &p, &t, ctx.segments)
     }
 
     /// The shapes of the bucket's tensors, one per segment ([`DeviceCodec::set_segment_shapes`]).

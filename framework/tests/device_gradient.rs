@@ -183,7 +183,8 @@ fn a_run_on_wgpu_keeps_its_gradient_on_the_device_and_trains_as_on_the_cpu() {
 
 /// A periodic synchronisation on wgpu: its local steps apply the gradient where it lies
 /// (nothing crosses between the rounds), the rounds average the parameter change, and the
-/// run trains as on the CPU — local SGD, and DiLoCo with its outer Nesterov momentum.
+/// run trains as on the CPU — local SGD, DiLoCo with its outer Nesterov momentum, and
+/// Streaming DiLoCo.
 #[test]
 fn local_steps_on_wgpu_keep_the_gradient_on_the_device_and_train_as_on_the_cpu() {
     let device = format!("cluster.device=\"{}\"", adapter());
@@ -194,6 +195,12 @@ fn local_steps_on_wgpu_keep_the_gradient_on_the_device_and_train_as_on_the_cpu()
             "sync.period=3",
             "sync.outer_lr=0.7",
             "sync.outer_momentum=0.9",
+        ][..],
+        &[
+            "sync.kind=\"streaming-diloco\"",
+            "sync.period=3",
+            "sync.fragments=2",
+            "sync.overlap=1",
         ][..],
     ] {
         let mut sets = sync.to_vec();

@@ -28,12 +28,15 @@
 //! up), the host's averages of the other buckets are uploaded into theirs, and the
 //! optimizer steps on that buffer as a burn tensor (`crate::optim_device`).
 //!
-//! Which buckets: those whose route compresses them whole (the all-gather and the sparse
-//! all-reduce, and a summable method's summed lanes), with the method's one-phase encode or
-//! a summed agreement (PowerSGD: `P = M·Q` on the device, all-reduced, installed, `Q_w`
+//! Which buckets: every compressed one whose method and memory have a device form —
+//! through the all-gather and the sparse all-reduce, a summable method's summed lanes, a
+//! summed agreement (PowerSGD: `P = M·Q` on the device, all-reduced, installed, `Q_w`
 //! encoded on the device, and the summed payload decoded there into the mean its memory
-//! and warm start learn from). The compressed all-reduce's range payloads stay on the host,
-//! and say so.
+//! and warm start learn from) and the compressed all-reduce (each owner's range encoded on
+//! the device, the memory learning from them together; the owners' sums decoded into the
+//! device gradient when the mean is made there; the owner's reduce itself runs on the
+//! host, on the communication thread). A codec that keeps its own error feedback (FFT)
+//! cannot encode by ranges: on the compressed all-reduce it stays on the host, and says so.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -219,6 +222,63 @@ mod imp {
                     .map(Some)
                     .map_err(|e| DecodeFailure::Device(e.to_string())),
             }
+        }
+
+        /// Whether this bucket can be encoded range by range (the compressed all-reduce):
+        /// not where the codec keeps its own error feedback (FFT's spectral residual).
+        pub(crate) fn encodes_ranges(&self) -> bool {
+            self.pipe.encodes_ranges()
+        }
+
+        /// The compressed all-reduce's worker side on the device: the bucket's gradient
+        /// (`input` uploaded, or `from` the device gradient) compensated there and each of
+        /// `chunks` encoded into its payload of `out`, the memory learning from them.
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn compress_chunks(
+            &mut self,
+            host: &dyn Compressor,
+            input: &[f32],
+            from: Option<(&DeviceGradient, Range<usize>)>,
+            ctx: &Ctx<'_>,
+            chunks: &[Range<usize>],
+            rng: &mut Rng,
+            out: &mut Vec<Payload>,
+        ) -> Result<(), String> {
+            let grad = self.bucket_buffer(input, from);
+            self.pipe
+                .import_state(&host.export_state())
+                .map_err(|e| e.to_string())?;
+            self.pipe
+                .compress_chunks(&self.gpu, &grad, ctx, chunks, rng, out)
+                .map_err(|e| e.to_string())
+        }
+
+        /// The compressed all-reduce's result on the device: each owner's summed payload
+        /// (`sums[q]`, owner order) decoded into its range `chunks[q]` of the bucket's
+        /// `range` of `into`, and that range scaled by `inv` into the mean. Nothing comes
+        /// to the host. A malformed sum is the host decoder's error, with its owner.
+        pub(crate) fn decode_sums_into(
+            &mut self,
+            sums: &[Vec<u8>],
+            chunks: &[Range<usize>],
+            inv: f32,
+            into: &DeviceGradient,
+            range: Range<usize>,
+        ) -> Result<(), DecodeFailure> {
+            for (q, (sum, chunk)) in sums.iter().zip(chunks).enumerate() {
+                let part = self.gpu.zeros(chunk.len());
+                self.pipe
+                    .decode_add(&self.gpu, sum, &part)
+                    .map_err(|e| match e {
+                        DeviceError::Wire(w) => DecodeFailure::Wire(q, w),
+                        other => DecodeFailure::Device(other.to_string()),
+                    })?;
+                self.gpu
+                    .copy_into(&part, &into.buf, range.start + chunk.start);
+            }
+            self.gpu
+                .scale_range(&into.buf, range.start, range.len(), inv);
+            Ok(())
         }
 
         /// Compresses `grad`, a buffer on this device, with the host codec's state.
@@ -552,6 +612,35 @@ impl OnDevice {
         match *self {}
     }
 
+    pub(crate) fn encodes_ranges(&self) -> bool {
+        match *self {}
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn compress_chunks(
+        &mut self,
+        _: &dyn Compressor,
+        _: &[f32],
+        _: Option<(&DeviceGradient, Range<usize>)>,
+        _: &Ctx<'_>,
+        _: &[Range<usize>],
+        _: &mut Rng,
+        _: &mut Vec<Payload>,
+    ) -> Result<(), String> {
+        match *self {}
+    }
+
+    pub(crate) fn decode_sums_into(
+        &mut self,
+        _: &[Vec<u8>],
+        _: &[Range<usize>],
+        _: f32,
+        _: &DeviceGradient,
+        _: Range<usize>,
+    ) -> Result<(), DecodeFailure> {
+        match *self {}
+    }
+
     pub(crate) fn export_state(&self) -> Option<BTreeMap<String, f64>> {
         match *self {}
     }
@@ -680,15 +769,14 @@ fn merged(ranges: impl IntoIterator<Item = Range<usize>>) -> Vec<Range<usize>> {
     out
 }
 
-/// Why a bucket on `route` cannot be encoded on the device (`None`: it can).
-fn route_refuses(route: Route) -> Option<&'static str> {
+/// Why a bucket on `route` cannot be encoded by `d` on the device (`None`: it can).
+fn route_refuses(route: Route, d: &OnDevice) -> Option<&'static str> {
     match route {
-        Route::Dense => None,
-        Route::Compressed(GatherCollective::CompressedAllReduce) => Some(
-            "the compressed all-reduce encodes each owner's range on the host (its device form \
-             is not written yet)",
+        Route::Compressed(GatherCollective::CompressedAllReduce) if !d.encodes_ranges() => Some(
+            "the compressed all-reduce encodes each owner's range, and a codec that keeps its \
+             own error feedback (FFT's spectral residual) keeps it per bucket: on the host",
         ),
-        Route::Compressed(_) => None,
+        _ => None,
     }
 }
 
@@ -716,11 +804,10 @@ impl Exchanger {
         let mut why = Vec::new();
         for s in &mut self.slots {
             let Some(pipe) = &s.pipe else { continue };
-            if let Some(r) = route_refuses(s.route) {
-                why.push(r.to_string());
-                continue;
-            }
             let placed = OnDevice::new(gpu, &self.method_cfg, &self.memory).and_then(|mut d| {
+                if let Some(r) = route_refuses(s.route, &d) {
+                    return Err(r.to_string());
+                }
                 d.adopt_plan(&s.shapes, pipe.compressor())?;
                 d.import_memory(&pipe.export_memory());
                 Ok(d)
@@ -817,8 +904,8 @@ impl Exchanger {
     /// host's already: a restored memory goes to both.
     pub(super) fn settle_devices(&mut self) {
         for s in &mut self.slots {
-            if s.device.is_some() {
-                if let Some(r) = route_refuses(s.route) {
+            if let Some(d) = &s.device {
+                if let Some(r) = route_refuses(s.route, d) {
                     s.device = None;
                     if let Some((_, why)) = &mut self.device {
                         if !why.iter().any(|n| n == r) {

@@ -451,8 +451,22 @@ impl Job<'_> {
                     f.ranges
                         .extend((0..self.world).map(|q| segment_range(n, self.world, q)));
                     let mut rng = Rng::for_step(seed, step, rank as u64, id);
-                    pipe.compress_chunks(input, &ctx, &f.ranges, &mut rng, &mut f.shares)
-                        .map_err(compress_err)?;
+                    match device.as_mut() {
+                        Some(d) => d
+                            .compress_chunks(
+                                pipe.compressor(),
+                                input,
+                                from_device.zip(range.clone()),
+                                &ctx,
+                                &f.ranges,
+                                &mut rng,
+                                &mut f.shares,
+                            )
+                            .map_err(|reason| ExchangeError::Device { bucket: id, reason })?,
+                        None => pipe
+                            .compress_chunks(input, &ctx, &f.ranges, &mut rng, &mut f.shares)
+                            .map_err(compress_err)?,
+                    }
                     st.payload_bytes +=
                         f.shares.iter().map(|p| p.encoded_len() as u64).sum::<u64>();
                     let mut owner = server.take().expect("checked above");
@@ -646,6 +660,30 @@ impl Job<'_> {
             self.spare.push(f);
             st.decompress_s += t0.elapsed().as_secs_f64();
             return Ok(());
+        }
+        // The compressed all-reduce's owner sums of a bucket encoded on the device, decoded
+        // into its range of the device gradient and scaled there into the mean.
+        if let (Some(g), Some(d), Some(r), Stage::Compressed) =
+            (into, device.as_mut(), range.clone(), &stage)
+        {
+            if combine == Combine::Mean {
+                let Reply::Compressed(sums, shares, owner) = reply else {
+                    unreachable!("replies come in submission order")
+                };
+                *server = Some(owner);
+                f.shares = shares;
+                d.decode_sums_into(&sums, &f.ranges, self.inv, g, r)
+                    .map_err(|e| match e {
+                        DecodeFailure::Wire(q, w) => decode_err_of(id, q, w),
+                        DecodeFailure::Device(reason) => {
+                            ExchangeError::Device { bucket: id, reason }
+                        }
+                    })?;
+                self.decoded_on_device[i] = true;
+                self.spare.push(f);
+                st.decompress_s += t0.elapsed().as_secs_f64();
+                return Ok(());
+            }
         }
         // A sparse all-reduce's sum kept sparse: its mean scattered into the bucket's range
         // of the device gradient (zeros elsewhere; the dense path's values bit for bit).

@@ -269,6 +269,63 @@ pub(crate) fn sync_through_host<T: Transport, S: GradientSync<T> + ?Sized>(
     Ok(update)
 }
 
+/// [`GradientSync::sync_device`] of a step that a periodic synchronisation hands to its
+/// inner, every-step one (before its local phase): on the device where `inner`'s buckets
+/// read the gradient there, else through the host.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn inner_sync_device<T: Transport>(
+    inner: &mut Collectives,
+    comm: &mut Communicator<T>,
+    model: &dyn Model,
+    grads: &mut [f32],
+    on_device: &DeviceGradient,
+    mean_to_device: bool,
+    step: u64,
+    lr: f64,
+    record: &mut StepRecord,
+) -> Result<Update, SyncError> {
+    if GradientSync::<T>::reads_device_gradient(inner) {
+        inner.sync_device(
+            comm,
+            model,
+            grads,
+            on_device,
+            mean_to_device,
+            step,
+            lr,
+            record,
+        )
+    } else {
+        sync_through_host(
+            inner,
+            comm,
+            model,
+            grads,
+            on_device,
+            mean_to_device,
+            step,
+            lr,
+            record,
+        )
+    }
+}
+
+/// A local step of a periodic synchronisation given the gradient on the device: nothing to
+/// read, unless the trainer applies the update from the host (`mean_to_device` off, for a
+/// clip of it there), which then comes down into `grads`.
+pub(crate) fn local_step_on_device(
+    grads: &mut [f32],
+    on_device: &DeviceGradient,
+    mean_to_device: bool,
+) -> Result<(), SyncError> {
+    if mean_to_device {
+        return Ok(());
+    }
+    on_device
+        .download_range(0..grads.len(), grads)
+        .map_err(|reason| SyncError::Exchange(ExchangeError::Device { bucket: 0, reason }))
+}
+
 /// The average of the replicas' parameters, the same on every rank (one dense all-reduce):
 /// what evaluation uses between the synchronisations of a kind whose replicas differ
 /// ([`GradientSync::consensus`]).

@@ -45,7 +45,7 @@ use serde::{Deserialize, Serialize};
 use super::{average_params, Collectives, GradientSync, SyncError, Update};
 use crate::checkpoint::Checkpoint;
 use crate::config::SyncConfig;
-use crate::exchange::{DeviceGradient, ExchangeError};
+use crate::exchange::DeviceGradient;
 use dtrain_records::StepRecord;
 
 /// The checkpoint section of [`PeriodicState`].
@@ -225,39 +225,19 @@ impl<T: Transport> GradientSync<T> for Periodic {
         record: &mut StepRecord,
     ) -> Result<Update, SyncError> {
         if !self.local(step) {
-            let inner = &mut self.inner;
-            return if GradientSync::<T>::reads_device_gradient(inner) {
-                inner.sync_device(
-                    comm,
-                    model,
-                    grads,
-                    on_device,
-                    mean_to_device,
-                    step,
-                    lr,
-                    record,
-                )
-            } else {
-                super::sync_through_host(
-                    inner,
-                    comm,
-                    model,
-                    grads,
-                    on_device,
-                    mean_to_device,
-                    step,
-                    lr,
-                    record,
-                )
-            };
+            return super::inner_sync_device(
+                &mut self.inner,
+                comm,
+                model,
+                grads,
+                on_device,
+                mean_to_device,
+                step,
+                lr,
+                record,
+            );
         }
-        if !mean_to_device {
-            on_device
-                .download_range(0..grads.len(), grads)
-                .map_err(|reason| {
-                    SyncError::Exchange(ExchangeError::Device { bucket: 0, reason })
-                })?;
-        }
+        super::local_step_on_device(grads, on_device, mean_to_device)?;
         GradientSync::<T>::sync(self, comm, model, grads, step, lr, record)
     }
 

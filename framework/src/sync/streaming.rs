@@ -87,6 +87,7 @@ use super::{
 };
 use crate::checkpoint::Checkpoint;
 use crate::exchange::bucket::ParamInfo;
+use crate::exchange::DeviceGradient;
 use dtrain_records::StepRecord;
 
 /// The kind's name in `[sync]` and in checkpoints.
@@ -595,6 +596,41 @@ impl<T: Transport> GradientSync<T> for Streaming {
         }
         self.identical = false;
         Ok(Update::Local)
+    }
+
+    /// A local step applies the gradient where it lies: nothing to read.
+    fn reads_device_gradient(&self) -> bool {
+        true
+    }
+
+    /// A local step: nothing crosses (the trainer applies the gradient on the device). A
+    /// step before `start`: the inner every-step synchronisation's.
+    fn sync_device(
+        &mut self,
+        comm: &mut Communicator<T>,
+        model: &dyn Model,
+        grads: &mut [f32],
+        on_device: &DeviceGradient,
+        mean_to_device: bool,
+        step: u64,
+        lr: f64,
+        record: &mut StepRecord,
+    ) -> Result<Update, SyncError> {
+        if step < self.start {
+            return super::inner_sync_device(
+                &mut self.inner,
+                comm,
+                model,
+                grads,
+                on_device,
+                mean_to_device,
+                step,
+                lr,
+                record,
+            );
+        }
+        super::local_step_on_device(grads, on_device, mean_to_device)?;
+        GradientSync::<T>::sync(self, comm, model, grads, step, lr, record)
     }
 
     fn after_update(

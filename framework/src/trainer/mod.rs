@@ -646,10 +646,8 @@ fn build_sync<T: Transport>(
     };
     // A periodic synchronisation's local steps apply the gradient where it lies: on a GPU
     // it never comes to the host between the rounds (`Periodic::sync_device`).
-    let periodic = matches!(
-        plan.config.sync,
-        SyncConfig::LocalSgd { .. } | SyncConfig::PostLocalSgd { .. } | SyncConfig::Diloco { .. }
-    ) && plan.compressed_optimizer.is_none();
+    let periodic =
+        !matches!(plan.config.sync, SyncConfig::EveryStep) && plan.compressed_optimizer.is_none();
     if periodic
         && cfg!(any(feature = "cuda", feature = "wgpu-train"))
         && *model_device != dtrain_models::cpu_device()

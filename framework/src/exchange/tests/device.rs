@@ -84,7 +84,15 @@ fn two_ranks_on_the_device_path_average_as_the_host_path() {
     });
     for (method, gather, overlap) in [
         (dgc.clone(), GatherCollective::AllGather, true),
-        (dgc, GatherCollective::SparseAllReduce, false),
+        (dgc.clone(), GatherCollective::SparseAllReduce, false),
+        // Each owner's range encoded on the device, DGC's momentum memory learning from
+        // them together; the owners' reduce on the host.
+        (dgc, GatherCollective::CompressedAllReduce, true),
+        (
+            parse_method("topk:ratio=0.02").unwrap(),
+            GatherCollective::CompressedAllReduce,
+            false,
+        ),
         (
             parse_method("topk:ratio=0.02").unwrap(),
             GatherCollective::AllGather,
@@ -175,6 +183,18 @@ fn a_gradient_on_the_device_is_exchanged_where_it_lies_as_the_host_path() {
         ("signsgd", GatherCollective::AllGather, false, true),
         ("fp16", GatherCollective::AllGather, true, false),
         ("fp16", GatherCollective::AllGather, true, true),
+        (
+            "topk:ratio=0.02",
+            GatherCollective::CompressedAllReduce,
+            false,
+            false,
+        ),
+        (
+            "topk:ratio=0.02",
+            GatherCollective::CompressedAllReduce,
+            true,
+            true,
+        ),
         ("powersgd:rank=2", GatherCollective::AllGather, true, false),
         ("powersgd:rank=2", GatherCollective::AllGather, false, true),
     ] {
@@ -321,8 +341,10 @@ fn what_has_no_device_form_stays_on_the_host_and_says_why() {
     let host = run(&setup, 2, false, 0..2, None);
     let dev = run(&setup, 2, true, 0..2, None);
     assert_same_runs(&host, &dev, "qsgd");
-    // The compressed all-reduce encodes owners' ranges: on the host, said once.
-    let mut setup = Setup::new(parse_method("topk:ratio=0.02").unwrap());
+    // The compressed all-reduce encodes owners' ranges, which FFT's spectral residual (its
+    // own, per bucket) cannot follow: on the host, said once.
+    let mut setup = Setup::new(parse_method("fft").unwrap());
+    setup.memory = MemoryConfig::RESIDUAL;
     setup.gather = GatherCollective::CompressedAllReduce;
     let (_, used) = exchanger(&setup, true);
     let used = used.unwrap();
