@@ -182,6 +182,8 @@ fn check(sets: &[&str], steps: u64) {
         (&vec![1], &vec![1])
     );
     assert_eq!(history[1].step, entered);
+    // Its own entry counts from its own start: the wait to be admitted, not 0.
+    assert!(history[1].after_s > 0.0, "{:?}", history[1]);
 }
 
 #[test]

@@ -447,8 +447,8 @@ pub struct MembershipChange {
     /// newcomer enters before it).
     pub step: u64,
     /// Seconds from the start of the session to the failure (the session of the worker
-    /// that wrote the summary, whose record it is: a newcomer's starts when it enters, and
-    /// it records its own entry at 0).
+    /// that wrote the summary, whose record it is: a newcomer's starts when it asks to be
+    /// admitted, so its own entry is at the seconds it waited before the state came).
     #[serde(with = "float::num")]
     pub after_s: f64,
     /// Steps this worker had completed beyond `step` and did again (0 or 1).

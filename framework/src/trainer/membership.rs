@@ -72,10 +72,11 @@ pub(super) struct Live {
 }
 
 impl<T: Transport> Trainer<T> {
-    /// The session begins at `t`.
+    /// The session begins at `t`, unless it began already (a newcomer's, as it asked to be
+    /// admitted).
     pub(super) fn live_session(&mut self, t: Instant) {
         if let Some(l) = &mut self.live {
-            l.started = Some(t);
+            l.started.get_or_insert(t);
         }
     }
 
@@ -392,7 +393,8 @@ impl<T: Transport> Trainer<T> {
                 members: membership.members.clone(),
                 cause: format!("worker(s) {:?} joined", membership.added),
                 step: meta.step,
-                after_s: 0.0,
+                // From the newcomer's own start: what asking and waiting took.
+                after_s: l.started.map_or(0.0, |t| (began - t).as_secs_f64()),
                 steps_lost: 0,
                 lost_s: began.elapsed().as_secs_f64(),
                 deadline_s: None,

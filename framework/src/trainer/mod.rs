@@ -391,10 +391,13 @@ impl<T: Transport> Trainer<T> {
             .map_err(|e| TrainError::Config(e.to_string()))?;
         let model = build_model(&plan, device)?;
         let comm_err = |source| TrainError::Comm { step: 0, source };
+        // The newcomer's session begins as it asks to be admitted.
+        let t_join = std::time::Instant::now();
         let membership = comm.join(timeout).map_err(comm_err)?;
         let infos = param_infos(model.as_ref());
         let built = build_sync(&plan, &infos, &mut comm, model.device())?;
         let mut t = Self::assemble(plan, data, comm, model, built, out)?;
+        t.live_session(t_join);
         t.enter(&membership)?;
         Ok(t)
     }
