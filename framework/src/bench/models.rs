@@ -82,6 +82,13 @@ pub struct Options {
     /// Seed of the synthetic batch and of the initial weights (drawn on the reference device
     /// when there is one), so that a run repeats.
     pub seed: u64,
+    /// On a device that multiplies in f32, a model passes within this many times the change
+    /// one rounding of its weights makes to the reference's step ([`Check::perturbed`]; at
+    /// least `tolerance`): a model that amplifies rounding (ResNet-20's BatchNorms: ~1e-3
+    /// from weights moved by 2⁻²⁴, where the other families move ~1e-7) differs from the
+    /// reference by more than 1e-3 in f32 arithmetic that merely rounds differently. 0:
+    /// `tolerance` alone.
+    pub perturb_factor: f64,
     /// Whether the device may multiply f32 matrices in TF32 (`cluster.allow_tf32`; set for
     /// the process by [`run`] before the first product).
     pub allow_tf32: bool,
@@ -102,6 +109,7 @@ impl Default for Options {
             tf32_emulation: None,
             tf32_factor: 2.0,
             seed: 7,
+            perturb_factor: 4.0,
             allow_tf32: true,
         }
     }
@@ -139,6 +147,10 @@ pub struct Check {
     pub worst_tensor_rel_err: f64,
     /// The reference with TF32 emulated against the reference, when it ran.
     pub tf32_emulated: Option<Emulated>,
+    /// The reference's step from its weights perturbed by one rounding (each times
+    /// `1 ± 2⁻²⁴`) against the reference: how far f32 arithmetic that merely rounds
+    /// differently moves the model's step (see [`tolerance_for`]).
+    pub perturbed: Option<Errors>,
     /// The tolerance applied (see [`tolerance_for`]).
     pub tolerance: f64,
     /// Both errors finite and within the tolerance.
@@ -196,13 +208,26 @@ pub struct Errors {
     pub grad_rel_err: f64,
 }
 
-/// The tolerance of one model's comparison: `opts.tolerance` on a device that multiplies in
-/// f32; on a TF32 device, `opts.tf32_factor` times the emulated references' largest error
-/// ([`Emulated::max`]; at least `opts.tolerance`) for a family the emulation covers, else
-/// `opts.tf32_tolerance` (or `opts.tolerance`).
-pub fn tolerance_for(opts: &Options, tf32_device: bool, emulated: Option<&Emulated>) -> f64 {
+/// The tolerance of one model's comparison: on a device that multiplies in f32,
+/// `opts.tolerance`, or `opts.perturb_factor` times the change one rounding of the weights
+/// makes to the reference's step where that is larger; on a TF32 device, `opts.tf32_factor`
+/// times the emulated references' largest error ([`Emulated::max`]; at least
+/// `opts.tolerance`) for a family the emulation covers, else `opts.tf32_tolerance` (or
+/// `opts.tolerance`).
+pub fn tolerance_for(
+    opts: &Options,
+    tf32_device: bool,
+    emulated: Option<&Emulated>,
+    perturbed: Option<&Errors>,
+) -> f64 {
     if !tf32_device {
-        return opts.tolerance;
+        // NaN (a non-finite perturbed step) falls back to `tolerance` under `max`.
+        return match perturbed {
+            Some(p) if opts.perturb_factor > 0.0 => opts
+                .tolerance
+                .max(opts.perturb_factor * max_or_nan([p.loss_rel_err, p.grad_rel_err])),
+            _ => opts.tolerance,
+        };
     }
     match emulated {
         Some(e) if e.covers_every_product => {
@@ -400,6 +425,7 @@ fn compare(
     rloss: f64,
     rgrads: &[f32],
     tf32_emulated: Option<Emulated>,
+    perturbed: Option<Errors>,
     tolerance: f64,
 ) -> Check {
     let loss_rel_err = rel_err(&[loss as f32], &[rloss as f32]);
@@ -423,6 +449,7 @@ fn compare(
         worst_tensor,
         worst_tensor_rel_err,
         tf32_emulated,
+        perturbed,
         tolerance,
         passed,
     }
@@ -442,6 +469,26 @@ fn copy_state(from: &dyn Model, to: &mut dyn Model) {
 fn replica(spec: &ModelSpec, r: &dyn Model) -> Result<Box<dyn Model>, String> {
     let mut copy = spec.build(r.device()).map_err(|e| e.to_string())?;
     copy_state(r, copy.as_mut());
+    Ok(copy)
+}
+
+/// A [`replica`] of `r` whose weights are each moved by one rounding: times `1 + 2⁻²⁴` or
+/// `1 − 2⁻²⁴`, the sign drawn from `seed` (half an f32 ulp: what one rounding of a product
+/// or a sum can do to a value).
+fn perturbed_replica(spec: &ModelSpec, r: &dyn Model, seed: u64) -> Result<Box<dyn Model>, String> {
+    let mut copy = replica(spec, r)?;
+    let mut w = vec![0f32; copy.table().num_params()];
+    copy.read_params(&mut w);
+    let mut rng = dtrain_models::synthetic::SynthRng::new(seed ^ 0x9e37_79b9_7f4a_7c15);
+    for v in &mut w {
+        let up = rng.next_u64() & 1 == 0;
+        *v *= if up {
+            1.0 + f32::EPSILON / 2.0
+        } else {
+            1.0 - f32::EPSILON / 2.0
+        };
+    }
+    copy.write_params(&w);
     Ok(copy)
 }
 
@@ -508,6 +555,14 @@ fn run_one(name: &str, opts: &Options, tf32_device: bool) -> Result<Row, String>
             // The copies for the emulated steps are taken before the reference's step, which
             // updates BatchNorm's running statistics.
             let tf32 = |e: String| format!("{name} with TF32 emulated: {e}");
+            // And one for the step from perturbed weights (f32 devices' tolerance).
+            let perturb = |e: String| format!("{name} with its weights perturbed: {e}");
+            let perturb_copy = match (tf32_device, opts.perturb_factor > 0.0) {
+                (false, true) => {
+                    Some(perturbed_replica(&spec, r.as_ref(), opts.seed).map_err(perturb)?)
+                }
+                _ => None,
+            };
             let copies = match opts.tf32_emulation.unwrap_or(tf32_device) {
                 true => Some([
                     replica(&spec, r.as_ref()).map_err(tf32)?,
@@ -529,7 +584,14 @@ fn run_one(name: &str, opts: &Options, tf32_device: bool) -> Result<Row, String>
                     })
                 }
             };
-            let tolerance = tolerance_for(opts, tf32_device, emulated.as_ref());
+            let perturbed = match perturb_copy {
+                None => None,
+                Some(e) => Some(
+                    emulated_step(e, Tf32::Off, &host, (rloss, rgrads.as_slice()))
+                        .map_err(perturb)?,
+                ),
+            };
+            let tolerance = tolerance_for(opts, tf32_device, emulated.as_ref(), perturbed.as_ref());
             let check = compare(
                 model.as_ref(),
                 loss,
@@ -537,6 +599,7 @@ fn run_one(name: &str, opts: &Options, tf32_device: bool) -> Result<Row, String>
                 rloss,
                 &rgrads,
                 emulated,
+                perturbed,
                 tolerance,
             );
             let rtiming = timing(r.as_mut(), &mut rgrads, rf + rb, *kind)?;
@@ -689,30 +752,49 @@ mod tests {
         assert_eq!(covered.max(), 3e-2);
         assert_eq!(covered.grad_rel_err(), 3e-2);
         // An f32 device: the tolerance, whatever the emulation says.
-        assert_eq!(tolerance_for(&opts, false, Some(&covered)), 1e-3);
-        assert_eq!(tolerance_for(&opts, false, None), 1e-3);
-        // TF32, covered: the factor times the larger error, never below the tolerance.
-        assert_eq!(tolerance_for(&opts, true, Some(&covered)), 2.0 * 3e-2);
+        assert_eq!(tolerance_for(&opts, false, Some(&covered), None), 1e-3);
+        assert_eq!(tolerance_for(&opts, false, None, None), 1e-3);
+        // An f32 device: the factor times what one rounding of the weights does, where
+        // larger.
+        let loud = errors(1e-5, 4e-4);
+        assert_eq!(tolerance_for(&opts, false, None, Some(&loud)), 4.0 * 4e-4);
         assert_eq!(
-            tolerance_for(&opts, true, Some(&emulated(1e-5, 2e-5, true))),
+            tolerance_for(&opts, false, None, Some(&errors(1e-7, 2e-5))),
+            1e-3
+        );
+        let off = Options {
+            perturb_factor: 0.0,
+            ..opts.clone()
+        };
+        assert_eq!(tolerance_for(&off, false, None, Some(&loud)), 1e-3);
+        assert_eq!(
+            tolerance_for(&opts, false, None, Some(&errors(f64::NAN, 1.0))),
+            1e-3
+        );
+        // Under TF32 the emulation decides, not the perturbation.
+        assert_eq!(tolerance_for(&opts, true, None, Some(&loud)), 5e-2);
+        // TF32, covered: the factor times the larger error, never below the tolerance.
+        assert_eq!(tolerance_for(&opts, true, Some(&covered), None), 2.0 * 3e-2);
+        assert_eq!(
+            tolerance_for(&opts, true, Some(&emulated(1e-5, 2e-5, true)), None),
             1e-3
         );
         // The loss counts too.
         let mut loud_loss = emulated(1e-5, 2e-5, true);
         loud_loss.truncated.loss_rel_err = 4e-3;
-        assert_eq!(tolerance_for(&opts, true, Some(&loud_loss)), 8e-3);
+        assert_eq!(tolerance_for(&opts, true, Some(&loud_loss), None), 8e-3);
         // Not covered, or not emulated: the flat TF32 tolerance, else the tolerance.
         assert_eq!(
-            tolerance_for(&opts, true, Some(&emulated(1e-2, 3e-2, false))),
+            tolerance_for(&opts, true, Some(&emulated(1e-2, 3e-2, false)), None),
             5e-2
         );
-        assert_eq!(tolerance_for(&opts, true, None), 5e-2);
+        assert_eq!(tolerance_for(&opts, true, None, None), 5e-2);
         let no_flat = Options::default();
-        assert_eq!(tolerance_for(&no_flat, true, None), 1e-3);
+        assert_eq!(tolerance_for(&no_flat, true, None, None), 1e-3);
         // A non-finite emulated step explains nothing.
         let nan = emulated(f64::NAN, 3e-2, true);
         assert!(nan.max().is_nan() && nan.grad_rel_err().is_nan());
-        assert_eq!(tolerance_for(&opts, true, Some(&nan)), 1e-3);
+        assert_eq!(tolerance_for(&opts, true, Some(&nan), None), 1e-3);
     }
 
     #[test]
