@@ -417,13 +417,12 @@ fn device_name(kind: DeviceKind) -> String {
     }
 }
 
-/// The device's loss and gradients against the reference's.
+/// The device's loss and gradients against the reference's (`(rloss, rgrads)`).
 fn compare(
     model: &dyn Model,
     loss: f64,
     grads: &[f32],
-    rloss: f64,
-    rgrads: &[f32],
+    (rloss, rgrads): (f64, &[f32]),
     tf32_emulated: Option<Emulated>,
     perturbed: Option<Errors>,
     tolerance: f64,
@@ -596,8 +595,7 @@ fn run_one(name: &str, opts: &Options, tf32_device: bool) -> Result<Row, String>
                 model.as_ref(),
                 loss,
                 &grads,
-                rloss,
-                &rgrads,
+                (rloss, &rgrads),
                 emulated,
                 perturbed,
                 tolerance,
