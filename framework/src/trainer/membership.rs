@@ -69,6 +69,10 @@ pub(super) struct Live {
     mean_step_s: f64,
     /// A member saw a newcomer waiting (the last step's control all-reduce said so).
     pub(super) newcomer_waiting: bool,
+    /// The records of the last steps this rank finished that `metrics.jsonl` gets, oldest
+    /// first: a rank that takes the logs over writes those the lost leader finished but
+    /// had not written when it was killed (see [`Trainer::reopen_logs`]).
+    finished: VecDeque<dtrain_records::StepRecord>,
 }
 
 impl<T: Transport> Trainer<T> {
@@ -105,6 +109,17 @@ impl<T: Transport> Trainer<T> {
                 .max(c.deadline_floor_s)
                 .min(c.timeout_s),
             _ => c.timeout_s,
+        }
+    }
+
+    /// Step `r.step` is done and `metrics.jsonl` gets its record: kept (the newest two), in
+    /// case this rank takes the logs over from a leader killed before it wrote it.
+    pub(super) fn keep_record(&mut self, r: &dtrain_records::StepRecord) {
+        if let Some(l) = &mut self.live {
+            while l.finished.len() >= 2 {
+                l.finished.pop_front();
+            }
+            l.finished.push_back(r.clone());
         }
     }
 
@@ -198,6 +213,9 @@ impl<T: Transport> Trainer<T> {
         }
         let l = self.live.as_mut().expect("live");
         l.kept.retain(|(s, _)| *s <= from);
+        l.finished.retain(|r| r.step < from);
+        // An evaluation after `from` is of a state the group reaches again.
+        self.evals.retain(|e| e.step <= from);
         // Taken, not copied: the run loop keeps the state of `from` again before it runs it.
         let Some((_, ck)) = l.kept.pop_back().filter(|(s, _)| *s == from) else {
             return Err(TrainError::Sync {
@@ -427,12 +445,45 @@ impl<T: Transport> Trainer<T> {
         self.metrics_file = None;
         self.eval_file = None;
         super::metrics::trim_records(&out, from)?;
-        if !was_rank0 {
-            return self.open_logs();
+        if was_rank0 {
+            let open = |name: &str| super::metrics::open_log(&out, name);
+            self.metrics_file = Some(open("metrics.jsonl")?);
+            self.eval_file = Some(open("eval.jsonl")?);
+            return Ok(());
         }
-        let open = |name: &str| super::metrics::open_log(&out, name);
-        self.metrics_file = Some(open("metrics.jsonl")?);
-        self.eval_file = Some(open("eval.jsonl")?);
+        self.open_logs()?;
+        // The lost leader may have been killed after it finished a step the group does not
+        // run again (this rank went on past it) and before it wrote the step's record:
+        // this rank's own record of it is written instead (the loss and accuracy are the
+        // group's; the times and bytes this rank's).
+        let last = super::metrics::last_step(&out.root.join("metrics.jsonl"));
+        let missing: Vec<_> = self
+            .live
+            .as_ref()
+            .map(|l| {
+                l.finished
+                    .iter()
+                    .filter(|r| r.step < from && last.is_none_or(|s| r.step > s))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for r in &missing {
+            Self::log_line(&mut self.metrics_file, Some(&out), "metrics.jsonl", r)?;
+            self.log_tensorboard(|tb| tb.step(r))?;
+        }
+        // The same for an evaluation (every rank has the group's result).
+        let last = super::metrics::last_step(&out.root.join("eval.jsonl"));
+        let missing: Vec<_> = self
+            .evals
+            .iter()
+            .filter(|e| last.is_none_or(|s| e.step > s))
+            .cloned()
+            .collect();
+        for e in &missing {
+            Self::log_line(&mut self.eval_file, Some(&out), "eval.jsonl", e)?;
+            self.log_tensorboard(|tb| tb.eval(e))?;
+        }
         Ok(())
     }
 }

@@ -159,6 +159,20 @@ pub(super) fn trim_log(path: &std::path::Path, keep: &dyn Fn(u64) -> bool) -> st
     Ok(())
 }
 
+/// The step of the last readable record of the JSON-lines file at `path` (`None` when it
+/// is missing or has none).
+pub(super) fn last_step(path: &std::path::Path) -> Option<u64> {
+    std::fs::read_to_string(path)
+        .ok()?
+        .lines()
+        .rev()
+        .find_map(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v.get("step").and_then(|s| s.as_u64()))
+        })
+}
+
 /// What a session's steps add up to, for `summary.json`.
 pub(super) struct Tally {
     /// The step the session started at.

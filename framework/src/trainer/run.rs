@@ -91,6 +91,7 @@ impl<T: Transport> Trainer<T> {
                             &r,
                         )?;
                         self.log_tensorboard(|tb| tb.step(&r))?;
+                        self.keep_record(&r);
                     }
                     obs.on_step(&r);
                 }
