@@ -242,6 +242,54 @@ fn a_newcomer_takes_a_lost_ranks_place() {
     }
 }
 
+/// Two newcomers admitted together (a node's workers coming back): the later one's view of
+/// the mesh holds the earlier one, the earlier one's only its lost predecessor's place, and
+/// on their welcome the earlier one takes the later one's link
+/// (`Transport::link_newcomer`): the four run collectives again.
+#[test]
+fn two_newcomers_admitted_together_link_to_each_other() {
+    let mut mesh = channel_mesh(4);
+    let slots = mesh[0].slots();
+    let lost = (mesh.pop(), mesh.pop());
+    let members: Vec<_> = mesh
+        .into_iter()
+        .map(|t| {
+            thread::spawn(move || {
+                let mut c = Communicator::new(t, quick());
+                let e = sums(&mut c, 1000).expect_err("ranks 2 and 3 are gone");
+                c.regroup(&e.failed_ranks()).unwrap();
+                while c.waiting_joiners().len() < 2 {
+                    thread::sleep(Duration::from_millis(5));
+                }
+                let m = loop {
+                    if let Some(m) = c.admit().unwrap() {
+                        break m;
+                    }
+                    thread::sleep(Duration::from_millis(5));
+                };
+                let after: Vec<f32> = (0..3).map(|_| sums(&mut c, 5000).unwrap()).collect();
+                (m.added, after)
+            })
+        })
+        .collect();
+    drop(lost);
+    thread::sleep(Duration::from_millis(300));
+    let joiners: Vec<_> = [2, 3]
+        .into_iter()
+        .map(|r| {
+            let mut c = Communicator::new(slots.join(r), quick());
+            thread::spawn(move || {
+                let m = c.join(Duration::from_secs(10)).unwrap();
+                let after: Vec<f32> = (0..3).map(|_| sums(&mut c, 5000).unwrap()).collect();
+                (m.added, after)
+            })
+        })
+        .collect();
+    for h in members.into_iter().chain(joiners) {
+        assert_eq!(h.join().unwrap(), (vec![2, 3], vec![10.0; 3]));
+    }
+}
+
 /// A newcomer no member expected (its rank's member is alive) is never admitted, and the
 /// group goes on; the newcomer's wait ends at its deadline.
 #[test]

@@ -189,3 +189,71 @@ fn a_newcomer_takes_a_lost_ranks_place_over_tcp() {
         assert_eq!((a, b), (3.0, 3.0));
     }
 }
+
+/// Two newcomers over TCP admitted together, as when a node's workers come back: the
+/// earlier one (2) knew only rank 3's lost address, the later one (3) dialed 2's new one
+/// while 2 was still dialing the dead address. On their welcome, 2 takes the connection 3
+/// made (`Transport::link_newcomer`), and the four run collectives again.
+#[test]
+fn two_newcomers_admitted_together_over_tcp_link_to_each_other() {
+    use dtrain_comms::{CommConfig, Communicator};
+    let (ls, addrs) = listeners(4);
+    let cc = || CommConfig {
+        timeout: Duration::from_secs(10),
+        ..CommConfig::default()
+    };
+    let live = || {
+        let mut cfg = config(TOKEN);
+        cfg.accept_joiners = true;
+        cfg.connect_timeout = Duration::from_secs(2);
+        cfg
+    };
+    let hs: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| {
+            let addrs = addrs.clone();
+            thread::spawn(move || {
+                let t = TcpTransport::connect(r, &addrs, l, live()).unwrap();
+                let mut c = Communicator::new(t, cc());
+                let mut v = vec![1.0f32; 50_000];
+                c.all_reduce_sum(&mut v).unwrap();
+                if r >= 2 {
+                    return None;
+                }
+                let e = c.all_reduce_sum(&mut v).unwrap_err();
+                c.regroup(&e.failed_ranks()).unwrap();
+                while c.waiting_joiners().len() < 2 {
+                    thread::sleep(Duration::from_millis(10));
+                }
+                let m = c.admit().unwrap().expect("both newcomers waiting");
+                let mut v = vec![r as f32 + 1.0; 50_000];
+                c.all_reduce_sum(&mut v).unwrap();
+                Some((m.added, v[0], v[49_999]))
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(500));
+    let (l, new) = listeners(2);
+    let mut now = addrs.clone();
+    now[2] = new[0];
+    let joiners: Vec<_> = l
+        .into_iter()
+        .zip([(2, addrs.clone()), (3, now)])
+        .map(|(l, (r, peers))| {
+            let h = thread::spawn(move || {
+                let t = TcpTransport::join(r, &peers, l, live()).unwrap();
+                let mut c = Communicator::new(t, cc());
+                let m = c.join(Duration::from_secs(20)).unwrap();
+                let mut v = vec![r as f32 + 1.0; 50_000];
+                c.all_reduce_sum(&mut v).unwrap();
+                Some((m.added, v[0], v[49_999]))
+            });
+            thread::sleep(Duration::from_millis(50));
+            h
+        })
+        .collect();
+    for h in hs.into_iter().take(2).chain(joiners) {
+        assert_eq!(h.join().unwrap(), Some((vec![2, 3], 10.0, 10.0)));
+    }
+}

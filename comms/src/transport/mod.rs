@@ -174,6 +174,21 @@ pub trait Transport: Send {
             detail: "this transport does not accept joiners".into(),
         })
     }
+
+    /// On a newcomer welcomed into the group together with the newcomer for `rank`: makes
+    /// the link between the two the one both use. Of two newcomers, the one that came
+    /// later reached the other (its view of the mesh was the newer); the earlier one
+    /// admits it as [`Transport::admit`] does a joiner, once it has connected (waiting
+    /// for that until `deadline`). The default admits a waiting joiner for `rank`, if
+    /// there is one, and otherwise keeps the link it has; see [`crate::Communicator::join`].
+    fn link_newcomer(&mut self, rank: usize, deadline: Instant) -> Result<(), TransportError> {
+        let _ = deadline;
+        if self.joiners().contains(&rank) {
+            self.admit(rank)
+        } else {
+            Ok(())
+        }
+    }
 }
 
 impl<T: Transport + ?Sized> Transport for Box<T> {
@@ -200,6 +215,9 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn admit(&mut self, rank: usize) -> Result<(), TransportError> {
         (**self).admit(rank)
+    }
+    fn link_newcomer(&mut self, rank: usize, deadline: Instant) -> Result<(), TransportError> {
+        (**self).link_newcomer(rank, deadline)
     }
 }
 

@@ -58,7 +58,7 @@ use std::collections::BTreeMap;
 use std::net::{Shutdown, SocketAddr};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::net::{TcpListener, TcpStream};
@@ -207,7 +207,7 @@ impl TcpTransport {
             &cfg.token,
             cfg.connect_timeout,
         ))?;
-        Self::build(rank, peers.len(), rt, link, conns, cfg)
+        Self::build(rank, peers.len(), rt, link, conns, cfg, None)
     }
 
     /// A newcomer taking rank `rank`'s place in a running mesh (its predecessor lost):
@@ -223,6 +223,11 @@ impl TcpTransport {
     ) -> Result<Self, TransportError> {
         let world = peers.len();
         let (rt, link) = Self::set_up(rank, world, listener, &cfg)?;
+        // Another newcomer may dial this one while it still dials the others (a node's
+        // workers come back together): answered from the start, and kept waiting.
+        let arrived = cfg
+            .accept_joiners
+            .then(|| Self::accept_on(&rt, &link, rank, world, &cfg.token));
         let per_peer = cfg.connect_timeout.min(JOIN_HELLO);
         let conns = rt.block_on(join_mesh(link.clone(), rank, peers, &cfg.token, per_peer));
         if conns.is_empty() && world > 1 {
@@ -231,7 +236,27 @@ impl TcpTransport {
                 detail: format!("joining as rank {rank}: none answered within {per_peer:?}"),
             });
         }
-        Self::build(rank, world, rt, link, conns, cfg)
+        Self::build(rank, world, rt, link, conns, cfg, arrived)
+    }
+
+    /// Starts accepting newcomers on `link` (see [`accept_newcomers`]); they arrive on the
+    /// receiver returned.
+    fn accept_on(
+        rt: &Runtime,
+        link: &Arc<TcpLink>,
+        rank: usize,
+        world: usize,
+        token: &[u8],
+    ) -> mpsc::Receiver<Newcomer> {
+        let (tx, arrived) = mpsc::channel();
+        rt.spawn(accept_newcomers(
+            link.clone(),
+            rank,
+            world,
+            token.to_vec(),
+            tx,
+        ));
+        arrived
     }
 
     /// The checks before set-up, the set-up runtime, and the link over `listener`.
@@ -259,7 +284,8 @@ impl TcpTransport {
 
     /// The transport over the connections `conns` made on `rt` (kept, with the listener of
     /// `link`, when the transport accepts newcomers; shut down otherwise). Ranks without a
-    /// connection are reported closed.
+    /// connection are reported closed. `arrived`: the newcomers of an accept loop started
+    /// already ([`TcpTransport::accept_on`]).
     fn build(
         rank: usize,
         world: usize,
@@ -267,6 +293,7 @@ impl TcpTransport {
         link: Arc<TcpLink>,
         conns: Vec<Conn<TcpLink>>,
         cfg: TcpConfig,
+        arrived: Option<mpsc::Receiver<Newcomer>>,
     ) -> Result<Self, TransportError> {
         let conns = {
             let _rt = rt.enter();
@@ -280,8 +307,9 @@ impl TcpTransport {
                 .collect::<Result<Vec<_>, std::io::Error>>()?
         };
         let joining = if cfg.accept_joiners {
-            let (tx, arrived) = mpsc::channel();
-            rt.spawn(accept_newcomers(link, rank, world, cfg.token.clone(), tx));
+            let arrived =
+                arrived.unwrap_or_else(|| Self::accept_on(&rt, &link, rank, world, &cfg.token));
+            drop(link);
             Some(Joining {
                 _rt: rt,
                 arrived,
@@ -409,6 +437,39 @@ impl Transport for TcpTransport {
         }
         self.peers.replace(rank);
         self.start(rank, stream, buf)
+    }
+
+    /// Of two newcomers, the later one dialed the other at its new address (the earlier
+    /// one knew only its predecessor's, and reached no one there): this rank keeps the
+    /// connection it dialed, or admits the one it was dialed on — waiting until `deadline`
+    /// for it to arrive. Should both exist (the new listener bound the old port), the
+    /// higher rank's dial is the link.
+    fn link_newcomer(&mut self, rank: usize, deadline: Instant) -> Result<(), TransportError> {
+        check_peer(rank, self.rank, self.peers.world_size())?;
+        let dialed = self.streams[rank].is_some();
+        loop {
+            if self.joiners().contains(&rank) {
+                if dialed && self.rank > rank {
+                    if let Some((s, _)) =
+                        self.joining.as_mut().and_then(|j| j.waiting.remove(&rank))
+                    {
+                        let _ = s.shutdown(Shutdown::Both);
+                    }
+                    return Ok(());
+                }
+                return self.admit(rank);
+            }
+            if dialed {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(TransportError::Handshake {
+                    peer: format!("rank {rank}"),
+                    detail: "the newcomer welcomed with this one never connected to it".into(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 
