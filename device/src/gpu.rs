@@ -371,9 +371,12 @@ impl Gpu {
         }
     }
 
-    /// A device buffer of `len` zeros.
+    /// A device buffer of `len` zeros: allocated and zeroed on the device (one kernel), with
+    /// no host buffer and no upload (a step's scratch buffers come from here).
     pub fn zeros(&self, len: usize) -> GpuBuffer {
-        self.upload(&vec![0.0; len])
+        let buf = self.empty(len);
+        self.fill_zero(&buf);
+        buf
     }
 
     /// Sets every element of `buf` to zero.

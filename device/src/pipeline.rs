@@ -264,7 +264,7 @@ impl DevicePipeline {
     ) -> Result<(), DeviceError> {
         let p = match &mut self.memory {
             Some(memory) => {
-                let p = gpu.empty(grad.len());
+                let p = reuse(&mut self.compensated, gpu, grad.len());
                 memory.compensate(gpu, ctx.bucket, grad, &p)?;
                 p
             }

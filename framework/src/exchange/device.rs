@@ -143,9 +143,7 @@ mod imp {
             host: &dyn Compressor,
         ) -> Result<(), String> {
             self.pipe.set_segment_shapes(shapes);
-            self.pipe
-                .import_state(&host.export_state())
-                .map_err(|e| e.to_string())
+            self.import_state(host)
         }
 
         /// Takes the host codec's state (a restored checkpoint's).
