@@ -21,6 +21,8 @@ use super::device::{DecodeFailure, DeviceGradient, OnDevice};
 use super::link::{comm_thread, Comms, Link, Op, Reply};
 use super::{ExchangeError, ExchangeStats, Exchanger, GatherCollective, Lossy};
 
+mod on_device;
+
 pub(super) struct Slot {
     pub(super) bucket: Bucket,
     pub(super) pipe: Option<Pipeline>,
@@ -574,12 +576,21 @@ impl Job<'_> {
     fn finish<T: Transport>(
         &mut self,
         i: usize,
-        mut f: Flight,
+        f: Flight,
         stage: Stage,
         comms: &mut Comms<'_, T>,
         grad: &mut [f32],
         st: &mut ExchangeStats,
     ) -> Result<(), ExchangeError> {
+        let id = self.slots[i].bucket.id;
+        let reply = comms
+            .wait()
+            .map_err(|source| ExchangeError::Comm { bucket: id, source })?;
+        let t0 = Instant::now();
+        // The ends that stay on the device (`on_device.rs`).
+        let Some((mut f, reply)) = self.finish_on_device(i, f, &stage, reply, grad, st, t0)? else {
+            return Ok(());
+        };
         let Slot {
             bucket,
             pipe,
@@ -591,11 +602,6 @@ impl Job<'_> {
         } = &mut self.slots[i];
         // A compressed bucket sent dense is averaged like an uncompressed one.
         let mut pipe = pipe.as_mut().filter(|_| *route != Route::Dense);
-        let id = bucket.id;
-        let reply = comms
-            .wait()
-            .map_err(|source| ExchangeError::Comm { bucket: id, source })?;
-        let t0 = Instant::now();
         let ctx = Ctx {
             step: self.step,
             rank: self.rank as u32,
@@ -606,99 +612,6 @@ impl Job<'_> {
             .as_ref()
             .map_or(Combine::Mean, |p| p.compressor().combine());
         let absorbs = pipe.as_ref().is_some_and(|p| p.absorbs_aggregate(&ctx));
-        // A summed agreement made on the device (PowerSGD): the summed lanes written into
-        // this rank's payload, decoded there into the mean, which the codec's warm start and
-        // the memory learn from; the mean goes into the device gradient (with the mean
-        // there) or to the host.
-        if std::mem::take(&mut f.agreed_on_device) {
-            let (Stage::Lanes, Reply::Sum(v), Some(p), Some(d)) =
-                (&stage, reply, pipe.as_deref(), device.as_mut())
-            else {
-                unreachable!("a device agreement ends with its summed lanes")
-            };
-            let fmt = p.compressor().lane_format();
-            let bytes = f.payload.bytes_mut();
-            let mut vals = v.iter().copied();
-            for l in &f.lanes {
-                fmt.write(&mut vals, &mut bytes[l.clone()]);
-            }
-            f.lane = v;
-            let into = self
-                .on_device
-                .filter(|_| self.mean_on_device)
-                .zip(range.clone());
-            let decoded = into.is_some();
-            let mean = d
-                .absorb_aggregate(f.payload.as_bytes(), self.inv, &ctx, bucket.len(), into)
-                .map_err(|e| match e {
-                    DecodeFailure::Wire(r, w) => decode_err_of(id, r, w),
-                    DecodeFailure::Device(reason) => ExchangeError::Device { bucket: id, reason },
-                })?;
-            if decoded {
-                self.decoded_on_device[i] = true;
-            } else if let Some(mean) = mean {
-                let bad = bucket::scatter(bucket, &mean, 1.0, grad);
-                st.non_finite = Some(st.non_finite.unwrap_or(false) | bad);
-            }
-            self.spare.push(f);
-            st.decompress_s += t0.elapsed().as_secs_f64();
-            return Ok(());
-        }
-        // The average of a bucket encoded from the device gradient, decoded into it on the
-        // device (`Exchanger::exchange_device` with the mean there): nothing to the host.
-        let into = self.on_device.filter(|_| self.mean_on_device && !absorbs);
-        if let (Some(g), Some(d), Some(r), Stage::Gathered, Reply::Gather(all)) =
-            (into, device.as_mut(), range.clone(), &stage, &reply)
-        {
-            let refs: Vec<&[u8]> = all.iter().map(Vec::as_slice).collect();
-            d.decode_mean_into(&refs, self.inv, g, r)
-                .map_err(|e| match e {
-                    DecodeFailure::Wire(r, w) => decode_err_of(id, r, w),
-                    DecodeFailure::Device(reason) => ExchangeError::Device { bucket: id, reason },
-                })?;
-            self.decoded_on_device[i] = true;
-            self.spare.push(f);
-            st.decompress_s += t0.elapsed().as_secs_f64();
-            return Ok(());
-        }
-        // The compressed all-reduce's owner sums of a bucket encoded on the device, decoded
-        // into its range of the device gradient and scaled there into the mean.
-        if let (Some(g), Some(d), Some(r), Stage::Compressed) =
-            (into, device.as_mut(), range.clone(), &stage)
-        {
-            if combine == Combine::Mean {
-                let Reply::Compressed(sums, shares, owner) = reply else {
-                    unreachable!("replies come in submission order")
-                };
-                *server = Some(owner);
-                f.shares = shares;
-                d.decode_sums_into(&sums, &f.ranges, self.inv, g, r)
-                    .map_err(|e| match e {
-                        DecodeFailure::Wire(q, w) => decode_err_of(id, q, w),
-                        DecodeFailure::Device(reason) => {
-                            ExchangeError::Device { bucket: id, reason }
-                        }
-                    })?;
-                self.decoded_on_device[i] = true;
-                self.spare.push(f);
-                st.decompress_s += t0.elapsed().as_secs_f64();
-                return Ok(());
-            }
-        }
-        // A sparse all-reduce's sum kept sparse: its mean scattered into the bucket's range
-        // of the device gradient (zeros elsewhere; the dense path's values bit for bit).
-        if let (Some(g), Some(_), Some(r), Reply::SparseKept(idx, vals)) =
-            (into, device.as_ref(), range.clone(), &reply)
-        {
-            if combine == Combine::Mean {
-                g.scatter_mean(r, idx, vals, self.inv)
-                    .map_err(|reason| ExchangeError::Device { bucket: id, reason })?;
-                self.decoded_on_device[i] = true;
-                self.spare.push(f);
-                st.decompress_s += t0.elapsed().as_secs_f64();
-                return Ok(());
-            }
-        }
         // Decoded payloads of a bucket that is one range of the gradient, averaged by the
         // mean, are summed straight into that range and scaled there: no bucket-sized
         // buffer to zero, fill and copy back. (The same operations in the same order: the
