@@ -245,7 +245,7 @@ fn a_newcomer_takes_a_lost_ranks_place() {
 /// Two newcomers admitted together (a node's workers coming back): the later one's view of
 /// the mesh holds the earlier one, the earlier one's only its lost predecessor's place, and
 /// on their welcome the earlier one takes the later one's link
-/// (`Transport::link_newcomer`): the four run collectives again.
+/// (`Transport::link_member`): the four run collectives again.
 #[test]
 fn two_newcomers_admitted_together_link_to_each_other() {
     let mut mesh = channel_mesh(4);

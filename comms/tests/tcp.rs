@@ -193,7 +193,7 @@ fn a_newcomer_takes_a_lost_ranks_place_over_tcp() {
 /// Two newcomers over TCP admitted together, as when a node's workers come back: the
 /// earlier one (2) knew only rank 3's lost address, the later one (3) dialed 2's new one
 /// while 2 was still dialing the dead address. On their welcome, 2 takes the connection 3
-/// made (`Transport::link_newcomer`), and the four run collectives again.
+/// made (`Transport::link_member`), and the four run collectives again.
 #[test]
 fn two_newcomers_admitted_together_over_tcp_link_to_each_other() {
     use dtrain_comms::{CommConfig, Communicator};
@@ -255,5 +255,119 @@ fn two_newcomers_admitted_together_over_tcp_link_to_each_other() {
         .collect();
     for h in hs.into_iter().take(2).chain(joiners) {
         assert_eq!(h.join().unwrap(), Some((vec![2, 3], 10.0, 10.0)));
+    }
+}
+
+/// A relay to `to` on loopback that lets each connection through only after `delay`: a
+/// slow route to a member.
+fn slow_relay(to: std::net::SocketAddr, delay: Duration) -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = l.local_addr().unwrap();
+    thread::spawn(move || {
+        for near in l.incoming().map_while(Result::ok) {
+            thread::spawn(move || {
+                thread::sleep(delay);
+                let Ok(far) = TcpStream::connect(to) else {
+                    return;
+                };
+                let pipe = |mut from: TcpStream, mut to: TcpStream| {
+                    thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    })
+                };
+                pipe(near.try_clone().unwrap(), far.try_clone().unwrap());
+                pipe(far, near);
+            });
+        }
+    });
+    at
+}
+
+/// Two newcomers, the later one (3) admitted first: the earlier one's (2) route to the
+/// members is slow, so they see 3 first. 3 dialed 2 (it knew 2's new address; 2 knew only
+/// 3's predecessor's), so 3, now a member, reports 2 as waiting over that connection, the
+/// group admits 2, and 2 takes 3's connection as its link (`Transport::link_member`).
+#[test]
+fn a_newcomer_admitted_before_an_earlier_one_reports_it() {
+    use dtrain_comms::{CommConfig, Communicator};
+    let (ls, addrs) = listeners(4);
+    let cc = || CommConfig {
+        timeout: Duration::from_secs(10),
+        ..CommConfig::default()
+    };
+    let live = || {
+        let mut cfg = config(TOKEN);
+        cfg.accept_joiners = true;
+        cfg.connect_timeout = Duration::from_secs(3);
+        cfg
+    };
+    // Admits until the group has all four, as one of its members; the newcomers of each
+    // admission.
+    let admit_all = |c: &mut Communicator<TcpTransport>| {
+        let t = Instant::now();
+        let mut added = Vec::new();
+        while c.members().len() < 4 {
+            assert!(t.elapsed() < Duration::from_secs(20), "admitted {added:?}");
+            match c.admit().unwrap() {
+                Some(m) => added.push(m.added),
+                None => thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        added
+    };
+    let hs: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| {
+            let addrs = addrs.clone();
+            thread::spawn(move || {
+                let t = TcpTransport::connect(r, &addrs, l, live()).unwrap();
+                let mut c = Communicator::new(t, cc());
+                let mut v = vec![1.0f32; 1000];
+                c.all_reduce_sum(&mut v).unwrap();
+                if r >= 2 {
+                    return None;
+                }
+                let e = c.all_reduce_sum(&mut v).unwrap_err();
+                c.regroup(&e.failed_ranks()).unwrap();
+                let added = admit_all(&mut c);
+                let mut v = vec![r as f32 + 1.0; 1000];
+                c.all_reduce_sum(&mut v).unwrap();
+                Some((added, v[0]))
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(500));
+    let (l, new) = listeners(2);
+    let mut l = l.into_iter();
+    let mut slow = addrs.clone();
+    slow[0] = slow_relay(addrs[0], Duration::from_millis(1500));
+    slow[1] = slow_relay(addrs[1], Duration::from_millis(1500));
+    let (l2, l3) = (l.next().unwrap(), l.next().unwrap());
+    let earlier = thread::spawn(move || {
+        let t = TcpTransport::join(2, &slow, l2, live()).unwrap();
+        let mut c = Communicator::new(t, cc());
+        let m = c.join(Duration::from_secs(20)).unwrap();
+        let mut v = vec![3.0f32; 1000];
+        c.all_reduce_sum(&mut v).unwrap();
+        (m.added, v[0])
+    });
+    thread::sleep(Duration::from_millis(100));
+    let mut now = addrs.clone();
+    now[2] = new[0];
+    let later = thread::spawn(move || {
+        let t = TcpTransport::join(3, &now, l3, live()).unwrap();
+        let mut c = Communicator::new(t, cc());
+        let m = c.join(Duration::from_secs(20)).unwrap();
+        let added = admit_all(&mut c);
+        let mut v = vec![4.0f32; 1000];
+        c.all_reduce_sum(&mut v).unwrap();
+        (m.added, added, v[0])
+    });
+    assert_eq!(earlier.join().unwrap(), (vec![2], 10.0));
+    assert_eq!(later.join().unwrap(), (vec![3], vec![vec![2]], 10.0));
+    for h in hs.into_iter().take(2) {
+        assert_eq!(h.join().unwrap(), Some((vec![vec![3], vec![2]], 10.0)));
     }
 }

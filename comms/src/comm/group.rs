@@ -46,10 +46,11 @@
 //! newcomer a [`Welcome`] (epoch and members), which the newcomer's `join` waits for; from
 //! there on the newcomer is a member like the others, at the same sequence numbers.
 //! A newcomer some member has not (yet) seen is left waiting for a later `admit`.
-//! Newcomers admitted together need a link among themselves too: of two, the later one
-//! learned the other's new address and dialed it, so on its welcome each newcomer keeps
-//! the connection it dialed to the other or admits the one it was dialed on
-//! ([`Transport::link_newcomer`]).
+//! Newcomers need a link among themselves too (a node's workers coming back): of two, the
+//! later one learned the other's new address and dialed it, the earlier one knew only its
+//! predecessor's. So a newcomer reports the newcomers it dialed as waiting (it admits
+//! them once it is a member), and on its welcome it keeps the connection it dialed to
+//! each member or admits the one it was dialed on ([`Transport::link_member`]).
 //!
 //! The ranks a `regroup` names ([`Membership::members`], [`Membership::removed`]) are the
 //! transport's: stable for the life of the run, unlike the group indices, which shift down
@@ -77,8 +78,8 @@ const NOTICE_SEQ: u64 = u64::MAX - 1;
 /// The sequence number of a [`Welcome`] (never stale either).
 const WELCOME_SEQ: u64 = u64::MAX - 2;
 
-/// How long a welcomed newcomer waits for another newcomer welcomed with it to connect
-/// (see [`crate::Transport::link_newcomer`]; at most the collective timeout).
+/// How long a welcomed newcomer waits for a member that was a newcomer itself to have
+/// connected to it (see [`crate::Transport::link_member`]; at most the collective timeout).
 const NEWCOMER_LINK: Duration = Duration::from_secs(10);
 
 /// The group a [`Communicator::regroup`], [`Communicator::admit`] or
@@ -566,13 +567,13 @@ impl<T: Transport> Communicator<T> {
                     detail: format!("a welcome whose newcomers {added:?} do not hold rank {me}"),
                 });
             }
-            // The newcomers welcomed with this one: a link to each (one that cannot be made
-            // is a member that fails the group's first collective, and is dropped then).
+            // A link to each member (one that cannot be made is a member that fails the
+            // group's first collective, and is dropped then).
             let by = Instant::now() + self.cfg.timeout.min(NEWCOMER_LINK);
-            for &p in added.iter().filter(|&&p| p != me) {
-                self.transport.gone[p] = match self.transport.inner_mut().link_newcomer(p, by) {
+            for &p in members.iter().filter(|&&p| p != me) {
+                self.transport.gone[p] = match self.transport.inner_mut().link_member(p, by) {
                     Ok(()) => None,
-                    Err(e) => Some(format!("linking the newcomer welcomed with this one: {e}")),
+                    Err(e) => Some(format!("linking to it on being welcomed: {e}")),
                 };
             }
             self.enter(w.epoch, members.clone(), w.epoch * EPOCH_SEQ + GROUP_SEQ);

@@ -175,13 +175,14 @@ pub trait Transport: Send {
         })
     }
 
-    /// On a newcomer welcomed into the group together with the newcomer for `rank`: makes
-    /// the link between the two the one both use. Of two newcomers, the one that came
-    /// later reached the other (its view of the mesh was the newer); the earlier one
-    /// admits it as [`Transport::admit`] does a joiner, once it has connected (waiting
-    /// for that until `deadline`). The default admits a waiting joiner for `rank`, if
-    /// there is one, and otherwise keeps the link it has; see [`crate::Communicator::join`].
-    fn link_newcomer(&mut self, rank: usize, deadline: Instant) -> Result<(), TransportError> {
+    /// On a newcomer welcomed into the group: makes its link to the member for `rank` the
+    /// one both use. A newcomer reached the members it knew the addresses of; a member
+    /// that was a newcomer itself (welcomed earlier, or together with this one) may have
+    /// learned this one's address and reached it instead, and is admitted here as
+    /// [`Transport::admit`] does a joiner — once it has connected, waited for until
+    /// `deadline`. The default admits a waiting joiner for `rank` if there is one, and
+    /// otherwise keeps the link it has; see [`crate::Communicator::join`].
+    fn link_member(&mut self, rank: usize, deadline: Instant) -> Result<(), TransportError> {
         let _ = deadline;
         if self.joiners().contains(&rank) {
             self.admit(rank)
@@ -216,8 +217,8 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     fn admit(&mut self, rank: usize) -> Result<(), TransportError> {
         (**self).admit(rank)
     }
-    fn link_newcomer(&mut self, rank: usize, deadline: Instant) -> Result<(), TransportError> {
-        (**self).link_newcomer(rank, deadline)
+    fn link_member(&mut self, rank: usize, deadline: Instant) -> Result<(), TransportError> {
+        (**self).link_member(rank, deadline)
     }
 }
 

@@ -179,6 +179,10 @@ struct Joining {
     arrived: mpsc::Receiver<Newcomer>,
     /// The latest newcomer per rank.
     waiting: BTreeMap<usize, (std::net::TcpStream, BytesMut)>,
+    /// Per rank: this rank, itself a newcomer, dialed the connection it has to it (see
+    /// [`TcpTransport::join`]), not yet admitted. One to a rank that is no member is a
+    /// newcomer this one reached: reported by [`Transport::joiners`] while it is open.
+    dialed: Vec<bool>,
 }
 
 /// An authenticated newcomer's connection: the rank it claims, the socket, and the bytes
@@ -236,7 +240,13 @@ impl TcpTransport {
                 detail: format!("joining as rank {rank}: none answered within {per_peer:?}"),
             });
         }
-        Self::build(rank, world, rt, link, conns, cfg, arrived)
+        let mut t = Self::build(rank, world, rt, link, conns, cfg, arrived)?;
+        if let Some(j) = &mut t.joining {
+            for (p, d) in j.dialed.iter_mut().enumerate() {
+                *d = t.streams[p].is_some();
+            }
+        }
+        Ok(t)
     }
 
     /// Starts accepting newcomers on `link` (see [`accept_newcomers`]); they arrive on the
@@ -314,6 +324,7 @@ impl TcpTransport {
                 _rt: rt,
                 arrived,
                 waiting: BTreeMap::new(),
+                dialed: vec![false; world],
             })
         } else {
             drop(link);
@@ -414,18 +425,38 @@ impl Transport for TcpTransport {
                 let _ = old.shutdown(Shutdown::Both);
             }
         }
-        j.waiting.keys().copied().collect()
+        let mut w: Vec<usize> = j.waiting.keys().copied().collect();
+        w.extend((0..self.peers.world_size()).filter(|&p| self.dialed_open(p)));
+        w.sort_unstable();
+        w.dedup();
+        w
     }
 
+    /// Switches to the newcomer's connection for `rank` — or, on a rank that joined
+    /// itself, keeps the one it dialed to that rank (a newcomer it reached, admitted
+    /// now; see [`TcpTransport::link_member`]). Where both exist (the new listener took
+    /// the old port), the higher rank's dial is the link, on both sides.
     fn admit(&mut self, rank: usize) -> Result<(), TransportError> {
         check_peer(rank, self.rank, self.peers.world_size())?;
         self.joiners();
-        let Some((stream, buf)) = self.joining.as_mut().and_then(|j| j.waiting.remove(&rank))
-        else {
-            return Err(TransportError::Handshake {
-                peer: format!("rank {rank}"),
-                detail: "no newcomer is waiting for this rank".into(),
-            });
+        let mine = self.dialed_open(rank);
+        let waiting = self.joining.as_mut().and_then(|j| {
+            j.dialed[rank] = false;
+            j.waiting.remove(&rank)
+        });
+        let (stream, buf) = match (waiting, mine) {
+            (Some((theirs, _)), true) if self.rank > rank => {
+                let _ = theirs.shutdown(Shutdown::Both);
+                return Ok(());
+            }
+            (Some(w), _) => w,
+            (None, true) => return Ok(()),
+            (None, false) => {
+                return Err(TransportError::Handshake {
+                    peer: format!("rank {rank}"),
+                    detail: "no newcomer is waiting for this rank".into(),
+                })
+            }
         };
         // The predecessor's connection ends (if it had not), and its reader with it: all
         // it delivered is queued before the marker, and the newcomer's reader starts after.
@@ -439,37 +470,38 @@ impl Transport for TcpTransport {
         self.start(rank, stream, buf)
     }
 
-    /// Of two newcomers, the later one dialed the other at its new address (the earlier
-    /// one knew only its predecessor's, and reached no one there): this rank keeps the
-    /// connection it dialed, or admits the one it was dialed on — waiting until `deadline`
-    /// for it to arrive. Should both exist (the new listener bound the old port), the
-    /// higher rank's dial is the link.
-    fn link_newcomer(&mut self, rank: usize, deadline: Instant) -> Result<(), TransportError> {
+    /// The link to each member is the connection this newcomer dialed to it, or — to a
+    /// member that was a newcomer itself and dialed this one, which knew only its
+    /// predecessor's address — the one it was dialed on, which it waits for until
+    /// `deadline` (which wins where both exist: as in `admit`).
+    fn link_member(&mut self, rank: usize, deadline: Instant) -> Result<(), TransportError> {
         check_peer(rank, self.rank, self.peers.world_size())?;
-        let dialed = self.streams[rank].is_some();
         loop {
             if self.joiners().contains(&rank) {
-                if dialed && self.rank > rank {
-                    if let Some((s, _)) =
-                        self.joining.as_mut().and_then(|j| j.waiting.remove(&rank))
-                    {
-                        let _ = s.shutdown(Shutdown::Both);
-                    }
-                    return Ok(());
-                }
                 return self.admit(rank);
             }
-            if dialed {
+            if self.streams[rank].is_some() || self.joining.is_none() {
                 return Ok(());
             }
             if Instant::now() >= deadline {
                 return Err(TransportError::Handshake {
                     peer: format!("rank {rank}"),
-                    detail: "the newcomer welcomed with this one never connected to it".into(),
+                    detail: "no connection to this member: it did not reach this newcomer".into(),
                 });
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+}
+
+impl TcpTransport {
+    /// Whether this rank, as a newcomer, dialed its connection to `rank` and it is open
+    /// (its reader runs), not yet admitted.
+    fn dialed_open(&self, rank: usize) -> bool {
+        self.joining.as_ref().is_some_and(|j| j.dialed[rank])
+            && self.readers[rank]
+                .as_ref()
+                .is_some_and(|r| !r.is_finished())
     }
 }
 
