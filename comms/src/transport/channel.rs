@@ -144,6 +144,25 @@ impl Transport for ChannelTransport {
     }
 
     fn admit(&mut self, rank: usize) -> Result<(), TransportError> {
+        self.take_newcomer(rank, false)
+    }
+
+    /// A newcomer that joined after this one (its generation newer than the one this
+    /// newcomer knew) may have been welcomed first and sent already: linked to with its
+    /// messages kept ([`Inbox::admit_sender`]).
+    fn link_member(&mut self, rank: usize, _deadline: Instant) -> Result<(), TransportError> {
+        if self.joiners().contains(&rank) {
+            self.take_newcomer(rank, true)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl ChannelTransport {
+    /// Sends to the newcomer for `rank` from now on; `sent_already`: it may have sent
+    /// into this rank's queue (kept), otherwise only its predecessor did (dropped).
+    fn take_newcomer(&mut self, rank: usize, sent_already: bool) -> Result<(), TransportError> {
         check_peer(rank, self.rank, self.world)?;
         let mut reg = self.registry.0.lock().expect("registry");
         if reg.generation[rank] == self.known[rank] {
@@ -153,7 +172,11 @@ impl Transport for ChannelTransport {
             });
         }
         // The predecessor is gone: all it sent is queued, so the marker goes right behind.
-        self.inbox.admit(rank);
+        if sent_already {
+            self.inbox.admit_sender(rank);
+        } else {
+            self.inbox.admit(rank);
+        }
         self.peers[rank] = reg.txs[rank].clone();
         self.known[rank] = reg.generation[rank];
         reg.admitted[rank] = reg.admitted[rank].max(reg.generation[rank]);

@@ -285,6 +285,9 @@ pub(crate) struct Inbox {
     /// Ranks given to a newcomer whose [`Event::Admitted`] marker is still ahead in the
     /// queue: their events until then are the predecessor's, and are dropped.
     admitting: Vec<bool>,
+    /// Of those, the ranks whose messages are kept (the newcomer's own already: see
+    /// [`Inbox::admit_sender`]); only their losses are dropped.
+    keeps_messages: Vec<bool>,
     received: u64,
     overhead: u64,
 }
@@ -304,6 +307,7 @@ impl Inbox {
             skipped: VecDeque::new(),
             closed: vec![false; world],
             admitting: vec![false; world],
+            keeps_messages: vec![false; world],
             received: 0,
             overhead,
         }
@@ -339,10 +343,12 @@ impl Inbox {
         match e {
             Event::Admitted(p) => {
                 self.admitting[p] = false;
+                self.keeps_messages[p] = false;
                 self.closed[p] = false;
                 None
             }
-            Event::Msg(p, _) | Event::Closed(p) | Event::Silent(p, _) if self.admitting[p] => None,
+            Event::Msg(p, _) if self.admitting[p] && !self.keeps_messages[p] => None,
+            Event::Closed(p) | Event::Silent(p, _) if self.admitting[p] => None,
             e => Some(e),
         }
     }
@@ -356,6 +362,18 @@ impl Inbox {
         self.skipped.retain(
             |e| !matches!(e, Event::Msg(f, _) | Event::Closed(f) | Event::Silent(f, _) if *f == p),
         );
+        let _ = self.keep.send(Event::Admitted(p));
+    }
+
+    /// As [`Inbox::admit`] for a newcomer that may have sent already into this queue (an
+    /// in-process newcomer linked to another: see `ChannelTransport::link_member`): only
+    /// the predecessor's losses before the marker are dropped — its messages, none of
+    /// which can be the predecessor's, are kept.
+    pub(crate) fn admit_sender(&mut self, p: usize) {
+        self.admitting[p] = true;
+        self.keeps_messages[p] = true;
+        self.skipped
+            .retain(|e| !matches!(e, Event::Closed(f) | Event::Silent(f, _) if *f == p));
         let _ = self.keep.send(Event::Admitted(p));
     }
 
