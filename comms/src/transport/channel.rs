@@ -149,7 +149,7 @@ impl Transport for ChannelTransport {
 
     /// A newcomer that joined after this one (its generation newer than the one this
     /// newcomer knew) may have been welcomed first and sent already: linked to with its
-    /// messages kept ([`Inbox::admit_sender`]).
+    /// messages kept (`Inbox::admit_sender`).
     fn link_member(&mut self, rank: usize, _deadline: Instant) -> Result<(), TransportError> {
         if self.joiners().contains(&rank) {
             self.take_newcomer(rank, true)
