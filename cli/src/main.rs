@@ -121,7 +121,7 @@ struct RunArgs {
     max_restarts: usize,
     /// Join a running multi-node run as node --node-rank (not node 0, which hosts the
     /// rendezvous): its workers take the places of this node's lost ones (live membership
-    /// over tcp), e.g. after this node's host restarted.
+    /// over tcp or hybrid), e.g. after this node's host restarted.
     #[arg(long, requires = "node_rank")]
     join: bool,
 }

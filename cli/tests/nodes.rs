@@ -373,10 +373,21 @@ fn chaos_across_two_node_launchers() {
 /// both launchers finish the run.
 #[test]
 fn a_node_launcher_rejoins_after_its_host_went() {
+    node_rejoins("tcp");
+}
+
+/// The same over the hybrid driver (shared memory within each node, TCP between): the
+/// newcomers talk over TCP alone, to each other too, and node 0's workers keep their rings.
+#[test]
+fn a_node_launcher_rejoins_over_the_hybrid_driver() {
+    node_rejoins("hybrid");
+}
+
+fn node_rejoins(transport: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = tmp.path().join("rejoin.toml");
     let steps = 4000;
-    let text = config(&tmp.path().join("runs"), "tcp")
+    let text = config(&tmp.path().join("runs"), transport)
         .replace(
             "epochs = 1\nmax_steps = 8",
             &format!("epochs = 400\nmax_steps = {steps}"),

@@ -221,3 +221,69 @@ fn without_room_for_the_rings_a_host_talks_over_tcp() {
         assert_eq!(net, all, "rank {r} used shared memory");
     }
 }
+
+/// Live membership over the hybrid driver: of two hosts of two ranks, rank 3 is lost; a
+/// newcomer takes its place over TCP alone (`HybridTransport::join`), the three admit it,
+/// and its host mate, rank 2, reaches it over TCP now instead of the old rings: the four
+/// run collectives again, and the newcomer's later loss is reported once, by TCP.
+#[test]
+fn a_newcomer_replaces_a_lost_host_mate_over_tcp() {
+    let mut cfgs = configs(4, 2);
+    for c in &mut cfgs {
+        c.0.accept_joiners = true;
+    }
+    let (ls, addrs) = common::tcp::listeners(4);
+    let ts: Vec<HybridTransport> = connect_each(ls, addrs.clone(), cfgs, |r, p, l, (t, s, k)| {
+        HybridTransport::connect(r, p, l, t, s, &k)
+    })
+    .into_iter()
+    .map(|t| t.expect("mesh set-up"))
+    .collect();
+    let cc = || CommConfig {
+        timeout: Duration::from_secs(10),
+        ..CommConfig::default()
+    };
+    let sums = |c: &mut Communicator<HybridTransport>| {
+        let mut v = vec![c.members()[c.rank()] as f32 + 1.0; 20_000];
+        c.all_reduce_sum(&mut v).map(|()| v[0])
+    };
+    let members: Vec<_> = ts
+        .into_iter()
+        .map(|t| {
+            thread::spawn(move || {
+                let mut c = Communicator::new(t, cc());
+                assert_eq!(sums(&mut c).unwrap(), 10.0);
+                if c.rank() == 3 {
+                    return None;
+                }
+                let e = sums(&mut c).unwrap_err();
+                c.regroup(&e.failed_ranks()).unwrap();
+                assert_eq!(sums(&mut c).unwrap(), 6.0);
+                let m = loop {
+                    if let Some(m) = c.admit().unwrap() {
+                        break m;
+                    }
+                    thread::sleep(Duration::from_millis(10));
+                };
+                let after = sums(&mut c).unwrap();
+                // The newcomer leaves: its loss is TCP's, reported once.
+                let gone = sums(&mut c).unwrap_err();
+                Some((m.added, after, gone.failed_ranks()))
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(500));
+    let (l, _) = common::tcp::listeners(1);
+    let mut tcp = common::tcp::config(common::tcp::TOKEN);
+    tcp.accept_joiners = true;
+    let t = HybridTransport::join(3, &addrs, l.into_iter().next().unwrap(), tcp).unwrap();
+    assert_eq!(t.topology(), &Topology::one_per_host(4));
+    let mut c = Communicator::new(t, cc());
+    let m = c.join(Duration::from_secs(20)).unwrap();
+    assert_eq!((m.members, m.rank), (vec![0, 1, 2, 3], 3));
+    assert_eq!(sums(&mut c).unwrap(), 10.0);
+    drop(c);
+    for h in members.into_iter().take(3) {
+        assert_eq!(h.join().unwrap(), Some((vec![3], 10.0, vec![3])));
+    }
+}

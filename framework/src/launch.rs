@@ -507,15 +507,16 @@ pub fn launch(
         return Err("--nnodes > 1 needs --rendezvous HOST:PORT (node 0's address)".into());
     }
     let replaces = plan.config.cluster.membership == crate::config::Membership::Live
-        && resolve_transport(plan.config.cluster.transport, world, Some(nnodes)).0
-            == TransportKind::Tcp;
+        && resolve_transport(plan.config.cluster.transport, world, Some(nnodes))
+            .0
+            .takes_newcomers();
     if nnodes > 1 && opts.max_restarts > 0 && !replaces {
         return Err(
             "--max-restarts restarts the workers of one node; with --nnodes > 1 the \
                     node launchers would have to agree on every restart, which they do not \
                     yet: restart the run with --resume on every node (or run with \
-                    cluster.membership = \"live\" and transport \"tcp\", where each node \
-                    replaces its lost workers by newcomers)"
+                    cluster.membership = \"live\" and transport \"tcp\" or \"hybrid\", \
+                    where each node replaces its lost workers by newcomers)"
                 .into(),
         );
     }
@@ -570,10 +571,10 @@ pub fn launch(
                     .into(),
             );
         }
-        if c.membership != crate::config::Membership::Live || kind != TransportKind::Tcp {
+        if c.membership != crate::config::Membership::Live || !kind.takes_newcomers() {
             return Err(
-                "--join needs cluster.membership = \"live\" and cluster.transport = \
-                        \"tcp\" (newcomers join over tcp)"
+                "--join needs cluster.membership = \"live\" and cluster.transport \
+                        \"tcp\" or \"hybrid\" (newcomers join over tcp)"
                     .into(),
             );
         }

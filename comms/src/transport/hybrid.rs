@@ -38,6 +38,13 @@
 //! which shared memory alone cannot see. The closing of that idle connection is not
 //! reported (shared memory reports the peer once its last ring bytes are read).
 //!
+//! # Newcomers
+//! With [`TcpConfig::accept_joiners`] (live membership), a newcomer takes a lost rank's
+//! place over TCP alone ([`HybridTransport::join`]: [`TcpTransport::join`], no host keys
+//! and no rings — it talks to every rank over TCP, same-host ones included). A member that
+//! admits it ([`Transport::admit`]) reaches that rank over TCP from then on, and whatever
+//! the lost rank's rings still say (their closing) is ignored.
+//!
 //! [`Transport::bytes`] counts both drivers; [`HybridTransport::network_bytes`] only TCP's,
 //! the bytes that crossed between hosts.
 
@@ -79,6 +86,9 @@ pub struct HybridTransport {
     tcp_events: Arc<AtomicU64>,
     /// Peers already reported lost.
     lost: Vec<bool>,
+    /// Same-host ranks whose place a newcomer took: reached over TCP now, and nothing of
+    /// their old rings is reported.
+    replaced: Vec<bool>,
 }
 
 impl HybridTransport {
@@ -168,6 +178,35 @@ impl HybridTransport {
             tcp,
             tcp_events,
             lost: vec![false; world],
+            replaced: vec![false; world],
+        })
+    }
+
+    /// A newcomer taking rank `rank`'s place in a running hybrid mesh (see the [module
+    /// docs](self)): [`TcpTransport::join`] with `tcp`, and every peer over TCP. Its
+    /// [`HybridTransport::topology`] is one rank per host (it took no part in the set-up's
+    /// key exchange; the trainer learns the hosts with a collective of its own).
+    pub fn join(
+        rank: usize,
+        peers: &[SocketAddr],
+        listener: std::net::TcpListener,
+        tcp: TcpConfig,
+    ) -> Result<Self, TransportError> {
+        let world = peers.len();
+        let tcp = TcpTransport::join(rank, peers, listener, tcp)?;
+        let mut local = vec![None; world];
+        local[rank] = Some(0);
+        Ok(HybridTransport {
+            rank,
+            world,
+            topology: Topology::one_per_host(world),
+            members: vec![rank],
+            local,
+            shm: None,
+            tcp,
+            tcp_events: Arc::new(AtomicU64::new(0)),
+            lost: vec![false; world],
+            replaced: vec![false; world],
         })
     }
 
@@ -214,7 +253,7 @@ impl HybridTransport {
             other => return Some(other),
         };
         if let Some((p, _)) = e.lost_peer() {
-            if std::mem::replace(&mut self.lost[p], true) {
+            if self.replaced[p] || std::mem::replace(&mut self.lost[p], true) {
                 return None;
             }
         }
@@ -378,7 +417,7 @@ impl Transport for HybridTransport {
             match shm.recv_or(None, deadline, &|| events.load(SeqCst) != seen) {
                 Ok(Some((l, m))) => {
                     let from = self.members[l];
-                    if !self.lost[from] {
+                    if !self.lost[from] && !self.replaced[from] {
                         return Ok((from, m));
                     }
                 }
@@ -436,5 +475,37 @@ impl Transport for HybridTransport {
             sent: t.sent + s.sent,
             received: t.received + s.received,
         }
+    }
+
+    fn joiners(&mut self) -> Vec<usize> {
+        self.tcp.joiners()
+    }
+
+    /// TCP's admission; a same-host rank is reached over TCP from then on.
+    fn admit(&mut self, rank: usize) -> Result<(), TransportError> {
+        self.tcp.admit(rank)?;
+        self.route_over_tcp(rank);
+        Ok(())
+    }
+
+    fn link_member(&mut self, rank: usize, deadline: Instant) -> Result<(), TransportError> {
+        self.tcp.link_member(rank, deadline)?;
+        self.route_over_tcp(rank);
+        Ok(())
+    }
+}
+
+impl HybridTransport {
+    /// `rank` (a newcomer in its place, or a member a newcomer links to) is reached over
+    /// TCP from now on: its old rings say nothing more, and its connection's closing is
+    /// reported as any other host's rank's.
+    fn route_over_tcp(&mut self, rank: usize) {
+        if rank == self.rank {
+            return;
+        }
+        if self.local[rank].take().is_some() {
+            self.replaced[rank] = true;
+        }
+        self.lost[rank] = false;
     }
 }

@@ -285,6 +285,14 @@ pub enum TransportKind {
     Mpi,
 }
 
+impl TransportKind {
+    /// Whether newcomers can take lost workers' places over it (live membership): TCP,
+    /// and the hybrid driver, whose newcomers talk over TCP alone.
+    pub fn takes_newcomers(self) -> bool {
+        matches!(self, TransportKind::Tcp | TransportKind::Hybrid)
+    }
+}
+
 impl std::str::FromStr for TransportKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

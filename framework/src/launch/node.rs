@@ -145,11 +145,10 @@ impl Node<'_> {
                 on_signal: Some(grace),
                 live: self.live(),
             };
-            // Live membership: --max-restarts replaces lost workers by newcomers (tcp).
+            // Live membership: --max-restarts replaces lost workers by newcomers (tcp, hybrid).
             let budget = self.opts.max_restarts.saturating_sub(restarts.len());
-            let replaces = self.live()
-                && budget > 0
-                && self.plan.config.cluster.transport == crate::config::TransportKind::Tcp;
+            let replaces =
+                self.live() && budget > 0 && self.plan.config.cluster.transport.takes_newcomers();
             let mut start = |rank: usize| self.spawn_one(rdv, rank, false, true);
             let ended = watch_replacing(
                 &mut children,

@@ -23,8 +23,8 @@ use crate::trainer::{Observer, RunDir, Summary, TrainError, Trainer};
 
 /// Builds the transport of one rank through the rendezvous at `host` (waiting at most
 /// `timeout` for the other ranks); tcp and quic connections watch their peers with
-/// `liveness`. `joining`: the rank takes a lost rank's place in a running group (tcp only;
-/// see [`TcpTransport::join`]).
+/// `liveness`. `joining`: the rank takes a lost rank's place in a running group (tcp and
+/// hybrid; see [`TcpTransport::join`]).
 #[allow(clippy::too_many_arguments)]
 pub fn connect(
     kind: TransportKind,
@@ -69,10 +69,19 @@ pub fn connect(
             };
             Box::new(t.map_err(|e| e.to_string())?)
         }
+        TransportKind::Hybrid if joining => {
+            // Over TCP alone: no host keys, no rings (see HybridTransport::join).
+            let (l, j) = listen_and_join()?;
+            let tcp = TcpConfig {
+                accept_joiners: liveness.accept_joiners,
+                ..tcp
+            };
+            Box::new(HybridTransport::join(rank, &j.peers, l, tcp).map_err(|e| e.to_string())?)
+        }
         _ if joining => {
             return Err(format!(
-                "transport {kind:?}: only tcp accepts a worker joining a running group (use \
-                 cluster.transport = \"tcp\" with cluster.membership = \"live\")"
+                "transport {kind:?}: only tcp and hybrid accept a worker joining a running \
+                 group (use one of them with cluster.membership = \"live\")"
             ))
         }
         TransportKind::Quic => {
@@ -107,6 +116,10 @@ pub fn connect(
         }
         TransportKind::Hybrid => {
             let (l, j) = listen_and_join()?;
+            let tcp = TcpConfig {
+                accept_joiners: liveness.accept_joiners,
+                ..tcp
+            };
             // The emulated link is the network's: the host-local rings are not shaped.
             let shm = ShmConfig {
                 connect_timeout: timeout,
@@ -323,7 +336,7 @@ fn train_once(
     before_training("before the first step")?;
     t.stop_on(stop.clone());
     let rejoins = cfg.cluster.membership == crate::config::Membership::Live
-        && cfg.cluster.transport == TransportKind::Tcp;
+        && cfg.cluster.transport.takes_newcomers();
     let summary = match t.run(obs) {
         Ok(s) => Ok(Once::Done(Box::new(s))),
         Err(e @ TrainError::Stopped { signal, .. }) => Err(LaunchError::Stopped {
