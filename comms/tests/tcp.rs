@@ -190,49 +190,75 @@ fn a_newcomer_takes_a_lost_ranks_place_over_tcp() {
     }
 }
 
-/// Two newcomers over TCP admitted together, as when a node's workers come back: the
-/// earlier one (2) knew only rank 3's lost address, the later one (3) dialed 2's new one
-/// while 2 was still dialing the dead address. On their welcome, 2 takes the connection 3
-/// made (`Transport::link_member`), and the four run collectives again.
-#[test]
-fn two_newcomers_admitted_together_over_tcp_link_to_each_other() {
-    use dtrain_comms::{CommConfig, Communicator};
-    let (ls, addrs) = listeners(4);
-    let cc = || CommConfig {
+/// The collectives' config of the live-membership tests below.
+fn live_comm() -> dtrain_comms::CommConfig {
+    dtrain_comms::CommConfig {
         timeout: Duration::from_secs(10),
-        ..CommConfig::default()
-    };
-    let live = || {
-        let mut cfg = config(TOKEN);
-        cfg.accept_joiners = true;
-        cfg.connect_timeout = Duration::from_secs(2);
-        cfg
-    };
-    let hs: Vec<_> = ls
+        ..dtrain_comms::CommConfig::default()
+    }
+}
+
+/// A TCP config that accepts newcomers, dialing each peer for at most 2 s.
+fn live_tcp() -> dtrain_comms::TcpConfig {
+    let mut cfg = config(TOKEN);
+    cfg.accept_joiners = true;
+    cfg.connect_timeout = Duration::from_secs(2);
+    cfg
+}
+
+/// A member's result in the tests below: the newcomers of each admission, the sum after.
+type Member = thread::JoinHandle<Option<(Vec<Vec<usize>>, f32)>>;
+
+/// A 4-rank TCP mesh accepting newcomers whose ranks 2 and 3 leave after one all-reduce;
+/// ranks 0 and 1 regroup, then run `then` (their result in the handles, by rank). The
+/// mesh's addresses.
+fn two_lost_of_four(
+    then: fn(&mut dtrain_comms::Communicator<TcpTransport>, usize) -> Vec<Vec<usize>>,
+) -> (Vec<std::net::SocketAddr>, Vec<Member>) {
+    let (ls, addrs) = listeners(4);
+    let hs = ls
         .into_iter()
         .enumerate()
         .map(|(r, l)| {
             let addrs = addrs.clone();
             thread::spawn(move || {
-                let t = TcpTransport::connect(r, &addrs, l, live()).unwrap();
-                let mut c = Communicator::new(t, cc());
-                let mut v = vec![1.0f32; 50_000];
+                let t = TcpTransport::connect(r, &addrs, l, live_tcp()).unwrap();
+                let mut c = dtrain_comms::Communicator::new(t, live_comm());
+                let mut v = vec![1.0f32; 1000];
                 c.all_reduce_sum(&mut v).unwrap();
                 if r >= 2 {
                     return None;
                 }
                 let e = c.all_reduce_sum(&mut v).unwrap_err();
                 c.regroup(&e.failed_ranks()).unwrap();
-                while c.waiting_joiners().len() < 2 {
-                    thread::sleep(Duration::from_millis(10));
-                }
-                let m = c.admit().unwrap().expect("both newcomers waiting");
-                let mut v = vec![r as f32 + 1.0; 50_000];
-                c.all_reduce_sum(&mut v).unwrap();
-                Some((m.added, v[0], v[49_999]))
+                let added = then(&mut c, r);
+                Some((added, sum_of_ranks(&mut c)))
             })
         })
         .collect();
+    (addrs, hs)
+}
+
+/// All-reduces (transport rank + 1) over the group; the sum.
+fn sum_of_ranks(c: &mut dtrain_comms::Communicator<TcpTransport>) -> f32 {
+    let mut v = vec![c.members()[c.rank()] as f32 + 1.0; 50_000];
+    c.all_reduce_sum(&mut v).unwrap();
+    assert_eq!(v[0], v[49_999]);
+    v[0]
+}
+
+/// Two newcomers over TCP admitted together, as when a node's workers come back: the
+/// earlier one (2) knew only rank 3's lost address, the later one (3) dialed 2's new one
+/// while 2 was still dialing the dead address. On their welcome, 2 takes the connection 3
+/// made (`Transport::link_member`), and the four run collectives again.
+#[test]
+fn two_newcomers_admitted_together_over_tcp_link_to_each_other() {
+    let (addrs, hs) = two_lost_of_four(|c, _| {
+        while c.waiting_joiners().len() < 2 {
+            thread::sleep(Duration::from_millis(10));
+        }
+        vec![c.admit().unwrap().expect("both newcomers waiting").added]
+    });
     thread::sleep(Duration::from_millis(500));
     let (l, new) = listeners(2);
     let mut now = addrs.clone();
@@ -242,19 +268,17 @@ fn two_newcomers_admitted_together_over_tcp_link_to_each_other() {
         .zip([(2, addrs.clone()), (3, now)])
         .map(|(l, (r, peers))| {
             let h = thread::spawn(move || {
-                let t = TcpTransport::join(r, &peers, l, live()).unwrap();
-                let mut c = Communicator::new(t, cc());
+                let t = TcpTransport::join(r, &peers, l, live_tcp()).unwrap();
+                let mut c = dtrain_comms::Communicator::new(t, live_comm());
                 let m = c.join(Duration::from_secs(20)).unwrap();
-                let mut v = vec![r as f32 + 1.0; 50_000];
-                c.all_reduce_sum(&mut v).unwrap();
-                Some((m.added, v[0], v[49_999]))
+                Some((vec![m.added], sum_of_ranks(&mut c)))
             });
             thread::sleep(Duration::from_millis(50));
             h
         })
         .collect();
     for h in hs.into_iter().take(2).chain(joiners) {
-        assert_eq!(h.join().unwrap(), Some((vec![2, 3], 10.0, 10.0)));
+        assert_eq!(h.join().unwrap(), Some((vec![vec![2, 3]], 10.0)));
     }
 }
 
@@ -290,54 +314,7 @@ fn slow_relay(to: std::net::SocketAddr, delay: Duration) -> std::net::SocketAddr
 /// group admits 2, and 2 takes 3's connection as its link (`Transport::link_member`).
 #[test]
 fn a_newcomer_admitted_before_an_earlier_one_reports_it() {
-    use dtrain_comms::{CommConfig, Communicator};
-    let (ls, addrs) = listeners(4);
-    let cc = || CommConfig {
-        timeout: Duration::from_secs(10),
-        ..CommConfig::default()
-    };
-    let live = || {
-        let mut cfg = config(TOKEN);
-        cfg.accept_joiners = true;
-        cfg.connect_timeout = Duration::from_secs(3);
-        cfg
-    };
-    // Admits until the group has all four, as one of its members; the newcomers of each
-    // admission.
-    let admit_all = |c: &mut Communicator<TcpTransport>| {
-        let t = Instant::now();
-        let mut added = Vec::new();
-        while c.members().len() < 4 {
-            assert!(t.elapsed() < Duration::from_secs(20), "admitted {added:?}");
-            match c.admit().unwrap() {
-                Some(m) => added.push(m.added),
-                None => thread::sleep(Duration::from_millis(10)),
-            }
-        }
-        added
-    };
-    let hs: Vec<_> = ls
-        .into_iter()
-        .enumerate()
-        .map(|(r, l)| {
-            let addrs = addrs.clone();
-            thread::spawn(move || {
-                let t = TcpTransport::connect(r, &addrs, l, live()).unwrap();
-                let mut c = Communicator::new(t, cc());
-                let mut v = vec![1.0f32; 1000];
-                c.all_reduce_sum(&mut v).unwrap();
-                if r >= 2 {
-                    return None;
-                }
-                let e = c.all_reduce_sum(&mut v).unwrap_err();
-                c.regroup(&e.failed_ranks()).unwrap();
-                let added = admit_all(&mut c);
-                let mut v = vec![r as f32 + 1.0; 1000];
-                c.all_reduce_sum(&mut v).unwrap();
-                Some((added, v[0]))
-            })
-        })
-        .collect();
+    let (addrs, hs) = two_lost_of_four(|c, _| admit_all(c));
     thread::sleep(Duration::from_millis(500));
     let (l, new) = listeners(2);
     let mut l = l.into_iter();
@@ -345,29 +322,42 @@ fn a_newcomer_admitted_before_an_earlier_one_reports_it() {
     slow[0] = slow_relay(addrs[0], Duration::from_millis(1500));
     slow[1] = slow_relay(addrs[1], Duration::from_millis(1500));
     let (l2, l3) = (l.next().unwrap(), l.next().unwrap());
-    let earlier = thread::spawn(move || {
-        let t = TcpTransport::join(2, &slow, l2, live()).unwrap();
-        let mut c = Communicator::new(t, cc());
+    let join = |r: usize, peers: Vec<std::net::SocketAddr>, l| {
+        let t = TcpTransport::join(r, &peers, l, live_tcp()).unwrap();
+        let mut c = dtrain_comms::Communicator::new(t, live_comm());
         let m = c.join(Duration::from_secs(20)).unwrap();
-        let mut v = vec![3.0f32; 1000];
-        c.all_reduce_sum(&mut v).unwrap();
-        (m.added, v[0])
+        (c, m.added)
+    };
+    let earlier = thread::spawn(move || {
+        let (mut c, added) = join(2, slow, l2);
+        (added, sum_of_ranks(&mut c))
     });
     thread::sleep(Duration::from_millis(100));
     let mut now = addrs.clone();
     now[2] = new[0];
     let later = thread::spawn(move || {
-        let t = TcpTransport::join(3, &now, l3, live()).unwrap();
-        let mut c = Communicator::new(t, cc());
-        let m = c.join(Duration::from_secs(20)).unwrap();
-        let added = admit_all(&mut c);
-        let mut v = vec![4.0f32; 1000];
-        c.all_reduce_sum(&mut v).unwrap();
-        (m.added, added, v[0])
+        let (mut c, added) = join(3, now, l3);
+        let then = admit_all(&mut c);
+        (added, then, sum_of_ranks(&mut c))
     });
     assert_eq!(earlier.join().unwrap(), (vec![2], 10.0));
     assert_eq!(later.join().unwrap(), (vec![3], vec![vec![2]], 10.0));
     for h in hs.into_iter().take(2) {
         assert_eq!(h.join().unwrap(), Some((vec![vec![3], vec![2]], 10.0)));
     }
+}
+
+/// Admits until the group has all four, as one of its members; the newcomers of each
+/// admission.
+fn admit_all(c: &mut dtrain_comms::Communicator<TcpTransport>) -> Vec<Vec<usize>> {
+    let t = Instant::now();
+    let mut added = Vec::new();
+    while c.members().len() < 4 {
+        assert!(t.elapsed() < Duration::from_secs(20), "admitted {added:?}");
+        match c.admit().unwrap() {
+            Some(m) => added.push(m.added),
+            None => thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    added
 }
