@@ -324,6 +324,13 @@ fn print_summary(dir: &Path, s: &dtrain_framework::trainer::Summary) {
             1e3 * t.in_flight_s
         );
     }
+    if t.keep_s > 0.0 {
+        println!(
+            "live membership kept this rank's state before each step: {:.1} ms per step \
+             (part of the step)",
+            1e3 * t.keep_s
+        );
+    }
     if let Some(line) = slowest_line(s.slowest_rank_steps.as_deref().unwrap_or_default()) {
         println!("{line}");
     }

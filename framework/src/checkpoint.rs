@@ -54,10 +54,22 @@ pub enum CheckpointError {
 }
 
 /// Named byte sections.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct Checkpoint {
     sections: BTreeMap<String, Vec<u8>>,
+    /// The sections of a checkpoint this one was made from ([`Checkpoint::recycle`]),
+    /// whose buffers [`Checkpoint::put_f32`] overwrites in place: not part of the contents.
+    spare: BTreeMap<String, Vec<u8>>,
 }
+
+/// Equal contents: the same sections, byte for byte (buffers kept for reuse do not count).
+impl PartialEq for Checkpoint {
+    fn eq(&self, other: &Self) -> bool {
+        self.sections == other.sections
+    }
+}
+
+impl Eq for Checkpoint {}
 
 /// 64-bit checksum: FNV-style multiply-xor over 8-byte words (corruption detection, not
 /// security).
@@ -80,6 +92,22 @@ impl Checkpoint {
         Self::default()
     }
 
+    /// An empty checkpoint that reuses this one's buffers: each [`Checkpoint::put_f32`]
+    /// of a section this one held overwrites that section's buffer in place (no
+    /// allocation, no zeroing) — live membership keeps the whole state before every step,
+    /// and the copy is the cost. [`Checkpoint::release_spare`] frees what was not reused.
+    pub fn recycle(self) -> Self {
+        Checkpoint {
+            sections: BTreeMap::new(),
+            spare: self.sections,
+        }
+    }
+
+    /// Frees the buffers of [`Checkpoint::recycle`] that no section took.
+    pub fn release_spare(&mut self) {
+        self.spare.clear();
+    }
+
     /// Stores raw bytes under `name`.
     pub fn put_bytes(&mut self, name: &str, bytes: Vec<u8>) {
         self.sections.insert(name.to_string(), bytes);
@@ -87,10 +115,14 @@ impl Checkpoint {
 
     /// Stores an `f32` array (little-endian).
     pub fn put_f32(&mut self, name: &str, v: &[f32]) {
-        // Into a buffer of the final length, 4 bytes at a time: a loop the compiler turns
-        // into wide copies (pushing each value's bytes checked the capacity every time, and
-        // live membership stores the whole state before every step).
-        let mut b = vec![0u8; v.len() * 4];
+        // Into a buffer of the final length — a recycled one of that length as it is — 4
+        // bytes at a time: a loop the compiler turns into wide copies (pushing each value's
+        // bytes checked the capacity every time).
+        let mut b = self.spare.remove(name).unwrap_or_default();
+        if b.len() != v.len() * 4 {
+            b.clear();
+            b.resize(v.len() * 4, 0);
+        }
         for (c, x) in b.chunks_exact_mut(4).zip(v) {
             c.copy_from_slice(&x.to_le_bytes());
         }
@@ -210,7 +242,10 @@ impl Checkpoint {
         if pos != body.len() {
             return Err(corrupt("trailing bytes after the last section"));
         }
-        Ok(Checkpoint { sections })
+        Ok(Checkpoint {
+            sections,
+            spare: BTreeMap::new(),
+        })
     }
 
     /// Writes atomically to `path` (temp file + fsync + rename + directory fsync).
@@ -295,6 +330,30 @@ mod tests {
         // No temp files left behind.
         assert_eq!(fs::read_dir(&d).unwrap().count(), 1);
         fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_recycled_checkpoint_holds_only_what_was_put_into_it_again() {
+        let mut old = Checkpoint::new();
+        old.put_f32("params", &[1.0, 2.0, 3.0]);
+        old.put_f32("mem/1", &[4.0; 4]);
+        old.put_f32("gone", &[5.0]);
+        old.put_json("meta", &7);
+        let at = old.bytes("params").unwrap().as_ptr();
+        let mut c = old.recycle();
+        c.put_f32("params", &[-1.0, -2.0, -3.0]);
+        c.put_f32("mem/1", &[6.0; 2]);
+        c.put_json("meta", &8);
+        c.release_spare();
+        // The buffer of the same length was written in place.
+        assert_eq!(c.bytes("params").unwrap().as_ptr(), at);
+        let mut fresh = Checkpoint::new();
+        fresh.put_f32("params", &[-1.0, -2.0, -3.0]);
+        fresh.put_f32("mem/1", &[6.0; 2]);
+        fresh.put_json("meta", &8);
+        assert_eq!(c, fresh);
+        assert_eq!(c.to_bytes(), fresh.to_bytes());
+        assert_eq!(c.names().collect::<Vec<_>>(), ["mem/1", "meta", "params"]);
     }
 
     #[test]

@@ -174,9 +174,10 @@ impl EventWriter {
     }
 }
 
-/// Each phase of [`Phases`] with its `metrics.jsonl` name — `in_flight_s` only when it is
-/// not zero, as `metrics.jsonl` writes it (time an exchange ran on its background thread:
-/// Streaming DiLoCo's in-flight rounds).
+/// Each phase of [`Phases`] with its `metrics.jsonl` name — `in_flight_s` and `keep_s` only
+/// when they are not zero, as `metrics.jsonl` writes them (time an exchange ran on its
+/// background thread: Streaming DiLoCo's in-flight rounds; live membership's copy of the
+/// state).
 pub fn phases(p: &Phases) -> Vec<(&'static str, f64)> {
     let mut v = vec![
         ("data_s", p.data_s),
@@ -192,6 +193,9 @@ pub fn phases(p: &Phases) -> Vec<(&'static str, f64)> {
     ];
     if p.in_flight_s != 0.0 {
         v.push(("in_flight_s", p.in_flight_s));
+    }
+    if p.keep_s != 0.0 {
+        v.push(("keep_s", p.keep_s));
     }
     v
 }
@@ -325,5 +329,9 @@ mod tests {
         p.in_flight_s = 0.25;
         assert_eq!(sorted(names(&p)), json(&p));
         assert!(phases(&p).contains(&("in_flight_s", 0.25)));
+        assert!(!names(&p).contains(&"keep_s"));
+        p.keep_s = 0.125;
+        assert_eq!(sorted(names(&p)), json(&p));
+        assert!(phases(&p).contains(&("keep_s", 0.125)));
     }
 }

@@ -75,6 +75,11 @@ pub struct Phases {
     /// part of `step_s`; the part the overlap did not hide is the wait in `communicate_s`.
     #[serde(with = "float::num", skip_serializing_if = "is_zero")]
     pub in_flight_s: f64,
+    /// Live membership (`cluster.membership = "live"`): keeping this rank's state in memory
+    /// before the step, so that the group can run it again without a lost member — what
+    /// live membership costs a step. Part of `step_s`; 0 (and not written) otherwise.
+    #[serde(with = "float::num", skip_serializing_if = "is_zero")]
+    pub keep_s: f64,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -92,10 +97,11 @@ impl Phases {
         self.compress_s + self.decompress_s
     }
 
-    /// What the step's wall time holds beyond compute, codec, waiting on the exchange and
-    /// the control all-reduce (bookkeeping, metrics); never negative.
+    /// What the step's wall time holds beyond compute, codec, waiting on the exchange, the
+    /// control all-reduce and keeping the state (bookkeeping, metrics); never negative.
     pub fn other_s(&self) -> f64 {
-        (self.step_s - self.compute_s() - self.codec_s() - self.wait_s - self.sync_s).max(0.0)
+        (self.step_s - self.compute_s() - self.codec_s() - self.wait_s - self.sync_s - self.keep_s)
+            .max(0.0)
     }
 
     /// Adds `o` phase by phase.
@@ -111,6 +117,7 @@ impl Phases {
         self.optimizer_s += o.optimizer_s;
         self.step_s += o.step_s;
         self.in_flight_s += o.in_flight_s;
+        self.keep_s += o.keep_s;
     }
 
     /// Every phase times `k` (a mean from a sum).
@@ -127,6 +134,7 @@ impl Phases {
             optimizer_s: self.optimizer_s * k,
             step_s: self.step_s * k,
             in_flight_s: self.in_flight_s * k,
+            keep_s: self.keep_s * k,
         }
     }
 }
@@ -594,7 +602,7 @@ mod tests {
     }
 
     fn any_phases() -> impl Strategy<Value = Phases> {
-        proptest::collection::vec(any_f64(), 11).prop_map(|v| Phases {
+        proptest::collection::vec(any_f64(), 12).prop_map(|v| Phases {
             data_s: v[0],
             forward_s: v[1],
             backward_s: v[2],
@@ -606,6 +614,7 @@ mod tests {
             optimizer_s: v[8],
             step_s: v[9],
             in_flight_s: v[10],
+            keep_s: v[11],
         })
     }
 

@@ -828,10 +828,14 @@ mod tests {
             sync_s: 0.5,
             step_s: 13.5,
             in_flight_s: 0.0,
+            keep_s: 0.0,
         };
         assert_eq!(p.compute_s(), 10.0);
         assert_eq!(p.codec_s(), 0.75);
         assert_eq!(p.other_s(), 0.25);
+        // Keeping the state (live membership) is its own part of the step.
+        let kept = Phases { keep_s: 0.125, ..p };
+        assert_eq!(kept.other_s(), 0.125);
     }
 
     #[test]

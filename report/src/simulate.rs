@@ -450,7 +450,7 @@ impl StepModel {
             compute_s: m.compute_s(),
             compress_s: m.compress_s,
             decompress_s: m.decompress_s,
-            other_s: m.other_s() + m.sync_s,
+            other_s: m.other_s() + m.sync_s + m.keep_s,
             payload_bytes: payload,
             exchange_fraction: fraction,
             dense_bytes: dense,

@@ -278,11 +278,16 @@ impl<T: Transport> Trainer<T> {
     /// the configuration): what [`Trainer::save_checkpoint`] writes, and what live
     /// membership keeps in memory to run a step again over a new group.
     pub(super) fn state(&mut self) -> Result<Checkpoint, TrainError> {
+        self.state_in(Checkpoint::new())
+    }
+
+    /// [`Trainer::state`] written into `ck` (a [`Checkpoint::recycle`]d one: its buffers
+    /// are overwritten in place).
+    pub(super) fn state_in(&mut self, mut ck: Checkpoint) -> Result<Checkpoint, TrainError> {
         if let Some(moments) = &self.device_moments {
             // The moments of the steps run on the device, into the state written here.
             moments.settle(&mut self.optimizer);
         }
-        let mut ck = Checkpoint::new();
         let memory_keys = self.sync.save(&mut ck).map_err(|e| self.step_error(e))?;
         let meta = Meta {
             step: self.step,
@@ -306,7 +311,18 @@ impl<T: Transport> Trainer<T> {
             replicas_checked_at: self.replicas_checked_at,
         };
         ck.put_json("meta", &meta);
-        ck.put_f32("params", &self.params());
+        // Read into live membership's scratch when it keeps one (no new zeroed vector).
+        let mut params = self
+            .live
+            .as_mut()
+            .map(|l| std::mem::take(&mut l.params))
+            .unwrap_or_default();
+        params.resize(self.num_params(), 0.0);
+        self.model.read_params(&mut params);
+        ck.put_f32("params", &params);
+        if let Some(l) = &mut self.live {
+            l.params = params;
+        }
         let carried = self.model.carried_state();
         if !carried.is_empty() {
             ck.put_f32("model_state", &carried);

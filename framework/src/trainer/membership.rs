@@ -57,6 +57,8 @@ use crate::checkpoint::Checkpoint;
 pub(super) struct Live {
     /// This rank's state before each of the last two steps it began, oldest first.
     kept: VecDeque<(u64, Checkpoint)>,
+    /// The parameters' scratch of [`Trainer::state_in`], kept between steps.
+    pub(super) params: Vec<f32>,
     /// The changes so far (`summary.json`).
     pub(super) changes: Vec<MembershipChange>,
     /// When the session began (for [`MembershipChange::after_s`]).
@@ -123,22 +125,27 @@ impl<T: Transport> Trainer<T> {
         }
     }
 
-    /// Before step `self.step`: keeps this rank's state (the newest two).
-    pub(super) fn keep_state(&mut self) -> Result<(), TrainError> {
+    /// Before step `self.step`: keeps this rank's state (the newest two). Returns the
+    /// seconds it took (the step record's `keep_s`; 0 without live membership).
+    pub(super) fn keep_state(&mut self) -> Result<f64, TrainError> {
         if self.live.is_none() {
-            return Ok(());
+            return Ok(0.0);
         }
         let now = Instant::now();
         let step = self.step;
-        let ck = self.state()?;
+        let l = self.live.as_mut().expect("live");
+        l.kept.retain(|(s, _)| *s < step);
+        // The oldest kept state's buffers take this one (no allocation, no zeroing).
+        let mut spare = None;
+        while l.kept.len() >= 2 {
+            spare = l.kept.pop_front().map(|(_, ck)| ck);
+        }
+        let mut ck = self.state_in(spare.map_or_else(Checkpoint::new, Checkpoint::recycle))?;
+        ck.release_spare();
         let l = self.live.as_mut().expect("live");
         l.began = Some(now);
-        l.kept.retain(|(s, _)| *s < step);
-        while l.kept.len() >= 2 {
-            l.kept.pop_front();
-        }
         l.kept.push_back((step, ck));
-        Ok(())
+        Ok(now.elapsed().as_secs_f64())
     }
 
     /// The failure `e` happened under live membership: when it names lost members, the

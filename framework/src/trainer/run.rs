@@ -64,7 +64,7 @@ impl<T: Transport> Trainer<T> {
             if j == 0 {
                 tally.new_epoch();
             }
-            self.keep_state()?;
+            let keep_s = self.keep_state()?;
             if let Err(e) = self.admit_newcomers(obs) {
                 // A member (or the newcomer) lost while admitting: as in a step.
                 self.survive(e, obs)?;
@@ -80,7 +80,10 @@ impl<T: Transport> Trainer<T> {
                 }
             };
             match rec {
-                StepOutcome::Done(r) => {
+                StepOutcome::Done(mut r) => {
+                    // The copy of the state is part of what the step cost.
+                    r.time.keep_s = keep_s;
+                    r.time.step_s += keep_s;
                     self.adapt_deadline(r.time.step_s);
                     tally.add(&r, self.world);
                     if step.is_multiple_of(self.plan.config.output.log_every.max(1)) {
