@@ -201,6 +201,24 @@ pub fn device_codec(cfg: &CompressorConfig) -> Option<Box<dyn DeviceCodec>> {
     })
 }
 
+/// Where `cfg`'s method has a device codec under other settings than `cfg`'s, which ones
+/// (for the message of a bucket left on the host); `None` where none has one.
+pub fn device_form(cfg: &CompressorConfig) -> Option<&'static str> {
+    Some(match cfg {
+        CompressorConfig::OneBit(_) => "with sum = \"exact\" and one column a segment",
+        CompressorConfig::EfSignSgd(_) => "with sum = \"exact\"",
+        CompressorConfig::Natural(_) => "with draws = \"counter\"",
+        CompressorConfig::Qsgd(_) => {
+            "with draws = \"counter\", norm = \"max\" and coding = \"fixed\""
+        }
+        CompressorConfig::TernGrad(_) => {
+            "with draws = \"counter\", and clip = 0 or sum = \"exact\""
+        }
+        CompressorConfig::Dgc(_) => "with adaptation = \"exact\"",
+        _ => return None,
+    })
+}
+
 /// A segment table on the device: `starts[s]` is segment `s`'s first element, and one more
 /// entry the end of the buffer (`S + 1` words).
 pub(crate) fn element_starts(segs: &[Range<usize>]) -> Vec<u32> {

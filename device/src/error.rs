@@ -34,9 +34,15 @@ pub enum DeviceError {
         /// The runtime's message.
         reason: String,
     },
-    /// The method has no device codec (the caller falls back to the host codec).
-    #[error("method {0} has no device codec")]
-    NoCodec(&'static str),
+    /// The method has no device codec in this configuration (the caller falls back to the
+    /// host codec); `hint` names the setting under which it has one, where one does.
+    #[error("method {method} has no device codec{}", hint.map(|h| format!(" ({h})")).unwrap_or_default())]
+    NoCodec {
+        /// The method.
+        method: &'static str,
+        /// The setting that gives it a device codec, if any.
+        hint: Option<&'static str>,
+    },
     /// The memory has no device form yet (the caller uses the host path).
     #[error("memory {0} has no device form")]
     NoMemory(String),

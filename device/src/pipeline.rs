@@ -75,7 +75,10 @@ impl DevicePipeline {
     /// momentum-corrected memory); a method without a device codec, and another memory,
     /// have no device form yet and are refused by name.
     pub fn for_method(cfg: &CompressorConfig, memory: &MemoryConfig) -> Result<Self, DeviceError> {
-        let mut codec = device_codec(cfg).ok_or(DeviceError::NoCodec(cfg.name()))?;
+        let mut codec = device_codec(cfg).ok_or(DeviceError::NoCodec {
+            method: cfg.name(),
+            hint: crate::codec::device_form(cfg),
+        })?;
         let combine = cfg.build()?.combine();
         // Classic residual feedback is offered to the codec first, as the host pipeline
         // offers it (FFT keeps it as spectra).
