@@ -36,6 +36,8 @@
 //! * `memory`: `DeviceMemory`, the error-feedback memories with a device form —
 //!   `DeviceResidual` (residual error feedback) and `dgc_momentum`'s `DeviceDgcMemory` (DGC's
 //!   momentum correction and masking) — their buffers on the device; `pipeline`: `DevicePipeline`, a codec and its memory as the trainer uses them.
+//! * `adam`: `DeviceAdamMoments`, the compressed optimizers' moments (1-bit Adam, 0/1 Adam)
+//!   on the device.
 //! * `error`: `DeviceError`.
 //!
 //! [cubecl]: https://docs.rs/cubecl
@@ -46,6 +48,7 @@ macro_rules! with_a_runtime {
 }
 
 with_a_runtime! {
+    pub mod adam;
     pub mod bf16;
     pub mod codec;
     mod counter;

@@ -274,3 +274,74 @@ fn fft_joint_decode_on_the_device_is_the_hosts_mean_within_rounding() {
     }
     println!("largest relative difference of the mean: {worst:.2e}");
 }
+
+/// 1-bit Adam's moments on the device (`DeviceAdamMoments`) against the host's rules as the
+/// framework's `sync::moments` writes them, over warm-up and compressed steps: the moments
+/// and the direction bit for bit, a coordinate of zero variance masked, and a buffer of
+/// another length refused.
+#[test]
+fn adam_moments_on_the_device_are_the_hosts() {
+    use dtrain_device::adam::DeviceAdamMoments;
+    let gpu = common::open_test_device();
+    let n = 1000;
+    let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-8f32);
+    let (mut m, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
+    let mut dev = DeviceAdamMoments::upload(&gpu, &m, &v, b1, b2, eps).unwrap();
+    for step in 0..6u64 {
+        let mut g = gradient(n, 17 * step + 3);
+        // Coordinate 5 never moves: its variance stays 0, and it is masked.
+        g[5] = 0.0;
+        let dg = gpu.upload(&g);
+        if step < 3 {
+            for ((m, v), &g) in m.iter_mut().zip(&mut v).zip(&g) {
+                *m = b1 * *m + (1.0 - b1) * g;
+                *v = b2 * *v + (1.0 - b2) * g * g;
+            }
+            dev.absorb(&gpu, &dg).unwrap();
+        } else {
+            for (g, &m) in g.iter_mut().zip(&m) {
+                *g = b1 * m + (1.0 - b1) * *g;
+            }
+            dev.local_momentum(&gpu, &dg).unwrap();
+            assert_eq!(
+                bits(&gpu.download(&dg).unwrap()),
+                bits(&g),
+                "step {step}: momentum"
+            );
+            // What an exchange hands back: here the momentum itself, with the code's error
+            // where the variance is zero.
+            g[5] = 0.25;
+            let dx = gpu.upload(&g);
+            for (x, &v) in g.iter_mut().zip(&v) {
+                if v == 0.0 {
+                    *x = 0.0;
+                }
+            }
+            m.copy_from_slice(&g);
+            dev.take_masked(&gpu, &dx).unwrap();
+            assert_eq!(
+                bits(&gpu.download(&dx).unwrap()),
+                bits(&g),
+                "step {step}: masked"
+            );
+        }
+        let (dm, dv) = dev.download(&gpu).unwrap();
+        assert_eq!(bits(&dm), bits(&m), "step {step}: m");
+        assert_eq!(bits(&dv), bits(&v), "step {step}: v");
+        assert_eq!(dm[5], 0.0);
+        let want: Vec<f32> = m
+            .iter()
+            .zip(&v)
+            .map(|(&m, &v)| m / (v.sqrt() + eps))
+            .collect();
+        let out = gpu.zeros(n);
+        dev.direction(&gpu, &out).unwrap();
+        assert_eq!(
+            bits(&gpu.download(&out).unwrap()),
+            bits(&want),
+            "step {step}: direction"
+        );
+    }
+    let e = dev.absorb(&gpu, &gpu.zeros(n - 1)).unwrap_err().to_string();
+    assert!(e.contains("999") && e.contains("1000"), "{e}");
+}

@@ -885,6 +885,18 @@ impl Exchanger {
         Ok(on_device.first_non_finite().map_err(device_err)?.is_some())
     }
 
+    /// What a run asking for device codecs (`spec`) reports where its synchronisation
+    /// keeps every compressed bucket on the host, and why: none placed.
+    pub fn codecs_on_host(&self, spec: &str, why: &str) -> DeviceUse {
+        DeviceUse {
+            device: spec.to_string(),
+            buckets: 0,
+            compressed: self.slots.iter().filter(|s| s.pipe.is_some()).count(),
+            host_because: vec![why.to_string()],
+            gradient_in_place: false,
+        }
+    }
+
     /// Where the compressed buckets are encoded, when a device was set.
     pub fn codec_device(&self) -> Option<DeviceUse> {
         let (device, why) = self.device.as_ref()?;

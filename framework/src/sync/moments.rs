@@ -64,6 +64,19 @@ pub(super) struct Moments {
     pub(super) m: Vec<f32>,
     /// The second moment `v`.
     pub(super) v: Vec<f32>,
+    /// Both moments on the device of a GPU worker's gradient (1-bit Adam's `sync_device`),
+    /// newer than `m` and `v` while they are there ([`Moments::settle`] brings them back).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    device: Option<(dtrain_device::Gpu, dtrain_device::adam::DeviceAdamMoments)>,
+}
+
+/// A device operation's failure, as the exchange reports one.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn device_error(e: dtrain_device::DeviceError) -> SyncError {
+    SyncError::Exchange(crate::exchange::ExchangeError::Device {
+        bucket: 0,
+        reason: format!("the Adam moments on the device: {e}"),
+    })
 }
 
 impl Moments {
@@ -75,7 +88,42 @@ impl Moments {
             eps: cfg.eps,
             m: vec![0.0; n],
             v: vec![0.0; n],
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            device: None,
         }
+    }
+
+    /// The moments on `gpu` (uploaded from the host's the first time, or when they were
+    /// on another device).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    pub(super) fn on_device(
+        &mut self,
+        gpu: &dtrain_device::Gpu,
+    ) -> Result<&mut dtrain_device::adam::DeviceAdamMoments, SyncError> {
+        if self
+            .device
+            .as_ref()
+            .is_some_and(|(g, _)| g.spec() != gpu.spec())
+        {
+            self.settle()?;
+        }
+        if self.device.is_none() {
+            let d = dtrain_device::adam::DeviceAdamMoments::upload(
+                gpu, &self.m, &self.v, self.beta1, self.beta2, self.eps,
+            )
+            .map_err(device_error)?;
+            self.device = Some((gpu.clone(), d));
+        }
+        Ok(&mut self.device.as_mut().expect("uploaded").1)
+    }
+
+    /// Brings the moments on the device back into `m` and `v` (before a step on the host).
+    pub(super) fn settle(&mut self) -> Result<(), SyncError> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if let Some((gpu, d)) = self.device.take() {
+            (self.m, self.v) = d.download(&gpu).map_err(device_error)?;
+        }
+        Ok(())
     }
 
     /// A dense step: both moments take the (averaged) gradient `g`.
@@ -141,10 +189,18 @@ impl Moments {
         }
     }
 
-    /// Writes both moments into `ck`.
-    pub(super) fn save(&self, ck: &mut Checkpoint) {
+    /// Writes both moments into `ck` (the device's, when they are there).
+    pub(super) fn save(&self, ck: &mut Checkpoint) -> Result<(), SyncError> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if let Some((gpu, d)) = &self.device {
+            let (m, v) = d.download(gpu).map_err(device_error)?;
+            ck.put_f32(M_SECTION, &m);
+            ck.put_f32(V_SECTION, &v);
+            return Ok(());
+        }
         ck.put_f32(M_SECTION, &self.m);
         ck.put_f32(V_SECTION, &self.v);
+        Ok(())
     }
 
     /// Restores what [`Moments::save`] wrote, checking the lengths.
@@ -160,6 +216,11 @@ impl Moments {
         }
         self.m = m;
         self.v = v;
+        // The next step on the device takes them up again.
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        {
+            self.device = None;
+        }
         Ok(())
     }
 }
@@ -220,7 +281,7 @@ mod tests {
         let mut a = Moments::new(3, &cfg);
         a.absorb(&[1.0, -2.0, 0.5]);
         let mut ck = Checkpoint::new();
-        a.save(&mut ck);
+        a.save(&mut ck).unwrap();
         ck.put_json(
             ADAM_SECTION,
             &AdamState {

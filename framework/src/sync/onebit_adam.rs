@@ -41,6 +41,7 @@ use serde::{Deserialize, Serialize};
 use super::moments::{restore_state, AdamState, Moments, ADAM_SECTION};
 use super::{Collectives, GradientSync, SyncError, Update};
 use crate::checkpoint::Checkpoint;
+use crate::exchange::DeviceGradient;
 use crate::optim::{clip_to_norm, OptimizerConfig, OptimizerKind};
 use dtrain_records::StepRecord;
 
@@ -109,6 +110,8 @@ impl<T: Transport> GradientSync<T> for OnebitAdam {
         _lr: f64,
         record: &mut StepRecord,
     ) -> Result<Update, SyncError> {
+        // Moments a step on the device left there come back first.
+        self.moments.settle()?;
         if step < self.freeze_step {
             if self.dense.exchange(comm, grads, step, record)? {
                 return Ok(Update::Averaged { non_finite: true });
@@ -128,6 +131,104 @@ impl<T: Transport> GradientSync<T> for OnebitAdam {
         Ok(Update::Averaged { non_finite: false })
     }
 
+    /// The gradient is taken where it lies when the momentum's exchange encodes some bucket
+    /// there (its codecs on the worker's own GPU) and no clip needs it whole on the host.
+    fn reads_device_gradient(&self) -> bool {
+        self.clip.is_none() && GradientSync::<T>::reads_device_gradient(&self.compressed)
+    }
+
+    /// [`GradientSync::sync`] on the device: the moments live there, each step's rules run
+    /// there in the host's order (bit for bit the host's where the device rounds as IEEE f32
+    /// does), the exchanges take and leave their buffers there (the warm-up's dense buckets
+    /// and any the device does not encode cross as in every device exchange), and the
+    /// direction is written into `on_device`'s buffer.
+    fn sync_device(
+        &mut self,
+        comm: &mut Communicator<T>,
+        model: &dyn Model,
+        grads: &mut [f32],
+        on_device: &DeviceGradient,
+        mean_to_device: bool,
+        step: u64,
+        lr: f64,
+        record: &mut StepRecord,
+    ) -> Result<Update, SyncError> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        {
+            let gpu = on_device.gpu().clone();
+            let buf = on_device.buffer();
+            let fail = |e: dtrain_device::DeviceError| {
+                SyncError::Exchange(crate::exchange::ExchangeError::Device {
+                    bucket: 0,
+                    reason: e.to_string(),
+                })
+            };
+            if step < self.freeze_step {
+                let up = GradientSync::<T>::sync_device(
+                    &mut self.dense,
+                    comm,
+                    model,
+                    grads,
+                    on_device,
+                    true,
+                    step,
+                    lr,
+                    record,
+                )?;
+                if matches!(up, Update::Averaged { non_finite: true }) {
+                    return Ok(up);
+                }
+                self.moments
+                    .on_device(&gpu)?
+                    .absorb(&gpu, buf)
+                    .map_err(fail)?;
+            } else {
+                self.moments
+                    .on_device(&gpu)?
+                    .local_momentum(&gpu, buf)
+                    .map_err(fail)?;
+                let up = GradientSync::<T>::sync_device(
+                    &mut self.compressed,
+                    comm,
+                    model,
+                    grads,
+                    on_device,
+                    true,
+                    step,
+                    lr,
+                    record,
+                )?;
+                if matches!(up, Update::Averaged { non_finite: true }) {
+                    return Ok(up);
+                }
+                self.moments
+                    .on_device(&gpu)?
+                    .take_masked(&gpu, buf)
+                    .map_err(fail)?;
+            }
+            self.moments
+                .on_device(&gpu)?
+                .direction(&gpu, buf)
+                .map_err(fail)?;
+            if !mean_to_device {
+                on_device
+                    .download_range(0..grads.len(), grads)
+                    .map_err(|reason| {
+                        SyncError::Exchange(crate::exchange::ExchangeError::Device {
+                            bucket: 0,
+                            reason,
+                        })
+                    })?;
+            }
+            Ok(Update::Averaged { non_finite: false })
+        }
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        {
+            let _ = (comm, model, grads, mean_to_device, step, lr, record);
+            match *on_device {}
+        }
+    }
+
     fn collectives(&self) -> (Collective, Vec<Collective>) {
         GradientSync::<T>::collectives(&self.compressed)
     }
@@ -144,7 +245,7 @@ impl<T: Transport> GradientSync<T> for OnebitAdam {
     /// [`ADAM_SECTION`]; the dense exchanger keeps no state.
     fn save(&self, ck: &mut Checkpoint) -> Result<Vec<u64>, SyncError> {
         let keys = GradientSync::<T>::save(&self.compressed, ck)?;
-        self.moments.save(ck);
+        self.moments.save(ck)?;
         ck.put_json(
             ADAM_SECTION,
             &AdamState {

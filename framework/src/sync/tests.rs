@@ -345,3 +345,175 @@ fn coordinates_without_variance_do_not_move_after_the_freeze() {
         }
     }
 }
+
+/// The compressed optimizers with the gradient on the device (`OnebitAdam::sync_device`,
+/// `ZeroOneAdam::sync_device`; issue #51): their moments kept there, their exchanges
+/// encoding their buckets there (the 1-bit code with DeepSpeed's RMS scale from exact sums,
+/// through the compressed all-reduce), 0/1 Adam's local steps exchanging nothing, and the
+/// direction written into the device buffer — every step's direction and the parameters
+/// after it the host path's bit for bit, driven as the trainer drives them (the update,
+/// then `after_update`: 0/1 Adam's rounds), with a step on the host between (the moments
+/// come back) and a checkpoint's round trip (they go up again).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[test]
+fn compressed_optimizers_on_the_device_are_the_host_path_bit_for_bit() {
+    let onebit = ["train.optimizer=\"onebit-adam\"", "train.freeze_step=3"];
+    let zeroone = [
+        "train.optimizer=\"zeroone-adam\"",
+        "train.var_freeze_step=5",
+        "train.var_update_scaler=2",
+        "train.local_step_scaler=2",
+        "train.local_step_clipper=2",
+    ];
+    for (opt, steps, host_step, restore_before) in [
+        (&onebit[..], 9, 5, 7),
+        // Variance phase (dense and 1-bit steps), then local steps and rounds; the host
+        // step is a local one, the restore lands between two rounds.
+        (&zeroone[..], 12, 7, 10),
+    ] {
+        let host = drive_on_device(opt, steps, None);
+        let dev = drive_on_device(opt, steps, Some((host_step, restore_before)));
+        for (rank, (h, d)) in host.iter().zip(&dev).enumerate() {
+            for (step, (a, b)) in h.iter().zip(d).enumerate() {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let what = format!("{}, rank {rank}, step {step}", opt[0]);
+                assert_eq!(bits(&b.0), bits(&a.0), "{what}: the direction");
+                assert_eq!(bits(&b.1), bits(&a.1), "{what}: the parameters");
+                assert_eq!(a.0[3], 0.0, "{what}: the masked coordinate moved");
+            }
+        }
+        // The steps differ from one another (the comparison can fail).
+        assert_ne!(host[0][2].0, host[0][steps as usize - 1].0);
+    }
+}
+
+/// Every rank's direction and parameters after each of `steps` steps of the compressed
+/// optimizer of MODEL + `sets` (with the 1-bit code from exact sums) on two in-process
+/// ranks; with `device = Some((host_step, restore_before))` the gradient is handed over on
+/// the test device, but at step `host_step` (through the host), and before step
+/// `restore_before` the state is saved and restored into a new synchronisation.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn drive_on_device(
+    sets: &[&str],
+    steps: u64,
+    device: Option<(u64, u64)>,
+) -> Vec<Vec<(Vec<f32>, Vec<f32>)>> {
+    use crate::checkpoint::Checkpoint;
+    use crate::exchange::DeviceGradient;
+
+    let spec = std::env::var("DTRAIN_TEST_DEVICE").unwrap_or_else(|_| {
+        if cfg!(feature = "wgpu") {
+            "wgpu".into()
+        } else {
+            "cuda:0".into()
+        }
+    });
+    let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    sets.extend(
+        [
+            "compress.kind=\"ef-signsgd\"",
+            "compress.scale=\"rms\"",
+            "compress.sum=\"exact\"",
+            "cluster.workers=2",
+        ]
+        .map(String::from),
+    );
+    let cfg = RunConfig::parse(MODEL, "t.toml", &sets).unwrap();
+    let plan = cfg.validate("t.toml", None).unwrap();
+    let handles: Vec<_> = channel_mesh(2)
+        .into_iter()
+        .map(|t| {
+            let plan = plan.clone();
+            let spec = spec.clone();
+            std::thread::spawn(move || {
+                let mut comm = Communicator::new(t, CommConfig::default());
+                let rank = comm.rank();
+                let mut model =
+                    crate::trainer::build_model(&plan, &dtrain_models::cpu_device()).unwrap();
+                let infos = crate::trainer::param_infos(model.as_ref());
+                let n = model.table().num_params();
+                let gpu = dtrain_device::Gpu::open(spec.parse().unwrap()).unwrap();
+                let build = || {
+                    let dense = Exchanger::new(
+                        &infos,
+                        &plan.buckets,
+                        &dtrain_compress::baseline(),
+                        &MemoryConfig::None,
+                        plan.config.seed,
+                    )
+                    .unwrap();
+                    let mut ex = crate::trainer::build_exchanger(&plan, &infos).unwrap();
+                    if device.is_some() {
+                        ex.set_codec_gpu(&gpu);
+                        assert!(
+                            ex.reads_device_gradient(),
+                            "no bucket encoded on the device"
+                        );
+                    }
+                    compressed_optimizer::<dtrain_comms::ChannelTransport>(
+                        plan.compressed_optimizer.unwrap(),
+                        Collectives::new(dense),
+                        Collectives::new(ex),
+                        n,
+                        &plan,
+                    )
+                };
+                let mut sync = build();
+                assert_eq!(sync.reads_device_gradient(), device.is_some());
+                let mut opt = plan.optimizer.build().unwrap();
+                let mut record = StepRecord::default();
+                let mut out = Vec::new();
+                for step in 0..steps {
+                    if device.is_some_and(|(_, r)| r == step) {
+                        let mut ck = Checkpoint::new();
+                        let keys = sync.save(&mut ck).unwrap();
+                        sync = build();
+                        sync.restore(&ck, &keys, step).unwrap();
+                    }
+                    let mut g: Vec<f32> = (0..n).map(|i| grad(rank, step, i)).collect();
+                    // One coordinate never moves: its variance stays 0 and it is masked.
+                    g[3] = 0.0;
+                    let eta = lr(step);
+                    let up = if device.is_some_and(|(h, _)| h != step) {
+                        let on = DeviceGradient::new(gpu.clone(), gpu.upload(&g)).unwrap();
+                        let mut scratch = vec![f32::NAN; n];
+                        let up = sync
+                            .sync_device(
+                                &mut comm,
+                                model.as_ref(),
+                                &mut scratch,
+                                &on,
+                                true,
+                                step,
+                                eta,
+                                &mut record,
+                            )
+                            .unwrap();
+                        g = on.gpu().download(on.buffer()).unwrap();
+                        up
+                    } else {
+                        sync.sync(&mut comm, model.as_ref(), &mut g, step, eta, &mut record)
+                            .unwrap()
+                    };
+                    assert!(matches!(
+                        up,
+                        Update::Averaged { non_finite: false } | Update::Local
+                    ));
+                    opt.begin(0, n);
+                    model.update_params(&mut |off, p| {
+                        opt.apply(0, off, p, &g[off..off + p.len()], eta as f32)
+                    });
+                    let bad = sync
+                        .after_update(&mut comm, model.as_mut(), step, &mut record)
+                        .unwrap();
+                    assert!(!bad);
+                    let mut p = vec![0.0; n];
+                    model.read_params(&mut p);
+                    out.push((g, p));
+                }
+                out
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}

@@ -46,6 +46,7 @@ use super::moments::{restore_state, AdamState, Moments, ADAM_SECTION};
 use super::periodic::{PeriodicState, PERIODIC_SECTION};
 use super::{average_params, Collectives, GradientSync, SyncError, Update};
 use crate::checkpoint::Checkpoint;
+use crate::exchange::DeviceGradient;
 use crate::optim::{clip_to_norm, OptimizerConfig, OptimizerKind};
 use dtrain_records::StepRecord;
 
@@ -139,6 +140,17 @@ impl ZeroOneAdam {
         }
     }
 
+    /// The first step of the frozen phase: the residuals, which held gradients, are emptied
+    /// (from here they hold parameter changes), and p₀ is taken from `model`.
+    fn enter_frozen(&mut self, model: &dyn Model) {
+        if !self.c.frozen {
+            self.compressed.clear_memories();
+            self.anchor = vec![0.0; self.moments.m.len()];
+            model.read_params(&mut self.anchor);
+            self.c.frozen = true;
+        }
+    }
+
     /// Whether step `step` (from 0) is in the frozen phase.
     fn frozen_at(&self, step: u64) -> bool {
         step + 1 > self.c.schedule.var_freeze_step
@@ -195,6 +207,9 @@ impl ZeroOneAdam {
         step: u64,
         record: &mut StepRecord,
     ) -> Result<bool, SyncError> {
+        // The round works on the host's moments: those of the local steps on the device
+        // come back (and go up again at the next step there).
+        self.moments.settle()?;
         let mut u = std::mem::take(&mut self.scratch);
         u.resize(self.anchor.len(), 0.0);
         model.read_params(&mut u);
@@ -245,23 +260,110 @@ impl<T: Transport> GradientSync<T> for ZeroOneAdam {
         lr: f64,
         record: &mut StepRecord,
     ) -> Result<Update, SyncError> {
+        // Moments a step on the device left there come back first.
+        self.moments.settle()?;
         if !self.frozen_at(step) {
             let non_finite = self.variance_step(comm, grads, step, record)?;
             return Ok(Update::Averaged { non_finite });
         }
-        if !self.c.frozen {
-            // The residuals held gradients; from here they hold parameter changes.
-            self.compressed.clear_memories();
-            self.anchor = vec![0.0; self.moments.m.len()];
-            model.read_params(&mut self.anchor);
-            self.c.frozen = true;
-        }
+        self.enter_frozen(model);
         self.clip(grads);
         self.moments.absorb_first(grads);
         self.c.lrs_bits = (self.c.lrs() + lr).to_bits();
         self.moments.direction(grads);
         self.c.identical = false;
         Ok(Update::Local)
+    }
+
+    /// The gradient is taken where it lies when the compressed exchange encodes some bucket
+    /// there (its codecs on the worker's own GPU) and no clip needs it whole on the host.
+    fn reads_device_gradient(&self) -> bool {
+        self.clip.is_none() && GradientSync::<T>::reads_device_gradient(&self.compressed)
+    }
+
+    /// [`GradientSync::sync`] on the device: the moments live there and each step's rules
+    /// run there in the host's order; the variance phase's exchanges (dense or 1-bit) take
+    /// and leave their buffers there, and the frozen phase's local steps exchange nothing —
+    /// their direction is written into `on_device`'s buffer. A round's synchronisation
+    /// (`after_update`) works on the host's copy of the moments.
+    fn sync_device(
+        &mut self,
+        comm: &mut Communicator<T>,
+        model: &dyn Model,
+        grads: &mut [f32],
+        on_device: &DeviceGradient,
+        mean_to_device: bool,
+        step: u64,
+        lr: f64,
+        record: &mut StepRecord,
+    ) -> Result<Update, SyncError> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        {
+            let gpu = on_device.gpu().clone();
+            let buf = on_device.buffer();
+            let fail = |e: dtrain_device::DeviceError| {
+                SyncError::Exchange(crate::exchange::ExchangeError::Device {
+                    bucket: 0,
+                    reason: e.to_string(),
+                })
+            };
+            let update = if !self.frozen_at(step) {
+                let refresh = (step + 1).is_multiple_of(self.c.var_interval);
+                let exchanger = if refresh {
+                    &mut self.dense
+                } else {
+                    &mut self.compressed
+                };
+                let up = GradientSync::<T>::sync_device(
+                    exchanger, comm, model, grads, on_device, true, step, lr, record,
+                )?;
+                if matches!(up, Update::Averaged { non_finite: true }) {
+                    return Ok(up);
+                }
+                let d = self.moments.on_device(&gpu)?;
+                if refresh {
+                    d.absorb(&gpu, buf).map_err(fail)?;
+                    self.c.var_counter += 1;
+                    if self.c.var_counter == self.c.schedule.var_update_scaler {
+                        self.c.var_counter = 0;
+                        self.c.var_interval = self.c.var_interval.saturating_mul(2);
+                    }
+                } else {
+                    d.mask(&gpu, buf).map_err(fail)?;
+                    d.absorb_first(&gpu, buf).map_err(fail)?;
+                }
+                Update::Averaged { non_finite: false }
+            } else {
+                self.enter_frozen(model);
+                self.moments
+                    .on_device(&gpu)?
+                    .absorb_first(&gpu, buf)
+                    .map_err(fail)?;
+                self.c.lrs_bits = (self.c.lrs() + lr).to_bits();
+                self.c.identical = false;
+                Update::Local
+            };
+            self.moments
+                .on_device(&gpu)?
+                .direction(&gpu, buf)
+                .map_err(fail)?;
+            if !mean_to_device {
+                on_device
+                    .download_range(0..grads.len(), grads)
+                    .map_err(|reason| {
+                        SyncError::Exchange(crate::exchange::ExchangeError::Device {
+                            bucket: 0,
+                            reason,
+                        })
+                    })?;
+            }
+            Ok(update)
+        }
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        {
+            let _ = (comm, model, grads, mean_to_device, step, lr, record);
+            match *on_device {}
+        }
     }
 
     fn after_update(
@@ -323,7 +425,7 @@ impl<T: Transport> GradientSync<T> for ZeroOneAdam {
     /// resume reads).
     fn save(&self, ck: &mut Checkpoint) -> Result<Vec<u64>, SyncError> {
         let keys = GradientSync::<T>::save(&self.compressed, ck)?;
-        self.moments.save(ck);
+        self.moments.save(ck)?;
         let optimizer = OptimizerKind::ZerooneAdam.name().to_string();
         ck.put_json(
             PERIODIC_SECTION,

@@ -591,7 +591,15 @@ fn build_sync<T: Transport>(
     } = setup_exchange(&mut exchanger, comm, plan)?;
     // After the routes are chosen: a bucket's device encoder depends on its route.
     let local = crate::device::local_rank(comm.members()[comm.rank()]);
+    let streaming_sync = plan.compressed_optimizer.is_none()
+        && matches!(plan.config.sync, SyncConfig::StreamingDiloco { .. });
     let mut codec_use = match plan.codec_device.resolve(plan.config.cluster.device, local) {
+        // Its fragments' exchangers are built apart from this one, on the host: said, not
+        // refused (as for a method without a device codec).
+        Some(spec) if streaming_sync => Some(exchanger.codecs_on_host(
+            &spec,
+            "streaming-diloco's fragment exchangers encode on the host",
+        )),
         Some(spec) => {
             let own = crate::device::CodecDevice::Auto.resolve(plan.config.cluster.device, local);
             let used = crate::exchange::device::place_codecs(
@@ -607,16 +615,7 @@ fn build_sync<T: Transport>(
     };
     let exchanger_hosts = exchanger.hierarchical_hosts();
     let sync = match plan.compressed_optimizer {
-        None if matches!(plan.config.sync, SyncConfig::StreamingDiloco { .. }) => {
-            if codec_use.is_some() {
-                return Err(TrainError::Config(
-                    "compress.device: streaming-diloco's fragment exchangers run on the \
-                         host (leave compress.device out)"
-                        .into(),
-                ));
-            }
-            streaming(plan, infos, exchanger, comm, topology.as_ref())?
-        }
+        None if streaming_sync => streaming(plan, infos, exchanger, comm, topology.as_ref())?,
         None => Periodic::for_config(Collectives::new(exchanger), &plan.config.sync, table_params)
             .ok_or_else(|| {
                 TrainError::Config(format!(
@@ -683,16 +682,19 @@ fn build_sync<T: Transport>(
                 used.device,
                 if plan.local_clip().is_some() {
                     "each worker clips its own gradient there first (train.clip_norm with a vote)"
-                } else if matches!(plan.config.sync, SyncConfig::EveryStep)
-                    && plan.compressed_optimizer.is_none()
+                } else if plan.compressed_optimizer.is_some()
+                    && plan.config.train.clip_norm.is_some()
                 {
+                    "the compressed optimizer clips each worker's gradient (train.clip_norm) \
+                     on the host"
+                } else if matches!(plan.config.sync, SyncConfig::EveryStep) {
                     "no bucket is encoded on the device from its own range of the gradient"
                 } else if periodic {
                     "a round exchanges the parameter change from the host (the local steps \
                      keep the gradient on the device)"
                 } else {
                     "this synchronisation exchanges on the host (only sync.kind = \"every-step\" \
-                     with the plain optimizers hands the gradient over)"
+                     hands the gradient over)"
                 }
             ));
         }
