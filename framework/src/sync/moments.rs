@@ -96,7 +96,7 @@ impl Moments {
     /// The moments on `gpu` (uploaded from the host's the first time, or when they were
     /// on another device).
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    pub(super) fn on_device(
+    fn on_device(
         &mut self,
         gpu: &dtrain_device::Gpu,
     ) -> Result<&mut dtrain_device::adam::DeviceAdamMoments, SyncError> {
@@ -115,6 +115,46 @@ impl Moments {
             self.device = Some((gpu.clone(), d));
         }
         Ok(&mut self.device.as_mut().expect("uploaded").1)
+    }
+
+    /// Runs `op` on the moments on `on_device`'s device (uploaded there if they are not),
+    /// with that gradient's buffer.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    pub(super) fn with_device(
+        &mut self,
+        on_device: &crate::exchange::DeviceGradient,
+        op: impl FnOnce(
+            &mut dtrain_device::adam::DeviceAdamMoments,
+            &dtrain_device::Gpu,
+            &dtrain_device::GpuBuffer,
+        ) -> Result<(), dtrain_device::DeviceError>,
+    ) -> Result<(), SyncError> {
+        let gpu = on_device.gpu();
+        op(self.on_device(gpu)?, gpu, on_device.buffer()).map_err(device_error)
+    }
+
+    /// The end of a compressed optimizer's step on the device: the direction
+    /// `m / (√v + ε)` written into `on_device`'s buffer, and copied into `grads` unless
+    /// `mean_to_device` (the trainer then applies it from the host).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    pub(super) fn direction_on_device(
+        &mut self,
+        on_device: &crate::exchange::DeviceGradient,
+        grads: &mut [f32],
+        mean_to_device: bool,
+    ) -> Result<(), SyncError> {
+        self.with_device(on_device, |d, gpu, buf| d.direction(gpu, buf))?;
+        if !mean_to_device {
+            on_device
+                .download_range(0..grads.len(), grads)
+                .map_err(|reason| {
+                    SyncError::Exchange(crate::exchange::ExchangeError::Device {
+                        bucket: 0,
+                        reason,
+                    })
+                })?;
+        }
+        Ok(())
     }
 
     /// Brings the moments on the device back into `m` and `v` (before a step on the host).

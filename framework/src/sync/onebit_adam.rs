@@ -155,71 +155,31 @@ impl<T: Transport> GradientSync<T> for OnebitAdam {
     ) -> Result<Update, SyncError> {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         {
-            let gpu = on_device.gpu().clone();
-            let buf = on_device.buffer();
-            let fail = |e: dtrain_device::DeviceError| {
-                SyncError::Exchange(crate::exchange::ExchangeError::Device {
-                    bucket: 0,
-                    reason: e.to_string(),
-                })
-            };
-            if step < self.freeze_step {
-                let up = GradientSync::<T>::sync_device(
-                    &mut self.dense,
-                    comm,
-                    model,
-                    grads,
-                    on_device,
-                    true,
-                    step,
-                    lr,
-                    record,
-                )?;
-                if matches!(up, Update::Averaged { non_finite: true }) {
-                    return Ok(up);
-                }
+            let warm = step < self.freeze_step;
+            if !warm {
                 self.moments
-                    .on_device(&gpu)?
-                    .absorb(&gpu, buf)
-                    .map_err(fail)?;
+                    .with_device(on_device, |d, gpu, buf| d.local_momentum(gpu, buf))?;
+            }
+            let exchanger = if warm {
+                &mut self.dense
             } else {
-                self.moments
-                    .on_device(&gpu)?
-                    .local_momentum(&gpu, buf)
-                    .map_err(fail)?;
-                let up = GradientSync::<T>::sync_device(
-                    &mut self.compressed,
-                    comm,
-                    model,
-                    grads,
-                    on_device,
-                    true,
-                    step,
-                    lr,
-                    record,
-                )?;
-                if matches!(up, Update::Averaged { non_finite: true }) {
-                    return Ok(up);
+                &mut self.compressed
+            };
+            let up = GradientSync::<T>::sync_device(
+                exchanger, comm, model, grads, on_device, true, step, lr, record,
+            )?;
+            if matches!(up, Update::Averaged { non_finite: true }) {
+                return Ok(up);
+            }
+            self.moments.with_device(on_device, |d, gpu, buf| {
+                if warm {
+                    d.absorb(gpu, buf)
+                } else {
+                    d.take_masked(gpu, buf)
                 }
-                self.moments
-                    .on_device(&gpu)?
-                    .take_masked(&gpu, buf)
-                    .map_err(fail)?;
-            }
+            })?;
             self.moments
-                .on_device(&gpu)?
-                .direction(&gpu, buf)
-                .map_err(fail)?;
-            if !mean_to_device {
-                on_device
-                    .download_range(0..grads.len(), grads)
-                    .map_err(|reason| {
-                        SyncError::Exchange(crate::exchange::ExchangeError::Device {
-                            bucket: 0,
-                            reason,
-                        })
-                    })?;
-            }
+                .direction_on_device(on_device, grads, mean_to_device)?;
             Ok(Update::Averaged { non_finite: false })
         }
         #[cfg(not(any(feature = "wgpu", feature = "cuda")))]

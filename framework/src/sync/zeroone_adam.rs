@@ -299,14 +299,6 @@ impl<T: Transport> GradientSync<T> for ZeroOneAdam {
     ) -> Result<Update, SyncError> {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         {
-            let gpu = on_device.gpu().clone();
-            let buf = on_device.buffer();
-            let fail = |e: dtrain_device::DeviceError| {
-                SyncError::Exchange(crate::exchange::ExchangeError::Device {
-                    bucket: 0,
-                    reason: e.to_string(),
-                })
-            };
             let update = if !self.frozen_at(step) {
                 let refresh = (step + 1).is_multiple_of(self.c.var_interval);
                 let exchanger = if refresh {
@@ -320,43 +312,32 @@ impl<T: Transport> GradientSync<T> for ZeroOneAdam {
                 if matches!(up, Update::Averaged { non_finite: true }) {
                     return Ok(up);
                 }
-                let d = self.moments.on_device(&gpu)?;
+                self.moments.with_device(on_device, |d, gpu, buf| {
+                    if refresh {
+                        d.absorb(gpu, buf)
+                    } else {
+                        d.mask(gpu, buf)?;
+                        d.absorb_first(gpu, buf)
+                    }
+                })?;
                 if refresh {
-                    d.absorb(&gpu, buf).map_err(fail)?;
                     self.c.var_counter += 1;
                     if self.c.var_counter == self.c.schedule.var_update_scaler {
                         self.c.var_counter = 0;
                         self.c.var_interval = self.c.var_interval.saturating_mul(2);
                     }
-                } else {
-                    d.mask(&gpu, buf).map_err(fail)?;
-                    d.absorb_first(&gpu, buf).map_err(fail)?;
                 }
                 Update::Averaged { non_finite: false }
             } else {
                 self.enter_frozen(model);
                 self.moments
-                    .on_device(&gpu)?
-                    .absorb_first(&gpu, buf)
-                    .map_err(fail)?;
+                    .with_device(on_device, |d, gpu, buf| d.absorb_first(gpu, buf))?;
                 self.c.lrs_bits = (self.c.lrs() + lr).to_bits();
                 self.c.identical = false;
                 Update::Local
             };
             self.moments
-                .on_device(&gpu)?
-                .direction(&gpu, buf)
-                .map_err(fail)?;
-            if !mean_to_device {
-                on_device
-                    .download_range(0..grads.len(), grads)
-                    .map_err(|reason| {
-                        SyncError::Exchange(crate::exchange::ExchangeError::Device {
-                            bucket: 0,
-                            reason,
-                        })
-                    })?;
-            }
+                .direction_on_device(on_device, grads, mean_to_device)?;
             Ok(update)
         }
         #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
