@@ -258,13 +258,12 @@ pub(crate) fn sync_through_host<T: Transport, S: GradientSync<T> + ?Sized>(
     lr: f64,
     record: &mut StepRecord,
 ) -> Result<Update, SyncError> {
-    let device_err = |reason| SyncError::Exchange(ExchangeError::Device { bucket: 0, reason });
     on_device
         .download_range(0..grads.len(), grads)
-        .map_err(device_err)?;
+        .map_err(device_failure)?;
     let update = sync.sync(comm, model, grads, step, lr, record)?;
     if mean_to_device {
-        on_device.write_range(0, grads).map_err(device_err)?;
+        on_device.write_range(0, grads).map_err(device_failure)?;
     }
     Ok(update)
 }
@@ -310,10 +309,11 @@ pub(crate) fn inner_sync_device<T: Transport>(
     }
 }
 
-/// A local step of a periodic synchronisation given the gradient on the device: nothing to
-/// read, unless the trainer applies the update from the host (`mean_to_device` off, for a
-/// clip of it there), which then comes down into `grads`.
-pub(crate) fn local_step_on_device(
+/// A step on the device whose update is in `on_device`'s buffer (a periodic
+/// synchronisation's local step, a compressed optimizer's direction): nothing to read,
+/// unless the trainer applies the update from the host (`mean_to_device` off, for a clip
+/// of it there), which then comes down into `grads`.
+pub(crate) fn update_from_device(
     grads: &mut [f32],
     on_device: &DeviceGradient,
     mean_to_device: bool,
@@ -323,7 +323,12 @@ pub(crate) fn local_step_on_device(
     }
     on_device
         .download_range(0..grads.len(), grads)
-        .map_err(|reason| SyncError::Exchange(ExchangeError::Device { bucket: 0, reason }))
+        .map_err(device_failure)
+}
+
+/// A device operation's failure (`reason`), as the exchange reports one.
+pub(crate) fn device_failure(reason: String) -> SyncError {
+    SyncError::Exchange(ExchangeError::Device { bucket: 0, reason })
 }
 
 /// The average of the replicas' parameters, the same on every rank (one dense all-reduce):

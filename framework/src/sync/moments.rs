@@ -73,10 +73,7 @@ pub(super) struct Moments {
 /// A device operation's failure, as the exchange reports one.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn device_error(e: dtrain_device::DeviceError) -> SyncError {
-    SyncError::Exchange(crate::exchange::ExchangeError::Device {
-        bucket: 0,
-        reason: format!("the Adam moments on the device: {e}"),
-    })
+    super::device_failure(format!("the Adam moments on the device: {e}"))
 }
 
 impl Moments {
@@ -144,17 +141,7 @@ impl Moments {
         mean_to_device: bool,
     ) -> Result<(), SyncError> {
         self.with_device(on_device, |d, gpu, buf| d.direction(gpu, buf))?;
-        if !mean_to_device {
-            on_device
-                .download_range(0..grads.len(), grads)
-                .map_err(|reason| {
-                    SyncError::Exchange(crate::exchange::ExchangeError::Device {
-                        bucket: 0,
-                        reason,
-                    })
-                })?;
-        }
-        Ok(())
+        super::update_from_device(grads, on_device, mean_to_device)
     }
 
     /// Brings the moments on the device back into `m` and `v` (before a step on the host).

@@ -237,7 +237,7 @@ impl<T: Transport> GradientSync<T> for Periodic {
                 record,
             );
         }
-        super::local_step_on_device(grads, on_device, mean_to_device)?;
+        super::update_from_device(grads, on_device, mean_to_device)?;
         GradientSync::<T>::sync(self, comm, model, grads, step, lr, record)
     }
 
