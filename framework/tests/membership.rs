@@ -20,10 +20,13 @@ struct DieAt {
     victim: usize,
     death: Death,
     messages: Vec<String>,
+    /// The most a step spent keeping a copy of the state.
+    keep_s: f64,
 }
 
 impl Observer for DieAt {
     fn on_step(&mut self, r: &StepRecord) {
+        self.keep_s = self.keep_s.max(r.time.keep_s);
         if self.rank != self.victim {
             return;
         }
@@ -45,6 +48,7 @@ struct Survivor {
     summary: Summary,
     messages: Vec<String>,
     steps: u64,
+    keep_s: f64,
 }
 
 /// A transport that dies (panics, dropping its connections) at its `left`-th send: a
@@ -138,6 +142,7 @@ fn run_cut(
                     victim,
                     death,
                     messages: Vec::new(),
+                    keep_s: 0.0,
                 };
                 let summary = tr.run(&mut obs).map_err(|e| e.to_string())?;
                 Ok(Survivor {
@@ -145,6 +150,7 @@ fn run_cut(
                     summary,
                     messages: obs.messages,
                     steps: tr.step(),
+                    keep_s: obs.keep_s,
                 })
             })
         })
@@ -362,4 +368,49 @@ fn a_stall_shorter_than_the_deadline_is_waited_for_and_a_longer_one_drops_the_wo
     // The time lost is about the deadline (plus the abort round), not the stall.
     assert!(c.lost_s >= 1.0 && c.lost_s < 3.5, "{c:?}");
     assert!(t.elapsed() >= Duration::from_secs(4));
+}
+
+#[test]
+fn the_survivors_roll_forward_from_one_that_finished_the_step_with_no_copy_kept() {
+    // The victim dies at each of its messages in turn: some cuts leave one survivor a step
+    // behind the other (it takes the state of the step from it), some leave PowerSGD's Q
+    // or the compressed all-reduce's state half updated (the survivors agree on one), and
+    // some fall in the comparison of the replicas after a step's update. Every run ends
+    // with identical replicas and every step done, and no step copied the state.
+    let (mut ahead, mut took) = (0, 0);
+    for sets in [
+        &["compress.kind=\"powersgd\"", "compress.rank=2"][..],
+        &[
+            "compress.kind=\"topk\"",
+            "compress.ratio=0.1",
+            "compress.collective=\"compressed-allreduce\"",
+        ],
+        &["compress.kind=\"none\"", "cluster.check_replicas_every=1"],
+    ] {
+        for n in 10..=24 {
+            let mut s = vec!["train.max_steps=12"];
+            s.extend(sets.iter().copied());
+            let out = run_cut(3, &s, 1, Death::AtSend(n), None);
+            check(&out, 1, 12, None);
+            for o in out.iter().flatten() {
+                let c = &o.summary.membership.as_ref().unwrap()[0];
+                // The step the failure came in, as the cause names it.
+                let failed: u64 = c.cause["step ".len()..c.cause.find(':').unwrap()]
+                    .parse()
+                    .unwrap();
+                ahead += usize::from(c.step > failed);
+                took += o
+                    .messages
+                    .iter()
+                    .filter(|m| m.contains("took the state of step"))
+                    .count();
+                assert_eq!(o.keep_s, 0.0, "{sets:?} n={n}: a copy was kept");
+            }
+        }
+    }
+    assert!(
+        ahead > 0,
+        "no cut left a survivor that had finished the step"
+    );
+    assert!(took > 0, "no survivor took the state from the others");
 }

@@ -75,9 +75,10 @@ pub struct Phases {
     /// part of `step_s`; the part the overlap did not hide is the wait in `communicate_s`.
     #[serde(with = "float::num", skip_serializing_if = "is_zero")]
     pub in_flight_s: f64,
-    /// Live membership (`cluster.membership = "live"`): keeping this rank's state in memory
-    /// before the step, so that the group can run it again without a lost member — what
-    /// live membership costs a step. Part of `step_s`; 0 (and not written) otherwise.
+    /// Live membership (`cluster.membership = "live"`) under a periodic synchronisation:
+    /// keeping this rank's state in memory before the step, so that the group can run it
+    /// again without a lost member — what live membership costs such a step. Part of
+    /// `step_s`; 0 (and not written) otherwise, where the survivors roll forward instead.
     #[serde(with = "float::num", skip_serializing_if = "is_zero")]
     pub keep_s: f64,
 }

@@ -431,13 +431,16 @@ pub enum Membership {
     /// The group is the one the run started with: a lost worker stops the run.
     #[default]
     Fixed,
-    /// A worker lost during a step (its connection closed, or it stalled past
-    /// `cluster.timeout_s`) is dropped: the survivors agree on the smaller group, restore
-    /// the state they held before that step (each keeps an in-memory copy of the last two
-    /// steps' starts), and run the step again over the group — its mean is over the
-    /// survivors, so its effective batch is theirs. Each keeps reading its own data shard;
-    /// the lost worker's shard is not read while its place is empty. The change is
-    /// recorded in `summary.json` (`membership`).
+    /// A worker lost during a step (its connection closed, or it stalled past the step
+    /// deadline) is dropped: the survivors agree on the smaller group and go on from the
+    /// most steps any of them finished — one that lags a step takes the replicated state
+    /// from those that finished it and keeps its own error-feedback memory; when none
+    /// finished, they run the step again over the group (its mean is over the survivors, so
+    /// its effective batch is theirs). Nothing is copied before a step, except under the
+    /// periodic `[sync]` kinds and 0/1 Adam, whose replicas differ between rounds: there
+    /// each keeps an in-memory copy of the last two steps' starts and the group goes back
+    /// to one. Each keeps reading its own data shard; the lost worker's shard is not read
+    /// while its place is empty. The change is recorded in `summary.json` (`membership`).
     Live,
 }
 

@@ -194,6 +194,13 @@ pub(crate) trait GradientSync<T: Transport> {
         true
     }
 
+    /// Whether [`GradientSync::identical`] holds after every step (every step exchanges):
+    /// false for the periodic synchronisations. Live membership's survivors roll forward
+    /// from one that finished a step only where it holds. Default: true.
+    fn identical_every_step(&self) -> bool {
+        true
+    }
+
     /// Waits for every update still in flight (before collectives that need identical
     /// replicas: evaluation, checkpoints). Default: nothing is ever in flight.
     fn drain(&mut self) -> Result<Vec<Ready>, SyncError> {

@@ -273,6 +273,10 @@ impl<T: Transport> GradientSync<T> for Periodic {
         self.identical
     }
 
+    fn identical_every_step(&self) -> bool {
+        false
+    }
+
     fn consensus(
         &mut self,
         comm: &mut Communicator<T>,

@@ -700,6 +700,10 @@ impl<T: Transport> GradientSync<T> for Streaming {
         self.identical
     }
 
+    fn identical_every_step(&self) -> bool {
+        false
+    }
+
     fn consensus(
         &mut self,
         comm: &mut Communicator<T>,

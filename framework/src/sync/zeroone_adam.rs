@@ -378,6 +378,10 @@ impl<T: Transport> GradientSync<T> for ZeroOneAdam {
         self.c.identical
     }
 
+    fn identical_every_step(&self) -> bool {
+        false
+    }
+
     fn consensus(
         &mut self,
         comm: &mut Communicator<T>,

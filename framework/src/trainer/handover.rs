@@ -28,6 +28,7 @@
 //! empty; a recurrent model's carried state starts afresh, as on an elastic resume.
 
 use dtrain_comms::{CommError, Communicator, Transport};
+use dtrain_records::StepRecord;
 use serde::{Deserialize, Serialize};
 
 use super::checkpointing::Meta;
@@ -96,7 +97,7 @@ pub(super) fn for_newcomer(
 pub(super) const HISTORY: &str = "live/changes";
 
 fn protocol(detail: String) -> CommError {
-    CommError::Poisoned(format!("handing the state over to a newcomer: {detail}"))
+    CommError::Poisoned(format!("live membership, handing the state over: {detail}"))
 }
 
 /// The transfer (see the [module docs](self)) over `comm`'s group, whose first `donors`
@@ -115,18 +116,7 @@ pub(super) fn hand_over<T: Transport>(
         )));
     }
     // 1: the manifests.
-    let manifest: Vec<Entry> = state.map_or_else(Vec::new, |ck| {
-        ck.names()
-            .map(|n| {
-                let b = ck.bytes(n).expect("a listed section");
-                Entry {
-                    name: n.to_string(),
-                    len: b.len() as u64,
-                    sum: checksum(b),
-                }
-            })
-            .collect()
-    });
+    let manifest = state.map_or_else(Vec::new, manifest_of);
     let mine = serde_json::to_vec(&manifest).expect("a manifest serialises");
     let all = comm.all_gather(&mine)?;
     let mut manifests = Vec::with_capacity(donors);
@@ -135,6 +125,41 @@ pub(super) fn hand_over<T: Transport>(
             .map_err(|e| protocol(format!("member {r}'s manifest: {e}")))?;
         manifests.push(m);
     }
+    if me < donors && state.is_none() {
+        return Err(protocol(format!("member {me} has no state to hand over")));
+    }
+    let givers: Vec<usize> = (0..donors).collect();
+    let takers: Vec<usize> = (donors..comm.world_size()).collect();
+    transfer(comm, &givers, &takers, &manifests, state)
+}
+
+/// Every section of `ck` as its owner announces it.
+fn manifest_of(ck: &Checkpoint) -> Vec<Entry> {
+    ck.names()
+        .map(|n| {
+            let b = ck.bytes(n).expect("a listed section");
+            Entry {
+                name: n.to_string(),
+                len: b.len() as u64,
+                sum: checksum(b),
+            }
+        })
+        .collect()
+}
+
+/// Step 2 of the transfer: the group ranks `donors` (whose manifests, in their order, are
+/// `manifests`; a donor passes its `state`) send their slices straight to the group ranks
+/// `receivers`, which check every section against the manifests and get the state and the
+/// names of the sections that only the first donor sent (those that differ between the
+/// donors); a donor gets `None`. Every rank of the group passes the same lists.
+fn transfer<T: Transport>(
+    comm: &mut Communicator<T>,
+    donors: &[usize],
+    receivers: &[usize],
+    manifests: &[Vec<Entry>],
+    state: Option<&Checkpoint>,
+) -> Result<Option<(Checkpoint, Vec<String>)>, CommError> {
+    let me = comm.rank();
     let leader = &manifests[0];
     if manifests
         .iter()
@@ -153,13 +178,13 @@ pub(super) fn hand_over<T: Transport>(
         .filter(|(_, &r)| r)
         .map(|(e, _)| e.len)
         .sum();
-    let cut = |j: usize| (total as u128 * j as u128 / donors as u128) as usize;
-    // 2: the slices.
-    let payload = match state {
-        Some(ck) if me < donors => {
-            // This member's range of the replicated sections laid end to end, copied
-            // from the sections it overlaps (not the whole state laid out first).
-            let (lo, hi) = (cut(me), cut(me + 1));
+    let share = donors.len();
+    let cut = |j: usize| (total as u128 * j as u128 / share as u128) as usize;
+    let payload = match (donors.iter().position(|&d| d == me), state) {
+        (Some(j), Some(ck)) => {
+            // This donor's range of the replicated sections laid end to end, copied from
+            // the sections it overlaps (not the whole state laid out first).
+            let (lo, hi) = (cut(j), cut(j + 1));
             let mut p = Vec::with_capacity(hi - lo);
             let mut at = 0usize;
             for (e, _) in leader.iter().zip(&replicated).filter(|(_, &r)| r) {
@@ -170,35 +195,38 @@ pub(super) fn hand_over<T: Transport>(
                 }
                 at += b.len();
             }
-            if me == 0 {
+            if j == 0 {
                 for (e, _) in leader.iter().zip(&replicated).filter(|(_, &r)| !r) {
                     p.extend_from_slice(ck.bytes(&e.name).expect("a listed section"));
                 }
             }
             p
         }
-        Some(_) | None if me < donors => {
-            return Err(protocol(format!("member {me} has no state to hand over")))
+        (Some(j), None) => {
+            return Err(protocol(format!(
+                "member {} has no state to hand over",
+                donors[j]
+            )))
         }
-        _ => Vec::new(),
+        (None, _) => Vec::new(),
     };
-    let newcomers: Vec<usize> = (donors..comm.world_size()).collect();
-    let all = comm.gather_to(&payload, &newcomers)?;
-    if me < donors {
+    let all = comm.gather_to(&payload, receivers)?;
+    if !receivers.contains(&me) {
         return Ok(None);
     }
     let mut blob = Vec::with_capacity(total as usize);
-    for (j, p) in all.iter().take(donors).enumerate() {
+    for (j, &d) in donors.iter().enumerate() {
         let want = cut(j + 1) - cut(j);
+        let p = &all[d];
         if p.len() < want {
             return Err(protocol(format!(
-                "member {j} sent {} bytes of its slice of {want}",
+                "member {d} sent {} bytes of its slice of {want}",
                 p.len()
             )));
         }
         blob.extend_from_slice(&p[..want]);
     }
-    let own_only: &[u8] = &all[0][cut(1) - cut(0)..];
+    let own_only: &[u8] = &all[donors[0]][cut(1) - cut(0)..];
     let mut ck = Checkpoint::new();
     let mut from_leader = Vec::new();
     let (mut at, mut at_own) = (0usize, 0usize);
@@ -231,6 +259,181 @@ pub(super) fn hand_over<T: Transport>(
         )));
     }
     Ok(Some((ck, from_leader)))
+}
+
+/// Whether section `name` is a survivor's own, never taken from another survivor: its
+/// error-feedback memories, its server residuals, its BatchNorm statistics (each rank's
+/// batches make them) and a recurrent model's carried state (its own batch rows).
+fn is_own(name: &str) -> bool {
+    is_memory(name) || name.contains(SERVER_SECTION) || name == "model_state" || name == "buffers"
+}
+
+/// Survivor state `ck` without what is the survivor's own ([`is_own`]; the exchanger's
+/// memories and residuals; the metadata's rank and worker count): what the survivors of
+/// a regroup compare, and what one that lags takes from those that do not.
+pub(super) fn shared_view(ck: &Checkpoint) -> Result<Checkpoint, String> {
+    let mut out = Checkpoint::new();
+    for name in ck.names() {
+        if is_own(name) {
+            continue;
+        }
+        if name == "meta" {
+            let mut meta: Meta = ck.json(name).map_err(|e| e.to_string())?;
+            (meta.rank, meta.world) = (0, 0);
+            out.put_json(name, &meta);
+        } else if is_exchanger(name) {
+            let mut ex: ExchangerState = ck.json(name).map_err(|e| e.to_string())?;
+            ex.memory.clear();
+            ex.lossy_residual.clear();
+            ex.server_memory.clear();
+            out.put_json(name, &ex);
+        } else {
+            out.put_bytes(name, ck.bytes(name).map_err(|e| e.to_string())?.to_vec());
+        }
+    }
+    Ok(out)
+}
+
+/// `shared` (another survivor's [`shared_view`]) with what is survivor state `own`'s own
+/// put back: the state a lagging survivor goes on from.
+pub(super) fn merge(own: &Checkpoint, mut shared: Checkpoint) -> Result<Checkpoint, String> {
+    for name in own.names() {
+        let bytes = own.bytes(name).map_err(|e| e.to_string())?;
+        if is_own(name) {
+            shared.put_bytes(name, bytes.to_vec());
+        } else if name == "meta" {
+            let mine: Meta = own.json(name).map_err(|e| e.to_string())?;
+            let mut meta: Meta = shared.json(name).map_err(|e| e.to_string())?;
+            (meta.rank, meta.world) = (mine.rank, mine.world);
+            shared.put_json(name, &meta);
+        } else if is_exchanger(name) {
+            let mine: ExchangerState = own.json(name).map_err(|e| e.to_string())?;
+            let mut ex: ExchangerState = shared.json(name).map_err(|e| e.to_string())?;
+            ex.memory = mine.memory;
+            ex.lossy_residual = mine.lossy_residual;
+            ex.server_memory = mine.server_memory;
+            shared.put_json(name, &ex);
+        }
+    }
+    Ok(shared)
+}
+
+/// Drops the compressed all-reduce's server residuals from `ck` (its `srv/` sections and
+/// the exchanger's record of them): each covers this rank's range of a bucket in the
+/// group the state was taken in, and the ranges change with the group. They start afresh
+/// over the new ranges, as a newcomer's do; what they owed the model is lost, as a lost
+/// worker's memory is.
+pub(super) fn drop_server_residuals(ck: &mut Checkpoint) -> Result<(), String> {
+    let names: Vec<String> = ck.names().map(str::to_string).collect();
+    for name in names {
+        if name.contains(SERVER_SECTION) {
+            ck.remove(&name);
+        } else if is_exchanger(&name) {
+            let mut ex: ExchangerState = ck.json(&name).map_err(|e| e.to_string())?;
+            if !ex.server_memory.is_empty() {
+                ex.server_memory.clear();
+                ck.put_json(&name, &ex);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What a survivor says of itself once the group has re-formed (see
+/// [`roll_forward`]).
+#[derive(Debug, Serialize, Deserialize)]
+struct Standing {
+    /// The steps whose update it applied.
+    done: u64,
+    /// Whether the evaluation and checkpoint due after those steps are done too.
+    post_done: bool,
+    /// Its [`shared_view`]'s sections.
+    manifest: Vec<Entry>,
+    /// The records of the last steps it finished that `metrics.jsonl` gets.
+    records: Vec<StepRecord>,
+}
+
+/// What the survivors of a regroup agreed on ([`roll_forward`]).
+pub(super) struct Forward {
+    /// The step the group goes on from: the most any survivor finished.
+    pub(super) step: u64,
+    /// The evaluation and checkpoint due after the steps before `step` are to be made (a
+    /// survivor had not finished them).
+    pub(super) redo_post: bool,
+    /// The step records the survivors hold (the newest of each), by step.
+    pub(super) records: Vec<StepRecord>,
+    /// This survivor's state to go on from, when it lagged (its own otherwise).
+    pub(super) state: Option<Checkpoint>,
+    /// The survivors that lagged (group ranks).
+    pub(super) receivers: Vec<usize>,
+}
+
+/// The survivors of a regroup roll forward (live membership, see
+/// [`super::membership`]): each passes the steps it finished (`done`), whether their
+/// evaluation and checkpoint are done, its records of the last steps and its state
+/// `own`. The group goes on from the most steps any finished; those whose [`shared_view`]
+/// differs from the first such survivor's (they lag a step, or their exchange was cut
+/// with a compressor state half updated) take it, in slices from all that match it, and
+/// keep their own memories ([`merge`]).
+pub(super) fn roll_forward<T: Transport>(
+    comm: &mut Communicator<T>,
+    done: u64,
+    post_done: bool,
+    records: Vec<StepRecord>,
+    own: &Checkpoint,
+) -> Result<Forward, CommError> {
+    let shared = shared_view(own).map_err(protocol)?;
+    let mine = Standing {
+        done,
+        post_done,
+        manifest: manifest_of(&shared),
+        records,
+    };
+    let all = comm.all_gather(&serde_json::to_vec(&mine).expect("a standing serialises"))?;
+    let standings = all
+        .iter()
+        .enumerate()
+        .map(|(r, b)| {
+            serde_json::from_slice::<Standing>(b)
+                .map_err(|e| protocol(format!("survivor {r}'s standing: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let top = standings.iter().map(|s| s.done).max().unwrap_or(done);
+    let reference = standings
+        .iter()
+        .position(|s| s.done == top)
+        .expect("a survivor finished the most steps");
+    let matches = |s: &Standing| s.done == top && s.manifest == standings[reference].manifest;
+    let donors: Vec<usize> = (0..standings.len())
+        .filter(|&r| matches(&standings[r]))
+        .collect();
+    let receivers: Vec<usize> = (0..standings.len())
+        .filter(|&r| !matches(&standings[r]))
+        .collect();
+    let redo_post = standings.iter().any(|s| s.done < top || !s.post_done);
+    let mut by_step = std::collections::BTreeMap::new();
+    for s in &standings {
+        for r in &s.records {
+            by_step.entry(r.step).or_insert_with(|| r.clone());
+        }
+    }
+    let state = if receivers.is_empty() {
+        None
+    } else {
+        let manifests = vec![standings[reference].manifest.clone(); donors.len()];
+        let given = donors.contains(&comm.rank()).then_some(&shared);
+        match transfer(comm, &donors, &receivers, &manifests, given)? {
+            Some((ck, _)) => Some(merge(own, ck).map_err(protocol)?),
+            None => None,
+        }
+    };
+    Ok(Forward {
+        step: top,
+        redo_post,
+        records: by_step.into_values().collect(),
+        state,
+        receivers,
+    })
 }
 
 /// The first section (by name) whose bytes differ between `a` and `b`, or that only one
@@ -299,6 +502,88 @@ mod tests {
         assert_eq!(n.f32("mem/4").unwrap(), vec![0.0, 0.0]);
         assert_eq!(n.f32("params").unwrap(), vec![3.0]);
         assert!(n.bytes("srv/4").is_err() && n.bytes("model_state").is_err());
+    }
+
+    /// A survivor's own sections stay its own: the shared view leaves them out, a merge
+    /// puts the survivor's back over another's shared view, and the server residuals go.
+    #[test]
+    fn a_lagging_survivor_takes_the_shared_state_and_keeps_its_own() {
+        let state = |p: f32, own: f32| {
+            let mut ck = Checkpoint::new();
+            ck.put_f32("params", &[p; 3]);
+            ck.put_f32("opt/0/m", &[p; 3]);
+            ck.put_f32("mem/2", &[own; 2]);
+            ck.put_f32("buffers", &[own]);
+            ck.put_f32("model_state", &[own]);
+            ck.put_f32("srv/2", &[own]);
+            ck
+        };
+        let (ahead, behind) = (state(1.0, 5.0), state(0.0, 7.0));
+        let shared = shared_view(&ahead).unwrap();
+        assert_eq!(
+            shared.names().collect::<Vec<_>>(),
+            ["opt/0/m", "params"],
+            "only what every survivor holds alike"
+        );
+        // Another survivor that differs only in what is its own shares the same view.
+        let other = shared_view(&state(1.0, 9.0)).unwrap();
+        assert_eq!(first_difference(&shared, &other), None);
+        let mut merged = merge(&behind, shared).unwrap();
+        assert_eq!(merged.f32("params").unwrap(), [1.0; 3]);
+        assert_eq!(merged.f32("opt/0/m").unwrap(), [1.0; 3]);
+        assert_eq!(merged.f32("mem/2").unwrap(), [7.0; 2]);
+        assert_eq!(merged.f32("buffers").unwrap(), [7.0]);
+        assert_eq!(merged.f32("model_state").unwrap(), [7.0]);
+        drop_server_residuals(&mut merged).unwrap();
+        assert!(merged.bytes("srv/2").is_err());
+        assert_eq!(merged.f32("mem/2").unwrap(), [7.0; 2]);
+    }
+
+    /// Three survivors: rank 2 finished a step fewer; ranks 0 and 1 agree. Rank 2 takes
+    /// their shared state in two slices and keeps its memory; the group goes on from the
+    /// most steps done, and makes the evaluation due there again.
+    #[test]
+    fn survivors_roll_forward_from_those_that_finished() {
+        let handles: Vec<_> = channel_mesh(3)
+            .into_iter()
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let mut c = Communicator::new(t, CommConfig::default());
+                    let r = c.rank();
+                    let done = if r == 2 { 4 } else { 5 };
+                    let mut ck = Checkpoint::new();
+                    let p = if r == 2 { 0.0 } else { 3.0 };
+                    ck.put_f32(
+                        "params",
+                        &(0..1000).map(|i| i as f32 + p).collect::<Vec<_>>(),
+                    );
+                    ck.put_f32("mem/0", &[r as f32; 4]);
+                    let records = vec![StepRecord {
+                        step: done - 1,
+                        ..StepRecord::default()
+                    }];
+                    let before = c.total_bytes().sent;
+                    let f = roll_forward(&mut c, done, true, records, &ck).unwrap();
+                    (f, c.total_bytes().sent - before)
+                })
+            })
+            .collect();
+        let out: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        for (f, _) in &out {
+            assert_eq!(f.step, 5);
+            assert!(f.redo_post, "the lagging survivor had not evaluated step 5");
+            assert_eq!(f.receivers, [2]);
+            let steps: Vec<u64> = f.records.iter().map(|r| r.step).collect();
+            assert_eq!(steps, [3, 4]);
+        }
+        assert!(out[0].0.state.is_none() && out[1].0.state.is_none());
+        let ck = out[2].0.state.as_ref().unwrap();
+        assert_eq!(ck.f32("params").unwrap()[999], 1002.0);
+        assert_eq!(ck.f32("mem/0").unwrap(), [2.0; 4]);
+        // Each donor sent about half the state.
+        for (_, sent) in &out[..2] {
+            assert!(*sent < 3000, "a donor sent {sent} bytes");
+        }
     }
 
     #[test]

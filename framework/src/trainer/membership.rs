@@ -1,22 +1,44 @@
 //! Live membership (`cluster.membership = "live"`): a worker lost during the run is
-//! dropped, and the others go on from the same step without a restart.
+//! dropped, and the others go on without a restart.
 //!
 //! ```text
-//! before step s:   keep this rank's state (the checkpoint's contents, in memory; the two newest)
 //! a collective of step s (or of the evaluation / checkpoint after it) fails naming ranks
 //!   ─► Communicator::regroup: the survivors agree on the group without them (new epoch)
-//!   ─► all-gather each survivor's newest kept step; the group goes on from the oldest, m
-//!   ─► the synchronisation is built again over the group (its collectives, hosts, routes)
-//!   ─► every survivor restores its state of step m and runs step m again
+//!   ─► each survivor takes its state as it stands (nothing was copied before the step)
+//!   ─► all-gather: the steps each finished, and its replicated sections' checksums
+//!   ─► the group goes on from the most steps any survivor finished (s or s + 1); a
+//!      survivor whose replicated state differs from the first such survivor's takes it,
+//!      in slices from all that match it, and keeps its own memories
+//!   ─► the synchronisation is built again over the group; the evaluation and checkpoint
+//!      due at that step are made again where a survivor had not finished them
 //! ```
 //!
-//! **Why two states.** The survivors need not fail in the same collective: one may have
-//! finished step `s` (every message it needed had arrived before the peer died) and fail
-//! in the first collective of step `s + 1`, while another fails in the last one of step
-//! `s`. A rank cannot be more than one step ahead of another (the control all-reduce of
-//! each step needs every member), so the state before `s` — the older of the two — is on
-//! every survivor, and all of them run step `s` again from it: the update is applied
-//! everywhere or nowhere.
+//! **Rolling forward.** A survivor can be one step ahead of another: it finished step `s`
+//! (every message it needed had arrived before the peer died) while another fails in the
+//! last collective of `s`. No survivor is more than one step ahead (the control all-reduce
+//! of each step needs every member). The one behind did send all of its part of `s` (the
+//! one ahead could not have finished otherwise), so its error-feedback memory already holds
+//! what the step's update did not take: it takes the parameters, the optimizer's and the
+//! compressor's state of step `s + 1` from those that finished, and keeps its memories. When
+//! nobody finished `s`, nobody applied its update (the update comes after the step's last
+//! exchange collective), and the group runs `s` again; a compressor state that the cut
+//! exchange left half updated on some survivors (PowerSGD's Q of one bucket, say) is made
+//! the first survivor's on all. **What that costs:** a survivor whose exchange of `s` was
+//! cut had folded the step's gradient, less what it had sent, into its memory; running `s`
+//! again folds it in once more — one step of one worker's gradient counted twice, of the
+//! order of what the lost worker's memory takes with it. The compressed all-reduce's server
+//! residuals start afresh (each covers a range of the old group). Nothing is copied before
+//! a step: the per-step cost of live membership is the step deadline's bookkeeping.
+//!
+//! **The periodic synchronisations** (local SGD, DiLoCo, Streaming DiLoCo, 0/1 Adam) keep
+//! the copy instead: between rounds each replica trains on its own, so a survivor cannot
+//! take another's state. Before every step each keeps its state (the checkpoint's contents,
+//! in memory, into the buffers of the copy it replaces: `Checkpoint::recycle`; the two
+//! newest, because a survivor can be a step ahead); after a regroup the survivors all-gather
+//! their newest kept step, restore the oldest of them, and run from there: the update is
+//! applied everywhere or nowhere. The copy is what each step record's `time.keep_s` shows;
+//! on the main job's state it took 7–8 ms a step, about 9 % of the step, when every run
+//! kept it (README "Stopping, failures and resuming").
 //!
 //! **What a step over fewer workers means.** The step's mean is over the survivors, so its
 //! effective batch is theirs (`P′ · batch_size`); the learning rate stays the one of the
@@ -37,12 +59,6 @@
 //! (`handover`); it restores it and runs the step with them. It reads the shard of the rank
 //! it took, from that step on: what that shard held between the loss and the entry is not
 //! read this epoch. Its error-feedback memory starts at zero.
-//!
-//! **Cost.** Keeping the state is a copy of it before every step (parameters, optimizer
-//! moments, memories), into the buffers of the copy it replaces (`Checkpoint::recycle`):
-//! 7–8 ms a step on the main job (AlexNet, 2.5 M parameters, FFT with error feedback;
-//! README "Stopping, failures and resuming"), which each step record reports as
-//! `time.keep_s`. It is why live membership is not yet the default.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -56,8 +72,12 @@ use crate::checkpoint::Checkpoint;
 /// Live membership's state in a [`Trainer`].
 #[derive(Default)]
 pub(super) struct Live {
-    /// This rank's state before each of the last two steps it began, oldest first.
+    /// This rank's state before each of the last two steps it began, oldest first (only
+    /// where the group goes back to it, see [`Trainer::keeps_copies`]).
     kept: VecDeque<(u64, Checkpoint)>,
+    /// A step whose update this rank applied and which then failed (comparing the
+    /// replicas after it): the rank finished it.
+    applied: Option<u64>,
     /// The parameters' scratch of [`Trainer::state_in`], kept between steps.
     pub(super) params: Vec<f32>,
     /// The changes so far (`summary.json`).
@@ -126,15 +146,30 @@ impl<T: Transport> Trainer<T> {
         }
     }
 
-    /// Before step `self.step`: keeps this rank's state (the newest two). Returns the
-    /// seconds it took (the step record's `keep_s`; 0 without live membership).
-    pub(super) fn keep_state(&mut self) -> Result<f64, TrainError> {
-        if self.live.is_none() {
+    /// Whether the group goes back to a copy of the state kept before each step when a
+    /// worker is lost: for the periodic synchronisations (local SGD, DiLoCo, Streaming
+    /// DiLoCo, 0/1 Adam), whose replicas differ between rounds, so that no survivor can
+    /// take another's. The others roll forward instead (see the [module docs](self)).
+    fn keeps_copies(&self) -> bool {
+        !self.sync.identical_every_step()
+    }
+
+    /// Before step `self.step`: notes when it began, and, where the group goes back to
+    /// copies ([`Trainer::keeps_copies`]), keeps this rank's state (the newest two).
+    /// Returns the seconds the copy took (the step record's `keep_s`; 0 without one).
+    pub(super) fn begin_step(&mut self) -> Result<f64, TrainError> {
+        let now = Instant::now();
+        let copies = self.keeps_copies();
+        let Some(l) = &mut self.live else {
+            return Ok(0.0);
+        };
+        l.began = Some(now);
+        l.applied = None;
+        if !copies {
+            l.kept.clear();
             return Ok(0.0);
         }
-        let now = Instant::now();
         let step = self.step;
-        let l = self.live.as_mut().expect("live");
         l.kept.retain(|(s, _)| *s < step);
         // The oldest kept state's buffers take this one (no allocation, no zeroing).
         let mut spare = None;
@@ -144,20 +179,35 @@ impl<T: Transport> Trainer<T> {
         let mut ck = self.state_in(spare.map_or_else(Checkpoint::new, Checkpoint::recycle))?;
         ck.release_spare();
         let l = self.live.as_mut().expect("live");
-        l.began = Some(now);
         l.kept.push_back((step, ck));
         Ok(now.elapsed().as_secs_f64())
     }
 
+    /// Step `step`'s update is applied, and a collective after it (comparing the replicas)
+    /// failed with the step's record `r` unwritten: the step is finished all the same (the
+    /// survivors roll forward from it), and `r` is kept for the logs when they get it.
+    pub(super) fn applied_then_failed(&mut self, step: u64, r: &dtrain_records::StepRecord) {
+        let logged = step.is_multiple_of(self.plan.config.output.log_every.max(1));
+        if let Some(l) = &mut self.live {
+            l.applied = Some(step);
+        }
+        if logged {
+            self.keep_record(r);
+        }
+    }
+
     /// The failure `e` happened under live membership: when it names lost members, the
-    /// survivors agree on the group without them and restore the state of the step they
-    /// go on from (see the [module docs](self)); the run loop then runs that step again.
-    /// Any other error, or one the group cannot survive, is returned.
+    /// survivors agree on the group without them and go on from the state the group
+    /// settles on (see the [module docs](self)); the run loop then goes on from its step.
+    /// `post_pending`: the failure came while the evaluation and checkpoint due after the
+    /// step just finished were being made. Returns whether they are to be made (again)
+    /// before the next step. Any other error, or one the group cannot survive, is returned.
     pub(super) fn survive(
         &mut self,
         e: TrainError,
         obs: &mut dyn Observer,
-    ) -> Result<(), TrainError> {
+        post_pending: bool,
+    ) -> Result<bool, TrainError> {
         let (step, source) = match &e {
             TrainError::Comm { step, source } => (step, source),
             TrainError::Exchange {
@@ -193,6 +243,52 @@ impl<T: Transport> Trainer<T> {
                 },
             })?;
         let reached = self.step;
+        let was_rank0 = self.rank == 0;
+        let (from, redo_post, notes) = if self.keeps_copies() {
+            let (from, notes) = self.go_back(&membership)?;
+            (from, false, notes)
+        } else {
+            self.roll_forward(&membership, post_pending)?
+        };
+        if self.rank == 0 {
+            self.reopen_logs(from, was_rank0, redo_post)?;
+        }
+        obs.on_rank(self.rank, from);
+        let l = self.live.as_mut().expect("live");
+        let change = MembershipChange {
+            epoch: membership.epoch,
+            removed: membership.removed.clone(),
+            added: Vec::new(),
+            members: membership.members.clone(),
+            cause,
+            step: from,
+            after_s: l.started.map_or(0.0, |t| (failed_at - t).as_secs_f64()),
+            steps_lost: reached.saturating_sub(from),
+            lost_s: l.began.map_or(0.0, |t| t.elapsed().as_secs_f64()),
+            deadline_s: Some(deadline_s),
+        };
+        obs.on_message(&format!(
+            "membership epoch {}: worker(s) {:?} lost ({}); {} worker(s) {:?} go on from step {from} \
+             ({:.2} s lost; step deadline {:.1} s)",
+            change.epoch,
+            change.removed,
+            change.cause,
+            change.members.len(),
+            change.members,
+            change.lost_s,
+            deadline_s
+        ));
+        for n in notes {
+            obs.on_message(&n);
+        }
+        l.changes.push(change);
+        Ok(redo_post)
+    }
+
+    /// The survivors go back to the oldest of their newest kept states (the periodic
+    /// synchronisations, [`Trainer::keeps_copies`]): returns its step and the set-up's notes.
+    fn go_back(&mut self, membership: &Membership) -> Result<(u64, Vec<String>), TrainError> {
+        let reached = self.step;
         let comm_err = |source| TrainError::Comm {
             step: reached,
             source,
@@ -225,7 +321,7 @@ impl<T: Transport> Trainer<T> {
         // An evaluation after `from` is of a state the group reaches again.
         self.evals.retain(|e| e.step <= from);
         // Taken, not copied: the run loop keeps the state of `from` again before it runs it.
-        let Some((_, ck)) = l.kept.pop_back().filter(|(s, _)| *s == from) else {
+        let Some((_, mut ck)) = l.kept.pop_back().filter(|(s, _)| *s == from) else {
             return Err(TrainError::Sync {
                 step: reached,
                 reason: format!(
@@ -236,12 +332,12 @@ impl<T: Transport> Trainer<T> {
             });
         };
         // The synchronisation over the new group, then the state of step `from` into it.
-        let was_rank0 = self.rank == 0;
-        let notes = self.regroup_sync(&membership)?;
+        let notes = self.regroup_sync(membership)?;
         let bad = |reason: String| TrainError::Sync {
             step: from,
             reason: format!("live membership: restoring the state of step {from}: {reason}"),
         };
+        handover::drop_server_residuals(&mut ck).map_err(bad)?;
         let meta = self.restore_state(&ck, &bad, false)?;
         self.step = from;
         // A survivor that had finished the step (and compared the replicas after it) runs
@@ -249,39 +345,86 @@ impl<T: Transport> Trainer<T> {
         self.replicas_checked_at = meta.replicas_checked_at;
         self.sync.start_at(from).map_err(|e| self.step_error(e))?;
         self.left_exchange = None;
-        if self.rank == 0 {
-            self.reopen_logs(from, was_rank0)?;
-        }
-        obs.on_rank(self.rank, from);
+        Ok((from, notes))
+    }
+
+    /// The survivors roll forward (see the [module docs](self)): the group goes on from
+    /// the most steps any survivor finished, and those that lag take the replicated state
+    /// from those that finished ([`handover::roll_forward`]). Returns the step, whether
+    /// the evaluation and checkpoint due before it are to be made, and the set-up's notes.
+    fn roll_forward(
+        &mut self,
+        membership: &Membership,
+        post_pending: bool,
+    ) -> Result<(u64, bool, Vec<String>), TrainError> {
+        let reached = self.step;
         let l = self.live.as_mut().expect("live");
-        let change = MembershipChange {
-            epoch: membership.epoch,
-            removed: membership.removed.clone(),
-            added: Vec::new(),
-            members: membership.members.clone(),
-            cause,
-            step: from,
-            after_s: l.started.map_or(0.0, |t| (failed_at - t).as_secs_f64()),
-            steps_lost: reached.saturating_sub(from),
-            lost_s: l.began.map_or(0.0, |t| t.elapsed().as_secs_f64()),
-            deadline_s: Some(deadline_s),
-        };
-        obs.on_message(&format!(
-            "membership epoch {}: worker(s) {:?} lost ({}); {} worker(s) {:?} go on from step {from} \
-             ({:.2} s lost; step deadline {:.1} s)",
-            change.epoch,
-            change.removed,
-            change.cause,
-            change.members.len(),
-            change.members,
-            change.lost_s,
-            deadline_s
-        ));
-        for n in notes {
-            obs.on_message(&n);
+        // A step applied here but cut after its update is finished: its evaluation and
+        // checkpoint are yet to be made.
+        let finished_cut = l.applied.take() == Some(self.step);
+        if finished_cut {
+            self.step += 1;
         }
-        l.changes.push(change);
-        Ok(())
+        let records: Vec<_> = l.finished.iter().cloned().collect();
+        let own = self.state()?;
+        let forward = handover::roll_forward(
+            &mut self.comm,
+            self.step,
+            !(post_pending || finished_cut),
+            records,
+            &own,
+        )
+        .map_err(|source| TrainError::Comm {
+            step: reached,
+            source,
+        })?;
+        let from = forward.step;
+        let notes = self.regroup_sync(membership)?;
+        let bad = |reason: String| TrainError::Sync {
+            step: from,
+            reason: format!("live membership: going on from step {from}: {reason}"),
+        };
+        let lagged = forward.state.is_some();
+        let mut ck = forward.state.unwrap_or(own);
+        handover::drop_server_residuals(&mut ck).map_err(bad)?;
+        let meta = self.restore_state(&ck, &bad, false)?;
+        if meta.step != from {
+            return Err(bad(format!("the state taken is of step {}", meta.step)));
+        }
+        self.step = from;
+        if lagged {
+            self.skipped = meta.skipped;
+            self.recoveries = meta.recoveries;
+            self.best_loss = meta.best_loss_bits.map(f64::from_bits);
+        }
+        self.replicas_checked_at = meta.replicas_checked_at;
+        self.sync.start_at(from).map_err(|e| self.step_error(e))?;
+        self.left_exchange = None;
+        let l = self.live.as_mut().expect("live");
+        // The newest records any survivor holds: the leader writes those its log lacks.
+        l.finished = forward
+            .records
+            .into_iter()
+            .filter(|r| r.step < from)
+            .collect();
+        while l.finished.len() > 2 {
+            l.finished.pop_front();
+        }
+        // An evaluation at `from` that is made again replaces the one some survivors hold.
+        if forward.redo_post {
+            self.evals.retain(|e| e.step < from);
+        } else {
+            self.evals.retain(|e| e.step <= from);
+        }
+        let mut notes = notes;
+        if !forward.receivers.is_empty() {
+            notes.push(format!(
+                "live membership: group rank(s) {:?} took the state of step {from} from the \
+                 others (they had not finished it, or their compressor state was cut mid-step)",
+                forward.receivers
+            ));
+        }
+        Ok((from, forward.redo_post, notes))
     }
 
     /// Sets this worker's rank and world to `membership`'s and builds the synchronisation
@@ -322,7 +465,7 @@ impl<T: Transport> Trainer<T> {
         let Some(m) = self.comm.admit().map_err(comm_err)? else {
             return Ok(());
         };
-        let ck = self.state()?;
+        let mut ck = self.state()?;
         let donors = m.members.len() - m.added.len();
         let bad = |reason: String| TrainError::Sync {
             step,
@@ -332,9 +475,12 @@ impl<T: Transport> Trainer<T> {
         let history = &self.live.as_ref().expect("live").changes;
         given.put_json(handover::HISTORY, history);
         let notes = self.regroup_sync(&m)?;
-        handover::hand_over(&mut self.comm, donors, Some(&given)).map_err(comm_err)?;
+        // The state back into the synchronisation first: should a member be lost while
+        // handing it over, the survivors go on from the state as it stands.
+        handover::drop_server_residuals(&mut ck).map_err(bad)?;
         self.restore_state(&ck, &bad, false)?;
         self.sync.start_at(step).map_err(|e| self.step_error(e))?;
+        handover::hand_over(&mut self.comm, donors, Some(&given)).map_err(comm_err)?;
         self.left_exchange = None;
         let l = self.live.as_mut().expect("live");
         let change = MembershipChange {
@@ -445,25 +591,31 @@ impl<T: Transport> Trainer<T> {
     /// This rank leads the group now: its logs drop the records of the steps the group
     /// runs again (from `from` on); it opens them (and TensorBoard's) if the lost leader
     /// held them.
-    fn reopen_logs(&mut self, from: u64, was_rank0: bool) -> Result<(), TrainError> {
+    fn reopen_logs(
+        &mut self,
+        from: u64,
+        was_rank0: bool,
+        redo_post: bool,
+    ) -> Result<(), TrainError> {
         let Some(out) = self.out.clone() else {
             return Ok(());
         };
         // Closed before the files are rewritten (trimming replaces them).
         self.metrics_file = None;
         self.eval_file = None;
-        super::metrics::trim_records(&out, from)?;
+        super::metrics::trim_records(&out, from, !redo_post)?;
         if was_rank0 {
             let open = |name: &str| super::metrics::open_log(&out, name);
             self.metrics_file = Some(open("metrics.jsonl")?);
             self.eval_file = Some(open("eval.jsonl")?);
-            return Ok(());
+        } else {
+            self.open_logs()?;
         }
-        self.open_logs()?;
         // The lost leader may have been killed after it finished a step the group does not
-        // run again (this rank went on past it) and before it wrote the step's record:
-        // this rank's own record of it is written instead (the loss and accuracy are the
-        // group's; the times and bytes this rank's).
+        // run again (this rank went on past it) and before it wrote the step's record, or
+        // this rank lagged a step the others finished: a survivor's record of it is
+        // written instead (the loss and accuracy are the group's; the times and bytes that
+        // survivor's).
         let last = super::metrics::last_step(&out.root.join("metrics.jsonl"));
         let missing: Vec<_> = self
             .live

@@ -21,7 +21,7 @@ impl<T: Transport> Trainer<T> {
                 // failed or was stopped later) are of steps this session runs again. (The
                 // checkpoint's step counts the steps of the run that wrote it: on another
                 // worker count the session goes on from another step number.)
-                trim_records(out, start)?;
+                trim_records(out, start, true)?;
             }
             let open = |name: &str| open_log(out, name);
             self.metrics_file = Some(open("metrics.jsonl")?);
@@ -107,14 +107,20 @@ pub(super) fn open_log(out: &RunDir, name: &str) -> Result<std::fs::File, TrainE
 
 /// Drops the records of the steps from `start` on (they are run again) from the run's
 /// `metrics.jsonl`, and from its `eval.jsonl` those after `start` (the evaluation at
-/// `start` is of the state the run goes on from).
-pub(super) fn trim_records(out: &RunDir, start: u64) -> Result<(), TrainError> {
+/// `start` is of the state the run goes on from), and the one at `start` too unless
+/// `keep_eval_at_start` (it is made again).
+pub(super) fn trim_records(
+    out: &RunDir,
+    start: u64,
+    keep_eval_at_start: bool,
+) -> Result<(), TrainError> {
+    let eval_kept = move |s: u64| s < start || (keep_eval_at_start && s == start);
     for (name, keep) in [
         (
             "metrics.jsonl",
             &(|s: u64| s < start) as &dyn Fn(u64) -> bool,
         ),
-        ("eval.jsonl", &|s: u64| s <= start),
+        ("eval.jsonl", &eval_kept),
     ] {
         let p = out.root.join(name);
         trim_log(&p, keep).map_err(|source| TrainError::Io {

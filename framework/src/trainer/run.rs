@@ -50,7 +50,21 @@ impl<T: Transport> Trainer<T> {
             // A rollback target from the very start.
             self.save_checkpoint()?;
         }
-        while self.step < total {
+        // The evaluation and checkpoint due after the step just finished are yet to be made.
+        let mut post_pending = false;
+        loop {
+            if post_pending {
+                if let Err(e) = self.after_step(obs) {
+                    // Under live membership, a lost worker: the others make them again
+                    // where any of them had not finished them.
+                    post_pending = self.survive(e, obs, true)?;
+                    continue;
+                }
+                post_pending = false;
+            }
+            if self.step >= total {
+                break;
+            }
             if self.stopping.is_none() && !self.sync.lockstep() {
                 // Asynchronous parameter server: no control all-reduce to agree in.
                 self.stopping = self.stop.as_ref().and_then(|s| s.signal());
@@ -64,18 +78,18 @@ impl<T: Transport> Trainer<T> {
             if j == 0 {
                 tally.new_epoch();
             }
-            let keep_s = self.keep_state()?;
+            let keep_s = self.begin_step()?;
             if let Err(e) = self.admit_newcomers(obs) {
                 // A member (or the newcomer) lost while admitting: as in a step.
-                self.survive(e, obs)?;
+                post_pending = self.survive(e, obs, false)?;
                 continue;
             }
             let rec = match self.train_step(epoch, j) {
                 Ok(rec) => rec,
                 Err(e) => {
-                    // Under live membership, a lost worker: the others go on from the same
-                    // step (or the one before), without it. Any other error is returned.
-                    self.survive(e, obs)?;
+                    // Under live membership, a lost worker: the others go on without it
+                    // (from this step, the next, or a kept one). Any other error is returned.
+                    post_pending = self.survive(e, obs, false)?;
                     continue;
                 }
             };
@@ -108,43 +122,7 @@ impl<T: Transport> Trainer<T> {
                 }
             }
             self.step += 1;
-            let done_epoch = self.step.is_multiple_of(per_epoch);
-            let epochs_done = self.step / per_epoch;
-            let last = self.step == total;
-            let eval_every = self.plan.config.train.eval_every_epochs;
-            let by_steps = self
-                .plan
-                .config
-                .train
-                .eval_every_steps
-                .is_some_and(|n| self.step.is_multiple_of(n));
-            if (done_epoch && eval_every > 0 && epochs_done.is_multiple_of(eval_every))
-                || last
-                || by_steps
-            {
-                if let Err(e) = self.evaluate_and_log(epochs_done, obs) {
-                    self.survive(e, obs)?;
-                    continue;
-                }
-            }
-            let ck = &self.plan.config.checkpoint;
-            let by_steps = ck
-                .every_steps
-                .is_some_and(|n| n > 0 && self.step.is_multiple_of(n));
-            let by_epochs = done_epoch
-                && ck
-                    .every_epochs
-                    .is_some_and(|n| n > 0 && epochs_done.is_multiple_of(n));
-            if by_steps || by_epochs || (last && self.out.is_some()) {
-                match self.save_checkpoint() {
-                    Ok(Some(d)) => obs.on_message(&format!("checkpoint {}", d.display())),
-                    Ok(None) => {}
-                    Err(e) => {
-                        self.survive(e, obs)?;
-                        continue;
-                    }
-                }
-            }
+            post_pending = true;
         }
         if session_start == total && total > 0 {
             // Resumed at the end: a finished run is re-evaluated (e.g. with a larger
@@ -156,6 +134,41 @@ impl<T: Transport> Trainer<T> {
         self.finish_sync()?;
         let wall = t_start.elapsed().as_secs_f64();
         self.finish_summary(tally, wall)
+    }
+
+    /// After a step: the evaluation and the checkpoint due at the step count reached.
+    fn after_step(&mut self, obs: &mut dyn Observer) -> Result<(), TrainError> {
+        let per_epoch = self.plan.steps_per_epoch;
+        let done_epoch = self.step.is_multiple_of(per_epoch);
+        let epochs_done = self.step / per_epoch;
+        let last = self.step == self.plan.total_steps;
+        let eval_every = self.plan.config.train.eval_every_epochs;
+        let by_steps = self
+            .plan
+            .config
+            .train
+            .eval_every_steps
+            .is_some_and(|n| self.step.is_multiple_of(n));
+        if (done_epoch && eval_every > 0 && epochs_done.is_multiple_of(eval_every))
+            || last
+            || by_steps
+        {
+            self.evaluate_and_log(epochs_done, obs)?;
+        }
+        let ck = &self.plan.config.checkpoint;
+        let by_steps = ck
+            .every_steps
+            .is_some_and(|n| n > 0 && self.step.is_multiple_of(n));
+        let by_epochs = done_epoch
+            && ck
+                .every_epochs
+                .is_some_and(|n| n > 0 && epochs_done.is_multiple_of(n));
+        if by_steps || by_epochs || (last && self.out.is_some()) {
+            if let Some(d) = self.save_checkpoint()? {
+                obs.on_message(&format!("checkpoint {}", d.display()));
+            }
+        }
+        Ok(())
     }
 
     /// Ends the run after a stop request (see [`Trainer::stop_on`]): a checkpoint of the

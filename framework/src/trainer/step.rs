@@ -309,7 +309,15 @@ impl<T: Transport> Trainer<T> {
             return self.bad_step("averaged parameter change", *record, t0);
         }
         if self.replica_check_due(step) {
-            record.param_hash = Some(self.check_replicas(step)?);
+            record.time.step_s = t0.elapsed().as_secs_f64();
+            match self.check_replicas(step) {
+                Ok(hash) => record.param_hash = Some(hash),
+                Err(e) => {
+                    // The update is applied: under live membership the step is finished.
+                    self.applied_then_failed(step, &record);
+                    return Err(e);
+                }
+            }
         }
         record.time.step_s = t0.elapsed().as_secs_f64();
         Ok(StepOutcome::Done(record))
