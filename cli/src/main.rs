@@ -115,8 +115,12 @@ struct RunArgs {
     /// Run directory (default: `<output.dir>/<name>/<UTC timestamp>`).
     #[arg(long)]
     run_dir: Option<PathBuf>,
-    /// When a worker fails, stop the others and restart every worker from the newest
-    /// checkpoint intact on every rank, at most N times (recorded in summary.json).
+    /// Under live membership (the default where a run can have it) a lost worker is
+    /// dropped and the others go on; over tcp or hybrid up to N lost workers are replaced by
+    /// newcomers. Under `cluster.membership = "fixed"` (or where a run cannot have live
+    /// membership), and when every worker of a live group failed: stop the others and
+    /// restart every worker from the newest checkpoint intact on every rank, at most N
+    /// times. Either is recorded in summary.json.
     #[arg(long, value_name = "N", default_value_t = 0)]
     max_restarts: usize,
     /// Join a running multi-node run as node --node-rank (not node 0, which hosts the

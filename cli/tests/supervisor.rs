@@ -34,6 +34,9 @@ workers = {workers}
 transport = "tcp"
 heartbeat_s = 0.2
 peer_timeout_s = 2.0
+# A failure stops the run, or restarts every worker (the tests of live membership, the
+# default, set it back to "auto" or "live").
+membership = "fixed"
 [compress]
 kind = "topk"
 ratio = 0.1
@@ -384,10 +387,10 @@ fn a_killed_worker_ends_the_run_or_is_restarted_from_the_newest_intact_checkpoin
     assert_none_left(&dir, Duration::from_secs(1));
 }
 
-/// Issue #53, acceptance: with `cluster.membership = "live"`, a 3-worker run whose worker
-/// is SIGKILLed mid-run exits 0 with every step done, the other two worker processes
-/// alive from start to end (the same pids: not restarted), and the change in
-/// `summary.json`. Worker 0 is killed — the one that writes the logs — so the new leader
+/// Issue #53, acceptance: with live membership (the default, `cluster.membership =
+/// "auto"`), a 3-worker run whose worker is SIGKILLed mid-run exits 0 with every step done,
+/// the other two worker processes alive from start to end (the same pids: not restarted),
+/// and the change in `summary.json`. Worker 0 is killed — the one that writes the logs — so the new leader
 /// takes them over: every step is logged once.
 #[test]
 fn under_live_membership_a_killed_worker_is_dropped_and_the_others_finish() {
@@ -404,7 +407,7 @@ fn under_live_membership_a_killed_worker_is_dropped_and_the_others_finish() {
             "--set",
             "train.epochs=100",
             "--set",
-            "cluster.membership=\"live\"",
+            "cluster.membership=\"auto\"",
         ],
     );
     let survivors = [worker_pid(&dir, 1), worker_pid(&dir, 2)];

@@ -506,7 +506,7 @@ pub fn launch(
     if nnodes > 1 && opts.rendezvous.is_none() {
         return Err("--nnodes > 1 needs --rendezvous HOST:PORT (node 0's address)".into());
     }
-    let replaces = plan.config.cluster.membership == crate::config::Membership::Live
+    let replaces = plan.config.live_membership()
         && resolve_transport(plan.config.cluster.transport, world, Some(nnodes))
             .0
             .takes_newcomers();
@@ -563,7 +563,6 @@ pub fn launch(
     let per_node = world / nnodes;
     let ranks: Vec<usize> = (node_rank * per_node..(node_rank + 1) * per_node).collect();
     if opts.join {
-        let c = &plan.config.cluster;
         if nnodes < 2 || node_rank == 0 {
             return Err(
                 "--join: only a node other than node 0 (which hosts the rendezvous) \
@@ -571,7 +570,7 @@ pub fn launch(
                     .into(),
             );
         }
-        if c.membership != crate::config::Membership::Live || !kind.takes_newcomers() {
+        if !plan.config.live_membership() || !kind.takes_newcomers() {
             return Err(
                 "--join needs cluster.membership = \"live\" and cluster.transport \
                         \"tcp\" or \"hybrid\" (newcomers join over tcp)"
@@ -760,7 +759,7 @@ pub fn run_as_rank(
             plan.config.cluster.transport,
             &token?,
             RENDEZVOUS_TIMEOUT,
-            plan.config.cluster.membership == crate::config::Membership::Live,
+            plan.config.live_membership(),
         )?)
     } else {
         // Wait for rank 0's config.toml.

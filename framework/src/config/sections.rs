@@ -389,10 +389,11 @@ pub struct ClusterConfig {
     /// [`ClusterConfig::liveness`]).
     #[serde(default = "default_peer_timeout")]
     pub peer_timeout_s: f64,
-    /// What a lost worker does to the run: `"fixed"` (default) stops it, naming the
-    /// worker (`--max-restarts` then restarts every worker from the newest checkpoint);
-    /// `"live"` drops it and the others go on from the same step without a restart (see
-    /// [`Membership::Live`]).
+    /// What a lost worker does to the run: `"live"` drops it and the others go on without
+    /// a restart (see [`Membership::Live`]); `"fixed"` stops the run, naming the worker
+    /// (`--max-restarts` then restarts every worker from the newest checkpoint); `"auto"`
+    /// (default) is live wherever a run can have it at no cost a step, fixed elsewhere (see
+    /// [`Membership::Auto`]).
     #[serde(default, skip_serializing_if = "is_default")]
     pub membership: Membership,
     /// Live membership: the shortest step deadline, in seconds (default 10). A member that
@@ -428,8 +429,15 @@ fn is_deadline_factor(v: &f64) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Membership {
-    /// The group is the one the run started with: a lost worker stops the run.
+    /// [`Membership::Live`] wherever the run can have it at no cost a step,
+    /// [`Membership::Fixed`] elsewhere: where it cannot run (the parameter server, MPI, an
+    /// exchange kept in flight across steps; see
+    /// [`crate::config::RunConfig::live_membership_refused`]) and where it would copy the
+    /// state before every step (the periodic synchronisations and 0/1 Adam; see
+    /// [`crate::config::RunConfig::live_membership_copies`]), which ask for it by name.
     #[default]
+    Auto,
+    /// The group is the one the run started with: a lost worker stops the run.
     Fixed,
     /// A worker lost during a step (its connection closed, or it stalled past the step
     /// deadline) is dropped: the survivors agree on the smaller group and go on from the
@@ -456,15 +464,18 @@ impl ClusterConfig {
     /// deadline judges a silent member (see [`ClusterConfig::deadline_floor_s`]): the peer
     /// timeout is raised to `timeout_s`, the deadline's ceiling, so that the transport does
     /// not drop a stopped member before the deadline does.
-    pub fn liveness(&self) -> Liveness {
-        let peer_timeout = match self.membership {
-            Membership::Live => self.peer_timeout_s.max(self.timeout_s),
-            Membership::Fixed => self.peer_timeout_s,
+    /// `live`: whether the run has live membership
+    /// ([`crate::config::RunConfig::live_membership`]).
+    pub fn liveness(&self, live: bool) -> Liveness {
+        let peer_timeout = if live {
+            self.peer_timeout_s.max(self.timeout_s)
+        } else {
+            self.peer_timeout_s
         };
         Liveness {
             heartbeat: std::time::Duration::from_secs_f64(self.heartbeat_s),
             peer_timeout: std::time::Duration::from_secs_f64(peer_timeout),
-            accept_joiners: self.membership == Membership::Live,
+            accept_joiners: live,
         }
     }
 }
@@ -545,7 +556,7 @@ impl Default for ClusterConfig {
             staleness: 0,
             heartbeat_s: default_heartbeat(),
             peer_timeout_s: default_peer_timeout(),
-            membership: Membership::Fixed,
+            membership: Membership::Auto,
             deadline_floor_s: deadline_floor(),
             deadline_factor: deadline_factor(),
         }

@@ -404,3 +404,27 @@ fn model_and_data_must_agree() {
     let e = parse(GOOD, &["data.kind=moby-dick", "data.shape=[]"]).unwrap_err();
     assert!(e.field.starts_with("data."), "{e}");
 }
+
+#[test]
+fn live_membership_is_the_default_wherever_a_run_can_have_it() {
+    let live = |sets: &[&str]| parse(GOOD, sets).unwrap().config.live_membership();
+    assert!(live(&[]), "the default is live");
+    assert!(live(&["cluster.transport=\"quic\""]));
+    assert!(!live(&["cluster.membership=\"fixed\""]));
+    // Where it would copy the state before every step, it is asked for by name.
+    let diloco = ["sync.kind=\"diloco\"", "sync.period=4"];
+    assert!(!live(&diloco));
+    assert!(live(&[diloco[0], diloco[1], "cluster.membership=\"live\""]));
+    // Where it cannot run, the default is fixed; asked for, it is refused naming why.
+    for set in ["cluster.mode=\"ps\"", "cluster.transport=\"mpi\""] {
+        assert!(!live(&[set]), "{set}");
+        let e = parse(GOOD, &[set, "cluster.membership=\"live\""]).unwrap_err();
+        assert_eq!(e.field, "cluster.membership", "{set}: {e}");
+    }
+    // Under live membership the transports wait for the step deadline, not the peer
+    // timeout, and keep accepting newcomers.
+    let p = parse(GOOD, &["cluster.timeout_s=90"]).unwrap();
+    let l = p.config.cluster.liveness(p.config.live_membership());
+    assert!(l.accept_joiners);
+    assert_eq!(l.peer_timeout.as_secs(), 90);
+}

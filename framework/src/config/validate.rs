@@ -20,6 +20,45 @@ pub(super) fn error(file: &str, field: &str, message: String) -> ConfigError {
 }
 
 impl RunConfig {
+    /// Why this run cannot have live membership (`None` when it can): the parameter
+    /// server, MPI, or an exchange kept in flight across steps.
+    pub fn live_membership_refused(&self) -> Option<&'static str> {
+        let c = &self.cluster;
+        if c.mode == ClusterMode::Ps {
+            Some(
+                "the parameter server's shards and step clock are not re-formed over the survivors",
+            )
+        } else if c.transport == TransportKind::Mpi {
+            Some("an MPI world cannot shrink: a lost rank ends the MPI job")
+        } else if self.sync.wants_second_lane() {
+            Some("an exchange left in flight across steps (sync.in_flight) runs on a second lane that is not re-formed")
+        } else {
+            None
+        }
+    }
+
+    /// Whether live membership would keep a copy of the state before every step: under a
+    /// periodic synchronisation (local SGD, post-local SGD, DiLoCo, Streaming DiLoCo) and 0/1
+    /// Adam, whose replicas differ between rounds, so that the survivors go back to a copy
+    /// instead of rolling forward (see `trainer/membership.rs`).
+    pub fn live_membership_copies(&self) -> bool {
+        !matches!(self.sync, SyncConfig::EveryStep)
+            || self.train.optimizer == OptimizerKind::ZerooneAdam
+    }
+
+    /// Whether the run has live membership: `cluster.membership = "live"`, or `"auto"` (the
+    /// default) where it costs nothing a step — [`RunConfig::live_membership_refused`] finds
+    /// nothing against it and it keeps no copy ([`RunConfig::live_membership_copies`]).
+    pub fn live_membership(&self) -> bool {
+        match self.cluster.membership {
+            Membership::Live => true,
+            Membership::Fixed => false,
+            Membership::Auto => {
+                self.live_membership_refused().is_none() && !self.live_membership_copies()
+            }
+        }
+    }
+
     /// `name`: a path component of the run directory.
     pub(super) fn check_name(&self, file: &str) -> Result<(), ConfigError> {
         let err = |field: &str, message: String| error(file, field, message);
@@ -108,16 +147,7 @@ impl RunConfig {
             ));
         }
         if c.membership == Membership::Live {
-            let why = if c.mode == ClusterMode::Ps {
-                Some("the parameter server's shards and step clock are not re-formed over the survivors")
-            } else if c.transport == TransportKind::Mpi {
-                Some("an MPI world cannot shrink: a lost rank ends the MPI job")
-            } else if self.sync.wants_second_lane() {
-                Some("an exchange left in flight across steps (sync.in_flight) runs on a second lane that is not re-formed")
-            } else {
-                None
-            };
-            if let Some(why) = why {
+            if let Some(why) = self.live_membership_refused() {
                 return Err(err(
                     "cluster.membership",
                     format!("\"live\" cannot run here: {why} (use \"fixed\")"),

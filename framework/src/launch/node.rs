@@ -44,7 +44,7 @@ pub(super) struct Node<'a> {
 impl Node<'_> {
     /// Whether the run has live membership.
     fn live(&self) -> bool {
-        self.plan.config.cluster.membership == crate::config::Membership::Live
+        self.plan.config.live_membership()
     }
 
     /// Starts one worker process per rank of this node; `resume` adds `--resume`; with

@@ -272,7 +272,7 @@ fn train_once(
             link,
             &token?,
             RENDEZVOUS_TIMEOUT,
-            cfg.cluster.liveness(),
+            cfg.cluster.liveness(cfg.live_membership()),
             a.join,
         )
         .map_err(|e| {
@@ -335,8 +335,7 @@ fn train_once(
     }
     before_training("before the first step")?;
     t.stop_on(stop.clone());
-    let rejoins = cfg.cluster.membership == crate::config::Membership::Live
-        && cfg.cluster.transport.takes_newcomers();
+    let rejoins = cfg.live_membership() && cfg.cluster.transport.takes_newcomers();
     let summary = match t.run(obs) {
         Ok(s) => Ok(Once::Done(Box::new(s))),
         Err(e @ TrainError::Stopped { signal, .. }) => Err(LaunchError::Stopped {

@@ -373,7 +373,7 @@ impl<T: Transport> Trainer<T> {
         out: Option<RunDir>,
         timeout: std::time::Duration,
     ) -> Result<Self, TrainError> {
-        if plan.config.cluster.membership != crate::config::Membership::Live {
+        if !plan.config.live_membership() {
             return Err(TrainError::Config(
                 "joining a running group needs cluster.membership = \"live\"".into(),
             ));
@@ -454,7 +454,9 @@ impl<T: Transport> Trainer<T> {
             stopping: None,
             hosts,
             codec_device,
-            live: (plan.config.cluster.membership == crate::config::Membership::Live)
+            live: plan
+                .config
+                .live_membership()
                 .then(membership::Live::default),
             start_step: 0,
             evals: Vec::new(),
