@@ -22,11 +22,14 @@ struct DieAt {
     messages: Vec<String>,
     /// The most a step spent keeping a copy of the state.
     keep_s: f64,
+    /// The steps that kept one.
+    copies: usize,
 }
 
 impl Observer for DieAt {
     fn on_step(&mut self, r: &StepRecord) {
         self.keep_s = self.keep_s.max(r.time.keep_s);
+        self.copies += usize::from(r.time.keep_s > 0.0);
         if self.rank != self.victim {
             return;
         }
@@ -49,6 +52,7 @@ struct Survivor {
     messages: Vec<String>,
     steps: u64,
     keep_s: f64,
+    copies: usize,
 }
 
 /// A transport that dies (panics, dropping its connections) at its `left`-th send: a
@@ -143,6 +147,7 @@ fn run_cut(
                     death,
                     messages: Vec::new(),
                     keep_s: 0.0,
+                    copies: 0,
                 };
                 let summary = tr.run(&mut obs).map_err(|e| e.to_string())?;
                 Ok(Survivor {
@@ -151,6 +156,7 @@ fn run_cut(
                     messages: obs.messages,
                     steps: tr.step(),
                     keep_s: obs.keep_s,
+                    copies: obs.copies,
                 })
             })
         })
@@ -413,4 +419,41 @@ fn the_survivors_roll_forward_from_one_that_finished_the_step_with_no_copy_kept(
         "no cut left a survivor that had finished the step"
     );
     assert!(took > 0, "no survivor took the state from the others");
+}
+
+#[test]
+fn diloco_keeps_copies_only_before_the_steps_that_end_a_round() {
+    // Of 4 workers, the victim dies at each of its messages in turn, inside local steps and
+    // inside the rounds' exchanges. A survivor a local step behind runs it alone; one cut inside a
+    // round's exchange goes back with the others to the copy kept before that step. Every
+    // run ends with every step done and identical replicas (step 24 ends a round), and only
+    // the round-ending steps (3, 7, …, 23, and one run again) kept a copy.
+    let (mut alone, mut back) = (0, 0);
+    for n in 8..=40 {
+        let out = run_cut(
+            4,
+            &[
+                "train.max_steps=24",
+                "train.epochs=2",
+                "sync.kind=\"diloco\"",
+                "sync.period=4",
+                "cluster.check_replicas_every=4",
+            ],
+            1,
+            Death::AtSend(n),
+            None,
+        );
+        check(&out, 1, 24, None);
+        for o in out.iter().flatten() {
+            back += o
+                .messages
+                .iter()
+                .filter(|m| m.contains("goes back"))
+                .count();
+            alone += o.messages.iter().filter(|m| m.contains("alone")).count();
+            assert!(o.copies <= 7, "n={n}: {} steps kept a copy", o.copies);
+        }
+    }
+    assert!(alone > 0, "no survivor caught up alone");
+    assert!(back > 0, "no cut fell inside a round's exchange");
 }

@@ -433,7 +433,7 @@ pub enum Membership {
     /// [`Membership::Fixed`] elsewhere: where it cannot run (the parameter server, MPI, an
     /// exchange kept in flight across steps; see
     /// [`crate::config::RunConfig::live_membership_refused`]) and where it would copy the
-    /// state before every step (the periodic synchronisations and 0/1 Adam; see
+    /// state before every step (Streaming DiLoCo, 0/1 Adam, a `switch_step` phase; see
     /// [`crate::config::RunConfig::live_membership_copies`]), which ask for it by name.
     #[default]
     Auto,
@@ -445,10 +445,13 @@ pub enum Membership {
     /// from those that finished it and keeps its own error-feedback memory; when none
     /// finished, they run the step again over the group (its mean is over the survivors, so
     /// its effective batch is theirs). Nothing is copied before a step, except under the
-    /// periodic `[sync]` kinds and 0/1 Adam, whose replicas differ between rounds: there
-    /// each keeps an in-memory copy of the last two steps' starts and the group goes back
-    /// to one. Each keeps reading its own data shard; the lost worker's shard is not read
-    /// while its place is empty. The change is recorded in `summary.json` (`membership`).
+    /// periodic `[sync]` kinds and 0/1 Adam, whose replicas differ between rounds: a
+    /// survivor a local step behind runs it alone, and before the steps that end a round
+    /// (every step of Streaming DiLoCo, 0/1 Adam and a `switch_step` phase) each keeps an
+    /// in-memory copy of its state, to which the group goes back when a failure cut such a
+    /// step part-way. Each keeps reading its own data shard; the lost worker's shard is not
+    /// read while its place is empty. The change is recorded in `summary.json`
+    /// (`membership`).
     Live,
 }
 

@@ -411,10 +411,23 @@ fn live_membership_is_the_default_wherever_a_run_can_have_it() {
     assert!(live(&[]), "the default is live");
     assert!(live(&["cluster.transport=\"quic\""]));
     assert!(!live(&["cluster.membership=\"fixed\""]));
-    // Where it would copy the state before every step, it is asked for by name.
+    // DiLoCo copies the state only before the steps that end a round: live by default.
     let diloco = ["sync.kind=\"diloco\"", "sync.period=4"];
-    assert!(!live(&diloco));
-    assert!(live(&[diloco[0], diloco[1], "cluster.membership=\"live\""]));
+    assert!(live(&diloco));
+    // Where it would copy the state before every step, it is asked for by name.
+    let streaming = [
+        "sync.kind=\"streaming-diloco\"",
+        "sync.period=4",
+        "sync.in_flight=false",
+    ];
+    assert!(!live(&streaming));
+    assert!(live(&[
+        streaming[0],
+        streaming[1],
+        streaming[2],
+        "cluster.membership=\"live\""
+    ]));
+    assert!(!live(&[diloco[0], diloco[1], "sync.switch_step=8"]));
     // Where it cannot run, the default is fixed; asked for, it is refused naming why.
     for set in ["cluster.mode=\"ps\"", "cluster.transport=\"mpi\""] {
         assert!(!live(&[set]), "{set}");

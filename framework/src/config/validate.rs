@@ -37,13 +37,18 @@ impl RunConfig {
         }
     }
 
-    /// Whether live membership would keep a copy of the state before every step: under a
-    /// periodic synchronisation (local SGD, post-local SGD, DiLoCo, Streaming DiLoCo) and 0/1
-    /// Adam, whose replicas differ between rounds, so that the survivors go back to a copy
-    /// instead of rolling forward (see `trainer/membership.rs`).
+    /// Whether live membership would keep a copy of the state before every step (of a
+    /// phase of the run): Streaming DiLoCo and 0/1 Adam, and the every-step phase before
+    /// `switch_step` of post-local SGD and DiLoCo (see `trainer/membership.rs`). Local SGD
+    /// and DiLoCo without it keep one only before the steps that end a round, which already
+    /// read and exchange the whole parameter vector.
     pub fn live_membership_copies(&self) -> bool {
-        !matches!(self.sync, SyncConfig::EveryStep)
-            || self.train.optimizer == OptimizerKind::ZerooneAdam
+        let every_step = match &self.sync {
+            SyncConfig::EveryStep | SyncConfig::LocalSgd { .. } => false,
+            SyncConfig::PostLocalSgd { .. } | SyncConfig::StreamingDiloco { .. } => true,
+            SyncConfig::Diloco { switch_step, .. } => *switch_step > 0,
+        };
+        every_step || self.train.optimizer == OptimizerKind::ZerooneAdam
     }
 
     /// Whether the run has live membership: `cluster.membership = "live"`, or `"auto"` (the

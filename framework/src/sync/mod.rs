@@ -201,6 +201,13 @@ pub(crate) trait GradientSync<T: Transport> {
         true
     }
 
+    /// Whether `step` is a step a rank can run alone: a local step whose only collective is
+    /// the trainer's control all-reduce (it ends no round). Live membership keeps no copy
+    /// before such a step: a survivor that lags it catches up alone. Default: false.
+    fn runs_alone(&self, _step: u64) -> bool {
+        false
+    }
+
     /// Waits for every update still in flight (before collectives that need identical
     /// replicas: evaluation, checkpoints). Default: nothing is ever in flight.
     fn drain(&mut self) -> Result<Vec<Ready>, SyncError> {

@@ -277,6 +277,10 @@ impl<T: Transport> GradientSync<T> for Periodic {
         false
     }
 
+    fn runs_alone(&self, step: u64) -> bool {
+        self.local(step) && !self.round_ends(step)
+    }
+
     fn consensus(
         &mut self,
         comm: &mut Communicator<T>,

@@ -30,15 +30,24 @@
 //! residuals start afresh (each covers a range of the old group). Nothing is copied before
 //! a step: the per-step cost of live membership is the step deadline's bookkeeping.
 //!
-//! **The periodic synchronisations** (local SGD, DiLoCo, Streaming DiLoCo, 0/1 Adam) keep
-//! the copy instead: between rounds each replica trains on its own, so a survivor cannot
-//! take another's state. Before every step each keeps its state (the checkpoint's contents,
-//! in memory, into the buffers of the copy it replaces: `Checkpoint::recycle`; the two
-//! newest, because a survivor can be a step ahead); after a regroup the survivors all-gather
-//! their newest kept step, restore the oldest of them, and run from there: the update is
-//! applied everywhere or nowhere. The copy is what each step record's `time.keep_s` shows;
-//! on the main job's state it took 7–8 ms a step, about 9 % of the step, when every run
-//! kept it (README "Stopping, failures and resuming").
+//! **The periodic synchronisations** (local SGD, post-local SGD, DiLoCo, Streaming
+//! DiLoCo, 0/1 Adam) cannot take a survivor's state from another: between rounds each
+//! replica trains on its own. A local step that ends no round has no collective but the
+//! control all-reduce, so a survivor that lags it (the others got past that all-reduce)
+//! runs it **alone** (`GradientSync::runs_alone`, `train_step(…, solo)`: without the
+//! control all-reduce) and the group goes on together; nothing is copied before such a
+//! step. Before any other step (one that ends a round, every step before `switch_step`,
+//! and every step of Streaming DiLoCo and 0/1 Adam, whose fragments and rounds overlap)
+//! each keeps its state (the checkpoint's contents, in memory, into the buffers of the
+//! copy it replaces: `Checkpoint::recycle`; the two newest, because a survivor can be a
+//! step ahead); when a failure cut a survivor part-way through such a step (past its
+//! control all-reduce: its exchange may have changed memories, its update may be
+//! applied), the survivors go back to the oldest of their newest kept states and run
+//! from there: the update is applied everywhere or nowhere. The copy is what a step
+//! record's `time.keep_s` shows; on the main job's state it took 7–8 ms, about 9 % of the
+//! step, when every run kept it before every step (README "Stopping, failures and
+//! resuming"). With DiLoCo or local SGD that is once a round, beside the round's
+//! exchange of the whole parameter vector.
 //!
 //! **What a step over fewer workers means.** The step's mean is over the survivors, so its
 //! effective batch is theirs (`P′ · batch_size`); the learning rate stays the one of the
@@ -66,8 +75,40 @@ use std::time::Instant;
 use dtrain_comms::{CommError, Membership, Transport};
 use dtrain_records::MembershipChange;
 
+use serde::{Deserialize, Serialize};
+
+use super::step::StepOutcome;
 use super::{build_sync, handover, BuiltSync, Observer, TrainError, Trainer};
 use crate::checkpoint::Checkpoint;
+
+/// How far a rank got in a step (live membership: what a failure cut).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Progress {
+    /// Past the step's control all-reduce: its exchange may have changed memories and
+    /// compressor state.
+    Controlled,
+    /// Its update applied (a periodic synchronisation's round exchange still to come).
+    Applied,
+    /// Its exchanges done: only the comparison of the replicas may follow.
+    Exchanged,
+}
+
+/// What a survivor of a synchronisation that keeps copies says of itself after a regroup
+/// (see [`Trainer::recover_with_copies`]).
+#[derive(Debug, Serialize, Deserialize)]
+struct Standing {
+    /// The steps it finished.
+    done: u64,
+    /// A collective of step `done` cut it after its control all-reduce: its state is
+    /// part-way through the step.
+    cut: bool,
+    /// Its newest kept state's step.
+    kept: Option<u64>,
+    /// Whether the evaluation and checkpoint due after `done` steps are done.
+    post_done: bool,
+    /// Its records of the last steps that `metrics.jsonl` gets.
+    records: Vec<dtrain_records::StepRecord>,
+}
 
 /// Live membership's state in a [`Trainer`].
 #[derive(Default)]
@@ -75,9 +116,8 @@ pub(super) struct Live {
     /// This rank's state before each of the last two steps it began, oldest first (only
     /// where the group goes back to it, see [`Trainer::keeps_copies`]).
     kept: VecDeque<(u64, Checkpoint)>,
-    /// A step whose update this rank applied and which then failed (comparing the
-    /// replicas after it): the rank finished it.
-    applied: Option<u64>,
+    /// How far this rank got in the step it runs (see [`Progress`]).
+    progress: Option<(u64, Progress)>,
     /// The parameters' scratch of [`Trainer::state_in`], kept between steps.
     pub(super) params: Vec<f32>,
     /// The changes so far (`summary.json`).
@@ -160,13 +200,19 @@ impl<T: Transport> Trainer<T> {
     pub(super) fn begin_step(&mut self) -> Result<f64, TrainError> {
         let now = Instant::now();
         let copies = self.keeps_copies();
+        // A local step that ends no round: a survivor that lags it runs it alone, so no
+        // copy is needed (see the [module docs](self)).
+        let alone = self.sync.runs_alone(self.step);
         let Some(l) = &mut self.live else {
             return Ok(0.0);
         };
         l.began = Some(now);
-        l.applied = None;
+        l.progress = None;
         if !copies {
             l.kept.clear();
+            return Ok(0.0);
+        }
+        if alone {
             return Ok(0.0);
         }
         let step = self.step;
@@ -183,15 +229,18 @@ impl<T: Transport> Trainer<T> {
         Ok(now.elapsed().as_secs_f64())
     }
 
-    /// Step `step`'s update is applied, and a collective after it (comparing the replicas)
-    /// failed with the step's record `r` unwritten: the step is finished all the same (the
-    /// survivors roll forward from it), and `r` is kept for the logs when they get it.
-    pub(super) fn applied_then_failed(&mut self, step: u64, r: &dtrain_records::StepRecord) {
-        let logged = step.is_multiple_of(self.plan.config.output.log_every.max(1));
+    /// Under live membership: this rank got as far as `p` in step `step`.
+    pub(super) fn progressed(&mut self, step: u64, p: Progress) {
         if let Some(l) = &mut self.live {
-            l.applied = Some(step);
+            l.progress = Some((step, p));
         }
-        if logged {
+    }
+
+    /// Step `step`'s exchanges are done, and the comparison of the replicas after it failed
+    /// with the step's record `r` unwritten: `r` is kept for the logs, as a logged step's
+    /// is (the survivors go on past the step).
+    pub(super) fn keep_unlogged(&mut self, step: u64, r: &dtrain_records::StepRecord) {
+        if step.is_multiple_of(self.plan.config.output.log_every.max(1)) {
             self.keep_record(r);
         }
     }
@@ -245,8 +294,7 @@ impl<T: Transport> Trainer<T> {
         let reached = self.step;
         let was_rank0 = self.rank == 0;
         let (from, redo_post, notes) = if self.keeps_copies() {
-            let (from, notes) = self.go_back(&membership)?;
-            (from, false, notes)
+            self.recover_with_copies(&membership, post_pending)?
         } else {
             self.roll_forward(&membership, post_pending)?
         };
@@ -285,36 +333,119 @@ impl<T: Transport> Trainer<T> {
         Ok(redo_post)
     }
 
-    /// The survivors go back to the oldest of their newest kept states (the periodic
-    /// synchronisations, [`Trainer::keeps_copies`]): returns its step and the set-up's notes.
-    fn go_back(&mut self, membership: &Membership) -> Result<(u64, Vec<String>), TrainError> {
+    /// A synchronisation that keeps copies ([`Trainer::keeps_copies`]) after a regroup:
+    /// the survivors all-gather where they stand ([`Standing`]). When a collective cut any
+    /// of them part-way through a step (past its control all-reduce), they go back to the
+    /// oldest of their newest kept states ([`Trainer::go_back`]). Otherwise they roll
+    /// forward: each takes its own state into the new synchronisation, and one a step
+    /// behind — a local step that ends no round — runs it alone. Returns the step the group
+    /// goes on from, whether the evaluation and checkpoint due there are to be made, and
+    /// the set-up's notes.
+    fn recover_with_copies(
+        &mut self,
+        membership: &Membership,
+        post_pending: bool,
+    ) -> Result<(u64, bool, Vec<String>), TrainError> {
         let reached = self.step;
         let comm_err = |source| TrainError::Comm {
             step: reached,
             source,
         };
-        // Where to go on from: the oldest of the survivors' newest kept states.
-        let newest = self
-            .live
-            .as_ref()
-            .and_then(|l| l.kept.back())
-            .map_or(0, |(s, _)| *s);
+        let l = self.live.as_mut().expect("live");
+        let (done, cut) = match l.progress.take() {
+            Some((s, Progress::Exchanged)) if s == reached => (s + 1, false),
+            Some((s, _)) if s == reached => (s, true),
+            _ => (reached, false),
+        };
+        let mine = Standing {
+            done,
+            cut,
+            kept: l.kept.back().map(|(s, _)| *s),
+            post_done: !(post_pending || done > reached),
+            records: l.finished.iter().cloned().collect(),
+        };
         let all = self
             .comm
-            .all_gather(&newest.to_le_bytes())
+            .all_gather(&serde_json::to_vec(&mine).expect("a standing serialises"))
             .map_err(comm_err)?;
-        let mut from = newest;
-        for b in &all {
-            let s = <[u8; 8]>::try_from(b.as_slice())
-                .map(u64::from_le_bytes)
-                .map_err(|_| {
+        let standings = all
+            .iter()
+            .enumerate()
+            .map(|(r, b)| {
+                serde_json::from_slice::<Standing>(b).map_err(|e| {
                     comm_err(CommError::Poisoned(format!(
-                        "a survivor's step is {} bytes",
-                        b.len()
+                        "live membership: survivor {r}'s standing: {e}"
                     )))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let top = standings.iter().map(|s| s.done).max().unwrap_or(done);
+        let behind_alone =
+            |s: &Standing| s.done == top || (s.done + 1 == top && self.sync.runs_alone(s.done));
+        if standings.iter().any(|s| s.cut) || !standings.iter().all(behind_alone) {
+            let from = standings
+                .iter()
+                .map(|s| s.kept)
+                .min()
+                .flatten()
+                .ok_or_else(|| TrainError::Sync {
+                    step: reached,
+                    reason: "live membership: a survivor was cut part-way through a step, \
+                             and one kept no state to go back to"
+                        .into(),
                 })?;
-            from = from.min(s);
+            let mut notes = self.go_back(membership, from)?;
+            notes.push(format!(
+                "live membership: a survivor was cut part-way through a step that ends a round \
+                 or exchanges: the group goes back to the state kept before step {from}"
+            ));
+            return Ok((from, false, notes));
         }
+        self.step = done;
+        let mut own = self.state()?;
+        let notes = self.regroup_sync(membership)?;
+        let bad = |reason: String| TrainError::Sync {
+            step: done,
+            reason: format!("live membership: going on from step {done}: {reason}"),
+        };
+        handover::drop_server_residuals(&mut own).map_err(bad)?;
+        self.restore_state(&own, &bad, false)?;
+        self.sync.start_at(done).map_err(|e| self.step_error(e))?;
+        self.left_exchange = None;
+        if done < top {
+            // The step the others finished: a local one, run alone.
+            let per_epoch = self.plan.steps_per_epoch;
+            let (epoch, j) = (done / per_epoch, (done % per_epoch) as usize);
+            match self.train_step(epoch, j, true)? {
+                StepOutcome::Done(_) => self.step += 1,
+                StepOutcome::RolledBack => {
+                    return Err(bad(
+                        "the step run alone to catch up rolled the run back".into()
+                    ))
+                }
+            }
+        }
+        let mut notes = notes;
+        let behind: Vec<usize> = (0..standings.len())
+            .filter(|&r| standings[r].done < top)
+            .collect();
+        if !behind.is_empty() {
+            notes.push(format!(
+                "live membership: group rank(s) {behind:?} ran step {} alone to catch up \
+                 (a local step)",
+                top - 1
+            ));
+        }
+        let redo_post = standings.iter().any(|s| s.done < top || !s.post_done);
+        let records = standings.into_iter().flat_map(|s| s.records).collect();
+        self.settle_records(top, redo_post, records);
+        Ok((top, redo_post, notes))
+    }
+
+    /// The survivors go back to step `from`, the oldest of their newest kept states:
+    /// returns the set-up's notes.
+    fn go_back(&mut self, membership: &Membership, from: u64) -> Result<Vec<String>, TrainError> {
+        let reached = self.step;
         let l = self.live.as_mut().expect("live");
         l.kept.retain(|(s, _)| *s <= from);
         l.finished.retain(|r| r.step < from);
@@ -345,7 +476,7 @@ impl<T: Transport> Trainer<T> {
         self.replicas_checked_at = meta.replicas_checked_at;
         self.sync.start_at(from).map_err(|e| self.step_error(e))?;
         self.left_exchange = None;
-        Ok((from, notes))
+        Ok(notes)
     }
 
     /// The survivors roll forward (see the [module docs](self)): the group goes on from
@@ -361,7 +492,10 @@ impl<T: Transport> Trainer<T> {
         let l = self.live.as_mut().expect("live");
         // A step applied here but cut after its update is finished: its evaluation and
         // checkpoint are yet to be made.
-        let finished_cut = l.applied.take() == Some(self.step);
+        let finished_cut = matches!(
+            l.progress.take(),
+            Some((s, Progress::Applied | Progress::Exchanged)) if s == self.step
+        );
         if finished_cut {
             self.step += 1;
         }
@@ -400,22 +534,7 @@ impl<T: Transport> Trainer<T> {
         self.replicas_checked_at = meta.replicas_checked_at;
         self.sync.start_at(from).map_err(|e| self.step_error(e))?;
         self.left_exchange = None;
-        let l = self.live.as_mut().expect("live");
-        // The newest records any survivor holds: the leader writes those its log lacks.
-        l.finished = forward
-            .records
-            .into_iter()
-            .filter(|r| r.step < from)
-            .collect();
-        while l.finished.len() > 2 {
-            l.finished.pop_front();
-        }
-        // An evaluation at `from` that is made again replaces the one some survivors hold.
-        if forward.redo_post {
-            self.evals.retain(|e| e.step < from);
-        } else {
-            self.evals.retain(|e| e.step <= from);
-        }
+        self.settle_records(from, forward.redo_post, forward.records);
         let mut notes = notes;
         if !forward.receivers.is_empty() {
             notes.push(format!(
@@ -425,6 +544,32 @@ impl<T: Transport> Trainer<T> {
             ));
         }
         Ok((from, forward.redo_post, notes))
+    }
+
+    /// After survivors rolled forward to step `from`: this rank's records of the last
+    /// steps become the newest of `records` (every survivor's, by step: the leader writes
+    /// those its log lacks), and an evaluation at `from` that is made again (`redo_post`)
+    /// goes from the ones it holds.
+    fn settle_records(
+        &mut self,
+        from: u64,
+        redo_post: bool,
+        records: Vec<dtrain_records::StepRecord>,
+    ) {
+        let mut by_step = std::collections::BTreeMap::new();
+        for r in records.into_iter().filter(|r| r.step < from) {
+            by_step.entry(r.step).or_insert(r);
+        }
+        let l = self.live.as_mut().expect("live");
+        l.finished = by_step.into_values().collect();
+        while l.finished.len() > 2 {
+            l.finished.pop_front();
+        }
+        if redo_post {
+            self.evals.retain(|e| e.step < from);
+        } else {
+            self.evals.retain(|e| e.step <= from);
+        }
     }
 
     /// Sets this worker's rank and world to `membership`'s and builds the synchronisation

@@ -84,7 +84,7 @@ impl<T: Transport> Trainer<T> {
                 post_pending = self.survive(e, obs, false)?;
                 continue;
             }
-            let rec = match self.train_step(epoch, j) {
+            let rec = match self.train_step(epoch, j, false) {
                 Ok(rec) => rec,
                 Err(e) => {
                     // Under live membership, a lost worker: the others go on without it

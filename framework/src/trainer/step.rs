@@ -25,8 +25,15 @@ pub(super) enum StepOutcome {
 
 impl<T: Transport> Trainer<T> {
     /// Runs step `self.step`, batch `j` of `epoch` (with `train.accumulate = k`: micro-batches
-    /// `j·k … j·k + k − 1`, whose gradients are averaged into `self.grads`).
-    pub(super) fn train_step(&mut self, epoch: u64, j: usize) -> Result<StepOutcome, TrainError> {
+    /// `j·k … j·k + k − 1`, whose gradients are averaged into `self.grads`). `solo`: a local
+    /// step this rank runs alone, without the control all-reduce (live membership's catch-up,
+    /// see `membership.rs`): the record holds this rank's own loss and accuracy.
+    pub(super) fn train_step(
+        &mut self,
+        epoch: u64,
+        j: usize,
+        solo: bool,
+    ) -> Result<StepOutcome, TrainError> {
         let step = self.step;
         let t0 = Instant::now();
         let (mut data_s, mut forward_s, mut backward_s) = (0.0, 0.0, 0.0);
@@ -122,7 +129,7 @@ impl<T: Transport> Trainer<T> {
         // Asynchronous parameter server: no lock-step control all-reduce; the record holds
         // this worker's own loss and accuracy.
         let async_ps = !self.sync.lockstep();
-        let per_rank = self.world > 1 && !async_ps;
+        let per_rank = self.world > 1 && !async_ps && !solo;
         let t_sync = Instant::now();
         let local_s = (t_sync - self.left_exchange.unwrap_or(t0)).as_secs_f64();
         let ctl = &mut self.ctl;
@@ -149,10 +156,13 @@ impl<T: Transport> Trainer<T> {
             ctl.resize(CTL_LEN + self.world, 0.0);
             ctl[CTL_LEN + self.rank] = local_s as f32;
         }
-        if !async_ps {
+        if !async_ps && !solo {
             self.comm
                 .all_reduce_sum(ctl)
                 .map_err(|source| TrainError::Comm { step, source })?;
+        }
+        if !solo {
+            self.progressed(step, super::membership::Progress::Controlled);
         }
         let t4 = Instant::now();
         // Until the exchange (or the PS round) ends the step, this was the last collective.
@@ -299,6 +309,8 @@ impl<T: Transport> Trainer<T> {
             }
         }
         record.time.optimizer_s = t5.elapsed().as_secs_f64();
+        // Under live membership: this rank's update of the step is applied.
+        self.progressed(step, super::membership::Progress::Applied);
         // A periodic synchronisation ends its round here (the parameter change's exchange
         // adds to the record's communication figures).
         let non_finite = self
@@ -308,13 +320,15 @@ impl<T: Transport> Trainer<T> {
         if non_finite {
             return self.bad_step("averaged parameter change", *record, t0);
         }
+        self.progressed(step, super::membership::Progress::Exchanged);
         if self.replica_check_due(step) {
             record.time.step_s = t0.elapsed().as_secs_f64();
             match self.check_replicas(step) {
                 Ok(hash) => record.param_hash = Some(hash),
                 Err(e) => {
-                    // The update is applied: under live membership the step is finished.
-                    self.applied_then_failed(step, &record);
+                    // The update is applied: under live membership the step is finished,
+                    // and its record is kept for the logs.
+                    self.keep_unlogged(step, &record);
                     return Err(e);
                 }
             }
