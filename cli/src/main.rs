@@ -116,7 +116,7 @@ struct RunArgs {
     #[arg(long)]
     run_dir: Option<PathBuf>,
     /// Under live membership (the default where a run can have it) a lost worker is
-    /// dropped and the others go on; over tcp or hybrid up to N lost workers are replaced by
+    /// dropped and the others go on; over tcp, quic or hybrid up to N lost workers are replaced by
     /// newcomers. Under `cluster.membership = "fixed"` (or where a run cannot have live
     /// membership), and when every worker of a live group failed: stop the others and
     /// restart every worker from the newest checkpoint intact on every rank, at most N
@@ -125,7 +125,7 @@ struct RunArgs {
     max_restarts: usize,
     /// Join a running multi-node run as node --node-rank (not node 0, which hosts the
     /// rendezvous): its workers take the places of this node's lost ones (live membership
-    /// over tcp or hybrid), e.g. after this node's host restarted.
+    /// over tcp, quic or hybrid), e.g. after this node's host restarted.
     #[arg(long, requires = "node_rank")]
     join: bool,
 }

@@ -443,81 +443,86 @@ fn under_live_membership_a_killed_worker_is_dropped_and_the_others_finish() {
 }
 
 /// Issue #53: under live membership, `--max-restarts 1` replaces a SIGKILLed worker by a
-/// newcomer: it joins the running group (the late rendezvous, a TCP join, the members'
-/// state handed over) and trains with the others to the end, the replicas' hashes agreeing
-/// at every check; the two survivors are never restarted; summary.json has the loss and
-/// the entry.
+/// newcomer, over TCP and over QUIC: it joins the running group (the late rendezvous, the
+/// driver's join, the members' state handed over) and trains with the others to the end,
+/// the replicas' hashes agreeing at every check; the two survivors are never restarted;
+/// summary.json has the loss and the entry.
 #[test]
 fn under_live_membership_a_lost_worker_is_replaced_by_a_newcomer() {
     let (tmp, cfg) = setup(3);
-    let dir = tmp.path().join("replaced");
-    let mut run = Launcher::start(
-        &cfg,
-        &dir,
-        &[
-            "--max-restarts",
-            "1",
-            "--set",
-            "train.max_steps=6000",
-            "--set",
-            "train.epochs=100",
-            "--set",
-            "cluster.membership=\"live\"",
-            "--set",
-            "cluster.transport=\"tcp\"",
-            "--set",
-            "cluster.check_replicas_every=25",
-        ],
-    );
-    let survivors = [worker_pid(&dir, 0), worker_pid(&dir, 1)];
-    run.wait_for_steps(60);
-    let killed = worker_pid(&dir, 2);
-    signal(killed, "KILL");
-    // Throughout: the survivors, and at most one newcomer, started with --join.
-    let t = Instant::now();
-    let mut newcomer = None;
-    while run.child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(180) {
-        for pid in processes_of(&dir) {
-            if pid == run.pid() || pid == killed || survivors.contains(&pid) {
-                continue;
+    // Over QUIC a SIGKILLed worker sends no close: the survivors drop it at the step
+    // deadline (its floor, 10 s).
+    for transport in ["tcp", "quic"] {
+        let dir = tmp.path().join(format!("replaced-{transport}"));
+        let transport_set = format!("cluster.transport=\"{transport}\"");
+        let mut run = Launcher::start(
+            &cfg,
+            &dir,
+            &[
+                "--max-restarts",
+                "1",
+                "--set",
+                "train.max_steps=6000",
+                "--set",
+                "train.epochs=100",
+                "--set",
+                "cluster.membership=\"live\"",
+                "--set",
+                &transport_set,
+                "--set",
+                "cluster.check_replicas_every=25",
+            ],
+        );
+        let survivors = [worker_pid(&dir, 0), worker_pid(&dir, 1)];
+        run.wait_for_steps(60);
+        let killed = worker_pid(&dir, 2);
+        signal(killed, "KILL");
+        // Throughout: the survivors, and at most one newcomer, started with --join.
+        let t = Instant::now();
+        let mut newcomer = None;
+        while run.child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(180) {
+            for pid in processes_of(&dir) {
+                if pid == run.pid() || pid == killed || survivors.contains(&pid) {
+                    continue;
+                }
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                if cmd.is_empty() {
+                    continue;
+                }
+                assert!(
+                    cmd.contains("--join"),
+                    "a new worker {pid} ({cmd}): restarted?"
+                );
+                assert_eq!(*newcomer.get_or_insert(pid), pid, "a second newcomer");
             }
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.is_empty() {
-                continue;
-            }
-            assert!(
-                cmd.contains("--join"),
-                "a new worker {pid} ({cmd}): restarted?"
-            );
-            assert_eq!(*newcomer.get_or_insert(pid), pid, "a second newcomer");
+            std::thread::sleep(Duration::from_millis(50));
         }
-        std::thread::sleep(Duration::from_millis(50));
+        assert!(newcomer.is_some(), "no newcomer was seen");
+        let (st, _, log) = run.wait(Duration::from_secs(5));
+        assert!(st.success(), "{log}");
+        assert!(log.contains("worker 2 was lost"), "{log}");
+        assert!(log.contains("worker 2: a newcomer took its place"), "{log}");
+        let s = summary(&dir);
+        assert_eq!(s["steps"], 6000, "{s}");
+        let m = s["membership"].as_array().expect("membership recorded");
+        assert_eq!(m.len(), 2, "{s}");
+        assert_eq!(m[0]["removed"], serde_json::json!([2]));
+        assert_eq!(m[1]["added"], serde_json::json!([2]));
+        assert_eq!(m[1]["members"], serde_json::json!([0, 1, 2]));
+        let entered = m[1]["step"].as_u64().unwrap();
+        assert!(
+            entered > m[0]["step"].as_u64().unwrap() && entered < 6000,
+            "{s}"
+        );
+        let steps: Vec<u64> = losses(&dir).iter().map(|l| l.0).collect();
+        assert_eq!(steps, (0..6000).collect::<Vec<_>>());
+        // Rank 0 logged every check of the replicas' hashes, the newcomer's included.
+        let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+        let hashes = text.lines().filter(|l| l.contains("param_hash")).count();
+        assert!(hashes >= 6000 / 25 - 1, "{hashes} checks");
+        assert_none_left(&dir, Duration::from_secs(1));
     }
-    assert!(newcomer.is_some(), "no newcomer was seen");
-    let (st, _, log) = run.wait(Duration::from_secs(5));
-    assert!(st.success(), "{log}");
-    assert!(log.contains("worker 2 was lost"), "{log}");
-    assert!(log.contains("worker 2: a newcomer took its place"), "{log}");
-    let s = summary(&dir);
-    assert_eq!(s["steps"], 6000, "{s}");
-    let m = s["membership"].as_array().expect("membership recorded");
-    assert_eq!(m.len(), 2, "{s}");
-    assert_eq!(m[0]["removed"], serde_json::json!([2]));
-    assert_eq!(m[1]["added"], serde_json::json!([2]));
-    assert_eq!(m[1]["members"], serde_json::json!([0, 1, 2]));
-    let entered = m[1]["step"].as_u64().unwrap();
-    assert!(
-        entered > m[0]["step"].as_u64().unwrap() && entered < 6000,
-        "{s}"
-    );
-    let steps: Vec<u64> = losses(&dir).iter().map(|l| l.0).collect();
-    assert_eq!(steps, (0..6000).collect::<Vec<_>>());
-    // Rank 0 logged every check of the replicas' hashes, the newcomer's included.
-    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
-    let hashes = text.lines().filter(|l| l.contains("param_hash")).count();
-    assert!(hashes >= 6000 / 25 - 1, "{hashes} checks");
-    assert_none_left(&dir, Duration::from_secs(1));
 }
 
 /// Issue #53, acceptance: under live membership a worker stopped (SIGSTOP) for less than

@@ -103,3 +103,35 @@ fn intruder_with_another_certificate_does_not_block_the_mesh() {
     let (from, msg) = t0.recv(Instant::now() + Duration::from_secs(5)).unwrap();
     assert_eq!((from, msg.as_slice()), (1, &b"hi"[..]));
 }
+
+/// Live membership over QUIC: rank 2 of 3 dies; the survivors regroup; a newcomer with a
+/// socket of its own joins as rank 2 (dialing ranks 0 and 1, whose endpoints keep
+/// accepting), is admitted and welcomed, and the three run collectives again. A stranger
+/// with another certificate is refused by TLS and never offered as a joiner.
+#[test]
+fn a_newcomer_takes_a_lost_ranks_place_over_quic() {
+    let id = RunIdentity::generate().unwrap();
+    let (ss, addrs) = sockets(3);
+    let live = |id: RunIdentity| dtrain_comms::QuicConfig {
+        accept_joiners: true,
+        connect_timeout: Duration::from_secs(2),
+        ..config(TOKEN, id)
+    };
+    let members = ss
+        .into_iter()
+        .enumerate()
+        .map(|(r, s)| {
+            let (addrs, cfg) = (addrs.clone(), live(id.clone()));
+            Box::new(move || QuicTransport::connect(r, &addrs, s, cfg).unwrap())
+                as Box<dyn FnOnce() -> QuicTransport + Send>
+        })
+        .collect();
+    let newcomer =
+        |id| QuicTransport::join(2, &addrs, UdpSocket::bind("127.0.0.1:0").unwrap(), live(id));
+    // A stranger with another certificate, claiming rank 2: TLS refuses it.
+    let stranger = || {
+        let other = RunIdentity::generate().unwrap();
+        assert!(newcomer(other).is_err(), "a stranger joined");
+    };
+    a_newcomer_takes_a_lost_ranks_place(members, stranger, || newcomer(id).unwrap());
+}

@@ -11,6 +11,7 @@ use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::a_newcomer_takes_a_lost_ranks_place;
 use common::tcp::{config, listeners, TOKEN};
 use dtrain_comms::frame::Hello;
 use dtrain_comms::{TcpTransport, Transport};
@@ -130,64 +131,35 @@ fn silent_peer_is_named_within_the_peer_timeout() {
 /// rank with the wrong token is refused and never offered as a joiner.
 #[test]
 fn a_newcomer_takes_a_lost_ranks_place_over_tcp() {
-    use dtrain_comms::{CommConfig, Communicator};
     let (ls, addrs) = listeners(3);
-    let cc = || CommConfig {
-        timeout: Duration::from_secs(10),
-        ..CommConfig::default()
-    };
-    let hs: Vec<_> = ls
+    let members = ls
         .into_iter()
         .enumerate()
         .map(|(r, l)| {
             let addrs = addrs.clone();
-            thread::spawn(move || {
+            Box::new(move || {
                 let mut cfg = config(TOKEN);
                 cfg.accept_joiners = true;
-                let t = TcpTransport::connect(r, &addrs, l, cfg).unwrap();
-                let mut c = Communicator::new(t, cc());
-                let mut v = vec![1.0f32; 50_000];
-                c.all_reduce_sum(&mut v).unwrap();
-                if r == 2 {
-                    return None;
-                }
-                let e = c.all_reduce_sum(&mut v).unwrap_err();
-                c.regroup(&e.failed_ranks()).unwrap();
-                let m = loop {
-                    if let Some(m) = c.admit().unwrap() {
-                        break m;
-                    }
-                    thread::sleep(Duration::from_millis(20));
-                };
-                let mut v = vec![r as f32; 50_000];
-                c.all_reduce_sum(&mut v).unwrap();
-                Some((m, v[0], v[49_999]))
-            })
+                TcpTransport::connect(r, &addrs, l, cfg).unwrap()
+            }) as Box<dyn FnOnce() -> TcpTransport + Send>
         })
         .collect();
-    thread::sleep(Duration::from_millis(500));
     // A stranger with the wrong token claiming rank 2.
-    let mut wrong = TcpStream::connect(addrs[0]).unwrap();
-    let hello = Hello {
-        rank: 2,
-        world: 3,
-        token: b"guess".to_vec(),
+    let stranger = || {
+        let mut wrong = TcpStream::connect(addrs[0]).unwrap();
+        let hello = Hello {
+            rank: 2,
+            world: 3,
+            token: b"guess".to_vec(),
+        };
+        wrong.write_all(&hello.encode()).unwrap();
     };
-    wrong.write_all(&hello.encode()).unwrap();
-    let (l, _) = listeners(1);
-    let l = l.into_iter().next().unwrap();
-    let t = TcpTransport::join(2, &addrs, l, config(TOKEN)).unwrap();
-    let mut c = Communicator::new(t, cc());
-    let m = c.join(Duration::from_secs(20)).unwrap();
-    assert_eq!((m.epoch, m.members.clone(), m.rank), (2, vec![0, 1, 2], 2));
-    let mut v = vec![2.0f32; 50_000];
-    c.all_reduce_sum(&mut v).unwrap();
-    assert_eq!((v[0], v[49_999]), (3.0, 3.0));
-    for h in hs.into_iter().take(2) {
-        let (m, a, b) = h.join().unwrap().unwrap();
-        assert_eq!((m.epoch, m.added.clone()), (2, vec![2]));
-        assert_eq!((a, b), (3.0, 3.0));
-    }
+    let join = || {
+        let (l, _) = listeners(1);
+        let l = l.into_iter().next().unwrap();
+        TcpTransport::join(2, &addrs, l, config(TOKEN)).unwrap()
+    };
+    a_newcomer_takes_a_lost_ranks_place(members, stranger, join);
 }
 
 /// The collectives' config of the live-membership tests below.

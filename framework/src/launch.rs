@@ -515,7 +515,7 @@ pub fn launch(
             "--max-restarts restarts the workers of one node; with --nnodes > 1 the \
                     node launchers would have to agree on every restart, which they do not \
                     yet: restart the run with --resume on every node (or run with \
-                    cluster.membership = \"live\" and transport \"tcp\" or \"hybrid\", \
+                    cluster.membership = \"live\" and transport \"tcp\", \"quic\" or \"hybrid\", \
                     where each node replaces its lost workers by newcomers)"
                 .into(),
         );
@@ -573,7 +573,7 @@ pub fn launch(
         if !plan.config.live_membership() || !kind.takes_newcomers() {
             return Err(
                 "--join needs cluster.membership = \"live\" and cluster.transport \
-                        \"tcp\" or \"hybrid\" (newcomers join over tcp)"
+                        \"tcp\", \"quic\" or \"hybrid\""
                     .into(),
             );
         }

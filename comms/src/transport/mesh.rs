@@ -28,7 +28,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::runtime::Runtime;
 use tokio::task::JoinSet;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::stream::{check_liveness, read_frame, write_hello, Outgoing, Shaper};
 use super::{check_frame, check_peer, ByteCount, Inbox, Transport, TransportError};
@@ -260,6 +260,191 @@ pub(crate) async fn join_mesh<L: Link>(
     }
     conns.sort_by_key(|c| c.0);
     conns
+}
+
+/// How long a newcomer's dial of one rank may take, hello and answer included.
+pub(crate) const JOIN_HELLO: Duration = Duration::from_secs(5);
+
+/// A newcomer's connection as a driver keeps it: the rank it claims, the stream made ready
+/// for the driver's data path, and the bytes read past its hello.
+pub(crate) type Newcomer<S> = (usize, S, BytesMut);
+
+/// Accepts newcomers on `link` for the life of the transport (live membership): each one
+/// whose hello checks out (the run token, another rank of this world) is answered with
+/// this rank's hello, made ready by `ready` and handed over through `tx`; the others are
+/// refused and logged. Ends when the link stops listening.
+pub(crate) async fn accept_newcomers<L: Link, S: Send + 'static>(
+    link: Arc<L>,
+    rank: usize,
+    world: usize,
+    token: Vec<u8>,
+    tx: std::sync::mpsc::Sender<Newcomer<S>>,
+    ready: fn(L::Stream) -> std::io::Result<S>,
+) {
+    loop {
+        let inc = match link.accept().await {
+            Ok(inc) => inc,
+            Err(Failed::Retry(e)) => {
+                warn!("rank {rank}: accepting a newcomer failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            Err(Failed::Final(e)) => {
+                debug!("rank {rank}: no more newcomers: {e}");
+                return;
+            }
+        };
+        let (tx, token) = (tx.clone(), token.clone());
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + JOIN_HELLO;
+            let (p, mut s, buf) =
+                match accept_one::<L>(inc, rank, world, token.clone(), deadline, true).await {
+                    Ok(c) => c,
+                    Err(e) => return warn!("rank {rank}: refused a newcomer: {e}"),
+                };
+            if let Err(e) = write_hello(L::writer(&mut s), rank, world, &token).await {
+                return warn!("rank {rank}: answering the newcomer for rank {p} failed: {e}");
+            }
+            match ready(s) {
+                Ok(s) => {
+                    info!("rank {rank}: a newcomer for rank {p} connected");
+                    let _ = tx.send((p, s, buf));
+                }
+                Err(e) => warn!("rank {rank}: the newcomer for rank {p}: {e}"),
+            }
+        });
+    }
+}
+
+/// The newcomers of a driver that accepts them (live membership): those its accept loop
+/// ([`accept_newcomers`]) handed over, the latest waiting per rank, and — on a rank that
+/// is a newcomer itself — the ranks it dialed. The drivers keep the connections; this is
+/// the book-keeping of [`Transport::joiners`] and [`Transport::admit`] they share.
+#[derive(Debug)]
+pub(crate) struct Newcomers<S> {
+    arrived: std::sync::mpsc::Receiver<Newcomer<S>>,
+    /// The latest newcomer per rank.
+    waiting: std::collections::BTreeMap<usize, (S, BytesMut)>,
+    /// Per rank: this rank, itself a newcomer, dialed the connection it has to it, not yet
+    /// admitted. One to a rank that is no member is a newcomer this one reached: reported
+    /// by [`Newcomers::joiners`] while it is open.
+    pub(crate) dialed: Vec<bool>,
+}
+
+/// What admitting a rank comes to ([`Newcomers::admission`]).
+pub(crate) enum Admission<S> {
+    /// The connection this rank has to it stays the link.
+    Keep,
+    /// Its newcomer's connection (and the bytes read past its hello) replaces it.
+    Switch(S, BytesMut),
+}
+
+impl<S> Newcomers<S> {
+    /// No newcomer yet, in a world of `world` ranks; they arrive on `arrived`.
+    pub(crate) fn new(arrived: std::sync::mpsc::Receiver<Newcomer<S>>, world: usize) -> Self {
+        Newcomers {
+            arrived,
+            waiting: std::collections::BTreeMap::new(),
+            dialed: vec![false; world],
+        }
+    }
+
+    /// The ranks a newcomer waits for: those that arrived (one that came again replaces
+    /// its earlier connection, handed to `drop`), and those this rank dialed whose
+    /// connection `open` says is open.
+    pub(crate) fn joiners(&mut self, open: impl Fn(usize) -> bool, drop: impl Fn(S)) -> Vec<usize> {
+        while let Ok((p, s, buf)) = self.arrived.try_recv() {
+            if let Some((old, _)) = self.waiting.insert(p, (s, buf)) {
+                drop(old);
+            }
+        }
+        let mut w: Vec<usize> = self.waiting.keys().copied().collect();
+        w.extend((0..self.dialed.len()).filter(|&p| self.dialed[p] && open(p)));
+        w.sort_unstable();
+        w.dedup();
+        w
+    }
+
+    /// Admitting `rank` on rank `me`, whose own dial to it is open when `mine`: the
+    /// waiting newcomer's connection replaces the link — or, where both exist (the new
+    /// listener took the old address), the higher rank's dial is the link, on both sides;
+    /// the other connection goes to `drop`. Fails when no newcomer waits for `rank`.
+    pub(crate) fn admission(
+        &mut self,
+        rank: usize,
+        me: usize,
+        mine: bool,
+        drop: impl Fn(S),
+    ) -> Result<Admission<S>, TransportError> {
+        self.dialed[rank] = false;
+        match (self.waiting.remove(&rank), mine) {
+            (Some((theirs, _)), true) if me > rank => {
+                drop(theirs);
+                Ok(Admission::Keep)
+            }
+            (Some((s, buf)), _) => Ok(Admission::Switch(s, buf)),
+            (None, true) => Ok(Admission::Keep),
+            (None, false) => Err(TransportError::Handshake {
+                peer: format!("rank {rank}"),
+                detail: "no newcomer is waiting for this rank".into(),
+            }),
+        }
+    }
+
+    /// The connections of the newcomers waiting.
+    pub(crate) fn waiting(&self) -> impl Iterator<Item = &S> {
+        self.waiting.values().map(|(s, _)| s)
+    }
+}
+
+/// [`Transport::link_member`] of a driver that accepts newcomers: the link to each member
+/// is the connection this newcomer dialed to it (`linked`), or — to a member that was a
+/// newcomer itself and dialed this one, which knew only its predecessor's address — the
+/// one it was dialed on, waited for until `deadline` (which wins where both exist, as in
+/// [`Newcomers::admission`]).
+pub(crate) fn link_member<T: Transport + ?Sized>(
+    t: &mut T,
+    rank: usize,
+    deadline: Instant,
+    linked: impl Fn(&T) -> bool,
+) -> Result<(), TransportError> {
+    check_peer(rank, t.rank(), t.world_size())?;
+    loop {
+        if t.joiners().contains(&rank) {
+            return t.admit(rank);
+        }
+        if linked(t) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(TransportError::Handshake {
+                peer: format!("rank {rank}"),
+                detail: "no connection to this member: it did not reach this newcomer".into(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A newcomer's dials on `rt` ([`join_mesh`]: each other rank for at most `timeout` or
+/// [`JOIN_HELLO`], whichever is shorter); fails when it reaches no rank at all.
+pub(crate) fn join_on<L: Link>(
+    rt: &Runtime,
+    link: &Arc<L>,
+    rank: usize,
+    peers: &[SocketAddr],
+    token: &[u8],
+    timeout: Duration,
+) -> Result<Vec<Conn<L>>, TransportError> {
+    let per_peer = timeout.min(JOIN_HELLO);
+    let conns = rt.block_on(join_mesh(link.clone(), rank, peers, token, per_peer));
+    if conns.is_empty() && peers.len() > 1 {
+        return Err(TransportError::Handshake {
+            peer: format!("every rank of {peers:?}"),
+            detail: format!("joining as rank {rank}: none answered within {per_peer:?}"),
+        });
+    }
+    Ok(conns)
 }
 
 /// Opens an incoming connection and checks its hello; refuses it on any failure. A
@@ -498,40 +683,29 @@ impl<Q: Queue> Transport for Peers<Q> {
     }
 }
 
-/// Implements [`Transport`] for a driver by handing every call to its [`Peers`] field.
-macro_rules! transport_via_peers {
-    ($driver:ty, $field:ident) => {
-        impl $crate::transport::Transport for $driver {
-            fn rank(&self) -> usize {
-                self.$field.rank()
-            }
-            fn world_size(&self) -> usize {
-                self.$field.world_size()
-            }
-            fn send(
-                &mut self,
-                to: usize,
-                msg: Vec<u8>,
-            ) -> Result<(), $crate::transport::TransportError> {
-                self.$field.send(to, msg)
-            }
-            fn recv(
-                &mut self,
-                deadline: std::time::Instant,
-            ) -> Result<(usize, Vec<u8>), $crate::transport::TransportError> {
-                self.$field.recv(deadline)
-            }
-            fn recv_from(
-                &mut self,
-                from: usize,
-                deadline: std::time::Instant,
-            ) -> Result<Vec<u8>, $crate::transport::TransportError> {
-                self.$field.recv_from(from, deadline)
-            }
-            fn bytes(&self) -> $crate::transport::ByteCount {
-                self.$field.bytes()
-            }
+/// The [`Transport`] methods of a driver that hand every call to its [`Peers`] field
+/// `$field`: written inside the driver's `impl Transport` block, beside its own
+/// newcomer methods.
+macro_rules! via_peers {
+    ($field:ident) => {
+        fn rank(&self) -> usize {
+            self.$field.rank()
+        }
+        fn world_size(&self) -> usize {
+            self.$field.world_size()
+        }
+        fn send(&mut self, to: usize, msg: Vec<u8>) -> Result<(), TransportError> {
+            self.$field.send(to, msg)
+        }
+        fn recv(&mut self, deadline: Instant) -> Result<(usize, Vec<u8>), TransportError> {
+            self.$field.recv(deadline)
+        }
+        fn recv_from(&mut self, from: usize, deadline: Instant) -> Result<Vec<u8>, TransportError> {
+            self.$field.recv_from(from, deadline)
+        }
+        fn bytes(&self) -> ByteCount {
+            self.$field.bytes()
         }
     };
 }
-pub(crate) use transport_via_peers;
+pub(crate) use via_peers;

@@ -14,7 +14,16 @@
 //! TCP (the mesh set-up is the one TCP uses, `mesh.rs`). A connection with a different
 //! certificate, a wrong token, an unexpected rank or no hello before the deadline is
 //! refused (closed) and logged. Once the mesh is complete the endpoint stops accepting
-//! connections.
+//! connections, unless it accepts newcomers (below).
+//!
+//! # Newcomers
+//! With [`QuicConfig::accept_joiners`] (live membership) the endpoint keeps accepting after
+//! set-up, as TCP's listener does (`tcp.rs`; the accept loop and the book-keeping are
+//! shared, `mesh.rs`): a newcomer taking a lost rank's place ([`QuicTransport::join`])
+//! presents the run's certificate like any rank, dials every rank, says hello claiming the
+//! lost rank, and waits to be admitted ([`Transport::admit`]: the predecessor's connection
+//! is closed, its reader task ended, and the newcomer's reader and writer take over). A
+//! killed predecessor sends no close over UDP: the group drops it at the step deadline.
 //!
 //! # Tuning
 //! * UDP socket buffers are raised to [`QuicConfig::socket_buffer`] (16 MiB; the kernel
@@ -57,7 +66,9 @@
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Connection, Endpoint, RecvStream, SendStream};
@@ -71,10 +82,13 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-use super::mesh::{check_setup, mesh, runtime, transport_via_peers, Failed, Link, Peers};
+use super::mesh::{
+    accept_newcomers, check_setup, join_on, link_member, mesh, runtime, via_peers, Admission, Conn,
+    Failed, Link, Newcomer, Newcomers, Peers,
+};
 use super::quic_stream::{reader, writer};
 use super::stream::Outgoing;
-use super::{Event, Inbox, TransportError};
+use super::{check_peer, ByteCount, Event, Inbox, Transport, TransportError};
 use crate::frame::FRAME_HEADER_LEN;
 use crate::rendezvous::RunIdentity;
 use crate::shaping::LinkSpec;
@@ -140,6 +154,10 @@ pub struct QuicConfig {
     pub peer_timeout: Option<Duration>,
     /// UDP send and receive buffer size requested from the kernel. Default 16 MiB.
     pub socket_buffer: usize,
+    /// Keep accepting newcomers that take a lost peer's place after set-up (live
+    /// membership; see [`QuicTransport::join`]). Default false: the endpoint stops
+    /// accepting once the mesh is complete.
+    pub accept_joiners: bool,
 }
 
 impl std::fmt::Debug for QuicConfig {
@@ -156,6 +174,7 @@ impl std::fmt::Debug for QuicConfig {
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("peer_timeout", &self.peer_timeout)
             .field("socket_buffer", &self.socket_buffer)
+            .field("accept_joiners", &self.accept_joiners)
             .finish()
     }
 }
@@ -175,6 +194,7 @@ impl QuicConfig {
             heartbeat_interval: Some(Duration::from_secs(1)),
             peer_timeout: Some(Duration::from_secs(10)),
             socket_buffer: 16 << 20,
+            accept_joiners: false,
         }
     }
 }
@@ -185,7 +205,15 @@ pub struct QuicTransport {
     peers: Peers<UnboundedSender<Outgoing>>,
     linger: Duration,
     writer_tasks: Vec<JoinHandle<()>>,
-    conns: Vec<Connection>,
+    /// Per rank: its connection, and the task reading it.
+    conns: Vec<Option<Connection>>,
+    readers: Vec<Option<JoinHandle<()>>>,
+    /// The readers' way into the inbox.
+    events: mpsc::Sender<Event>,
+    max_frame: usize,
+    peer_timeout: Option<Duration>,
+    /// Newcomers (live membership): `None` when the transport accepts none.
+    joining: Option<Newcomers<QuicStream>>,
     endpoint: Option<Endpoint>,
     rt: Option<Runtime>,
 }
@@ -475,10 +503,70 @@ impl QuicTransport {
         socket: UdpSocket,
         cfg: QuicConfig,
     ) -> Result<Self, TransportError> {
+        let (rt, link) = Self::set_up(rank, peers, socket, &cfg)?;
+        let conns = rt.block_on(mesh(
+            link.clone(),
+            rank,
+            peers,
+            &cfg.token,
+            cfg.connect_timeout,
+        ));
+        let conns = match conns {
+            Ok(c) => c,
+            Err(e) => {
+                link.ep.close(REFUSED.into(), b"set-up failed");
+                rt.shutdown_timeout(Duration::from_millis(100));
+                return Err(e);
+            }
+        };
+        Self::build(rank, peers.len(), rt, link, conns, cfg, None)
+    }
+
+    /// A newcomer taking rank `rank`'s place in a running mesh (its predecessor lost):
+    /// dials every other rank at `peers` (each within a few seconds; the ranks that do not
+    /// answer are reported closed), and waits to be admitted by the ranks it reached,
+    /// which must run with [`QuicConfig::accept_joiners`] (see
+    /// [`crate::Communicator::join`]). Fails when it reaches no rank at all.
+    pub fn join(
+        rank: usize,
+        peers: &[SocketAddr],
+        socket: UdpSocket,
+        cfg: QuicConfig,
+    ) -> Result<Self, TransportError> {
         let world = peers.len();
+        let (rt, link) = Self::set_up(rank, peers, socket, &cfg)?;
+        // Another newcomer may dial this one while it still dials the others: answered
+        // from the start, and kept waiting.
+        let arrived = cfg
+            .accept_joiners
+            .then(|| Self::accept_on(&rt, &link, rank, world, &cfg.token));
+        let conns = match join_on(&rt, &link, rank, peers, &cfg.token, cfg.connect_timeout) {
+            Ok(c) => c,
+            Err(e) => {
+                link.ep.close(REFUSED.into(), b"set-up failed");
+                rt.shutdown_timeout(Duration::from_millis(100));
+                return Err(e);
+            }
+        };
+        let mut t = Self::build(rank, world, rt, link, conns, cfg, arrived)?;
+        if let Some(j) = &mut t.joining {
+            for (p, d) in j.dialed.iter_mut().enumerate() {
+                *d = t.conns[p].is_some();
+            }
+        }
+        Ok(t)
+    }
+
+    /// The checks before set-up, the runtime, and the endpoint over `socket`.
+    fn set_up(
+        rank: usize,
+        peers: &[SocketAddr],
+        socket: UdpSocket,
+        cfg: &QuicConfig,
+    ) -> Result<(Runtime, Arc<QuicLink>), TransportError> {
         check_setup(
             rank,
-            world,
+            peers.len(),
             &cfg.token,
             cfg.heartbeat_interval,
             cfg.peer_timeout,
@@ -496,69 +584,194 @@ impl QuicTransport {
         let client = client_crypto(&cfg.identity, pin)?;
         let (ep, client) = {
             let _guard = rt.enter();
-            endpoint(socket, &cfg, mtu, server, client)?
+            endpoint(socket, cfg, mtu, server, client)?
         };
-        let link = Arc::new(QuicLink {
-            ep: ep.clone(),
-            client,
-        });
-        let conns = rt.block_on(mesh(link, rank, peers, &cfg.token, cfg.connect_timeout));
-        // The mesh is complete (or failed): no further connections are accepted.
-        ep.set_server_config(None);
-        let conns = match conns {
-            Ok(c) => c,
-            Err(e) => {
-                ep.close(REFUSED.into(), b"set-up failed");
-                rt.shutdown_timeout(Duration::from_millis(100));
-                return Err(e);
-            }
+        Ok((rt, Arc::new(QuicLink { ep, client })))
+    }
+
+    /// Starts accepting newcomers on `link` ([`accept_newcomers`]); they arrive on the
+    /// receiver returned.
+    fn accept_on(
+        rt: &Runtime,
+        link: &Arc<QuicLink>,
+        rank: usize,
+        world: usize,
+        token: &[u8],
+    ) -> mpsc::Receiver<Newcomer<QuicStream>> {
+        let (tx, arrived) = mpsc::channel();
+        rt.spawn(accept_newcomers::<QuicLink, QuicStream>(
+            link.clone(),
+            rank,
+            world,
+            token.to_vec(),
+            tx,
+            Ok,
+        ));
+        arrived
+    }
+
+    /// The transport over the connections `conns` made on `rt`. The endpoint keeps
+    /// accepting newcomers when the transport accepts them (`arrived`: the newcomers of
+    /// an accept loop started already) and stops accepting otherwise. Ranks without a
+    /// connection are reported closed.
+    fn build(
+        rank: usize,
+        world: usize,
+        rt: Runtime,
+        link: Arc<QuicLink>,
+        conns: Vec<Conn<QuicLink>>,
+        cfg: QuicConfig,
+        arrived: Option<mpsc::Receiver<Newcomer<QuicStream>>>,
+    ) -> Result<Self, TransportError> {
+        let joining = if cfg.accept_joiners {
+            let arrived =
+                arrived.unwrap_or_else(|| Self::accept_on(&rt, &link, rank, world, &cfg.token));
+            Some(Newcomers::new(arrived, world))
+        } else {
+            // The mesh is complete: no further connections are accepted.
+            link.ep.set_server_config(None);
+            None
         };
         let (tx, rx) = mpsc::channel();
         let inbox = Inbox::new(rx, tx.clone(), world, FRAME_HEADER_LEN as u64);
-        let mut mesh = Peers::new(rank, world, cfg.max_frame, &cfg.link, inbox);
-        let mut writer_tasks = Vec::new();
-        let mut connections = Vec::new();
-        let linger = cfg.linger;
-        for (peer, QuicStream { conn, send, recv }, buf) in conns {
-            let quiet = cfg.peer_timeout;
-            let c = conn.clone();
-            let end = move || match (c.close_reason(), quiet) {
-                (Some(quinn::ConnectionError::TimedOut), Some(t)) => {
-                    warn!("rank {peer} sent nothing, not even a keep-alive, for {t:?}");
-                    Event::Silent(peer, t)
-                }
-                _ => Event::Closed(peer),
-            };
-            rt.spawn(reader(peer, recv, buf, tx.clone(), cfg.max_frame, end));
-            let (wtx, wrx) = unbounded_channel();
-            writer_tasks.push(rt.spawn(async move {
-                if let Some(send) = writer(peer, send, wrx).await {
-                    // Finished: wait until the peer has acknowledged everything, so that
-                    // closing the connection loses nothing.
-                    let _ = tokio::time::timeout(linger, send.stopped()).await;
-                }
-            }));
-            mesh.connect(peer, wtx);
-            connections.push(conn);
-        }
-        Ok(QuicTransport {
-            peers: mesh,
+        let mut t = QuicTransport {
+            peers: Peers::new(rank, world, cfg.max_frame, &cfg.link, inbox),
             linger: cfg.linger,
-            writer_tasks,
-            conns: connections,
-            endpoint: Some(ep),
+            writer_tasks: Vec::new(),
+            conns: (0..world).map(|_| None).collect(),
+            readers: (0..world).map(|_| None).collect(),
+            events: tx,
+            max_frame: cfg.max_frame,
+            peer_timeout: cfg.peer_timeout,
+            joining,
+            endpoint: Some(link.ep.clone()),
             rt: Some(rt),
-        })
+        };
+        let mut connected = vec![false; world];
+        for (peer, stream, buf) in conns {
+            connected[peer] = true;
+            t.start(peer, stream, buf);
+        }
+        for p in (0..world).filter(|&p| p != rank && !connected[p]) {
+            t.peers.unreachable(p);
+        }
+        Ok(t)
+    }
+
+    /// Starts the reader and writer tasks of `peer`'s connection `s` (`buf`: bytes read
+    /// past its hello) and sends to `peer` through it from now on.
+    fn start(&mut self, peer: usize, s: QuicStream, buf: BytesMut) {
+        let QuicStream { conn, send, recv } = s;
+        let rt = self
+            .rt
+            .as_ref()
+            .expect("the runtime lives as long as the transport");
+        let quiet = self.peer_timeout;
+        let c = conn.clone();
+        let end = move || match (c.close_reason(), quiet) {
+            (Some(quinn::ConnectionError::TimedOut), Some(t)) => {
+                warn!("rank {peer} sent nothing, not even a keep-alive, for {t:?}");
+                Event::Silent(peer, t)
+            }
+            _ => Event::Closed(peer),
+        };
+        self.readers[peer] = Some(rt.spawn(reader(
+            peer,
+            recv,
+            buf,
+            self.events.clone(),
+            self.max_frame,
+            end,
+        )));
+        let (wtx, wrx) = unbounded_channel();
+        let linger = self.linger;
+        self.writer_tasks.push(rt.spawn(async move {
+            if let Some(send) = writer(peer, send, wrx).await {
+                // Finished: wait until the peer has acknowledged everything, so that
+                // closing the connection loses nothing.
+                let _ = tokio::time::timeout(linger, send.stopped()).await;
+            }
+        }));
+        self.peers.connect(peer, wtx);
+        self.conns[peer] = Some(conn);
+    }
+
+    /// Whether this rank, as a newcomer, dialed its connection to `rank` and it is open
+    /// (its reader runs), not yet admitted.
+    fn dialed_open(&self, rank: usize) -> bool {
+        self.joining.as_ref().is_some_and(|j| j.dialed[rank])
+            && self.readers[rank]
+                .as_ref()
+                .is_some_and(|r| !r.is_finished())
     }
 }
 
-transport_via_peers!(QuicTransport, peers);
+impl Transport for QuicTransport {
+    via_peers!(peers);
+
+    fn joiners(&mut self) -> Vec<usize> {
+        let readers = &self.readers;
+        let Some(j) = &mut self.joining else {
+            return Vec::new();
+        };
+        j.joiners(
+            |p| readers[p].as_ref().is_some_and(|r| !r.is_finished()),
+            |old| old.conn.close(REFUSED.into(), b"replaced"),
+        )
+    }
+
+    /// Switches to the newcomer's connection for `rank` — or, on a rank that joined
+    /// itself, keeps the one it dialed to that rank. Where both exist, the higher rank's
+    /// dial is the link, on both sides (as over TCP).
+    fn admit(&mut self, rank: usize) -> Result<(), TransportError> {
+        check_peer(rank, self.rank(), self.peers.world_size())?;
+        self.joiners();
+        let (me, mine) = (self.rank(), self.dialed_open(rank));
+        let Some(j) = &mut self.joining else {
+            return Err(TransportError::Handshake {
+                peer: format!("rank {rank}"),
+                detail: "no newcomer is waiting for this rank".into(),
+            });
+        };
+        let refuse = |s: QuicStream| s.conn.close(REFUSED.into(), b"duplicate");
+        let Admission::Switch(stream, buf) = j.admission(rank, me, mine, refuse)? else {
+            return Ok(());
+        };
+        // The predecessor's connection ends (if it had not), and its reader with it: all
+        // it delivered is queued before the marker, and the newcomer's reader starts after.
+        if let Some(old) = self.conns[rank].take() {
+            old.close(DONE.into(), b"replaced");
+        }
+        if let Some(r) = self.readers[rank].take() {
+            r.abort();
+            let rt = self
+                .rt
+                .as_ref()
+                .expect("the runtime lives as long as the transport");
+            let _ = rt.block_on(r);
+        }
+        self.peers.replace(rank);
+        self.start(rank, stream, buf);
+        Ok(())
+    }
+
+    /// As over TCP (`mesh::link_member`): the link to each member is the connection this
+    /// newcomer dialed to it, or the one a member that was a newcomer itself dialed to this one.
+    fn link_member(&mut self, rank: usize, deadline: Instant) -> Result<(), TransportError> {
+        link_member(self, rank, deadline, |t| {
+            t.conns[rank].is_some() || t.joining.is_none()
+        })
+    }
+}
 
 impl Drop for QuicTransport {
     fn drop(&mut self) {
         self.peers.close();
         let tasks = std::mem::take(&mut self.writer_tasks);
-        let conns = std::mem::take(&mut self.conns);
+        let conns: Vec<Connection> = std::mem::take(&mut self.conns)
+            .into_iter()
+            .flatten()
+            .collect();
         let ep = self.endpoint.take();
         if let Some(rt) = self.rt.take() {
             let deadline = tokio::time::Instant::now() + self.linger;
@@ -582,6 +795,7 @@ impl Drop for QuicTransport {
 }
 
 /// An open QUIC connection for [`mesh`]: the connection and its one bidirectional stream.
+#[derive(Debug)]
 struct QuicStream {
     conn: Connection,
     send: SendStream,

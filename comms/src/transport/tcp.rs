@@ -54,7 +54,6 @@
 //! [`Transport`]: super::Transport
 //! [`Transport::send`]: super::Transport::send
 
-use std::collections::BTreeMap;
 use std::net::{Shutdown, SocketAddr};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
@@ -63,10 +62,12 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
-use tracing::{info, warn};
 
-use super::mesh::{accept_one, check_setup, join_mesh, mesh, runtime, Conn, Failed, Link, Peers};
-use super::stream::{write_hello, Outgoing};
+use super::mesh::{
+    accept_newcomers, check_setup, join_on, link_member, mesh, runtime, via_peers, Admission, Conn,
+    Failed, Link, Newcomers, Peers,
+};
+use super::stream::Outgoing;
 use super::threaded::{read_loop, write_loop};
 use super::{check_peer, ByteCount, Event, Inbox, OnEvent, Transport, TransportError};
 use crate::frame::FRAME_HEADER_LEN;
@@ -176,21 +177,12 @@ pub struct TcpTransport {
 struct Joining {
     /// Runs the accept loop ([`accept_newcomers`]).
     _rt: Runtime,
-    arrived: mpsc::Receiver<Newcomer>,
-    /// The latest newcomer per rank.
-    waiting: BTreeMap<usize, (std::net::TcpStream, BytesMut)>,
-    /// Per rank: this rank, itself a newcomer, dialed the connection it has to it (see
-    /// [`TcpTransport::join`]), not yet admitted. One to a rank that is no member is a
-    /// newcomer this one reached: reported by [`Transport::joiners`] while it is open.
-    dialed: Vec<bool>,
+    book: Newcomers<std::net::TcpStream>,
 }
 
 /// An authenticated newcomer's connection: the rank it claims, the socket, and the bytes
 /// read past its hello.
-type Newcomer = (usize, std::net::TcpStream, BytesMut);
-
-/// How long a newcomer may take to say hello, and a member to answer a newcomer's dial.
-const JOIN_HELLO: Duration = Duration::from_secs(5);
+type Newcomer = super::mesh::Newcomer<std::net::TcpStream>;
 
 impl TcpTransport {
     /// Connects rank `rank` to every other rank: `peers[i]` is rank `i`'s listening
@@ -232,17 +224,10 @@ impl TcpTransport {
         let arrived = cfg
             .accept_joiners
             .then(|| Self::accept_on(&rt, &link, rank, world, &cfg.token));
-        let per_peer = cfg.connect_timeout.min(JOIN_HELLO);
-        let conns = rt.block_on(join_mesh(link.clone(), rank, peers, &cfg.token, per_peer));
-        if conns.is_empty() && world > 1 {
-            return Err(TransportError::Handshake {
-                peer: format!("every rank of {peers:?}"),
-                detail: format!("joining as rank {rank}: none answered within {per_peer:?}"),
-            });
-        }
+        let conns = join_on(&rt, &link, rank, peers, &cfg.token, cfg.connect_timeout)?;
         let mut t = Self::build(rank, world, rt, link, conns, cfg, arrived)?;
         if let Some(j) = &mut t.joining {
-            for (p, d) in j.dialed.iter_mut().enumerate() {
+            for (p, d) in j.book.dialed.iter_mut().enumerate() {
                 *d = t.streams[p].is_some();
             }
         }
@@ -259,12 +244,17 @@ impl TcpTransport {
         token: &[u8],
     ) -> mpsc::Receiver<Newcomer> {
         let (tx, arrived) = mpsc::channel();
-        rt.spawn(accept_newcomers(
+        rt.spawn(accept_newcomers::<TcpLink, std::net::TcpStream>(
             link.clone(),
             rank,
             world,
             token.to_vec(),
             tx,
+            |s| {
+                let s = s.into_std()?;
+                s.set_nonblocking(false)?;
+                Ok(s)
+            },
         ));
         arrived
     }
@@ -322,9 +312,7 @@ impl TcpTransport {
             drop(link);
             Some(Joining {
                 _rt: rt,
-                arrived,
-                waiting: BTreeMap::new(),
-                dialed: vec![false; world],
+                book: Newcomers::new(arrived, world),
             })
         } else {
             drop(link);
@@ -392,44 +380,19 @@ impl TcpTransport {
 }
 
 impl Transport for TcpTransport {
-    fn rank(&self) -> usize {
-        self.peers.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.peers.world_size()
-    }
-    fn send(&mut self, to: usize, msg: Vec<u8>) -> Result<(), TransportError> {
-        self.peers.send(to, msg)
-    }
-    fn recv(&mut self, deadline: std::time::Instant) -> Result<(usize, Vec<u8>), TransportError> {
-        self.peers.recv(deadline)
-    }
-    fn recv_from(
-        &mut self,
-        from: usize,
-        deadline: std::time::Instant,
-    ) -> Result<Vec<u8>, TransportError> {
-        self.peers.recv_from(from, deadline)
-    }
-    fn bytes(&self) -> ByteCount {
-        self.peers.bytes()
-    }
+    via_peers!(peers);
 
     fn joiners(&mut self) -> Vec<usize> {
+        let readers = &self.readers;
         let Some(j) = &mut self.joining else {
             return Vec::new();
         };
-        while let Ok((p, s, buf)) = j.arrived.try_recv() {
-            // A newcomer that came again replaces its earlier connection.
-            if let Some((old, _)) = j.waiting.insert(p, (s, buf)) {
+        j.book.joiners(
+            |p| readers[p].as_ref().is_some_and(|r| !r.is_finished()),
+            |old| {
                 let _ = old.shutdown(Shutdown::Both);
-            }
-        }
-        let mut w: Vec<usize> = j.waiting.keys().copied().collect();
-        w.extend((0..self.peers.world_size()).filter(|&p| self.dialed_open(p)));
-        w.sort_unstable();
-        w.dedup();
-        w
+            },
+        )
     }
 
     /// Switches to the newcomer's connection for `rank` — or, on a rank that joined
@@ -440,23 +403,17 @@ impl Transport for TcpTransport {
         check_peer(rank, self.rank, self.peers.world_size())?;
         self.joiners();
         let mine = self.dialed_open(rank);
-        let waiting = self.joining.as_mut().and_then(|j| {
-            j.dialed[rank] = false;
-            j.waiting.remove(&rank)
-        });
-        let (stream, buf) = match (waiting, mine) {
-            (Some((theirs, _)), true) if self.rank > rank => {
-                let _ = theirs.shutdown(Shutdown::Both);
-                return Ok(());
-            }
-            (Some(w), _) => w,
-            (None, true) => return Ok(()),
-            (None, false) => {
-                return Err(TransportError::Handshake {
-                    peer: format!("rank {rank}"),
-                    detail: "no newcomer is waiting for this rank".into(),
-                })
-            }
+        let Some(j) = &mut self.joining else {
+            return Err(TransportError::Handshake {
+                peer: format!("rank {rank}"),
+                detail: "no newcomer is waiting for this rank".into(),
+            });
+        };
+        let shut = |s: std::net::TcpStream| {
+            let _ = s.shutdown(Shutdown::Both);
+        };
+        let Admission::Switch(stream, buf) = j.book.admission(rank, self.rank, mine, shut)? else {
+            return Ok(());
         };
         // The predecessor's connection ends (if it had not), and its reader with it: all
         // it delivered is queued before the marker, and the newcomer's reader starts after.
@@ -470,27 +427,13 @@ impl Transport for TcpTransport {
         self.start(rank, stream, buf)
     }
 
-    /// The link to each member is the connection this newcomer dialed to it, or — to a
-    /// member that was a newcomer itself and dialed this one, which knew only its
-    /// predecessor's address — the one it was dialed on, which it waits for until
-    /// `deadline` (which wins where both exist: as in `admit`).
+    /// See `mesh::link_member`: the link to each member is the
+    /// connection this newcomer dialed to it, or the one a member that was a newcomer
+    /// itself dialed to this one.
     fn link_member(&mut self, rank: usize, deadline: Instant) -> Result<(), TransportError> {
-        check_peer(rank, self.rank, self.peers.world_size())?;
-        loop {
-            if self.joiners().contains(&rank) {
-                return self.admit(rank);
-            }
-            if self.streams[rank].is_some() || self.joining.is_none() {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(TransportError::Handshake {
-                    peer: format!("rank {rank}"),
-                    detail: "no connection to this member: it did not reach this newcomer".into(),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        link_member(self, rank, deadline, |t| {
+            t.streams[rank].is_some() || t.joining.is_none()
+        })
     }
 }
 
@@ -498,7 +441,7 @@ impl TcpTransport {
     /// Whether this rank, as a newcomer, dialed its connection to `rank` and it is open
     /// (its reader runs), not yet admitted.
     fn dialed_open(&self, rank: usize) -> bool {
-        self.joining.as_ref().is_some_and(|j| j.dialed[rank])
+        self.joining.as_ref().is_some_and(|j| j.book.dialed[rank])
             && self.readers[rank]
                 .as_ref()
                 .is_some_and(|r| !r.is_finished())
@@ -518,7 +461,7 @@ impl Drop for TcpTransport {
             let _ = s.shutdown(Shutdown::Both);
         }
         if let Some(j) = &self.joining {
-            for (s, _) in j.waiting.values() {
+            for s in j.book.waiting() {
                 let _ = s.shutdown(Shutdown::Both);
             }
         }
@@ -531,59 +474,6 @@ impl Drop for TcpTransport {
                 let _ = t.join();
             }
         }
-    }
-}
-
-/// Accepts newcomers on `link`'s listener for the life of the transport: each one whose
-/// hello checks out (the run token, another rank of this world) is answered with this
-/// rank's hello and handed over through `tx`; the others are refused and logged.
-async fn accept_newcomers(
-    link: Arc<TcpLink>,
-    rank: usize,
-    world: usize,
-    token: Vec<u8>,
-    tx: mpsc::Sender<Newcomer>,
-) {
-    loop {
-        let inc = match link.accept().await {
-            Ok(inc) => inc,
-            Err(Failed::Retry(e) | Failed::Final(e)) => {
-                warn!("rank {rank}: accepting a newcomer failed: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let (tx, token) = (tx.clone(), token.clone());
-        tokio::spawn(async move {
-            let deadline = tokio::time::Instant::now() + JOIN_HELLO;
-            let (p, mut s, buf) = match accept_one::<TcpLink>(
-                inc,
-                rank,
-                world,
-                token.clone(),
-                deadline,
-                true,
-            )
-            .await
-            {
-                Ok(c) => c,
-                Err(e) => return warn!("rank {rank}: refused a newcomer: {e}"),
-            };
-            if let Err(e) = write_hello(&mut s, rank, world, &token).await {
-                return warn!("rank {rank}: answering the newcomer for rank {p} failed: {e}");
-            }
-            let std = s.into_std().and_then(|s| {
-                s.set_nonblocking(false)?;
-                Ok(s)
-            });
-            match std {
-                Ok(s) => {
-                    info!("rank {rank}: a newcomer for rank {p} connected");
-                    let _ = tx.send((p, s, buf));
-                }
-                Err(e) => warn!("rank {rank}: the newcomer for rank {p}: {e}"),
-            }
-        });
     }
 }
 

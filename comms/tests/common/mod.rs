@@ -303,6 +303,64 @@ where
         .collect()
 }
 
+/// Admits the newcomers of the group once any is waiting (polling every 20 ms).
+pub fn admit_when_waiting<T: Transport>(c: &mut Communicator<T>) -> dtrain_comms::Membership {
+    loop {
+        if let Some(m) = c.admit().unwrap() {
+            return m;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Live membership over a network driver: three ranks, each connected by its entry of
+/// `members`, all-reduce once; rank 2 then leaves (its transport dropped), the survivors
+/// regroup and wait to admit a newcomer. Half a second later `before_join` runs (a
+/// stranger's attempt, say), then the newcomer `join` makes takes rank 2's place, is
+/// welcomed, and the three all-reduce again.
+pub fn a_newcomer_takes_a_lost_ranks_place<T: Transport + Send + 'static>(
+    members: Vec<Box<dyn FnOnce() -> T + Send>>,
+    before_join: impl FnOnce(),
+    join: impl FnOnce() -> T,
+) {
+    let cc = || CommConfig {
+        timeout: Duration::from_secs(10),
+        ..CommConfig::default()
+    };
+    let hs: Vec<_> = members
+        .into_iter()
+        .enumerate()
+        .map(|(r, connect)| {
+            thread::spawn(move || {
+                let mut c = Communicator::new(connect(), cc());
+                let mut v = vec![1.0f32; 50_000];
+                c.all_reduce_sum(&mut v).unwrap();
+                if r == 2 {
+                    return None;
+                }
+                let e = c.all_reduce_sum(&mut v).unwrap_err();
+                c.regroup(&e.failed_ranks()).unwrap();
+                let m = admit_when_waiting(&mut c);
+                let mut v = vec![r as f32; 50_000];
+                c.all_reduce_sum(&mut v).unwrap();
+                Some((m, v[0], v[49_999]))
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(500));
+    before_join();
+    let mut c = Communicator::new(join(), cc());
+    let m = c.join(Duration::from_secs(20)).unwrap();
+    assert_eq!((m.epoch, m.members.clone(), m.rank), (2, vec![0, 1, 2], 2));
+    let mut v = vec![2.0f32; 50_000];
+    c.all_reduce_sum(&mut v).unwrap();
+    assert_eq!((v[0], v[49_999]), (3.0, 3.0));
+    for h in hs.into_iter().take(2) {
+        let (m, a, b) = h.join().unwrap().unwrap();
+        assert_eq!((m.epoch, m.added.clone()), (2, vec![2]));
+        assert_eq!((a, b), (3.0, 3.0));
+    }
+}
 /// A config with small chunks (to exercise pipelining) and short timeouts.
 pub fn test_config() -> CommConfig {
     CommConfig {

@@ -287,9 +287,12 @@ pub enum TransportKind {
 
 impl TransportKind {
     /// Whether newcomers can take lost workers' places over it (live membership): TCP,
-    /// and the hybrid driver, whose newcomers talk over TCP alone.
+    /// QUIC, and the hybrid driver, whose newcomers talk over TCP alone.
     pub fn takes_newcomers(self) -> bool {
-        matches!(self, TransportKind::Tcp | TransportKind::Hybrid)
+        matches!(
+            self,
+            TransportKind::Tcp | TransportKind::Quic | TransportKind::Hybrid
+        )
     }
 }
 

@@ -23,8 +23,8 @@ use crate::trainer::{Observer, RunDir, Summary, TrainError, Trainer};
 
 /// Builds the transport of one rank through the rendezvous at `host` (waiting at most
 /// `timeout` for the other ranks); tcp and quic connections watch their peers with
-/// `liveness`. `joining`: the rank takes a lost rank's place in a running group (tcp and
-/// hybrid; see [`TcpTransport::join`]).
+/// `liveness`. `joining`: the rank takes a lost rank's place in a running group (tcp, quic
+/// and hybrid; see [`TcpTransport::join`], [`QuicTransport::join`]).
 #[allow(clippy::too_many_arguments)]
 pub fn connect(
     kind: TransportKind,
@@ -78,12 +78,6 @@ pub fn connect(
             };
             Box::new(HybridTransport::join(rank, &j.peers, l, tcp).map_err(|e| e.to_string())?)
         }
-        _ if joining => {
-            return Err(format!(
-                "transport {kind:?}: only tcp and hybrid accept a worker joining a running \
-                 group (use one of them with cluster.membership = \"live\")"
-            ))
-        }
         TransportKind::Quic => {
             let s = UdpSocket::bind((ip, 0)).map_err(|e| e.to_string())?;
             let me = s.local_addr().map_err(|e| e.to_string())?;
@@ -92,9 +86,21 @@ pub fn connect(
                 link,
                 heartbeat_interval: Some(liveness.heartbeat),
                 peer_timeout: Some(liveness.peer_timeout),
+                accept_joiners: liveness.accept_joiners,
                 ..QuicConfig::new(token.as_bytes().to_vec(), j.identity)
             };
-            Box::new(QuicTransport::connect(rank, &j.peers, s, cfg).map_err(|e| e.to_string())?)
+            let t = if joining {
+                QuicTransport::join(rank, &j.peers, s, cfg)
+            } else {
+                QuicTransport::connect(rank, &j.peers, s, cfg)
+            };
+            Box::new(t.map_err(|e| e.to_string())?)
+        }
+        _ if joining => {
+            return Err(format!(
+                "transport {kind:?}: only tcp, quic and hybrid accept a worker joining a \
+                 running group (use one of them with cluster.membership = \"live\")"
+            ))
         }
         TransportKind::Shm => {
             // The rendezvous still runs (it checks the token and tells every rank the world);
