@@ -50,7 +50,8 @@
 //! with a `period` (the rule is in `framework/src/sync/periodic.rs`).
 //!
 //! ## Layout
-//! This file holds [`RunConfig`] and how it is read; `sections` the tables serde reads;
+//! This file holds [`RunConfig`] and how it is read; `sections` the tables serde reads
+//! (`sync` the `[sync]` one);
 //! `model` the `[model]` table ([`ModelSection`]: the registry's spec and `init_from`);
 //! `overrides` the `--set` overrides and field-naming of serde's messages; `sweep` the
 //! `[[sweep]]` variants; `validate` one validator per section and `compress` the
@@ -62,6 +63,7 @@ mod overrides;
 mod plan;
 mod sections;
 mod sweep;
+mod sync;
 mod validate;
 
 pub use model::ModelSection;
@@ -70,11 +72,12 @@ use overrides::{guess_field, one_line, set_path};
 pub use plan::Plan;
 pub use sections::{
     CheckpointConfig, ClusterConfig, ClusterMode, DataConfig, DataKind, DecaySpec, DlcpSettings,
-    FailureConfig, Liveness, Membership, NetworkConfig, NonFinitePolicy, OutputConfig, SyncConfig,
-    TrainConfig, TransportKind,
+    FailureConfig, Liveness, Membership, NetworkConfig, NonFinitePolicy, OutputConfig, TrainConfig,
+    TransportKind,
 };
 use sweep::split_sweep;
 pub use sweep::{sweep_entries, SweepEntry};
+pub use sync::SyncConfig;
 
 use std::path::{Path, PathBuf};
 
