@@ -360,7 +360,7 @@ pub(super) struct Forward {
     /// The evaluation and checkpoint due after the steps before `step` are to be made (a
     /// survivor had not finished them).
     pub(super) redo_post: bool,
-    /// The step records the survivors hold (the newest of each), by step.
+    /// The step records the survivors hold, one a step, in step order.
     pub(super) records: Vec<StepRecord>,
     /// This survivor's state to go on from, when it lagged (its own otherwise).
     pub(super) state: Option<Checkpoint>,
@@ -389,15 +389,7 @@ pub(super) fn roll_forward<T: Transport>(
         manifest: manifest_of(&shared),
         records,
     };
-    let all = comm.all_gather(&serde_json::to_vec(&mine).expect("a standing serialises"))?;
-    let standings = all
-        .iter()
-        .enumerate()
-        .map(|(r, b)| {
-            serde_json::from_slice::<Standing>(b)
-                .map_err(|e| protocol(format!("survivor {r}'s standing: {e}")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let standings = gather_standings(comm, &mine)?;
     let top = standings.iter().map(|s| s.done).max().unwrap_or(done);
     let reference = standings
         .iter()
@@ -411,12 +403,6 @@ pub(super) fn roll_forward<T: Transport>(
         .filter(|&r| !matches(&standings[r]))
         .collect();
     let redo_post = standings.iter().any(|s| s.done < top || !s.post_done);
-    let mut by_step = std::collections::BTreeMap::new();
-    for s in &standings {
-        for r in &s.records {
-            by_step.entry(r.step).or_insert_with(|| r.clone());
-        }
-    }
     let state = if receivers.is_empty() {
         None
     } else {
@@ -430,10 +416,34 @@ pub(super) fn roll_forward<T: Transport>(
     Ok(Forward {
         step: top,
         redo_post,
-        records: by_step.into_values().collect(),
+        records: by_step(standings.into_iter().flat_map(|s| s.records)),
         state,
         receivers,
     })
+}
+
+/// Step records from several survivors: one a step (the first given), in step order.
+pub(super) fn by_step(records: impl IntoIterator<Item = StepRecord>) -> Vec<StepRecord> {
+    let mut out = std::collections::BTreeMap::new();
+    for r in records {
+        out.entry(r.step).or_insert(r);
+    }
+    out.into_values().collect()
+}
+
+/// What each survivor says of itself after a regroup (`mine` here), all-gathered: element
+/// `r` is group rank `r`'s.
+pub(super) fn gather_standings<T: Transport, S: Serialize + serde::de::DeserializeOwned>(
+    comm: &mut Communicator<T>,
+    mine: &S,
+) -> Result<Vec<S>, CommError> {
+    let all = comm.all_gather(&serde_json::to_vec(mine).expect("a standing serialises"))?;
+    all.iter()
+        .enumerate()
+        .map(|(r, b)| {
+            serde_json::from_slice(b).map_err(|e| protocol(format!("survivor {r}'s standing: {e}")))
+        })
+        .collect()
 }
 
 /// The first section (by name) whose bytes differ between `a` and `b`, or that only one

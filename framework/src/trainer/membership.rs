@@ -364,21 +364,7 @@ impl<T: Transport> Trainer<T> {
             post_done: !(post_pending || done > reached),
             records: l.finished.iter().cloned().collect(),
         };
-        let all = self
-            .comm
-            .all_gather(&serde_json::to_vec(&mine).expect("a standing serialises"))
-            .map_err(comm_err)?;
-        let standings = all
-            .iter()
-            .enumerate()
-            .map(|(r, b)| {
-                serde_json::from_slice::<Standing>(b).map_err(|e| {
-                    comm_err(CommError::Poisoned(format!(
-                        "live membership: survivor {r}'s standing: {e}"
-                    )))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let standings = handover::gather_standings(&mut self.comm, &mine).map_err(comm_err)?;
         let top = standings.iter().map(|s| s.done).max().unwrap_or(done);
         let behind_alone =
             |s: &Standing| s.done == top || (s.done + 1 == top && self.sync.runs_alone(s.done));
@@ -402,16 +388,12 @@ impl<T: Transport> Trainer<T> {
             return Ok((from, false, notes));
         }
         self.step = done;
-        let mut own = self.state()?;
-        let notes = self.regroup_sync(membership)?;
+        let own = self.state()?;
         let bad = |reason: String| TrainError::Sync {
             step: done,
             reason: format!("live membership: going on from step {done}: {reason}"),
         };
-        handover::drop_server_residuals(&mut own).map_err(bad)?;
-        self.restore_state(&own, &bad, false)?;
-        self.sync.start_at(done).map_err(|e| self.step_error(e))?;
-        self.left_exchange = None;
+        let (_, notes) = self.rebuild_with(membership, own, done, &bad)?;
         if done < top {
             // The step the others finished: a local one, run alone.
             let per_epoch = self.plan.steps_per_epoch;
@@ -452,7 +434,7 @@ impl<T: Transport> Trainer<T> {
         // An evaluation after `from` is of a state the group reaches again.
         self.evals.retain(|e| e.step <= from);
         // Taken, not copied: the run loop keeps the state of `from` again before it runs it.
-        let Some((_, mut ck)) = l.kept.pop_back().filter(|(s, _)| *s == from) else {
+        let Some((_, ck)) = l.kept.pop_back().filter(|(s, _)| *s == from) else {
             return Err(TrainError::Sync {
                 step: reached,
                 reason: format!(
@@ -463,19 +445,11 @@ impl<T: Transport> Trainer<T> {
             });
         };
         // The synchronisation over the new group, then the state of step `from` into it.
-        let notes = self.regroup_sync(membership)?;
         let bad = |reason: String| TrainError::Sync {
             step: from,
             reason: format!("live membership: restoring the state of step {from}: {reason}"),
         };
-        handover::drop_server_residuals(&mut ck).map_err(bad)?;
-        let meta = self.restore_state(&ck, &bad, false)?;
-        self.step = from;
-        // A survivor that had finished the step (and compared the replicas after it) runs
-        // it again with the others: when the next comparison is due is the state's.
-        self.replicas_checked_at = meta.replicas_checked_at;
-        self.sync.start_at(from).map_err(|e| self.step_error(e))?;
-        self.left_exchange = None;
+        let (_, notes) = self.rebuild_with(membership, ck, from, &bad)?;
         Ok(notes)
     }
 
@@ -513,27 +487,21 @@ impl<T: Transport> Trainer<T> {
             source,
         })?;
         let from = forward.step;
-        let notes = self.regroup_sync(membership)?;
         let bad = |reason: String| TrainError::Sync {
             step: from,
             reason: format!("live membership: going on from step {from}: {reason}"),
         };
         let lagged = forward.state.is_some();
-        let mut ck = forward.state.unwrap_or(own);
-        handover::drop_server_residuals(&mut ck).map_err(bad)?;
-        let meta = self.restore_state(&ck, &bad, false)?;
+        let ck = forward.state.unwrap_or(own);
+        let (meta, notes) = self.rebuild_with(membership, ck, from, &bad)?;
         if meta.step != from {
             return Err(bad(format!("the state taken is of step {}", meta.step)));
         }
-        self.step = from;
         if lagged {
             self.skipped = meta.skipped;
             self.recoveries = meta.recoveries;
             self.best_loss = meta.best_loss_bits.map(f64::from_bits);
         }
-        self.replicas_checked_at = meta.replicas_checked_at;
-        self.sync.start_at(from).map_err(|e| self.step_error(e))?;
-        self.left_exchange = None;
         self.settle_records(from, forward.redo_post, forward.records);
         let mut notes = notes;
         if !forward.receivers.is_empty() {
@@ -547,7 +515,8 @@ impl<T: Transport> Trainer<T> {
     }
 
     /// After survivors rolled forward to step `from`: this rank's records of the last
-    /// steps become the newest of `records` (every survivor's, by step: the leader writes
+    /// steps become the newest of `records` (every survivor's, one a step in step order,
+    /// [`handover::by_step`]: the leader writes
     /// those its log lacks), and an evaluation at `from` that is made again (`redo_post`)
     /// goes from the ones it holds.
     fn settle_records(
@@ -556,12 +525,8 @@ impl<T: Transport> Trainer<T> {
         redo_post: bool,
         records: Vec<dtrain_records::StepRecord>,
     ) {
-        let mut by_step = std::collections::BTreeMap::new();
-        for r in records.into_iter().filter(|r| r.step < from) {
-            by_step.entry(r.step).or_insert(r);
-        }
         let l = self.live.as_mut().expect("live");
-        l.finished = by_step.into_values().collect();
+        l.finished = records.into_iter().filter(|r| r.step < from).collect();
         while l.finished.len() > 2 {
             l.finished.pop_front();
         }
@@ -570,6 +535,29 @@ impl<T: Transport> Trainer<T> {
         } else {
             self.evals.retain(|e| e.step <= from);
         }
+    }
+
+    /// Builds the synchronisation over `membership`'s group and restores state `ck` into
+    /// it, as of step `from` (the server residuals dropped: their ranges belong to the old
+    /// group): what every way of going on after a change of the group ends with. Returns
+    /// the state's metadata and the set-up's notes.
+    fn rebuild_with(
+        &mut self,
+        membership: &Membership,
+        mut ck: Checkpoint,
+        from: u64,
+        bad: &dyn Fn(String) -> TrainError,
+    ) -> Result<(super::checkpointing::Meta, Vec<String>), TrainError> {
+        let notes = self.regroup_sync(membership)?;
+        handover::drop_server_residuals(&mut ck).map_err(bad)?;
+        let meta = self.restore_state(&ck, bad, false)?;
+        self.step = from;
+        // When the next comparison of the replicas is due is the state's (a survivor that
+        // had compared them after the step runs it again with the others).
+        self.replicas_checked_at = meta.replicas_checked_at;
+        self.sync.start_at(from).map_err(|e| self.step_error(e))?;
+        self.left_exchange = None;
+        Ok((meta, notes))
     }
 
     /// Sets this worker's rank and world to `membership`'s and builds the synchronisation
@@ -610,7 +598,7 @@ impl<T: Transport> Trainer<T> {
         let Some(m) = self.comm.admit().map_err(comm_err)? else {
             return Ok(());
         };
-        let mut ck = self.state()?;
+        let ck = self.state()?;
         let donors = m.members.len() - m.added.len();
         let bad = |reason: String| TrainError::Sync {
             step,
@@ -619,14 +607,10 @@ impl<T: Transport> Trainer<T> {
         let mut given = handover::for_newcomer(&ck, donors, m.members.len()).map_err(bad)?;
         let history = &self.live.as_ref().expect("live").changes;
         given.put_json(handover::HISTORY, history);
-        let notes = self.regroup_sync(&m)?;
         // The state back into the synchronisation first: should a member be lost while
         // handing it over, the survivors go on from the state as it stands.
-        handover::drop_server_residuals(&mut ck).map_err(bad)?;
-        self.restore_state(&ck, &bad, false)?;
-        self.sync.start_at(step).map_err(|e| self.step_error(e))?;
+        let (_, notes) = self.rebuild_with(&m, ck, step, &bad)?;
         handover::hand_over(&mut self.comm, donors, Some(&given)).map_err(comm_err)?;
-        self.left_exchange = None;
         let l = self.live.as_mut().expect("live");
         let change = MembershipChange {
             epoch: m.epoch,
