@@ -23,13 +23,15 @@ struct DieAt {
     /// The most a step spent keeping a copy of the state.
     keep_s: f64,
     /// The steps that kept one.
-    copies: usize,
+    copied: Vec<u64>,
 }
 
 impl Observer for DieAt {
     fn on_step(&mut self, r: &StepRecord) {
         self.keep_s = self.keep_s.max(r.time.keep_s);
-        self.copies += usize::from(r.time.keep_s > 0.0);
+        if r.time.keep_s > 0.0 {
+            self.copied.push(r.step);
+        }
         if self.rank != self.victim {
             return;
         }
@@ -52,7 +54,7 @@ struct Survivor {
     messages: Vec<String>,
     steps: u64,
     keep_s: f64,
-    copies: usize,
+    copied: Vec<u64>,
 }
 
 /// A transport that dies (panics, dropping its connections) at its `left`-th send: a
@@ -147,7 +149,7 @@ fn run_cut(
                     death,
                     messages: Vec::new(),
                     keep_s: 0.0,
-                    copies: 0,
+                    copied: Vec::new(),
                 };
                 let summary = tr.run(&mut obs).map_err(|e| e.to_string())?;
                 Ok(Survivor {
@@ -156,7 +158,7 @@ fn run_cut(
                     messages: obs.messages,
                     steps: tr.step(),
                     keep_s: obs.keep_s,
-                    copies: obs.copies,
+                    copied: obs.copied,
                 })
             })
         })
@@ -451,9 +453,154 @@ fn diloco_keeps_copies_only_before_the_steps_that_end_a_round() {
                 .filter(|m| m.contains("goes back"))
                 .count();
             alone += o.messages.iter().filter(|m| m.contains("alone")).count();
-            assert!(o.copies <= 7, "n={n}: {} steps kept a copy", o.copies);
+            assert!(
+                o.copied.len() <= 7,
+                "n={n}: steps {:?} kept a copy",
+                o.copied
+            );
         }
     }
     assert!(alone > 0, "no survivor caught up alone");
     assert!(back > 0, "no cut fell inside a round's exchange");
+}
+
+/// What the survivors of a series of cuts did: for each survivor, the step the failure
+/// came in and how it went on — took the state from others (rolled forward), ran a step
+/// alone, went back to a copy, or none of those (rolled forward from a state it shared).
+#[derive(Default, Debug)]
+struct Ways(Vec<(u64, &'static str)>);
+
+impl Ways {
+    fn add(&mut self, o: &Survivor) {
+        let c = &o.summary.membership.as_ref().unwrap()[0];
+        // The step the failure came in, as the cause names it.
+        let failed = c.cause["step ".len()..c.cause.find(':').unwrap()]
+            .parse()
+            .unwrap();
+        let said = |what: &str| o.messages.iter().any(|m| m.contains(what));
+        let way = if said("took the state of step") {
+            "took"
+        } else if said("alone to catch up") {
+            "alone"
+        } else if said("goes back") {
+            "back"
+        } else {
+            "own"
+        };
+        self.0.push((failed, way));
+    }
+
+    /// Whether a survivor went on `way` after a failure in a step `in_steps` holds.
+    fn any(&self, way: &str, in_steps: impl Fn(u64) -> bool) -> bool {
+        self.0.iter().any(|&(s, w)| w == way && in_steps(s))
+    }
+}
+
+#[test]
+fn post_local_sgd_rolls_forward_before_switch_step_and_copies_only_at_round_ends() {
+    // Of 4 workers: every-step averaging of top-k gradients until step 6, then local SGD with rounds
+    // ending after steps 8, 11, 14 and 17. The victim dies at each of its messages in
+    // turn: a failure before the switch rolls forward (no copy), one in a local step lets
+    // a laggard run it alone, one inside a round's exchange goes back to the copy kept
+    // before that step. No step before the switch keeps a copy.
+    let mut ways = Ways::default();
+    for n in 6.. {
+        let out = run_cut(
+            4,
+            &[
+                "train.max_steps=18",
+                "train.epochs=2",
+                "compress.kind=\"topk\"",
+                "compress.ratio=0.1",
+                "sync.kind=\"post-local-sgd\"",
+                "sync.switch_step=6",
+                "sync.period=3",
+                "cluster.check_replicas_every=3",
+            ],
+            1,
+            Death::AtSend(n),
+            None,
+        );
+        // The victim's n-th message came after the others' last collective (or never).
+        if out.iter().flatten().any(|s| s.summary.membership.is_none()) {
+            break;
+        }
+        check(&out, 1, 18, None);
+        for o in out.iter().flatten() {
+            ways.add(o);
+            assert!(
+                o.copied.iter().all(|s| [8, 11, 14, 17].contains(s)),
+                "n={n}: steps {:?} kept a copy",
+                o.copied
+            );
+        }
+    }
+    // Before the switch nobody went back (nothing was copied to go back to).
+    assert!(!ways.any("back", |s| s < 6), "{ways:?}");
+    assert!(
+        ways.any("took", |s| s < 6),
+        "{ways:?}: nobody took the state"
+    );
+    assert!(ways.any("own", |s| s < 6), "{ways:?}");
+    assert!(
+        ways.any("alone", |s| s >= 6),
+        "{ways:?}: nobody caught up alone"
+    );
+    assert!(
+        ways.any("back", |s| s >= 6),
+        "{ways:?}: no cut inside a round's exchange"
+    );
+}
+
+#[test]
+fn zeroone_adam_keeps_copies_only_before_its_synchronisations() {
+    // 0/1 Adam over 4 workers: variance phase (steps 0..4, every step a dense or 1-bit exchange) then the
+    // frozen phase, synchronising after steps 4, 5, 7 and 11 as the local interval doubles
+    // (1, 2, 4): the survivors roll forward in the variance phase, a laggard runs a local
+    // step alone, and a cut synchronisation goes back. Step 7's interval is 2 when it
+    // begins and 4 after it: a survivor a step ahead would call it a local step, and only
+    // the laggard's own word keeps the group from running a synchronisation alone.
+    let mut ways = Ways::default();
+    for n in 6.. {
+        let out = run_cut(
+            4,
+            &[
+                "train.momentum=0",
+                "train.lr=0.002",
+                "train.optimizer=\"zeroone-adam\"",
+                "train.var_freeze_step=4",
+                "train.var_update_scaler=2",
+                "train.local_step_scaler=2",
+                "train.local_step_clipper=4",
+                "train.max_steps=12",
+            ],
+            1,
+            Death::AtSend(n),
+            None,
+        );
+        // The victim's n-th message came after the others' last collective (or never).
+        if out.iter().flatten().any(|s| s.summary.membership.is_none()) {
+            break;
+        }
+        // Step 11 synchronises: the replicas are identical at the end.
+        check(&out, 1, 12, None);
+        for o in out.iter().flatten() {
+            ways.add(o);
+            assert!(
+                o.copied.iter().all(|s| [4, 5, 7, 11].contains(s)),
+                "n={n}: steps {:?} kept a copy",
+                o.copied
+            );
+        }
+    }
+    assert!(!ways.any("back", |s| s < 4), "{ways:?}");
+    assert!(ways.any("own", |s| s < 4), "{ways:?}");
+    assert!(
+        ways.any("alone", |s| s >= 4),
+        "{ways:?}: nobody caught up alone"
+    );
+    assert!(
+        ways.any("back", |s| s >= 4),
+        "{ways:?}: no cut inside a synchronisation"
+    );
 }

@@ -436,8 +436,8 @@ pub enum Membership {
     /// [`Membership::Fixed`] elsewhere: where it cannot run (the parameter server, MPI, an
     /// exchange kept in flight across steps; see
     /// [`crate::config::RunConfig::live_membership_refused`]) and where it would copy the
-    /// state before every step (Streaming DiLoCo, 0/1 Adam, a `switch_step` phase; see
-    /// [`crate::config::RunConfig::live_membership_copies`]), which ask for it by name.
+    /// state before nearly every step of a phase (0/1 Adam; see
+    /// [`crate::config::RunConfig::live_membership_copies`]), which asks for it by name.
     #[default]
     Auto,
     /// The group is the one the run started with: a lost worker stops the run.
@@ -447,12 +447,13 @@ pub enum Membership {
     /// most steps any of them finished — one that lags a step takes the replicated state
     /// from those that finished it and keeps its own error-feedback memory; when none
     /// finished, they run the step again over the group (its mean is over the survivors, so
-    /// its effective batch is theirs). Nothing is copied before a step, except under the
-    /// periodic `[sync]` kinds and 0/1 Adam, whose replicas differ between rounds: a
-    /// survivor a local step behind runs it alone, and before the steps that end a round
-    /// (every step of Streaming DiLoCo, 0/1 Adam and a `switch_step` phase) each keeps an
-    /// in-memory copy of its state, to which the group goes back when a failure cut such a
-    /// step part-way. Each keeps reading its own data shard; the lost worker's shard is not
+    /// its effective batch is theirs). Nothing is copied before such a step. Under the
+    /// periodic `[sync]` kinds and 0/1 Adam, whose replicas differ between rounds, their
+    /// every-step phases (before `switch_step`, 0/1 Adam's variance phase) go the same way;
+    /// a survivor a local step behind runs it alone; and before a step that ends a round (a
+    /// Streaming DiLoCo fragment's exchange, a synchronisation of 0/1 Adam's frozen phase)
+    /// each keeps an in-memory copy of its state, to which the group goes back when a
+    /// failure cut such a step part-way (`trainer/recovery.rs`). Each keeps reading its own data shard; the lost worker's shard is not
     /// read while its place is empty. The change is recorded in `summary.json`
     /// (`membership`).
     Live,

@@ -411,23 +411,26 @@ fn live_membership_is_the_default_wherever_a_run_can_have_it() {
     assert!(live(&[]), "the default is live");
     assert!(live(&["cluster.transport=\"quic\""]));
     assert!(!live(&["cluster.membership=\"fixed\""]));
-    // DiLoCo copies the state only before the steps that end a round: live by default.
+    // DiLoCo copies the state only before the steps that end a round, and none in the
+    // every-step phase before `switch_step`: live by default; Streaming DiLoCo whose
+    // exchanges block their step too.
     let diloco = ["sync.kind=\"diloco\"", "sync.period=4"];
     assert!(live(&diloco));
-    // Where it would copy the state before every step, it is asked for by name.
+    assert!(live(&[diloco[0], diloco[1], "sync.switch_step=8"]));
     let streaming = [
         "sync.kind=\"streaming-diloco\"",
         "sync.period=4",
         "sync.in_flight=false",
     ];
-    assert!(!live(&streaming));
+    assert!(live(&streaming));
+    // Where it would copy the state before nearly every step, it is asked for by name.
+    let zeroone = ["train.optimizer=\"zeroone-adam\"", "train.momentum=0"];
+    assert!(!live(&zeroone));
     assert!(live(&[
-        streaming[0],
-        streaming[1],
-        streaming[2],
+        zeroone[0],
+        zeroone[1],
         "cluster.membership=\"live\""
     ]));
-    assert!(!live(&[diloco[0], diloco[1], "sync.switch_step=8"]));
     // Where it cannot run, the default is fixed; asked for, it is refused naming why.
     for set in ["cluster.mode=\"ps\"", "cluster.transport=\"mpi\""] {
         assert!(!live(&[set]), "{set}");

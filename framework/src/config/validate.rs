@@ -37,18 +37,15 @@ impl RunConfig {
         }
     }
 
-    /// Whether live membership would keep a copy of the state before every step (of a
-    /// phase of the run): Streaming DiLoCo and 0/1 Adam, and the every-step phase before
-    /// `switch_step` of post-local SGD and DiLoCo (see `trainer/membership.rs`). Local SGD
-    /// and DiLoCo without it keep one only before the steps that end a round, which already
-    /// read and exchange the whole parameter vector.
+    /// Whether live membership would keep a copy of the whole state before nearly every
+    /// step of a long phase: 0/1 Adam, whose frozen phase synchronises at every step until
+    /// its local-step interval grows (DeepSpeed's default `local_step_scaler` keeps it at 1
+    /// for 32,678 steps), and a copy is kept before each synchronisation (see
+    /// `trainer/recovery.rs`). Every other kind keeps none in its every-step steps and
+    /// phases, and one only before a step that ends a round (or exchanges a Streaming
+    /// DiLoCo fragment), beside that step's exchange.
     pub fn live_membership_copies(&self) -> bool {
-        let every_step = match &self.sync {
-            SyncConfig::EveryStep | SyncConfig::LocalSgd { .. } => false,
-            SyncConfig::PostLocalSgd { .. } | SyncConfig::StreamingDiloco { .. } => true,
-            SyncConfig::Diloco { switch_step, .. } => *switch_step > 0,
-        };
-        every_step || self.train.optimizer == OptimizerKind::ZerooneAdam
+        self.train.optimizer == OptimizerKind::ZerooneAdam
     }
 
     /// Whether the run has live membership: `cluster.membership = "live"`, or `"auto"` (the

@@ -194,16 +194,21 @@ pub(crate) trait GradientSync<T: Transport> {
         true
     }
 
-    /// Whether [`GradientSync::identical`] holds after every step (every step exchanges):
-    /// false for the periodic synchronisations. Live membership's survivors roll forward
-    /// from one that finished a step only where it holds. Default: true.
-    fn identical_every_step(&self) -> bool {
+    /// Whether `step`, the next step to run from this synchronisation's state, exchanges
+    /// as an every-step synchronisation does: the replicas are identical before it and
+    /// after it, and its update follows its last exchange. False for the local steps and
+    /// round ends of the periodic synchronisations (their every-step phase before
+    /// `switch_step` or 0/1 Adam's variance phase excepted). Live membership's survivors
+    /// of a failure in such a step roll forward from one that finished it, or run it
+    /// again, with no copy of the state kept before it. Default: true.
+    fn every_step_exchange(&self, _step: u64) -> bool {
         true
     }
 
-    /// Whether `step` is a step a rank can run alone: a local step whose only collective is
-    /// the trainer's control all-reduce (it ends no round). Live membership keeps no copy
-    /// before such a step: a survivor that lags it catches up alone. Default: false.
+    /// Whether `step`, the next step to run from this synchronisation's state, is one a
+    /// rank can run alone: a local step whose only collective is the trainer's control
+    /// all-reduce (it ends no round). Live membership keeps no copy before such a step: a
+    /// survivor that lags it catches up alone. Default: false.
     fn runs_alone(&self, _step: u64) -> bool {
         false
     }

@@ -273,8 +273,9 @@ impl<T: Transport> GradientSync<T> for Periodic {
         self.identical
     }
 
-    fn identical_every_step(&self) -> bool {
-        false
+    /// The every-step phase before `switch_step`.
+    fn every_step_exchange(&self, step: u64) -> bool {
+        !self.local(step)
     }
 
     fn runs_alone(&self, step: u64) -> bool {

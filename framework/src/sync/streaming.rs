@@ -700,8 +700,15 @@ impl<T: Transport> GradientSync<T> for Streaming {
         self.identical
     }
 
-    fn identical_every_step(&self) -> bool {
-        false
+    /// The every-step phase before `switch_step`.
+    fn every_step_exchange(&self, step: u64) -> bool {
+        step < self.start
+    }
+
+    /// A local step at which no fragment's round ends, unless exchanges run in flight
+    /// (their thread may be in a collective at any step).
+    fn runs_alone(&self, step: u64) -> bool {
+        step >= self.start && self.background.is_none() && self.due(step - self.start).is_none()
     }
 
     fn consensus(

@@ -378,8 +378,15 @@ impl<T: Transport> GradientSync<T> for ZeroOneAdam {
         self.c.identical
     }
 
-    fn identical_every_step(&self) -> bool {
-        false
+    /// The variance phase.
+    fn every_step_exchange(&self, step: u64) -> bool {
+        !self.frozen_at(step)
+    }
+
+    /// A frozen-phase step that ends no local-step interval (the interval is the one
+    /// this state holds: it doubles as the phase goes on).
+    fn runs_alone(&self, step: u64) -> bool {
+        self.frozen_at(step) && !(step + 1).is_multiple_of(self.c.local_step_interval)
     }
 
     fn consensus(

@@ -38,7 +38,7 @@ use crate::sync::SERVER_SECTION;
 
 /// One section as a member announces it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct Entry {
+pub(super) struct Entry {
     name: String,
     len: u64,
     sum: u64,
@@ -134,7 +134,7 @@ pub(super) fn hand_over<T: Transport>(
 }
 
 /// Every section of `ck` as its owner announces it.
-fn manifest_of(ck: &Checkpoint) -> Vec<Entry> {
+pub(super) fn manifest_of(ck: &Checkpoint) -> Vec<Entry> {
     ck.names()
         .map(|n| {
             let b = ck.bytes(n).expect("a listed section");
@@ -269,7 +269,7 @@ fn is_own(name: &str) -> bool {
 }
 
 /// Survivor state `ck` without what is the survivor's own ([`is_own`]; the exchanger's
-/// memories and residuals; the metadata's rank and worker count): what the survivors of
+/// memories and residuals; the metadata's rank, worker count and memories' ids): what the survivors of
 /// a regroup compare, and what one that lags takes from those that do not.
 pub(super) fn shared_view(ck: &Checkpoint) -> Result<Checkpoint, String> {
     let mut out = Checkpoint::new();
@@ -280,6 +280,7 @@ pub(super) fn shared_view(ck: &Checkpoint) -> Result<Checkpoint, String> {
         if name == "meta" {
             let mut meta: Meta = ck.json(name).map_err(|e| e.to_string())?;
             (meta.rank, meta.world) = (0, 0);
+            meta.memory_keys.clear();
             out.put_json(name, &meta);
         } else if is_exchanger(name) {
             let mut ex: ExchangerState = ck.json(name).map_err(|e| e.to_string())?;
@@ -305,6 +306,9 @@ pub(super) fn merge(own: &Checkpoint, mut shared: Checkpoint) -> Result<Checkpoi
             let mine: Meta = own.json(name).map_err(|e| e.to_string())?;
             let mut meta: Meta = shared.json(name).map_err(|e| e.to_string())?;
             (meta.rank, meta.world) = (mine.rank, mine.world);
+            // The memories it holds: one the others made in the step it lags (a bucket's
+            // first compressed exchange) it has not made yet.
+            meta.memory_keys = mine.memory_keys;
             shared.put_json(name, &meta);
         } else if is_exchanger(name) {
             let mine: ExchangerState = own.json(name).map_err(|e| e.to_string())?;
@@ -339,87 +343,38 @@ pub(super) fn drop_server_residuals(ck: &mut Checkpoint) -> Result<(), String> {
     Ok(())
 }
 
-/// What a survivor says of itself once the group has re-formed (see
-/// [`roll_forward`]).
-#[derive(Debug, Serialize, Deserialize)]
-struct Standing {
-    /// The steps whose update it applied.
-    done: u64,
-    /// Whether the evaluation and checkpoint due after those steps are done too.
-    post_done: bool,
-    /// Its [`shared_view`]'s sections.
-    manifest: Vec<Entry>,
-    /// The records of the last steps it finished that `metrics.jsonl` gets.
-    records: Vec<StepRecord>,
-}
-
-/// What the survivors of a regroup agreed on ([`roll_forward`]).
-pub(super) struct Forward {
-    /// The step the group goes on from: the most any survivor finished.
-    pub(super) step: u64,
-    /// The evaluation and checkpoint due after the steps before `step` are to be made (a
-    /// survivor had not finished them).
-    pub(super) redo_post: bool,
-    /// The step records the survivors hold, one a step, in step order.
-    pub(super) records: Vec<StepRecord>,
-    /// This survivor's state to go on from, when it lagged (its own otherwise).
-    pub(super) state: Option<Checkpoint>,
-    /// The survivors that lagged (group ranks).
-    pub(super) receivers: Vec<usize>,
-}
-
-/// The survivors of a regroup roll forward (live membership, see
-/// [`super::membership`]): each passes the steps it finished (`done`), whether their
-/// evaluation and checkpoint are done, its records of the last steps and its state
-/// `own`. The group goes on from the most steps any finished; those whose [`shared_view`]
-/// differs from the first such survivor's (they lag a step, or their exchange was cut
-/// with a compressor state half updated) take it, in slices from all that match it, and
-/// keep their own memories ([`merge`]).
-pub(super) fn roll_forward<T: Transport>(
+/// The survivors of a regroup roll forward to step `top` (live membership, see
+/// [`super::recovery`]): survivor `r` (group rank) finished `done[r]` steps and its
+/// [`shared_view`]'s manifest is `manifests[r]`; this one's shared view is `shared` and its
+/// state `own`. Those whose shared view differs from the first that finished `top` steps
+/// (they lag a step, or their exchange was cut with a compressor state half updated) take
+/// it, in slices from all that match it, and keep their own sections ([`merge`]). Returns
+/// this survivor's state to go on from when it took one, and the group ranks that did.
+pub(super) fn take_shared<T: Transport>(
     comm: &mut Communicator<T>,
-    done: u64,
-    post_done: bool,
-    records: Vec<StepRecord>,
+    top: u64,
+    done: &[u64],
+    manifests: &[Vec<Entry>],
+    shared: &Checkpoint,
     own: &Checkpoint,
-) -> Result<Forward, CommError> {
-    let shared = shared_view(own).map_err(protocol)?;
-    let mine = Standing {
-        done,
-        post_done,
-        manifest: manifest_of(&shared),
-        records,
-    };
-    let standings = gather_standings(comm, &mine)?;
-    let top = standings.iter().map(|s| s.done).max().unwrap_or(done);
-    let reference = standings
+) -> Result<(Option<Checkpoint>, Vec<usize>), CommError> {
+    let reference = done
         .iter()
-        .position(|s| s.done == top)
-        .expect("a survivor finished the most steps");
-    let matches = |s: &Standing| s.done == top && s.manifest == standings[reference].manifest;
-    let donors: Vec<usize> = (0..standings.len())
-        .filter(|&r| matches(&standings[r]))
-        .collect();
-    let receivers: Vec<usize> = (0..standings.len())
-        .filter(|&r| !matches(&standings[r]))
-        .collect();
-    let redo_post = standings.iter().any(|s| s.done < top || !s.post_done);
-    let state = if receivers.is_empty() {
-        None
-    } else {
-        let manifests = vec![standings[reference].manifest.clone(); donors.len()];
-        let given = donors.contains(&comm.rank()).then_some(&shared);
-        match transfer(comm, &donors, &receivers, &manifests, given)? {
-            Some((ck, _)) => Some(merge(own, ck).map_err(protocol)?),
-            None => None,
-        }
+        .position(|&d| d == top)
+        .ok_or_else(|| protocol(format!("no survivor finished {top} steps")))?;
+    let matches = |r: usize| done[r] == top && manifests[r] == manifests[reference];
+    let donors: Vec<usize> = (0..done.len()).filter(|&r| matches(r)).collect();
+    let receivers: Vec<usize> = (0..done.len()).filter(|&r| !matches(r)).collect();
+    if receivers.is_empty() {
+        return Ok((None, receivers));
+    }
+    let given = vec![manifests[reference].clone(); donors.len()];
+    let mine = donors.contains(&comm.rank()).then_some(shared);
+    let state = match transfer(comm, &donors, &receivers, &given, mine)? {
+        Some((ck, _)) => Some(merge(own, ck).map_err(protocol)?),
+        None => None,
     };
-    Ok(Forward {
-        step: top,
-        redo_post,
-        records: by_step(standings.into_iter().flat_map(|s| s.records)),
-        state,
-        receivers,
-    })
+    Ok((state, receivers))
 }
 
 /// Step records from several survivors: one a step (the first given), in step order.
@@ -550,8 +505,7 @@ mod tests {
     }
 
     /// Three survivors: rank 2 finished a step fewer; ranks 0 and 1 agree. Rank 2 takes
-    /// their shared state in two slices and keeps its memory; the group goes on from the
-    /// most steps done, and makes the evaluation due there again.
+    /// their shared state in two slices and keeps its memory.
     #[test]
     fn survivors_roll_forward_from_those_that_finished() {
         let handles: Vec<_> = channel_mesh(3)
@@ -568,26 +522,21 @@ mod tests {
                         &(0..1000).map(|i| i as f32 + p).collect::<Vec<_>>(),
                     );
                     ck.put_f32("mem/0", &[r as f32; 4]);
-                    let records = vec![StepRecord {
-                        step: done - 1,
-                        ..StepRecord::default()
-                    }];
+                    let shared = shared_view(&ck).unwrap();
+                    let all = gather_standings(&mut c, &(done, manifest_of(&shared))).unwrap();
+                    let (done, manifests): (Vec<u64>, Vec<Vec<Entry>>) = all.into_iter().unzip();
                     let before = c.total_bytes().sent;
-                    let f = roll_forward(&mut c, done, true, records, &ck).unwrap();
-                    (f, c.total_bytes().sent - before)
+                    let got = take_shared(&mut c, 5, &done, &manifests, &shared, &ck).unwrap();
+                    (got, c.total_bytes().sent - before)
                 })
             })
             .collect();
         let out: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-        for (f, _) in &out {
-            assert_eq!(f.step, 5);
-            assert!(f.redo_post, "the lagging survivor had not evaluated step 5");
-            assert_eq!(f.receivers, [2]);
-            let steps: Vec<u64> = f.records.iter().map(|r| r.step).collect();
-            assert_eq!(steps, [3, 4]);
+        for ((_, receivers), _) in &out {
+            assert_eq!(receivers, &[2]);
         }
-        assert!(out[0].0.state.is_none() && out[1].0.state.is_none());
-        let ck = out[2].0.state.as_ref().unwrap();
+        assert!(out[0].0 .0.is_none() && out[1].0 .0.is_none());
+        let ck = out[2].0 .0.as_ref().unwrap();
         assert_eq!(ck.f32("params").unwrap()[999], 1002.0);
         assert_eq!(ck.f32("mem/0").unwrap(), [2.0; 4]);
         // Each donor sent about half the state.

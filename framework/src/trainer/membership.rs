@@ -4,50 +4,27 @@
 //! ```text
 //! a collective of step s (or of the evaluation / checkpoint after it) fails naming ranks
 //!   ─► Communicator::regroup: the survivors agree on the group without them (new epoch)
-//!   ─► each survivor takes its state as it stands (nothing was copied before the step)
-//!   ─► all-gather: the steps each finished, and its replicated sections' checksums
-//!   ─► the group goes on from the most steps any survivor finished (s or s + 1); a
-//!      survivor whose replicated state differs from the first such survivor's takes it,
-//!      in slices from all that match it, and keeps its own memories
+//!   ─► all-gather: where each survivor stands (the step it was in and that step's kind,
+//!      the steps it finished, its replicated sections' checksums)
+//!   ─► every survivor decides alike (super::recovery): roll forward from the most steps
+//!      any finished (a survivor whose replicated state differs takes it, in slices from
+//!      all that match, and keeps its own memories), catch a local step up alone, or go
+//!      back to a copy kept before a step that ends a round
 //!   ─► the synchronisation is built again over the group; the evaluation and checkpoint
 //!      due at that step are made again where a survivor had not finished them
 //! ```
 //!
-//! **Rolling forward.** A survivor can be one step ahead of another: it finished step `s`
-//! (every message it needed had arrived before the peer died) while another fails in the
-//! last collective of `s`. No survivor is more than one step ahead (the control all-reduce
-//! of each step needs every member). The one behind did send all of its part of `s` (the
-//! one ahead could not have finished otherwise), so its error-feedback memory already holds
-//! what the step's update did not take: it takes the parameters, the optimizer's and the
-//! compressor's state of step `s + 1` from those that finished, and keeps its memories. When
-//! nobody finished `s`, nobody applied its update (the update comes after the step's last
-//! exchange collective), and the group runs `s` again; a compressor state that the cut
-//! exchange left half updated on some survivors (PowerSGD's Q of one bucket, say) is made
-//! the first survivor's on all. **What that costs:** a survivor whose exchange of `s` was
-//! cut had folded the step's gradient, less what it had sent, into its memory; running `s`
-//! again folds it in once more — one step of one worker's gradient counted twice, of the
-//! order of what the lost worker's memory takes with it. The compressed all-reduce's server
-//! residuals start afresh (each covers a range of the old group). Nothing is copied before
-//! a step: the per-step cost of live membership is the step deadline's bookkeeping.
-//!
-//! **The periodic synchronisations** (local SGD, post-local SGD, DiLoCo, Streaming
-//! DiLoCo, 0/1 Adam) cannot take a survivor's state from another: between rounds each
-//! replica trains on its own. A local step that ends no round has no collective but the
-//! control all-reduce, so a survivor that lags it (the others got past that all-reduce)
-//! runs it **alone** (`GradientSync::runs_alone`, `train_step(…, solo)`: without the
-//! control all-reduce) and the group goes on together; nothing is copied before such a
-//! step. Before any other step (one that ends a round, every step before `switch_step`,
-//! and every step of Streaming DiLoCo and 0/1 Adam, whose fragments and rounds overlap)
-//! each keeps its state (the checkpoint's contents, in memory, into the buffers of the
-//! copy it replaces: `Checkpoint::recycle`; the two newest, because a survivor can be a
-//! step ahead); when a failure cut a survivor part-way through such a step (past its
-//! control all-reduce: its exchange may have changed memories, its update may be
-//! applied), the survivors go back to the oldest of their newest kept states and run
-//! from there: the update is applied everywhere or nowhere. The copy is what a step
-//! record's `time.keep_s` shows; on the main job's state it took 7–8 ms, about 9 % of the
-//! step, when every run kept it before every step (README "Stopping, failures and
-//! resuming"). With DiLoCo or local SGD that is once a round, beside the round's
-//! exchange of the whole parameter vector.
+//! **Going on.** What the survivors go on from — rolling forward from one that finished
+//! the step, a laggard running a local step alone, or going back to a copy kept before a
+//! step that ends a round — is decided alike by every survivor, step by step, in
+//! [`super::recovery`]. In every step that exchanges as an every-step synchronisation does
+//! nothing is copied before the step: there the per-step cost of live membership is the
+//! step deadline's bookkeeping. The periodic synchronisations keep a copy only before a
+//! step that ends a round (or exchanges a Streaming DiLoCo fragment, or synchronises 0/1
+//! Adam's frozen phase): with DiLoCo or local SGD that is once a round, beside the round's
+//! exchange of the whole parameter vector. On the main job's state the copy took 7–8 ms,
+//! about 9 % of the step, when every run kept it before every step (README "Stopping,
+//! failures and resuming"); a step record's `time.keep_s` shows it.
 //!
 //! **What a step over fewer workers means.** The step's mean is over the survivors, so its
 //! effective batch is theirs (`P′ · batch_size`); the learning rate stays the one of the
@@ -75,9 +52,7 @@ use std::time::Instant;
 use dtrain_comms::{CommError, Membership, Transport};
 use dtrain_records::MembershipChange;
 
-use serde::{Deserialize, Serialize};
-
-use super::step::StepOutcome;
+use super::recovery::StepKind;
 use super::{build_sync, handover, BuiltSync, Observer, TrainError, Trainer};
 use crate::checkpoint::Checkpoint;
 
@@ -93,31 +68,16 @@ pub(super) enum Progress {
     Exchanged,
 }
 
-/// What a survivor of a synchronisation that keeps copies says of itself after a regroup
-/// (see [`Trainer::recover_with_copies`]).
-#[derive(Debug, Serialize, Deserialize)]
-struct Standing {
-    /// The steps it finished.
-    done: u64,
-    /// A collective of step `done` cut it after its control all-reduce: its state is
-    /// part-way through the step.
-    cut: bool,
-    /// Its newest kept state's step.
-    kept: Option<u64>,
-    /// Whether the evaluation and checkpoint due after `done` steps are done.
-    post_done: bool,
-    /// Its records of the last steps that `metrics.jsonl` gets.
-    records: Vec<dtrain_records::StepRecord>,
-}
-
 /// Live membership's state in a [`Trainer`].
 #[derive(Default)]
 pub(super) struct Live {
-    /// This rank's state before each of the last two steps it began, oldest first (only
-    /// where the group goes back to it, see [`Trainer::keeps_copies`]).
-    kept: VecDeque<(u64, Checkpoint)>,
+    /// This rank's state before each of the last two steps it began that keep one,
+    /// oldest first ([`StepKind::keeps_copy`]).
+    pub(super) kept: VecDeque<(u64, Checkpoint)>,
     /// How far this rank got in the step it runs (see [`Progress`]).
-    progress: Option<(u64, Progress)>,
+    pub(super) progress: Option<(u64, Progress)>,
+    /// The kind of the step it began last, as the synchronisation said then.
+    pub(super) kind: Option<StepKind>,
     /// The parameters' scratch of [`Trainer::state_in`], kept between steps.
     pub(super) params: Vec<f32>,
     /// The changes so far (`summary.json`).
@@ -135,7 +95,7 @@ pub(super) struct Live {
     /// The records of the last steps this rank finished that `metrics.jsonl` gets, oldest
     /// first: a rank that takes the logs over writes those the lost leader finished but
     /// had not written when it was killed (see [`Trainer::reopen_logs`]).
-    finished: VecDeque<dtrain_records::StepRecord>,
+    pub(super) finished: VecDeque<dtrain_records::StepRecord>,
 }
 
 impl<T: Transport> Trainer<T> {
@@ -186,36 +146,27 @@ impl<T: Transport> Trainer<T> {
         }
     }
 
-    /// Whether the group goes back to a copy of the state kept before each step when a
-    /// worker is lost: for the periodic synchronisations (local SGD, DiLoCo, Streaming
-    /// DiLoCo, 0/1 Adam), whose replicas differ between rounds, so that no survivor can
-    /// take another's. The others roll forward instead (see the [module docs](self)).
-    fn keeps_copies(&self) -> bool {
-        !self.sync.identical_every_step()
-    }
-
-    /// Before step `self.step`: notes when it began, and, where the group goes back to
-    /// copies ([`Trainer::keeps_copies`]), keeps this rank's state (the newest two).
-    /// Returns the seconds the copy took (the step record's `keep_s`; 0 without one).
+    /// Before step `self.step`: notes when it began and its kind, and, where a failure in
+    /// it could send the group back ([`StepKind::keeps_copy`]), keeps this rank's state
+    /// (the newest two). Returns the seconds the copy took (the step record's `keep_s`; 0
+    /// without one).
     pub(super) fn begin_step(&mut self) -> Result<f64, TrainError> {
         let now = Instant::now();
-        let copies = self.keeps_copies();
-        // A local step that ends no round: a survivor that lags it runs it alone, so no
-        // copy is needed (see the [module docs](self)).
-        let alone = self.sync.runs_alone(self.step);
+        let kind = self.step_kind();
         let Some(l) = &mut self.live else {
             return Ok(0.0);
         };
         l.began = Some(now);
         l.progress = None;
-        if !copies {
-            l.kept.clear();
-            return Ok(0.0);
-        }
-        if alone {
-            return Ok(0.0);
-        }
+        l.kind = Some(kind);
         let step = self.step;
+        if !kind.keeps_copy() {
+            if kind.rolls {
+                // Only a laggard of the step before may still need its copy.
+                l.kept.retain(|(s, _)| s + 1 >= step);
+            }
+            return Ok(0.0);
+        }
         l.kept.retain(|(s, _)| *s < step);
         // The oldest kept state's buffers take this one (no allocation, no zeroing).
         let mut spare = None;
@@ -293,11 +244,7 @@ impl<T: Transport> Trainer<T> {
             })?;
         let reached = self.step;
         let was_rank0 = self.rank == 0;
-        let (from, redo_post, notes) = if self.keeps_copies() {
-            self.recover_with_copies(&membership, post_pending)?
-        } else {
-            self.roll_forward(&membership, post_pending)?
-        };
+        let (from, redo_post, notes) = self.recover(&membership, post_pending)?;
         if self.rank == 0 {
             self.reopen_logs(from, was_rank0, redo_post)?;
         }
@@ -333,215 +280,11 @@ impl<T: Transport> Trainer<T> {
         Ok(redo_post)
     }
 
-    /// A synchronisation that keeps copies ([`Trainer::keeps_copies`]) after a regroup:
-    /// the survivors all-gather where they stand ([`Standing`]). When a collective cut any
-    /// of them part-way through a step (past its control all-reduce), they go back to the
-    /// oldest of their newest kept states ([`Trainer::go_back`]). Otherwise they roll
-    /// forward: each takes its own state into the new synchronisation, and one a step
-    /// behind — a local step that ends no round — runs it alone. Returns the step the group
-    /// goes on from, whether the evaluation and checkpoint due there are to be made, and
-    /// the set-up's notes.
-    fn recover_with_copies(
-        &mut self,
-        membership: &Membership,
-        post_pending: bool,
-    ) -> Result<(u64, bool, Vec<String>), TrainError> {
-        let reached = self.step;
-        let comm_err = |source| TrainError::Comm {
-            step: reached,
-            source,
-        };
-        let l = self.live.as_mut().expect("live");
-        let (done, cut) = match l.progress.take() {
-            Some((s, Progress::Exchanged)) if s == reached => (s + 1, false),
-            Some((s, _)) if s == reached => (s, true),
-            _ => (reached, false),
-        };
-        let mine = Standing {
-            done,
-            cut,
-            kept: l.kept.back().map(|(s, _)| *s),
-            post_done: !(post_pending || done > reached),
-            records: l.finished.iter().cloned().collect(),
-        };
-        let standings = handover::gather_standings(&mut self.comm, &mine).map_err(comm_err)?;
-        let top = standings.iter().map(|s| s.done).max().unwrap_or(done);
-        let behind_alone =
-            |s: &Standing| s.done == top || (s.done + 1 == top && self.sync.runs_alone(s.done));
-        if standings.iter().any(|s| s.cut) || !standings.iter().all(behind_alone) {
-            let from = standings
-                .iter()
-                .map(|s| s.kept)
-                .min()
-                .flatten()
-                .ok_or_else(|| TrainError::Sync {
-                    step: reached,
-                    reason: "live membership: a survivor was cut part-way through a step, \
-                             and one kept no state to go back to"
-                        .into(),
-                })?;
-            let mut notes = self.go_back(membership, from)?;
-            notes.push(format!(
-                "live membership: a survivor was cut part-way through a step that ends a round \
-                 or exchanges: the group goes back to the state kept before step {from}"
-            ));
-            return Ok((from, false, notes));
-        }
-        self.step = done;
-        let own = self.state()?;
-        let bad = |reason: String| TrainError::Sync {
-            step: done,
-            reason: format!("live membership: going on from step {done}: {reason}"),
-        };
-        let (_, notes) = self.rebuild_with(membership, own, done, &bad)?;
-        if done < top {
-            // The step the others finished: a local one, run alone.
-            let per_epoch = self.plan.steps_per_epoch;
-            let (epoch, j) = (done / per_epoch, (done % per_epoch) as usize);
-            match self.train_step(epoch, j, true)? {
-                StepOutcome::Done(_) => self.step += 1,
-                StepOutcome::RolledBack => {
-                    return Err(bad(
-                        "the step run alone to catch up rolled the run back".into()
-                    ))
-                }
-            }
-        }
-        let mut notes = notes;
-        let behind: Vec<usize> = (0..standings.len())
-            .filter(|&r| standings[r].done < top)
-            .collect();
-        if !behind.is_empty() {
-            notes.push(format!(
-                "live membership: group rank(s) {behind:?} ran step {} alone to catch up \
-                 (a local step)",
-                top - 1
-            ));
-        }
-        let redo_post = standings.iter().any(|s| s.done < top || !s.post_done);
-        let records = standings.into_iter().flat_map(|s| s.records).collect();
-        self.settle_records(top, redo_post, records);
-        Ok((top, redo_post, notes))
-    }
-
-    /// The survivors go back to step `from`, the oldest of their newest kept states:
-    /// returns the set-up's notes.
-    fn go_back(&mut self, membership: &Membership, from: u64) -> Result<Vec<String>, TrainError> {
-        let reached = self.step;
-        let l = self.live.as_mut().expect("live");
-        l.kept.retain(|(s, _)| *s <= from);
-        l.finished.retain(|r| r.step < from);
-        // An evaluation after `from` is of a state the group reaches again.
-        self.evals.retain(|e| e.step <= from);
-        // Taken, not copied: the run loop keeps the state of `from` again before it runs it.
-        let Some((_, ck)) = l.kept.pop_back().filter(|(s, _)| *s == from) else {
-            return Err(TrainError::Sync {
-                step: reached,
-                reason: format!(
-                    "live membership: the group goes on from step {from}, and this rank \
-                     kept no state of it (it kept {:?})",
-                    l.kept.iter().map(|(s, _)| *s).collect::<Vec<_>>()
-                ),
-            });
-        };
-        // The synchronisation over the new group, then the state of step `from` into it.
-        let bad = |reason: String| TrainError::Sync {
-            step: from,
-            reason: format!("live membership: restoring the state of step {from}: {reason}"),
-        };
-        let (_, notes) = self.rebuild_with(membership, ck, from, &bad)?;
-        Ok(notes)
-    }
-
-    /// The survivors roll forward (see the [module docs](self)): the group goes on from
-    /// the most steps any survivor finished, and those that lag take the replicated state
-    /// from those that finished ([`handover::roll_forward`]). Returns the step, whether
-    /// the evaluation and checkpoint due before it are to be made, and the set-up's notes.
-    fn roll_forward(
-        &mut self,
-        membership: &Membership,
-        post_pending: bool,
-    ) -> Result<(u64, bool, Vec<String>), TrainError> {
-        let reached = self.step;
-        let l = self.live.as_mut().expect("live");
-        // A step applied here but cut after its update is finished: its evaluation and
-        // checkpoint are yet to be made.
-        let finished_cut = matches!(
-            l.progress.take(),
-            Some((s, Progress::Applied | Progress::Exchanged)) if s == self.step
-        );
-        if finished_cut {
-            self.step += 1;
-        }
-        let records: Vec<_> = l.finished.iter().cloned().collect();
-        let own = self.state()?;
-        let forward = handover::roll_forward(
-            &mut self.comm,
-            self.step,
-            !(post_pending || finished_cut),
-            records,
-            &own,
-        )
-        .map_err(|source| TrainError::Comm {
-            step: reached,
-            source,
-        })?;
-        let from = forward.step;
-        let bad = |reason: String| TrainError::Sync {
-            step: from,
-            reason: format!("live membership: going on from step {from}: {reason}"),
-        };
-        let lagged = forward.state.is_some();
-        let ck = forward.state.unwrap_or(own);
-        let (meta, notes) = self.rebuild_with(membership, ck, from, &bad)?;
-        if meta.step != from {
-            return Err(bad(format!("the state taken is of step {}", meta.step)));
-        }
-        if lagged {
-            self.skipped = meta.skipped;
-            self.recoveries = meta.recoveries;
-            self.best_loss = meta.best_loss_bits.map(f64::from_bits);
-        }
-        self.settle_records(from, forward.redo_post, forward.records);
-        let mut notes = notes;
-        if !forward.receivers.is_empty() {
-            notes.push(format!(
-                "live membership: group rank(s) {:?} took the state of step {from} from the \
-                 others (they had not finished it, or their compressor state was cut mid-step)",
-                forward.receivers
-            ));
-        }
-        Ok((from, forward.redo_post, notes))
-    }
-
-    /// After survivors rolled forward to step `from`: this rank's records of the last
-    /// steps become the newest of `records` (every survivor's, one a step in step order,
-    /// [`handover::by_step`]: the leader writes
-    /// those its log lacks), and an evaluation at `from` that is made again (`redo_post`)
-    /// goes from the ones it holds.
-    fn settle_records(
-        &mut self,
-        from: u64,
-        redo_post: bool,
-        records: Vec<dtrain_records::StepRecord>,
-    ) {
-        let l = self.live.as_mut().expect("live");
-        l.finished = records.into_iter().filter(|r| r.step < from).collect();
-        while l.finished.len() > 2 {
-            l.finished.pop_front();
-        }
-        if redo_post {
-            self.evals.retain(|e| e.step < from);
-        } else {
-            self.evals.retain(|e| e.step <= from);
-        }
-    }
-
     /// Builds the synchronisation over `membership`'s group and restores state `ck` into
     /// it, as of step `from` (the server residuals dropped: their ranges belong to the old
     /// group): what every way of going on after a change of the group ends with. Returns
     /// the state's metadata and the set-up's notes.
-    fn rebuild_with(
+    pub(super) fn rebuild_with(
         &mut self,
         membership: &Membership,
         mut ck: Checkpoint,

@@ -38,6 +38,7 @@ mod failure;
 mod handover;
 mod membership;
 mod metrics;
+mod recovery;
 mod replicas;
 mod run;
 mod step;
