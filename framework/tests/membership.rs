@@ -480,6 +480,10 @@ impl Ways {
         let said = |what: &str| o.messages.iter().any(|m| m.contains(what));
         let way = if said("took the state of step") {
             "took"
+        } else if said("up to its round exchange") {
+            "rerun-joined"
+        } else if said("ran the round exchange of step") {
+            "rerun"
         } else if said("alone to catch up") {
             "alone"
         } else if said("goes back") {
@@ -553,31 +557,57 @@ fn post_local_sgd_rolls_forward_before_switch_step_and_copies_only_at_round_ends
 }
 
 #[test]
-fn zeroone_adam_keeps_copies_only_before_its_synchronisations() {
-    // 0/1 Adam over 4 workers: variance phase (steps 0..4, every step a dense or 1-bit exchange) then the
-    // frozen phase, synchronising after steps 4, 5, 7 and 11 as the local interval doubles
-    // (1, 2, 4): the survivors roll forward in the variance phase, a laggard runs a local
-    // step alone, and a cut synchronisation goes back. Step 7's interval is 2 when it
-    // begins and 4 after it: a survivor a step ahead would call it a local step, and only
-    // the laggard's own word keeps the group from running a synchronisation alone.
+fn zeroone_adam_keeps_no_copy_of_the_state() {
+    // 0/1 Adam over 4 workers: variance phase (steps 0..4, every step a dense or 1-bit
+    // exchange) then the frozen phase, synchronising after steps 4, 5, 7 and 11 as the
+    // local interval doubles (1, 2, 4). The victim dies at each of its messages in turn:
+    // the survivors roll forward in the variance phase, a laggard runs a local step alone,
+    // and a cut synchronisation runs its exchange again over the survivors from where each
+    // replica's update left it. Step 7's interval is 2 when it begins and 4 after it: a
+    // survivor a step ahead would call it a local step, and only the laggard's own word
+    // keeps the group from running a synchronisation alone. No step keeps a copy.
+    // With PowerSGD (several buckets) for its compressed exchanges, a cut synchronisation
+    // leaves Q updated on some survivors and not on others: they agree on one before it
+    // runs again (`handover::agree_exchangers`, whose own test checks what each ends with).
+    for compress in [
+        &["compress.kind=\"onebit\""][..],
+        &[
+            "compress.kind=\"powersgd\"",
+            "compress.rank=2",
+            "compress.collective=\"allgather\"",
+            "compress.bucket_mb=0.002",
+        ],
+    ] {
+        let ways = zeroone_cuts(compress);
+        assert!(!ways.any("back", |_| true), "{ways:?}");
+        assert!(ways.any("own", |s| s < 4), "{ways:?}");
+        assert!(
+            ways.any("alone", |s| s >= 4),
+            "{ways:?}: nobody caught up alone"
+        );
+        assert!(
+            ways.any("rerun", |s| s >= 4),
+            "{ways:?}: no synchronisation ran again"
+        );
+    }
+}
+
+/// The series of cuts of [`zeroone_adam_keeps_no_copy_of_the_state`] with `compress`.
+fn zeroone_cuts(compress: &[&str]) -> Ways {
     let mut ways = Ways::default();
     for n in 6.. {
-        let out = run_cut(
-            4,
-            &[
-                "train.momentum=0",
-                "train.lr=0.002",
-                "train.optimizer=\"zeroone-adam\"",
-                "train.var_freeze_step=4",
-                "train.var_update_scaler=2",
-                "train.local_step_scaler=2",
-                "train.local_step_clipper=4",
-                "train.max_steps=12",
-            ],
-            1,
-            Death::AtSend(n),
-            None,
-        );
+        let mut sets = vec![
+            "train.momentum=0",
+            "train.lr=0.002",
+            "train.optimizer=\"zeroone-adam\"",
+            "train.var_freeze_step=4",
+            "train.var_update_scaler=2",
+            "train.local_step_scaler=2",
+            "train.local_step_clipper=4",
+            "train.max_steps=12",
+        ];
+        sets.extend_from_slice(compress);
+        let out = run_cut(4, &sets, 1, Death::AtSend(n), None);
         // The victim's n-th message came after the others' last collective (or never).
         if out.iter().flatten().any(|s| s.summary.membership.is_none()) {
             break;
@@ -587,20 +617,11 @@ fn zeroone_adam_keeps_copies_only_before_its_synchronisations() {
         for o in out.iter().flatten() {
             ways.add(o);
             assert!(
-                o.copied.iter().all(|s| [4, 5, 7, 11].contains(s)),
+                o.copied.is_empty(),
                 "n={n}: steps {:?} kept a copy",
                 o.copied
             );
         }
     }
-    assert!(!ways.any("back", |s| s < 4), "{ways:?}");
-    assert!(ways.any("own", |s| s < 4), "{ways:?}");
-    assert!(
-        ways.any("alone", |s| s >= 4),
-        "{ways:?}: nobody caught up alone"
-    );
-    assert!(
-        ways.any("back", |s| s >= 4),
-        "{ways:?}: no cut inside a synchronisation"
-    );
+    ways
 }

@@ -395,7 +395,7 @@ pub struct ClusterConfig {
     /// What a lost worker does to the run: `"live"` drops it and the others go on without
     /// a restart (see [`Membership::Live`]); `"fixed"` stops the run, naming the worker
     /// (`--max-restarts` then restarts every worker from the newest checkpoint); `"auto"`
-    /// (default) is live wherever a run can have it at no cost a step, fixed elsewhere (see
+    /// (default) is live wherever a run can have it, fixed elsewhere (see
     /// [`Membership::Auto`]).
     #[serde(default, skip_serializing_if = "is_default")]
     pub membership: Membership,
@@ -432,12 +432,9 @@ fn is_deadline_factor(v: &f64) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Membership {
-    /// [`Membership::Live`] wherever the run can have it at no cost a step,
-    /// [`Membership::Fixed`] elsewhere: where it cannot run (the parameter server, MPI, an
-    /// exchange kept in flight across steps; see
-    /// [`crate::config::RunConfig::live_membership_refused`]) and where it would copy the
-    /// state before nearly every step of a phase (0/1 Adam; see
-    /// [`crate::config::RunConfig::live_membership_copies`]), which asks for it by name.
+    /// [`Membership::Live`] wherever the run can have it, [`Membership::Fixed`] where it
+    /// cannot run (the parameter server, MPI, an exchange kept in flight across steps; see
+    /// [`crate::config::RunConfig::live_membership_refused`]).
     #[default]
     Auto,
     /// The group is the one the run started with: a lost worker stops the run.
@@ -450,10 +447,12 @@ pub enum Membership {
     /// its effective batch is theirs). Nothing is copied before such a step. Under the
     /// periodic `[sync]` kinds and 0/1 Adam, whose replicas differ between rounds, their
     /// every-step phases (before `switch_step`, 0/1 Adam's variance phase) go the same way;
-    /// a survivor a local step behind runs it alone; and before a step that ends a round (a
-    /// Streaming DiLoCo fragment's exchange, a synchronisation of 0/1 Adam's frozen phase)
+    /// a survivor a local step behind runs it alone; a synchronisation of 0/1 Adam's frozen
+    /// phase cut part-way runs its exchange again over the survivors; and before a step
+    /// that ends a round of local SGD or DiLoCo, or exchanges a Streaming DiLoCo fragment,
     /// each keeps an in-memory copy of its state, to which the group goes back when a
-    /// failure cut such a step part-way (`trainer/recovery.rs`). Each keeps reading its own data shard; the lost worker's shard is not
+    /// failure cut such a step part-way (`trainer/recovery.rs`). Each keeps reading its own
+    /// data shard; the lost worker's shard is not
     /// read while its place is empty. The change is recorded in `summary.json`
     /// (`membership`).
     Live,

@@ -37,27 +37,14 @@ impl RunConfig {
         }
     }
 
-    /// Whether live membership would keep a copy of the whole state before nearly every
-    /// step of a long phase: 0/1 Adam, whose frozen phase synchronises at every step until
-    /// its local-step interval grows (DeepSpeed's default `local_step_scaler` keeps it at 1
-    /// for 32,678 steps), and a copy is kept before each synchronisation (see
-    /// `trainer/recovery.rs`). Every other kind keeps none in its every-step steps and
-    /// phases, and one only before a step that ends a round (or exchanges a Streaming
-    /// DiLoCo fragment), beside that step's exchange.
-    pub fn live_membership_copies(&self) -> bool {
-        self.train.optimizer == OptimizerKind::ZerooneAdam
-    }
-
     /// Whether the run has live membership: `cluster.membership = "live"`, or `"auto"` (the
-    /// default) where it costs nothing a step — [`RunConfig::live_membership_refused`] finds
-    /// nothing against it and it keeps no copy ([`RunConfig::live_membership_copies`]).
+    /// default) wherever it can run ([`RunConfig::live_membership_refused`] finds nothing
+    /// against it).
     pub fn live_membership(&self) -> bool {
         match self.cluster.membership {
             Membership::Live => true,
             Membership::Fixed => false,
-            Membership::Auto => {
-                self.live_membership_refused().is_none() && !self.live_membership_copies()
-            }
+            Membership::Auto => self.live_membership_refused().is_none(),
         }
     }
 

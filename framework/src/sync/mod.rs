@@ -205,6 +205,16 @@ pub(crate) trait GradientSync<T: Transport> {
         true
     }
 
+    /// Whether `step`, the next step to run from this synchronisation's state, ends a
+    /// round whose exchange (in [`GradientSync::after_update`]), cut by a lost worker, can
+    /// run again over the survivors, each from where the step's update left it: the
+    /// exchange leaves nothing but each rank's own error-feedback memories changed until it
+    /// completes, and after it the replicas share their whole state but those memories.
+    /// Live membership keeps no copy before such a step. Default: false.
+    fn reruns_round(&self, _step: u64) -> bool {
+        false
+    }
+
     /// Whether `step`, the next step to run from this synchronisation's state, is one a
     /// rank can run alone: a local step whose only collective is the trainer's control
     /// all-reduce (it ends no round). Live membership keeps no copy before such a step: a

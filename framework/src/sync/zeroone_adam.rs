@@ -383,6 +383,16 @@ impl<T: Transport> GradientSync<T> for ZeroOneAdam {
         !self.frozen_at(step)
     }
 
+    /// A synchronisation of the frozen phase: until its exchange completes, the anchor, the
+    /// moments' shared parts and the counters are as the local update left them (the
+    /// exchange changes only this rank's residuals and what it is exchanging), and after
+    /// it the replicas are identical (a round whose average was not finite leaves each its
+    /// own momentum). A compressor with state shared between ranks (PowerSGD's Q) that a
+    /// cut leaves half updated is made one survivor's on all before the exchange runs again.
+    fn reruns_round(&self, step: u64) -> bool {
+        self.frozen_at(step) && (step + 1).is_multiple_of(self.c.local_step_interval)
+    }
+
     /// A frozen-phase step that ends no local-step interval (the interval is the one
     /// this state holds: it doubles as the phase goes on).
     fn runs_alone(&self, step: u64) -> bool {

@@ -283,16 +283,64 @@ pub(super) fn shared_view(ck: &Checkpoint) -> Result<Checkpoint, String> {
             meta.memory_keys.clear();
             out.put_json(name, &meta);
         } else if is_exchanger(name) {
-            let mut ex: ExchangerState = ck.json(name).map_err(|e| e.to_string())?;
-            ex.memory.clear();
-            ex.lossy_residual.clear();
-            ex.server_memory.clear();
-            out.put_json(name, &ex);
+            out.put_json(name, &shared_exchanger(ck, name)?);
         } else {
             out.put_bytes(name, ck.bytes(name).map_err(|e| e.to_string())?.to_vec());
         }
     }
     Ok(out)
+}
+
+/// Exchanger section `name` of `ck` without its memories and residuals (each rank's own).
+fn shared_exchanger(ck: &Checkpoint, name: &str) -> Result<ExchangerState, String> {
+    let mut ex: ExchangerState = ck.json(name).map_err(|e| e.to_string())?;
+    ex.memory.clear();
+    ex.lossy_residual.clear();
+    ex.server_memory.clear();
+    Ok(ex)
+}
+
+/// The survivors of a round exchange that a lost worker cut, and that runs again (see
+/// [`super::recovery`]), make what their exchangers share between ranks — a compressor's
+/// state, such as PowerSGD's Q, which the cut may have left updated on some and not on
+/// others — the first survivor's on all: those whose differs take it, in slices from all
+/// that match it, and keep their memories and residuals. Returns `own` with it.
+pub(super) fn agree_exchangers<T: Transport>(
+    comm: &mut Communicator<T>,
+    mut own: Checkpoint,
+) -> Result<Checkpoint, CommError> {
+    let mut view = Checkpoint::new();
+    let names: Vec<String> = own
+        .names()
+        .filter(|n| is_exchanger(n))
+        .map(str::to_string)
+        .collect();
+    for name in &names {
+        view.put_json(name, &shared_exchanger(&own, name).map_err(protocol)?);
+    }
+    let manifests: Vec<Vec<Entry>> = gather_standings(comm, &manifest_of(&view))?;
+    let donors: Vec<usize> = (0..manifests.len())
+        .filter(|&r| manifests[r] == manifests[0])
+        .collect();
+    let receivers: Vec<usize> = (0..manifests.len())
+        .filter(|&r| manifests[r] != manifests[0])
+        .collect();
+    if receivers.is_empty() {
+        return Ok(own);
+    }
+    let given = vec![manifests[0].clone(); donors.len()];
+    let mine = donors.contains(&comm.rank()).then_some(&view);
+    if let Some((taken, _)) = transfer(comm, &donors, &receivers, &given, mine)? {
+        for name in &names {
+            let mine: ExchangerState = own.json(name).map_err(|e| protocol(e.to_string()))?;
+            let mut ex: ExchangerState = taken.json(name).map_err(|e| protocol(e.to_string()))?;
+            ex.memory = mine.memory;
+            ex.lossy_residual = mine.lossy_residual;
+            ex.server_memory = mine.server_memory;
+            own.put_json(name, &ex);
+        }
+    }
+    Ok(own)
 }
 
 /// `shared` (another survivor's [`shared_view`]) with what is survivor state `own`'s own
@@ -542,6 +590,50 @@ mod tests {
         // Each donor sent about half the state.
         for (_, sent) in &out[..2] {
             assert!(*sent < 3000, "a donor sent {sent} bytes");
+        }
+    }
+
+    /// Three survivors whose exchangers' compressor state differs (a cut exchange updated
+    /// it on some): all end with the first one's, each with its own memory.
+    #[test]
+    fn survivors_agree_on_their_exchangers_shared_state() {
+        let handles: Vec<_> = channel_mesh(3)
+            .into_iter()
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let mut c = Communicator::new(t, CommConfig::default());
+                    let r = c.rank();
+                    let mut ex = ExchangerState {
+                        version: ExchangerState::VERSION,
+                        method: "powersgd".into(),
+                        memory_kind: "residual".into(),
+                        plan: Vec::new(),
+                        theta_scale: 1.0,
+                        memory: [(0, vec![r as f32; 3])].into(),
+                        compressors: [(0, [("q/0/0".to_string(), (r.min(1)) as f64)].into())]
+                            .into(),
+                        lossy_residual: Default::default(),
+                        server_memory: Default::default(),
+                        routes: Vec::new(),
+                    };
+                    let mut ck = Checkpoint::new();
+                    ck.put_json("exchanger", &ex);
+                    ck.put_f32("params", &[r as f32; 4]);
+                    let out = agree_exchangers(&mut c, ck).unwrap();
+                    ex = out.json("exchanger").unwrap();
+                    (ex, out.f32("params").unwrap())
+                })
+            })
+            .collect();
+        for (r, h) in handles.into_iter().enumerate() {
+            let (ex, params) = h.join().unwrap();
+            assert_eq!(ex.compressors[&0]["q/0/0"], 0.0, "rank {r} has rank 0's Q");
+            assert_eq!(
+                ex.memory[&0],
+                vec![r as f32; 3],
+                "rank {r} keeps its memory"
+            );
+            assert_eq!(params, vec![r as f32; 4], "only the exchanger is agreed on");
         }
     }
 

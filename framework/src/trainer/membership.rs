@@ -20,9 +20,9 @@
 //! [`super::recovery`]. In every step that exchanges as an every-step synchronisation does
 //! nothing is copied before the step: there the per-step cost of live membership is the
 //! step deadline's bookkeeping. The periodic synchronisations keep a copy only before a
-//! step that ends a round (or exchanges a Streaming DiLoCo fragment, or synchronises 0/1
-//! Adam's frozen phase): with DiLoCo or local SGD that is once a round, beside the round's
-//! exchange of the whole parameter vector. On the main job's state the copy took 7–8 ms,
+//! step that ends a round of local SGD or DiLoCo, or exchanges a Streaming DiLoCo
+//! fragment: once a round, beside the round's exchange (0/1 Adam's synchronisations run
+//! their cut exchange again instead). On the main job's state the copy took 7–8 ms,
 //! about 9 % of the step, when every run kept it before every step (README "Stopping,
 //! failures and resuming"); a step record's `time.keep_s` shows it.
 //!
@@ -78,6 +78,10 @@ pub(super) struct Live {
     pub(super) progress: Option<(u64, Progress)>,
     /// The kind of the step it began last, as the synchronisation said then.
     pub(super) kind: Option<StepKind>,
+    /// The record of a step whose round exchange can run again
+    /// ([`StepKind::reruns`]), as it stood when the step's update was applied: a survivor
+    /// of a cut in that exchange finishes the step from it.
+    pub(super) applied: Option<(u64, Box<dtrain_records::StepRecord>)>,
     /// The parameters' scratch of [`Trainer::state_in`], kept between steps.
     pub(super) params: Vec<f32>,
     /// The changes so far (`summary.json`).
@@ -158,6 +162,7 @@ impl<T: Transport> Trainer<T> {
         };
         l.began = Some(now);
         l.progress = None;
+        l.applied = None;
         l.kind = Some(kind);
         let step = self.step;
         if !kind.keeps_copy() {
@@ -178,6 +183,18 @@ impl<T: Transport> Trainer<T> {
         let l = self.live.as_mut().expect("live");
         l.kept.push_back((step, ck));
         Ok(now.elapsed().as_secs_f64())
+    }
+
+    /// Under live membership: this rank applied the update of step `step`, whose record so
+    /// far is `r` (kept where the step's round exchange can run again).
+    pub(super) fn applied(&mut self, step: u64, r: &dtrain_records::StepRecord) {
+        self.progressed(step, Progress::Applied);
+        if let Some(l) = &mut self.live {
+            l.applied = l
+                .kind
+                .filter(|k| k.step == step && k.reruns)
+                .map(|_| (step, Box::new(r.clone())));
+        }
     }
 
     /// Under live membership: this rank got as far as `p` in step `step`.

@@ -6,14 +6,19 @@
 //!   an every-step exchange (GradientSync::every_step_exchange): the replicas are identical
 //!     before and after it, its update follows its last exchange      ─► no copy kept
 //!   a local step a rank can run alone (GradientSync::runs_alone)     ─► no copy kept
-//!   any other (a round's end, a fragment's exchange, 0/1 Adam's sync) ─► its state kept
+//!   a round's end whose exchange can run again (reruns_round: 0/1 Adam's synchronisations)
+//!                                                                    ─► no copy kept
+//!   any other (a round's end of local SGD / DiLoCo, a fragment's exchange) ─► state kept
 //! after a regroup: all-gather each survivor's standing — the step it was in and that
 //!   step's kind, the steps it finished, whether a collective cut it part-way, its newest
 //!   kept state, its shared state's manifest ([`Standing`]); every survivor decides alike:
 //!   nobody lags and nobody was cut                ─► each goes on from its own state
 //!   the step that decides (the one the laggards or the cut were in) is an every-step
-//!   exchange                                      ─► roll forward: those that lag (or whose
+//!   exchange, or a round that can run again and one finished it
+//!                                                 ─► roll forward: those that lag (or whose
 //!       compressor state a cut exchange left half updated) take the shared state
+//!   it is a round that can run again, nobody finished it
+//!                                                 ─► its exchange runs again over the group
 //!   every laggard can run its step alone, none cut ─► the laggards run it alone
 //!   otherwise                                     ─► back to the oldest newest kept state
 //! ```
@@ -40,8 +45,16 @@
 //! phase) roll forward as above. A local step that ends no round has no collective but the
 //! control all-reduce, so a survivor that lags it (the others got past that all-reduce)
 //! runs it **alone** (`train_step(…, solo)`: without the control all-reduce) and the group
-//! goes on together. Before any other step (a round's end, a Streaming DiLoCo fragment's
-//! exchange, a 0/1 Adam synchronisation of the frozen phase) each keeps its state (the
+//! goes on together. A synchronisation of 0/1 Adam's frozen phase changes nothing but the
+//! exchanging ranks' own residuals until its exchange completes, and leaves the replicas
+//! identical: cut with nobody through it, each survivor goes on from where its update left
+//! it and the exchange runs again over the group (`Decision::Rerun`; a survivor that had
+//! not got past the step's control all-reduce runs the step alone up to the exchange and
+//! joins it; a compressor state shared between ranks that the cut left half updated, such
+//! as PowerSGD's Q, is made the first survivor's on all); cut with one through it, the
+//! others take its state. Before any other step (a round's end of local SGD or DiLoCo,
+//! whose inner optimizers stay each replica's own, or a Streaming DiLoCo fragment's
+//! exchange, whose merges change the fragments before it) each keeps its state (the
 //! checkpoint's contents, in memory, into the buffers of the copy it replaces:
 //! `Checkpoint::recycle`; the two newest, because a survivor can be a step ahead); when a
 //! failure cut a survivor part-way through such a step (its exchange may have changed
@@ -74,12 +87,15 @@ pub(super) struct StepKind {
     pub(super) rolls: bool,
     /// A local step a rank can run alone ([`crate::sync::GradientSync::runs_alone`]).
     pub(super) alone: bool,
+    /// A round's end whose exchange can run again
+    /// ([`crate::sync::GradientSync::reruns_round`]).
+    pub(super) reruns: bool,
 }
 
 impl StepKind {
     /// Whether a copy of the state is kept before this step.
     pub(super) fn keeps_copy(&self) -> bool {
-        !self.rolls && !self.alone
+        !self.rolls && !self.alone && !self.reruns
     }
 }
 
@@ -116,6 +132,13 @@ pub(super) enum Decision {
     Forward {
         /// The most steps any survivor finished.
         top: u64,
+    },
+    /// Finish step `step` together: its round exchange runs again over the survivors, each
+    /// from where its update left it (one that had not got past the step's control
+    /// all-reduce runs the step alone up to that exchange).
+    Rerun {
+        /// The step whose round exchange was cut.
+        step: u64,
     },
     /// Go back to the state every survivor kept before step `from`.
     Back {
@@ -157,8 +180,13 @@ pub(super) fn decide(all: &[Standing]) -> Result<Decision, String> {
         .map(|s| s.kind)
         .find(|k| k.step == at)
         .ok_or_else(|| format!("no survivor says what kind of step step {at} was"))?;
-    if kind.rolls {
+    if kind.rolls || (kind.reruns && lags) {
+        // After a round that can run again the replicas share their state: one that lags
+        // it takes the state of those that finished it.
         return Ok(Decision::Forward { top });
+    }
+    if kind.reruns {
+        return Ok(Decision::Rerun { step: top });
     }
     let catches_up = |s: &Standing| s.done == top || (s.kind.step == s.done && s.kind.alone);
     if !cut && all.iter().all(catches_up) {
@@ -180,6 +208,7 @@ impl<T: Transport> Trainer<T> {
             step: self.step,
             rolls: self.sync.every_step_exchange(self.step),
             alone: self.sync.runs_alone(self.step),
+            reruns: self.sync.reruns_round(self.step),
         }
     }
 
@@ -202,7 +231,13 @@ impl<T: Transport> Trainer<T> {
         let now = self.step_kind();
         let l = self.live.as_mut().expect("live");
         let kind = l.kind.filter(|k| k.step == reached).unwrap_or(now);
-        let (done, cut) = standing_of(reached, kind, l.progress.take());
+        let progress = l.progress.take();
+        let (done, cut) = standing_of(reached, kind, progress);
+        // The record of a step whose round exchange can run again, as its update left it.
+        let applied = l
+            .applied
+            .take()
+            .filter(|(s, _)| matches!(progress, Some((p, Progress::Applied)) if p == *s));
         let records: Vec<_> = l.finished.iter().cloned().collect();
         let kept = l.kept.back().map(|(s, _)| *s);
         self.step = done;
@@ -238,6 +273,7 @@ impl<T: Transport> Trainer<T> {
                 Ok((from, false, notes))
             }
             Decision::Own { top } => self.go_on_own(membership, &all, top, own),
+            Decision::Rerun { step } => self.rerun_round(membership, &all, step, own, applied),
             Decision::Forward { top } => self.roll_forward(membership, all, top, shared, own),
         }
     }
@@ -282,6 +318,61 @@ impl<T: Transport> Trainer<T> {
         let records = all.iter().flat_map(|s| s.records.iter().cloned());
         self.settle_records(top, redo_post, handover::by_step(records));
         Ok((top, redo_post, notes))
+    }
+
+    /// The survivors finish step `step` together (see [`Decision::Rerun`]): each goes on
+    /// from its own state, its exchanger's state shared between ranks made one survivor's
+    /// on all ([`handover::agree_exchangers`]); one whose update was applied (its record
+    /// then was `applied`) runs the step's round exchange again, one that had not got past
+    /// the control all-reduce runs the step alone up to it and joins the exchange.
+    fn rerun_round(
+        &mut self,
+        membership: &Membership,
+        all: &[Standing],
+        step: u64,
+        own: crate::checkpoint::Checkpoint,
+        applied: Option<(u64, Box<StepRecord>)>,
+    ) -> Result<(u64, bool, Vec<String>), TrainError> {
+        let bad = |reason: String| TrainError::Sync {
+            step,
+            reason: format!("live membership: finishing step {step} again: {reason}"),
+        };
+        let mine = &all[self.comm.rank()];
+        if mine.cut && applied.is_none() {
+            return Err(bad(
+                "this survivor was cut between the step's control all-reduce and its update".into(),
+            ));
+        }
+        let own = handover::agree_exchangers(&mut self.comm, own)
+            .map_err(|source| TrainError::Comm { step, source })?;
+        let (_, mut notes) = self.rebuild_with(membership, own, step, &bad)?;
+        let outcome = match applied {
+            Some((_, record)) => self.end_step(step, record, std::time::Instant::now())?,
+            None => {
+                notes.push(format!(
+                    "live membership: this survivor had not got past the control all-reduce \
+                     of step {step}: it ran the step alone up to its round exchange"
+                ));
+                let per_epoch = self.plan.steps_per_epoch;
+                let (epoch, j) = (step / per_epoch, (step % per_epoch) as usize);
+                self.train_step(epoch, j, true)?
+            }
+        };
+        let StepOutcome::Done(record) = outcome else {
+            return Err(bad("the step rolled the run back".into()));
+        };
+        self.step = step + 1;
+        let records = all.iter().flat_map(|s| s.records.iter().cloned());
+        self.settle_records(step + 1, true, handover::by_step(records));
+        // Its record goes to the logs (the leader writes those its log lacks).
+        if step.is_multiple_of(self.plan.config.output.log_every.max(1)) {
+            self.keep_record(&record);
+        }
+        notes.push(format!(
+            "live membership: the survivors ran the round exchange of step {step} again \
+             (a synchronisation that a lost worker cut; nothing was copied before it)"
+        ));
+        Ok((step + 1, true, notes))
     }
 
     /// The survivors roll forward to step `top` (see the [module docs](self)): those that
@@ -389,7 +480,12 @@ mod tests {
     use super::*;
 
     fn kind(step: u64, rolls: bool, alone: bool) -> StepKind {
-        StepKind { step, rolls, alone }
+        StepKind {
+            step,
+            rolls,
+            alone,
+            reruns: false,
+        }
     }
 
     /// A survivor in step `reached` of kind `k`, with its progress.
@@ -486,5 +582,27 @@ mod tests {
         let ahead = survivor(16, kind(16, false, true), None, Some(15));
         let behind = survivor(15, sync_step, None, Some(15));
         assert_eq!(decide(&[ahead, behind]), Ok(Decision::Back { from: 15 }));
+    }
+
+    /// A synchronisation whose exchange can run again: cut with nobody through it, the
+    /// survivors finish it together from where they stand; cut with one through it, the
+    /// others take the state it holds. No copy is kept before it.
+    #[test]
+    fn a_cut_round_that_can_run_again_is_finished_together() {
+        let sync = StepKind {
+            step: 6,
+            rolls: false,
+            alone: false,
+            reruns: true,
+        };
+        assert!(!sync.keeps_copy());
+        let cut = survivor(6, sync, Some(Progress::Applied), None);
+        let not_past = survivor(6, sync, None, None);
+        assert_eq!(
+            decide(&[cut.clone(), not_past]),
+            Ok(Decision::Rerun { step: 6 })
+        );
+        let through = survivor(6, sync, Some(Progress::Exchanged), None);
+        assert_eq!(decide(&[through, cut]), Ok(Decision::Forward { top: 7 }));
     }
 }

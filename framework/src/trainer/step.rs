@@ -310,7 +310,20 @@ impl<T: Transport> Trainer<T> {
         }
         record.time.optimizer_s = t5.elapsed().as_secs_f64();
         // Under live membership: this rank's update of the step is applied.
-        self.progressed(step, super::membership::Progress::Applied);
+        self.applied(step, &record);
+        self.end_step(step, record, t0)
+    }
+
+    /// Step `step` from its update on (applied; its record so far `record`, begun at
+    /// `t0`): a periodic synchronisation's round exchange, the comparison of the replicas.
+    /// Live membership's survivors of a cut round exchange that can run again
+    /// (`GradientSync::reruns_round`) go on from here (see `recovery.rs`).
+    pub(super) fn end_step(
+        &mut self,
+        step: u64,
+        mut record: Box<StepRecord>,
+        t0: Instant,
+    ) -> Result<StepOutcome, TrainError> {
         // A periodic synchronisation ends its round here (the parameter change's exchange
         // adds to the record's communication figures).
         let non_finite = self
