@@ -177,6 +177,21 @@ fn check(
     steps: u64,
     from: impl Into<Option<u64>>,
 ) {
+    check_group(out, victim, steps, from);
+    let alive: Vec<&Survivor> = out.iter().flatten().collect();
+    for s in &alive {
+        assert_eq!(s.params, alive[0].params, "replicas identical");
+    }
+}
+
+/// [`check`] where the replicas may differ at the end (between a periodic synchronisation's
+/// rounds).
+fn check_group(
+    out: &[Result<Survivor, String>],
+    victim: usize,
+    steps: u64,
+    from: impl Into<Option<u64>>,
+) {
     let from = from.into();
     assert!(out[victim].is_err(), "the victim is gone");
     let alive: Vec<&Survivor> = out.iter().flatten().collect();
@@ -184,7 +199,6 @@ fn check(
     let members: Vec<usize> = (0..out.len()).filter(|&r| r != victim).collect();
     for s in &alive {
         assert_eq!(s.steps, steps);
-        assert_eq!(s.params, alive[0].params, "replicas identical");
         assert!(s.params.iter().all(|x| x.is_finite()));
         let changes = s
             .summary
@@ -553,6 +567,54 @@ fn post_local_sgd_rolls_forward_before_switch_step_and_copies_only_at_round_ends
     assert!(
         ways.any("back", |s| s >= 6),
         "{ways:?}: no cut inside a round's exchange"
+    );
+}
+
+#[test]
+fn streaming_diloco_copies_only_before_its_fragments_exchanges() {
+    // Streaming DiLoCo over 4 workers, two fragments of a 4-step period, exchanges blocking
+    // their step: fragment 0 is exchanged after steps 1, 5, 9, 13 and fragment 1 after steps
+    // 3, 7, 11, 15. The victim dies at each of its messages in turn: a laggard runs a step
+    // without an exchange alone; a cut exchange goes back to the copy kept before its step.
+    // Only the exchanges' steps keep a copy.
+    let mut ways = Ways::default();
+    for n in 6.. {
+        let out = run_cut(
+            4,
+            &[
+                "train.max_steps=16",
+                "train.epochs=2",
+                "sync.kind=\"streaming-diloco\"",
+                "sync.period=4",
+                "sync.fragments=2",
+                "sync.in_flight=false",
+            ],
+            1,
+            Death::AtSend(n),
+            None,
+        );
+        // The victim's n-th message came after the others' last collective (or never).
+        if out.iter().flatten().any(|s| s.summary.membership.is_none()) {
+            break;
+        }
+        // The fragments merge at staggered steps: the replicas differ at the end.
+        check_group(&out, 1, 16, None);
+        for o in out.iter().flatten() {
+            ways.add(o);
+            assert!(
+                o.copied.iter().all(|s| s % 2 == 1),
+                "n={n}: steps {:?} kept a copy",
+                o.copied
+            );
+        }
+    }
+    assert!(
+        ways.any("alone", |s| s % 2 == 0),
+        "{ways:?}: nobody caught up alone"
+    );
+    assert!(
+        ways.any("back", |s| s % 2 == 1),
+        "{ways:?}: no cut inside an exchange"
     );
 }
 
