@@ -450,9 +450,10 @@ fn under_live_membership_a_killed_worker_is_dropped_and_the_others_finish() {
 #[test]
 fn under_live_membership_a_lost_worker_is_replaced_by_a_newcomer() {
     let (tmp, cfg) = setup(3);
-    // Over QUIC a SIGKILLed worker sends no close: the survivors drop it at the step
-    // deadline (its floor, 10 s).
-    for transport in ["tcp", "quic"] {
+    // The default settings (membership and transport "auto": live, and tcp rather than
+    // shared memory, where newcomers cannot join), and QUIC, where a SIGKILLed worker sends
+    // no close: the survivors drop it at the step deadline (its floor, 10 s).
+    for transport in ["auto", "quic"] {
         let dir = tmp.path().join(format!("replaced-{transport}"));
         let transport_set = format!("cluster.transport=\"{transport}\"");
         let mut run = Launcher::start(
@@ -466,7 +467,7 @@ fn under_live_membership_a_lost_worker_is_replaced_by_a_newcomer() {
                 "--set",
                 "train.epochs=100",
                 "--set",
-                "cluster.membership=\"live\"",
+                "cluster.membership=\"auto\"",
                 "--set",
                 &transport_set,
                 "--set",
@@ -503,6 +504,12 @@ fn under_live_membership_a_lost_worker_is_replaced_by_a_newcomer() {
         assert!(st.success(), "{log}");
         assert!(log.contains("worker 2 was lost"), "{log}");
         assert!(log.contains("worker 2: a newcomer took its place"), "{log}");
+        if transport == "auto" {
+            assert!(
+                log.contains("tcp (--max-restarts under live membership"),
+                "{log}"
+            );
+        }
         let s = summary(&dir);
         assert_eq!(s["steps"], 6000, "{s}");
         let m = s["membership"].as_array().expect("membership recorded");

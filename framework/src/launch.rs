@@ -364,16 +364,25 @@ pub fn choose_checkpoint(
 /// node whose `/dev/shm` lacks room falls back to TCP inside the driver, where its ranks
 /// agree on it. Otherwise (one worker per node, ranks started by a scheduler — which may
 /// give ranks on one machine separate `/dev/shm`s —, one worker, or too little room on one
-/// node) the run uses `tcp`.
+/// node) the run uses `tcp`. `newcomers`: the launcher replaces lost workers by
+/// newcomers (live membership with `--max-restarts`); newcomers cannot join over shared
+/// memory, so one node's ranks then use `tcp` too.
 pub fn resolve_transport(
     kind: TransportKind,
     world: usize,
     nodes: Option<usize>,
+    newcomers: bool,
 ) -> (TransportKind, Option<String>) {
     if kind != TransportKind::Auto {
         return (kind, None);
     }
     let (k, why) = match nodes {
+        Some(0 | 1) if world > 1 && newcomers => (
+            TransportKind::Tcp,
+            "--max-restarts under live membership replaces lost workers by newcomers, which \
+             join over tcp, not over shared memory"
+                .into(),
+        ),
         None => (
             TransportKind::Tcp,
             "ranks started by a scheduler may be on several hosts".into(),
@@ -506,10 +515,16 @@ pub fn launch(
     if nnodes > 1 && opts.rendezvous.is_none() {
         return Err("--nnodes > 1 needs --rendezvous HOST:PORT (node 0's address)".into());
     }
+    let newcomers = plan.config.live_membership() && opts.max_restarts > 0;
     let replaces = plan.config.live_membership()
-        && resolve_transport(plan.config.cluster.transport, world, Some(nnodes))
-            .0
-            .takes_newcomers();
+        && resolve_transport(
+            plan.config.cluster.transport,
+            world,
+            Some(nnodes),
+            newcomers,
+        )
+        .0
+        .takes_newcomers();
     if nnodes > 1 && opts.max_restarts > 0 && !replaces {
         return Err(
             "--max-restarts restarts the workers of one node; with --nnodes > 1 the \
@@ -535,10 +550,22 @@ pub fn launch(
     // Resolved before the run directory is written: its config.toml names the transport
     // the workers use.
     let mut plan = plan;
-    let (kind, why) = resolve_transport(plan.config.cluster.transport, world, Some(nnodes));
+    let (kind, why) = resolve_transport(
+        plan.config.cluster.transport,
+        world,
+        Some(nnodes),
+        newcomers,
+    );
     plan.config.cluster.transport = kind;
     if let Some(why) = why {
         log(&why);
+    }
+    if newcomers && !kind.takes_newcomers() && kind != TransportKind::Mpi {
+        log(&format!(
+            "--max-restarts: newcomers cannot join over transport {kind}; a lost worker is \
+             dropped and the others go on without it (cluster.transport \"tcp\", \"quic\" \
+             or \"hybrid\" replace it)"
+        ));
     }
     if kind == TransportKind::Mpi {
         if nnodes > 1 {
@@ -729,7 +756,7 @@ pub fn run_as_rank(
         .into());
     }
     let mut plan = plan;
-    let (kind, why) = resolve_transport(plan.config.cluster.transport, world, None);
+    let (kind, why) = resolve_transport(plan.config.cluster.transport, world, None, false);
     plan.config.cluster.transport = kind;
     if let (Some(why), 0) = (why, rank) {
         log(&why);
@@ -815,14 +842,20 @@ mod tests {
         assert!(why.contains("/dev/shm is not usable"), "{why}");
         // A scheduler's ranks, one worker, one worker per node: tcp without looking.
         for (world, nodes) in [(4, None), (1, Some(1)), (3, Some(3))] {
-            let (k, why) = resolve_transport(TransportKind::Auto, world, nodes);
+            let (k, why) = resolve_transport(TransportKind::Auto, world, nodes, false);
             assert_eq!(k, TransportKind::Tcp, "{why:?}");
         }
         // Several nodes of several workers: hybrid, decided from the numbers alone (every
         // node launcher must choose alike).
-        let (k, why) = resolve_transport(TransportKind::Auto, 8, Some(2));
+        let (k, why) = resolve_transport(TransportKind::Auto, 8, Some(2), false);
         assert_eq!(k, TransportKind::Hybrid);
         assert!(why.unwrap().contains("2 nodes of 4 workers"));
+        // Hybrid takes newcomers; one node's shared memory does not: tcp there.
+        let (k, _) = resolve_transport(TransportKind::Auto, 8, Some(2), true);
+        assert_eq!(k, TransportKind::Hybrid);
+        let (k, why) = resolve_transport(TransportKind::Auto, 4, Some(1), true);
+        assert_eq!(k, TransportKind::Tcp);
+        assert!(why.unwrap().contains("--max-restarts"));
         // Other kinds pass through untouched, with nothing to log.
         for k in [
             TransportKind::Tcp,
@@ -831,10 +864,10 @@ mod tests {
             TransportKind::Hybrid,
             TransportKind::Mpi,
         ] {
-            assert_eq!(resolve_transport(k, 4, Some(1)), (k, None));
+            assert_eq!(resolve_transport(k, 4, Some(1), true), (k, None));
         }
         // The real lookup names what it chose.
-        let (k, why) = resolve_transport(TransportKind::Auto, 2, None);
+        let (k, why) = resolve_transport(TransportKind::Auto, 2, None, false);
         assert_eq!(k, TransportKind::Tcp);
         assert_eq!(
             why.as_deref(),
