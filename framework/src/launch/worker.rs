@@ -348,12 +348,17 @@ fn train_once(
             signal,
             message: e.to_string(),
         }),
-        Err(
-            e @ TrainError::Comm {
-                source: dtrain_comms::CommError::Excluded { .. },
-                ..
-            },
-        ) if rejoins => Ok(Once::Excluded(e.to_string())),
+        // Dropped while alive (stopped past the deadline): in the step's control all-reduce
+        // or in its gradient exchange, whichever collective it was in.
+        Err(e)
+            if rejoins
+                && matches!(
+                    e.comm_error(),
+                    Some(dtrain_comms::CommError::Excluded { .. })
+                ) =>
+        {
+            Ok(Once::Excluded(e.to_string()))
+        }
         Err(e) => Err(LaunchError::Failed(e.to_string())),
     };
     // The trainer (and its transport) goes before MPI is finalised.

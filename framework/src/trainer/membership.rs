@@ -225,12 +225,10 @@ impl<T: Transport> Trainer<T> {
         obs: &mut dyn Observer,
         post_pending: bool,
     ) -> Result<bool, TrainError> {
-        let (step, source) = match &e {
-            TrainError::Comm { step, source } => (step, source),
-            TrainError::Exchange {
-                step,
-                source: crate::exchange::ExchangeError::Comm { source, .. },
-            } => (step, source),
+        let (step, source) = match (&e, e.comm_error()) {
+            (TrainError::Comm { step, .. } | TrainError::Exchange { step, .. }, Some(source)) => {
+                (step, source)
+            }
             _ => return Err(e),
         };
         let blamed = source.failed_ranks();

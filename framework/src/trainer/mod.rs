@@ -158,6 +158,21 @@ pub enum TrainError {
     },
 }
 
+impl TrainError {
+    /// The communicator's error behind this one: a collective of the step (`Comm`) or of
+    /// its gradient exchange (`Exchange`) failed.
+    pub fn comm_error(&self) -> Option<&CommError> {
+        match self {
+            TrainError::Comm { source, .. }
+            | TrainError::Exchange {
+                source: crate::exchange::ExchangeError::Comm { source, .. },
+                ..
+            } => Some(source),
+            _ => None,
+        }
+    }
+}
+
 /// What the trainer reports as it goes (progress bars, logs). Every method has a default.
 pub trait Observer {
     /// The run starts (or resumes) at `step` of `total` steps, `per_epoch` steps an epoch.
@@ -888,4 +903,37 @@ pub(crate) fn build_exchanger(plan: &Plan, infos: &[ParamInfo]) -> Result<Exchan
 
 fn config_error(e: dtrain_compress::ConfigError) -> TrainError {
     TrainError::Config(format!("compress.{}: {}", e.field, e.reason))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker dropped while alive learns it in whichever collective it was in: the
+    /// step's control all-reduce or a bucket of its gradient exchange (the launcher lets it
+    /// come back as a newcomer either way).
+    #[test]
+    fn the_comm_error_behind_a_step_or_an_exchange_is_found() {
+        let excluded = || CommError::Excluded {
+            detail: "membership epoch 1: the group went on without you".into(),
+        };
+        let in_exchange = TrainError::Exchange {
+            step: 64,
+            source: crate::exchange::ExchangeError::Comm {
+                bucket: 0,
+                source: excluded(),
+            },
+        };
+        let in_control = TrainError::Comm {
+            step: 64,
+            source: excluded(),
+        };
+        for e in [in_exchange, in_control] {
+            assert!(
+                matches!(e.comm_error(), Some(CommError::Excluded { .. })),
+                "{e}"
+            );
+        }
+        assert!(TrainError::Config("x".into()).comm_error().is_none());
+    }
 }
