@@ -516,43 +516,26 @@ impl Ways {
 
 #[test]
 fn post_local_sgd_rolls_forward_before_switch_step_and_copies_only_at_round_ends() {
-    // Of 4 workers: every-step averaging of top-k gradients until step 6, then local SGD with rounds
-    // ending after steps 8, 11, 14 and 17. The victim dies at each of its messages in
-    // turn: a failure before the switch rolls forward (no copy), one in a local step lets
-    // a laggard run it alone, one inside a round's exchange goes back to the copy kept
-    // before that step. No step before the switch keeps a copy.
-    let mut ways = Ways::default();
-    for n in 6.. {
-        let out = run_cut(
-            4,
-            &[
-                "train.max_steps=18",
-                "train.epochs=2",
-                "compress.kind=\"topk\"",
-                "compress.ratio=0.1",
-                "sync.kind=\"post-local-sgd\"",
-                "sync.switch_step=6",
-                "sync.period=3",
-                "cluster.check_replicas_every=3",
-            ],
-            1,
-            Death::AtSend(n),
-            None,
-        );
-        // The victim's n-th message came after the others' last collective (or never).
-        if out.iter().flatten().any(|s| s.summary.membership.is_none()) {
-            break;
-        }
-        check(&out, 1, 18, None);
-        for o in out.iter().flatten() {
-            ways.add(o);
-            assert!(
-                o.copied.iter().all(|s| [8, 11, 14, 17].contains(s)),
-                "n={n}: steps {:?} kept a copy",
-                o.copied
-            );
-        }
-    }
+    // Of 4 workers: every-step averaging of top-k gradients until step 6, then local SGD
+    // with rounds ending after steps 8, 11, 14 and 17. The victim dies at each of its
+    // messages in turn: a failure before the switch rolls forward (no copy), one in a local
+    // step lets a laggard run it alone, one inside a round's exchange goes back to the copy
+    // kept before that step. No step before the switch keeps a copy.
+    let ways = cut_at_every_message(
+        &[
+            "train.max_steps=18",
+            "train.epochs=2",
+            "compress.kind=\"topk\"",
+            "compress.ratio=0.1",
+            "sync.kind=\"post-local-sgd\"",
+            "sync.switch_step=6",
+            "sync.period=3",
+            "cluster.check_replicas_every=3",
+        ],
+        18,
+        true,
+        |s| [8, 11, 14, 17].contains(&s),
+    );
     // Before the switch nobody went back (nothing was copied to go back to).
     assert!(!ways.any("back", |s| s < 6), "{ways:?}");
     assert!(
@@ -566,7 +549,7 @@ fn post_local_sgd_rolls_forward_before_switch_step_and_copies_only_at_round_ends
     );
     assert!(
         ways.any("back", |s| s >= 6),
-        "{ways:?}: no cut inside a round's exchange"
+        "{ways:?}: no cut inside an exchange"
     );
 }
 
@@ -576,38 +559,21 @@ fn streaming_diloco_copies_only_before_its_fragments_exchanges() {
     // their step: fragment 0 is exchanged after steps 1, 5, 9, 13 and fragment 1 after steps
     // 3, 7, 11, 15. The victim dies at each of its messages in turn: a laggard runs a step
     // without an exchange alone; a cut exchange goes back to the copy kept before its step.
-    // Only the exchanges' steps keep a copy.
-    let mut ways = Ways::default();
-    for n in 6.. {
-        let out = run_cut(
-            4,
-            &[
-                "train.max_steps=16",
-                "train.epochs=2",
-                "sync.kind=\"streaming-diloco\"",
-                "sync.period=4",
-                "sync.fragments=2",
-                "sync.in_flight=false",
-            ],
-            1,
-            Death::AtSend(n),
-            None,
-        );
-        // The victim's n-th message came after the others' last collective (or never).
-        if out.iter().flatten().any(|s| s.summary.membership.is_none()) {
-            break;
-        }
-        // The fragments merge at staggered steps: the replicas differ at the end.
-        check_group(&out, 1, 16, None);
-        for o in out.iter().flatten() {
-            ways.add(o);
-            assert!(
-                o.copied.iter().all(|s| s % 2 == 1),
-                "n={n}: steps {:?} kept a copy",
-                o.copied
-            );
-        }
-    }
+    // Only the exchanges' steps keep a copy; the fragments merge at staggered steps, so the
+    // replicas differ at the end.
+    let ways = cut_at_every_message(
+        &[
+            "train.max_steps=16",
+            "train.epochs=2",
+            "sync.kind=\"streaming-diloco\"",
+            "sync.period=4",
+            "sync.fragments=2",
+            "sync.in_flight=false",
+        ],
+        16,
+        false,
+        |s| s % 2 == 1,
+    );
     assert!(
         ways.any("alone", |s| s % 2 == 0),
         "{ways:?}: nobody caught up alone"
@@ -640,7 +606,19 @@ fn zeroone_adam_keeps_no_copy_of_the_state() {
             "compress.bucket_mb=0.002",
         ],
     ] {
-        let ways = zeroone_cuts(compress);
+        let mut sets = vec![
+            "train.momentum=0",
+            "train.lr=0.002",
+            "train.optimizer=\"zeroone-adam\"",
+            "train.var_freeze_step=4",
+            "train.var_update_scaler=2",
+            "train.local_step_scaler=2",
+            "train.local_step_clipper=4",
+            "train.max_steps=12",
+        ];
+        sets.extend_from_slice(compress);
+        // Step 11 synchronises: the replicas are identical at the end.
+        let ways = cut_at_every_message(&sets, 12, true, |_| false);
         assert!(!ways.any("back", |_| true), "{ways:?}");
         assert!(ways.any("own", |s| s < 4), "{ways:?}");
         assert!(
@@ -654,33 +632,33 @@ fn zeroone_adam_keeps_no_copy_of_the_state() {
     }
 }
 
-/// The series of cuts of [`zeroone_adam_keeps_no_copy_of_the_state`] with `compress`.
-fn zeroone_cuts(compress: &[&str]) -> Ways {
+/// Runs BASE + `sets` over 4 workers, worker 1 dying at each of its messages in turn
+/// until its n-th message comes after the others' last collective; checks every run
+/// (every step of `steps` done, the change recorded, identical replicas at the end where
+/// `identical`), and that only steps `may_copy` allows kept a copy of the state. Returns
+/// what the survivors did.
+fn cut_at_every_message(
+    sets: &[&str],
+    steps: u64,
+    identical: bool,
+    may_copy: impl Fn(u64) -> bool,
+) -> Ways {
     let mut ways = Ways::default();
     for n in 6.. {
-        let mut sets = vec![
-            "train.momentum=0",
-            "train.lr=0.002",
-            "train.optimizer=\"zeroone-adam\"",
-            "train.var_freeze_step=4",
-            "train.var_update_scaler=2",
-            "train.local_step_scaler=2",
-            "train.local_step_clipper=4",
-            "train.max_steps=12",
-        ];
-        sets.extend_from_slice(compress);
-        let out = run_cut(4, &sets, 1, Death::AtSend(n), None);
-        // The victim's n-th message came after the others' last collective (or never).
+        let out = run_cut(4, sets, 1, Death::AtSend(n), None);
         if out.iter().flatten().any(|s| s.summary.membership.is_none()) {
             break;
         }
-        // Step 11 synchronises: the replicas are identical at the end.
-        check(&out, 1, 12, None);
+        if identical {
+            check(&out, 1, steps, None);
+        } else {
+            check_group(&out, 1, steps, None);
+        }
         for o in out.iter().flatten() {
             ways.add(o);
             assert!(
-                o.copied.is_empty(),
-                "n={n}: steps {:?} kept a copy",
+                o.copied.iter().all(|&s| may_copy(s)),
+                "{sets:?} n={n}: steps {:?} kept a copy",
                 o.copied
             );
         }

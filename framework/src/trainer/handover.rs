@@ -462,33 +462,39 @@ pub(super) fn first_difference(a: &Checkpoint, b: &Checkpoint) -> Option<String>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dtrain_comms::{channel_mesh, CommConfig};
+    use dtrain_comms::{channel_mesh, ChannelTransport, CommConfig};
+
+    /// `f` on every rank of an in-process mesh of `n`, each on a thread of its own: their
+    /// results in rank order.
+    fn on_mesh<R: Send + 'static>(
+        n: usize,
+        f: impl Fn(Communicator<ChannelTransport>) -> R + Send + Copy + 'static,
+    ) -> Vec<R> {
+        let handles: Vec<_> = channel_mesh(n)
+            .into_iter()
+            .map(|t| std::thread::spawn(move || f(Communicator::new(t, CommConfig::default()))))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    }
 
     /// Three members hand their state to a newcomer: the replicated sections arrive split
     /// three ways, the one that differs between them (BatchNorm statistics, say) is the
     /// leader's, and each member sends about a third of the replicated bytes.
     #[test]
     fn a_newcomer_gets_the_members_state_in_slices() {
-        let handles: Vec<_> = channel_mesh(4)
-            .into_iter()
-            .map(|t| {
-                std::thread::spawn(move || {
-                    let mut c = Communicator::new(t, CommConfig::default());
-                    let r = c.rank();
-                    let state = (r < 3).then(|| {
-                        let mut ck = Checkpoint::new();
-                        ck.put_f32("params", &(0..3000).map(|i| i as f32).collect::<Vec<_>>());
-                        ck.put_bytes("small", vec![7; 5]);
-                        ck.put_f32("buffers", &[r as f32; 10]);
-                        ck
-                    });
-                    let before = c.total_bytes().sent;
-                    let got = hand_over(&mut c, 3, state.as_ref()).unwrap();
-                    (got, c.total_bytes().sent - before)
-                })
-            })
-            .collect();
-        let out: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let out = on_mesh(4, |mut c| {
+            let r = c.rank();
+            let state = (r < 3).then(|| {
+                let mut ck = Checkpoint::new();
+                ck.put_f32("params", &(0..3000).map(|i| i as f32).collect::<Vec<_>>());
+                ck.put_bytes("small", vec![7; 5]);
+                ck.put_f32("buffers", &[r as f32; 10]);
+                ck
+            });
+            let before = c.total_bytes().sent;
+            let got = hand_over(&mut c, 3, state.as_ref()).unwrap();
+            (got, c.total_bytes().sent - before)
+        });
         for (got, _) in &out[..3] {
             assert!(got.is_none());
         }
@@ -556,30 +562,23 @@ mod tests {
     /// their shared state in two slices and keeps its memory.
     #[test]
     fn survivors_roll_forward_from_those_that_finished() {
-        let handles: Vec<_> = channel_mesh(3)
-            .into_iter()
-            .map(|t| {
-                std::thread::spawn(move || {
-                    let mut c = Communicator::new(t, CommConfig::default());
-                    let r = c.rank();
-                    let done = if r == 2 { 4 } else { 5 };
-                    let mut ck = Checkpoint::new();
-                    let p = if r == 2 { 0.0 } else { 3.0 };
-                    ck.put_f32(
-                        "params",
-                        &(0..1000).map(|i| i as f32 + p).collect::<Vec<_>>(),
-                    );
-                    ck.put_f32("mem/0", &[r as f32; 4]);
-                    let shared = shared_view(&ck).unwrap();
-                    let all = gather_standings(&mut c, &(done, manifest_of(&shared))).unwrap();
-                    let (done, manifests): (Vec<u64>, Vec<Vec<Entry>>) = all.into_iter().unzip();
-                    let before = c.total_bytes().sent;
-                    let got = take_shared(&mut c, 5, &done, &manifests, &shared, &ck).unwrap();
-                    (got, c.total_bytes().sent - before)
-                })
-            })
-            .collect();
-        let out: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let out = on_mesh(3, |mut c| {
+            let r = c.rank();
+            let done = if r == 2 { 4 } else { 5 };
+            let mut ck = Checkpoint::new();
+            let p = if r == 2 { 0.0 } else { 3.0 };
+            ck.put_f32(
+                "params",
+                &(0..1000).map(|i| i as f32 + p).collect::<Vec<_>>(),
+            );
+            ck.put_f32("mem/0", &[r as f32; 4]);
+            let shared = shared_view(&ck).unwrap();
+            let all = gather_standings(&mut c, &(done, manifest_of(&shared))).unwrap();
+            let (done, manifests): (Vec<u64>, Vec<Vec<Entry>>) = all.into_iter().unzip();
+            let before = c.total_bytes().sent;
+            let got = take_shared(&mut c, 5, &done, &manifests, &shared, &ck).unwrap();
+            (got, c.total_bytes().sent - before)
+        });
         for ((_, receivers), _) in &out {
             assert_eq!(receivers, &[2]);
         }
@@ -597,36 +596,28 @@ mod tests {
     /// it on some): all end with the first one's, each with its own memory.
     #[test]
     fn survivors_agree_on_their_exchangers_shared_state() {
-        let handles: Vec<_> = channel_mesh(3)
-            .into_iter()
-            .map(|t| {
-                std::thread::spawn(move || {
-                    let mut c = Communicator::new(t, CommConfig::default());
-                    let r = c.rank();
-                    let mut ex = ExchangerState {
-                        version: ExchangerState::VERSION,
-                        method: "powersgd".into(),
-                        memory_kind: "residual".into(),
-                        plan: Vec::new(),
-                        theta_scale: 1.0,
-                        memory: [(0, vec![r as f32; 3])].into(),
-                        compressors: [(0, [("q/0/0".to_string(), (r.min(1)) as f64)].into())]
-                            .into(),
-                        lossy_residual: Default::default(),
-                        server_memory: Default::default(),
-                        routes: Vec::new(),
-                    };
-                    let mut ck = Checkpoint::new();
-                    ck.put_json("exchanger", &ex);
-                    ck.put_f32("params", &[r as f32; 4]);
-                    let out = agree_exchangers(&mut c, ck).unwrap();
-                    ex = out.json("exchanger").unwrap();
-                    (ex, out.f32("params").unwrap())
-                })
-            })
-            .collect();
-        for (r, h) in handles.into_iter().enumerate() {
-            let (ex, params) = h.join().unwrap();
+        let out = on_mesh(3, |mut c| {
+            let r = c.rank();
+            let mut ex = ExchangerState {
+                version: ExchangerState::VERSION,
+                method: "powersgd".into(),
+                memory_kind: "residual".into(),
+                plan: Vec::new(),
+                theta_scale: 1.0,
+                memory: [(0, vec![r as f32; 3])].into(),
+                compressors: [(0, [("q/0/0".to_string(), (r.min(1)) as f64)].into())].into(),
+                lossy_residual: Default::default(),
+                server_memory: Default::default(),
+                routes: Vec::new(),
+            };
+            let mut ck = Checkpoint::new();
+            ck.put_json("exchanger", &ex);
+            ck.put_f32("params", &[r as f32; 4]);
+            let out = agree_exchangers(&mut c, ck).unwrap();
+            ex = out.json("exchanger").unwrap();
+            (ex, out.f32("params").unwrap())
+        });
+        for (r, (ex, params)) in out.into_iter().enumerate() {
             assert_eq!(ex.compressors[&0]["q/0/0"], 0.0, "rank {r} has rank 0's Q");
             assert_eq!(
                 ex.memory[&0],

@@ -590,10 +590,8 @@ mod tests {
     #[test]
     fn a_cut_round_that_can_run_again_is_finished_together() {
         let sync = StepKind {
-            step: 6,
-            rolls: false,
-            alone: false,
             reruns: true,
+            ..kind(6, false, false)
         };
         assert!(!sync.keeps_copy());
         let cut = survivor(6, sync, Some(Progress::Applied), None);
