@@ -40,7 +40,8 @@ use dtrain_compress::fft::{Fft, FftConfig, TransformAt};
 use dtrain_compress::rangefloat::{emax_of_abs_bits, RfDecoder, RfEncoder, Rounding};
 use dtrain_compress::wire::{bytes_for_bits, Writer};
 use dtrain_compress::{
-    Compressor, CompressError, ConfigError, Ctx, Method, MethodId, Payload, Rng, WireError,
+    read_frame, Compressor, CompressError, ConfigError, Ctx, Method, MethodId, Payload, Rng,
+    WireError,
 };
 
 use crate::codec::{begin_payload, host_decode_add, u32_bytes, upload_tables, DeviceCodec};
@@ -558,13 +559,19 @@ impl FftCodec {
         inv: f32,
         out: &GpuBuffer,
     ) -> Result<(), (usize, DeviceError)> {
-        let mut reads = Vec::with_capacity(payloads.len());
+        let mut reads: Vec<ReadPayload> = Vec::with_capacity(payloads.len());
         for (i, p) in payloads.iter().enumerate() {
-            let read = self.host.read_payload(p, out.len()).map_err(|e| (i, e.into()))?;
-            if reads.first().is_some_and(|r: &ReadPayload| r.segments != read.segments) {
-                let e = WireError::BadSegments("payloads of one sum disagree on segments");
-                return Err((i, e.into()));
+            if let Some(first) = reads.first() {
+                // The host's order: the frame, then the segments against the first
+                // payload's, and only then the chunks (read under those segments).
+                let (_, segs) =
+                    read_frame(FftConfig::ID, p, out.len()).map_err(|e| (i, e.into()))?;
+                if first.segments != segs {
+                    let e = WireError::BadSegments("payloads of one sum disagree on segments");
+                    return Err((i, e.into()));
+                }
             }
+            let read = self.host.read_payload(p, out.len()).map_err(|e| (i, e.into()))?;
             reads.push(read);
         }
         let Some(first) = reads.first() else {

@@ -308,6 +308,35 @@ fn device_decoders_agree_with_the_host_on_arbitrary_bytes() {
     }
 }
 
+/// A joint decode (FFT) whose second payload has other segments than the first and a body
+/// cut short: the host names the segments (it compares them before reading the chunks),
+/// and so does the device — it once read the chunks first and named the cut instead (found
+/// by the fuzz test above when its stream of cases shifted).
+#[test]
+fn a_joint_decode_names_disagreeing_segments_before_a_cut_body() {
+    let x = values(64, 5);
+    for name in METHODS.iter().filter(|m| m.contains("fft")) {
+        let c = cfg(name).build().unwrap();
+        let codec = device_codec(&cfg(name)).unwrap();
+        let first = host_payload(name, &x, &[Range { start: 0, end: 64 }]).into_bytes();
+        let mut other = host_payload(name, &x, &[0..32, 32..64]).into_bytes();
+        other.pop();
+        let pair: [&[u8]; 2] = [&first, &other];
+        let mut host = vec![0f32; 64];
+        let h = decompress_mean(c.as_ref(), &pair, 0.5, &mut host, &mut Touched::default());
+        let d = codec
+            .decode_mean(gpu(), &pair, 0.5, &gpu().zeros(64))
+            .expect(name);
+        match (h, d) {
+            (Err((i, h)), Err((j, DeviceError::Wire(d)))) => {
+                assert_eq!((i, &h), (j, &d), "{name}");
+                assert!(matches!(h, WireError::BadSegments(_)), "{name}: {h:?}");
+            }
+            (h, d) => panic!("{name}: host {h:?}, device {d:?}"),
+        }
+    }
+}
+
 /// PowerSGD with tensor shapes: the products on the device, the factors' algebra by the
 /// host codec. Step after step (the warm-started `Q` carried by each side's own codec),
 /// every rank and lane format, before and after `start_step`, the device payload is the
