@@ -300,6 +300,21 @@ fn shared_exchanger(ck: &Checkpoint, name: &str) -> Result<ExchangerState, Strin
     Ok(ex)
 }
 
+/// Exchanger section `name` of `taken` (another survivor's) with the memories and residuals
+/// of `own`'s: the inverse of [`shared_exchanger`].
+fn with_own_exchanger(
+    own: &Checkpoint,
+    taken: &Checkpoint,
+    name: &str,
+) -> Result<ExchangerState, String> {
+    let mine: ExchangerState = own.json(name).map_err(|e| e.to_string())?;
+    let mut ex: ExchangerState = taken.json(name).map_err(|e| e.to_string())?;
+    ex.memory = mine.memory;
+    ex.lossy_residual = mine.lossy_residual;
+    ex.server_memory = mine.server_memory;
+    Ok(ex)
+}
+
 /// The survivors of a round exchange that a lost worker cut, and that runs again (see
 /// [`super::recovery`]), make what their exchangers share between ranks — a compressor's
 /// state, such as PowerSGD's Q, which the cut may have left updated on some and not on
@@ -332,11 +347,7 @@ pub(super) fn agree_exchangers<T: Transport>(
     let mine = donors.contains(&comm.rank()).then_some(&view);
     if let Some((taken, _)) = transfer(comm, &donors, &receivers, &given, mine)? {
         for name in &names {
-            let mine: ExchangerState = own.json(name).map_err(|e| protocol(e.to_string()))?;
-            let mut ex: ExchangerState = taken.json(name).map_err(|e| protocol(e.to_string()))?;
-            ex.memory = mine.memory;
-            ex.lossy_residual = mine.lossy_residual;
-            ex.server_memory = mine.server_memory;
+            let ex = with_own_exchanger(&own, &taken, name).map_err(protocol)?;
             own.put_json(name, &ex);
         }
     }
@@ -359,11 +370,7 @@ pub(super) fn merge(own: &Checkpoint, mut shared: Checkpoint) -> Result<Checkpoi
             meta.memory_keys = mine.memory_keys;
             shared.put_json(name, &meta);
         } else if is_exchanger(name) {
-            let mine: ExchangerState = own.json(name).map_err(|e| e.to_string())?;
-            let mut ex: ExchangerState = shared.json(name).map_err(|e| e.to_string())?;
-            ex.memory = mine.memory;
-            ex.lossy_residual = mine.lossy_residual;
-            ex.server_memory = mine.server_memory;
+            let ex = with_own_exchanger(own, &shared, name)?;
             shared.put_json(name, &ex);
         }
     }
