@@ -13,9 +13,10 @@
 //! operation, as `dtrain_compress::fft::parts` writes it out.
 //!
 //! **The transform** (`transform` in the method's config): by default on the device
-//! ([`Rfft`]: cubecl kernels, the same on CUDA and wgpu; spectra within rounding of the
-//! host's, so where two bins' energies nearly tie the device may keep another bin than the
-//! host would); with `transform = "host"` the bucket is read back, each chunk transformed by
+//! ([`Rfft`]: cuFFT on a CUDA device where the library loads, else dtrain's own cubecl
+//! kernels, the same on CUDA and wgpu — which one is said once on stderr; spectra within
+//! rounding of the host's, so where two bins' energies nearly tie the device may keep
+//! another bin than the host would); with `transform = "host"` the bucket is read back, each chunk transformed by
 //! the host codec's own planner and scaling ([`Fft::spectrum_into`]) and the spectra
 //! uploaded — then the payloads are the host's byte for byte on every device (what the
 //! byte-for-byte tests and `--verify` use). `DeviceCodec::host_parts` says what runs where.
@@ -299,7 +300,8 @@ impl DeviceCodec for FftCodec {
     fn host_parts(&self) -> Option<&'static str> {
         Some(match self.rfft {
             Some(_) => {
-                "a single payload's decode_add (the transforms, selection, quantization, \
+                "a single payload's decode_add (the transforms — by cuFFT on CUDA where it \
+                 loads, as stderr says, else by dtrain's kernels — selection, quantization, \
                  packing, the spectral residual and the receivers' joint decode run on the \
                  device)"
             }
@@ -617,8 +619,9 @@ impl FftCodec {
             }
         }
         let mut rfft = self.decoder.lock().unwrap_or_else(|e| e.into_inner());
-        rfft.inverse(gpu, &spec, &ranges, inv, out);
-        Ok(())
+        // A device error, no payload's: callers name a rank for wire errors only.
+        rfft.inverse(gpu, &spec, &ranges, inv, out)
+            .map_err(|e| (0, e))
     }
 }
 

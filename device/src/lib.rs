@@ -22,8 +22,9 @@
 //! * `codec`: the `DeviceCodec` seam, the framing around the kernels' bodies, and
 //!   `device_codec`, which names the methods that have a device codec.
 //! * One file per method, mirroring `compress/src/`: `dgc` (exact adaptation), `fft`
-//!   (selection, range-float quantization and the spectral residual on the device; the
-//!   transforms on the host so far),
+//!   (selection, range-float quantization, the spectral residual and the joint decode on
+//!   the device; its transforms in `transform`: dtrain's radix-2 / Bluestein kernels, or a
+//!   vendor library behind `library`'s `FftLibrary` seam — cuFFT on CUDA, in `cufft`),
 //!   `efsignsgd` and `onebit` (exact sums), `fp16`,
 //!   `bf16` (their conversion
 //!   kernels in `half16`), `natural` (counter draws), `signsgd` (`signsgd` and `signum`),
@@ -47,6 +48,9 @@ macro_rules! with_a_runtime {
     ($($item:item)*) => { $( #[cfg(any(feature = "wgpu", feature = "cuda"))] $item )* };
 }
 
+#[cfg(feature = "cuda")]
+mod cufft;
+
 with_a_runtime! {
     pub mod adam;
     pub mod bf16;
@@ -62,6 +66,7 @@ with_a_runtime! {
     pub mod fp16;
     pub mod gpu;
     mod half16;
+    pub mod library;
     mod rangefloat;
     pub mod memory;
     pub mod natural;
@@ -85,5 +90,6 @@ with_a_runtime! {
     pub use filtered::{DeviceLowPass, DeviceMomentum};
     pub use memory::{DeviceMemory, DeviceResidual};
     pub use pipeline::DevicePipeline;
+    pub use library::{FftLibrary, Job};
     pub use transform::Rfft;
 }

@@ -26,6 +26,7 @@ use dtrain_compress::fft::parts::forward_scales;
 use crate::codec::{refuse_non_finite, upload_tables};
 use crate::error::DeviceError;
 use crate::gpu::{Gpu, GpuBuffer};
+use crate::library::{FftLibrary, LibraryFft, Span, SHORTEST};
 use crate::select::word;
 use crate::words::{geometry, grid_stride, segment_of};
 use dtrain_compress::Payload;
@@ -208,9 +209,24 @@ struct Plan {
     hat: Option<GpuBuffer>,
 }
 
+/// What runs the transforms of an [`Rfft`].
+#[derive(Debug, Default)]
+enum Engine {
+    /// Not chosen yet: chosen on the first call, when the device is known.
+    #[default]
+    Unchosen,
+    /// dtrain's own kernels (this file's).
+    Own,
+    /// A library (cuFFT), for chunks of [`SHORTEST`] elements or more.
+    Library(Box<LibraryFft>),
+}
+
 /// Real forward transforms of a bucket's chunks on the device; tables and scratch kept.
 #[derive(Default)]
 pub struct Rfft {
+    /// What runs the transforms (chosen on first use: cuFFT on a CUDA device where it loads
+    /// and `DTRAIN_CUFFT` is not `0`, else this file's kernels).
+    engine: Engine,
     /// Twiddles `e^{−2πit/L}`, `t < L/2`, interleaved, per `L`.
     twiddles: HashMap<usize, GpuBuffer>,
     /// Bluestein's tables per length `n` that is not a power of two and number of outputs
@@ -223,6 +239,7 @@ pub struct Rfft {
 impl std::fmt::Debug for Rfft {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Rfft")
+            .field("engine", &self.engine())
             .field("bluestein", &self.chirps.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
@@ -234,9 +251,42 @@ fn unit(phi: f64) -> [f32; 2] {
 }
 
 impl Rfft {
-    /// A transformer with nothing cached yet.
+    /// A transformer with nothing cached yet; what runs its transforms is chosen on its
+    /// first call (see [`Rfft::engine`]).
     pub fn new() -> Self {
         Rfft::default()
+    }
+
+    /// A transformer whose chunks of [`SHORTEST`] elements or more are transformed by
+    /// `library` (a vendor FFT on a device this crate has no binding for, or a test's
+    /// stand-in), the shorter ones by this crate's kernels.
+    pub fn with_library(library: Box<dyn FftLibrary>) -> Self {
+        Rfft {
+            engine: Engine::Library(Box::new(LibraryFft::new(library))),
+            ..Rfft::default()
+        }
+    }
+
+    /// What runs the transforms: the library's name (`cuFFT (version …)`), `dtrain's
+    /// kernels`, or `not chosen yet` before the first call.
+    pub fn engine(&self) -> String {
+        match &self.engine {
+            Engine::Unchosen => "not chosen yet".into(),
+            Engine::Own => "dtrain's kernels".into(),
+            Engine::Library(l) => l.name(),
+        }
+    }
+
+    /// The library for this device, chosen on the first call: cuFFT on CUDA (unless
+    /// `DTRAIN_CUFFT=0`) where it loads, else none — said once per process on stderr.
+    fn library(&mut self, gpu: &Gpu) -> Option<&mut LibraryFft> {
+        if matches!(self.engine, Engine::Unchosen) {
+            self.engine = choose(gpu);
+        }
+        match &mut self.engine {
+            Engine::Library(l) => Some(l),
+            _ => None,
+        }
     }
 
     fn twiddles(&mut self, gpu: &Gpu, l: usize) -> GpuBuffer {
@@ -403,47 +453,70 @@ impl Rfft {
         chunks: &[Range<usize>],
         scale: f32,
         out: &GpuBuffer,
-    ) {
-        let mut first = 0u32;
+    ) -> Result<(), DeviceError> {
+        let mut spans = Vec::with_capacity(chunks.len());
+        let mut first = 0;
         for r in chunks {
-            let n = r.len();
-            let m = n / 2 + 1;
-            // x_j = Re Σ_k X_k e^{2πijk/n} = Re DFT(conj X)_j over the Hermitian spectrum.
-            let Plan { l, a, b, use_chirp, chirp, hat } = self.plan(gpu, n, n, spec);
-            let (count, dim) = geometry(l);
-            // SAFETY: `a` holds at least 2·l floats, the chirp n pairs when used, the
-            // spectra the chunk's m bins from `first`.
-            unsafe {
-                hermitian::launch(
-                    gpu.client(),
-                    count,
-                    dim,
-                    spec.arg(),
-                    first,
-                    n as u32,
-                    chirp.arg(),
-                    use_chirp,
-                    BufferArg::from_raw_parts(a.handle.clone(), 2 * l),
-                );
+            spans.push(Span {
+                range: r.clone(),
+                first,
+                pre: 1.0,
+            });
+            first += r.len() / 2 + 1;
+        }
+        let own = match self.library(gpu) {
+            Some(lib) => {
+                let (long, short) = spans.into_iter().partition::<Vec<_>, _>(|s| s.range.len() >= SHORTEST);
+                lib.inverse(gpu, spec, &long, scale, out)?;
+                short
             }
-            let res = self.transform_loaded(gpu, a, b, l, hat.as_ref());
-            let (count, dim) = geometry(n);
-            // SAFETY: `res` holds 2·l ≥ 2·n floats, `out` the chunk's elements.
-            unsafe {
-                store_real::launch(
-                    gpu.client(),
-                    count,
-                    dim,
-                    BufferArg::from_raw_parts(res.handle.clone(), 2 * l),
-                    chirp.arg(),
-                    use_chirp,
-                    r.start as u32,
-                    n as u32,
-                    scale,
-                    out.arg(),
-                );
-            }
-            first += m as u32;
+            None => spans,
+        };
+        for s in &own {
+            self.own_inverse(gpu, spec, s, scale, out);
+        }
+        Ok(())
+    }
+
+    /// One chunk's inverse transform by this file's kernels (see [`Rfft::inverse`]).
+    fn own_inverse(&mut self, gpu: &Gpu, spec: &GpuBuffer, span: &Span, scale: f32, out: &GpuBuffer) {
+        let r = &span.range;
+        let first = span.first as u32;
+        let n = r.len();
+        // x_j = Re Σ_k X_k e^{2πijk/n} = Re DFT(conj X)_j over the Hermitian spectrum.
+        let Plan { l, a, b, use_chirp, chirp, hat } = self.plan(gpu, n, n, spec);
+        let (count, dim) = geometry(l);
+        // SAFETY: `a` holds at least 2·l floats, the chirp n pairs when used, the
+        // spectra the chunk's m bins from `first`.
+        unsafe {
+            hermitian::launch(
+                gpu.client(),
+                count,
+                dim,
+                spec.arg(),
+                first,
+                n as u32,
+                chirp.arg(),
+                use_chirp,
+                BufferArg::from_raw_parts(a.handle.clone(), 2 * l),
+            );
+        }
+        let res = self.transform_loaded(gpu, a, b, l, hat.as_ref());
+        let (count, dim) = geometry(n);
+        // SAFETY: `res` holds 2·l ≥ 2·n floats, `out` the chunk's elements.
+        unsafe {
+            store_real::launch(
+                gpu.client(),
+                count,
+                dim,
+                BufferArg::from_raw_parts(res.handle.clone(), 2 * l),
+                chirp.arg(),
+                use_chirp,
+                r.start as u32,
+                n as u32,
+                scale,
+                out.arg(),
+            );
         }
     }
 
@@ -487,47 +560,99 @@ impl Rfft {
         let read = gpu.read_words(vec![amax, first_bad], "reading the chunks' maxima")?;
         refuse_non_finite(gpu, x, &read[1], out)?;
         let mut posts = Vec::with_capacity(chunks.len());
-        let mut first = 0u32;
+        let mut spans = Vec::with_capacity(chunks.len());
+        let mut first = 0;
         for (c, r) in chunks.iter().enumerate() {
-            let n = r.len();
-            let m = n / 2 + 1;
-            let (pre, post) = forward_scales(word(&read[0], c), n);
+            let (pre, post) = forward_scales(word(&read[0], c), r.len());
             posts.push(post);
-            let Plan { l, a, b, use_chirp, chirp, hat } = self.plan(gpu, n, m, &spec);
-            let (count, dim) = geometry(l);
-            // SAFETY: `a` holds at least 2·l floats; the chirp max(n, m) pairs when used.
-            unsafe {
-                load::launch(
-                    gpu.client(),
-                    count,
-                    dim,
-                    x.arg(),
-                    r.start as u32,
-                    n as u32,
-                    pre,
-                    chirp.arg(),
-                    use_chirp,
-                    BufferArg::from_raw_parts(a.handle.clone(), 2 * l),
-                );
+            spans.push(Span {
+                range: r.clone(),
+                first,
+                pre,
+            });
+            first += r.len() / 2 + 1;
+        }
+        let own = match self.library(gpu) {
+            Some(lib) => {
+                let (long, short) = spans.into_iter().partition::<Vec<_>, _>(|s| s.range.len() >= SHORTEST);
+                lib.forward(gpu, x, &long, &spec)?;
+                short
             }
-            let res = self.transform_loaded(gpu, a, b, l, hat.as_ref());
-            let (count, dim) = geometry(m);
-            // SAFETY: `res` holds 2·l ≥ 2·m floats, the spectra 2·total.
-            unsafe {
-                store::launch(
-                    gpu.client(),
-                    count,
-                    dim,
-                    BufferArg::from_raw_parts(res.handle.clone(), 2 * l),
-                    chirp.arg(),
-                    use_chirp,
-                    m as u32,
-                    first,
-                    spec.arg(),
-                );
-            }
-            first += m as u32;
+            None => spans,
+        };
+        for s in &own {
+            self.own_forward(gpu, x, s, &spec);
         }
         Ok((spec, posts))
     }
+
+    /// One chunk's forward transform by this file's kernels (see [`Rfft::forward`]).
+    fn own_forward(&mut self, gpu: &Gpu, x: &GpuBuffer, span: &Span, spec: &GpuBuffer) {
+        let Span { range: r, first, pre } = span;
+        let (pre, first) = (*pre, *first as u32);
+        let n = r.len();
+        let m = n / 2 + 1;
+        let Plan { l, a, b, use_chirp, chirp, hat } = self.plan(gpu, n, m, spec);
+        let (count, dim) = geometry(l);
+        // SAFETY: `a` holds at least 2·l floats; the chirp max(n, m) pairs when used.
+        unsafe {
+            load::launch(
+                gpu.client(),
+                count,
+                dim,
+                x.arg(),
+                r.start as u32,
+                n as u32,
+                pre,
+                chirp.arg(),
+                use_chirp,
+                BufferArg::from_raw_parts(a.handle.clone(), 2 * l),
+            );
+        }
+        let res = self.transform_loaded(gpu, a, b, l, hat.as_ref());
+        let (count, dim) = geometry(m);
+        // SAFETY: `res` holds 2·l ≥ 2·m floats, the spectra 2·total.
+        unsafe {
+            store::launch(
+                gpu.client(),
+                count,
+                dim,
+                BufferArg::from_raw_parts(res.handle.clone(), 2 * l),
+                chirp.arg(),
+                use_chirp,
+                m as u32,
+                first,
+                spec.arg(),
+            );
+        }
+    }
+}
+
+/// The engine for `gpu`: cuFFT on a CUDA device where it loads (unless `DTRAIN_CUFFT=0`),
+/// else this crate's kernels; the choice on a CUDA device said once per process.
+fn choose(gpu: &Gpu) -> Engine {
+    #[cfg(feature = "cuda")]
+    if let crate::gpu::DeviceSpec::Cuda(ordinal) = gpu.spec() {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        let chosen = if std::env::var("DTRAIN_CUFFT").is_ok_and(|v| v == "0") {
+            Err("DTRAIN_CUFFT=0".to_string())
+        } else {
+            crate::cufft::CuFft::open(ordinal)
+        };
+        return match chosen {
+            Ok(lib) => {
+                let lib = Box::new(LibraryFft::new(Box::new(lib)));
+                SAID.call_once(|| eprintln!("dtrain-device: FFT transforms on {gpu} by {}", lib.name()));
+                Engine::Library(lib)
+            }
+            Err(why) => {
+                SAID.call_once(|| {
+                    eprintln!("dtrain-device: FFT transforms on {gpu} by dtrain's kernels, not cuFFT: {why}")
+                });
+                Engine::Own
+            }
+        };
+    }
+    let _ = gpu;
+    Engine::Own
 }
