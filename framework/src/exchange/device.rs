@@ -696,6 +696,20 @@ pub struct DeviceUse {
     pub gradient_in_place: bool,
 }
 
+impl DeviceUse {
+    /// Adds another exchanger's placement on the same device (a Streaming DiLoCo
+    /// fragment's) to this one: its buckets counted, its reasons added where new.
+    pub fn absorb(&mut self, other: DeviceUse) {
+        self.buckets += other.buckets;
+        self.compressed += other.compressed;
+        for why in other.host_because {
+            if !self.host_because.contains(&why) {
+                self.host_because.push(why);
+            }
+        }
+    }
+}
+
 impl fmt::Display for DeviceUse {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -883,18 +897,6 @@ impl Exchanger {
                 .map_err(device_err)?;
         }
         Ok(on_device.first_non_finite().map_err(device_err)?.is_some())
-    }
-
-    /// What a run asking for device codecs (`spec`) reports where its synchronisation
-    /// keeps every compressed bucket on the host, and why: none placed.
-    pub fn codecs_on_host(&self, spec: &str, why: &str) -> DeviceUse {
-        DeviceUse {
-            device: spec.to_string(),
-            buckets: 0,
-            compressed: self.slots.iter().filter(|s| s.pipe.is_some()).count(),
-            host_because: vec![why.to_string()],
-            gradient_in_place: false,
-        }
     }
 
     /// Where the compressed buckets are encoded, when a device was set.

@@ -62,7 +62,7 @@ use crate::checkpoint::CheckpointError;
 use crate::config::{Plan, SyncConfig};
 use crate::data::TrainData;
 use crate::exchange::bucket::ParamInfo;
-use crate::exchange::{ExchangeError, Exchanger};
+use crate::exchange::{DeviceUse, ExchangeError, Exchanger};
 use crate::optim::Optimizer;
 use crate::optim_device::DeviceMoments;
 use crate::ps_mode::PsState;
@@ -611,18 +611,13 @@ fn build_sync<T: Transport>(
     let local = crate::device::local_rank(comm.members()[comm.rank()]);
     let streaming_sync = plan.compressed_optimizer.is_none()
         && matches!(plan.config.sync, SyncConfig::StreamingDiloco { .. });
-    let mut codec_use = match plan.codec_device.resolve(plan.config.cluster.device, local) {
-        // Its fragments' exchangers are built apart from this one, on the host: said, not
-        // refused (as for a method without a device codec).
-        Some(spec) if streaming_sync => Some(exchanger.codecs_on_host(
-            &spec,
-            "streaming-diloco's fragment exchangers encode on the host",
-        )),
+    let codec_spec = plan.codec_device.resolve(plan.config.cluster.device, local);
+    let mut codec_use = match &codec_spec {
         Some(spec) => {
             let own = crate::device::CodecDevice::Auto.resolve(plan.config.cluster.device, local);
             let used = crate::exchange::device::place_codecs(
                 &mut exchanger,
-                &spec,
+                spec,
                 // The model's device, where the codecs' device is the worker's own.
                 (own.as_deref() == Some(spec.as_str())).then_some(model_device),
             )
@@ -633,7 +628,22 @@ fn build_sync<T: Transport>(
     };
     let exchanger_hosts = exchanger.hierarchical_hosts();
     let sync = match plan.compressed_optimizer {
-        None if streaming_sync => streaming(plan, infos, exchanger, comm, topology.as_ref())?,
+        None if streaming_sync => {
+            let (sync, fragments) = streaming(
+                plan,
+                infos,
+                exchanger,
+                comm,
+                topology.as_ref(),
+                codec_spec.as_deref(),
+            )?;
+            // The fragments' buckets beside the whole model's (its every-step exchange
+            // before `switch_step`).
+            if let (Some(used), Some(f)) = (&mut codec_use, fragments) {
+                used.absorb(f);
+            }
+            sync
+        }
         None => Periodic::for_config(Collectives::new(exchanger), &plan.config.sync, table_params)
             .ok_or_else(|| {
                 TrainError::Config(format!(
@@ -803,13 +813,18 @@ fn choose_auto<T: Transport>(
 /// Streaming DiLoCo's synchronisation: `whole` for the every-step phase, and one exchanger
 /// per fragment of `infos` (the run's method, buckets and link; each fragment's collectives
 /// chosen for its own buckets).
+///
+/// Each fragment's exchanger encodes its compressed buckets on the device `codec_spec`
+/// names, where one does (the fragment's change is on the host: its buckets go up, their
+/// payloads come back); what they placed is returned beside the synchronisation.
 fn streaming<T: Transport>(
     plan: &Plan,
     infos: &[ParamInfo],
     whole: Exchanger,
     comm: &mut Communicator<T>,
     topology: Option<&Topology>,
-) -> Result<Box<dyn GradientSync<T>>, TrainError> {
+    codec_spec: Option<&str>,
+) -> Result<StreamingBuilt<T>, TrainError> {
     let SyncConfig::StreamingDiloco {
         period,
         outer_lr,
@@ -829,6 +844,7 @@ fn streaming<T: Transport>(
         .map_err(|e| TrainError::Config(format!("sync.fragments: {e}")))?;
     let link = link_of(plan)?;
     let mut parts = Vec::with_capacity(layouts.len());
+    let mut placed: Option<DeviceUse> = None;
     for l in layouts {
         let mut ex = build_exchanger(plan, &l.infos)?;
         ex.set_link(Some(link));
@@ -836,9 +852,18 @@ fn streaming<T: Transport>(
             ex.set_topology(t);
         }
         choose_auto(&mut ex, comm)?;
+        // After the routes are chosen, as for the whole model's exchanger.
+        if let Some(spec) = codec_spec {
+            let u = crate::exchange::device::place_codecs(&mut ex, spec, None)
+                .map_err(|e| TrainError::Config(format!("compress.device: {e}")))?;
+            match &mut placed {
+                Some(p) => p.absorb(u),
+                None => placed = Some(u),
+            }
+        }
         parts.push((l, Collectives::new(ex)));
     }
-    Ok(Box::new(Streaming::new(
+    let sync: Box<dyn GradientSync<T>> = Box::new(Streaming::new(
         Collectives::new(whole),
         parts,
         StreamingSettings {
@@ -852,8 +877,13 @@ fn streaming<T: Transport>(
             total_steps: plan.total_steps,
         },
         infos.iter().map(ParamInfo::numel).sum(),
-    )))
+    ));
+    Ok((sync, placed))
 }
+
+/// What [`streaming`] builds: the synchronisation, and where its fragments' compressed
+/// buckets are encoded when a device was asked for.
+type StreamingBuilt<T> = (Box<dyn GradientSync<T>>, Option<DeviceUse>);
 
 /// What [`setup_exchange`] found: the lines for the run's log (the hierarchy's, the
 /// automatic choice's) and the ranks' hosts (`None` for a parameter-server run).
