@@ -360,13 +360,17 @@ fn bench_compress_device(
     opts: &bench::compress::Options,
     source: &str,
 ) -> Result<()> {
-    let (name, rows) =
-        bench::compress_device::run(input, opts, device, a.verify).map_err(anyhow::Error::msg)?;
+    let bench::compress_device::DeviceBench {
+        device: name,
+        copy_gbps,
+        rows,
+    } = bench::compress_device::run(input, opts, device, a.verify).map_err(anyhow::Error::msg)?;
     if a.json {
         let doc = serde_json::json!({
             "input": source,
             "elements": input.len(),
             "device": name,
+            "device_copy_gbps": copy_gbps,
             "verify": a.verify,
             "provenance": measured_now(),
             "results": rows,
@@ -384,6 +388,11 @@ fn bench_compress_device(
             a.repeat.max(1)
         );
         println!("measured at {}", measured_now().line());
+        println!(
+            "device memory: one copy kernel over the input moves {copy_gbps:.2} GB/s (read + \
+             write); in the codecs' unit, f32 input per second, {:.2} GB/s",
+            copy_gbps / 2.0
+        );
         print!("{}", bench::compress_device::table(&rows));
     }
     let failed: Vec<&str> = rows

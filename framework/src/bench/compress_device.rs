@@ -20,6 +20,19 @@ use serde::Serialize;
 
 use super::compress::Options;
 
+/// What [`run`] measured: the device, its memory's reference speed and a row per method.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceBench {
+    /// The device's name (`cuda:0 (cuda)`, `wgpu:cpu (wgpu<wgsl>)`).
+    pub device: String,
+    /// The device's memory bandwidth as one copy kernel reaches it on the same input: bytes
+    /// read plus bytes written (`8·n`) per second, in GB/s — what a codec that reads its
+    /// input once is measured beside (its GB/s are of `f32` input: half the copy's bytes).
+    pub copy_gbps: f64,
+    /// A row per method.
+    pub rows: Vec<DeviceRow>,
+}
+
 /// One method's row.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeviceRow {
@@ -58,14 +71,14 @@ impl DeviceRow {
     }
 }
 
-/// The device's name and a row per method of `opts` (every method with a device codec when
-/// `opts.methods` is empty).
+/// The device, its copy bandwidth and a row per method of `opts` (every method with a
+/// device codec when `opts.methods` is empty).
 pub fn run(
     input: &[f32],
     opts: &Options,
     device: &str,
     verify: bool,
-) -> Result<(String, Vec<DeviceRow>), String> {
+) -> Result<DeviceBench, String> {
     refuse_options(opts)?;
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     return enabled::run(input, opts, device, verify);
@@ -111,14 +124,14 @@ mod enabled {
     use dtrain_device::{device_codec, DeviceCodec, DeviceSpec, Gpu, GpuBuffer};
 
     use super::super::compress::{parse_method, segment_shapes, segments, Options};
-    use super::DeviceRow;
+    use super::{DeviceBench, DeviceRow};
 
     pub(super) fn run(
         input: &[f32],
         opts: &Options,
         device: &str,
         verify: bool,
-    ) -> Result<(String, Vec<DeviceRow>), String> {
+    ) -> Result<DeviceBench, String> {
         let spec: DeviceSpec = device.parse().map_err(|e| format!("--device: {e}"))?;
         let gpu = Gpu::open(spec).map_err(|e| format!("--device: {e}"))?;
         let specs: Vec<String> = if opts.methods.is_empty() {
@@ -149,6 +162,13 @@ mod enabled {
             })
         };
         let gb = 4.0 * input.len() as f64 / 1e9;
+        // The memory's reference: one copy kernel over the input, timed as the codecs are.
+        let copy = gpu.zeros(input.len());
+        let t_copy = best_of(opts.repeat, || {
+            gpu.copy_into(&grad, &copy, 0);
+            gpu.sync().map_err(|e| format!("a copy on {gpu}: {e}"))
+        })?;
+        drop(copy);
         let mut rows = Vec::new();
         for spec in specs {
             let host = super::super::compress::run(
@@ -222,7 +242,11 @@ mod enabled {
             }
             rows.push(row);
         }
-        Ok((gpu.to_string(), rows))
+        Ok(DeviceBench {
+            device: gpu.to_string(),
+            copy_gbps: 2.0 * gb / t_copy,
+            rows,
+        })
     }
 
     /// The best time of `repeat` runs of `f` after one warm-up, in seconds.
