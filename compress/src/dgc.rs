@@ -392,13 +392,7 @@ fn sampled_threshold(
     s: &mut Vec<u32>,
 ) -> u32 {
     let n = x.len();
-    let m = ((sample_ratio * n as f64).ceil() as usize).clamp(MIN_SAMPLE.min(n), n);
-    let stride = n / m;
-    let start = if stride > 1 {
-        rng.below(stride as u64) as usize
-    } else {
-        0
-    };
+    let (start, stride, m) = sample_at(n, sample_ratio, rng);
     s.clear();
     s.extend(
         x[start..]
@@ -407,15 +401,109 @@ fn sampled_threshold(
             .take(m)
             .map(|&v| abs_key(v)),
     );
-    let expect = k as f64 * s.len() as f64 / n as f64;
+    let ks = sample_rank(k, s.len(), n, margin);
+    let (_, &mut t, _) = s.select_nth_unstable_by(ks - 1, |a, b| b.cmp(a));
+    t
+}
+
+/// Where the threshold sample of an `n`-element segment lies (`n ≥ 1`): `(start, stride,
+/// m)`, its `m` elements `start, start + stride, …` — `start` drawn from `rng` where
+/// `stride > 1` (the one draw a sparse segment takes). What a device codec samples too.
+pub fn sample_at(n: usize, sample_ratio: f64, rng: &mut Rng) -> (usize, usize, usize) {
+    let m = ((sample_ratio * n as f64).ceil() as usize).clamp(MIN_SAMPLE.min(n), n);
+    let stride = n / m;
+    let start = if stride > 1 {
+        rng.below(stride as u64) as usize
+    } else {
+        0
+    };
+    (start, stride, m)
+}
+
+/// The rank (1 = the largest) of the sample's key taken as the threshold for keeping `k` of
+/// `n` from a sample of `m`: about `k·m/n`, or with `margin` (the `exact` adaptation) about
+/// `1.3·k·m/n + 3σ`.
+pub fn sample_rank(k: usize, m: usize, n: usize, margin: bool) -> usize {
+    let expect = k as f64 * m as f64 / n as f64;
     let want = if margin {
         1.3 * expect + 3.0 * expect.sqrt() + 1.0
     } else {
         expect
     };
-    let ks = (want.ceil() as usize).clamp(1, s.len());
-    let (_, &mut t, _) = s.select_nth_unstable_by(ks - 1, |a, b| b.cmp(a));
-    t
+    (want.ceil() as usize).clamp(1, m)
+}
+
+/// The `synxlin` and `grace` adaptations of a sampled threshold, one decision at a time:
+/// each candidate count at [`Adapt::key`] either moves the key (count again) or ends the
+/// loop — the rules of [`Adaptation`], written once for the host codec and a device codec
+/// (which counts on the device).
+#[derive(Debug, Clone)]
+pub struct Adapt {
+    mode: Adaptation,
+    k: usize,
+    rounds_left: u32,
+    key: u32,
+}
+
+/// What an [`Adapt`] decides from a count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdaptStep {
+    /// Count the candidates at this key next.
+    Count(u32),
+    /// Done: keep the candidates at [`Adapt::key`] (`synxlin`: the first `k` in index
+    /// order), or, with `top_k`, the `k` largest among them (`synxlin` above `1.3·k`).
+    Done {
+        /// Whether the `k` largest are kept (exactly `k`, ties to the smaller index).
+        top_k: bool,
+    },
+}
+
+impl Adapt {
+    /// The adaptation of `mode` (`synxlin` or `grace`; `exact` is not one of these) for
+    /// keeping `k` from the sampled key `key`, in at most `max_iters` rounds.
+    pub fn new(mode: Adaptation, k: usize, max_iters: u32, key: u32) -> Adapt {
+        debug_assert!(
+            mode != Adaptation::Exact,
+            "the exact adaptation has its own loop"
+        );
+        Adapt {
+            mode,
+            k,
+            rounds_left: max_iters,
+            key,
+        }
+    }
+
+    /// The key the candidates are counted at now (the final one once done).
+    pub fn key(&self) -> u32 {
+        self.key
+    }
+
+    /// The decision given `count`, the number of entries whose key is at least
+    /// [`Adapt::key`].
+    pub fn next(&mut self, count: usize) -> AdaptStep {
+        let done = AdaptStep::Done { top_k: false };
+        if self.rounds_left == 0 {
+            return done;
+        }
+        self.rounds_left -= 1;
+        let (c, kf, thr) = (count as f64, self.k as f64, self.key);
+        let moved = match self.mode {
+            Adaptation::Synxlin if c > 1.3 * kf => return AdaptStep::Done { top_k: true },
+            Adaptation::Synxlin if c < 0.8 * kf && thr > 1 => scale_key(thr, 0.8),
+            Adaptation::Grace if c > 1.3 * kf => {
+                let up = scale_key(thr, 1.3);
+                if up <= thr {
+                    return done;
+                }
+                up
+            }
+            Adaptation::Grace if c < 0.7 * kf && thr > 1 => scale_key(thr, 0.7),
+            _ => return done,
+        };
+        self.key = moved;
+        AdaptStep::Count(moved)
+    }
 }
 
 /// Selects the entries of `x` to send at target count `k` (`1 <= k < x.len()`) by sampled
@@ -436,7 +524,6 @@ pub fn select_sampled(
 ) -> Option<(usize, f32)> {
     let margin = mode == Adaptation::Exact;
     let mut thr = sampled_threshold(x, k, sample_ratio, margin, rng, &mut s.sample);
-    let kf = k as f64;
     match mode {
         Adaptation::Exact => {
             let mut round = 0;
@@ -458,45 +545,24 @@ pub fn select_sampled(
             }
             exact_among(x, &s.cand, k, &mut s.keys, &mut s.idx);
         }
-        Adaptation::Synxlin => {
+        Adaptation::Synxlin | Adaptation::Grace => {
+            let mut adapt = Adapt::new(mode, k, max_iters, thr);
             gather_at_least(x, thr, &mut s.cand);
-            let mut resampled = false;
-            for _ in 0..max_iters {
-                let c = s.cand.len() as f64;
-                if c > 1.3 * kf {
-                    exact_among(x, &s.cand, k, &mut s.keys, &mut s.idx);
-                    resampled = true;
-                    break;
-                } else if c < 0.8 * kf && thr > 1 {
-                    thr = scale_key(thr, 0.8);
-                } else {
-                    break;
+            let top_k = loop {
+                match adapt.next(s.cand.len()) {
+                    AdaptStep::Count(key) => gather_at_least(x, key, &mut s.cand),
+                    AdaptStep::Done { top_k } => break top_k,
                 }
-                gather_at_least(x, thr, &mut s.cand);
-            }
-            if !resampled {
+            };
+            thr = adapt.key();
+            if top_k {
+                exact_among(x, &s.cand, k, &mut s.keys, &mut s.idx);
+            } else if mode == Adaptation::Synxlin {
                 s.idx.clear();
                 s.idx.extend_from_slice(&s.cand[..s.cand.len().min(k)]);
+            } else {
+                std::mem::swap(&mut s.idx, &mut s.cand);
             }
-        }
-        Adaptation::Grace => {
-            gather_at_least(x, thr, &mut s.cand);
-            for _ in 0..max_iters {
-                let c = s.cand.len() as f64;
-                if c > 1.3 * kf {
-                    let up = scale_key(thr, 1.3);
-                    if up <= thr {
-                        break;
-                    }
-                    thr = up;
-                } else if c < 0.7 * kf && thr > 1 {
-                    thr = scale_key(thr, 0.7);
-                } else {
-                    break;
-                }
-                gather_at_least(x, thr, &mut s.cand);
-            }
-            std::mem::swap(&mut s.idx, &mut s.cand);
         }
     }
     // The last gather's candidates: `s.idx` after the grace rule's swap, `s.cand` otherwise.

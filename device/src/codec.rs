@@ -214,7 +214,6 @@ pub fn device_form(cfg: &CompressorConfig) -> Option<&'static str> {
         CompressorConfig::TernGrad(_) => {
             "with draws = \"counter\", and clip = 0 or sum = \"exact\""
         }
-        CompressorConfig::Dgc(_) => "with adaptation = \"exact\"",
         _ => return None,
     })
 }

@@ -21,7 +21,7 @@
 //!   device `Gpu` and its flat `f32` buffers `GpuBuffer`.
 //! * `codec`: the `DeviceCodec` seam, the framing around the kernels' bodies, and
 //!   `device_codec`, which names the methods that have a device codec.
-//! * One file per method, mirroring `compress/src/`: `dgc` (exact adaptation), `fft`
+//! * One file per method, mirroring `compress/src/`: `dgc` (every adaptation), `fft`
 //!   (selection, range-float quantization, the spectral residual and the joint decode on
 //!   the device; its transforms in `transform`: dtrain's radix-2 / Bluestein kernels, or a
 //!   vendor library behind `library`'s `FftLibrary` seam — cuFFT on CUDA, in `cufft`),

@@ -407,7 +407,7 @@ fn histogram(
 /// 256-bin histograms of one key byte each, from the top byte down, over the elements
 /// matching the bytes found so far); or the host's error where a segment holds a
 /// non-finite value.
-fn thresholds(
+pub(crate) fn thresholds(
     gpu: &Gpu,
     grad: &GpuBuffer,
     jobs: &[(Range<usize>, Rule)],

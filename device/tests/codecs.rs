@@ -25,6 +25,12 @@ const METHODS: &[&str] = &[
     "topk",
     "dgc",
     "kind = \"dgc\"\nratio = 0.05\nmin_sparse_len = 50",
+    // The reference codes' adaptations: the host's draws, sample and rules, counted on the
+    // device (several rounds, none, the first k in index order, the top k).
+    "kind = \"dgc\"\nadaptation = \"synxlin\"\nratio = 0.05\nmin_sparse_len = 50",
+    "kind = \"dgc\"\nadaptation = \"grace\"\nratio = 0.05\nmin_sparse_len = 50",
+    "kind = \"dgc\"\nadaptation = \"synxlin\"\nratio = 0.3\nmin_sparse_len = 8\nsample_ratio = 0.1\nmax_adapt_iters = 2",
+    "kind = \"dgc\"\nadaptation = \"grace\"\nratio = 0.001\nmin_sparse_len = 8\nmax_adapt_iters = 0",
     "kind = \"terngrad\"\nclip = 0.0\ndraws = \"counter\"",
     "kind = \"terngrad\"\ndraws = \"counter\"\nsum = \"exact\"",
     "kind = \"terngrad\"\nclip = 1.0\ndraws = \"counter\"\nsum = \"exact\"",
@@ -416,11 +422,10 @@ fn powersgd_payloads_with_shapes_are_the_hosts_step_after_step() {
 
 #[test]
 fn methods_without_a_device_codec_say_so() {
-    assert!(
-        device_codec(&cfg("dgc")).is_some(),
-        "exact adaptation: the default"
-    );
-    assert!(device_codec(&cfg("kind = \"dgc\"\nadaptation = \"grace\"")).is_none());
+    for a in ["exact", "synxlin", "grace"] {
+        let spec = format!("kind = \"dgc\"\nadaptation = \"{a}\"");
+        assert!(device_codec(&cfg(&spec)).is_some(), "{a}");
+    }
     // TernGrad's defaults (lanes draws, clipping) have no device form; counter draws with
     // clipping neither.
     assert!(device_codec(&cfg("terngrad")).is_none());
@@ -453,6 +458,10 @@ fn selections_match_the_host_at_every_density_and_on_ties() {
         .chain([
             "kind = \"threshold\"\ntau = 0.5".to_string(),
             "kind = \"dgc\"\nratio = 0.05\nmin_sparse_len = 1000".to_string(),
+            "kind = \"dgc\"\nratio = 0.05\nmin_sparse_len = 100\nadaptation = \"synxlin\""
+                .to_string(),
+            "kind = \"dgc\"\nratio = 0.01\nmin_sparse_len = 100\nadaptation = \"grace\""
+                .to_string(),
         ]);
     for spec in configs {
         let cfg: CompressorConfig = toml::from_str(&spec).unwrap();
