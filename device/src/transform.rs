@@ -289,6 +289,24 @@ impl Rfft {
         }
     }
 
+    /// Runs `run` with this device's library on the chunks it takes ([`SHORTEST`] elements
+    /// or more) and returns the rest, for this file's kernels (all of them where no library
+    /// is at hand).
+    fn library_share(
+        &mut self,
+        gpu: &Gpu,
+        spans: Vec<Span>,
+        run: impl FnOnce(&mut LibraryFft, &[Span]) -> Result<(), DeviceError>,
+    ) -> Result<Vec<Span>, DeviceError> {
+        let Some(lib) = self.library(gpu) else {
+            return Ok(spans);
+        };
+        let (long, short): (Vec<_>, Vec<_>) =
+            spans.into_iter().partition(|s| s.range.len() >= SHORTEST);
+        run(lib, &long)?;
+        Ok(short)
+    }
+
     fn twiddles(&mut self, gpu: &Gpu, l: usize) -> GpuBuffer {
         self.twiddles
             .entry(l)
@@ -464,14 +482,7 @@ impl Rfft {
             });
             first += r.len() / 2 + 1;
         }
-        let own = match self.library(gpu) {
-            Some(lib) => {
-                let (long, short) = spans.into_iter().partition::<Vec<_>, _>(|s| s.range.len() >= SHORTEST);
-                lib.inverse(gpu, spec, &long, scale, out)?;
-                short
-            }
-            None => spans,
-        };
+        let own = self.library_share(gpu, spans, |lib, long| lib.inverse(gpu, spec, long, scale, out))?;
         for s in &own {
             self.own_inverse(gpu, spec, s, scale, out);
         }
@@ -572,14 +583,7 @@ impl Rfft {
             });
             first += r.len() / 2 + 1;
         }
-        let own = match self.library(gpu) {
-            Some(lib) => {
-                let (long, short) = spans.into_iter().partition::<Vec<_>, _>(|s| s.range.len() >= SHORTEST);
-                lib.forward(gpu, x, &long, &spec)?;
-                short
-            }
-            None => spans,
-        };
+        let own = self.library_share(gpu, spans, |lib, long| lib.forward(gpu, x, long, &spec))?;
         for s in &own {
             self.own_forward(gpu, x, s, &spec);
         }
